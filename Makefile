@@ -1,0 +1,44 @@
+# The two commands: `make demo` (the main job end to end on Azurite) and `make test` (the suite).
+# Everything they need is installed here: a virtualenv from requirements*.txt, Azurite from npm.
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+CHECKOV_VENV := .venv-checkov
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test bench bench-quick lint clean
+
+setup: $(VENV)/.installed $(CHECKOV_VENV)/.installed node_modules/.installed
+
+$(VENV)/.installed: requirements.txt requirements-dev.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check --upgrade pip
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt -r requirements-dev.txt
+	touch $@
+
+# checkov pins versions that clash with the test tools, so it lives in a venv of its own.
+$(CHECKOV_VENV)/.installed: requirements-checkov.txt
+	$(PYTHON) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip
+	$(CHECKOV_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-checkov.txt
+	touch $@
+
+node_modules/.installed: package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+demo: setup
+	$(PY) -m devhost demo
+
+test: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: setup
+	$(PY) -m bench
+
+bench-quick: setup
+	$(PY) -m bench --quick
+
+clean:
+	rm -rf $(VENV) $(CHECKOV_VENV) node_modules .pytest_cache .hypothesis

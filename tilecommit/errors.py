@@ -1,0 +1,58 @@
+"""The project's exception family.
+
+Two branches matter to a caller: :class:`BadInputError` (the input or configuration is wrong;
+retrying can never help, so fail the job at once with the message) and :class:`StorageFaultError`
+(a genuine fault; retry). A rejected conditional write is neither: it is an outcome
+(:class:`tilecommit.gates.Outcome`), not an exception.
+"""
+
+
+class TileCommitError(Exception):
+    """Base class of every error raised on purpose by tilecommit."""
+
+    #: Whether repeating the same call may succeed.
+    retryable = False
+
+
+class BadInputError(TileCommitError, ValueError):
+    """The input is wrong; never worth a retry."""
+
+
+class InvalidNameError(BadInputError):
+    """A blob name or URL that cannot be turned into an id or a key."""
+
+
+class InvalidRasterError(BadInputError):
+    """Not a raster, or a corrupt, truncated or empty one."""
+
+
+class UnsupportedRasterError(BadInputError):
+    """A valid raster this pipeline does not handle (dtype, size, georeferencing)."""
+
+
+class BodyTooLargeError(BadInputError):
+    """A body larger than one Put Blob may carry."""
+
+
+class ConfigurationError(BadInputError):
+    """A setting with a value the code cannot use."""
+
+
+class StorageFaultError(TileCommitError, IOError):
+    """A genuine storage fault (transport, throttling, 5xx): retry."""
+
+    retryable = True
+
+
+class IncompleteManifestError(TileCommitError):
+    """Assembly refused: planned windows are missing from the manifest, or a tile's size is wrong.
+
+    Missing windows are retryable (a window still being written may land later); a tile whose
+    stored size differs from its manifest row is not (something rewrote it: repair, not retry).
+    """
+
+    def __init__(self, message: str, *, missing: list[str] | None = None, mismatched: list[str] | None = None):
+        super().__init__(message)
+        self.missing = list(missing or [])
+        self.mismatched = list(mismatched or [])
+        self.retryable = not self.mismatched

@@ -1,0 +1,447 @@
+"""The storage gates: create-only blob, If-Match repair, create-only entity. One outcome type.
+
+The storage engine refuses the second copy in the same request that performs the first, so a
+refused conditional write is the mechanism succeeding: it returns ``Outcome.ALREADY_PRESENT``
+(or ``SUPERSEDED`` for a repair), is logged at INFO and counted, and never raises. Only genuine
+faults raise (:class:`~tilecommit.errors.StorageFaultError`). A transport fault whose outcome is
+unknown is resolved from the evidence written with the object (its sha256), never by dropping
+the condition.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import logging
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Iterable
+
+from azure.core import MatchConditions
+from azure.core.exceptions import (
+    HttpResponseError,
+    ResourceNotFoundError,
+    ServiceRequestError,
+    ServiceResponseError,
+)
+from azure.data.tables import EdmType, EntityProperty, TableClient
+from azure.storage.blob import BlobClient, ContainerClient, ContentSettings
+
+from . import telemetry
+from .errors import BodyTooLargeError, StorageFaultError
+from .grid import Window
+
+logger = logging.getLogger(__name__)
+
+#: Metadata key holding the hex sha256 of the body, written in the same conditional put.
+SHA256_METADATA_KEY = "sha256"
+#: The largest body one Put Blob accepts (service version 2019-12-12 and later).
+MAX_PUT_BLOB_BYTES = 5000 * 1024 * 1024
+#: Conditional puts tried when a transport fault left the outcome unknown and evidence says absent.
+UNKNOWN_OUTCOME_ATTEMPTS = 3
+
+_TRANSPORT_FAULTS = (ServiceRequestError, ServiceResponseError)
+
+
+class Outcome(str, Enum):
+    """What a gated write did. A refusal is an outcome, not an error."""
+
+    WRITTEN = "written"
+    ALREADY_PRESENT = "already-present"
+    SUPERSEDED = "superseded"
+
+    def __str__(self) -> str:  # "written", not "Outcome.WRITTEN", in logs and JSON
+        return self.value
+
+
+def sha256_hex(body: bytes) -> str:
+    return hashlib.sha256(body).hexdigest()
+
+
+# --------------------------------------------------------------------------- classification
+
+
+def _error_code(exc: HttpResponseError) -> str | None:
+    """The service's error code: from the exception, else the ``x-ms-error-code`` header.
+
+    The Tables SDK leaves ``error_code`` empty on a 409, but the header carries it.
+    """
+    code = getattr(exc, "error_code", None)
+    if code:
+        return str(code)
+    response = getattr(exc, "response", None)
+    headers = getattr(response, "headers", None) or {}
+    return headers.get("x-ms-error-code")
+
+
+def is_create_rejection(exc: HttpResponseError) -> bool:
+    """True when storage refused a create because the key is taken.
+
+    Classified on status and error code, never on the exception class: with ``overwrite=False``
+    the blob SDK raises ``ResourceExistsError`` even for a 412 ``ConditionNotMet``.
+    """
+    status = getattr(exc, "status_code", None)
+    code = _error_code(exc)
+    if status == 412:
+        return True
+    if status == 409:
+        return code in (None, "BlobAlreadyExists", "EntityAlreadyExists")
+    return False
+
+
+def _fault(action: str, key: str, exc: Exception) -> StorageFaultError:
+    status = getattr(exc, "status_code", None)
+    error = StorageFaultError(f"{action} {key!r} failed: {type(exc).__name__} (status {status}): {exc}")
+    # 4xx other than timeout/throttling will fail the same way again.
+    error.retryable = status is None or status >= 500 or status in (408, 429)
+    return error
+
+
+def _count_rejection(gate: str, status: int | None, job_id: str, key: str, what: str) -> None:
+    logger.info(
+        "conditional write refused (%s): gate=%s job_id=%s key=%s status=%s",
+        what,
+        gate,
+        job_id or "-",
+        key,
+        status,
+    )
+    telemetry.precondition_failed.add(1, {"gate": gate, "status": str(status)})
+
+
+def _count_mismatch(gate: str, job_id: str, key: str, ours: str, stored: str | None) -> None:
+    logger.warning(
+        "refused write holds other content: gate=%s job_id=%s key=%s ours=%s stored=%s "
+        "(encoding is not deterministic, or another job wrote this key)",
+        gate,
+        job_id or "-",
+        key,
+        ours,
+        stored,
+    )
+    telemetry.content_mismatch.add(1, {"gate": gate})
+
+
+# --------------------------------------------------------------------------- blobs
+
+
+def _single_put_client(container: ContainerClient, name: str, size: int) -> BlobClient:
+    """A client for ``name`` that sends a body of ``size`` bytes as one Put Blob.
+
+    Above ``max_single_put_size`` the SDK would stage blocks, whose Put Block requests carry no
+    condition: the duplicate would only be refused at Put Block List, after every byte moved.
+    The blob client shares its container's configuration, so raise the threshold on a copy.
+    """
+    if size > MAX_PUT_BLOB_BYTES:
+        raise BodyTooLargeError(
+            f"{name!r}: {size} bytes is more than one Put Blob allows ({MAX_PUT_BLOB_BYTES}); "
+            "gate large outputs with a claim and upload them from a file instead"
+        )
+    blob = container.get_blob_client(name)
+    if size > blob._config.max_single_put_size:  # pylint: disable=protected-access
+        config = copy.copy(blob._config)  # pylint: disable=protected-access
+        config.max_single_put_size = size
+        blob._config = config  # pylint: disable=protected-access
+    return blob
+
+
+def stored_blob_sha256(blob: BlobClient) -> tuple[str | None, str | None]:
+    """(sha256 from the blob's metadata, etag), or (None, None) when there is no blob."""
+    try:
+        props = blob.get_blob_properties()
+    except ResourceNotFoundError:
+        return None, None
+    except HttpResponseError as exc:
+        raise _fault("reading the properties of", blob.blob_name, exc) from exc
+    except _TRANSPORT_FAULTS as exc:
+        raise _fault("reading the properties of", blob.blob_name, exc) from exc
+    return (props.metadata or {}).get(SHA256_METADATA_KEY), props.etag
+
+
+def _put(
+    blob: BlobClient,
+    body: bytes,
+    *,
+    digest: str,
+    content_type: str,
+    metadata: dict[str, str] | None,
+    **conditions: Any,
+) -> None:
+    meta = dict(metadata or {})
+    meta[SHA256_METADATA_KEY] = digest
+    blob.upload_blob(
+        body,
+        length=len(body),
+        metadata=meta,
+        content_settings=ContentSettings(content_type=content_type),
+        max_concurrency=1,
+        **conditions,
+    )
+
+
+def commit_blob(
+    container: ContainerClient,
+    name: str,
+    body: bytes,
+    *,
+    content_type: str = "image/tiff",
+    metadata: dict[str, str] | None = None,
+    job_id: str = "",
+) -> Outcome:
+    """Create ``name`` with ``body`` if nothing holds the key: one Put Blob with ``If-None-Match: *``.
+
+    Returns ``WRITTEN`` when this call created it, ``ALREADY_PRESENT`` when anything already
+    held the key (409 BlobAlreadyExists or 412 ConditionNotMet). The sha256 of the body goes into
+    the blob's metadata in the same request; on ``ALREADY_PRESENT`` it is compared with the
+    stored one (a difference is logged at WARNING and counted). A transport fault with an
+    unknown outcome is resolved from that stored sha256. Anything else raises
+    :class:`StorageFaultError`.
+    """
+    body = bytes(body)
+    digest = sha256_hex(body)
+    blob = _single_put_client(container, name, len(body))
+    for _ in range(UNKNOWN_OUTCOME_ATTEMPTS):
+        try:
+            # overwrite=False makes the SDK send If-None-Match: *. (Passing etag="*" with
+            # MatchConditions.IfMissing raises TypeError in the SDK: see the design notes.)
+            _put(blob, body, digest=digest, content_type=content_type, metadata=metadata, overwrite=False)
+            return Outcome.WRITTEN
+        except HttpResponseError as exc:
+            if not is_create_rejection(exc):
+                raise _fault("creating blob", name, exc) from exc
+            _count_rejection("blob-create", exc.status_code, job_id, name, "already present")
+            stored, _ = stored_blob_sha256(blob)
+            if stored != digest:
+                _count_mismatch("blob-create", job_id, name, digest, stored)
+            return Outcome.ALREADY_PRESENT
+        except _TRANSPORT_FAULTS as exc:
+            stored, _ = stored_blob_sha256(blob)
+            if stored is None:
+                logger.warning("put of %r had no answer (%s) and nothing is stored: trying the same conditional put again", name, exc)
+                continue
+            telemetry.unknown_outcome_resolved.add(1, {"gate": "blob-create"})
+            if stored == digest:
+                logger.info("put of %r had no answer (%s); the stored sha256 is ours: written", name, exc)
+                return Outcome.WRITTEN
+            _count_rejection("blob-create", None, job_id, name, "already present, found after a lost response")
+            _count_mismatch("blob-create", job_id, name, digest, stored)
+            return Outcome.ALREADY_PRESENT
+    raise StorageFaultError(
+        f"creating blob {name!r}: no answer after {UNKNOWN_OUTCOME_ATTEMPTS} conditional puts and nothing stored"
+    )
+
+
+def repair_blob(
+    container: ContainerClient,
+    name: str,
+    body: bytes,
+    *,
+    expect_etag: str,
+    content_type: str = "image/tiff",
+    metadata: dict[str, str] | None = None,
+    job_id: str = "",
+) -> Outcome:
+    """Replace exactly the version ``expect_etag`` of ``name`` (``If-Match``), in one Put Blob.
+
+    ``WRITTEN`` when it replaced that version; ``SUPERSEDED`` on 412 or 404 (something newer
+    landed, or the blob is gone): the newer state is left untouched.
+    """
+    body = bytes(body)
+    digest = sha256_hex(body)
+    blob = _single_put_client(container, name, len(body))
+    for _ in range(UNKNOWN_OUTCOME_ATTEMPTS):
+        try:
+            _put(
+                blob,
+                body,
+                digest=digest,
+                content_type=content_type,
+                metadata=metadata,
+                overwrite=True,
+                etag=expect_etag,
+                match_condition=MatchConditions.IfNotModified,
+            )
+            return Outcome.WRITTEN
+        except HttpResponseError as exc:
+            if exc.status_code not in (404, 412):
+                raise _fault("repairing blob", name, exc) from exc
+            _count_rejection("blob-repair", exc.status_code, job_id, name, "superseded")
+            return Outcome.SUPERSEDED
+        except _TRANSPORT_FAULTS as exc:
+            stored, etag = stored_blob_sha256(blob)
+            if etag == expect_etag:
+                logger.warning("repair of %r had no answer (%s); the old version is still there: trying again", name, exc)
+                continue
+            telemetry.unknown_outcome_resolved.add(1, {"gate": "blob-repair"})
+            if stored == digest:
+                return Outcome.WRITTEN
+            _count_rejection("blob-repair", None, job_id, name, "superseded, found after a lost response")
+            return Outcome.SUPERSEDED
+    raise StorageFaultError(f"repairing blob {name!r}: no answer after {UNKNOWN_OUTCOME_ATTEMPTS} attempts")
+
+
+# --------------------------------------------------------------------------- table entities
+
+
+@dataclass(frozen=True)
+class ManifestEntry:
+    window: str
+    uri: str
+    nbytes: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class ManifestSummary:
+    """Every manifest row of one job, read across all pages."""
+
+    job_id: str
+    entries: dict[str, ManifestEntry] = field(default_factory=dict)
+
+    @property
+    def rows(self) -> int:
+        return len(self.entries)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(e.nbytes for e in self.entries.values())
+
+    @property
+    def window_ids(self) -> list[str]:
+        return sorted(self.entries)
+
+
+def _entity_value(value: Any) -> Any:
+    return value.value if isinstance(value, EntityProperty) else value
+
+
+def _manifest_entry(entity: dict) -> ManifestEntry:
+    return ManifestEntry(
+        window=entity["RowKey"],
+        uri=entity["uri"],
+        nbytes=int(_entity_value(entity["bytes"])),
+        sha256=entity["sha256"],
+    )
+
+
+def _read_entity(table: TableClient, partition_key: str, row_key: str) -> dict | None:
+    try:
+        return dict(table.get_entity(partition_key, row_key))
+    except ResourceNotFoundError:
+        return None
+    except (HttpResponseError, *_TRANSPORT_FAULTS) as exc:
+        raise _fault("reading entity", f"{partition_key}/{row_key}", exc) from exc
+
+
+def create_entity_once(
+    table: TableClient,
+    entity: dict,
+    *,
+    gate: str,
+    job_id: str = "",
+    evidence_field: str | None = None,
+) -> Outcome:
+    """Insert ``entity`` only if its key is free (Insert Entity answers 409 when it is taken).
+
+    ``evidence_field`` names a property that identifies the content (a sha256): on a refusal it
+    is compared with the stored row, and after a transport fault it tells ours from theirs.
+    """
+    key = f"{entity['PartitionKey']}/{entity['RowKey']}"
+    for _ in range(UNKNOWN_OUTCOME_ATTEMPTS):
+        try:
+            table.create_entity(entity)
+            return Outcome.WRITTEN
+        except HttpResponseError as exc:
+            if not is_create_rejection(exc):
+                raise _fault("creating entity", key, exc) from exc
+            _count_rejection(gate, exc.status_code, job_id, key, "already present")
+            if evidence_field:
+                stored = _read_entity(table, entity["PartitionKey"], entity["RowKey"]) or {}
+                if stored.get(evidence_field) != entity[evidence_field]:
+                    _count_mismatch(gate, job_id, key, entity[evidence_field], stored.get(evidence_field))
+            return Outcome.ALREADY_PRESENT
+        except _TRANSPORT_FAULTS as exc:
+            stored = _read_entity(table, entity["PartitionKey"], entity["RowKey"])
+            if stored is None:
+                logger.warning("insert of %s had no answer (%s) and nothing is stored: trying again", key, exc)
+                continue
+            telemetry.unknown_outcome_resolved.add(1, {"gate": gate})
+            if evidence_field and stored.get(evidence_field) == entity[evidence_field]:
+                return Outcome.WRITTEN
+            _count_rejection(gate, None, job_id, key, "already present, found after a lost response")
+            return Outcome.ALREADY_PRESENT
+    raise StorageFaultError(f"creating entity {key}: no answer after {UNKNOWN_OUTCOME_ATTEMPTS} attempts")
+
+
+def _window_id(window: Window | str) -> str:
+    return window.id if isinstance(window, Window) else str(window)
+
+
+def record_manifest_entry(
+    table: TableClient,
+    *,
+    job_id: str,
+    window: Window | str,
+    uri: str,
+    nbytes: int,
+    sha256: str,
+) -> Outcome:
+    """Create-only manifest row: PartitionKey job id, RowKey window id."""
+    entity = {
+        "PartitionKey": job_id,
+        "RowKey": _window_id(window),
+        "uri": uri,
+        "bytes": EntityProperty(int(nbytes), EdmType.INT64),
+        "sha256": sha256,
+    }
+    return create_entity_once(table, entity, gate="manifest", job_id=job_id, evidence_field="sha256")
+
+
+def get_manifest_entry(table: TableClient, job_id: str, window: Window | str) -> ManifestEntry | None:
+    """One point read: the window's manifest row, or None (used to skip work before encoding)."""
+    entity = _read_entity(table, job_id, _window_id(window))
+    return None if entity is None else _manifest_entry(entity)
+
+
+def count_manifest(table: TableClient, job_id: str) -> ManifestSummary:
+    """All manifest rows of ``job_id``, every page read. Assembly trusts this, never a listing."""
+    entries: dict[str, ManifestEntry] = {}
+    try:
+        pages: Iterable[dict] = table.query_entities(
+            "PartitionKey eq @job",
+            parameters={"job": job_id},
+            select=["RowKey", "uri", "bytes", "sha256"],
+        )
+        for entity in pages:
+            entry = _manifest_entry(entity)
+            entries[entry.window] = entry
+    except (HttpResponseError, *_TRANSPORT_FAULTS) as exc:
+        raise _fault("counting the manifest of", job_id, exc) from exc
+    return ManifestSummary(job_id=job_id, entries=entries)
+
+
+def record_claim(table: TableClient, *, job_id: str, claim: str, **properties: Any) -> Outcome:
+    """Create-only claim row (PartitionKey job id, RowKey claim name): the first caller gets WRITTEN."""
+    entity = {"PartitionKey": job_id, "RowKey": claim, **properties}
+    return create_entity_once(table, entity, gate="claim", job_id=job_id)
+
+
+# Re-exported for callers that only need the classification.
+__all__ = [
+    "Outcome",
+    "ManifestEntry",
+    "ManifestSummary",
+    "commit_blob",
+    "repair_blob",
+    "record_manifest_entry",
+    "get_manifest_entry",
+    "count_manifest",
+    "record_claim",
+    "create_entity_once",
+    "is_create_rejection",
+    "stored_blob_sha256",
+    "sha256_hex",
+    "SHA256_METADATA_KEY",
+    "MAX_PUT_BLOB_BYTES",
+]
+

@@ -1,0 +1,119 @@
+"""Job identity and output keys: pure functions, no uuid, clock, host or attempt in them.
+
+The same upload (URL + ETag) always maps to the same job id, and a job's tile keys are a pure
+function of that id and the window; that is what lets storage refuse the second copy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import unicodedata
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
+
+from .errors import InvalidNameError
+from .grid import Window
+
+_JOB_ID = re.compile(r"^[0-9a-f]{16}$")
+#: Azure's limit for a blob name, in characters (1024) when URL-decoded.
+MAX_BLOB_NAME_CHARS = 1024
+
+
+def normalise_blob_url(blob_url: str) -> str:
+    """Canonical form of a blob URL: what two deliveries of the same blob have in common.
+
+    Scheme and host are lower-cased, the default port dropped, the query (SAS tokens, snapshot
+    parameters added by a client) and fragment removed, and the path percent-decoded then
+    re-encoded one canonical way, so ``a%20b.tif`` and ``a b.tif`` are the same blob.
+    Unicode is NFC-normalised: the service stores the name as UTF-8 of what it received, and
+    Event Grid and the SDK both send NFC.
+    """
+    if not isinstance(blob_url, str) or not blob_url.strip():
+        raise InvalidNameError("blob URL is empty")
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in blob_url):
+        raise InvalidNameError(f"blob URL contains control characters: {blob_url!r}")
+    parts = urlsplit(blob_url.strip())
+    if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+        raise InvalidNameError(f"not an http(s) blob URL: {blob_url!r}")
+    host = parts.hostname.lower()
+    port = parts.port
+    if port and not (parts.scheme.lower() == "https" and port == 443) and not (
+        parts.scheme.lower() == "http" and port == 80
+    ):
+        host = f"{host}:{port}"
+    path = unicodedata.normalize("NFC", unquote(parts.path))
+    segments = [s for s in path.split("/") if s != ""]
+    # Azurite and other emulators put the account in the path: http://127.0.0.1:10000/acct/container/blob
+    if len(segments) < 2:
+        raise InvalidNameError(f"blob URL names no container and blob: {blob_url!r}")
+    canonical_path = "/" + "/".join(quote(s, safe="") for s in segments)
+    return urlunsplit((parts.scheme.lower(), host, canonical_path, "", ""))
+
+
+def normalise_etag(etag: str) -> str:
+    """An ETag without its quotes or weak marker (``"0x8D..."`` -> ``0x8D...``)."""
+    if not isinstance(etag, str):
+        raise InvalidNameError(f"ETag must be text, got {type(etag).__name__}")
+    value = etag.strip()
+    if value.startswith("W/"):
+        value = value[2:]
+    value = value.strip('"').strip()
+    if not value:
+        raise InvalidNameError("ETag is empty: the job id needs the version of the upload")
+    return value
+
+
+def job_id_for(blob_url: str, etag: str) -> str:
+    """Deterministic job id: 16 lowercase hex characters from the normalised URL and the ETag.
+
+    Same inputs, same id; a new ETag (the blob was overwritten) gives a new job. The id is a
+    valid Durable instance id, table key and blob-name segment whatever the upload was called.
+    """
+    material = f"{normalise_blob_url(blob_url)}\n{normalise_etag(etag)}".encode("utf-8")
+    return hashlib.sha256(material).hexdigest()[:16]
+
+
+def check_job_id(job_id: str) -> str:
+    if not isinstance(job_id, str) or not _JOB_ID.match(job_id):
+        raise InvalidNameError(f"not a job id: {job_id!r} (expected 16 lowercase hex characters)")
+    return job_id
+
+
+def tile_blob_name(job_id: str, window: Window) -> str:
+    """``tiles/{job_id}/{row:04d}_{col:04d}.tif``: a pure function of the job id and the window."""
+    check_job_id(job_id)
+    if window.row < 0 or window.col < 0:
+        raise InvalidNameError(f"window grid position must be non-negative, got {window.row},{window.col}")
+    return f"tiles/{job_id}/{window.id}.tif"
+
+
+def mosaic_blob_name(job_id: str) -> str:
+    return f"mosaics/{check_job_id(job_id)}/mosaic.tif"
+
+
+def stac_blob_name(job_id: str) -> str:
+    return f"mosaics/{check_job_id(job_id)}/item.json"
+
+
+def quicklook_blob_name(job_id: str) -> str:
+    return f"mosaics/{check_job_id(job_id)}/quicklook.png"
+
+
+def check_upload_name(name: str) -> str:
+    """Validate the name of an uploaded blob (data from outside, never a path).
+
+    Returns the name unchanged when Azure could have stored it; raises :class:`InvalidNameError`
+    saying what is wrong otherwise. ``..`` and spaces are legal in blob names and are kept: they
+    never reach a filesystem path or a key, only the URL the job id is hashed from.
+    """
+    if not isinstance(name, str) or not name:
+        raise InvalidNameError("blob name is empty")
+    if len(name) > MAX_BLOB_NAME_CHARS:
+        raise InvalidNameError(f"blob name is {len(name)} characters; Azure allows at most {MAX_BLOB_NAME_CHARS}")
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in name):
+        raise InvalidNameError(f"blob name contains control characters: {name!r}")
+    if any(0xD800 <= ord(ch) <= 0xDFFF for ch in name):
+        raise InvalidNameError(f"blob name contains unpaired surrogates: {name!r}")
+    if name.endswith(("/", ".")) or name.startswith("/"):
+        raise InvalidNameError(f"blob name may not start with '/' or end with '/' or '.': {name!r}")
+    return name

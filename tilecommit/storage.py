@@ -1,0 +1,151 @@
+"""Storage clients from the app's connection settings, for the SDK and for GDAL's ``/vsiaz/``.
+
+One connection (``AzureWebJobsStorage`` by default) serves the host, Durable and the code:
+- locally, a connection string (Azurite's is spelled out in ``local.settings.example.json``);
+- in Azure, identity-based: ``<name>__blobServiceUri`` / ``__tableServiceUri`` /
+  ``__queueServiceUri`` (or ``<name>__accountName``) with ``<name>__credential=managedidentity``
+  and optionally ``<name>__clientId`` for a user-assigned identity. No keys in app settings.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any, Mapping
+from urllib.parse import urlsplit
+
+from azure.data.tables import TableServiceClient
+from azure.storage.blob import BlobServiceClient
+
+from .errors import ConfigurationError
+from .settings import STORAGE_CONNECTION
+
+#: The scope of a token for Azure Storage (blobs, tables and queues).
+STORAGE_TOKEN_SCOPE = "https://storage.azure.com/.default"
+
+
+def parse_connection_string(value: str) -> dict[str, str]:
+    parts: dict[str, str] = {}
+    for item in value.split(";"):
+        item = item.strip()
+        if not item:
+            continue
+        key, sep, val = item.partition("=")
+        if not sep:
+            raise ConfigurationError(f"malformed storage connection string near {key!r}")
+        parts[key.strip()] = val.strip()
+    return parts
+
+
+@dataclass(frozen=True)
+class StorageConnection:
+    """Where storage is and how to authenticate to it."""
+
+    connection_string: str | None = None
+    blob_endpoint: str | None = None
+    table_endpoint: str | None = None
+    queue_endpoint: str | None = None
+    client_id: str | None = None
+
+    @classmethod
+    def from_env(cls, name: str = STORAGE_CONNECTION, environ: Mapping[str, str] | None = None) -> "StorageConnection":
+        env = os.environ if environ is None else environ
+        value = (env.get(name) or "").strip()
+        if value:
+            if value.lower().replace(" ", "") == "usedevelopmentstorage=true":
+                raise ConfigurationError(
+                    f"{name}=UseDevelopmentStorage=true is a host shorthand the storage SDKs used here do "
+                    "not expand: give Azurite's full connection string (see local.settings.example.json)"
+                )
+            return cls.from_connection_string(value)
+        account = (env.get(f"{name}__accountName") or "").strip()
+        blob = (env.get(f"{name}__blobServiceUri") or env.get(f"{name}__serviceUri") or "").strip()
+        table = (env.get(f"{name}__tableServiceUri") or "").strip()
+        queue = (env.get(f"{name}__queueServiceUri") or "").strip()
+        if account:
+            blob = blob or f"https://{account}.blob.core.windows.net"
+            table = table or f"https://{account}.table.core.windows.net"
+            queue = queue or f"https://{account}.queue.core.windows.net"
+        if not blob or not table:
+            raise ConfigurationError(
+                f"no storage connection: set {name} (a connection string) or {name}__blobServiceUri and "
+                f"{name}__tableServiceUri (or {name}__accountName) with {name}__credential=managedidentity"
+            )
+        return cls(
+            blob_endpoint=blob.rstrip("/"),
+            table_endpoint=table.rstrip("/"),
+            queue_endpoint=queue.rstrip("/") or None,
+            client_id=(env.get(f"{name}__clientId") or "").strip() or None,
+        )
+
+    @classmethod
+    def from_connection_string(cls, value: str) -> "StorageConnection":
+        parts = parse_connection_string(value)
+        account = parts.get("AccountName")
+        protocol = parts.get("DefaultEndpointsProtocol", "https")
+        suffix = parts.get("EndpointSuffix", "core.windows.net")
+
+        def endpoint(key: str, service: str) -> str | None:
+            if parts.get(key):
+                return parts[key].rstrip("/")
+            return f"{protocol}://{account}.{service}.{suffix}" if account else None
+
+        blob = endpoint("BlobEndpoint", "blob")
+        if not blob:
+            raise ConfigurationError("storage connection string has neither AccountName nor BlobEndpoint")
+        return cls(
+            connection_string=value,
+            blob_endpoint=blob,
+            table_endpoint=endpoint("TableEndpoint", "table"),
+            queue_endpoint=endpoint("QueueEndpoint", "queue"),
+        )
+
+    @property
+    def account_name(self) -> str:
+        if self.connection_string:
+            name = parse_connection_string(self.connection_string).get("AccountName")
+            if name:
+                return name
+        host = urlsplit(self.blob_endpoint or "").hostname or ""
+        return host.split(".")[0]
+
+    @cached_property
+    def credential(self) -> Any:
+        """The managed identity (or the developer's login) when no connection string is given."""
+        from azure.identity import DefaultAzureCredential, ManagedIdentityCredential
+
+        if self.client_id:
+            return ManagedIdentityCredential(client_id=self.client_id)
+        return DefaultAzureCredential()
+
+    def blob_service(self, **kwargs: Any) -> BlobServiceClient:
+        if self.connection_string:
+            return BlobServiceClient.from_connection_string(self.connection_string, **kwargs)
+        return BlobServiceClient(self.blob_endpoint, credential=self.credential, **kwargs)
+
+    def table_service(self, **kwargs: Any) -> TableServiceClient:
+        if self.connection_string:
+            return TableServiceClient.from_connection_string(self.connection_string, **kwargs)
+        return TableServiceClient(self.table_endpoint, credential=self.credential, **kwargs)
+
+    def gdal_options(self) -> dict[str, str]:
+        """GDAL configuration for reading ``/vsiaz/{container}/{blob}`` with these settings.
+
+        With a connection string GDAL reads it directly (``BlobEndpoint=`` points it at Azurite);
+        with an identity, a short-lived bearer token is fetched with azure-identity, since GDAL
+        does not speak the Functions managed-identity endpoint itself.
+        """
+        options = {"GDAL_DISABLE_READDIR_ON_OPEN": "EMPTY_DIR"}
+        if self.connection_string:
+            options["AZURE_STORAGE_CONNECTION_STRING"] = self.connection_string
+        else:
+            token = self.credential.get_token(STORAGE_TOKEN_SCOPE)
+            options["AZURE_STORAGE_ACCOUNT"] = self.account_name
+            options["AZURE_STORAGE_ACCESS_TOKEN"] = token.token
+        return options
+
+
+def vsiaz_path(container: str, blob_name: str) -> str:
+    """The GDAL path of a blob: ``/vsiaz/{container}/{blob}``."""
+    return f"/vsiaz/{container}/{blob_name}"
