@@ -1,0 +1,48 @@
+"""Clients and settings for activities, built once per process from the app settings."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+
+from azure.data.tables import TableClient
+from azure.storage.blob import ContainerClient
+
+from tilecommit.settings import STORAGE_CONNECTION, Settings
+from tilecommit.storage import StorageConnection
+
+
+@dataclass(frozen=True)
+class ActivityContext:
+    settings: Settings
+    connection: StorageConnection
+    input: ContainerClient
+    tiles: ContainerClient
+    output: ContainerClient
+    manifest: TableClient
+    claims: TableClient
+
+
+@lru_cache(maxsize=4)
+def _context_for(connection_value: str, settings: Settings) -> ActivityContext:
+    connection = StorageConnection.from_env()
+    blobs = connection.blob_service()
+    tables = connection.table_service()
+    return ActivityContext(
+        settings=settings,
+        connection=connection,
+        input=blobs.get_container_client(settings.input_container),
+        tiles=blobs.get_container_client(settings.tiles_container),
+        output=blobs.get_container_client(settings.output_container),
+        manifest=tables.get_table_client(settings.manifest_table),
+        claims=tables.get_table_client(settings.claims_table),
+    )
+
+
+def activity_context() -> ActivityContext:
+    """The process's clients; rebuilt only when the connection or settings change."""
+    key = "|".join(
+        f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith(STORAGE_CONNECTION)
+    )
+    return _context_for(key, Settings.from_env())

@@ -1,0 +1,172 @@
+"""The app's registered functions, found and invoked the way the Python worker does it.
+
+Nothing here knows the app's function names: they come from ``app.get_functions()`` and each
+function's raw binding JSON, exactly what the worker sends to the host at indexing time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import json
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from azurefunctions.extensions.base import Datum
+from azurefunctions.extensions.bindings.blob.blobClientConverter import BlobClientConverter
+
+
+class FunctionNotFound(LookupError):
+    pass
+
+
+_INDEXED: dict[int, tuple[Any, "FunctionIndex"]] = {}
+
+
+@dataclass
+class BlobTriggerFunction:
+    name: str
+    func: Callable
+    blob_param: str
+    blob_type: Any
+    client_param: str | None
+    path: str
+    connection: str
+    source: str
+
+    @property
+    def container(self) -> str:
+        return self.path.split("/", 1)[0]
+
+
+@dataclass
+class FunctionIndex:
+    """What the worker would report: orchestrators, activities and blob triggers by name."""
+
+    orchestrators: dict[str, Callable] = field(default_factory=dict)
+    activities: dict[str, tuple[Callable, str]] = field(default_factory=dict)
+    blob_triggers: dict[str, BlobTriggerFunction] = field(default_factory=dict)
+    raw_bindings: dict[str, list[dict]] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, module_name: str = "function_app", app_attr: str = "app") -> "FunctionIndex":
+        module = importlib.import_module(module_name)
+        return cls.from_app(getattr(module, app_attr))
+
+    @classmethod
+    def from_app(cls, app: Any) -> "FunctionIndex":
+        """Index an app once: ``get_functions()`` validates names and raises on a second call."""
+        cached = _INDEXED.get(id(app))
+        if cached is not None and cached[0] is app:
+            return cached[1]
+        index = cls._index(app)
+        _INDEXED[id(app)] = (app, index)
+        return index
+
+    @classmethod
+    def _index(cls, app: Any) -> "FunctionIndex":
+        index = cls()
+        for function in app.get_functions():
+            name = function.get_function_name()
+            bindings = [json.loads(raw) for raw in function.get_raw_bindings()]
+            index.raw_bindings[name] = bindings
+            func = function.get_user_function()
+            trigger = next((b for b in bindings if b["type"].endswith("Trigger")), None)
+            if trigger is None:
+                continue
+            if trigger["type"] == "orchestrationTrigger":
+                index.orchestrators[name] = func
+            elif trigger["type"] == "activityTrigger":
+                index.activities[name] = (func, trigger["name"])
+            elif trigger["type"] == "blobTrigger":
+                client = next((b for b in bindings if b["type"] == "durableClient"), None)
+                original = getattr(func, "client_function", func)
+                annotation = inspect.signature(original).parameters[trigger["name"]].annotation
+                index.blob_triggers[name] = BlobTriggerFunction(
+                    name=name,
+                    func=func,
+                    blob_param=trigger["name"],
+                    blob_type=annotation,
+                    client_param=client["name"] if client else None,
+                    path=trigger["path"],
+                    connection=trigger["connection"],
+                    source=trigger.get("source", "LogsAndContainerScan"),
+                )
+        return index
+
+    # ------------------------------------------------------------------ invocation
+
+    def orchestrator(self, name: str) -> Callable[[str], str]:
+        try:
+            return self.orchestrators[name]
+        except KeyError:
+            raise FunctionNotFound(f"no orchestrator function named {name!r}") from None
+
+    def invoke_activity(self, name: str, input_json: str | None) -> str:
+        """Run an activity as the worker does: JSON in, the user function, JSON out."""
+        try:
+            func, param = self.activities[name]
+        except KeyError:
+            raise FunctionNotFound(f"no activity function named {name!r}") from None
+        value = json.loads(input_json) if input_json else None
+        result = func(**{param: value})
+        if inspect.iscoroutine(result):
+            result = EventLoopThread.shared().run(result)
+        return json.dumps(result)
+
+    def invoke_blob_trigger(self, name: str, blob_name: str, client_json: str | None) -> Any:
+        """Deliver one blob event: the SDK-type binding data, converted by the extension."""
+        trigger = self.blob_triggers[name]
+        content = json.dumps(
+            {"Connection": trigger.connection, "ContainerName": trigger.container, "BlobName": blob_name}
+        )
+        datum = Datum(
+            value=ModelBindingData(version="1.0", source="AzureStorageBlobs", content_type="application/json", content=content),
+            type="model_binding_data",
+        )
+        upload = BlobClientConverter.decode(datum, trigger_metadata={}, pytype=trigger.blob_type)
+        kwargs = {trigger.blob_param: upload}
+        if trigger.client_param:
+            kwargs[trigger.client_param] = client_json
+        result = trigger.func(**kwargs)
+        if inspect.iscoroutine(result):
+            result = EventLoopThread.shared().run(result)
+        return result
+
+
+@dataclass
+class ModelBindingData:
+    """The shape of the worker's ``model_binding_data`` message (protobuf in the real worker)."""
+
+    version: str
+    source: str
+    content_type: str
+    content: str
+
+
+class EventLoopThread:
+    """One long-lived event loop for async functions, as in the worker.
+
+    The Durable client keeps one aiohttp session per process, bound to the loop that made it,
+    so every invocation must run on the same loop.
+    """
+
+    _shared: "EventLoopThread | None" = None
+    _lock = threading.Lock()
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="devhost-asyncio", daemon=True)
+        self.thread.start()
+
+    @classmethod
+    def shared(cls) -> "EventLoopThread":
+        with cls._lock:
+            if cls._shared is None:
+                cls._shared = cls()
+            return cls._shared
+
+    def run(self, coroutine: Any, timeout: float | None = 300) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)

@@ -1,0 +1,122 @@
+"""The local host: settings, the engine, the Durable HTTP API and the event watcher together."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tilecommit.settings import STORAGE_CONNECTION, TASK_HUB, Settings
+from tilecommit.storage import StorageConnection
+
+from .engine import Engine
+from .functions import FunctionIndex
+from .rpc import DurableHttpApi
+from .store import HistoryStore
+from .watcher import BlobEventWatcher
+
+logger = logging.getLogger(__name__)
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+def load_local_settings(root: Path = PROJECT_ROOT, environ: dict | None = None) -> dict[str, str]:
+    """App settings as ``func start`` would give them: the environment first, then
+    ``local.settings.json``, then ``local.settings.example.json`` (Azurite on its default ports)."""
+    env = os.environ if environ is None else environ
+    values: dict[str, str] = {}
+    for name in ("local.settings.example.json", "local.settings.json"):
+        path = root / name
+        if path.exists():
+            values.update(json.loads(path.read_text())["Values"])
+    values.update({k: v for k, v in env.items() if k in values or k.startswith(STORAGE_CONNECTION)})
+    return values
+
+
+def apply_settings(values: dict[str, str]) -> None:
+    """Put app settings into the environment, where the app reads them (as the host does)."""
+    for key, value in values.items():
+        os.environ.setdefault(key, value)
+
+
+def read_host_json(root: Path = PROJECT_ROOT) -> dict:
+    return json.loads((root / "host.json").read_text())
+
+
+@dataclass
+class HostOptions:
+    deliveries: int = 1
+    duplicate_activities: bool = False
+    timer_scale: float = 1.0
+    watch_interval: float = 0.5
+    max_activities: int | None = None
+
+
+class LocalHost:
+    """Runs the app in ``function_app.py`` against the storage in ``AzureWebJobsStorage``."""
+
+    def __init__(self, options: HostOptions | None = None, *, module: str = "function_app", root: Path = PROJECT_ROOT):
+        self.options = options or HostOptions()
+        apply_settings(load_local_settings(root))
+        host_json = read_host_json(root)
+        durable = host_json.get("extensions", {}).get("durableTask", {})
+        self.hub = durable.get("hubName", TASK_HUB)
+        max_activities = self.options.max_activities or durable.get("maxConcurrentActivityFunctions", 10)
+        self.poison_threshold = host_json.get("extensions", {}).get("blobs", {}).get("poisonBlobThreshold", 5)
+        self.settings = Settings.from_env()
+        self.connection = StorageConnection.from_env()
+        blobs = self.connection.blob_service()
+        tables = self.connection.table_service()
+        self.index = FunctionIndex.load(module)
+        self.store = HistoryStore(blobs, tables, self.hub)
+        self.engine = Engine(
+            self.index,
+            self.store,
+            max_activities=max_activities,
+            duplicate_activities=self.options.duplicate_activities,
+            timer_scale=self.options.timer_scale,
+        )
+        self.api = DurableHttpApi(self.engine, self.hub)
+        self.watcher = BlobEventWatcher(self, deliveries=self.options.deliveries, interval=self.options.watch_interval)
+        self._blobs, self._tables = blobs, tables
+
+    def ensure_storage(self) -> None:
+        """Create the containers and tables the app and the host use (infra does this in Azure)."""
+        from azure.core.exceptions import ResourceExistsError
+
+        for name in (self.settings.input_container, self.settings.tiles_container, self.settings.output_container):
+            try:
+                self._blobs.create_container(name)
+            except ResourceExistsError:
+                pass
+        for name in (self.settings.manifest_table, self.settings.claims_table):
+            self._tables.create_table_if_not_exists(name)
+
+    def start(self, watch: bool = True) -> "LocalHost":
+        self.ensure_storage()
+        self.api.start()
+        self.engine.start()
+        if watch:
+            self.watcher.start()
+        return self
+
+    def stop(self) -> None:
+        self.watcher.stop()
+        self.engine.stop()
+        self.api.stop()
+
+    def __enter__(self) -> "LocalHost":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def deliver_blob_created(self, blob_name: str) -> Any:
+        """One BlobCreated delivery to every blob trigger watching the blob's container."""
+        results = []
+        for trigger in self.index.blob_triggers.values():
+            if trigger.container == self.settings.input_container:
+                results.append(self.index.invoke_blob_trigger(trigger.name, blob_name, self.api.client_binding()))
+        return results

@@ -1,0 +1,91 @@
+"""Plays Event Grid for the blob trigger: notices new blobs and delivers BlobCreated events.
+
+Deliveries are at least once, like Event Grid's: an event is acknowledged (in a table of the
+task hub) only after the trigger ran without error, so a host killed before that delivers it
+again when it starts. ``deliveries=N`` sends each event N times at once, to test dedupe.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
+
+from azure.core.exceptions import ResourceExistsError
+
+if TYPE_CHECKING:
+    from .host import LocalHost
+
+logger = logging.getLogger(__name__)
+
+
+class BlobEventWatcher:
+    def __init__(self, host: "LocalHost", *, deliveries: int = 1, interval: float = 0.5):
+        self.host = host
+        self.deliveries = deliveries
+        self.interval = interval
+        self.acks = host._tables.get_table_client(f"{host.hub}Events")
+        self.container = host._blobs.get_container_client(host.settings.input_container)
+        self.failures: dict[str, int] = {}
+        self.results: list = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="devhost-watcher", daemon=True)
+        self._pool = ThreadPoolExecutor(max(4, deliveries), thread_name_prefix="event")
+        self._acked: set[str] = set()
+
+    @staticmethod
+    def event_key(name: str, etag: str) -> str:
+        return hashlib.sha256(f"{name}\n{etag}".encode()).hexdigest()
+
+    def start(self) -> None:
+        try:
+            self.acks.create_table()
+        except ResourceExistsError:
+            pass
+        self._acked = {row["RowKey"] for row in self.acks.query_entities("PartitionKey eq 'ack'", select=["RowKey"])}
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+        self._pool.shutdown(wait=True)
+
+    def poll_once(self) -> int:
+        """Deliver every blob not yet acknowledged; returns how many events were delivered."""
+        delivered = 0
+        for blob in self.container.list_blobs():
+            key = self.event_key(blob.name, blob.etag)
+            if key in self._acked:
+                continue
+            if self.failures.get(key, 0) >= self.host.poison_threshold:
+                continue
+            self.deliver(blob.name, key)
+            delivered += 1
+        return delivered
+
+    def deliver(self, blob_name: str, key: str) -> None:
+        futures = [self._pool.submit(self.host.deliver_blob_created, blob_name) for _ in range(self.deliveries)]
+        errors = []
+        for future in futures:
+            try:
+                self.results.extend(future.result())
+            except Exception as exc:  # the trigger failed: Event Grid would deliver again
+                errors.append(exc)
+        if errors:
+            count = self.failures[key] = self.failures.get(key, 0) + 1
+            level = logging.ERROR if count >= self.host.poison_threshold else logging.WARNING
+            logger.log(level, "BlobCreated %r failed (%d/%d): %s", blob_name, count, self.host.poison_threshold, errors[0])
+            return
+        self.acks.upsert_entity({"PartitionKey": "ack", "RowKey": key, "blob": blob_name})
+        self._acked.add(key)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.poll_once()
+            except Exception:
+                logger.exception("watcher poll failed")
+            self._stop.wait(self.interval)

@@ -1,0 +1,37 @@
+"""The Functions app: the only module that knows bindings.
+
+A blob upload (Event Grid source) starts one Durable job per upload version; the job fans out
+one activity per window through batch sub-orchestrations and fans in to the mosaic assembly.
+"""
+
+import azure.durable_functions as df
+import azure.functions as func
+import azurefunctions.extensions.bindings.blob as blob
+
+from activities import tiling as activities
+from orchestrators import names, starter
+from orchestrators import tiling as orchestrators
+from tilecommit.settings import INPUT_CONTAINER, STORAGE_CONNECTION, Settings
+
+app = df.DFApp(http_auth_level=func.AuthLevel.FUNCTION)
+
+
+@app.function_name(names.STARTER)
+@app.blob_trigger(
+    arg_name="upload",
+    path=f"{INPUT_CONTAINER}/{{name}}",
+    connection=STORAGE_CONNECTION,
+    source=func.BlobSource.EVENT_GRID,
+)
+@app.durable_client_input(client_name="client")
+async def raster_uploaded(upload: blob.BlobClient, client: df.DurableOrchestrationClient) -> None:
+    # The SDK-type binding hands over a client, not the blob's bytes: a raster can be GBs.
+    await starter.start_job(upload, client, Settings.from_env())
+
+
+app.orchestration_trigger(context_name="context", orchestration=names.TILE_SCENE)(orchestrators.tile_scene)
+app.orchestration_trigger(context_name="context", orchestration=names.RENDER_BATCH)(orchestrators.render_batch)
+
+app.activity_trigger(input_name="job", activity=names.VALIDATE_SOURCE)(activities.validate_source)
+app.activity_trigger(input_name="payload", activity=names.RENDER_TILE)(activities.render_tile)
+app.activity_trigger(input_name="payload", activity=names.ASSEMBLE_MOSAIC)(activities.assemble_mosaic)

@@ -1,0 +1,14 @@
+"""Names of the Durable functions, shared by function_app.py, the orchestrators and the tests."""
+
+from tilecommit.settings import TRIGGER_FUNCTION
+
+#: The blob-triggered starter (the Event Grid subscription targets it by this name).
+STARTER = TRIGGER_FUNCTION
+#: One job: validate -> plan -> batches -> assemble.
+TILE_SCENE = "tile_scene"
+#: One batch of windows, as a sub-orchestration so no instance's history grows with the scene.
+RENDER_BATCH = "render_batch"
+
+VALIDATE_SOURCE = "validate_source"
+RENDER_TILE = "render_tile"
+ASSEMBLE_MOSAIC = "assemble_mosaic"

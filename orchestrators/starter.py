@@ -1,0 +1,89 @@
+"""The starter: a BlobCreated event -> one job id -> at most one orchestration under that id.
+
+Event Grid delivers at least once (and may announce a zero-byte create before the real
+commit), so this is written to be run any number of times for the same upload.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import asdict, dataclass
+
+import azure.durable_functions as df
+from azure.storage.blob import BlobClient
+
+from tilecommit.errors import InvalidNameError
+from tilecommit.jobs import check_upload_name, job_id_for
+from tilecommit.settings import RASTER_EXTENSIONS, Settings
+
+from . import names
+
+logger = logging.getLogger(__name__)
+
+#: Statuses under which a job exists and must not be started again.
+#: Failed/Terminated/Canceled jobs may be retried by uploading again or by redelivery.
+_LIVE_OR_DONE = {
+    df.OrchestrationRuntimeStatus.Pending,
+    df.OrchestrationRuntimeStatus.Running,
+    df.OrchestrationRuntimeStatus.Completed,
+    df.OrchestrationRuntimeStatus.ContinuedAsNew,
+    df.OrchestrationRuntimeStatus.Suspended,
+}
+
+
+@dataclass(frozen=True)
+class StartDecision:
+    action: str  # "started", "duplicate" or "ignored"
+    blob: str
+    job_id: str | None = None
+    reason: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+async def start_job(source: BlobClient, client: df.DurableOrchestrationClient, settings: Settings) -> StartDecision:
+    """Start the job for this upload unless it already exists; never fails on a duplicate."""
+    name = source.blob_name
+    try:
+        check_upload_name(name)
+    except InvalidNameError as exc:
+        logger.warning("ignoring upload %r: %s", name, exc)
+        return StartDecision("ignored", name, reason=str(exc))
+    if not name.lower().endswith(RASTER_EXTENSIONS):
+        logger.info("ignoring upload %r: not a raster by its extension %s", name, RASTER_EXTENSIONS)
+        return StartDecision("ignored", name, reason="not a raster by its extension")
+
+    props = await asyncio.to_thread(source.get_blob_properties)
+    if props.size == 0:
+        # Event Grid can announce a zero-byte create before the real commit; that commit has its
+        # own ETag and its own event.
+        logger.info("ignoring upload %r: zero bytes (etag %s)", name, props.etag)
+        return StartDecision("ignored", name, reason="zero-byte blob")
+
+    job_id = job_id_for(source.url, props.etag)
+    status = await client.get_status(job_id)
+    if status.runtime_status in _LIVE_OR_DONE:
+        logger.info("duplicate delivery for %r: job %s is %s", name, job_id, status.runtime_status.value)
+        return StartDecision("duplicate", name, job_id, reason=status.runtime_status.value)
+
+    job = {
+        "job_id": job_id,
+        "blob": name,
+        "url": source.url,
+        "etag": props.etag.strip('"'),
+        "size": props.size,
+        "window_size": settings.window_size,
+        "batch_size": settings.batch_size,
+    }
+    try:
+        await client.start_new(names.TILE_SCENE, job_id, job)
+    except Exception as exc:  # the SDK raises a bare Exception carrying the host's message
+        if "already exists" in str(exc):
+            # Another starter won the race between our status check and our start.
+            logger.info("duplicate delivery for %r: job %s was started concurrently", name, job_id)
+            return StartDecision("duplicate", name, job_id, reason="started concurrently")
+        raise
+    logger.info("started job %s for %r (etag %s, %d bytes)", job_id, name, props.etag, props.size)
+    return StartDecision("started", name, job_id)

@@ -1,0 +1,97 @@
+"""The local host's replay driver on a small app, with state in Azurite."""
+
+from __future__ import annotations
+
+import pytest
+
+from devhost.engine import Engine, InstanceAlreadyExists, InvalidInstanceId
+from devhost.functions import FunctionIndex
+from devhost.store import HistoryStore
+from tests.apps import toy_app
+
+
+@pytest.fixture
+def store(storage, request):
+    hub = "T" + format(abs(hash(request.node.nodeid)) % 10**10, "010d")
+    store = HistoryStore(storage.blob_service(), storage.table_service(), hub)
+    store.ensure()
+    return store
+
+
+def make_engine(store, **options) -> Engine:
+    options.setdefault("timer_scale", 0.01)
+    return Engine(FunctionIndex.from_app(toy_app.app), store, **options)
+
+
+def test_fan_out_with_sub_orchestrations_task_any_and_retry(store):
+    toy_app.set_failures("fan-1", 2)
+    with make_engine(store, max_activities=4) as engine:
+        engine.start_new("fan", "job-1", {"count": 50, "batch": 8, "flaky_key": "fan-1"})
+        state = engine.wait_for("job-1", timeout=60)
+    assert state["status"] == "Completed", state
+    assert state["output"] == {"total": sum(n * n for n in range(50)), "flaky": True}
+    assert state["custom_status"] == {"batches_done": 7, "batches_total": 7}
+    flaky_runs = [e for e in engine.executions if e.name == "flaky"]
+    assert [e.error is not None for e in flaky_runs] == [True, True, False]
+    children = [s for s in store.instances() if s["id"].startswith("job-1-b")]
+    assert len(children) == 7 and all(c["status"] == "Completed" for c in children)
+
+
+def test_retries_exhausted_fail_the_orchestration_after_the_last_timer(store):
+    toy_app.set_failures("always", 99)
+    with make_engine(store) as engine:
+        engine.start_new("retry_then_fail", "job-2", {"key": "always"})
+        state = engine.wait_for("job-2", timeout=60)
+    assert state["status"] == "Failed"
+    assert "transient fault" in state["error"]
+    assert len([e for e in engine.executions if e.name == "flaky"]) == 3
+
+
+def test_every_activity_twice_still_one_result_each(store):
+    with make_engine(store, duplicate_activities=True) as engine:
+        engine.start_new("batch", "job-3", {"numbers": list(range(20))})
+        state = engine.wait_for("job-3", timeout=60)
+        # Wait for the second copies too, then count.
+        engine._pool.shutdown(wait=True)
+    assert state["status"] == "Completed" and state["output"] == sum(n * n for n in range(20))
+    assert len([e for e in engine.executions if e.name == "square"]) == 40
+    assert engine.stats.duplicate_completions_dropped == 20
+
+
+def test_instance_id_rules(store):
+    with make_engine(store) as engine:
+        for bad in ("a/b", "a#b", "a?b", "a\\b", "@a", "x" * 257, ""):
+            with pytest.raises(InvalidInstanceId):
+                engine.start_new("batch", bad, {"numbers": []})
+
+
+def test_running_instance_cannot_be_started_again_but_finished_one_is_rerun(store):
+    toy_app.set_failures("slow", 0)
+    with make_engine(store) as engine:
+        engine.start_new("batch", "job-4", {"numbers": list(range(200))})
+        with pytest.raises(InstanceAlreadyExists):
+            engine.start_new("batch", "job-4", {"numbers": [1]})
+        assert engine.wait_for("job-4", timeout=60)["status"] == "Completed"
+        engine.start_new("batch", "job-4", {"numbers": [3]})
+        state = engine.wait_for("job-4", timeout=60)
+    assert state["status"] == "Completed" and state["output"] == 9
+
+
+def test_non_deterministic_orchestrator_fails_loudly(store):
+    with make_engine(store) as engine:
+        engine.start_new("uses_clock", "job-5", {})
+        state = engine.wait_for("job-5", timeout=60)
+    assert state["status"] == "Failed"
+    assert "Non-deterministic" in state["error"]
+
+
+def test_history_survives_a_new_engine(store):
+    """A second engine on the same task hub sees the finished instance and its history."""
+    with make_engine(store) as engine:
+        engine.start_new("batch", "job-6", {"numbers": [2, 3]})
+        engine.wait_for("job-6", timeout=60)
+    with make_engine(store) as engine:
+        assert engine.status("job-6")["output"] == 13
+    events = [e for ep in store.episodes("job-6") for e in ep.events]
+    kinds = [e["EventType"] for e in events]
+    assert kinds[:2] == [12, 0] and kinds.count(4) == 2 and kinds.count(5) == 2 and kinds[-1] == 13
