@@ -11,7 +11,7 @@ import azurefunctions.extensions.bindings.blob as blob
 from activities import tiling as activities
 from orchestrators import names, starter
 from orchestrators import tiling as orchestrators
-from tilecommit.settings import INPUT_CONTAINER, STORAGE_CONNECTION, Settings
+from tilecommit.settings import SETTING_INPUT_CONTAINER, STORAGE_CONNECTION, Settings
 
 app = df.DFApp(http_auth_level=func.AuthLevel.FUNCTION)
 
@@ -19,7 +19,8 @@ app = df.DFApp(http_auth_level=func.AuthLevel.FUNCTION)
 @app.function_name(names.STARTER)
 @app.blob_trigger(
     arg_name="upload",
-    path=f"{INPUT_CONTAINER}/{{name}}",
+    # %...% is resolved from app settings by the host, so the container is configuration.
+    path=f"%{SETTING_INPUT_CONTAINER}%/{{name}}",
     connection=STORAGE_CONNECTION,
     source=func.BlobSource.EVENT_GRID,
 )

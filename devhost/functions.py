@@ -10,6 +10,8 @@ import asyncio
 import importlib
 import inspect
 import json
+import os
+import re
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -23,6 +25,19 @@ class FunctionNotFound(LookupError):
 
 
 _INDEXED: dict[int, tuple[Any, "FunctionIndex"]] = {}
+_SETTING_EXPRESSION = re.compile(r"%([^%]+)%")
+
+
+def resolve_app_settings(value: str) -> str:
+    """Replace ``%NAME%`` binding expressions with app settings (environment variables)."""
+
+    def setting(match: re.Match) -> str:
+        name = match.group(1)
+        if name not in os.environ:
+            raise LookupError(f"binding expression %{name}% does not resolve: app setting {name} is not set")
+        return os.environ[name]
+
+    return _SETTING_EXPRESSION.sub(setting, value)
 
 
 @dataclass
@@ -38,7 +53,8 @@ class BlobTriggerFunction:
 
     @property
     def container(self) -> str:
-        return self.path.split("/", 1)[0]
+        """The container part of the path, with ``%AppSetting%`` resolved as the host does."""
+        return resolve_app_settings(self.path.split("/", 1)[0])
 
 
 @dataclass

@@ -52,6 +52,21 @@ class HostOptions:
     timer_scale: float = 1.0
     watch_interval: float = 0.5
     max_activities: int | None = None
+    #: Task hub name; host.json's ``hubName`` when not given.
+    hub: str | None = None
+
+
+class _DecisionLog(logging.Handler):
+    """Collects the starter's structured ``start_decision`` log fields (what App Insights would show)."""
+
+    def __init__(self) -> None:
+        super().__init__(level=logging.DEBUG)
+        self.decisions: list[dict] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        decision = getattr(record, "start_decision", None)
+        if decision is not None:
+            self.decisions.append(decision)
 
 
 class LocalHost:
@@ -62,7 +77,7 @@ class LocalHost:
         apply_settings(load_local_settings(root))
         host_json = read_host_json(root)
         durable = host_json.get("extensions", {}).get("durableTask", {})
-        self.hub = durable.get("hubName", TASK_HUB)
+        self.hub = self.options.hub or durable.get("hubName", TASK_HUB)
         max_activities = self.options.max_activities or durable.get("maxConcurrentActivityFunctions", 10)
         self.poison_threshold = host_json.get("extensions", {}).get("blobs", {}).get("poisonBlobThreshold", 5)
         self.settings = Settings.from_env()
@@ -78,9 +93,10 @@ class LocalHost:
             duplicate_activities=self.options.duplicate_activities,
             timer_scale=self.options.timer_scale,
         )
+        self.blobs, self.tables = blobs, tables
         self.api = DurableHttpApi(self.engine, self.hub)
         self.watcher = BlobEventWatcher(self, deliveries=self.options.deliveries, interval=self.options.watch_interval)
-        self._blobs, self._tables = blobs, tables
+        self._decision_log = _DecisionLog()
 
     def ensure_storage(self) -> None:
         """Create the containers and tables the app and the host use (infra does this in Azure)."""
@@ -88,13 +104,21 @@ class LocalHost:
 
         for name in (self.settings.input_container, self.settings.tiles_container, self.settings.output_container):
             try:
-                self._blobs.create_container(name)
+                self.blobs.create_container(name)
             except ResourceExistsError:
                 pass
         for name in (self.settings.manifest_table, self.settings.claims_table):
-            self._tables.create_table_if_not_exists(name)
+            self.tables.create_table_if_not_exists(name)
+
+    @property
+    def decisions(self) -> list[dict]:
+        """Every start decision (started / duplicate / ignored) the starter logged in this host."""
+        return self._decision_log.decisions
 
     def start(self, watch: bool = True) -> "LocalHost":
+        logging.getLogger().addHandler(self._decision_log)
+        if logging.getLogger().getEffectiveLevel() > logging.INFO:
+            logging.getLogger("orchestrators").setLevel(logging.INFO)
         self.ensure_storage()
         self.api.start()
         self.engine.start()
@@ -106,6 +130,7 @@ class LocalHost:
         self.watcher.stop()
         self.engine.stop()
         self.api.stop()
+        logging.getLogger().removeHandler(self._decision_log)
 
     def __enter__(self) -> "LocalHost":
         return self.start()
@@ -113,10 +138,11 @@ class LocalHost:
     def __exit__(self, *exc: Any) -> None:
         self.stop()
 
-    def deliver_blob_created(self, blob_name: str) -> Any:
-        """One BlobCreated delivery to every blob trigger watching the blob's container."""
-        results = []
+    def deliver_blob_created(self, blob_name: str) -> int:
+        """One BlobCreated delivery to every blob trigger watching the input container."""
+        delivered = 0
         for trigger in self.index.blob_triggers.values():
             if trigger.container == self.settings.input_container:
-                results.append(self.index.invoke_blob_trigger(trigger.name, blob_name, self.api.client_binding()))
-        return results
+                self.index.invoke_blob_trigger(trigger.name, blob_name, self.api.client_binding())
+                delivered += 1
+        return delivered

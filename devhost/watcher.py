@@ -26,10 +26,9 @@ class BlobEventWatcher:
         self.host = host
         self.deliveries = deliveries
         self.interval = interval
-        self.acks = host._tables.get_table_client(f"{host.hub}Events")
-        self.container = host._blobs.get_container_client(host.settings.input_container)
+        self.acks = host.tables.get_table_client(f"{host.hub}Events")
+        self.container = host.blobs.get_container_client(host.settings.input_container)
         self.failures: dict[str, int] = {}
-        self.results: list = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="devhost-watcher", daemon=True)
         self._pool = ThreadPoolExecutor(max(4, deliveries), thread_name_prefix="event")
@@ -71,7 +70,7 @@ class BlobEventWatcher:
         errors = []
         for future in futures:
             try:
-                self.results.extend(future.result())
+                future.result()
             except Exception as exc:  # the trigger failed: Event Grid would deliver again
                 errors.append(exc)
         if errors:

@@ -43,30 +43,36 @@ class StartDecision:
         return asdict(self)
 
 
+def _decided(decision: StartDecision, level: int, message: str, *args) -> StartDecision:
+    """Log the decision; ``start_decision`` rides along as a structured field (custom dimension)."""
+    logger.log(level, message, *args, extra={"start_decision": decision.to_dict()})
+    return decision
+
+
 async def start_job(source: BlobClient, client: df.DurableOrchestrationClient, settings: Settings) -> StartDecision:
     """Start the job for this upload unless it already exists; never fails on a duplicate."""
     name = source.blob_name
     try:
         check_upload_name(name)
     except InvalidNameError as exc:
-        logger.warning("ignoring upload %r: %s", name, exc)
-        return StartDecision("ignored", name, reason=str(exc))
+        return _decided(StartDecision("ignored", name, reason=str(exc)), logging.WARNING,
+                        "ignoring upload %r: %s", name, exc)
     if not name.lower().endswith(RASTER_EXTENSIONS):
-        logger.info("ignoring upload %r: not a raster by its extension %s", name, RASTER_EXTENSIONS)
-        return StartDecision("ignored", name, reason="not a raster by its extension")
+        return _decided(StartDecision("ignored", name, reason="not a raster by its extension"), logging.INFO,
+                        "ignoring upload %r: not a raster by its extension %s", name, RASTER_EXTENSIONS)
 
     props = await asyncio.to_thread(source.get_blob_properties)
     if props.size == 0:
         # Event Grid can announce a zero-byte create before the real commit; that commit has its
         # own ETag and its own event.
-        logger.info("ignoring upload %r: zero bytes (etag %s)", name, props.etag)
-        return StartDecision("ignored", name, reason="zero-byte blob")
+        return _decided(StartDecision("ignored", name, reason="zero-byte blob"), logging.INFO,
+                        "ignoring upload %r: zero bytes (etag %s)", name, props.etag)
 
     job_id = job_id_for(source.url, props.etag)
     status = await client.get_status(job_id)
     if status.runtime_status in _LIVE_OR_DONE:
-        logger.info("duplicate delivery for %r: job %s is %s", name, job_id, status.runtime_status.value)
-        return StartDecision("duplicate", name, job_id, reason=status.runtime_status.value)
+        return _decided(StartDecision("duplicate", name, job_id, reason=status.runtime_status.value), logging.INFO,
+                        "duplicate delivery for %r: job %s is %s", name, job_id, status.runtime_status.value)
 
     job = {
         "job_id": job_id,
@@ -82,8 +88,8 @@ async def start_job(source: BlobClient, client: df.DurableOrchestrationClient, s
     except Exception as exc:  # the SDK raises a bare Exception carrying the host's message
         if "already exists" in str(exc):
             # Another starter won the race between our status check and our start.
-            logger.info("duplicate delivery for %r: job %s was started concurrently", name, job_id)
-            return StartDecision("duplicate", name, job_id, reason="started concurrently")
+            return _decided(StartDecision("duplicate", name, job_id, reason="started concurrently"), logging.INFO,
+                            "duplicate delivery for %r: job %s was started concurrently", name, job_id)
         raise
-    logger.info("started job %s for %r (etag %s, %d bytes)", job_id, name, props.etag, props.size)
-    return StartDecision("started", name, job_id)
+    return _decided(StartDecision("started", name, job_id), logging.INFO,
+                    "started job %s for %r (etag %s, %d bytes)", job_id, name, props.etag, props.size)

@@ -68,7 +68,8 @@ def _error_code(exc: HttpResponseError) -> str | None:
     """
     code = getattr(exc, "error_code", None)
     if code:
-        return str(code)
+        # The blob SDK stores a StorageErrorCode enum: str() of it is "StorageErrorCode.X" on 3.11.
+        return str(getattr(code, "value", code))
     response = getattr(exc, "response", None)
     headers = getattr(response, "headers", None) or {}
     return headers.get("x-ms-error-code")
@@ -263,7 +264,12 @@ def repair_blob(
             )
             return Outcome.WRITTEN
         except HttpResponseError as exc:
-            if exc.status_code not in (404, 412):
+            # A 412 about a lease (LeaseIdMissing ...) is not a newer version: only ConditionNotMet is.
+            # Nor is a missing container a blob that is gone: only BlobNotFound is.
+            superseded = (exc.status_code, _error_code(exc)) in (
+                (404, None), (404, "BlobNotFound"), (412, None), (412, "ConditionNotMet"),
+            )
+            if not superseded:
                 raise _fault("repairing blob", name, exc) from exc
             _count_rejection("blob-repair", exc.status_code, job_id, name, "superseded")
             return Outcome.SUPERSEDED
@@ -369,6 +375,8 @@ def create_entity_once(
             if evidence_field and stored.get(evidence_field) == entity[evidence_field]:
                 return Outcome.WRITTEN
             _count_rejection(gate, None, job_id, key, "already present, found after a lost response")
+            if evidence_field:
+                _count_mismatch(gate, job_id, key, entity[evidence_field], stored.get(evidence_field))
             return Outcome.ALREADY_PRESENT
     raise StorageFaultError(f"creating entity {key}: no answer after {UNKNOWN_OUTCOME_ATTEMPTS} attempts")
 

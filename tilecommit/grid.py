@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 from .errors import BadInputError
 
-_WINDOW_ID = re.compile(r"^(\d{4,})_(\d{4,})$")
+#: ASCII digits only, matched with fullmatch ('$' would accept a final newline, \d any script's digits).
+_WINDOW_ID = re.compile(r"([0-9]{4,})_([0-9]{4,})")
 
 
 @dataclass(frozen=True, order=True)
@@ -71,7 +72,7 @@ def plan_windows(width: int, height: int, size: int) -> list[Window]:
 
 def window_for_id(window_id: str, width: int, height: int, size: int) -> Window:
     """The window with id ``row_col`` in the plan for this scene (no need to build the whole plan)."""
-    match = _WINDOW_ID.match(window_id)
+    match = _WINDOW_ID.fullmatch(window_id) if isinstance(window_id, str) else None
     if not match:
         raise BadInputError(f"not a window id: {window_id!r} (expected 'RRRR_CCCC')")
     row, col = int(match.group(1)), int(match.group(2))

@@ -14,7 +14,7 @@ from urllib.parse import quote, unquote, urlsplit, urlunsplit
 from .errors import InvalidNameError
 from .grid import Window
 
-_JOB_ID = re.compile(r"^[0-9a-f]{16}$")
+_JOB_ID = re.compile(r"[0-9a-f]{16}")
 #: Azure's limit for a blob name, in characters (1024) when URL-decoded.
 MAX_BLOB_NAME_CHARS = 1024
 
@@ -32,19 +32,26 @@ def normalise_blob_url(blob_url: str) -> str:
         raise InvalidNameError("blob URL is empty")
     if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in blob_url):
         raise InvalidNameError(f"blob URL contains control characters: {blob_url!r}")
-    parts = urlsplit(blob_url.strip())
+    if any(0xD800 <= ord(ch) <= 0xDFFF for ch in blob_url):
+        raise InvalidNameError(f"blob URL contains unpaired surrogates: {blob_url!r}")
+    # Not stripped: a trailing space is part of the blob's name (urlsplit drops leading spaces).
+    try:
+        parts = urlsplit(blob_url)
+        port = parts.port
+    except ValueError as exc:  # bad port, unbalanced IPv6 brackets
+        raise InvalidNameError(f"not a valid blob URL ({exc}): {blob_url!r}") from None
     if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
         raise InvalidNameError(f"not an http(s) blob URL: {blob_url!r}")
     host = parts.hostname.lower()
-    port = parts.port
     if port and not (parts.scheme.lower() == "https" and port == 443) and not (
         parts.scheme.lower() == "http" and port == 80
     ):
         host = f"{host}:{port}"
     path = unicodedata.normalize("NFC", unquote(parts.path))
-    segments = [s for s in path.split("/") if s != ""]
+    # Empty segments are kept: "a//b" and "a/b" are two different blobs.
+    segments = path[1:].split("/") if path.startswith("/") else path.split("/")
     # Azurite and other emulators put the account in the path: http://127.0.0.1:10000/acct/container/blob
-    if len(segments) < 2:
+    if len(segments) < 2 or not segments[0] or not "".join(segments[1:]):
         raise InvalidNameError(f"blob URL names no container and blob: {blob_url!r}")
     canonical_path = "/" + "/".join(quote(s, safe="") for s in segments)
     return urlunsplit((parts.scheme.lower(), host, canonical_path, "", ""))
@@ -54,6 +61,8 @@ def normalise_etag(etag: str) -> str:
     """An ETag without its quotes or weak marker (``"0x8D..."`` -> ``0x8D...``)."""
     if not isinstance(etag, str):
         raise InvalidNameError(f"ETag must be text, got {type(etag).__name__}")
+    if any(0xD800 <= ord(ch) <= 0xDFFF for ch in etag):
+        raise InvalidNameError(f"ETag contains unpaired surrogates: {etag!r}")
     value = etag.strip()
     if value.startswith("W/"):
         value = value[2:]
@@ -74,7 +83,7 @@ def job_id_for(blob_url: str, etag: str) -> str:
 
 
 def check_job_id(job_id: str) -> str:
-    if not isinstance(job_id, str) or not _JOB_ID.match(job_id):
+    if not isinstance(job_id, str) or not _JOB_ID.fullmatch(job_id):  # not match: '$' allows a final newline
         raise InvalidNameError(f"not a job id: {job_id!r} (expected 16 lowercase hex characters)")
     return job_id
 

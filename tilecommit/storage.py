@@ -53,7 +53,9 @@ class StorageConnection:
         env = os.environ if environ is None else environ
         value = (env.get(name) or "").strip()
         if value:
-            if value.lower().replace(" ", "") == "usedevelopmentstorage=true":
+            # Also with a trailing ';' or a DevelopmentStorageProxyUri after it.
+            flags = {k.lower(): v.lower() for k, v in parse_connection_string(value).items()}
+            if flags.get("usedevelopmentstorage") == "true":
                 raise ConfigurationError(
                     f"{name}=UseDevelopmentStorage=true is a host shorthand the storage SDKs used here do "
                     "not expand: give Azurite's full connection string (see local.settings.example.json)"

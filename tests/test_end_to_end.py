@@ -1,0 +1,253 @@
+"""End to end through the local host on Azurite: upload -> job -> tiles -> manifest -> mosaic.
+
+The real registered functions run through the real Durable SDK; storage is Azurite; rasters
+are real GeoTIFFs. Each test gets its own containers, tables and task hub.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from devhost.cli import process_file
+from devhost.host import HostOptions, LocalHost
+from tilecommit import settings as names
+from tilecommit.gates import count_manifest
+from tilecommit.grid import plan_windows
+from tilecommit.jobs import job_id_for
+from tests.scenes import make_scene, read_pixels
+
+ROOT = Path(__file__).resolve().parent.parent
+WINDOW = 256
+pytestmark = pytest.mark.slow
+
+
+@dataclass
+class AppEnv:
+    hub: str
+    input: str
+    tiles: str
+    output: str
+    manifest: str
+    env: dict
+
+
+@pytest.fixture
+def app_env(storage, azurite, monkeypatch, request) -> AppEnv:
+    suffix = hashlib.sha256(request.node.nodeid.encode()).hexdigest()[:10]
+    env = {
+        names.STORAGE_CONNECTION: azurite.connection_string,
+        names.SETTING_INPUT_CONTAINER: f"in-{suffix}",
+        names.SETTING_TILES_CONTAINER: f"tiles-{suffix}",
+        names.SETTING_OUTPUT_CONTAINER: f"out-{suffix}",
+        names.SETTING_MANIFEST_TABLE: f"manifest{suffix}",
+        names.SETTING_CLAIMS_TABLE: f"claims{suffix}",
+        names.SETTING_WINDOW_SIZE: str(WINDOW),
+        names.SETTING_BATCH_SIZE: "4",
+    }
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    return AppEnv(f"Hub{suffix}", env[names.SETTING_INPUT_CONTAINER], env[names.SETTING_TILES_CONTAINER],
+                  env[names.SETTING_OUTPUT_CONTAINER], env[names.SETTING_MANIFEST_TABLE], env)
+
+
+def local_host(app_env: AppEnv, **options) -> LocalHost:
+    return LocalHost(HostOptions(hub=app_env.hub, timer_scale=0.01, watch_interval=0.1, **options))
+
+
+def download(storage, container: str, name: str) -> bytes:
+    return storage.blob_service().get_blob_client(container, name).download_blob().readall()
+
+
+def tile_hashes(storage, app_env: AppEnv, job_id: str) -> dict[str, tuple[str, str]]:
+    container = storage.blob_service().get_container_client(app_env.tiles)
+    return {b.name: (b.etag, b.metadata.get("sha256")) for b in container.list_blobs(
+        name_starts_with=f"tiles/{job_id}/", include=["metadata"])}
+
+
+def check_outputs(storage, app_env: AppEnv, summary: dict, scene: Path) -> None:
+    assert summary["status"] == "completed", summary
+    windows = len(plan_windows(*read_pixels(scene).shape[:0:-1], WINDOW))
+    assert summary["windows"] == windows
+    manifest = count_manifest(storage.table_service().get_table_client(app_env.manifest), summary["job_id"])
+    assert manifest.rows == windows
+    mosaic = download(storage, app_env.output, f"mosaics/{summary['job_id']}/mosaic.tif")
+    np.testing.assert_array_equal(read_pixels(mosaic), read_pixels(scene))
+    assert json.loads(download(storage, app_env.output, f"mosaics/{summary['job_id']}/item.json"))["type"] == "Feature"
+
+
+def test_upload_becomes_tiles_manifest_and_a_mosaic_equal_to_the_source(storage, app_env, tmp_path):
+    scene = make_scene(tmp_path / "scene.tif", 1000, 700)  # 4 x 3 windows of 256
+    with local_host(app_env) as host:
+        summary = process_file(host, scene, timeout=120)
+        failures = host.engine.stats.activity_failures
+    check_outputs(storage, app_env, summary, scene)
+    assert summary["written"] == 12 and summary["already_present"] == 0
+    assert summary["mosaic_outcome"] == "written"
+    assert failures == 0
+
+
+def test_same_upload_delivered_three_times_concurrently_makes_one_job(storage, app_env, tmp_path):
+    scene = make_scene(tmp_path / "scene.tif", 600, 600)
+    with local_host(app_env, deliveries=3) as host:
+        summary = process_file(host, scene, timeout=120)
+        starts = sorted(d["action"] for d in host.decisions)
+        jobs = {s["id"] for s in host.store.instances() if "-batch-" not in s["id"]}
+    check_outputs(storage, app_env, summary, scene)
+    assert starts == ["duplicate", "duplicate", "started"]
+    assert jobs == {summary["job_id"]}
+    assert summary["written"] == summary["windows"]
+
+
+def test_every_activity_twice_yields_one_written_per_tile(storage, app_env, tmp_path):
+    scene = make_scene(tmp_path / "scene.tif", 700, 520)
+    with local_host(app_env, duplicate_activities=True) as host:
+        summary = process_file(host, scene, timeout=120)
+        host.engine._pool.shutdown(wait=True)  # let the second copies finish before counting
+        executions = [e for e in host.engine.executions if e.name == "render_tile"]
+        failed = host.engine.stats.activity_failures
+    check_outputs(storage, app_env, summary, scene)
+    windows = summary["windows"]
+    assert len(executions) == 2 * windows and failed == 0
+    by_window: dict[str, list[str]] = {}
+    for execution in executions:
+        by_window.setdefault(execution.result["window"], []).append(execution.result["outcome"])
+    assert len(by_window) == windows
+    assert all(sorted(outcomes) == ["already-present", "written"] for outcomes in by_window.values()), by_window
+
+
+def test_processing_the_same_blob_again_writes_nothing_new(storage, app_env, tmp_path):
+    scene = make_scene(tmp_path / "scene.tif", 520, 300)
+    with local_host(app_env) as host:
+        summary = process_file(host, scene, timeout=120)
+        before = tile_hashes(storage, app_env, summary["job_id"])
+        mosaic_etag = storage.blob_service().get_blob_client(
+            app_env.output, f"mosaics/{summary['job_id']}/mosaic.tif").get_blob_properties().etag
+        executions = len(host.engine.executions)
+        assert host.deliver_blob_created("scene.tif") == 1
+        decision = host.decisions[-1]
+    assert decision["action"] == "duplicate" and decision["job_id"] == summary["job_id"]
+    assert len(host.engine.executions) == executions  # nothing ran
+    assert tile_hashes(storage, app_env, summary["job_id"]) == before
+    assert storage.blob_service().get_blob_client(
+        app_env.output, f"mosaics/{summary['job_id']}/mosaic.tif").get_blob_properties().etag == mosaic_etag
+
+
+def test_corrupt_upload_fails_its_job_writes_nothing_and_the_next_upload_works(storage, app_env, tmp_path):
+    good = make_scene(tmp_path / "good.tif", 400, 300)
+    bad = tmp_path / "bad.tif"
+    bad.write_bytes(good.read_bytes()[:2000])  # a truncated TIFF
+    with local_host(app_env) as host:
+        failed = process_file(host, bad, timeout=120)
+        ok = process_file(host, good, timeout=120)
+    assert failed["status"] == "failed"
+    assert "bad.tif" in failed["error"] and "bad input" in failed["error"]
+    assert tile_hashes(storage, app_env, failed["job_id"]) == {}
+    table = storage.table_service().get_table_client(app_env.manifest)
+    assert count_manifest(table, failed["job_id"]).rows == 0
+    check_outputs(storage, app_env, ok, good)
+
+
+# ---------------------------------------------------------------------- crash and resume
+
+
+def serve(app_env: AppEnv, log: Path, *extra: str) -> subprocess.Popen:
+    """``python -m devhost serve`` in its own process; returns once it watches the container."""
+    env = {**os.environ, **app_env.env}
+    with log.open("ab") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "devhost", "serve", "--timer-scale", "0.01", "--hub", app_env.hub, *extra],
+            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    deadline = time.monotonic() + 60
+    while b"devhost: watching" not in log.read_bytes():
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"devhost serve did not start:\n{log.read_text()}")
+        time.sleep(0.1)
+    return process
+
+
+def upload(storage, app_env: AppEnv, scene: Path) -> str:
+    blob = storage.blob_service().get_blob_client(app_env.input, scene.name)
+    with scene.open("rb") as data:
+        etag = blob.upload_blob(data, overwrite=True)["etag"]
+    return job_id_for(blob.url, etag)
+
+
+def wait_for_state(storage, app_env: AppEnv, job_id: str, predicate, timeout: float = 180) -> dict:
+    from devhost.store import HistoryStore
+
+    store = HistoryStore(storage.blob_service(), storage.table_service(), app_env.hub)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = store.read_state(job_id)
+        try:
+            if state is not None and predicate(state):
+                return state
+        except KeyError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"job {job_id}: condition not reached; last state {state}")
+
+
+def test_killed_between_tile_commit_and_manifest_row_resumes_to_identical_outputs(storage, app_env, tmp_path):
+    scene = make_scene(tmp_path / "scene.tif", 1100, 800)  # 5 x 4 = 20 windows
+    log = tmp_path / "serve.log"
+    crashed = serve(app_env, log, "--crash-before-manifest", "6")
+    try:
+        job_id = upload(storage, app_env, scene)
+        assert crashed.wait(timeout=180) == -signal.SIGKILL
+    finally:
+        if crashed.poll() is None:
+            os.killpg(crashed.pid, signal.SIGKILL)
+    tiles_at_crash = tile_hashes(storage, app_env, job_id)
+    table = storage.table_service().get_table_client(app_env.manifest)
+    rows_at_crash = count_manifest(table, job_id).rows
+    assert rows_at_crash == 5 and len(tiles_at_crash) > rows_at_crash  # a tile without its row
+
+    resumed = serve(app_env, log)
+    try:
+        state = wait_for_state(storage, app_env, job_id, lambda s: s["status"] in ("Completed", "Failed"))
+    finally:
+        os.killpg(resumed.pid, signal.SIGTERM)
+        resumed.wait(timeout=60)
+    assert state["status"] == "Completed", state
+    final = tile_hashes(storage, app_env, job_id)
+    # Tiles committed before the crash were not rewritten: same ETag, same checksum.
+    assert all(final[name] == value for name, value in tiles_at_crash.items())
+    assert len(final) == 20 and count_manifest(table, job_id).rows == 20
+    summary = {"status": "completed", "job_id": job_id, "windows": 20}
+    check_outputs(storage, app_env, summary, scene)
+
+
+def test_killed_after_some_batches_resumes_and_completes(storage, app_env, tmp_path):
+    scene = make_scene(tmp_path / "scene.tif", 1300, 1100)  # 6 x 5 = 30 windows, 8 batches of 4
+    log = tmp_path / "serve.log"
+    first = serve(app_env, log)
+    try:
+        job_id = upload(storage, app_env, scene)
+        wait_for_state(storage, app_env, job_id,
+                       lambda s: (s.get("custom_status") or {}).get("batches_done", 0) >= 2)
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait(timeout=60)
+    table = storage.table_service().get_table_client(app_env.manifest)
+    assert count_manifest(table, job_id).rows < 30
+    second = serve(app_env, log)
+    try:
+        state = wait_for_state(storage, app_env, job_id, lambda s: s["status"] in ("Completed", "Failed"))
+    finally:
+        os.killpg(second.pid, signal.SIGTERM)
+        second.wait(timeout=60)
+    assert state["status"] == "Completed", state
+    check_outputs(storage, app_env, {"status": "completed", "job_id": job_id, "windows": 30}, scene)

@@ -1,0 +1,110 @@
+"""The app as the worker indexes it, host.json, and azure-functions-doctor on the deploy package."""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import azurefunctions.extensions.bindings.blob as blob
+
+from devhost.functions import FunctionIndex
+from orchestrators import names
+from tilecommit import settings
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_functions_and_raw_bindings_as_the_worker_sends_them():
+    index = FunctionIndex.load("function_app")
+    assert set(index.orchestrators) == {names.TILE_SCENE, names.RENDER_BATCH}
+    assert set(index.activities) == {names.VALIDATE_SOURCE, names.RENDER_TILE, names.ASSEMBLE_MOSAIC}
+    assert set(index.blob_triggers) == {names.STARTER} == {settings.TRIGGER_FUNCTION}
+
+    starter = sorted(index.raw_bindings[names.STARTER], key=lambda b: b["type"])
+    assert starter == [
+        {"direction": "IN", "type": "blobTrigger", "name": "upload",
+         "path": f"%{settings.SETTING_INPUT_CONTAINER}%/{{name}}",
+         "connection": settings.STORAGE_CONNECTION, "source": "EventGrid"},
+        {"direction": "IN", "type": "durableClient", "name": "client"},
+    ]
+    # The container is an app setting, resolved by the host; its default is the settings' one.
+    assert settings.Settings().input_container == settings.INPUT_CONTAINER
+    # The SDK-type binding: the trigger gets a BlobClient, never the blob's bytes.
+    assert index.blob_triggers[names.STARTER].blob_type is blob.BlobClient
+
+    for name in (names.TILE_SCENE, names.RENDER_BATCH):
+        assert index.raw_bindings[name] == [
+            {"direction": "IN", "type": "orchestrationTrigger", "name": "context", "orchestration": name}
+        ]
+    for name in (names.VALIDATE_SOURCE, names.RENDER_TILE, names.ASSEMBLE_MOSAIC):
+        [binding] = index.raw_bindings[name]
+        assert binding["type"] == "activityTrigger" and binding["activity"] == name
+
+
+def test_host_json_fits_the_consumption_plan():
+    host = json.loads((ROOT / "host.json").read_text())
+    assert host["version"] == "2.0"
+    assert host["functionTimeout"] == "00:10:00"
+    assert host["extensionBundle"] == {"id": "Microsoft.Azure.Functions.ExtensionBundle", "version": "[4.*, 5.0.0)"}
+    durable = host["extensions"]["durableTask"]
+    assert durable["hubName"] == settings.TASK_HUB
+    # README's memory arithmetic: 4 activities x <= 300 MB tile worker (or one 1 GB assembly) < 1.5 GB.
+    assert 1 <= durable["maxConcurrentActivityFunctions"] <= 4
+    assert host["extensions"]["blobs"]["poisonBlobThreshold"] >= 1
+
+
+def deploy_package(destination: Path) -> Path:
+    """What a deployment would upload: the tracked files that .funcignore does not exclude."""
+    patterns = [line.strip() for line in (ROOT / ".funcignore").read_text().splitlines()
+                if line.strip() and not line.startswith("#")]
+    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                           capture_output=True, text=True, check=True).stdout.split()
+
+    def ignored(path: str) -> bool:
+        for pattern in patterns:
+            if pattern.endswith("/"):
+                if path.startswith(pattern) or f"/{pattern}" in f"/{path}":
+                    return True
+            elif fnmatch.fnmatch(path, pattern) or fnmatch.fnmatch(Path(path).name, pattern):
+                return True
+        return False
+
+    for path in files:
+        if not ignored(path) and (ROOT / path).is_file():
+            target = destination / path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / path, target)
+    return destination
+
+
+def test_deploy_package_holds_the_app_and_nothing_else(tmp_path):
+    package = deploy_package(tmp_path / "package")
+    top = {p.name for p in package.iterdir()}
+    assert {"function_app.py", "host.json", "requirements.txt", "orchestrators", "activities", "tilecommit"} <= top
+    assert not top & {"tests", "devhost", "infra", "bench", "node_modules", ".venv", "local.settings.example.json"}
+
+
+def test_azure_functions_doctor_finds_no_failure(tmp_path):
+    package = deploy_package(tmp_path / "package")
+    summary = tmp_path / "summary.json"
+    report = tmp_path / "report.json"
+    doctor = Path(sys.executable).with_name("azure-functions-doctor")
+    result = subprocess.run(
+        [str(doctor), "doctor", "--path", str(package), "--profile", "full", "--format", "json",
+         "--output", str(report), "--summary-json", str(summary), "--hosting-plan", "flex-consumption"],
+        capture_output=True, text=True, timeout=300,
+    )
+    counts = json.loads(summary.read_text())
+    failures = [
+        f"{item['rule_id']}: {item.get('value')}"
+        for group in json.loads(report.read_text())["results"]
+        for item in group["items"]
+        if item["status"] == "fail"
+    ]
+    assert counts["failed"] == 0 and not failures, failures
+    assert counts["passed"] > 10  # it really looked at the app
+    assert result.returncode == 0, result.stdout[-2000:]

@@ -1,0 +1,159 @@
+"""The orchestrators, driven by the real Durable SDK from hand-built history JSON."""
+
+from __future__ import annotations
+
+import json
+
+import azure.durable_functions as df
+import pytest
+
+from orchestrators import names, tiling
+from tests.durable_history import History, leaf_actions
+
+JOB = {"job_id": "0123456789abcdef", "blob": "scene.tif", "url": "http://x/acct/in/scene.tif",
+       "etag": "0x1", "size": 10, "window_size": 1024, "batch_size": 4}
+SCENE = {"width": 2500, "height": 1800}  # 3 x 2 windows of 1024
+
+
+def run(fn, history: History) -> dict:
+    return json.loads(df.Orchestrator.create(fn)(history.context()))
+
+
+def run_failing(fn, history: History) -> str:
+    with pytest.raises(Exception) as info:
+        df.Orchestrator.create(fn)(history.context())
+    return str(info.value)
+
+
+def test_first_episode_validates_with_retry_and_reports_stage():
+    state = run(tiling.tile_scene, History(names.TILE_SCENE, JOB))
+    [action] = leaf_actions(state)
+    assert action["actionType"] == 1  # CallActivityWithRetry
+    assert action["functionName"] == names.VALIDATE_SOURCE
+    assert json.loads(action["input"]) == JOB
+    assert action["retryOptions"] == {"firstRetryIntervalInMilliseconds": 5000, "maxNumberOfAttempts": 4}
+    assert state["customStatus"]["stage"] == "validating"
+    assert state["isDone"] is False
+
+
+def validated_history(job=JOB, scene=SCENE) -> History:
+    history = History(names.TILE_SCENE, job).scheduled(0, names.VALIDATE_SOURCE).episode()
+    return history.completed(0, {"ok": True, "scene": scene})
+
+
+def test_plans_windows_and_fans_out_batches_as_sub_orchestrations():
+    state = run(tiling.tile_scene, validated_history())
+    actions = leaf_actions(state)[1:]
+    assert [a["actionType"] for a in actions] == [2, 2]
+    assert [a["instanceId"] for a in actions] == ["0123456789abcdef-batch-00000", "0123456789abcdef-batch-00001"]
+    batches = [json.loads(a["input"]) for a in actions]
+    ids = [f"{w['row']:04d}_{w['col']:04d}" for b in batches for w in b["windows"]]
+    assert ids == ["0000_0000", "0000_0001", "0000_0002", "0001_0000", "0001_0001", "0001_0002"]
+    assert [len(b["windows"]) for b in batches] == [4, 2]
+    assert batches[1]["windows"][-1] == {"row": 1, "col": 2, "row_off": 1024, "col_off": 2048,
+                                          "height": 776, "width": 452}
+    assert state["customStatus"] == {"stage": "tiling", "windows_done": 0, "windows_total": 6,
+                                     "batches_done": 0, "batches_total": 2}
+
+
+def test_no_more_than_the_parallel_limit_of_batches_in_flight():
+    job = {**JOB, "batch_size": 1}  # 6 batches of one window
+    state = run(tiling.tile_scene, validated_history(job))
+    assert len(leaf_actions(state)) - 1 == tiling.PARALLEL_BATCHES
+    # One batch finishes: exactly one more is scheduled, and progress is reported.
+    history = validated_history(job)
+    for i in range(tiling.PARALLEL_BATCHES):
+        history.sub_created(i + 1, names.RENDER_BATCH, tiling.batch_instance_id(job["job_id"], i))
+    history.episode().sub_completed(2, {"windows": 1, "written": 1, "already_present": 0, "skipped": 0,
+                                        "bytes": 100, "errors": []})
+    state = run(tiling.tile_scene, history)
+    new = leaf_actions(state)[1 + tiling.PARALLEL_BATCHES:]
+    assert [a["instanceId"] for a in new] == [tiling.batch_instance_id(job["job_id"], tiling.PARALLEL_BATCHES)]
+    assert state["customStatus"]["windows_done"] == 1 and state["customStatus"]["batches_done"] == 1
+
+
+def batch_summary(windows, written, present, nbytes):
+    return {"windows": windows, "written": written, "already_present": present, "skipped": present,
+            "bytes": nbytes, "errors": []}
+
+
+def test_fan_in_then_assembly_then_summary():
+    history = validated_history()
+    history.sub_created(1, names.RENDER_BATCH, "a").sub_created(2, names.RENDER_BATCH, "b").episode()
+    history.sub_completed(2, batch_summary(2, 2, 0, 200)).sub_completed(1, batch_summary(4, 3, 1, 400))
+    state = run(tiling.tile_scene, history)
+    assemble = leaf_actions(state)[-1]
+    assert assemble["functionName"] == names.ASSEMBLE_MOSAIC
+    assert json.loads(assemble["input"]) == {"job": JOB, "scene": SCENE}
+    assert state["customStatus"]["stage"] == "assembling" and state["customStatus"]["windows_done"] == 6
+
+    history.scheduled(3, names.ASSEMBLE_MOSAIC).episode().completed(
+        3, {"outcome": "written", "mosaic_url": "m", "stac_url": "s", "quicklook_url": "q"}
+    )
+    state = run(tiling.tile_scene, history)
+    assert state["isDone"] is True
+    assert state["output"] == {"job_id": JOB["job_id"], "source": "scene.tif", "windows": 6, "written": 5,
+                               "already_present": 1, "skipped": 1, "bytes": 600, "mosaic_outcome": "written",
+                               "mosaic_url": "m", "stac_url": "s", "quicklook_url": "q"}
+    assert state["customStatus"]["stage"] == "done"
+
+
+def test_bad_input_fails_the_job_at_once_with_the_message():
+    history = History(names.TILE_SCENE, JOB).scheduled(0, names.VALIDATE_SOURCE).episode()
+    history.completed(0, {"ok": False, "error": "not a raster: zero bytes", "error_type": "InvalidRasterError"})
+    message = run_failing(tiling.tile_scene, history)
+    assert "bad input 'scene.tif': not a raster: zero bytes" in message
+    state = json.loads(message.split("$OutOfProcData$:")[1])
+    assert leaf_actions(state)[1:] == []  # nothing scheduled after the refusal
+
+
+def test_bad_window_in_a_batch_fails_the_job():
+    history = validated_history()
+    history.sub_created(1, names.RENDER_BATCH, "a").sub_created(2, names.RENDER_BATCH, "b").episode()
+    history.sub_completed(1, {**batch_summary(4, 3, 0, 300), "errors": ["window 0000_0001: truncated TIFF"]})
+    message = run_failing(tiling.tile_scene, history)
+    assert "truncated TIFF" in message
+
+
+def test_render_batch_fans_out_one_activity_per_window_and_sums():
+    windows = [{"row": 0, "col": c, "row_off": 0, "col_off": c * 1024, "height": 1024, "width": 1024}
+               for c in range(3)]
+    history = History(names.RENDER_BATCH, {"job": JOB, "windows": windows}, "b")
+    state = run(tiling.render_batch, history)
+    actions = leaf_actions(state)
+    assert [a["functionName"] for a in actions] == [names.RENDER_TILE] * 3
+    assert [json.loads(a["input"])["window"] for a in actions] == windows
+    for i in range(3):
+        history.scheduled(i, names.RENDER_TILE)
+    history.episode()
+    history.completed(1, {"window": "0000_0001", "outcome": "already-present", "skipped": True, "nbytes": 7})
+    history.completed(0, {"window": "0000_0000", "outcome": "written", "skipped": False, "nbytes": 5})
+    history.completed(2, {"window": "0000_0002", "outcome": "already-present", "skipped": False, "nbytes": 6})
+    state = run(tiling.render_batch, history)
+    assert state["output"] == {"windows": 3, "written": 1, "already_present": 2, "skipped": 1, "bytes": 18,
+                               "errors": []}
+
+
+def test_failed_activity_is_retried_then_fails_the_batch_after_the_last_timer():
+    window = {"row": 0, "col": 0, "row_off": 0, "col_off": 0, "height": 8, "width": 8}
+    history = History(names.RENDER_BATCH, {"job": JOB, "windows": [window]}, "b").scheduled(0, names.RENDER_TILE)
+    # Attempt k: TaskFailed -> the host's TimerCreated/TimerFired -> a new TaskScheduled.
+    task_id, next_id = 0, 1
+    for attempt in range(1, 5):
+        history.episode().failed(task_id, f"ServiceResponseError attempt {attempt}")
+        state = run(tiling.render_batch, history)
+        assert state["isDone"] is False  # still waiting for the retry timer
+        history.timer_created(next_id).episode().timer_fired(next_id)
+        if attempt < 4:
+            state = run(tiling.render_batch, history)
+            assert state["isDone"] is False
+            task_id = next_id + 1
+            history.scheduled(task_id, names.RENDER_TILE)
+            next_id += 2
+    message = run_failing(tiling.render_batch, history)
+    assert "ServiceResponseError attempt 4" in message
+
+
+def test_replaying_the_same_history_gives_the_same_actions():
+    history = validated_history({**JOB, "batch_size": 2})
+    assert run(tiling.tile_scene, history) == run(tiling.tile_scene, history)

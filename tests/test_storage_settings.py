@@ -1,0 +1,241 @@
+"""Connection and app settings (issue 2): StorageConnection.from_env and Settings.from_env.
+
+Nothing here calls Azure: clients and credentials are only constructed, never used.
+"""
+
+from __future__ import annotations
+
+import pytest
+from azure.data.tables import TableServiceClient
+from azure.storage.blob import BlobServiceClient
+
+from tilecommit.errors import BadInputError, ConfigurationError
+from tilecommit.settings import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_WINDOW_SIZE,
+    SETTING_BATCH_SIZE,
+    SETTING_GDAL_CACHEMAX,
+    SETTING_MANIFEST_TABLE,
+    SETTING_MAX_PIXELS,
+    SETTING_TILES_CONTAINER,
+    SETTING_WINDOW_SIZE,
+    STORAGE_CONNECTION,
+    TILES_CONTAINER,
+    Settings,
+)
+from tilecommit.storage import StorageConnection, parse_connection_string, vsiaz_path
+
+AZURITE_STYLE = (
+    "DefaultEndpointsProtocol=http;AccountName=devacct;AccountKey=a2V5a2V5a2V5a2V5==;"
+    "BlobEndpoint=http://127.0.0.1:10000/devacct;QueueEndpoint=http://127.0.0.1:10001/devacct;"
+    "TableEndpoint=http://127.0.0.1:10002/devacct/;"
+)
+
+
+# ----------------------------------------------------------------------------- connection strings
+
+
+def test_connection_string_with_explicit_endpoints():
+    conn = StorageConnection.from_env(environ={STORAGE_CONNECTION: AZURITE_STYLE})
+    assert conn.connection_string == AZURITE_STYLE
+    assert conn.blob_endpoint == "http://127.0.0.1:10000/devacct"
+    assert conn.queue_endpoint == "http://127.0.0.1:10001/devacct"
+    assert conn.table_endpoint == "http://127.0.0.1:10002/devacct"  # trailing slash dropped
+    assert conn.account_name == "devacct"
+    assert conn.client_id is None
+    # The key keeps its base64 padding: only the first '=' splits a pair.
+    assert parse_connection_string(AZURITE_STYLE)["AccountKey"] == "a2V5a2V5a2V5a2V5=="
+
+
+def test_connection_string_with_account_name_only_builds_the_public_endpoints():
+    value = "DefaultEndpointsProtocol=https;AccountName=prodacct;AccountKey=eHg=;EndpointSuffix=core.chinacloudapi.cn"
+    conn = StorageConnection.from_env(environ={STORAGE_CONNECTION: value})
+    assert conn.blob_endpoint == "https://prodacct.blob.core.chinacloudapi.cn"
+    assert conn.table_endpoint == "https://prodacct.table.core.chinacloudapi.cn"
+    assert conn.queue_endpoint == "https://prodacct.queue.core.chinacloudapi.cn"
+    assert conn.account_name == "prodacct"
+
+
+def test_sas_connection_string_without_account_name():
+    value = "BlobEndpoint=https://sasacct.blob.core.windows.net/;SharedAccessSignature=sv=2023-11-03&sig=a%2Bb%3D"
+    conn = StorageConnection.from_env(environ={STORAGE_CONNECTION: value})
+    assert conn.blob_endpoint == "https://sasacct.blob.core.windows.net"
+    assert conn.table_endpoint is None
+    assert conn.account_name == "sasacct"
+    assert parse_connection_string(value)["SharedAccessSignature"] == "sv=2023-11-03&sig=a%2Bb%3D"
+
+
+def test_connection_string_wins_over_identity_settings():
+    env = {
+        STORAGE_CONNECTION: AZURITE_STYLE,
+        f"{STORAGE_CONNECTION}__blobServiceUri": "https://other.blob.core.windows.net",
+        f"{STORAGE_CONNECTION}__tableServiceUri": "https://other.table.core.windows.net",
+    }
+    assert StorageConnection.from_env(environ=env).blob_endpoint == "http://127.0.0.1:10000/devacct"
+
+
+def test_reads_os_environ_by_default_and_other_connection_names(monkeypatch):
+    monkeypatch.setenv("MyStorage", AZURITE_STYLE)
+    monkeypatch.delenv(STORAGE_CONNECTION, raising=False)
+    assert StorageConnection.from_env("MyStorage").account_name == "devacct"
+    with pytest.raises(ConfigurationError):
+        StorageConnection.from_env(environ={"MyStorage": AZURITE_STYLE})  # default name not set
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["garbage", "AccountName", "DefaultEndpointsProtocol=https;AccountKey=eHg=", "EndpointSuffix=core.windows.net"],
+)
+def test_unusable_connection_strings_are_configuration_errors(value):
+    with pytest.raises(ConfigurationError):
+        StorageConnection.from_env(environ={STORAGE_CONNECTION: value})
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "UseDevelopmentStorage=true",
+        "usedevelopmentstorage=TRUE",
+        " UseDevelopmentStorage = true ",
+        "UseDevelopmentStorage=true;",
+        "UseDevelopmentStorage=true;DevelopmentStorageProxyUri=http://127.0.0.1",
+    ],
+)
+def test_use_development_storage_is_a_clear_configuration_error(value):
+    with pytest.raises(ConfigurationError) as info:
+        StorageConnection.from_env(environ={STORAGE_CONNECTION: value})
+    message = str(info.value)
+    assert "UseDevelopmentStorage" in message and STORAGE_CONNECTION in message
+    assert "connection string" in message
+
+
+# ----------------------------------------------------------------------------- identity-based
+
+
+def test_identity_based_service_uris_with_user_assigned_identity():
+    env = {
+        f"{STORAGE_CONNECTION}__blobServiceUri": "https://prodacct.blob.core.windows.net/",
+        f"{STORAGE_CONNECTION}__tableServiceUri": "https://prodacct.table.core.windows.net/",
+        f"{STORAGE_CONNECTION}__queueServiceUri": "https://prodacct.queue.core.windows.net",
+        f"{STORAGE_CONNECTION}__credential": "managedidentity",
+        f"{STORAGE_CONNECTION}__clientId": " 11111111-2222-3333-4444-555555555555 ",
+    }
+    conn = StorageConnection.from_env(environ=env)
+    assert conn.connection_string is None
+    assert conn.blob_endpoint == "https://prodacct.blob.core.windows.net"
+    assert conn.table_endpoint == "https://prodacct.table.core.windows.net"
+    assert conn.queue_endpoint == "https://prodacct.queue.core.windows.net"
+    assert conn.client_id == "11111111-2222-3333-4444-555555555555"
+    assert conn.account_name == "prodacct"
+
+    from azure.identity import ManagedIdentityCredential
+
+    assert isinstance(conn.credential, ManagedIdentityCredential)  # constructed, never asked for a token
+    blob = conn.blob_service()
+    assert isinstance(blob, BlobServiceClient)
+    assert blob.url.rstrip("/") == "https://prodacct.blob.core.windows.net"
+    assert blob.credential is conn.credential
+    table = conn.table_service()
+    assert isinstance(table, TableServiceClient)
+    assert table.url.rstrip("/") == "https://prodacct.table.core.windows.net"
+
+
+def test_identity_based_system_assigned_uses_default_credential():
+    env = {
+        f"{STORAGE_CONNECTION}__blobServiceUri": "https://prodacct.blob.core.windows.net",
+        f"{STORAGE_CONNECTION}__tableServiceUri": "https://prodacct.table.core.windows.net",
+        f"{STORAGE_CONNECTION}__credential": "managedidentity",
+    }
+    conn = StorageConnection.from_env(environ=env)
+    assert conn.client_id is None and conn.queue_endpoint is None
+
+    from azure.identity import DefaultAzureCredential
+
+    assert isinstance(conn.credential, DefaultAzureCredential)
+
+
+def test_identity_based_account_name_builds_all_three_endpoints():
+    env = {f"{STORAGE_CONNECTION}__accountName": "prodacct", f"{STORAGE_CONNECTION}__credential": "managedidentity"}
+    conn = StorageConnection.from_env(environ=env)
+    assert conn.blob_endpoint == "https://prodacct.blob.core.windows.net"
+    assert conn.table_endpoint == "https://prodacct.table.core.windows.net"
+    assert conn.queue_endpoint == "https://prodacct.queue.core.windows.net"
+    assert conn.account_name == "prodacct"
+
+
+def test_identity_based_explicit_uri_wins_over_account_name():
+    env = {
+        f"{STORAGE_CONNECTION}__accountName": "prodacct",
+        f"{STORAGE_CONNECTION}__blobServiceUri": "https://custom.example.net/",
+    }
+    conn = StorageConnection.from_env(environ=env)
+    assert conn.blob_endpoint == "https://custom.example.net"
+    assert conn.table_endpoint == "https://prodacct.table.core.windows.net"
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {},
+        {STORAGE_CONNECTION: "   "},
+        {f"{STORAGE_CONNECTION}__credential": "managedidentity"},
+        {f"{STORAGE_CONNECTION}__blobServiceUri": "https://prodacct.blob.core.windows.net"},  # no table
+        {f"{STORAGE_CONNECTION}__tableServiceUri": "https://prodacct.table.core.windows.net"},  # no blob
+    ],
+    ids=["nothing", "blank", "credential-only", "blob-only", "table-only"],
+)
+def test_missing_connection_is_a_configuration_error_naming_the_settings(env):
+    with pytest.raises(ConfigurationError) as info:
+        StorageConnection.from_env(environ=env)
+    assert isinstance(info.value, BadInputError)
+    message = str(info.value)
+    assert STORAGE_CONNECTION in message and "__blobServiceUri" in message and "__tableServiceUri" in message
+
+
+def test_gdal_options_with_a_connection_string_need_no_token():
+    conn = StorageConnection.from_connection_string(AZURITE_STYLE)
+    assert conn.gdal_options() == {
+        "GDAL_DISABLE_READDIR_ON_OPEN": "EMPTY_DIR",
+        "AZURE_STORAGE_CONNECTION_STRING": AZURITE_STYLE,
+    }
+    assert vsiaz_path("raster-tiles", "tiles/0123456789abcdef/0000_0001.tif") == (
+        "/vsiaz/raster-tiles/tiles/0123456789abcdef/0000_0001.tif"
+    )
+
+
+# ----------------------------------------------------------------------------- Settings.from_env
+
+
+def test_settings_defaults_and_overrides():
+    assert Settings.from_env({}) == Settings()
+    assert Settings.from_env({}).window_size == DEFAULT_WINDOW_SIZE
+    s = Settings.from_env(
+        {SETTING_WINDOW_SIZE: " 512 ", SETTING_BATCH_SIZE: "16", SETTING_TILES_CONTAINER: "", SETTING_MANIFEST_TABLE: "m2"}
+    )
+    assert (s.window_size, s.batch_size, s.tiles_container, s.manifest_table) == (512, 16, TILES_CONTAINER, "m2")
+    assert Settings.from_env({SETTING_BATCH_SIZE: ""}).batch_size == DEFAULT_BATCH_SIZE
+
+
+@pytest.mark.parametrize(
+    "setting, value",
+    [
+        (SETTING_WINDOW_SIZE, "abc"),
+        (SETTING_WINDOW_SIZE, "1024px"),
+        (SETTING_WINDOW_SIZE, "1.5"),
+        (SETTING_WINDOW_SIZE, "0"),
+        (SETTING_WINDOW_SIZE, "-1024"),
+        (SETTING_WINDOW_SIZE, "300"),
+        (SETTING_WINDOW_SIZE, "1000"),
+        (SETTING_BATCH_SIZE, "0"),
+        (SETTING_BATCH_SIZE, "1001"),
+        (SETTING_BATCH_SIZE, "many"),
+        (SETTING_MAX_PIXELS, "0"),
+        (SETTING_GDAL_CACHEMAX, "-1"),
+    ],
+)
+def test_bad_settings_are_configuration_errors_naming_the_setting(setting, value):
+    with pytest.raises(ConfigurationError) as info:
+        Settings.from_env({setting: value})
+    assert setting in str(info.value)
+    assert isinstance(info.value, ValueError)  # callers may treat it as plain bad input
+    assert not info.value.retryable
