@@ -1,0 +1,1 @@
+"""checkov custom checks for infra/ (loaded with --external-checks-dir infra/checks)."""

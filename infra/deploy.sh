@@ -1,0 +1,348 @@
+#!/usr/bin/env bash
+# Deploy tilecommit to Azure: infrastructure (infra/main.bicep), code, Event Grid subscription.
+# Safe to run again: every step converges to the same state. See docs/deploy.md.
+set -euo pipefail
+
+SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO_ROOT="$(cd "${SCRIPT_DIR}/.." && pwd)"
+readonly SCRIPT_DIR REPO_ROOT
+readonly TEMPLATE="${SCRIPT_DIR}/main.bicep"
+readonly PARAMETERS="${SCRIPT_DIR}/main.parameters.json"
+readonly DEPLOYMENT_NAME="tilecommit"
+readonly MIN_AZ_VERSION="2.60.0"
+# The Functions Python 3.11 workers run on x86-64 Linux (glibc >= 2.28).
+readonly PACKAGE_PLATFORMS=(manylinux_2_28_x86_64 manylinux2014_x86_64)
+
+AZ="${AZ:-az}"
+PYTHON="${PYTHON:-python3}"
+
+usage() {
+  cat <<'EOF'
+Usage: infra/deploy.sh --resource-group NAME [options]
+       infra/deploy.sh --package-only FILE.zip
+
+Deploys tilecommit in three steps, each safe to repeat:
+  1. az deployment group create: storage, identity, monitoring, function app, roles,
+     Event Grid system topic (infra/main.bicep + infra/main.parameters.json);
+  2. packages the code and publishes it:
+     Flex Consumption: az functionapp deployment source config-zip (remote build of
+                       requirements.txt on the platform);
+     Consumption:      the package with its dependencies as Linux x86-64 wheels for
+                       Python 3.11, uploaded to the package container; restart;
+  3. waits for the blob trigger's webhook key, then deploys again with
+     deployEventSubscription=true to subscribe the trigger to blob-created events.
+
+Options:
+  -g, --resource-group NAME  resource group (created if it does not exist)
+  -l, --location REGION      region for a new resource group (default: the group's own)
+  -p, --plan PLAN            flex (Flex Consumption, default) or consumption (Y1, legacy)
+  -n, --base-name NAME       prefix of resource names (default: tilecommit)
+      --infra-only           step 1 only
+      --no-deployer-access   do not grant the signed-in principal upload/read roles on the
+                             input and output containers (Consumption still needs the package one)
+      --package-only FILE    only build the Consumption-plan package (code and Linux
+                             wheels) into FILE; no Azure needed
+  -h, --help                 this text
+
+Prerequisites: Azure CLI >= 2.60 signed in (az login; az account set -s SUBSCRIPTION),
+python3 with pip (builds the package), rights to create resources and role assignments
+(Owner, or Contributor + Role Based Access Control Administrator) on the resource group.
+Environment: AZ and PYTHON name other az / python executables.
+EOF
+}
+
+say() { printf '==> %s\n' "$*"; }
+note() { printf '    %s\n' "$*"; }
+warn() { printf 'warning: %s\n' "$*" >&2; }
+die() { printf 'error: %s\n' "$*" >&2; exit 1; }
+usage_error() { printf 'error: %s\n\n' "$*" >&2; usage >&2; exit 2; }
+
+resource_group=""
+location=""
+plan="flex"
+base_name="tilecommit"
+infra_only=false
+deployer_access=true
+package_only=""
+
+while (($# > 0)); do
+  case "$1" in
+    -g | --resource-group) [[ $# -ge 2 ]] || usage_error "$1 needs a value"; resource_group="$2"; shift 2 ;;
+    -l | --location) [[ $# -ge 2 ]] || usage_error "$1 needs a value"; location="$2"; shift 2 ;;
+    -p | --plan) [[ $# -ge 2 ]] || usage_error "$1 needs a value"; plan="$2"; shift 2 ;;
+    -n | --base-name) [[ $# -ge 2 ]] || usage_error "$1 needs a value"; base_name="$2"; shift 2 ;;
+    --infra-only) infra_only=true; shift ;;
+    --no-deployer-access) deployer_access=false; shift ;;
+    --package-only) [[ $# -ge 2 ]] || usage_error "$1 needs a value"; package_only="$2"; shift 2 ;;
+    -h | --help) usage; exit 0 ;;
+    *) usage_error "unknown argument: $1" ;;
+  esac
+done
+
+case "${plan}" in
+  flex) hosting_plan="FlexConsumption" ;;
+  consumption) hosting_plan="Consumption" ;;
+  *) usage_error "--plan must be flex or consumption, not '${plan}'" ;;
+esac
+if [[ -z "${package_only}" && -z "${resource_group}" ]]; then
+  usage_error "--resource-group is required"
+fi
+if [[ ! "${base_name}" =~ ^[a-z][a-z0-9-]{2,11}$ ]]; then
+  usage_error "--base-name must be 3-12 lower-case letters, digits or hyphens, starting with a letter"
+fi
+
+workdir="$(mktemp -d)"
+cleanup() { rm -rf "${workdir}"; }
+trap cleanup EXIT
+
+# ------------------------------------------------------------------------------------------------
+# The code package: the app's files and, for Consumption, its dependencies as Linux wheels in
+# .python_packages (Flex Consumption installs requirements.txt itself in a remote build).
+# ------------------------------------------------------------------------------------------------
+
+build_package() {
+  local zip_path="$1" with_dependencies="$2" staging="${workdir}/package" platform_args=() p
+  command -v "${PYTHON}" >/dev/null 2>&1 || die "${PYTHON} not found: python3 builds the code package"
+  [[ -f "${REPO_ROOT}/function_app.py" && -f "${REPO_ROOT}/host.json" ]] \
+    || die "function_app.py and host.json not found in ${REPO_ROOT}"
+
+  rm -rf "${staging}"
+  mkdir -p "${staging}"
+  # Everything in the repository except what only development and deployment use: the names
+  # below plus the patterns of .funcignore (matched against each file and folder name).
+  "${PYTHON}" - "${REPO_ROOT}" "${staging}" <<'PY'
+import fnmatch, shutil, sys
+from pathlib import Path
+
+root, staging = Path(sys.argv[1]), Path(sys.argv[2])
+patterns = [
+    ".git*", ".ci", ".venv", ".venv-checkov", ".pytest_cache", ".hypothesis", ".vscode", ".devhost",
+    "node_modules", "tests", "bench", "devhost", "docs", "infra", "demo-output", "local.settings*.json",
+    "package.json", "package-lock.json", "Makefile", "pyproject.toml", "requirements-*.txt",
+    "__pycache__", "*.pyc", "*.tif", "*.tiff", "__azurite*", "__*storage__", ".funcignore",
+]
+funcignore = root / ".funcignore"
+if funcignore.is_file():
+    for line in funcignore.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith(("#", "!")):
+            patterns.append(line.strip("/"))
+
+def ignored(name: str) -> bool:
+    return any(fnmatch.fnmatch(name, pattern) for pattern in patterns)
+
+def ignore(folder, names):
+    return {name for name in names if ignored(name)}
+
+for entry in sorted(root.iterdir()):
+    if ignored(entry.name):
+        continue
+    if entry.is_dir():
+        shutil.copytree(entry, staging / entry.name, ignore=ignore)
+    else:
+        shutil.copy2(entry, staging / entry.name)
+PY
+  if [[ "${with_dependencies}" == true ]]; then
+    "${PYTHON}" -m pip --version >/dev/null 2>&1 || die "${PYTHON} has no pip: install pip (python3 -m ensurepip)"
+    for p in "${PACKAGE_PLATFORMS[@]}"; do platform_args+=(--platform "${p}"); done
+    note "downloading Linux x86-64 wheels for Python 3.11 (requirements.txt)"
+    "${PYTHON}" -m pip install --quiet --disable-pip-version-check --no-compile \
+      --target "${staging}/.python_packages/lib/site-packages" \
+      --implementation cp --python-version 3.11 "${platform_args[@]}" --only-binary=:all: \
+      -r "${REPO_ROOT}/requirements.txt" \
+      || die "could not download the app's dependencies as Linux wheels (see pip's message above)"
+  fi
+  rm -f "${zip_path}"
+  "${PYTHON}" - "${staging}" "${zip_path}" <<'PY'
+import os, sys, zipfile
+
+staging, zip_path = sys.argv[1], sys.argv[2]
+with zipfile.ZipFile(zip_path, "w", zipfile.ZIP_DEFLATED) as archive:
+    for folder, dirs, files in os.walk(staging):
+        dirs.sort()
+        for name in sorted(files):
+            path = os.path.join(folder, name)
+            archive.write(path, os.path.relpath(path, staging))
+PY
+}
+
+if [[ -n "${package_only}" ]]; then
+  say "Building the code package"
+  build_package "${package_only}" true
+  note "$(du -h "${package_only}" | cut -f1) ${package_only}"
+  exit 0
+fi
+
+# ------------------------------------------------------------------------------------------------
+# Prerequisites
+# ------------------------------------------------------------------------------------------------
+
+command -v "${AZ}" >/dev/null 2>&1 \
+  || die "Azure CLI ('${AZ}') not found: install it (https://learn.microsoft.com/cli/azure/install-azure-cli), then az login"
+az_version="$("${AZ}" version --query '"azure-cli"' --output tsv 2>/dev/null || true)"
+if [[ -z "${az_version}" ]]; then
+  die "could not run '${AZ} version': is the Azure CLI installed correctly?"
+fi
+if [[ "$(printf '%s\n%s\n' "${MIN_AZ_VERSION}" "${az_version}" | sort -V | head -n 1)" != "${MIN_AZ_VERSION}" ]]; then
+  die "Azure CLI ${az_version} is too old: ${MIN_AZ_VERSION} or later is needed (az upgrade)"
+fi
+subscription="$("${AZ}" account show --query '[name, id]' --output tsv 2>/dev/null | paste -sd' ' || true)"
+if [[ -z "${subscription}" ]]; then
+  die "not signed in to Azure: run 'az login' (and 'az account set --subscription NAME_OR_ID')"
+fi
+say "Subscription: ${subscription}"
+
+for namespace in Microsoft.Web Microsoft.Storage Microsoft.EventGrid Microsoft.Insights \
+  Microsoft.OperationalInsights Microsoft.ManagedIdentity; do
+  state="$("${AZ}" provider show --namespace "${namespace}" --query registrationState --output tsv 2>/dev/null || true)"
+  if [[ "${state}" != "Registered" ]]; then
+    say "Registering resource provider ${namespace}"
+    "${AZ}" provider register --namespace "${namespace}" --wait --output none
+  fi
+done
+
+# ------------------------------------------------------------------------------------------------
+# Resource group and deployer
+# ------------------------------------------------------------------------------------------------
+
+group_location="$("${AZ}" group show --name "${resource_group}" --query location --output tsv 2>/dev/null || true)"
+if [[ -n "${group_location}" ]]; then
+  say "Resource group ${resource_group} exists (${group_location})"
+  if [[ -n "${location}" && "${location}" != "${group_location}" ]]; then
+    warn "--location ${location} ignored: the resources go to the group's region, ${group_location}"
+  fi
+else
+  [[ -n "${location}" ]] || die "resource group ${resource_group} does not exist: give --location to create it"
+  say "Creating resource group ${resource_group} in ${location}"
+  "${AZ}" group create --name "${resource_group}" --location "${location}" --output none
+fi
+
+deployer_id=""
+deployer_type="User"
+if [[ "${deployer_access}" == true || "${hosting_plan}" == "Consumption" ]]; then
+  user_type="$("${AZ}" account show --query user.type --output tsv)"
+  if [[ "${user_type}" == "user" ]]; then
+    deployer_id="$("${AZ}" ad signed-in-user show --query id --output tsv 2>/dev/null || true)"
+  else
+    deployer_type="ServicePrincipal"
+    app_id="$("${AZ}" account show --query user.name --output tsv)"
+    deployer_id="$("${AZ}" ad sp show --id "${app_id}" --query id --output tsv 2>/dev/null || true)"
+  fi
+  if [[ -z "${deployer_id}" ]]; then
+    [[ "${hosting_plan}" != "Consumption" ]] \
+      || die "could not look up your object id in Entra ID; the Consumption plan needs it to upload the code"
+    warn "could not look up your object id in Entra ID: no data roles granted to you"
+  fi
+fi
+
+deploy() {
+  local with_subscription="$1"
+  "${AZ}" deployment group create \
+    --resource-group "${resource_group}" \
+    --name "${DEPLOYMENT_NAME}" \
+    --template-file "${TEMPLATE}" \
+    --parameters "@${PARAMETERS}" \
+    --parameters hostingPlan="${hosting_plan}" baseName="${base_name}" \
+    deployerPrincipalId="${deployer_id}" deployerPrincipalType="${deployer_type}" \
+    grantDeployerDataAccess="${deployer_access}" \
+    deployEventSubscription="${with_subscription}" \
+    --output none
+}
+
+output() {
+  "${AZ}" deployment group show --resource-group "${resource_group}" --name "${DEPLOYMENT_NAME}" \
+    --query "properties.outputs.${1}.value" --output tsv
+}
+
+# ------------------------------------------------------------------------------------------------
+# 1. Infrastructure
+# ------------------------------------------------------------------------------------------------
+
+say "1/3 Deploying infrastructure (${hosting_plan}) with ${TEMPLATE#"${REPO_ROOT}/"}"
+deploy false
+app_name="$(output functionAppName)"
+storage_account="$(output storageAccountName)"
+note "function app ${app_name}, storage account ${storage_account}"
+
+if [[ "${infra_only}" == true ]]; then
+  say "Done (--infra-only): run again without it to publish the code and subscribe the trigger"
+  exit 0
+fi
+
+# ------------------------------------------------------------------------------------------------
+# 2. Code
+# ------------------------------------------------------------------------------------------------
+
+say "2/3 Building and publishing the code"
+package="${workdir}/tilecommit.zip"
+if [[ "${hosting_plan}" == "FlexConsumption" ]]; then
+  # Flex Consumption: the CLI posts the package to the app's deployment endpoint with your Entra
+  # token; the platform installs requirements.txt for its own Linux image (remote build), keeps
+  # the result in the deployment container (read with the app's identity) and restarts the app.
+  build_package "${package}" false
+  note "package: $(du -h "${package}" | cut -f1)"
+  "${AZ}" functionapp deployment source config-zip --resource-group "${resource_group}" \
+    --name "${app_name}" --src "${package}" --build-remote true --output none
+  note "published with az functionapp deployment source config-zip (remote build)"
+else
+  build_package "${package}" true
+  note "package: $(du -h "${package}" | cut -f1)"
+  # Consumption (Linux): the app runs the package from its URL (WEBSITE_RUN_FROM_PACKAGE), read
+  # with its identity. A new role assignment can take minutes to apply, hence the retries.
+  container="$(output packageContainer)"
+  blob="$(output packageBlob)"
+  uploaded=false
+  for attempt in $(seq 1 20); do
+    if "${AZ}" storage blob upload --auth-mode login --account-name "${storage_account}" \
+      --container-name "${container}" --name "${blob}" --file "${package}" --overwrite \
+      --only-show-errors --output none; then
+      uploaded=true
+      break
+    fi
+    note "upload refused (attempt ${attempt}/20; role assignments may still be propagating), retrying in 15 s"
+    sleep 15
+  done
+  [[ "${uploaded}" == true ]] || die "could not upload the package to ${storage_account}/${container}"
+  app_id="$("${AZ}" functionapp show --resource-group "${resource_group}" --name "${app_name}" --query id --output tsv)"
+  "${AZ}" functionapp restart --resource-group "${resource_group}" --name "${app_name}" --output none
+  "${AZ}" rest --method post --url "${app_id}/syncfunctiontriggers?api-version=2023-12-01" --output none
+  note "uploaded ${container}/${blob}, restarted the app and synced its triggers"
+fi
+
+# ------------------------------------------------------------------------------------------------
+# 3. Event Grid subscription
+# ------------------------------------------------------------------------------------------------
+
+say "3/3 Subscribing the blob trigger to blob-created events"
+note "waiting for the host to create the blob extension's webhook key (up to 10 minutes)"
+key_ready=false
+for attempt in $(seq 1 40); do
+  # Asks only whether the key exists: the key itself is never printed or stored here.
+  has_key="$("${AZ}" functionapp keys list --resource-group "${resource_group}" --name "${app_name}" \
+    --query 'systemKeys.blobs_extension != null' --output tsv 2>/dev/null || true)"
+  if [[ "${has_key}" == "true" ]]; then
+    key_ready=true
+    break
+  fi
+  sleep 15
+done
+if [[ "${key_ready}" != true ]]; then
+  die "no blobs_extension key after 10 minutes: check the app's logs (Application Insights) and run this script again"
+fi
+# Event Grid validates the webhook when the subscription is created; a cold or restarting host can
+# miss that handshake, so one more try after a minute.
+if ! deploy true; then
+  warn "subscription deployment failed; retrying in 60 s"
+  sleep 60
+  deploy true
+fi
+
+say "Done"
+note "function app:          ${app_name} (https://$(output functionAppHostName))"
+note "storage account:       ${storage_account}"
+note "containers:            $(output inputContainer) (uploads), $(output tilesContainer), $(output outputContainer)"
+note "tables:                $(output manifestTable), $(output claimsTable)"
+note "application insights:  $(output applicationInsightsName)"
+note "event subscription:    $(output eventSubscriptionName) on $(output systemTopicName)"
+note "try it:  az storage blob upload --auth-mode login --account-name ${storage_account} \\"
+note "           --container-name $(output inputContainer) --name scene.tif --file scene.tif"

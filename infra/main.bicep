@@ -1,0 +1,447 @@
+// tilecommit: an Azure Functions app (Python 3.11, v2 model, Durable) that turns uploaded rasters
+// into COG tiles and a mosaic. Deploy with infra/deploy.sh (docs/deploy.md), which runs this
+// template twice: once for everything, then with deployEventSubscription=true once the code is
+// published, because the Event Grid subscription needs the webhook key that the code creates.
+//
+// Names shared with the code live in tilecommit/settings.py; the literals below must equal them
+// and tests/test_infra_agreement.py fails until they do.
+
+targetScope = 'resourceGroup'
+
+// ---------------------------------------------------------------------------------------------
+// Parameters
+// ---------------------------------------------------------------------------------------------
+
+@description('Region of every resource. Flex Consumption is not in every region: az functionapp list-flexconsumption-locations.')
+param location string = resourceGroup().location
+
+@description('Prefix of the resource names (lower-case letters, digits, hyphens).')
+@minLength(3)
+@maxLength(12)
+param baseName string = 'tilecommit'
+
+@description('FlexConsumption (FC1): recommended for new apps, Event Grid blob source, instance memory of your choice. Consumption (Y1, Linux): legacy, retires 30 Sep 2028.')
+@allowed([
+  'FlexConsumption'
+  'Consumption'
+])
+param hostingPlan string = 'FlexConsumption'
+
+@description('Flex Consumption only: memory of each instance in MB. A 1024-px window needs about 115 MB a worker; the mosaic assembly about 300 MB.')
+@allowed([
+  512
+  2048
+  4096
+])
+param instanceMemoryMB int = 2048
+
+@description('Flex Consumption only: most instances the app scales out to (bounds the cost of an upload storm).')
+@minValue(40)
+@maxValue(1000)
+param maximumInstanceCount int = 40
+
+@description('Second step of infra/deploy.sh: create the Event Grid subscription (needs the code deployed).')
+param deployEventSubscription bool = false
+
+@description('Object id of whoever runs the deployment: (Consumption) upload of the code package and, with grantDeployerDataAccess, upload to the input and read of the output container. Empty for none.')
+param deployerPrincipalId string = ''
+
+@allowed([
+  'User'
+  'ServicePrincipal'
+  'Group'
+])
+param deployerPrincipalType string = 'User'
+
+@description('Grant the deployer upload to the input container and read of the output container (not only the package upload).')
+param grantDeployerDataAccess bool = true
+
+@description('TILECOMMIT_WINDOW_SIZE: tile window in pixels, a multiple of 256.')
+@minValue(256)
+param windowSize int = 1024
+
+@description('TILECOMMIT_BATCH_SIZE: windows per sub-orchestration.')
+@minValue(1)
+@maxValue(1000)
+param batchSize int = 64
+
+@description('TILECOMMIT_MAX_PIXELS: larger scenes are refused before any tile is written.')
+@minValue(1)
+param maxPixels int = 1677721600
+
+@description('TILECOMMIT_GDAL_CACHEMAX_MB and GDAL_CACHEMAX: GDAL block cache per process in MB.')
+@minValue(1)
+param gdalCacheMaxMb int = 64
+
+@description('Storage redundancy (see infra/checkov-skips.toml, CKV_AZURE_206).')
+@allowed([
+  'Standard_LRS'
+  'Standard_ZRS'
+  'Standard_GRS'
+  'Standard_GZRS'
+])
+param storageSku string = 'Standard_LRS'
+
+@description('Days Log Analytics keeps logs and telemetry.')
+@minValue(30)
+@maxValue(730)
+param logRetentionDays int = 30
+
+@description('Log Analytics daily ingestion cap in GB (-1: none).')
+param logDailyQuotaGb int = 1
+
+param tags object = {}
+
+// ---------------------------------------------------------------------------------------------
+// Names
+// ---------------------------------------------------------------------------------------------
+
+// Shared with the code: tilecommit/settings.py.
+var inputContainerName = 'raster-uploads' // INPUT_CONTAINER
+var tilesContainerName = 'raster-tiles' // TILES_CONTAINER
+var outputContainerName = 'raster-mosaics' // OUTPUT_CONTAINER
+var manifestTableName = 'tilemanifest' // MANIFEST_TABLE
+var claimsTableName = 'tileclaims' // CLAIMS_TABLE
+var triggerFunctionName = 'raster_uploaded' // TRIGGER_FUNCTION
+
+// Infrastructure only. Flex Consumption keeps its deployment packages in this container; on
+// Consumption deploy.sh uploads the package here and the app runs it from its URL.
+var packageContainerName = 'app-package'
+var packageBlobName = 'tilecommit.zip'
+
+var isFlex = hostingPlan == 'FlexConsumption'
+var token = uniqueString(resourceGroup().id, baseName)
+var storageAccountName = take('st${replace(toLower(baseName), '-', '')}${token}', 24)
+var functionAppName = '${baseName}-func-${token}'
+var planName = '${baseName}-plan-${token}'
+var identityName = '${baseName}-id-${token}'
+var logAnalyticsName = '${baseName}-log-${token}'
+var applicationInsightsName = '${baseName}-appi-${token}'
+var systemTopicName = '${baseName}-evgt-${token}'
+var eventSubscriptionName = '${replace(triggerFunctionName, '_', '-')}-blob-created'
+
+// ---------------------------------------------------------------------------------------------
+// Identity, storage, monitoring, roles
+// ---------------------------------------------------------------------------------------------
+
+// User-assigned rather than system-assigned: it exists before the app, so its role assignments
+// are made (and have time to propagate) before the host first starts; no app -> role -> app cycle;
+// it survives re-creating the app (e.g. moving to another plan); and the host's storage
+// connection (AzureWebJobsStorage__clientId), the Flex deployment storage and the Consumption
+// package download (WEBSITE_RUN_FROM_PACKAGE_BLOB_MI_RESOURCE_ID) can all name it.
+resource identity 'Microsoft.ManagedIdentity/userAssignedIdentities@2023-01-31' = {
+  name: identityName
+  location: location
+  tags: tags
+}
+
+module storage 'modules/storage.bicep' = {
+  name: 'storage'
+  params: {
+    name: storageAccountName
+    location: location
+    tags: tags
+    skuName: storageSku
+    containerNames: [
+      inputContainerName
+      tilesContainerName
+      outputContainerName
+      packageContainerName
+    ]
+    tableNames: [
+      manifestTableName
+      claimsTableName
+    ]
+  }
+}
+
+module monitoring 'modules/monitoring.bicep' = {
+  name: 'monitoring'
+  params: {
+    logAnalyticsName: logAnalyticsName
+    applicationInsightsName: applicationInsightsName
+    location: location
+    tags: tags
+    retentionInDays: logRetentionDays
+    dailyQuotaGb: logDailyQuotaGb
+    principalId: identity.properties.principalId
+  }
+}
+
+module storageRoles 'modules/storage-roles.bicep' = {
+  name: 'storage-roles'
+  params: {
+    storageAccountName: storage.outputs.name
+    appPrincipalId: identity.properties.principalId
+    deployerPrincipalId: deployerPrincipalId
+    deployerPrincipalType: deployerPrincipalType
+    grantDeployerDataAccess: grantDeployerDataAccess
+    packageContainerName: isFlex ? '' : packageContainerName
+    inputContainerName: inputContainerName
+    outputContainerName: outputContainerName
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The function app
+// ---------------------------------------------------------------------------------------------
+
+resource plan 'Microsoft.Web/serverfarms@2024-04-01' = {
+  name: planName
+  location: location
+  tags: tags
+  kind: isFlex ? 'functionapp' : 'linux'
+  sku: isFlex ? {
+    name: 'FC1'
+    tier: 'FlexConsumption'
+  } : {
+    name: 'Y1'
+    tier: 'Dynamic'
+  }
+  properties: {
+    // Linux.
+    reserved: true
+  }
+}
+
+resource functionApp 'Microsoft.Web/sites@2024-04-01' = {
+  name: functionAppName
+  location: location
+  tags: tags
+  kind: 'functionapp,linux'
+  identity: {
+    type: 'UserAssigned'
+    userAssignedIdentities: {
+      '${identity.id}': {}
+    }
+  }
+  properties: {
+    serverFarmId: plan.id
+    reserved: true
+    httpsOnly: true
+    clientAffinityEnabled: false
+    functionAppConfig: isFlex ? {
+      deployment: {
+        storage: {
+          type: 'blobContainer'
+          value: '${storage.outputs.blobEndpoint}${packageContainerName}'
+          authentication: {
+            type: 'UserAssignedIdentity'
+            userAssignedIdentityResourceId: identity.id
+          }
+        }
+      }
+      scaleAndConcurrency: {
+        maximumInstanceCount: maximumInstanceCount
+        instanceMemoryMB: instanceMemoryMB
+      }
+      runtime: {
+        name: 'python'
+        version: '3.11'
+      }
+    } : null
+    siteConfig: {
+      // Flex Consumption takes its runtime from functionAppConfig.runtime and rejects this one.
+      linuxFxVersion: isFlex ? null : 'Python|3.11'
+      minTlsVersion: '1.2'
+      scmMinTlsVersion: '1.2'
+      ftpsState: 'Disabled'
+      http20Enabled: true
+      // Identity-based connections only: no connection string, account key, SAS or
+      // instrumentation key (infra/checks CKV_TILECOMMIT_3 and _4). The settings are written out
+      // here, not in a variable, so that checkov's checks see them.
+      appSettings: concat([
+        // The host, Durable and the code (tilecommit/storage.py) share this one connection.
+        {
+          name: 'AzureWebJobsStorage__blobServiceUri'
+          value: storage.outputs.blobEndpoint
+        }
+        {
+          name: 'AzureWebJobsStorage__queueServiceUri'
+          value: storage.outputs.queueEndpoint
+        }
+        {
+          name: 'AzureWebJobsStorage__tableServiceUri'
+          value: storage.outputs.tableEndpoint
+        }
+        {
+          name: 'AzureWebJobsStorage__credential'
+          value: 'managedidentity'
+        }
+        {
+          // Durable Functions takes the user-assigned identity by client id (not by resource id).
+          name: 'AzureWebJobsStorage__clientId'
+          value: identity.properties.clientId
+        }
+        {
+          // Names the identity for azure-identity's DefaultAzureCredential anywhere in the code.
+          name: 'AZURE_CLIENT_ID'
+          value: identity.properties.clientId
+        }
+        {
+          // Identifies the component; it cannot authenticate, since local auth is off (Entra only).
+          name: 'APPLICATIONINSIGHTS_CONNECTION_STRING'
+          value: monitoring.outputs.connectionString
+        }
+        {
+          name: 'APPLICATIONINSIGHTS_AUTHENTICATION_STRING'
+          value: 'ClientId=${identity.properties.clientId};Authorization=AAD'
+        }
+        // What the code reads (tilecommit/settings.py APP_SETTINGS), with its defaults.
+        {
+          name: 'TILECOMMIT_INPUT_CONTAINER'
+          value: inputContainerName
+        }
+        {
+          name: 'TILECOMMIT_TILES_CONTAINER'
+          value: tilesContainerName
+        }
+        {
+          name: 'TILECOMMIT_OUTPUT_CONTAINER'
+          value: outputContainerName
+        }
+        {
+          name: 'TILECOMMIT_MANIFEST_TABLE'
+          value: manifestTableName
+        }
+        {
+          name: 'TILECOMMIT_CLAIMS_TABLE'
+          value: claimsTableName
+        }
+        {
+          name: 'TILECOMMIT_WINDOW_SIZE'
+          value: string(windowSize)
+        }
+        {
+          name: 'TILECOMMIT_BATCH_SIZE'
+          value: string(batchSize)
+        }
+        {
+          name: 'TILECOMMIT_MAX_PIXELS'
+          value: string(maxPixels)
+        }
+        {
+          name: 'TILECOMMIT_GDAL_CACHEMAX_MB'
+          value: string(gdalCacheMaxMb)
+        }
+        // GDAL limits that keep the mosaic assembly near 300 MB however large the scene (design notes,
+        // section 4), and /vsiaz/ reads that neither list the container nor give up on one slow request.
+        {
+          name: 'GDAL_CACHEMAX'
+          value: string(gdalCacheMaxMb)
+        }
+        {
+          name: 'GDAL_MAX_DATASET_POOL_SIZE'
+          value: '20'
+        }
+        {
+          name: 'GDAL_SWATH_SIZE'
+          value: '16777216'
+        }
+        {
+          name: 'GDAL_OVR_CHUNK_MAX_SIZE'
+          value: '4194304'
+        }
+        {
+          name: 'GDAL_DISABLE_READDIR_ON_OPEN'
+          value: 'EMPTY_DIR'
+        }
+        {
+          name: 'GDAL_HTTP_MAX_RETRY'
+          value: '5'
+        }
+        {
+          name: 'GDAL_HTTP_RETRY_DELAY'
+          value: '2'
+        }
+      ], isFlex ? [] : [
+        // Consumption (Y1, Linux) only; on Flex Consumption these are replaced by functionAppConfig.
+        // Without Azure Files and without keys, Linux Consumption runs the code from a package URL,
+        // downloaded with the user-assigned identity.
+        {
+          name: 'FUNCTIONS_EXTENSION_VERSION'
+          value: '~4'
+        }
+        {
+          name: 'FUNCTIONS_WORKER_RUNTIME'
+          value: 'python'
+        }
+        {
+          name: 'WEBSITE_RUN_FROM_PACKAGE'
+          value: '${storage.outputs.blobEndpoint}${packageContainerName}/${packageBlobName}'
+        }
+        {
+          name: 'WEBSITE_RUN_FROM_PACKAGE_BLOB_MI_RESOURCE_ID'
+          value: identity.id
+        }
+      ])
+    }
+  }
+  dependsOn: [
+    // The host should find its storage roles in place when it first starts.
+    storageRoles
+  ]
+}
+
+// No FTP or Kudu basic-auth (publishing profile) credentials: deploy.sh deploys with Entra ID.
+resource ftpBasicAuth 'Microsoft.Web/sites/basicPublishingCredentialsPolicies@2024-04-01' = {
+  parent: functionApp
+  name: 'ftp'
+  properties: {
+    allow: false
+  }
+}
+
+resource scmBasicAuth 'Microsoft.Web/sites/basicPublishingCredentialsPolicies@2024-04-01' = {
+  parent: functionApp
+  name: 'scm'
+  properties: {
+    allow: false
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Event Grid: blob created in the input container -> the blob trigger
+// ---------------------------------------------------------------------------------------------
+
+module events 'modules/events.bicep' = {
+  name: 'events'
+  params: {
+    name: systemTopicName
+    storageAccountId: storage.outputs.id
+    location: location
+    tags: tags
+  }
+}
+
+module eventSubscription 'modules/event-subscription.bicep' = if (deployEventSubscription) {
+  name: 'event-subscription'
+  params: {
+    name: eventSubscriptionName
+    systemTopicName: events.outputs.name
+    functionAppName: functionApp.name
+    triggerFunctionName: triggerFunctionName
+    inputContainerName: inputContainerName
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Outputs (read by infra/deploy.sh)
+// ---------------------------------------------------------------------------------------------
+
+output functionAppName string = functionApp.name
+output functionAppHostName string = functionApp.properties.defaultHostName
+output hostingPlan string = hostingPlan
+output storageAccountName string = storage.outputs.name
+output inputContainer string = inputContainerName
+output tilesContainer string = tilesContainerName
+output outputContainer string = outputContainerName
+output packageContainer string = packageContainerName
+output packageBlob string = packageBlobName
+output manifestTable string = manifestTableName
+output claimsTable string = claimsTableName
+output applicationInsightsName string = monitoring.outputs.applicationInsightsName
+output logAnalyticsName string = monitoring.outputs.logAnalyticsName
+output identityName string = identity.name
+output systemTopicName string = events.outputs.name
+output eventSubscriptionName string = eventSubscriptionName

@@ -1,0 +1,124 @@
+// The one storage account of the app: host and Durable state (AzureWebJobsStorage), the app's own
+// containers and tables, and (Flex Consumption) the deployment container / (Consumption) the
+// package container. Keys are off: every client, the Functions host included, signs in with Entra ID.
+
+@description('Storage account name (3-24 lower-case letters and digits, globally unique).')
+@minLength(3)
+@maxLength(24)
+param name string
+
+param location string
+
+param tags object = {}
+
+@description('Blob containers to create (the app\'s input, tiles and output containers and the code package container).')
+param containerNames array
+
+@description('Tables to create (the manifest and the claims tables).')
+param tableNames array
+
+@description('Redundancy. LRS: three copies in one datacenter, cheapest; tiles and mosaics can be made again from the inputs.')
+@allowed([
+  'Standard_LRS'
+  'Standard_ZRS'
+  'Standard_GRS'
+  'Standard_GZRS'
+])
+param skuName string = 'Standard_LRS'
+
+@description('Days a deleted blob or container can be restored (soft delete).')
+@minValue(1)
+@maxValue(365)
+param softDeleteRetentionDays int = 7
+
+resource storageAccount 'Microsoft.Storage/storageAccounts@2023-05-01' = {
+  name: name
+  location: location
+  tags: tags
+  sku: {
+    name: skuName
+  }
+  kind: 'StorageV2'
+  properties: {
+    accessTier: 'Hot'
+    // No account keys and no SAS signed with them: Entra ID (managed identity / az login) only.
+    allowSharedKeyAccess: false
+    // The portal and the CLI then default to Entra ID as well.
+    defaultToOAuthAuthentication: true
+    // No anonymous read access to any container.
+    allowBlobPublicAccess: false
+    allowCrossTenantReplication: false
+    minimumTlsVersion: 'TLS1_2'
+    supportsHttpsTrafficOnly: true
+    // Public endpoint, Entra-only (see infra/checkov-skips.yaml, CKV_AZURE_35): Event Grid and
+    // the Consumption-plan workers reach the account over its public endpoint.
+    publicNetworkAccess: 'Enabled'
+    networkAcls: {
+      bypass: 'AzureServices'
+      defaultAction: 'Allow'
+    }
+    encryption: {
+      keySource: 'Microsoft.Storage'
+      requireInfrastructureEncryption: true
+      services: {
+        blob: {
+          enabled: true
+          keyType: 'Account'
+        }
+        file: {
+          enabled: true
+          keyType: 'Account'
+        }
+        queue: {
+          enabled: true
+          keyType: 'Account'
+        }
+        table: {
+          enabled: true
+          keyType: 'Account'
+        }
+      }
+    }
+  }
+}
+
+resource blobService 'Microsoft.Storage/storageAccounts/blobServices@2023-05-01' = {
+  parent: storageAccount
+  name: 'default'
+  properties: {
+    // A deleted tile, mosaic or input can be restored for a few days; the app never deletes them.
+    deleteRetentionPolicy: {
+      enabled: true
+      days: softDeleteRetentionDays
+    }
+    containerDeleteRetentionPolicy: {
+      enabled: true
+      days: softDeleteRetentionDays
+    }
+  }
+}
+
+resource containers 'Microsoft.Storage/storageAccounts/blobServices/containers@2023-05-01' = [for containerName in containerNames: {
+  parent: blobService
+  name: containerName
+  properties: {
+    publicAccess: 'None'
+  }
+}]
+
+resource tableService 'Microsoft.Storage/storageAccounts/tableServices@2023-05-01' = {
+  parent: storageAccount
+  name: 'default'
+}
+
+resource tables 'Microsoft.Storage/storageAccounts/tableServices/tables@2023-05-01' = [for tableName in tableNames: {
+  parent: tableService
+  name: tableName
+}]
+
+output id string = storageAccount.id
+output name string = storageAccount.name
+output location string = storageAccount.location
+output blobEndpoint string = storageAccount.properties.primaryEndpoints.blob
+output queueEndpoint string = storageAccount.properties.primaryEndpoints.queue
+output tableEndpoint string = storageAccount.properties.primaryEndpoints.table

@@ -1,0 +1,199 @@
+"""The templates and the app agree: a rename on one side fails here until the other follows.
+
+Names come from tilecommit.settings (the code's single place for them); the templates are read
+with tree-sitter-bicep (tests/test_infra_parse.py's `Bicep`) and evaluated for each hosting plan,
+so both the Flex Consumption and the Consumption app settings are checked.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pytest
+
+from tests.test_infra_parse import INFRA, REPO_ROOT, Bicep, Unresolved
+from tilecommit import settings
+from tilecommit.storage import StorageConnection
+
+MAIN = Bicep(INFRA / "main.bicep")
+STORAGE = Bicep(INFRA / "modules" / "storage.bicep")
+SUBSCRIPTION = Bicep(INFRA / "modules" / "event-subscription.bicep")
+PLANS = MAIN.evaluate(MAIN.params["hostingPlan"].decorators["allowed"][0])
+
+
+def module_params(name: str, plan: str) -> dict[str, Any]:
+    return MAIN.property(MAIN.evaluate(MAIN.modules[name].value, {"hostingPlan": plan}), "params")
+
+
+def app_settings(plan: str) -> dict[str, Any]:
+    """The function app's app settings, name -> value, as deployed on `plan`."""
+    site = MAIN.resources["functionApp"]
+    assert site.type_or_path.startswith("Microsoft.Web/sites@")
+    body = MAIN.evaluate(site.value, {"hostingPlan": plan})
+    entries = MAIN.property(body, "properties", "siteConfig", "appSettings")
+    assert isinstance(entries, list), f"appSettings on {plan} cannot be read: {entries}"
+    names = [entry["name"] for entry in entries]
+    assert len(names) == len(set(names)), f"duplicate app settings on {plan}"
+    return {entry["name"]: entry["value"] for entry in entries}
+
+
+def test_both_hosting_plans_are_offered_flex_first() -> None:
+    assert PLANS == ["FlexConsumption", "Consumption"]
+    assert MAIN.evaluate(MAIN.params["hostingPlan"].value) == "FlexConsumption"
+    assert MAIN.evaluate(MAIN.params["instanceMemoryMB"].value) == 2048
+
+
+@pytest.mark.parametrize(
+    ("variable", "expected"),
+    [
+        ("inputContainerName", settings.INPUT_CONTAINER),
+        ("tilesContainerName", settings.TILES_CONTAINER),
+        ("outputContainerName", settings.OUTPUT_CONTAINER),
+        ("manifestTableName", settings.MANIFEST_TABLE),
+        ("claimsTableName", settings.CLAIMS_TABLE),
+        ("triggerFunctionName", settings.TRIGGER_FUNCTION),
+    ],
+)
+def test_template_names_are_the_codes_names(variable: str, expected: str) -> None:
+    assert MAIN.evaluate(MAIN.vars[variable].value) == expected
+
+
+@pytest.mark.parametrize("plan", PLANS)
+def test_storage_creates_the_codes_containers_and_tables(plan: str) -> None:
+    params = module_params("storage", plan)
+    containers = params["containerNames"]
+    tables = params["tableNames"]
+    for name in (settings.INPUT_CONTAINER, settings.TILES_CONTAINER, settings.OUTPUT_CONTAINER):
+        assert name in containers
+    for name in (settings.MANIFEST_TABLE, settings.CLAIMS_TABLE):
+        assert name in tables
+    # ... and the module really makes one container / table per name it is given.
+    (container_resource,) = STORAGE.resources_of_type("Microsoft.Storage/storageAccounts/blobServices/containers")
+    (table_resource,) = STORAGE.resources_of_type("Microsoft.Storage/storageAccounts/tableServices/tables")
+    assert STORAGE.text(container_resource.loop_over) == "containerNames"
+    assert STORAGE.text(table_resource.loop_over) == "tableNames"
+
+
+@pytest.mark.parametrize("plan", PLANS)
+def test_every_setting_the_code_reads_is_set_with_its_default(plan: str) -> None:
+    deployed = app_settings(plan)
+    missing = [name for name in settings.APP_SETTINGS if name not in deployed]
+    assert missing == [], f"app settings the code reads but {plan} does not set"
+    # No leftover TILECOMMIT_* setting that the code no longer reads.
+    unknown = [n for n in deployed if n.startswith("TILECOMMIT_") and n not in settings.APP_SETTINGS]
+    assert unknown == []
+    values = {name: deployed[name] for name in settings.APP_SETTINGS}
+    unresolved = {n: v for n, v in values.items() if not isinstance(v, str)}
+    assert unresolved == {}, "app settings whose value the test cannot compute"
+    # The code reads them back to exactly its own defaults.
+    assert settings.Settings.from_env(values) == settings.Settings()
+
+
+@pytest.mark.parametrize("plan", PLANS)
+def test_gdal_cache_follows_the_apps_setting(plan: str) -> None:
+    deployed = app_settings(plan)
+    assert deployed["GDAL_CACHEMAX"] == deployed[settings.SETTING_GDAL_CACHEMAX]
+    assert deployed["GDAL_DISABLE_READDIR_ON_OPEN"] == "EMPTY_DIR"
+
+
+@pytest.mark.parametrize("plan", PLANS)
+def test_storage_connection_is_identity_based_and_the_code_reads_it(plan: str) -> None:
+    deployed = app_settings(plan)
+    prefix = settings.STORAGE_CONNECTION
+    assert prefix not in deployed, "a plain connection string: the connection must be identity-based"
+    for suffix in ("blobServiceUri", "queueServiceUri", "tableServiceUri", "credential", "clientId"):
+        assert f"{prefix}__{suffix}" in deployed
+    assert deployed[f"{prefix}__credential"] == "managedidentity"
+    # The deployed values are module outputs; give them plausible values and let the app read them.
+    stand_ins = {
+        "storage.outputs.blobEndpoint": "https://stexample.blob.core.windows.net/",
+        "storage.outputs.queueEndpoint": "https://stexample.queue.core.windows.net/",
+        "storage.outputs.tableEndpoint": "https://stexample.table.core.windows.net/",
+        "identity.properties.clientId": "00000000-0000-0000-0000-000000000001",
+    }
+    environ = {}
+    for name, value in deployed.items():
+        if isinstance(value, Unresolved):
+            assert value.text in stand_ins or not name.startswith(prefix), f"{name} = {value}"
+            value = stand_ins.get(value.text, str(value))
+        environ[name] = value
+    connection = StorageConnection.from_env(environ=environ)
+    assert connection.connection_string is None
+    assert connection.blob_endpoint == "https://stexample.blob.core.windows.net"
+    assert connection.table_endpoint == "https://stexample.table.core.windows.net"
+    assert connection.queue_endpoint == "https://stexample.queue.core.windows.net"
+    assert connection.client_id == stand_ins["identity.properties.clientId"]
+    assert connection.account_name == "stexample"
+    # The task hub is host.json's (settings.TASK_HUB); an app setting may only repeat it.
+    for name, value in deployed.items():
+        if name.lower().endswith("__durabletask__hubname"):
+            assert value == settings.TASK_HUB
+
+
+def test_event_grid_subscription_targets_the_trigger_function() -> None:
+    params = module_params("eventSubscription", "FlexConsumption")
+    assert params["triggerFunctionName"] == settings.TRIGGER_FUNCTION
+    assert params["inputContainerName"] == settings.INPUT_CONTAINER
+    assert MAIN.evaluate(MAIN.modules["eventSubscription"].condition) is False  # step 2 of deploy.sh
+    assert MAIN.evaluate(MAIN.modules["eventSubscription"].condition, {"deployEventSubscription": True}) is True
+
+    (subscription,) = SUBSCRIPTION.resources_of_type("Microsoft.EventGrid/systemTopics/eventSubscriptions")
+    body = SUBSCRIPTION.evaluate(subscription.value, params)
+    endpoint = SUBSCRIPTION.property(body, "properties", "destination")
+    assert endpoint["endpointType"] == "WebHook"
+    url = endpoint["properties"]["endpointUrl"]
+    assert re.fullmatch(
+        r"https://\{functionApp\.properties\.defaultHostName\}/runtime/webhooks/blobs"
+        rf"\?functionName=Host\.Functions\.{re.escape(settings.TRIGGER_FUNCTION)}"
+        r"&code=\{hostKeys\.listKeys\(\)\.systemKeys\.blobs_extension\}",
+        url,
+    ), url
+    event_filter = SUBSCRIPTION.property(body, "properties", "filter")
+    assert event_filter["includedEventTypes"] == ["Microsoft.Storage.BlobCreated"]
+    assert event_filter["subjectBeginsWith"] == f"/blobServices/default/containers/{settings.INPUT_CONTAINER}/"
+
+
+@pytest.mark.parametrize("plan", PLANS)
+def test_python_runtime_is_311_everywhere(plan: str) -> None:
+    body = MAIN.evaluate(MAIN.resources["functionApp"].value, {"hostingPlan": plan})
+    properties = body["properties"]
+    if plan == "FlexConsumption":
+        assert properties["functionAppConfig"]["runtime"] == {"name": "python", "version": "3.11"}
+        assert properties["siteConfig"]["linuxFxVersion"] is None
+        assert "FUNCTIONS_WORKER_RUNTIME" not in app_settings(plan)  # replaced by functionAppConfig
+    else:
+        assert properties["functionAppConfig"] is None
+        assert properties["siteConfig"]["linuxFxVersion"] == "Python|3.11"
+        assert app_settings(plan)["FUNCTIONS_WORKER_RUNTIME"] == "python"
+    # The package is built for the same Python.
+    assert "--python-version 3.11" in (INFRA / "deploy.sh").read_text()
+
+
+def test_parameters_file_only_sets_declared_and_allowed_parameters() -> None:
+    document = json.loads((INFRA / "main.parameters.json").read_text())
+    for name, entry in document["parameters"].items():
+        assert name in MAIN.params, f"main.parameters.json sets {name}, which main.bicep does not declare"
+        allowed = MAIN.params[name].decorators.get("allowed")
+        if allowed:
+            assert entry["value"] in MAIN.evaluate(allowed[0]), f"{name}={entry['value']}"
+    # The code's defaults are only set in one place: main.bicep's parameter defaults.
+    for name in ("windowSize", "batchSize", "maxPixels", "gdalCacheMaxMb"):
+        assert name not in document["parameters"]
+
+
+def test_deploy_script_reads_only_outputs_the_template_has() -> None:
+    script = (INFRA / "deploy.sh").read_text()
+    used = set(re.findall(r"\$\(output (\w+)\)", script))
+    assert used, "deploy.sh reads no outputs?"
+    assert used - set(MAIN.outputs) == set()
+    # And passes only parameters the template declares (the `deploy` function's --parameters).
+    deploy_function = script[script.index("\ndeploy() {") : script.index("\n}\n", script.index("\ndeploy() {"))]
+    passed = set(re.findall(r"(\w+)=\"\$\{", deploy_function))
+    assert passed == {
+        "hostingPlan", "baseName", "deployerPrincipalId", "deployerPrincipalType", "grantDeployerDataAccess",
+        "deployEventSubscription",
+    }
+    assert passed - set(MAIN.params) == set()
+    assert "main.parameters.json" in script and (INFRA / "main.parameters.json").is_file()
