@@ -63,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     status = sub.add_parser("status", help="print a job's state and progress")
     status.add_argument("job_id")
+    status.add_argument("--hub", help="task hub name (default: host.json's hubName)")
 
     demo = sub.add_parser("demo", help="start Azurite, make a sample scene, process it, stop Azurite")
     demo.add_argument("--size", type=int, default=8192, help="sample scene width and height in pixels (default 8192)")
@@ -245,7 +246,7 @@ def status(args: argparse.Namespace) -> int:
     from tilecommit.storage import StorageConnection
 
     apply_settings(load_local_settings())
-    hub = read_host_json().get("extensions", {}).get("durableTask", {}).get("hubName", TASK_HUB)
+    hub = args.hub or read_host_json().get("extensions", {}).get("durableTask", {}).get("hubName", TASK_HUB)
     connection = StorageConnection.from_env()
     store = HistoryStore(connection.blob_service(), connection.table_service(), hub)
     state = store.read_state(args.job_id)

@@ -95,3 +95,30 @@ def test_history_survives_a_new_engine(store):
     events = [e for ep in store.episodes("job-6") for e in ep.events]
     kinds = [e["EventType"] for e in events]
     assert kinds[:2] == [12, 0] and kinds.count(4) == 2 and kinds.count(5) == 2 and kinds[-1] == 13
+
+
+def test_the_real_durable_client_talks_to_the_local_http_api(store):
+    """start_new / get_status through azure-functions-durable's client over the local HTTP API."""
+    import azure.durable_functions as df
+
+    from devhost.functions import EventLoopThread
+    from devhost.rpc import DurableHttpApi
+
+    with make_engine(store) as engine:
+        api = DurableHttpApi(engine, store.hub).start()
+        try:
+            client = df.DurableOrchestrationClient(api.client_binding())
+            loop = EventLoopThread.shared()
+            missing = loop.run(client.get_status("nobody"))
+            assert missing.runtime_status is None
+            assert loop.run(client.start_new("batch", "job-7", {"numbers": list(range(300))})) == "job-7"
+            with pytest.raises(Exception, match="already exists"):
+                loop.run(client.start_new("batch", "job-7", {"numbers": [1]}))
+            with pytest.raises(Exception, match="no orchestrator function named"):
+                loop.run(client.start_new("nope", "job-8", {}))
+            engine.wait_for("job-7", timeout=60)
+            status = loop.run(client.get_status("job-7"))
+            assert status.runtime_status == df.OrchestrationRuntimeStatus.Completed
+            assert status.output == sum(n * n for n in range(300))
+        finally:
+            api.stop()

@@ -251,3 +251,52 @@ def test_killed_after_some_batches_resumes_and_completes(storage, app_env, tmp_p
         second.wait(timeout=60)
     assert state["status"] == "Completed", state
     check_outputs(storage, app_env, {"status": "completed", "job_id": job_id, "windows": 30}, scene)
+
+
+def test_zero_byte_and_non_raster_uploads_are_ignored_not_failed(storage, app_env, tmp_path):
+    empty = tmp_path / "empty.tif"
+    empty.write_bytes(b"")
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not a raster")
+    with local_host(app_env) as host:
+        first = process_file(host, empty, timeout=60)
+        second = process_file(host, notes, timeout=60)
+        instances = host.store.instances()
+        acked = host.watcher.failures
+    assert first == {"job_id": None, "status": "failed", "error": "upload ignored: zero-byte blob",
+                     "elapsed_s": first["elapsed_s"]}
+    assert second["error"] == "upload ignored: not a raster by its extension"
+    assert instances == [] and acked == {}  # nothing started, and the deliveries did not fail
+
+
+def run_cli(app_env: AppEnv, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    env = {**os.environ, **app_env.env}
+    return subprocess.run([sys.executable, "-m", "devhost", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_cli_process_status_and_exit_codes(storage, app_env, tmp_path):
+    scene = make_scene(tmp_path / "cli.tif", 300, 260)
+    done = run_cli(app_env, "process", str(scene), "--hub", app_env.hub, "--deliveries", "2")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["status"] == "completed" and summary["windows"] == 4 and summary["written"] == 4
+    assert set(summary) >= {"job_id", "status", "windows", "written", "already_present", "mosaic_url",
+                            "stac_url", "elapsed_s"}
+    assert sorted(summary["host"]["starts"]) == ["duplicate", "started"]
+
+    status = run_cli(app_env, "status", summary["job_id"], "--hub", app_env.hub)
+    assert status.returncode == 0, status.stderr
+    reported = json.loads(status.stdout)
+    assert reported["runtime_status"] == "Completed" and reported["windows"] == 4
+    assert reported["progress"]["windows_done"] == 4 and reported["mosaic_url"] == summary["mosaic_url"]
+    unknown = run_cli(app_env, "status", "0000000000000000", "--hub", app_env.hub)
+    assert unknown.returncode == 1 and json.loads(unknown.stdout)["status"] == "not-found"
+    corrupt = tmp_path / "corrupt.tif"
+    corrupt.write_bytes(b"II*\x00" + b"\x00" * 100)
+    failed = run_cli(app_env, "process", str(corrupt), "--hub", app_env.hub)
+    assert failed.returncode == 1
+    assert json.loads(failed.stdout)["status"] == "failed" and "corrupt.tif" in json.loads(failed.stdout)["error"]
+    usage = run_cli(app_env, "process", str(tmp_path / "missing.tif"), "--hub", app_env.hub)
+    assert usage.returncode == 2 and "no such file" in usage.stderr
+    assert run_cli(app_env, "frobnicate").returncode == 2
