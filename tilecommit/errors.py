@@ -56,3 +56,17 @@ class IncompleteManifestError(TileCommitError):
         self.missing = list(missing or [])
         self.mismatched = list(mismatched or [])
         self.retryable = not self.mismatched
+
+
+class AssemblyInProgressError(TileCommitError):
+    """Another attempt holds this job's mosaic claim and has not finished: retry later."""
+
+    retryable = True
+
+
+class MosaicCheckError(TileCommitError):
+    """The mosaic built locally failed its own checks (a bug, not bad input): nothing was uploaded."""
+
+
+class IncompatibleTilesError(TileCommitError):
+    """The tiles cannot be block-copied (layout differs); the VRT path can still assemble them."""

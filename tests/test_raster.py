@@ -1,0 +1,527 @@
+"""The geospatial half against Azurite and real GeoTIFFs: tiles, manifest gating, mosaic assembly.
+
+Scenes are made by the tests (bench.scenes, deterministic) in tmp_path; window sizes of 256 and
+512 keep them to a handful of windows each.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import tempfile
+from datetime import datetime, timedelta, timezone
+
+import numpy as np
+import pytest
+import rasterio
+from affine import Affine
+from rasterio.io import MemoryFile
+from rasterio.transform import from_origin
+from rasterio.windows import Window as RioWindow
+from rio_cogeo.cogeo import cog_validate
+
+from bench.scenes import SceneSpec, read_scene, write_scene
+from tilecommit import gates, jobs
+from tilecommit.errors import IncompleteManifestError, InvalidRasterError
+from tilecommit.grid import plan_windows
+from tilecommit.raster import (
+    AssemblyInProgressError,
+    MosaicCheckError,
+    SceneInfo,
+    assemble_mosaic,
+    encode_tile,
+    inspect_source,
+    render_tile,
+)
+from tilecommit.raster.mosaic import MOSAIC_CLAIM
+from tilecommit.settings import Settings
+from tilecommit.storage import vsiaz_path
+
+JOB = "0123456789abcdef"
+
+
+# --------------------------------------------------------------------------- fixtures
+
+
+def _name(request, prefix: str) -> str:
+    digest = hashlib.sha256(request.node.nodeid.encode()).hexdigest()[:10]
+    return f"{prefix}{digest}"
+
+
+@pytest.fixture
+def tiles(storage, request):
+    client = storage.blob_service().get_container_client(_name(request, "tiles-"))
+    client.create_container()
+    yield client
+    client.delete_container()
+
+
+@pytest.fixture
+def output(storage, request):
+    client = storage.blob_service().get_container_client(_name(request, "out-"))
+    client.create_container()
+    yield client
+    client.delete_container()
+
+
+@pytest.fixture
+def manifest(storage, request):
+    client = storage.table_service().create_table(_name(request, "manifest"))
+    yield client
+    client.delete_table()
+
+
+@pytest.fixture
+def claims(storage, request):
+    client = storage.table_service().create_table(_name(request, "claims"))
+    yield client
+    client.delete_table()
+
+
+@pytest.fixture
+def stores(tiles, output, manifest, claims):
+    return {"tiles": tiles, "output": output, "manifest": manifest, "claims": claims}
+
+
+def render_all(path, scene: SceneInfo, settings: Settings, stores, job_id: str = JOB, gdal_options=None):
+    return [
+        render_tile(path, window, job_id=job_id, tiles=stores["tiles"], manifest=stores["manifest"],
+                    settings=settings, gdal_options=gdal_options)
+        for window in plan_windows(scene.width, scene.height, settings.window_size)
+    ]
+
+
+def assemble(scene, settings, stores, storage, job_id: str = JOB, **kwargs):
+    return assemble_mosaic(job_id, scene, tiles=stores["tiles"], output=stores["output"], manifest=stores["manifest"],
+                           claims=stores["claims"], settings=settings, gdal_options=storage.gdal_options(), **kwargs)
+
+
+def download(container, name: str, path) -> str:
+    with open(path, "wb") as f:
+        container.download_blob(name).readinto(f)
+    return str(path)
+
+
+def blob_names(container) -> list[str]:
+    return sorted(b.name for b in container.list_blobs())
+
+
+def manifest_rows(table, job_id: str = JOB) -> list[dict]:
+    return list(table.query_entities("PartitionKey eq @job", parameters={"job": job_id}))
+
+
+def overview_sizes(path: str) -> list[tuple[int, int]]:
+    with rasterio.open(path) as src:
+        sizes = [(src.width, src.height)]
+        levels = len(src.overviews(1))
+    for level in range(levels):
+        with rasterio.open(path, overview_level=level) as ovr:
+            sizes.append((ovr.width, ovr.height))
+    return sizes
+
+
+def assert_complete_pyramid(path: str, block: int = 256) -> None:
+    """Every level about half the one before; the smallest fits in one block and the one before does not."""
+    sizes = overview_sizes(path)
+    for (pw, ph), (w, h) in zip(sizes, sizes[1:]):
+        assert pw // 2 <= w <= pw // 2 + 1 and ph // 2 <= h <= ph // 2 + 1, sizes
+    assert max(sizes[-1]) <= block, f"smallest level {sizes[-1]} is larger than a block: levels missing ({sizes})"
+    if len(sizes) > 1:
+        assert max(sizes[-2]) > block, f"a superfluous level: {sizes}"
+
+
+def assert_same_pixels(actual: np.ndarray, expected: np.ndarray) -> None:
+    assert actual.shape == expected.shape and actual.dtype == expected.dtype
+    # NaN == NaN for this purpose: a float nodata of NaN must survive as NaN.
+    assert np.array_equal(actual, expected, equal_nan=expected.dtype.kind == "f")
+
+
+# --------------------------------------------------------------------------- scenes
+
+SCENES = {
+    # id: (spec, window size)
+    # 768-pixel windows: tiles without overviews (384 is not a whole number of 256-pixel blocks).
+    "uint8-1band-4326-w768": (
+        SceneSpec(1700, 900, 1, "uint8", "EPSG:4326", origin=(10.0, 46.0), resolution=0.0001),
+        768,
+    ),
+    "uint16-4band-utm-nodata-w512": (SceneSpec(1100, 900, 4, "uint16", "EPSG:32633", nodata=0), 512),
+    "float32-1band-utm-nodata-w256": (SceneSpec(1300, 610, 1, "float32", "EPSG:32617", nodata=-9999.0), 256),
+    "float32-4band-4326-nan-w512": (
+        SceneSpec(1030, 1025, 4, "float32", "EPSG:4326", origin=(-71.5, 42.5), resolution=0.00025, nodata=float("nan")),
+        512,
+    ),
+}
+
+
+@pytest.fixture(params=sorted(SCENES))
+def scene_case(request, tmp_path):
+    spec, window_size = SCENES[request.param]
+    path = write_scene(str(tmp_path / f"{request.param}.tif"), spec)
+    return spec, path, Settings(window_size=window_size)
+
+
+def test_tiles_and_mosaic_reproduce_the_source(scene_case, stores, storage, tmp_path):
+    spec, path, settings = scene_case
+    expected = read_scene(spec)
+    scene = inspect_source(path, settings=settings)
+    assert (scene.width, scene.height, scene.count, scene.dtype) == (spec.width, spec.height, spec.count, spec.dtype)
+    assert SceneInfo.from_dict(json.loads(json.dumps(scene.to_dict(), allow_nan=False))).to_dict() == scene.to_dict()
+
+    results = render_all(path, scene, settings, stores)
+    windows = plan_windows(scene.width, scene.height, settings.window_size)
+    assert [r.outcome for r in results] == ["written"] * len(windows)
+    assert len(manifest_rows(stores["manifest"])) == len(windows)
+
+    with rasterio.open(path) as src:
+        for window, result in zip(windows, results):
+            assert result.uri == jobs.tile_blob_name(JOB, window)
+            tile_path = download(stores["tiles"], result.uri, tmp_path / "tile.tif")
+            assert hashlib.sha256(open(tile_path, "rb").read()).hexdigest() == result.sha256
+            valid, errors, _ = cog_validate(tile_path, quiet=True)
+            assert valid, errors
+            rio_window = RioWindow(window.col_off, window.row_off, window.width, window.height)
+            with rasterio.open(tile_path) as tile:
+                assert tile.crs == src.crs
+                assert tile.transform == src.transform @ Affine.translation(window.col_off, window.row_off)
+                assert tile.transform == src.window_transform(rio_window)
+                assert (tile.width, tile.height) == (window.width, window.height)
+                assert tile.block_shapes[0] == (256, 256)
+                assert_same_pixels(tile.read(), expected[:, window.row_off : window.row_off + window.height,
+                                                         window.col_off : window.col_off + window.width])
+                if spec.nodata is None:
+                    assert tile.nodata is None
+                elif math.isnan(spec.nodata):
+                    assert math.isnan(tile.nodata)
+                else:
+                    assert tile.nodata == spec.nodata
+                assert tile.tags(ns="IMAGE_STRUCTURE")["COMPRESSION"] == "DEFLATE"
+                assert tile.tags(ns="IMAGE_STRUCTURE")["PREDICTOR"] == ("3" if spec.dtype == "float32" else "2")
+
+    mosaic = assemble(scene, settings, stores, storage, source_name="upload.tif")
+    assert mosaic.outcome == "written"
+    assert mosaic.method == "blocks"
+    mosaic_path = download(stores["output"], mosaic.mosaic, tmp_path / "mosaic.tif")
+    valid, errors, warnings = cog_validate(mosaic_path, quiet=True)
+    assert valid, errors
+    with rasterio.open(mosaic_path) as m, rasterio.open(path) as src:
+        assert (m.width, m.height, m.count, m.dtypes[0]) == (src.width, src.height, src.count, src.dtypes[0])
+        assert m.crs == src.crs and m.transform == src.transform
+        assert (m.nodata is None and src.nodata is None) or m.nodata == src.nodata or (
+            math.isnan(m.nodata) and math.isnan(src.nodata)
+        )
+        assert_same_pixels(m.read(), expected)
+        assert m.block_shapes[0] == (256, 256)
+        assert len(m.overviews(1)) == mosaic.overview_levels
+    assert_complete_pyramid(mosaic_path)
+    assert os.path.getsize(mosaic_path) == mosaic.nbytes
+
+    item = json.loads(stores["output"].download_blob(mosaic.stac).readall())
+    assert item["id"] == JOB
+    assert item["properties"]["proj:shape"] == [spec.height, spec.width]
+    assert item["properties"]["proj:code"] == spec.crs
+    assert item["properties"]["proj:transform"] == list(scene.transform)
+    assert item["assets"]["data"]["href"] == "./mosaic.tif"
+    assert item["assets"]["data"]["file:size"] == mosaic.nbytes
+    assert item["assets"]["data"]["file:checksum"] == "1220" + hashlib.sha256(open(mosaic_path, "rb").read()).hexdigest()
+    bands = item["assets"]["data"]["raster:bands"]
+    assert len(bands) == spec.count and all(b["data_type"] == spec.dtype for b in bands)
+    lon_min, lat_min, lon_max, lat_max = item["bbox"]
+    assert -180 <= lon_min < lon_max <= 180 and -90 <= lat_min < lat_max <= 90
+    if spec.crs == "EPSG:4326":
+        left, top = spec.origin
+        assert item["bbox"] == pytest.approx([left, top - spec.height * spec.resolution, left + spec.width * spec.resolution, top])
+    quicklook = stores["output"].download_blob(mosaic.quicklook).readall()
+    with MemoryFile(quicklook) as mem, mem.open() as png:
+        assert png.driver == "PNG" and max(png.width, png.height) <= 256
+        assert png.count in (1, 2, 3, 4)
+
+
+def test_vrt_assembly_matches_block_assembly_pixels(stores, storage, tmp_path):
+    """The fallback path (VRT -> COG driver) gives the same pixels and a complete pyramid too."""
+    spec = SceneSpec(900, 700, 3, "uint16", nodata=0)
+    path = write_scene(str(tmp_path / "scene.tif"), spec)
+    settings = Settings(window_size=512)
+    scene = inspect_source(path, settings=settings)
+    render_all(path, scene, settings, stores)
+    result = assemble(scene, settings, stores, storage, method="vrt")
+    assert result.method == "vrt" and result.outcome == "written"
+    mosaic_path = download(stores["output"], result.mosaic, tmp_path / "mosaic.tif")
+    assert cog_validate(mosaic_path, quiet=True)[0]
+    with rasterio.open(mosaic_path) as m:
+        assert_same_pixels(m.read(), read_scene(spec))
+        assert m.nodata == 0
+    assert_complete_pyramid(mosaic_path)
+
+
+def test_internal_mask_survives_tiles_and_mosaic(stores, storage, tmp_path):
+    """A per-dataset mask (no nodata value) is carried by the tiles; assembly falls back to the VRT path."""
+    height, width = 600, 700
+    data = np.random.default_rng(3).integers(1, 255, (3, height, width), dtype="uint8")
+    mask = np.full((height, width), 255, dtype="uint8")
+    mask[100:300, 50:400] = 0
+    path = str(tmp_path / "masked.tif")
+    with rasterio.Env(GDAL_TIFF_INTERNAL_MASK=True):
+        with rasterio.open(path, "w", driver="GTiff", width=width, height=height, count=3, dtype="uint8",
+                           crs="EPSG:32633", transform=from_origin(500000, 4600000, 10, 10), tiled=True) as dst:
+            dst.write(data)
+            dst.write_mask(mask)
+    settings = Settings(window_size=512)
+    scene = inspect_source(path, settings=settings)
+    assert scene.mask == "per-dataset"
+    render_all(path, scene, settings, stores)
+    result = assemble(scene, settings, stores, storage)
+    assert result.method == "vrt"
+    mosaic_path = download(stores["output"], result.mosaic, tmp_path / "mosaic.tif")
+    with rasterio.open(mosaic_path) as m:
+        assert np.array_equal(m.read(), data)
+        assert np.array_equal(m.dataset_mask(), mask)
+    assert_complete_pyramid(mosaic_path)
+
+
+# --------------------------------------------------------------------------- tiles
+
+
+@pytest.fixture
+def small_scene(tmp_path):
+    spec = SceneSpec(600, 520, 3, "uint16", nodata=0)
+    return spec, write_scene(str(tmp_path / "small.tif"), spec)
+
+
+def test_encoding_the_same_window_twice_gives_identical_bytes(small_scene):
+    _, path = small_scene
+    window = plan_windows(600, 520, 512)[1]  # an edge window: 88 x 512
+    with rasterio.open(path) as src:
+        first, _ = encode_tile(src, window, window_size=512)
+        second, _ = encode_tile(src, window, window_size=512)
+    with rasterio.open(path) as src:
+        third, _ = encode_tile(src, window, window_size=512, num_threads=1)
+    assert first == second == third
+    assert first[:4] == b"II*\x00"
+
+
+def test_second_render_of_a_window_is_skipped_without_reading(small_scene, stores, tmp_path):
+    _, path = small_scene
+    settings = Settings(window_size=512)
+    window = plan_windows(600, 520, 512)[0]
+    first = render_tile(path, window, job_id=JOB, tiles=stores["tiles"], manifest=stores["manifest"], settings=settings)
+    assert first.outcome == "written" and not first.skipped
+    etag = stores["tiles"].get_blob_client(first.uri).get_blob_properties().etag
+    # Without the source, a render that read anything would fail: the skip must come before the read.
+    os.rename(path, str(tmp_path / "gone.tif"))
+    second = render_tile(path, window, job_id=JOB, tiles=stores["tiles"], manifest=stores["manifest"], settings=settings)
+    assert second.outcome == "already-present" and second.skipped
+    assert (second.nbytes, second.sha256, second.uri) == (first.nbytes, first.sha256, first.uri)
+    assert "read" not in second.timings and "encode" not in second.timings
+    assert stores["tiles"].get_blob_client(first.uri).get_blob_properties().etag == etag
+
+
+def test_render_after_a_crash_between_blob_and_manifest_row_completes_the_row(small_scene, stores):
+    """Blob committed, row not written (a crash): the retry re-encodes, finds the blob ALREADY_PRESENT
+    with the same sha256, and writes the row."""
+    _, path = small_scene
+    settings = Settings(window_size=512)
+    window = plan_windows(600, 520, 512)[3]
+    with rasterio.open(path) as src:
+        body, _ = encode_tile(src, window, window_size=512)
+    name = jobs.tile_blob_name(JOB, window)
+    assert gates.commit_blob(stores["tiles"], name, body, job_id=JOB) == gates.Outcome.WRITTEN
+    result = render_tile(path, window, job_id=JOB, tiles=stores["tiles"], manifest=stores["manifest"], settings=settings)
+    assert result.outcome == "already-present" and not result.skipped
+    assert result.sha256 == hashlib.sha256(body).hexdigest()
+    entry = gates.get_manifest_entry(stores["manifest"], JOB, window)
+    assert entry is not None and entry.sha256 == result.sha256 and entry.nbytes == len(body)
+
+
+def test_windows_read_through_vsiaz_equal_the_local_file(small_scene, stores, storage, tmp_path):
+    spec, path = small_scene
+    upload = stores["output"]
+    with open(path, "rb") as f:
+        upload.upload_blob("uploads/scene one.tif", f)
+    remote = vsiaz_path(upload.container_name, "uploads/scene one.tif")
+    options = storage.gdal_options()
+    settings = Settings(window_size=256)
+    local_scene = inspect_source(path, settings=settings)
+    remote_scene = inspect_source(remote, settings=settings, gdal_options=options)
+    assert remote_scene == local_scene
+    with rasterio.Env(**options), rasterio.open(remote) as src:
+        assert_same_pixels(src.read(), read_scene(spec))
+    local = render_all(path, local_scene, settings, stores, job_id="aaaaaaaaaaaaaaaa")
+    remote_results = render_all(remote, remote_scene, settings, stores, job_id="bbbbbbbbbbbbbbbb", gdal_options=options)
+    assert [r.sha256 for r in remote_results] == [r.sha256 for r in local]
+
+
+def test_a_block_that_cannot_be_decoded_fails_its_window_and_writes_nothing(tmp_path, stores):
+    """Corruption inside the file (not in the block stored last, which inspection decodes) is found
+    when its window is read: InvalidRasterError, and no blob or row for that window."""
+    spec = SceneSpec(1024, 512, 1, "uint16", blocksize=256)
+    path = write_scene(str(tmp_path / "corrupt.tif"), spec)
+    with rasterio.open(path) as src:
+        offset = int(src.get_tag_item("BLOCK_OFFSET_0_0", "TIFF", bidx=1))
+        size = int(src.get_tag_item("BLOCK_SIZE_0_0", "TIFF", bidx=1))
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(b"\xff" * size)
+    settings = Settings(window_size=256)
+    inspect_source(path, settings=settings)  # the damage is not where inspection looks
+    window = plan_windows(1024, 512, 256)[0]
+    with pytest.raises(InvalidRasterError, match="window col=0 row=0 256x256 cannot be decoded"):
+        render_tile(path, window, job_id=JOB, tiles=stores["tiles"], manifest=stores["manifest"], settings=settings)
+    assert blob_names(stores["tiles"]) == []
+    assert manifest_rows(stores["manifest"]) == []
+
+
+# --------------------------------------------------------------------------- assembly gates
+
+
+@pytest.fixture
+def rendered(small_scene, stores):
+    spec, path = small_scene
+    settings = Settings(window_size=256)
+    scene = inspect_source(path, settings=settings)
+    results = render_all(path, scene, settings, stores)
+    return spec, path, scene, settings, results
+
+
+def test_assembly_refuses_while_a_manifest_row_is_missing(rendered, stores, storage):
+    _, _, scene, settings, results = rendered
+    stores["manifest"].delete_entity(JOB, "0001_0002")
+    with pytest.raises(IncompleteManifestError) as caught:
+        assemble(scene, settings, stores, storage)
+    assert caught.value.missing == ["0001_0002"]
+    assert caught.value.mismatched == []
+    assert caught.value.retryable
+    assert "0001_0002" in str(caught.value) and "1 of 9 planned windows" in str(caught.value)
+    assert blob_names(stores["output"]) == []
+    # No claim was taken: the manifest is checked before claiming.
+    assert list(stores["claims"].list_entities()) == []
+
+
+def test_assembly_refuses_a_tile_whose_size_differs_from_its_row(rendered, stores, storage):
+    _, _, scene, settings, results = rendered
+    victim = results[4]
+    blob = stores["tiles"].get_blob_client(victim.uri)
+    body = blob.download_blob().readall()
+    blob.upload_blob(body + b"tampered", overwrite=True)
+    with pytest.raises(IncompleteManifestError) as caught:
+        assemble(scene, settings, stores, storage)
+    assert caught.value.mismatched == [victim.window]
+    assert caught.value.missing == []
+    assert not caught.value.retryable
+    assert f"manifest {victim.nbytes} bytes, stored {victim.nbytes + 8}" in str(caught.value)
+    assert blob_names(stores["output"]) == []
+
+
+def test_second_assembly_is_already_present_and_uploads_nothing(rendered, stores, storage):
+    _, _, scene, settings, _ = rendered
+    first = assemble(scene, settings, stores, storage)
+    assert first.outcome == "written"
+    before = {b.name: b.etag for b in stores["output"].list_blobs()}
+    assert sorted(before) == sorted([first.mosaic, first.stac, first.quicklook])
+    second = assemble(scene, settings, stores, storage)
+    assert second.outcome == "already-present"
+    assert (second.mosaic, second.nbytes, second.overview_levels, second.sha256) == (
+        first.mosaic, first.nbytes, first.overview_levels, first.sha256)
+    assert {b.name: b.etag for b in stores["output"].list_blobs()} == before
+    # No temporary files left behind (the Consumption plan's temp disk is 0.5 GB).
+    assert [d for d in os.listdir(tempfile.gettempdir()) if d.startswith(f"tilecommit-{JOB}-")] == []
+
+
+def test_companions_lost_to_a_crash_are_written_by_the_next_call(rendered, stores, storage, tmp_path):
+    _, _, scene, settings, _ = rendered
+    first = assemble(scene, settings, stores, storage)
+    stac_before = stores["output"].download_blob(first.stac).readall()
+    quicklook_before = stores["output"].download_blob(first.quicklook).readall()
+    mosaic_etag = stores["output"].get_blob_client(first.mosaic).get_blob_properties().etag
+    stores["output"].delete_blob(first.stac)
+    stores["output"].delete_blob(first.quicklook)
+    again = assemble(scene, settings, stores, storage)
+    assert again.outcome == "already-present"
+    assert stores["output"].get_blob_client(first.mosaic).get_blob_properties().etag == mosaic_etag
+    # Regenerated from the committed mosaic: the same bytes as before the crash.
+    assert stores["output"].download_blob(first.stac).readall() == stac_before
+    assert stores["output"].download_blob(first.quicklook).readall() == quicklook_before
+
+
+def test_a_live_claim_blocks_assembly_and_an_expired_one_is_taken_over(rendered, stores, storage):
+    _, _, scene, settings, _ = rendered
+    now = datetime.now(timezone.utc)
+    stores["claims"].create_entity({"PartitionKey": JOB, "RowKey": MOSAIC_CLAIM, "owner": "other-attempt",
+                                    "claimed_at": now, "expires_at": now + timedelta(minutes=5)})
+    with pytest.raises(AssemblyInProgressError, match="other-attempt") as caught:
+        assemble(scene, settings, stores, storage)
+    assert caught.value.retryable
+    assert blob_names(stores["output"]) == []
+
+    # The holder crashed: its claim lapses and the next attempt takes it over.
+    row = stores["claims"].get_entity(JOB, MOSAIC_CLAIM)
+    row["expires_at"] = now - timedelta(seconds=1)
+    stores["claims"].update_entity(row)
+    result = assemble(scene, settings, stores, storage)
+    assert result.outcome == "written"
+    assert stores["claims"].get_entity(JOB, MOSAIC_CLAIM)["took_over_from"] == "other-attempt"
+
+
+def test_a_failed_assembly_releases_its_claim(rendered, stores, storage):
+    _, _, scene, settings, results = rendered
+    # A tile that vanished after the size check cannot happen with create-only tiles; a scene
+    # whose shape disagrees with the tiles makes the build itself fail instead.
+    wrong = SceneInfo.from_dict({**scene.to_dict(), "nodata": 7.0})
+    with pytest.raises(MosaicCheckError, match="nodata 0.0"):
+        assemble(wrong, settings, stores, storage)
+    assert list(stores["claims"].list_entities()) == []
+    assert blob_names(stores["output"]) == []
+    assert assemble(scene, settings, stores, storage).outcome == "written"
+
+
+def test_scene_info_round_trips_through_json_with_nan_nodata(tmp_path):
+    spec = SceneSpec(300, 200, 1, "float32", "EPSG:4326", origin=(0.0, 1.0), resolution=0.001, nodata=float("nan"))
+    scene = inspect_source(write_scene(str(tmp_path / "nan.tif"), spec), settings=Settings(window_size=256))
+    text = json.dumps(scene.to_dict(), allow_nan=False)  # strict JSON: Durable payloads must parse anywhere
+    again = SceneInfo.from_dict(json.loads(text))
+    assert math.isnan(again.nodata)
+    assert again.to_dict() == scene.to_dict()
+
+
+@pytest.mark.parametrize("bigtiff", [False, True], ids=["classic", "bigtiff"])
+def test_tiff_block_copy_round_trips_a_cog(small_scene, tmp_path, bigtiff):
+    """The TIFF writer used for assembly: re-laying a tile's own blocks (classic or BigTIFF) keeps
+    every pixel of every level and the COG layout."""
+    from tilecommit.raster import tiff
+
+    spec, path = small_scene
+    window = plan_windows(spec.width, spec.height, 512)[0]
+    with rasterio.open(path) as src:
+        body, _ = encode_tile(src, window, window_size=512)
+    layout = tiff.read_layout(body[:4096], lambda offset, length: body[offset : offset + length])
+    assert [d.subfile_type for d in layout.directories] == [0, 1]
+    directories = [
+        tiff.OutputDirectory(
+            tags=tiff.copyable_tags(d, width=d.width, height=d.height, subfile_type=d.subfile_type),
+            blocks=[tiff.BlockRef("tile", o, c) for o, c in zip(d.block_offsets, d.block_byte_counts)],
+            width=d.width, height=d.height,
+        )
+        for d in layout.directories
+    ]
+
+    def fetch(index, directory):
+        for block in directory.blocks:
+            yield body[block.offset : block.offset + block.length]
+
+    out_path = str(tmp_path / "copy.tif")
+    writer = tiff.TiffWriter(layout.byte_order, ghost=layout.ghost, leaders=layout.block_leaders, trailers=layout.block_trailers)
+    with open(out_path, "wb") as out:
+        written = writer.write(out, directories, fetch, force_bigtiff=bigtiff)
+    copied = open(out_path, "rb").read()
+    assert written.nbytes == len(copied) and written.sha256 == hashlib.sha256(copied).hexdigest()
+    assert copied[2:4] == (b"+\x00" if bigtiff else b"*\x00")
+    assert cog_validate(out_path, quiet=True)[0]
+    with MemoryFile(body) as mem, mem.open() as original, rasterio.open(out_path) as again:
+        assert again.profile == original.profile
+        assert_same_pixels(again.read(), original.read())
+        assert again.overviews(1) == original.overviews(1)
+        for level in range(len(original.overviews(1))):
+            with rasterio.open(out_path, overview_level=level) as a, MemoryFile(body) as m2, m2.open(overview_level=level) as b:
+                assert_same_pixels(a.read(), b.read())

@@ -1,0 +1,887 @@
+"""Assemble a job's tiles into one COG mosaic, committed once, with its STAC item and quicklook.
+
+Two ways to build the mosaic, both exact at full resolution:
+
+``blocks`` (the default when the tiles allow it): the mosaic's full resolution and the overview
+levels the tiles carry are the tiles' own compressed blocks, copied byte for byte into a new
+TIFF layout (:mod:`tilecommit.raster.tiff`). Windows are a multiple of the 256-pixel block, so
+every tile block is a mosaic block. Only the coarser levels are computed, by GDAL, from the last
+copied level (1/16 of the pixels with 1024-pixel windows). Nothing at full resolution is decoded
+or re-encoded, so assembly costs about what moving the bytes costs.
+
+``vrt``: a VRT over the tiles, translated by GDAL's COG driver with the memory-bounding settings
+of the design notes and ``OVERVIEWS=IGNORE_EXISTING`` (the VRT would otherwise lend the tiles'
+overviews and the COG driver would write only some levels). Used when the tiles cannot be
+block-copied (an internal mask, or tiles from an older encoding) and as the benchmark's reference.
+
+Either way the result is checked (size, bands, georeferencing, every overview level) before the
+create-only upload.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Iterator
+from xml.sax.saxutils import escape
+
+import rasterio
+import rasterio.shutil
+from azure.core import MatchConditions
+from azure.core.exceptions import (
+    HttpResponseError,
+    ResourceNotFoundError,
+    ServiceRequestError,
+    ServiceResponseError,
+)
+from azure.data.tables import TableClient, UpdateMode
+from azure.storage.blob import ContainerClient, ContentSettings
+from rasterio.enums import Resampling
+
+from .. import gates, jobs
+from ..errors import (
+    AssemblyInProgressError,
+    IncompatibleTilesError,
+    IncompleteManifestError,
+    InvalidRasterError,
+    MosaicCheckError,
+    StorageFaultError,
+)
+from ..grid import Window, plan_windows
+from ..settings import Settings
+from ..storage import vsiaz_path
+from . import tiff
+from .env import BLOCK_SIZE, NUM_THREADS, gdal_env
+from .scene import SceneInfo
+from .stac import quicklook_png, stac_item_bytes
+from .tiles import cog_creation_options, predictor_for, tile_overview_count
+
+logger = logging.getLogger(__name__)
+
+#: Name of the claim row (PartitionKey job id) that gates the mosaic's build and upload.
+MOSAIC_CLAIM = "mosaic"
+#: How long a claim holds. A claim older than this belongs to an attempt that cannot still be
+#: running: an activity on the Consumption plan is stopped at 10 minutes (functionTimeout), so
+#: 12 minutes leaves room for clock skew. A retry after a crash waits at most this long, then
+#: takes the claim over (a conditional update: of two retries, one wins). Raise it with the
+#: function timeout (Flex Consumption allows 30 minutes and more).
+DEFAULT_CLAIM_TTL_S = 12 * 60
+#: Bytes read from the start of each tile: a tile COG's directories and block arrays fit.
+TILE_HEAD_BYTES = 16 * 1024
+#: Concurrent ranged reads of tile blobs while copying blocks.
+FETCH_THREADS = 8
+#: Two block runs of one tile closer than this are fetched in one ranged read (leaders/trailers lie between).
+MERGE_GAP_BYTES = 4096
+#: Blob metadata key recording the mosaic's overview level count (read back by a duplicate call).
+OVERVIEW_LEVELS_METADATA_KEY = "overview_levels"
+#: Upload concurrency for the staged upload of the mosaic (each in-flight block is 4 MiB of memory).
+UPLOAD_CONCURRENCY = 4
+
+_TRANSPORT_FAULTS = (ServiceRequestError, ServiceResponseError)
+
+
+@dataclass(frozen=True)
+class MosaicResult:
+    outcome: str
+    mosaic: str
+    stac: str
+    quicklook: str
+    nbytes: int
+    overview_levels: int
+    timings: dict[str, float] = field(default_factory=dict)
+    method: str = ""
+    sha256: str = ""
+
+    def to_dict(self) -> dict:
+        return {
+            "outcome": self.outcome,
+            "mosaic": self.mosaic,
+            "stac": self.stac,
+            "quicklook": self.quicklook,
+            "nbytes": self.nbytes,
+            "overview_levels": self.overview_levels,
+            "timings": dict(self.timings),
+            "method": self.method,
+            "sha256": self.sha256,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "MosaicResult":
+        fields = ("outcome", "mosaic", "stac", "quicklook", "nbytes", "overview_levels", "method", "sha256")
+        return cls(**{k: data[k] for k in fields if k in data}, timings=dict(data.get("timings") or {}))
+
+
+def halve_floor(n: int) -> int:
+    """How GDAL's COG driver sizes an overview: half, rounded down, at least 1 (999 -> 499)."""
+    return max(1, n // 2)
+
+
+def halve_ceil(n: int) -> int:
+    """How GDAL sizes overviews it builds into an existing GeoTIFF: half, rounded up (999 -> 500)."""
+    return -(-n // 2)
+
+
+def levels_to_fit(width: int, height: int, halve=halve_floor, block_size: int = BLOCK_SIZE) -> int:
+    """Overview levels until the image fits in one block: what a complete pyramid has."""
+    levels = 0
+    while width > block_size or height > block_size:
+        width, height = halve(width), halve(height)
+        levels += 1
+    return levels
+
+
+def mosaic_overview_levels(width: int, height: int, block_size: int = BLOCK_SIZE) -> int:
+    """Overview levels a complete mosaic of ``width`` x ``height`` has (COG driver's rounding)."""
+    return levels_to_fit(width, height, halve_floor, block_size)
+
+
+def pyramid_problems(sizes: list[tuple[int, int]], block_size: int = BLOCK_SIZE) -> list[str]:
+    """What is wrong with a pyramid (full resolution first): every level about half the previous
+    one, the last fitting in one block and the one before it not (no level missing, none extra).
+
+    A count alone is not enough to call a pyramid complete, and GDAL's COG validator checks
+    neither (design notes, section 4), so this is checked on every mosaic before upload.
+    """
+    problems = []
+    for k in range(1, len(sizes)):
+        (pw, ph), (w, h) = sizes[k - 1], sizes[k]
+        if not (halve_floor(pw) <= w <= halve_ceil(pw) + 1 and halve_floor(ph) <= h <= halve_ceil(ph) + 1):
+            problems.append(f"level {k} is {w}x{h}, not half of {pw}x{ph}")
+    w, h = sizes[-1]
+    if w > block_size or h > block_size:
+        problems.append(f"the smallest level, {w}x{h}, is larger than one {block_size}-pixel block: levels are missing")
+    if len(sizes) > 1 and max(sizes[-2]) <= block_size:
+        problems.append(f"level {len(sizes) - 1} is superfluous: the level before it already fits one block")
+    return problems
+
+
+# --------------------------------------------------------------------------- byte sources
+
+
+class BlobRangeSource:
+    """Ranged reads of one blob (a tile), checked against the size its manifest row recorded."""
+
+    def __init__(self, container: ContainerClient, name: str, expected_size: int | None = None):
+        self.container = container
+        self.name = name
+        self.expected_size = expected_size
+
+    def head(self, length: int) -> tuple[bytes, int]:
+        try:
+            downloader = self.container.download_blob(self.name, offset=0, length=length, max_concurrency=1)
+            data = downloader.readall()
+        except ResourceNotFoundError as exc:
+            raise IncompleteManifestError(
+                f"tile {self.name} is in the manifest but not in storage", mismatched=[self.name]
+            ) from exc
+        except (HttpResponseError, *_TRANSPORT_FAULTS) as exc:
+            raise StorageFaultError(f"reading the head of {self.name} failed: {exc}") from exc
+        # For a ranged read, properties.size is the range's length; the blob's is after the "/".
+        content_range = downloader.properties.content_range or ""
+        total = content_range.rsplit("/", 1)[-1]
+        return data, int(total) if total.isdigit() else int(downloader.properties.size)
+
+    def read(self, offset: int, length: int) -> bytes:
+        try:
+            return self.container.download_blob(self.name, offset=offset, length=length, max_concurrency=1).readall()
+        except (HttpResponseError, *_TRANSPORT_FAULTS) as exc:
+            raise StorageFaultError(f"reading {length} bytes at {offset} of {self.name} failed: {exc}") from exc
+
+    def __repr__(self) -> str:
+        return f"blob:{self.name}"
+
+
+class FileRangeSource:
+    """Ranged reads of a local file (os.pread: safe from the fetcher's threads)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._fd: int | None = os.open(path, os.O_RDONLY)
+
+    def read(self, offset: int, length: int) -> bytes:
+        if self._fd is None:
+            raise ValueError(f"{self.path} is closed")
+        return os.pread(self._fd, length, offset)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __repr__(self) -> str:
+        return f"file:{self.path}"
+
+
+class BlockFetcher:
+    """Yields a directory's blocks in order, reading each block row's runs concurrently.
+
+    Blocks of one tile in one block row are stored next to each other (COG row-major order), so a
+    row costs one ranged read per tile; the next row is fetched while the current one is written.
+    Memory: two block rows of compressed data.
+    """
+
+    def __init__(self, sources: dict, executor: ThreadPoolExecutor, block_size: int = BLOCK_SIZE):
+        self.sources = sources
+        self.executor = executor
+        self.block_size = block_size
+
+    def _row_futures(self, refs: list[tiff.BlockRef]) -> list[tuple[Future, int, list[tuple[int, tiff.BlockRef]]]]:
+        by_source: dict = {}
+        for position, ref in enumerate(refs):
+            if ref.length:
+                by_source.setdefault(ref.source, []).append((position, ref))
+        runs = []
+        for key, items in by_source.items():
+            items.sort(key=lambda item: item[1].offset)
+            run: list[tuple[int, tiff.BlockRef]] = [items[0]]
+            for item in items[1:]:
+                last = run[-1][1]
+                if item[1].offset - (last.offset + last.length) <= MERGE_GAP_BYTES:
+                    run.append(item)
+                else:
+                    runs.append((key, run))
+                    run = [item]
+            runs.append((key, run))
+        futures = []
+        for key, run in runs:
+            start = run[0][1].offset
+            end = max(ref.offset + ref.length for _, ref in run)
+            futures.append((self.executor.submit(self.sources[key].read, start, end - start), start, run))
+        return futures
+
+    def __call__(self, index: int, directory: tiff.OutputDirectory) -> Iterator[bytes]:
+        across = -(-directory.width // self.block_size)
+        rows = [directory.blocks[i : i + across] for i in range(0, len(directory.blocks), across)]
+        pending = self._row_futures(rows[0]) if rows else []
+        for r, row in enumerate(rows):
+            current = pending
+            pending = self._row_futures(rows[r + 1]) if r + 1 < len(rows) else []
+            out: list[bytes] = [b""] * len(row)
+            for future, start, run in current:
+                data = future.result()
+                for position, ref in run:
+                    piece = data[ref.offset - start : ref.offset - start + ref.length]
+                    if len(piece) != ref.length:
+                        raise InvalidRasterError(f"{self.sources[ref.source]!r} is shorter than its directory says")
+                    out[position] = piece
+            yield from out
+
+
+# --------------------------------------------------------------------------- manifest checks
+
+
+def check_manifest(job_id: str, scene: SceneInfo, *, tiles: ContainerClient, manifest: TableClient, settings: Settings):
+    """The planned windows and their manifest rows, or :class:`IncompleteManifestError`.
+
+    Completeness comes from the manifest (never from listing the tiles); each row's byte count is
+    then compared with its blob's stored size. The listing below only reads sizes, one request
+    per 5,000 tiles instead of one HEAD per tile; a row naming a blob the listing lacks counts
+    as a mismatch.
+    """
+    windows = plan_windows(scene.width, scene.height, settings.window_size)
+    summary = gates.count_manifest(manifest, job_id)
+    missing = [w.id for w in windows if w.id not in summary.entries]
+    if missing:
+        shown = ", ".join(missing[:20]) + (f" and {len(missing) - 20} more" if len(missing) > 20 else "")
+        raise IncompleteManifestError(
+            f"job {job_id}: {len(missing)} of {len(windows)} planned windows have no manifest row: {shown}",
+            missing=missing,
+        )
+    prefix = f"tiles/{job_id}/"
+    try:
+        sizes = {b.name: int(b.size) for b in tiles.list_blobs(name_starts_with=prefix)}
+    except (HttpResponseError, *_TRANSPORT_FAULTS) as exc:
+        raise StorageFaultError(f"listing the sizes of {prefix} failed: {exc}") from exc
+    mismatched = []
+    details = []
+    for window in windows:
+        entry = summary.entries[window.id]
+        stored = sizes.get(entry.uri)
+        if stored is None and not entry.uri.startswith(prefix):
+            try:
+                stored = int(tiles.get_blob_client(entry.uri).get_blob_properties().size)
+            except ResourceNotFoundError:
+                stored = None
+        if stored != entry.nbytes:
+            mismatched.append(window.id)
+            details.append(f"{window.id} ({entry.uri}: manifest {entry.nbytes} bytes, stored {stored})")
+    if mismatched:
+        raise IncompleteManifestError(
+            f"job {job_id}: {len(mismatched)} tiles differ in size from their manifest rows: " + ", ".join(details[:20]),
+            mismatched=mismatched,
+        )
+    return windows, summary
+
+
+# --------------------------------------------------------------------------- the claim
+
+
+def _claim(claims: TableClient, job_id: str, ttl_s: float) -> tuple[str, str]:
+    """Take this job's mosaic claim: (owner, etag). Raises AssemblyInProgressError while another holds it.
+
+    A claim row rather than a blob lease: the mosaic blob does not exist until the end, and a
+    lease on a placeholder blob would need its own create and cleanup; the row is one
+    create-only insert, and its expiry (not a lease's 60-second renewals) lets a crashed
+    attempt's claim lapse without any process having to survive to release it.
+    """
+    owner = uuid.uuid4().hex
+    now = datetime.now(timezone.utc)
+    expires = now + timedelta(seconds=ttl_s)
+    outcome = gates.record_claim(claims, job_id=job_id, claim=MOSAIC_CLAIM, owner=owner, claimed_at=now, expires_at=expires)
+    try:
+        row = claims.get_entity(job_id, MOSAIC_CLAIM)
+    except (HttpResponseError, *_TRANSPORT_FAULTS) as exc:
+        raise StorageFaultError(f"reading the mosaic claim of {job_id} failed: {exc}") from exc
+    etag = row.metadata["etag"]
+    if row.get("owner") == owner:
+        return owner, etag
+    holder_expires = row.get("expires_at")
+    if outcome is gates.Outcome.ALREADY_PRESENT and holder_expires is not None and holder_expires < now:
+        # The holder's time is up: it crashed or was stopped. Take over, but only the version we
+        # read (If-Match): of two retries taking over at once, exactly one succeeds.
+        taken = {"PartitionKey": job_id, "RowKey": MOSAIC_CLAIM, "owner": owner, "claimed_at": now, "expires_at": expires,
+                 "took_over_from": row.get("owner", "")}
+        try:
+            meta = claims.update_entity(taken, mode=UpdateMode.REPLACE, etag=etag, match_condition=MatchConditions.IfNotModified)
+        except HttpResponseError as exc:
+            if exc.status_code in (404, 412):
+                raise AssemblyInProgressError(f"job {job_id}: another attempt took over the expired mosaic claim first") from exc
+            raise StorageFaultError(f"taking over the mosaic claim of {job_id} failed: {exc}") from exc
+        logger.warning("job %s: mosaic claim of %s expired at %s; taken over", job_id, row.get("owner"), holder_expires)
+        return owner, meta["etag"]
+    raise AssemblyInProgressError(
+        f"job {job_id}: the mosaic is being assembled by attempt {row.get('owner')} (claim expires {holder_expires}); retry later"
+    )
+
+
+def _release_claim(claims: TableClient, job_id: str, etag: str) -> None:
+    """Best effort, and only our version of the row: a failed attempt lets the next one start at once."""
+    try:
+        claims.delete_entity(job_id, MOSAIC_CLAIM, etag=etag, match_condition=MatchConditions.IfNotModified)
+    except Exception as exc:  # noqa: BLE001 - the claim expires anyway
+        logger.info("job %s: could not release the mosaic claim (%s); it will expire", job_id, exc)
+
+
+# --------------------------------------------------------------------------- building: blocks
+
+
+@dataclass
+class _TileHead:
+    window: Window
+    key: str
+    layout: tiff.TiffLayout
+
+
+def _read_tile_heads(windows: list[Window], summary, tiles: ContainerClient, executor) -> tuple[dict, list[_TileHead]]:
+    sources = {}
+    for window in windows:
+        entry = summary.entries[window.id]
+        sources[window.id] = BlobRangeSource(tiles, entry.uri, entry.nbytes)
+
+    def one(window: Window) -> _TileHead:
+        source = sources[window.id]
+        head, size = source.head(TILE_HEAD_BYTES)
+        if size != source.expected_size:
+            raise IncompleteManifestError(
+                f"tile {source.name} has {size} bytes, its manifest row says {source.expected_size}",
+                mismatched=[window.id],
+            )
+        return _TileHead(window, window.id, tiff.read_layout(head, source.read))
+
+    return sources, list(executor.map(one, windows))
+
+
+def _tile_level_size(n: int, level: int) -> int:
+    for _ in range(level):
+        n = halve_floor(n)
+    return n
+
+
+def _plan_tile_levels(scene: SceneInfo, heads: list[_TileHead], settings: Settings) -> list[tiff.OutputDirectory]:
+    """The mosaic's directories 0..K taken from the tiles' directories 0..K, or IncompatibleTilesError.
+
+    Level k of the mosaic is the tiles' level k side by side: interior tiles contribute exactly
+    window/2^k pixels (a whole number of blocks), edge tiles what the COG driver made of them.
+    Stops at the first level that fits in one block, or at the tiles' last block-aligned level.
+    """
+    window_size = settings.window_size
+    available = tile_overview_count(window_size)
+    reference = heads[0].layout
+    if heads[0].window.id != "0000_0000":
+        raise IncompatibleTilesError("the first planned window is not 0000_0000")
+    grid = {(h.window.row, h.window.col): h for h in heads}
+    rows = 1 + max(h.window.row for h in heads)
+    cols = 1 + max(h.window.col for h in heads)
+    out: list[tiff.OutputDirectory] = []
+    for k in range(available + 1):
+        ref_dir = reference.directories[k] if k < len(reference.directories) else None
+        if ref_dir is None:
+            raise IncompatibleTilesError(f"tile 0000_0000 has no overview level {k}")
+        per_tile = window_size // 2**k // BLOCK_SIZE
+        width = sum(_tile_level_size(grid[(0, c)].window.width, k) for c in range(cols))
+        height = sum(_tile_level_size(grid[(r, 0)].window.height, k) for r in range(rows))
+        key = ref_dir.encoding_key()
+        for head in heads:
+            dirs = head.layout.directories
+            if head.layout.byte_order != reference.byte_order:
+                raise IncompatibleTilesError(f"tile {head.window.id} has another byte order")
+            if any(d.subfile_type & tiff.SUBFILE_MASK for d in dirs):
+                raise IncompatibleTilesError(f"tile {head.window.id} has an internal mask")
+            if len(dirs) <= k:
+                raise IncompatibleTilesError(f"tile {head.window.id} has no overview level {k}")
+            d = dirs[k]
+            expected = (_tile_level_size(head.window.width, k), _tile_level_size(head.window.height, k))
+            if (d.width, d.height) != expected:
+                raise IncompatibleTilesError(f"tile {head.window.id} level {k} is {d.width}x{d.height}, expected {expected}")
+            if d.encoding_key() != key or d.tile_width != BLOCK_SIZE or d.tile_height != BLOCK_SIZE or d.planar_config != 1:
+                raise IncompatibleTilesError(f"tile {head.window.id} level {k} is encoded differently from tile 0000_0000")
+            if len(d.block_offsets) != d.blocks_across * d.blocks_down or len(d.block_byte_counts) != len(d.block_offsets):
+                raise IncompatibleTilesError(f"tile {head.window.id} level {k} has an unexpected number of blocks")
+        blocks = []
+        for by in range(-(-height // BLOCK_SIZE)):
+            for bx in range(-(-width // BLOCK_SIZE)):
+                head = grid[(by // per_tile, bx // per_tile)]
+                d = head.layout.directories[k]
+                index = (by % per_tile) * d.blocks_across + (bx % per_tile)
+                blocks.append(tiff.BlockRef(head.key, d.block_offsets[index], d.block_byte_counts[index]))
+        tags = tiff.copyable_tags(ref_dir, width=width, height=height, subfile_type=tiff.SUBFILE_REDUCED if k else 0)
+        out.append(tiff.OutputDirectory(tags=tags, blocks=blocks, width=width, height=height))
+        if width <= BLOCK_SIZE and height <= BLOCK_SIZE:
+            break
+    return out
+
+
+def _build_coarse_levels(
+    scene: SceneInfo,
+    base_directory: tiff.OutputDirectory,
+    nodata_tag: tiff.Tag | None,
+    byte_order: str,
+    first_level: int,
+    fetch: BlockFetcher,
+    workdir: str,
+    settings: Settings,
+) -> tuple[list[tiff.OutputDirectory], FileRangeSource]:
+    """The levels below ``first_level``, computed by GDAL from a copy of level ``first_level``.
+
+    The copy is written block for block like the mosaic; GDAL then builds its internal overviews
+    (bounded by GDAL_CACHEMAX and GDAL_OVR_CHUNK_MAX_SIZE) and their directories become the
+    mosaic's coarse levels.
+    """
+    base_path = os.path.join(workdir, f"level{first_level}.tif")
+    tags = dict(base_directory.tags)
+    tags.pop(tiff.NEW_SUBFILE_TYPE, None)
+    if nodata_tag is not None:
+        tags[tiff.GDAL_NODATA] = nodata_tag
+    base = tiff.OutputDirectory(tags=tags, blocks=base_directory.blocks, width=base_directory.width, height=base_directory.height)
+    with open(base_path, "wb") as out:
+        tiff.TiffWriter(byte_order).write(out, [base], fetch)
+    factors = [2**j for j in range(1, levels_to_fit(base.width, base.height, halve_ceil) + 1)]
+    with gdal_env(settings, {"PREDICTOR_OVERVIEW": predictor_for(scene.dtype)}):
+        with rasterio.open(base_path, "r+") as dst:
+            dst.build_overviews(factors, Resampling[scene.overview_resampling])
+    source = FileRangeSource(base_path)
+    with open(base_path, "rb") as f:
+        layout = tiff.read_layout(f.read(TILE_HEAD_BYTES), source.read, max_directories=len(factors) + 2)
+    out_dirs = []
+    for j, d in enumerate(layout.directories[1:], start=1):
+        width, height = d.width, d.height
+        if d.tile_width != BLOCK_SIZE or d.tile_height != BLOCK_SIZE or d.planar_config != 1:
+            raise MosaicCheckError(f"computed level {first_level + j} has blocks of {d.tile_width}x{d.tile_height}")
+        blocks = [tiff.BlockRef("coarse", o, c) for o, c in zip(d.block_offsets, d.block_byte_counts)]
+        tags = tiff.copyable_tags(d, width=width, height=height, subfile_type=tiff.SUBFILE_REDUCED)
+        out_dirs.append(tiff.OutputDirectory(tags=tags, blocks=blocks, width=width, height=height))
+    if len(out_dirs) != len(factors):
+        raise MosaicCheckError(f"GDAL built {len(out_dirs)} coarse levels, {len(factors)} were asked for")
+    return out_dirs, source
+
+
+def build_mosaic_blocks(
+    job_id: str,
+    scene: SceneInfo,
+    windows: list[Window],
+    summary,
+    out_path: str,
+    *,
+    tiles: ContainerClient,
+    settings: Settings,
+    workdir: str,
+    timings: dict[str, float],
+) -> tuple[tiff.WrittenTiff, int]:
+    with ThreadPoolExecutor(max_workers=FETCH_THREADS, thread_name_prefix="tilefetch") as executor:
+        started = time.perf_counter()
+        sources, heads = _read_tile_heads(windows, summary, tiles, executor)
+        timings["tile_heads"] = time.perf_counter() - started
+
+        started = time.perf_counter()
+        directories = _plan_tile_levels(scene, heads, settings)
+        reference = heads[0].layout
+        fetch = BlockFetcher(sources, executor)
+        coarse_source = None
+        if directories[-1].width > BLOCK_SIZE or directories[-1].height > BLOCK_SIZE:
+            nodata = reference.directories[0].tags.get(tiff.GDAL_NODATA)
+            coarse, coarse_source = _build_coarse_levels(
+                scene, directories[-1], nodata, reference.byte_order, len(directories) - 1, fetch, workdir, settings
+            )
+            sources["coarse"] = coarse_source
+            directories.extend(coarse)
+        timings["coarse_levels"] = time.perf_counter() - started
+
+        started = time.perf_counter()
+        writer = tiff.TiffWriter(
+            reference.byte_order, ghost=reference.ghost, leaders=reference.block_leaders, trailers=reference.block_trailers
+        )
+        try:
+            with open(out_path, "wb") as out:
+                written = writer.write(out, directories, fetch)
+        finally:
+            if coarse_source is not None:
+                coarse_source.close()
+        timings["write"] = time.perf_counter() - started
+    return written, len(directories) - 1
+
+
+# --------------------------------------------------------------------------- building: VRT
+
+
+def _vrt_xml(scene: SceneInfo, windows: list[Window], summary, tiles_container: str) -> str:
+    crs = rasterio.crs.CRS.from_user_input(scene.crs).to_wkt()
+    a, b, c, d, e, f = scene.transform[:6]
+    gdal_type = {
+        "uint8": "Byte", "int8": "Int8", "uint16": "UInt16", "int16": "Int16", "uint32": "UInt32",
+        "int32": "Int32", "float32": "Float32", "float64": "Float64",
+    }[scene.dtype]
+    lines = [f'<VRTDataset rasterXSize="{scene.width}" rasterYSize="{scene.height}">',
+             f"  <SRS>{escape(crs)}</SRS>",
+             f"  <GeoTransform>{c!r}, {a!r}, {b!r}, {f!r}, {d!r}, {e!r}</GeoTransform>"]
+
+    def sources(band: str) -> list[str]:
+        out = []
+        for w in windows:
+            path = vsiaz_path(tiles_container, summary.entries[w.id].uri)
+            out.append(
+                f'    <SimpleSource><SourceFilename relativeToVRT="0">{escape(path)}</SourceFilename>'
+                f"<SourceBand>{band}</SourceBand>"
+                f'<SourceProperties RasterXSize="{w.width}" RasterYSize="{w.height}" DataType="{gdal_type}" BlockXSize="{BLOCK_SIZE}" BlockYSize="{BLOCK_SIZE}"/>'
+                f'<SrcRect xOff="0" yOff="0" xSize="{w.width}" ySize="{w.height}"/>'
+                f'<DstRect xOff="{w.col_off}" yOff="{w.row_off}" xSize="{w.width}" ySize="{w.height}"/></SimpleSource>'
+            )
+        return out
+
+    if scene.mask == "per-dataset":
+        lines.append('  <MaskBand><VRTRasterBand dataType="Byte">')
+        lines += sources("mask,1")
+        lines.append("  </VRTRasterBand></MaskBand>")
+    for band in range(1, scene.count + 1):
+        lines.append(f'  <VRTRasterBand dataType="{gdal_type}" band="{band}">')
+        if scene.nodata is not None:
+            lines.append(f"    <NoDataValue>{scene.nodata!r}</NoDataValue>")
+        if band <= len(scene.colorinterp):
+            lines.append(f"    <ColorInterp>{scene.colorinterp[band - 1].capitalize()}</ColorInterp>")
+        if band <= len(scene.descriptions) and scene.descriptions[band - 1]:
+            lines.append(f"    <Description>{escape(scene.descriptions[band - 1])}</Description>")
+        lines += sources(str(band))
+        lines.append("  </VRTRasterBand>")
+    lines.append("</VRTDataset>")
+    return "\n".join(lines)
+
+
+def build_mosaic_vrt(
+    scene: SceneInfo,
+    windows: list[Window],
+    summary,
+    out_path: str,
+    *,
+    tiles: ContainerClient,
+    settings: Settings,
+    gdal_options: dict | None,
+    workdir: str,
+    timings: dict[str, float],
+    num_threads: int = NUM_THREADS,
+) -> tuple[int, int]:
+    levels = mosaic_overview_levels(scene.width, scene.height)
+    vrt_path = os.path.join(workdir, "mosaic.vrt")
+    with open(vrt_path, "w", encoding="utf-8") as f:
+        f.write(_vrt_xml(scene, windows, summary, tiles.container_name))
+    options = cog_creation_options(scene.dtype, overview_count=levels, resampling=scene.overview_resampling, num_threads=num_threads)
+    if levels:
+        # A VRT over tiles lends their overviews; the COG driver would then copy those (2 of 5
+        # levels in the design notes' run) instead of computing every level.
+        options["OVERVIEWS"] = "IGNORE_EXISTING"
+    started = time.perf_counter()
+    # The COG driver writes its overviews to a temporary file beside the output: keep it in workdir.
+    with gdal_env(settings, {**(gdal_options or {}), "CPL_TMPDIR": workdir}, num_threads=num_threads):
+        rasterio.shutil.copy(vrt_path, out_path, driver="COG", **options)
+    timings["write"] = time.perf_counter() - started
+    return os.path.getsize(out_path), levels
+
+
+# --------------------------------------------------------------------------- check and commit
+
+
+def check_mosaic_file(path: str, scene: SceneInfo, levels: int, *, settings: Settings) -> None:
+    """Refuse to upload a mosaic whose shape, georeferencing or overview levels are not what was planned.
+
+    GDAL's COG validator passes a file with missing overview levels (design notes, section 4), so
+    the levels are counted here, and their sizes checked.
+    """
+    with gdal_env(settings):
+        with rasterio.open(path) as src:
+            problems = []
+            if (src.width, src.height, src.count) != (scene.width, scene.height, scene.count):
+                problems.append(f"size {src.width}x{src.height}x{src.count}")
+            if src.dtypes[0] != scene.dtype:
+                problems.append(f"dtype {src.dtypes[0]}")
+            if not src.transform.almost_equals(scene.affine, precision=1e-9):
+                problems.append(f"transform {tuple(src.transform)[:6]}")
+            if src.crs != rasterio.crs.CRS.from_user_input(scene.crs):
+                problems.append(f"crs {src.crs}")
+            if (src.nodata is None) != (scene.nodata is None) or (
+                scene.nodata is not None and not (math.isnan(scene.nodata) and math.isnan(src.nodata)) and src.nodata != scene.nodata
+            ):
+                problems.append(f"nodata {src.nodata}")
+            factors = src.overviews(1)
+            if len(factors) != levels:
+                problems.append(f"{len(factors)} overview levels instead of {levels}")
+            sizes = [(src.width, src.height)]
+            for level in range(len(factors)):
+                with rasterio.open(path, overview_level=level) as overview:
+                    sizes.append((overview.width, overview.height))
+            problems += pyramid_problems(sizes)
+            if src.block_shapes[0] != (BLOCK_SIZE, BLOCK_SIZE) and (src.width > BLOCK_SIZE or src.height > BLOCK_SIZE):
+                problems.append(f"blocks {src.block_shapes[0]}")
+            if problems:
+                raise MosaicCheckError(f"assembled mosaic {path} is wrong: " + "; ".join(problems))
+
+
+def commit_file(
+    container: ContainerClient,
+    name: str,
+    path: str,
+    *,
+    sha256: str,
+    content_type: str,
+    job_id: str,
+    metadata: dict[str, str] | None = None,
+) -> gates.Outcome:
+    """Create ``name`` from the file at ``path`` only if nothing holds the key (If-None-Match: *).
+
+    Above 64 MiB the SDK stages blocks and the condition rides on Put Block List: the claim taken
+    before building is what keeps a duplicate from ever starting that upload.
+    """
+    blob = container.get_blob_client(name)
+    size = os.path.getsize(path)
+    for _ in range(gates.UNKNOWN_OUTCOME_ATTEMPTS):
+        try:
+            with open(path, "rb") as body:
+                blob.upload_blob(
+                    body,
+                    length=size,
+                    overwrite=False,
+                    metadata={**(metadata or {}), gates.SHA256_METADATA_KEY: sha256},
+                    content_settings=ContentSettings(content_type=content_type),
+                    max_concurrency=UPLOAD_CONCURRENCY,
+                )
+            return gates.Outcome.WRITTEN
+        except HttpResponseError as exc:
+            if not gates.is_create_rejection(exc):
+                raise StorageFaultError(f"uploading {name} failed: {exc}") from exc
+            stored, _ = gates.stored_blob_sha256(blob)
+            logger.info("job %s: %s already present (status %s); stored sha256 %s, ours %s", job_id, name, exc.status_code, stored, sha256)
+            return gates.Outcome.ALREADY_PRESENT
+        except _TRANSPORT_FAULTS as exc:
+            stored, _ = gates.stored_blob_sha256(blob)
+            if stored is None:
+                logger.warning("upload of %s had no answer (%s) and nothing is stored: uploading again", name, exc)
+                continue
+            return gates.Outcome.WRITTEN if stored == sha256 else gates.Outcome.ALREADY_PRESENT
+    raise StorageFaultError(f"uploading {name}: no answer after {gates.UNKNOWN_OUTCOME_ATTEMPTS} attempts and nothing stored")
+
+
+def _blob_exists(container: ContainerClient, name: str):
+    try:
+        return container.get_blob_client(name).get_blob_properties()
+    except ResourceNotFoundError:
+        return None
+    except (HttpResponseError, *_TRANSPORT_FAULTS) as exc:
+        raise StorageFaultError(f"reading the properties of {name} failed: {exc}") from exc
+
+
+def _write_sidecars(
+    job_id: str,
+    scene: SceneInfo,
+    mosaic_path: str,
+    *,
+    output: ContainerClient,
+    settings: Settings,
+    gdal_options: dict | None,
+    source_name: str,
+    timings: dict[str, float],
+) -> int:
+    """Quicklook, then STAC item (which names both), each create-only; skipped when already there.
+
+    Written after the mosaic: a crash in between leaves a mosaic without them, and the next call
+    (which finds the mosaic present) writes them from the committed mosaic.
+    """
+    mosaic_name, stac_name, quicklook_name = jobs.mosaic_blob_name(job_id), jobs.stac_blob_name(job_id), jobs.quicklook_blob_name(job_id)
+    props = _blob_exists(output, mosaic_name)
+    if props is None:
+        raise StorageFaultError(f"{mosaic_name} vanished after it was committed")
+    sha = (props.metadata or {}).get(gates.SHA256_METADATA_KEY, "")
+    with gdal_env(settings, gdal_options):
+        started = time.perf_counter()
+        if _blob_exists(output, quicklook_name) is None:
+            gates.commit_blob(output, quicklook_name, quicklook_png(mosaic_path), content_type="image/png", job_id=job_id)
+        timings["quicklook"] = time.perf_counter() - started
+        started = time.perf_counter()
+        if _blob_exists(output, stac_name) is None:
+            with rasterio.open(mosaic_path) as src:
+                levels = len(src.overviews(1))
+            body = stac_item_bytes(
+                job_id=job_id,
+                scene=scene,
+                mosaic_href="./" + mosaic_name.rsplit("/", 1)[-1],
+                quicklook_href="./" + quicklook_name.rsplit("/", 1)[-1],
+                mosaic_nbytes=int(props.size),
+                mosaic_sha256=sha,
+                overview_levels=levels,
+                created=props.creation_time or props.last_modified,
+                source_name=source_name,
+            )
+            gates.commit_blob(output, stac_name, body, content_type="application/geo+json", job_id=job_id)
+        timings["stac"] = time.perf_counter() - started
+    return int(props.size)
+
+
+def assemble_mosaic(
+    job_id: str,
+    scene: SceneInfo,
+    *,
+    tiles: ContainerClient,
+    output: ContainerClient,
+    manifest: TableClient,
+    claims: TableClient,
+    settings: Settings,
+    gdal_options: dict | None = None,
+    source_name: str = "",
+    method: str = "auto",
+    claim_ttl_s: float = DEFAULT_CLAIM_TTL_S,
+    workdir: str | None = None,
+) -> MosaicResult:
+    """Assemble the job's tiles into ``jobs.mosaic_blob_name(job_id)`` once, plus STAC item and quicklook.
+
+    ``method``: "auto" (block copy when the tiles allow it, else VRT), "blocks" or "vrt".
+    Raises :class:`IncompleteManifestError` (missing windows, or a tile whose size differs from
+    its row) and :class:`AssemblyInProgressError` (another attempt holds the claim; retry).
+    """
+    if method not in ("auto", "blocks", "vrt"):
+        raise ValueError(f"method must be 'auto', 'blocks' or 'vrt', not {method!r}")
+    mosaic_name = jobs.mosaic_blob_name(job_id)
+    names = dict(mosaic=mosaic_name, stac=jobs.stac_blob_name(job_id), quicklook=jobs.quicklook_blob_name(job_id))
+    timings: dict[str, float] = {}
+
+    # 1. Cheap check first: a mosaic already there means nothing is rebuilt (its companions are
+    #    written if a crash left them out).
+    started = time.perf_counter()
+    existing = _blob_exists(output, mosaic_name)
+    timings["exists_check"] = time.perf_counter() - started
+    if existing is not None:
+        remote = vsiaz_path(output.container_name, mosaic_name)
+        levels = int((existing.metadata or {}).get(OVERVIEW_LEVELS_METADATA_KEY, -1))
+        if _blob_exists(output, names["stac"]) is None or _blob_exists(output, names["quicklook"]) is None:
+            _write_sidecars(job_id, scene, remote, output=output, settings=settings, gdal_options=gdal_options,
+                            source_name=source_name, timings=timings)
+        return MosaicResult(
+            outcome=str(gates.Outcome.ALREADY_PRESENT), nbytes=int(existing.size), overview_levels=levels, timings=timings,
+            method="none", sha256=(existing.metadata or {}).get(gates.SHA256_METADATA_KEY, ""), **names,
+        )
+
+    # 2. The manifest says every window is done, with the stored sizes it recorded.
+    started = time.perf_counter()
+    windows, summary = check_manifest(job_id, scene, tiles=tiles, manifest=manifest, settings=settings)
+    timings["manifest"] = time.perf_counter() - started
+
+    # 3. Claim before building, so a duplicate never builds or starts a staged upload.
+    started = time.perf_counter()
+    _, claim_etag = _claim(claims, job_id, claim_ttl_s)
+    timings["claim"] = time.perf_counter() - started
+
+    own_workdir = workdir is None
+    workdir = tempfile.mkdtemp(prefix=f"tilecommit-{job_id}-") if own_workdir else workdir
+    out_path = os.path.join(workdir, "mosaic.tif")
+    try:
+        used = method
+        if method in ("auto", "blocks"):
+            try:
+                written, levels = build_mosaic_blocks(
+                    job_id, scene, windows, summary, out_path, tiles=tiles, settings=settings, workdir=workdir, timings=timings
+                )
+                nbytes, sha256, used = written.nbytes, written.sha256, "blocks"
+            except IncompatibleTilesError as exc:
+                if method == "blocks":
+                    raise
+                logger.warning("job %s: tiles cannot be block-copied (%s); assembling through a VRT", job_id, exc)
+                used = "vrt"
+        if used == "vrt":
+            nbytes, levels = build_mosaic_vrt(
+                scene, windows, summary, out_path, tiles=tiles, settings=settings, gdal_options=gdal_options,
+                workdir=workdir, timings=timings,
+            )
+            sha256 = _file_sha256(out_path)
+
+        started = time.perf_counter()
+        check_mosaic_file(out_path, scene, levels, settings=settings)
+        timings["check"] = time.perf_counter() - started
+
+        started = time.perf_counter()
+        outcome = commit_file(
+            output, mosaic_name, out_path, sha256=sha256, content_type=COG_CONTENT_TYPE, job_id=job_id,
+            metadata={OVERVIEW_LEVELS_METADATA_KEY: str(levels), "method": used},
+        )
+        timings["upload"] = time.perf_counter() - started
+
+        _write_sidecars(job_id, scene, out_path, output=output, settings=settings, gdal_options=gdal_options,
+                        source_name=source_name, timings=timings)
+    except BaseException:
+        _release_claim(claims, job_id, claim_etag)
+        raise
+    finally:
+        if own_workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
+    logger.info("job %s: mosaic %s (%s, %d bytes, %d overview levels, %s)", job_id, outcome, used, nbytes, levels,
+                {k: round(v, 3) for k, v in timings.items()})
+    return MosaicResult(outcome=str(outcome), nbytes=nbytes, overview_levels=levels, timings=timings, method=used,
+                        sha256=sha256, **names)
+
+
+COG_CONTENT_TYPE = "image/tiff; application=geotiff; profile=cloud-optimized"
+
+
+def _file_sha256(path: str) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+__all__ = [
+    "AssemblyInProgressError",
+    "MosaicCheckError",
+    "MosaicResult",
+    "assemble_mosaic",
+    "build_mosaic_blocks",
+    "build_mosaic_vrt",
+    "check_manifest",
+    "commit_file",
+    "mosaic_overview_levels",
+]

@@ -1,0 +1,293 @@
+"""What a source raster is (:class:`SceneInfo`) and whether this pipeline accepts it.
+
+:func:`inspect_source` is the gate before any tile is written: every refusal is a typed
+:class:`~tilecommit.errors.BadInputError` whose message says what is wrong and what would be
+accepted, so a job fails at once instead of retrying an input that can never work.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import rasterio
+from rasterio.enums import MaskFlags
+from rasterio.errors import RasterioIOError
+from rasterio.windows import Window as RioWindow
+
+from ..errors import InvalidRasterError, StorageFaultError, UnsupportedRasterError
+from ..settings import Settings
+from . import vsi
+from .env import gdal_env
+
+#: Sample types a tile COG, the mosaic and the quicklook handle (PREDICTOR 2 or 3 applies to all).
+SUPPORTED_DTYPES = ("uint8", "int8", "uint16", "int16", "uint32", "int32", "float32", "float64")
+
+ACCEPTED = (
+    "accepted: a single-image raster GDAL reads (GeoTIFF/COG preferred) with a CRS and a north-up "
+    "affine geotransform (no rotation or shear), one sample type among "
+    + ", ".join(SUPPORTED_DTYPES)
+)
+
+_TIFF_MAGICS = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")
+
+
+def _nodata_to_json(value: float | None) -> float | str | None:
+    if value is None:
+        return None
+    if math.isnan(value):
+        return "nan"
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    return float(value)
+
+
+def _nodata_from_json(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+@dataclass(frozen=True)
+class SceneInfo:
+    """A source raster's shape, georeferencing and encoding: small, JSON-serialisable, no pixels.
+
+    ``transform`` holds the six affine coefficients in rasterio's order ``(a, b, c, d, e, f)``:
+    ``x = a * col + b * row + c``, ``y = d * col + e * row + f``.
+    """
+
+    width: int
+    height: int
+    count: int
+    dtype: str
+    crs: str
+    transform: list[float]
+    nodata: float | None
+    block_shapes: list[list[int]]
+    driver: str = ""
+    descriptions: list[str | None] = field(default_factory=list)
+    colorinterp: list[str] = field(default_factory=list)
+    #: How validity is carried: "none", "nodata", "alpha" or "per-dataset" (an internal mask).
+    mask: str = "none"
+    #: The overview resampling used for tiles and mosaic ("nearest" for paletted data, else "average").
+    overview_resampling: str = "average"
+    nbytes: int | None = None
+
+    @property
+    def pixels(self) -> int:
+        return self.width * self.height
+
+    @property
+    def affine(self):
+        from affine import Affine
+
+        return Affine(*self.transform[:6])
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["nodata"] = _nodata_to_json(self.nodata)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "SceneInfo":
+        values = dict(data)
+        values["nodata"] = _nodata_from_json(values.get("nodata"))
+        values["transform"] = [float(v) for v in values["transform"]]
+        values["block_shapes"] = [[int(a), int(b)] for a, b in values["block_shapes"]]
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in values.items() if k in known})
+
+
+def is_fault_message(message: str) -> bool:
+    """GDAL's words for a transport problem (retry), as opposed to bad bytes (refuse)."""
+    lowered = message.lower()
+    return any(word in lowered for word in ("http", "curl", "connection", "timed out", "timeout", "ssl"))
+
+
+def _explain_open_failure(path: str, exc: RasterioIOError) -> Exception:
+    message = str(exc)
+    found = vsi.probe(path)
+    if found is not None and found.exists and found.size == 0:
+        return InvalidRasterError(
+            f"{path} is empty (0 bytes): nothing was uploaded, or the upload has not been committed yet; "
+            f"upload the raster itself ({ACCEPTED})"
+        )
+    if found is not None and found.exists and found.head[:4] in _TIFF_MAGICS:
+        return InvalidRasterError(
+            f"{path} starts like a TIFF but its header or directories cannot be read ({found.size} bytes): "
+            f"the file is truncated or corrupt ({message}); upload the complete file"
+        )
+    if is_fault_message(message):
+        error = StorageFaultError(f"reading {path} failed: {message}")
+        return error
+    if found is not None and not found.exists:
+        return InvalidRasterError(f"{path} does not exist or cannot be read: {message}")
+    head = f" (it starts with {found.head[:8]!r})" if found is not None and found.head else ""
+    return InvalidRasterError(f"{path} is not a raster GDAL can read{head}: {message}; {ACCEPTED}")
+
+
+def _mask_kind(src) -> str:
+    flags = src.mask_flag_enums
+    if any(MaskFlags.alpha in band for band in flags):
+        return "alpha"
+    if any(MaskFlags.nodata in band for band in flags):
+        return "nodata"
+    if all(MaskFlags.per_dataset in band for band in flags):
+        return "per-dataset"
+    return "none"
+
+
+def has_colormap(src) -> bool:
+    try:
+        src.colormap(1)
+    except ValueError:
+        return False
+    return True
+
+
+def overview_resampling_for(src) -> str:
+    """Average for measurements; nearest for paletted (class) data, where an average is meaningless."""
+    return "nearest" if has_colormap(src) else "average"
+
+
+def _check_georeferencing(path: str, src) -> None:
+    transform = src.transform
+    if src.crs is None or transform.is_identity:
+        if src.gcps[0]:
+            raise UnsupportedRasterError(
+                f"{path} is georeferenced only by ground control points ({len(src.gcps[0])} GCPs): "
+                "warp it to a regular grid first (gdalwarp); accepted: a CRS and an affine geotransform"
+            )
+        missing = "CRS" if src.crs is None else "geotransform"
+        raise UnsupportedRasterError(
+            f"{path} has no georeferencing (it lacks a {missing}): tiles and mosaic must be placed on the Earth; "
+            "accepted: a raster with a CRS and an affine geotransform (e.g. a GeoTIFF with GeoKeys)"
+        )
+    if transform.b != 0 or transform.d != 0:
+        raise UnsupportedRasterError(
+            f"{path} has a rotated or sheared geotransform (b={transform.b}, d={transform.d}): "
+            "accepted: north-up grids only (b = d = 0); warp it to a north-up grid first (gdalwarp)"
+        )
+    if transform.a == 0 or transform.e == 0:
+        raise UnsupportedRasterError(f"{path} has a degenerate geotransform {tuple(transform)[:6]}: pixel size is zero")
+
+
+def _check_samples(path: str, src) -> str:
+    dtypes = set(src.dtypes)
+    if len(dtypes) != 1:
+        raise UnsupportedRasterError(
+            f"{path} mixes sample types across bands ({', '.join(sorted(dtypes))}): a COG holds one; "
+            f"convert every band to one of {', '.join(SUPPORTED_DTYPES)}"
+        )
+    dtype = src.dtypes[0]
+    if dtype not in SUPPORTED_DTYPES:
+        raise UnsupportedRasterError(
+            f"{path} has sample type {dtype}, which this pipeline does not tile; "
+            f"accepted: {', '.join(SUPPORTED_DTYPES)}"
+        )
+    nodatas = {("nan" if v is not None and math.isnan(v) else v) for v in src.nodatavals}
+    if len(nodatas) > 1:
+        raise UnsupportedRasterError(
+            f"{path} has a different nodata value per band ({src.nodatavals}); a GeoTIFF stores one "
+            "for all bands: set one nodata value"
+        )
+    return dtype
+
+
+def _check_blocks_present(path: str, src) -> None:
+    """Refuse a truncated file before any tile is written, without reading every pixel.
+
+    For a TIFF, every full-resolution block's offset and byte count must lie inside the file
+    (a cut-off upload fails this even when its directories, at the start of a COG, are intact);
+    then the block stored last is decoded. Other formats get the bottom-right block decoded.
+    Corruption inside a block elsewhere is only found when its window is rendered
+    (:func:`render_tile` raises :class:`InvalidRasterError` then).
+    """
+    block_h, block_w = src.block_shapes[0]
+    last_window = None
+    if src.driver == "GTiff":
+        size = vsi.file_size(path)
+        bands = range(1, src.count + 1) if src.interleaving and src.interleaving.name == "BAND" else (1,)
+        last_end, last_at = -1, None
+        for band in bands:
+            for by in range(-(-src.height // block_h)):
+                for bx in range(-(-src.width // block_w)):
+                    offset = src.get_tag_item(f"BLOCK_OFFSET_{bx}_{by}", "TIFF", bidx=band)
+                    count = src.get_tag_item(f"BLOCK_SIZE_{bx}_{by}", "TIFF", bidx=band)
+                    if offset is None or count is None:
+                        continue
+                    end = int(offset) + int(count)
+                    if size is not None and end > size:
+                        raise InvalidRasterError(
+                            f"{path} is truncated: it has {size} bytes but block ({bx},{by}) of band {band} "
+                            f"extends to byte {end}; upload the complete file"
+                        )
+                    if int(count) and end > last_end:
+                        last_end, last_at = end, (bx, by)
+        if last_at is not None:
+            bx, by = last_at
+            last_window = RioWindow(bx * block_w, by * block_h, min(block_w, src.width - bx * block_w), min(block_h, src.height - by * block_h))
+    if last_window is None:
+        col = ((src.width - 1) // block_w) * block_w
+        row = ((src.height - 1) // block_h) * block_h
+        last_window = RioWindow(col, row, src.width - col, src.height - row)
+    try:
+        src.read(window=last_window)
+    except RasterioIOError as exc:
+        if is_fault_message(str(exc)):
+            raise StorageFaultError(f"reading {path} failed: {exc}") from exc
+        raise InvalidRasterError(
+            f"{path} is corrupt: its block at column {int(last_window.col_off)}, row {int(last_window.row_off)} "
+            f"cannot be decoded ({exc}); upload an intact file"
+        ) from exc
+
+
+def scene_from_dataset(src, *, nbytes: int | None = None) -> SceneInfo:
+    return SceneInfo(
+        width=src.width,
+        height=src.height,
+        count=src.count,
+        dtype=src.dtypes[0],
+        crs=src.crs.to_string(),
+        transform=[float(v) for v in tuple(src.transform)[:6]],
+        nodata=None if src.nodata is None else float(src.nodata),
+        block_shapes=[[int(h), int(w)] for h, w in src.block_shapes],
+        driver=src.driver,
+        descriptions=list(src.descriptions),
+        colorinterp=[ci.name for ci in src.colorinterp],
+        mask=_mask_kind(src),
+        overview_resampling=overview_resampling_for(src),
+        nbytes=nbytes,
+    )
+
+
+def inspect_source(path: str, *, settings: Settings, gdal_options: dict | None = None) -> SceneInfo:
+    """Open ``path`` (local or ``/vsiaz/{container}/{blob}``), check it, and describe it.
+
+    Raises :class:`InvalidRasterError` (not a raster; empty, truncated or corrupt) or
+    :class:`UnsupportedRasterError` (no or rotated georeferencing, too many pixels, a sample type
+    or band layout this pipeline does not handle), both :class:`BadInputError`;
+    :class:`StorageFaultError` when storage could not be read (retry).
+    """
+    with gdal_env(settings, gdal_options):
+        try:
+            src = rasterio.open(path)
+        except RasterioIOError as exc:
+            raise _explain_open_failure(path, exc) from exc
+        with src:
+            if src.count == 0:
+                if src.subdatasets:
+                    raise UnsupportedRasterError(
+                        f"{path} is a container of {len(src.subdatasets)} subdatasets, not one image: "
+                        f"upload each raster on its own ({ACCEPTED})"
+                    )
+                raise InvalidRasterError(f"{path} has no raster bands; {ACCEPTED}")
+            if src.width * src.height > settings.max_pixels:
+                raise UnsupportedRasterError(
+                    f"{path} has {src.width} x {src.height} = {src.width * src.height} pixels, more than the "
+                    f"{settings.max_pixels} allowed (TILECOMMIT_MAX_PIXELS); accepted: at most {settings.max_pixels} "
+                    "pixels: split the scene, or raise the limit if the plan's time and memory allow"
+                )
+            _check_samples(path, src)
+            _check_georeferencing(path, src)
+            _check_blocks_present(path, src)
+            return scene_from_dataset(src, nbytes=vsi.file_size(path))

@@ -1,0 +1,518 @@
+"""Just enough TIFF to copy compressed blocks from tile COGs into a mosaic COG.
+
+The mosaic's full-resolution level (and the overview levels the tiles carry, while they are
+block-aligned) is made of exactly the compressed blocks the tiles already hold: same compression,
+predictor, sample layout and byte order, so a block's bytes mean the same thing in either file.
+This module reads a TIFF's directories (IFDs: image sizes, tags, block offsets and byte counts)
+and writes a TIFF whose directories point at blocks copied verbatim, in the Cloud-Optimized
+layout GDAL's COG driver uses: every directory first, then the blocks of the smallest overview,
+..., then the full-resolution blocks, each in row-major order.
+
+No pixel is decoded here; GDAL remains the only codec.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from dataclasses import dataclass, field
+from typing import BinaryIO, Callable, Iterable, Iterator
+
+from ..errors import InvalidRasterError
+
+# Tag codes used by name.
+NEW_SUBFILE_TYPE = 254
+IMAGE_WIDTH = 256
+IMAGE_LENGTH = 257
+BITS_PER_SAMPLE = 258
+COMPRESSION = 259
+PHOTOMETRIC = 262
+STRIP_OFFSETS = 273
+SAMPLES_PER_PIXEL = 277
+STRIP_BYTE_COUNTS = 279
+PLANAR_CONFIG = 284
+PREDICTOR = 317
+TILE_WIDTH = 322
+TILE_LENGTH = 323
+TILE_OFFSETS = 324
+TILE_BYTE_COUNTS = 325
+SUB_IFDS = 330
+EXTRA_SAMPLES = 338
+SAMPLE_FORMAT = 339
+JPEG_TABLES = 347
+EXIF_IFD = 34665
+GPS_IFD = 34853
+GDAL_NODATA = 42113
+
+#: Tags whose values are file offsets into the *source* file: copying them would point nowhere.
+#: The block arrays are rebuilt; any other offset-valued tag makes a directory uncopyable.
+OFFSET_TAGS = frozenset({STRIP_OFFSETS, STRIP_BYTE_COUNTS, SUB_IFDS, EXIF_IFD, GPS_IFD, 513, 514})
+
+#: NewSubfileType bits.
+SUBFILE_REDUCED = 1
+SUBFILE_MASK = 4
+
+# TIFF field types: code -> (struct format char, size in bytes).
+_TYPES: dict[int, tuple[str, int]] = {
+    1: ("B", 1),  # BYTE
+    2: ("s", 1),  # ASCII
+    3: ("H", 2),  # SHORT
+    4: ("I", 4),  # LONG
+    5: ("II", 8),  # RATIONAL
+    6: ("b", 1),  # SBYTE
+    7: ("s", 1),  # UNDEFINED
+    8: ("h", 2),  # SSHORT
+    9: ("i", 4),  # SLONG
+    10: ("ii", 8),  # SRATIONAL
+    11: ("f", 4),  # FLOAT
+    12: ("d", 8),  # DOUBLE
+    13: ("I", 4),  # IFD
+    16: ("Q", 8),  # LONG8 (BigTIFF)
+    17: ("q", 8),  # SLONG8 (BigTIFF)
+    18: ("Q", 8),  # IFD8 (BigTIFF)
+}
+_BIGTIFF_ONLY_TYPES = frozenset({16, 17, 18})
+TYPE_SHORT, TYPE_LONG, TYPE_LONG8 = 3, 4, 16
+
+#: The largest offset a classic TIFF can hold.
+CLASSIC_LIMIT = 2**32 - 1
+
+#: The structural metadata GDAL writes after the header of a COG (its "ghost area").
+GHOST_PREFIX = b"GDAL_STRUCTURAL_METADATA_SIZE="
+
+
+@dataclass(frozen=True)
+class Tag:
+    """One directory entry, its value kept as the raw bytes of the file (in its byte order)."""
+
+    code: int
+    type: int
+    count: int
+    data: bytes
+
+
+@dataclass
+class Directory:
+    """One image file directory: an image (full resolution, an overview or a mask) and its blocks."""
+
+    tags: dict[int, Tag]
+    byte_order: str  # "<" or ">"
+    offset: int = 0
+
+    def values(self, code: int) -> tuple:
+        tag = self.tags.get(code)
+        if tag is None:
+            return ()
+        return unpack_values(tag, self.byte_order)
+
+    def value(self, code: int, default: int | None = None) -> int | None:
+        values = self.values(code)
+        return int(values[0]) if values else default
+
+    @property
+    def width(self) -> int:
+        return int(self.value(IMAGE_WIDTH, 0) or 0)
+
+    @property
+    def height(self) -> int:
+        return int(self.value(IMAGE_LENGTH, 0) or 0)
+
+    @property
+    def tile_width(self) -> int | None:
+        return self.value(TILE_WIDTH)
+
+    @property
+    def tile_height(self) -> int | None:
+        return self.value(TILE_LENGTH)
+
+    @property
+    def subfile_type(self) -> int:
+        return int(self.value(NEW_SUBFILE_TYPE, 0) or 0)
+
+    @property
+    def planar_config(self) -> int:
+        return int(self.value(PLANAR_CONFIG, 1) or 1)
+
+    @property
+    def samples(self) -> int:
+        return int(self.value(SAMPLES_PER_PIXEL, 1) or 1)
+
+    @property
+    def block_offsets(self) -> tuple[int, ...]:
+        return tuple(int(v) for v in self.values(TILE_OFFSETS))
+
+    @property
+    def block_byte_counts(self) -> tuple[int, ...]:
+        return tuple(int(v) for v in self.values(TILE_BYTE_COUNTS))
+
+    @property
+    def blocks_across(self) -> int:
+        return -(-self.width // int(self.tile_width or 1))
+
+    @property
+    def blocks_down(self) -> int:
+        return -(-self.height // int(self.tile_height or 1))
+
+    def encoding_key(self) -> tuple:
+        """What must agree between two directories for their compressed blocks to be interchangeable."""
+        return tuple(
+            (code, self.tags[code].type, self.tags[code].data) if code in self.tags else (code, None, None)
+            for code in (
+                BITS_PER_SAMPLE,
+                COMPRESSION,
+                PHOTOMETRIC,
+                SAMPLES_PER_PIXEL,
+                PLANAR_CONFIG,
+                PREDICTOR,
+                TILE_WIDTH,
+                TILE_LENGTH,
+                EXTRA_SAMPLES,
+                SAMPLE_FORMAT,
+                JPEG_TABLES,
+            )
+        ) + (self.byte_order,)
+
+
+@dataclass
+class TiffLayout:
+    """The parsed head of a TIFF: byte order, flavour, GDAL's ghost area and every directory."""
+
+    byte_order: str
+    bigtiff: bool
+    ghost: bytes
+    directories: list[Directory]
+
+    @property
+    def block_leaders(self) -> bool:
+        return b"BLOCK_LEADER=SIZE_AS_UINT4" in self.ghost
+
+    @property
+    def block_trailers(self) -> bool:
+        return b"BLOCK_TRAILER=LAST_4_BYTES_REPEATED" in self.ghost
+
+
+def unpack_values(tag: Tag, byte_order: str) -> tuple:
+    fmt, size = _TYPES[tag.type]
+    if tag.type in (2, 7):
+        return (tag.data,)
+    per_value = len(fmt)
+    return struct.unpack(f"{byte_order}{tag.count * per_value}{fmt[0]}", tag.data[: tag.count * size])
+
+
+def pack_tag(code: int, type_: int, values: Iterable, byte_order: str) -> Tag:
+    values = list(values)
+    fmt, _ = _TYPES[type_]
+    return Tag(code, type_, len(values), struct.pack(f"{byte_order}{len(values)}{fmt}", *values))
+
+
+# --------------------------------------------------------------------------- reading
+
+
+class _Buffered:
+    """Reads from a head buffer, falling back to ``read(offset, length)`` beyond it."""
+
+    def __init__(self, head: bytes, read: Callable[[int, int], bytes] | None):
+        self.head = head
+        self.read_more = read
+
+    def read(self, offset: int, length: int) -> bytes:
+        if offset + length <= len(self.head):
+            return self.head[offset : offset + length]
+        if self.read_more is None:
+            raise InvalidRasterError(f"TIFF directory points past the end of the data ({offset}+{length})")
+        data = self.read_more(offset, length)
+        if len(data) != length:
+            raise InvalidRasterError(f"TIFF is truncated: wanted {length} bytes at {offset}, got {len(data)}")
+        return data
+
+
+def read_layout(head: bytes, read: Callable[[int, int], bytes] | None = None, *, max_directories: int = 64) -> TiffLayout:
+    """Parse the header and every directory of a TIFF.
+
+    ``head`` is the start of the file (16 KB covers a tile COG's directories); ``read`` fetches
+    anything beyond it (a ranged GET for a blob).
+    """
+    buf = _Buffered(head, read)
+    start = buf.read(0, 8)
+    if start[:2] == b"II":
+        bo = "<"
+    elif start[:2] == b"MM":
+        bo = ">"
+    else:
+        raise InvalidRasterError("not a TIFF: the file does not start with II or MM")
+    magic = struct.unpack(f"{bo}H", start[2:4])[0]
+    if magic == 42:
+        bigtiff = False
+        first = struct.unpack(f"{bo}I", start[4:8])[0]
+        header_len = 8
+    elif magic == 43:
+        bigtiff = True
+        first = struct.unpack(f"{bo}Q", buf.read(8, 8))[0]
+        header_len = 16
+    else:
+        raise InvalidRasterError(f"not a TIFF: magic number {magic}")
+
+    ghost = b""
+    if first > header_len:
+        gap = buf.read(header_len, min(first - header_len, 1024))
+        if gap.startswith(GHOST_PREFIX):
+            ghost = gap
+
+    count_fmt, entry_len, value_fmt, inline = ("Q", 20, "Q", 8) if bigtiff else ("H", 12, "I", 4)
+    count_len = 8 if bigtiff else 2
+    directories: list[Directory] = []
+    offset = first
+    seen: set[int] = set()
+    while offset:
+        if offset in seen or len(directories) >= max_directories:
+            raise InvalidRasterError("TIFF directory chain loops or is implausibly long")
+        seen.add(offset)
+        (n,) = struct.unpack(f"{bo}{count_fmt}", buf.read(offset, count_len))
+        raw = buf.read(offset + count_len, n * entry_len + (8 if bigtiff else 4))
+        tags: dict[int, Tag] = {}
+        for i in range(n):
+            entry = raw[i * entry_len : (i + 1) * entry_len]
+            code, type_ = struct.unpack(f"{bo}HH", entry[:4])
+            if type_ not in _TYPES:
+                continue  # unknown field type: TIFF readers skip it, so do we
+            (count,) = struct.unpack(f"{bo}{'Q' if bigtiff else 'I'}", entry[4 : 4 + (8 if bigtiff else 4)])
+            size = count * _TYPES[type_][1]
+            value_field = entry[(12 if bigtiff else 8) :]
+            if size <= inline:
+                data = value_field[:size]
+            else:
+                (value_offset,) = struct.unpack(f"{bo}{value_fmt}", value_field)
+                data = buf.read(value_offset, size)
+            tags[code] = Tag(code, type_, count, data)
+        directories.append(Directory(tags=tags, byte_order=bo, offset=offset))
+        (offset,) = struct.unpack(f"{bo}{value_fmt}", raw[n * entry_len :])
+    return TiffLayout(byte_order=bo, bigtiff=bigtiff, ghost=ghost, directories=directories)
+
+
+# --------------------------------------------------------------------------- writing
+
+
+@dataclass(frozen=True)
+class BlockRef:
+    """Where one compressed block's bytes come from: a source (by key), an offset and a length."""
+
+    source: object
+    offset: int
+    length: int
+
+
+@dataclass
+class OutputDirectory:
+    """A directory to write: its tags (block arrays excluded) and its blocks in block-index order."""
+
+    tags: dict[int, Tag]
+    blocks: list[BlockRef]
+    width: int
+    height: int
+
+
+@dataclass
+class WrittenTiff:
+    nbytes: int
+    sha256: str
+    bigtiff: bool
+
+
+@dataclass
+class _Placed:
+    directory: OutputDirectory
+    ifd_offset: int = 0
+    ifd_size: int = 0
+    data_offsets: list[int] = field(default_factory=list)
+
+
+def _value_size(tag: Tag) -> int:
+    return tag.count * _TYPES[tag.type][1]
+
+
+def _even(n: int) -> int:
+    return n + (n & 1)
+
+
+class TiffWriter:
+    """Writes a COG-layout TIFF from directories whose blocks are copied from elsewhere.
+
+    Every offset is known before the first byte is written (block lengths come from the sources'
+    directories), so the file is written once, front to back, and hashed as it goes.
+    """
+
+    def __init__(self, byte_order: str, *, ghost: bytes = b"", leaders: bool = False, trailers: bool = False):
+        self.byte_order = byte_order
+        self.ghost = ghost
+        self.leaders = leaders
+        self.trailers = trailers
+
+    def _ifd_size(self, directory: OutputDirectory, bigtiff: bool) -> int:
+        inline = 8 if bigtiff else 4
+        n = len(directory.tags) + 2  # plus the two block arrays
+        size = (8 + n * 20 + 8) if bigtiff else (2 + n * 12 + 4)
+        for tag in directory.tags.values():
+            if _value_size(tag) > inline:
+                size += _even(_value_size(tag))
+        for _ in range(2):
+            array = len(directory.blocks) * (8 if bigtiff else 4)
+            if array > inline:
+                size += _even(array)
+        return size
+
+    def _layout(self, directories: list[OutputDirectory], bigtiff: bool) -> tuple[list[_Placed], int]:
+        header = 16 if bigtiff else 8
+        position = header + len(self.ghost)
+        placed = [_Placed(d) for d in directories]
+        for item in placed:
+            item.ifd_offset = position
+            item.ifd_size = self._ifd_size(item.directory, bigtiff)
+            position += item.ifd_size
+        # Data: smallest overview first, full resolution last (COG order).
+        for item in reversed(placed):
+            offsets = []
+            for block in item.directory.blocks:
+                if block.length == 0:
+                    offsets.append(0)  # sparse block: GDAL reads it as nodata (or zero)
+                    continue
+                position += 4 if self.leaders else 0
+                offsets.append(position)
+                position += block.length + (4 if self.trailers else 0)
+            item.data_offsets = offsets
+        return placed, position
+
+    def plan(self, directories: list[OutputDirectory], *, force_bigtiff: bool = False) -> tuple[list[_Placed], int, bool]:
+        """Place every directory and block; BigTIFF only when a classic TIFF cannot address the file."""
+        bigtiff = force_bigtiff
+        placed, total = self._layout(directories, bigtiff)
+        if not bigtiff and total > CLASSIC_LIMIT:
+            bigtiff = True
+            placed, total = self._layout(directories, bigtiff)
+        return placed, total, bigtiff
+
+    def _encode_ifd(self, item: _Placed, next_offset: int, bigtiff: bool) -> bytes:
+        bo = self.byte_order
+        d = item.directory
+        array_type = TYPE_LONG8 if bigtiff else TYPE_LONG
+        tags = dict(d.tags)
+        for tag in tags.values():
+            if not bigtiff and tag.type in _BIGTIFF_ONLY_TYPES:
+                raise InvalidRasterError(f"tag {tag.code} has a BigTIFF-only type and cannot go into a classic TIFF")
+        tags[TILE_OFFSETS] = pack_tag(TILE_OFFSETS, array_type, item.data_offsets, bo)
+        tags[TILE_BYTE_COUNTS] = pack_tag(TILE_BYTE_COUNTS, array_type, [b.length for b in d.blocks], bo)
+        inline = 8 if bigtiff else 4
+        entries = sorted(tags.values(), key=lambda t: t.code)
+        head_len = (8 + len(entries) * 20 + 8) if bigtiff else (2 + len(entries) * 12 + 4)
+        extra = bytearray()
+        out = bytearray(struct.pack(f"{bo}Q" if bigtiff else f"{bo}H", len(entries)))
+        for tag in entries:
+            size = _value_size(tag)
+            if size <= inline:
+                field_bytes = tag.data[:size] + b"\0" * (inline - size)
+            else:
+                field_bytes = struct.pack(f"{bo}{'Q' if bigtiff else 'I'}", item.ifd_offset + head_len + len(extra))
+                extra += tag.data[:size]
+                if len(extra) & 1:
+                    extra += b"\0"
+            if bigtiff:
+                out += struct.pack(f"{bo}HHQ", tag.code, tag.type, tag.count) + field_bytes
+            else:
+                out += struct.pack(f"{bo}HHI", tag.code, tag.type, tag.count) + field_bytes
+        out += struct.pack(f"{bo}{'Q' if bigtiff else 'I'}", next_offset)
+        out += extra
+        if len(out) != item.ifd_size:
+            raise AssertionError(f"directory size {len(out)} differs from its planned {item.ifd_size}")
+        return bytes(out)
+
+    def write(
+        self,
+        out: BinaryIO,
+        directories: list[OutputDirectory],
+        fetch: Callable[[int, OutputDirectory], Iterator[bytes]],
+        *,
+        force_bigtiff: bool = False,
+    ) -> WrittenTiff:
+        """Write the file; ``fetch(index, directory)`` yields that directory's block bytes in order."""
+        placed, total, bigtiff = self.plan(directories, force_bigtiff=force_bigtiff)
+        digest = hashlib.sha256()
+        written = 0
+
+        def emit(data: bytes) -> None:
+            nonlocal written
+            out.write(data)
+            digest.update(data)
+            written += len(data)
+
+        bo = self.byte_order
+        magic = b"II" if bo == "<" else b"MM"
+        if bigtiff:
+            emit(magic + struct.pack(f"{bo}HHHQ", 43, 8, 0, placed[0].ifd_offset))
+        else:
+            emit(magic + struct.pack(f"{bo}HI", 42, placed[0].ifd_offset))
+        emit(self.ghost)
+        for i, item in enumerate(placed):
+            next_offset = placed[i + 1].ifd_offset if i + 1 < len(placed) else 0
+            emit(self._encode_ifd(item, next_offset, bigtiff))
+        for index in range(len(placed) - 1, -1, -1):
+            item = placed[index]
+            blocks = item.directory.blocks
+            fetched = 0
+            for block, data, offset in zip(blocks, fetch(index, item.directory), item.data_offsets):
+                fetched += 1
+                if len(data) != block.length:
+                    raise InvalidRasterError(
+                        f"block from {block.source!r} at {block.offset} has {len(data)} bytes, its directory says {block.length}"
+                    )
+                if block.length == 0:
+                    continue
+                if self.leaders:
+                    emit(struct.pack("<I", block.length))  # GDAL writes the leader little-endian
+                if written != offset:
+                    raise AssertionError(f"block written at {written}, planned at {offset}")
+                emit(data)
+                if self.trailers:
+                    emit((b"\0\0\0\0" + data)[-4:])
+            if fetched != len(blocks):
+                raise AssertionError(f"directory {index}: {fetched} blocks fetched of {len(blocks)}")
+        if written != total:
+            raise AssertionError(f"wrote {written} bytes, planned {total}")
+        return WrittenTiff(nbytes=written, sha256=digest.hexdigest(), bigtiff=bigtiff)
+
+
+def copyable_tags(directory: Directory, *, width: int, height: int, subfile_type: int) -> dict[int, Tag]:
+    """A directory's tags for a new image of ``width`` x ``height``, block arrays left to the writer."""
+    bo = directory.byte_order
+    tags = {}
+    for code, tag in directory.tags.items():
+        if code in (TILE_OFFSETS, TILE_BYTE_COUNTS, IMAGE_WIDTH, IMAGE_LENGTH, NEW_SUBFILE_TYPE):
+            continue
+        if code in OFFSET_TAGS:
+            raise InvalidRasterError(f"TIFF tag {code} holds file offsets; its directory cannot be copied block by block")
+        tags[code] = tag
+    size_type = TYPE_LONG if max(width, height) > 0xFFFF else TYPE_SHORT
+    tags[IMAGE_WIDTH] = pack_tag(IMAGE_WIDTH, size_type, [width], bo)
+    tags[IMAGE_LENGTH] = pack_tag(IMAGE_LENGTH, size_type, [height], bo)
+    if subfile_type:
+        tags[NEW_SUBFILE_TYPE] = pack_tag(NEW_SUBFILE_TYPE, TYPE_LONG, [subfile_type], bo)
+    return tags
+
+
+def with_tag(tags: dict[int, Tag], tag: Tag) -> dict[int, Tag]:
+    out = dict(tags)
+    out[tag.code] = tag
+    return out
+
+
+__all__ = [
+    "BlockRef",
+    "Directory",
+    "OutputDirectory",
+    "Tag",
+    "TiffLayout",
+    "TiffWriter",
+    "WrittenTiff",
+    "copyable_tags",
+    "pack_tag",
+    "read_layout",
+    "with_tag",
+]

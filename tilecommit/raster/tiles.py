@@ -1,0 +1,243 @@
+"""One window of a source raster as a Cloud-Optimized GeoTIFF tile, committed exactly once.
+
+Tiles are encoded so the mosaic can be assembled from their compressed blocks without decoding
+them (see :mod:`tilecommit.raster.mosaic`): 256-pixel blocks, DEFLATE with the predictor that
+suits the sample type, and exactly as many internal overview levels as stay block-aligned in the
+mosaic (:func:`tile_overview_count`), for edge windows too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import rasterio
+from azure.data.tables import TableClient
+from azure.storage.blob import ContainerClient
+from rasterio.enums import MaskFlags
+from rasterio.errors import RasterioIOError
+from rasterio.io import MemoryFile
+from rasterio.windows import Window as RioWindow
+
+from .. import gates, jobs
+from ..errors import InvalidRasterError, StorageFaultError
+from ..grid import Window
+from ..settings import Settings
+from .env import BLOCK_SIZE, NUM_THREADS, gdal_env
+from .scene import has_colormap, is_fault_message, overview_resampling_for
+
+logger = logging.getLogger(__name__)
+
+#: DEFLATE level: libdeflate's level 6 is the GDAL default; pinned so bytes do not drift with it.
+DEFLATE_LEVEL = 6
+
+
+def predictor_for(dtype: str) -> int:
+    """TIFF predictor: 2 (horizontal differencing) for integers, 3 (floating point) for floats."""
+    return 3 if np.dtype(dtype).kind == "f" else 2
+
+
+def tile_overview_count(window_size: int, block_size: int = BLOCK_SIZE) -> int:
+    """How many halvings of a window stay a whole number of blocks: the tile levels the mosaic can reuse.
+
+    1024 with 256-pixel blocks gives 2 (512 and 256); 768 gives 0 (384 is not a multiple of 256).
+    """
+    if window_size % block_size:
+        return 0
+    blocks, levels = window_size // block_size, 0
+    while blocks % 2 == 0:
+        blocks //= 2
+        levels += 1
+    return levels
+
+
+def cog_creation_options(dtype: str, *, overview_count: int, resampling: str, num_threads: int = NUM_THREADS) -> dict:
+    """COG driver options for a tile. Nothing in them varies between runs, so neither do the bytes.
+
+    No overviews is said with OVERVIEWS=NONE: GDAL 3.10's COG driver fails with an unnamed error
+    on OVERVIEW_COUNT=0 for an image larger than one block.
+    """
+    overviews = {"OVERVIEW_COUNT": overview_count} if overview_count else {"OVERVIEWS": "NONE"}
+    return {
+        "BLOCKSIZE": BLOCK_SIZE,
+        "COMPRESS": "DEFLATE",
+        "LEVEL": DEFLATE_LEVEL,
+        "PREDICTOR": predictor_for(dtype),
+        **overviews,
+        "OVERVIEW_RESAMPLING": resampling.upper(),
+        # Statistics of one window would be wrong for the mosaic, which copies this directory's tags.
+        "STATISTICS": "NO",
+        "BIGTIFF": "IF_SAFER",
+        "NUM_THREADS": num_threads,
+    }
+
+
+def _per_dataset_mask(src) -> bool:
+    flags = src.mask_flag_enums
+    return all(MaskFlags.per_dataset in f for f in flags) and not any(
+        MaskFlags.alpha in f or MaskFlags.nodata in f for f in flags
+    )
+
+
+def encode_tile(src, window: RioWindow | Window, *, window_size: int, num_threads: int = NUM_THREADS) -> tuple[bytes, dict]:
+    """Read exactly ``window`` of the open dataset ``src`` and encode it as an in-memory COG.
+
+    Returns the COG's bytes and the seconds spent reading and encoding. The same window of the
+    same source always gives the same bytes: GDAL writes no timestamp or software tag into a
+    COG, and every creation option is fixed here.
+    """
+    if isinstance(window, Window):
+        window = RioWindow(window.col_off, window.row_off, window.width, window.height)
+    started = time.perf_counter()
+    try:
+        data = src.read(window=window)
+        mask = src.dataset_mask(window=window) if _per_dataset_mask(src) else None
+    except RasterioIOError as exc:
+        if is_fault_message(str(exc)):
+            raise StorageFaultError(f"reading window {window} of {src.name} failed: {exc}") from exc
+        raise InvalidRasterError(
+            f"{src.name}: the pixels of window col={int(window.col_off)} row={int(window.row_off)} "
+            f"{int(window.width)}x{int(window.height)} cannot be decoded ({exc}): the file is truncated or corrupt"
+        ) from exc
+    read_s = time.perf_counter() - started
+
+    started = time.perf_counter()
+    options = cog_creation_options(
+        src.dtypes[0],
+        overview_count=tile_overview_count(window_size),
+        resampling=overview_resampling_for(src),
+        num_threads=num_threads,
+    )
+    profile = {
+        "driver": "COG",
+        "width": int(window.width),
+        "height": int(window.height),
+        "count": src.count,
+        "dtype": src.dtypes[0],
+        "crs": src.crs,
+        "transform": src.window_transform(window),
+        "nodata": src.nodata,
+        **options,
+    }
+    with MemoryFile() as memory:
+        with memory.open(**profile) as dst:
+            dst.write(data)
+            if mask is not None:
+                dst.write_mask(mask)
+            dst.colorinterp = src.colorinterp
+            for band, description in enumerate(src.descriptions, start=1):
+                if description:
+                    dst.set_band_description(band, description)
+            if any(scale != 1.0 for scale in src.scales) or any(offset != 0.0 for offset in src.offsets):
+                dst.scales = src.scales
+                dst.offsets = src.offsets
+            if any(src.units):
+                dst.units = src.units
+            if has_colormap(src):
+                dst.write_colormap(1, src.colormap(1))
+        body = memory.read()
+    encode_s = time.perf_counter() - started
+    return body, {"read": read_s, "encode": encode_s}
+
+
+@dataclass(frozen=True)
+class TileResult:
+    """What :func:`render_tile` did for one window."""
+
+    window: str
+    outcome: str
+    skipped: bool
+    nbytes: int
+    sha256: str
+    uri: str
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {
+            "window": self.window,
+            "outcome": self.outcome,
+            "skipped": self.skipped,
+            "nbytes": self.nbytes,
+            "sha256": self.sha256,
+            "uri": self.uri,
+            "timings": dict(self.timings),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "TileResult":
+        return cls(**{k: data[k] for k in ("window", "outcome", "skipped", "nbytes", "sha256", "uri")}, timings=dict(data.get("timings") or {}))
+
+
+def render_tile(
+    source_path: str,
+    window: Window,
+    *,
+    job_id: str,
+    tiles: ContainerClient,
+    manifest: TableClient,
+    settings: Settings,
+    gdal_options: dict | None = None,
+    num_threads: int = NUM_THREADS,
+) -> TileResult:
+    """Render one window of ``source_path`` into the tiles container, at most once in effect.
+
+    1. A point read of the manifest: a row means the tile is done; nothing is read or encoded.
+    2. Read exactly this window, encode a COG in memory.
+    3. Commit the blob create-only, then the manifest row. A crash between the two leaves a tile
+       without a row; the retry re-encodes identical bytes, gets ``ALREADY_PRESENT`` for the blob
+       (same sha256) and writes the row. The row is written only after the blob exists, so the
+       manifest never names a tile that is not there.
+    """
+    timings: dict[str, float] = {}
+    started = time.perf_counter()
+    entry = gates.get_manifest_entry(manifest, job_id, window)
+    timings["manifest_check"] = time.perf_counter() - started
+    if entry is not None:
+        return TileResult(
+            window=window.id,
+            outcome=str(gates.Outcome.ALREADY_PRESENT),
+            skipped=True,
+            nbytes=entry.nbytes,
+            sha256=entry.sha256,
+            uri=entry.uri,
+            timings=timings,
+        )
+
+    name = jobs.tile_blob_name(job_id, window)
+    with gdal_env(settings, gdal_options, num_threads=num_threads):
+        try:
+            src = rasterio.open(source_path)
+        except RasterioIOError as exc:
+            if is_fault_message(str(exc)):
+                raise StorageFaultError(f"opening {source_path} failed: {exc}") from exc
+            raise InvalidRasterError(f"{source_path} cannot be opened to render window {window.id}: {exc}") from exc
+        with src:
+            if window.col_off + window.width > src.width or window.row_off + window.height > src.height:
+                raise InvalidRasterError(
+                    f"window {window.id} ({window.col_off},{window.row_off} {window.width}x{window.height}) lies "
+                    f"outside the {src.width}x{src.height} source: the source changed since it was planned"
+                )
+            body, encode_timings = encode_tile(src, window, window_size=settings.window_size, num_threads=num_threads)
+    timings.update(encode_timings)
+    digest = hashlib.sha256(body).hexdigest()
+
+    started = time.perf_counter()
+    outcome = gates.commit_blob(tiles, name, body, job_id=job_id)
+    timings["commit"] = time.perf_counter() - started
+
+    started = time.perf_counter()
+    gates.record_manifest_entry(manifest, job_id=job_id, window=window, uri=name, nbytes=len(body), sha256=digest)
+    timings["manifest"] = time.perf_counter() - started
+    logger.info("tile %s of job %s: %s, %d bytes", window.id, job_id, outcome, len(body))
+    return TileResult(
+        window=window.id,
+        outcome=str(outcome),
+        skipped=False,
+        nbytes=len(body),
+        sha256=digest,
+        uri=name,
+        timings=timings,
+    )
