@@ -6,6 +6,8 @@ import json
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from devhost.engine import flatten_actions
+
 _T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
 
@@ -72,16 +74,5 @@ class History:
 
 
 def leaf_actions(state: dict) -> list[dict]:
-    flat: list[dict] = []
-
-    def walk(action: Any) -> None:
-        if isinstance(action, list):
-            for a in action:
-                walk(a)
-        elif action.get("actionType") in (11, 12):
-            walk(action["compoundActions"])
-        else:
-            flat.append(action)
-
-    walk(state["actions"])
-    return flat
+    """The orchestrator's actions as leaves, compound (when_all/when_any) ones opened."""
+    return flatten_actions(state["actions"])
