@@ -70,6 +70,10 @@ PENDING, RUNNING, COMPLETED, FAILED, TERMINATED = "Pending", "Running", "Complet
 TERMINAL = (COMPLETED, FAILED, TERMINATED)
 
 MAX_INSTANCE_ID_CHARS = 256
+#: Episodes that fail inside the host (not the orchestrator: e.g. storage unavailable) are retried.
+EPISODE_ATTEMPTS = 3
+#: Activity executions kept for inspection (tests, benchmarks); older ones are dropped.
+MAX_EXECUTION_RECORDS = 200_000
 MAX_CUSTOM_STATUS_BYTES = 16 * 1024
 OUT_OF_PROC_MARKER = "\n\n$OutOfProcData$:"
 
@@ -240,7 +244,8 @@ class Engine:
         self.episode_linger = episode_linger
         self.on_activity_start = on_activity_start
         self.stats = EngineStats()
-        self.executions: list[ActivityExecution] = []
+        self.executions: deque[ActivityExecution] = deque(maxlen=MAX_EXECUTION_RECORDS)
+        self._episode_errors: dict[str, int] = {}
         self._instances: dict[str, Instance] = {}
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
@@ -411,10 +416,19 @@ class Engine:
                 events, inst.pending = inst.pending, []
             try:
                 self._run_episode(inst, events)
-            except Exception:  # a bug in the host must not stop every other instance
-                logger.exception("episode of %s failed in the host", instance_id)
+                self._episode_errors.pop(instance_id, None)
+            except Exception:  # a storage hiccup or a host bug must not stop every other instance
                 with self._lock:
-                    self._finish(inst, FAILED, error="local host error:\n" + traceback.format_exc())
+                    errors = self._episode_errors[instance_id] = self._episode_errors.get(instance_id, 0) + 1
+                    if errors < EPISODE_ATTEMPTS:
+                        # Nothing of the episode was committed: replay it with the same events.
+                        logger.warning("episode of %s failed in the host (attempt %d), retrying", instance_id,
+                                       errors, exc_info=True)
+                        inst.pending = events + inst.pending
+                        self._mark_ready(instance_id)
+                    else:
+                        logger.exception("episode of %s failed %d times in the host", instance_id, errors)
+                        self._finish(inst, FAILED, error="local host error:\n" + traceback.format_exc())
 
     def _order_new_events(self, inst: Instance, events: list[dict]) -> tuple[list[dict], list[dict], list[dict]]:
         retry_failures, retry_timers, rest = [], [], []
@@ -479,21 +493,22 @@ class Engine:
 
         scheduled: dict[int, dict] = {}
         appended: list[dict] = []
+        ids = itertools.count(inst.next_id)  # committed to the instance only with the episode
         if error is None:
             for event in retry_failures:
                 meta = inst.scheduled[_completion_task_id(event)]
-                timer_id = self._allocate(inst)
+                timer_id = next(ids)
                 fire_at = now + timedelta(milliseconds=meta["retry"]["firstRetryIntervalInMilliseconds"] * self.timer_scale)
                 appended.append(self._event(TIMER_CREATED, now, EventId=timer_id, FireAt=_iso(fire_at)))
                 scheduled[timer_id] = {"kind": "timer", "fire_at": _iso(fire_at), "retry_of": meta}
             for event in retry_timers:
                 meta = inst.scheduled[_completion_task_id(event)]["retry_of"]
-                task_id = self._allocate(inst)
+                task_id = next(ids)
                 again = {**meta, "attempt": meta["attempt"] + 1}
                 appended.append(self._scheduled_event(task_id, again, now))
                 scheduled[task_id] = again
             for action in new_actions:
-                task_id = self._allocate(inst)
+                task_id = next(ids)
                 meta = self._meta_for_action(inst, action, task_id)
                 appended.append(self._scheduled_event(task_id, meta, now))
                 scheduled[task_id] = meta
@@ -510,14 +525,23 @@ class Engine:
         appended.append(self._event(ORCHESTRATOR_COMPLETED, now))
 
         with self._lock:
-            inst.episodes += 1
-            inst.status = status
-            inst.output = output
-            inst.error = error.strip() if error else None
-            inst.custom_status = custom_status
-            inst.updated = _iso(now)
-            episode = Episode(inst.episodes, new_events + appended, {str(k): v for k, v in scheduled.items()}, new_actions)
-            self.store.commit_episode(inst.id, episode, inst.state())
+            new_state = {
+                **inst.state(),
+                "episodes": inst.episodes + 1,
+                "next_id": next(ids),
+                "status": status,
+                "output": output,
+                "error": error.strip() if error else None,
+                "custom_status": custom_status,
+                "updated": _iso(now),
+            }
+            episode = Episode(new_state["episodes"], new_events + appended,
+                              {str(k): v for k, v in scheduled.items()}, new_actions)
+            # Commit first: if storage fails, the instance is untouched and the episode replays.
+            self.store.commit_episode(inst.id, episode, new_state)
+            inst.episodes, inst.next_id = new_state["episodes"], new_state["next_id"]
+            inst.status, inst.output, inst.error = status, output, new_state["error"]
+            inst.custom_status, inst.updated = custom_status, new_state["updated"]
             self._apply_episode(inst, episode)
             self.stats.episodes += 1
             self.stats.replay_seconds += elapsed
@@ -530,12 +554,6 @@ class Engine:
                 if inst.pending:
                     self._mark_ready(inst.id)
             self._changed.notify_all()
-
-    @staticmethod
-    def _allocate(inst: Instance) -> int:
-        task_id = inst.next_id
-        inst.next_id += 1
-        return task_id
 
     def _meta_for_action(self, inst: Instance, action: dict, task_id: int) -> dict:
         kind = action["actionType"]
