@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Deploy tilecommit to Azure: infrastructure (infra/main.bicep), code, Event Grid subscription.
-# Safe to run again: every step converges to the same state. See docs/deploy.md.
+# Safe to run again: every step converges to the same state. See README.md, "Deploy to Azure".
 set -euo pipefail
 
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"

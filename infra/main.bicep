@@ -1,5 +1,5 @@
 // tilecommit: an Azure Functions app (Python 3.11, v2 model, Durable) that turns uploaded rasters
-// into COG tiles and a mosaic. Deploy with infra/deploy.sh (docs/deploy.md), which runs this
+// into COG tiles and a mosaic. Deploy with infra/deploy.sh (README.md, "Deploy to Azure"), which runs this
 // template twice: once for everything, then with deployEventSubscription=true once the code is
 // published, because the Event Grid subscription needs the webhook key that the code creates.
 //
