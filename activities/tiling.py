@@ -8,7 +8,7 @@ import time
 from azure.core.exceptions import ResourceNotFoundError
 
 from tilecommit import raster
-from tilecommit.errors import AssemblyInProgressError, BadInputError
+from tilecommit.errors import AssemblyInProgressError, BadInputError, MosaicCheckError
 from tilecommit.grid import Window
 from tilecommit.storage import vsiaz_path
 
@@ -103,6 +103,11 @@ def assemble_mosaic(payload: dict) -> dict:
                 source_name=job["blob"],
             )
             break
+        except MosaicCheckError as exc:
+            # A mosaic that fails its own checks is a bug that repeating cannot fix; and once
+            # committed, a retry would only find it present. Fail the job loudly instead.
+            logger.error("job %s: mosaic check failed: %s", job["job_id"], exc)
+            return {"error": f"mosaic check failed: {exc}", "error_type": type(exc).__name__}
         except AssemblyInProgressError as exc:
             if time.monotonic() >= deadline:
                 raise

@@ -27,6 +27,10 @@ class BadInputFailure(Exception):
     """The job's input is wrong: fail the orchestration at once with the message."""
 
 
+class MosaicFailure(Exception):
+    """The assembled mosaic failed its checks: a bug, not worth a retry."""
+
+
 def batch_instance_id(job_id: str, index: int) -> str:
     """Deterministic sub-orchestration id (no '/', '\\', '#', '?'; at most 256 characters)."""
     return f"{job_id}-batch-{index:05d}"
@@ -83,6 +87,8 @@ def tile_scene(context: df.DurableOrchestrationContext) -> Generator[Any, Any, d
     mosaic = yield context.call_activity_with_retry(
         names.ASSEMBLE_MOSAIC, ACTIVITY_RETRY, {"job": job, "scene": scene}
     )
+    if mosaic.get("error"):
+        raise MosaicFailure(f"job {job_id}: {mosaic['error']}")
     context.set_custom_status({**status, "stage": "done"})
     return {
         "job_id": job_id,

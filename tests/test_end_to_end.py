@@ -213,7 +213,8 @@ def test_killed_between_tile_commit_and_manifest_row_resumes_to_identical_output
     tiles_at_crash = tile_hashes(storage, app_env, job_id)
     table = storage.table_service().get_table_client(app_env.manifest)
     rows_at_crash = count_manifest(table, job_id).rows
-    assert rows_at_crash == 5 and len(tiles_at_crash) > rows_at_crash  # a tile without its row
+    # The kill came at the 6th row; rows 1-5 may still have been in flight on other threads.
+    assert 1 <= rows_at_crash <= 5 and len(tiles_at_crash) > rows_at_crash  # a tile without its row
 
     resumed = serve(app_env, log)
     try:

@@ -157,3 +157,12 @@ def test_failed_activity_is_retried_then_fails_the_batch_after_the_last_timer():
 def test_replaying_the_same_history_gives_the_same_actions():
     history = validated_history({**JOB, "batch_size": 2})
     assert run(tiling.tile_scene, history) == run(tiling.tile_scene, history)
+
+
+def test_a_mosaic_that_fails_its_checks_fails_the_job():
+    history = validated_history()
+    history.sub_created(1, names.RENDER_BATCH, "a").sub_created(2, names.RENDER_BATCH, "b").episode()
+    history.sub_completed(1, batch_summary(4, 4, 0, 400)).sub_completed(2, batch_summary(2, 2, 0, 200))
+    history.scheduled(3, names.ASSEMBLE_MOSAIC).episode()
+    history.completed(3, {"error": "mosaic check failed: 2 levels, 3 expected", "error_type": "MosaicCheckError"})
+    assert "mosaic check failed: 2 levels, 3 expected" in run_failing(tiling.tile_scene, history)

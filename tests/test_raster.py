@@ -525,3 +525,313 @@ def test_tiff_block_copy_round_trips_a_cog(small_scene, tmp_path, bigtiff):
         for level in range(len(original.overviews(1))):
             with rasterio.open(out_path, overview_level=level) as a, MemoryFile(body) as m2, m2.open(overview_level=level) as b:
                 assert_same_pixels(a.read(), b.read())
+
+
+# --------------------------------------------------------------------------- streamed commit of the mosaic
+
+
+class RequestLog:
+    """Every request a client sends (raw_request_hook): method, blob/table path, query and headers, in order."""
+
+    def __init__(self):
+        self.requests: list[tuple[str, str, dict, dict]] = []
+
+    def __call__(self, pipeline_request) -> None:
+        from urllib.parse import parse_qs, urlsplit
+
+        request = pipeline_request.http_request
+        url = urlsplit(request.url)
+        query = {k: v[0] for k, v in parse_qs(url.query).items()}
+        self.requests.append((request.method, url.path, query, dict(request.headers)))
+
+    def put_blocks(self, name: str) -> list[tuple[str, str, dict, dict]]:
+        return [r for r in self.requests if r[0] == "PUT" and r[1].endswith("/" + name) and r[2].get("comp") == "block"]
+
+    def put_block_lists(self, name: str) -> list[tuple[str, str, dict, dict]]:
+        return [r for r in self.requests if r[0] == "PUT" and r[1].endswith("/" + name) and r[2].get("comp") == "blocklist"]
+
+    def put_blobs(self, name: str) -> list[tuple[str, str, dict, dict]]:
+        return [r for r in self.requests if r[0] == "PUT" and r[1].endswith("/" + name) and "comp" not in r[2]]
+
+
+def hooked_stores(storage, stores, log: RequestLog) -> dict:
+    """The same containers and tables, through clients that record every request into ``log``."""
+    blobs = storage.blob_service(raw_request_hook=log)
+    tables = storage.table_service(raw_request_hook=log)
+    return {
+        "tiles": blobs.get_container_client(stores["tiles"].container_name),
+        "output": blobs.get_container_client(stores["output"].container_name),
+        "manifest": tables.get_table_client(stores["manifest"].table_name),
+        "claims": tables.get_table_client(stores["claims"].table_name),
+    }
+
+
+def test_mosaic_is_streamed_as_staged_blocks_committed_with_if_none_match(rendered, stores, storage, monkeypatch, tmp_path):
+    """No full-file upload: fixed-size Put Blocks (ids = base64 of the index), after the claim, then one
+    Put Block List carrying If-None-Match: * and the sha256; a second assembly stages nothing."""
+    import base64
+
+    from tilecommit.raster import mosaic as mosaic_module
+
+    spec, _, scene, settings, _ = rendered
+    block = 64 * 1024
+    monkeypatch.setattr(mosaic_module, "STREAM_BLOCK_BYTES", block)
+    log = RequestLog()
+    hooked = hooked_stores(storage, stores, log)
+    result = assemble(scene, settings, hooked, storage)
+    assert (result.outcome, result.method) == ("written", "blocks")
+    name = result.mosaic
+
+    blocks = log.put_blocks(name)
+    assert len(blocks) == -(-result.nbytes // block) > 2
+    assert [r[2]["blockid"] for r in blocks] == [base64.b64encode(f"{i:08d}".encode()).decode() for i in range(len(blocks))]
+    assert all(int(r[3]["Content-Length"]) == block for r in blocks[:-1])
+    assert all("If-None-Match" not in r[3] for r in blocks)  # Put Block carries no condition: the claim guards it
+    commits = log.put_block_lists(name)
+    assert len(commits) == 1
+    headers = commits[0][3]
+    assert headers["If-None-Match"] == "*"
+    assert headers["x-ms-meta-sha256"] == result.sha256
+    assert headers["x-ms-meta-overview_levels"] == str(result.overview_levels)
+    assert headers["x-ms-blob-content-type"].startswith("image/tiff")
+    assert log.put_blobs(name) == []
+    # Order: the claim row is inserted before the first block leaves; the list is committed after the last.
+    claim_insert = next(i for i, r in enumerate(log.requests)
+                        if r[0] == "POST" and r[1].rstrip("/").endswith(stores["claims"].table_name))
+    first_block = log.requests.index(blocks[0])
+    assert claim_insert < first_block < log.requests.index(blocks[-1]) < log.requests.index(commits[0])
+
+    body = stores["output"].download_blob(name).readall()
+    assert len(body) == result.nbytes and hashlib.sha256(body).hexdigest() == result.sha256
+    committed = stores["output"].get_blob_client(name).get_block_list("committed")[0]
+    assert [b.id for b in committed] == [f"{i:08d}" for i in range(len(blocks))]
+    mosaic_path = str(tmp_path / "mosaic.tif")
+    open(mosaic_path, "wb").write(body)
+    assert cog_validate(mosaic_path, quiet=True)[0]
+    with rasterio.open(mosaic_path) as m:
+        assert_same_pixels(m.read(), read_scene(spec))
+
+    # A second assembly returns at the existence check: nothing staged, nothing committed.
+    log.requests.clear()
+    again = assemble(scene, settings, hooked, storage)
+    assert again.outcome == "already-present" and again.sha256 == result.sha256
+    assert log.put_blocks(name) == [] and log.put_block_lists(name) == [] and log.put_blobs(name) == []
+
+
+def test_a_plan_that_fails_its_check_stages_no_block(rendered, stores, storage):
+    """The structural checks run on the planned directories, before the first Put Block."""
+    _, _, scene, settings, _ = rendered
+    log = RequestLog()
+    wrong = SceneInfo.from_dict({**scene.to_dict(), "nodata": 7.0})
+    with pytest.raises(MosaicCheckError, match="planned mosaic .* is wrong: nodata 0.0"):
+        assemble(wrong, settings, hooked_stores(storage, stores, log), storage)
+    assert log.put_blocks(jobs.mosaic_blob_name(JOB)) == []
+    assert log.put_block_lists(jobs.mosaic_blob_name(JOB)) == []
+    assert list(stores["claims"].list_entities()) == []
+
+
+def _stream(container, name: str, body: bytes, *, block: int = 1000):
+    from tilecommit.raster.mosaic import StagedBlockSink
+
+    sink = StagedBlockSink(container.get_blob_client(name), block_bytes=block, in_flight=2)
+    for start in range(0, len(body), 777):  # writes that straddle block boundaries
+        sink.write(body[start : start + 777])
+    ids = sink.close()
+    assert sink._allocated <= 3  # memory: in_flight + 1 buffers, reused whatever the length of the stream
+    return ids
+
+
+def test_commit_staged_blob_is_create_only(output):
+    """Committing the same stream twice: the second is ALREADY_PRESENT and the stored blob is untouched;
+    a different stream is refused too, and counted as a content mismatch."""
+    from tilecommit.raster.mosaic import commit_staged_blob
+
+    from .conftest import counter_total
+
+    body = np.random.default_rng(5).bytes(10_500)
+    digest = hashlib.sha256(body).hexdigest()
+    ids = _stream(output, "m.tif", body)
+    assert ids == [f"{i:08d}" for i in range(11)]
+    assert commit_staged_blob(output, "m.tif", ids, sha256=digest, content_type="image/tiff", job_id=JOB) == gates.Outcome.WRITTEN
+    props = output.get_blob_client("m.tif").get_blob_properties()
+    assert props.size == len(body) and props.metadata[gates.SHA256_METADATA_KEY] == digest
+    assert output.download_blob("m.tif").readall() == body
+
+    rejected = counter_total("ConditionalWritePreconditionFailed", gate="blob-create")
+    mismatched = counter_total("ConditionalWriteContentMismatch", gate="blob-create")
+    again = _stream(output, "m.tif", body)
+    assert commit_staged_blob(output, "m.tif", again, sha256=digest, content_type="image/tiff", job_id=JOB) == gates.Outcome.ALREADY_PRESENT
+    other = body[::-1]
+    ids_other = _stream(output, "m.tif", other)
+    outcome = commit_staged_blob(output, "m.tif", ids_other, sha256=hashlib.sha256(other).hexdigest(),
+                                 content_type="image/tiff", job_id=JOB)
+    assert outcome == gates.Outcome.ALREADY_PRESENT
+    after = output.get_blob_client("m.tif").get_blob_properties()
+    assert (after.etag, after.size, after.metadata) == (props.etag, props.size, props.metadata)
+    assert output.download_blob("m.tif").readall() == body
+    assert counter_total("ConditionalWritePreconditionFailed", gate="blob-create") == rejected + 2
+    assert counter_total("ConditionalWriteContentMismatch", gate="blob-create") == mismatched + 1
+
+
+def test_commit_block_list_if_missing_sends_if_none_match_and_etag_star_is_an_sdk_trap(storage, output):
+    """What commit_staged_blob relies on in azure-storage-blob 12.31.1: match_condition=IfMissing alone puts
+    If-None-Match: * on Put Block List; adding etag="*" raises TypeError in the transport (the SDK leaves
+    ``etag`` among the keyword arguments it hands to requests' Session.request), and nothing is committed."""
+    from azure.core import MatchConditions
+    from azure.core.exceptions import ResourceNotFoundError
+
+    log = RequestLog()
+    blob = storage.blob_service(raw_request_hook=log).get_blob_client(output.container_name, "probe")
+    blob.stage_block("00000000", b"abc")
+    with pytest.raises(TypeError, match="etag"):
+        blob.commit_block_list(["00000000"], etag="*", match_condition=MatchConditions.IfMissing)
+    with pytest.raises(ResourceNotFoundError):
+        blob.get_blob_properties()
+    log.requests.clear()
+    blob.commit_block_list(["00000000"], match_condition=MatchConditions.IfMissing)
+    assert log.put_block_lists("probe")[0][3]["If-None-Match"] == "*"
+    assert blob.download_blob().readall() == b"abc"
+
+
+def test_a_lost_commit_response_is_resolved_from_the_stored_sha256(output, monkeypatch):
+    """A transport fault on Put Block List: committed (the answer was lost) -> WRITTEN from the stored sha256;
+    not committed -> the same conditional commit again."""
+    from azure.core.exceptions import ServiceRequestError, ServiceResponseError
+    from azure.storage.blob import BlobClient
+
+    from tilecommit.raster.mosaic import commit_staged_blob
+
+    original = BlobClient.commit_block_list
+    calls = []
+
+    def lost_after_commit(self, *args, **kwargs):
+        calls.append(kwargs.get("match_condition"))
+        result = original(self, *args, **kwargs)
+        if len(calls) == 1:
+            raise ServiceResponseError("connection reset after the request was sent")
+        return result
+
+    body = b"mosaic bytes" * 300
+    digest = hashlib.sha256(body).hexdigest()
+    monkeypatch.setattr(BlobClient, "commit_block_list", lost_after_commit)
+    ids = _stream(output, "lost.tif", body)
+    assert commit_staged_blob(output, "lost.tif", ids, sha256=digest, content_type="image/tiff") == gates.Outcome.WRITTEN
+    assert len(calls) == 1  # resolved from the evidence, not by committing again
+
+    calls.clear()
+
+    def never_sent(self, *args, **kwargs):
+        calls.append(kwargs.get("match_condition"))
+        if len(calls) == 1:
+            raise ServiceRequestError("connection refused")
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(BlobClient, "commit_block_list", never_sent)
+    ids = _stream(output, "unsent.tif", body)
+    assert commit_staged_blob(output, "unsent.tif", ids, sha256=digest, content_type="image/tiff") == gates.Outcome.WRITTEN
+    from azure.core import MatchConditions
+
+    assert calls == [MatchConditions.IfMissing, MatchConditions.IfMissing]  # the condition is never dropped
+    assert output.download_blob("unsent.tif").readall() == body
+
+
+def test_a_committed_mosaic_that_fails_its_check_raises(rendered, stores, storage, monkeypatch):
+    """The committed blob is checked again through /vsiaz/: bytes that differ from the checked plan (here the
+    georeferencing, altered on its way to storage) raise MosaicCheckError after the commit."""
+    import struct
+
+    from tilecommit.raster import mosaic as mosaic_module
+
+    _, _, scene, settings, _ = rendered
+    original_write = mosaic_module.StagedBlockSink.write
+    tiepoint = struct.pack("<6d", 0.0, 0.0, 0.0, scene.transform[2], scene.transform[5], 0.0)
+
+    def corrupting_write(self, data):
+        position = bytes(data).find(tiepoint)
+        if position >= 0:
+            moved = struct.pack("<6d", 0.0, 0.0, 0.0, scene.transform[2] + 1000.0, scene.transform[5], 0.0)
+            data = bytes(data[:position]) + moved + bytes(data[position + len(tiepoint):])
+        return original_write(self, data)
+
+    monkeypatch.setattr(mosaic_module.StagedBlockSink, "write", corrupting_write)
+    with pytest.raises(MosaicCheckError, match="committed mosaic .* is wrong: transform"):
+        assemble(scene, settings, stores, storage)
+    # Left in place to be examined (a bug, not a fault); the claim is released.
+    assert blob_names(stores["output"]) == [jobs.mosaic_blob_name(JOB)]
+    assert list(stores["claims"].list_entities()) == []
+
+
+def test_assembly_writes_no_full_size_temporary_file(stores, storage, tmp_path):
+    """Block copy streams the mosaic: the only temporary file is the copy of the last reused level.
+
+    Measured by sampling the workdir every few milliseconds while assembly runs (and once after:
+    files in a caller's workdir are left there), the largest file and the directory's total.
+    """
+    import threading
+
+    spec = SceneSpec(2048, 2048, 3, "uint16", nodata=0)
+    path = write_scene(str(tmp_path / "scene.tif"), spec)
+    settings = Settings(window_size=1024)
+    scene = inspect_source(path, settings=settings)
+    render_all(path, scene, settings, stores)
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    peak = {"file": 0, "total": 0}
+    stop = threading.Event()
+
+    def sample() -> None:
+        while True:
+            sizes = []
+            for entry in os.scandir(workdir):
+                try:
+                    sizes.append(entry.stat().st_size)
+                except FileNotFoundError:
+                    pass
+            peak["file"] = max([peak["file"], *sizes])
+            peak["total"] = max(peak["total"], sum(sizes))
+            if stop.wait(0.002):
+                return
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        result = assemble(scene, settings, stores, storage, workdir=str(workdir))
+    finally:
+        stop.set()
+        sampler.join()
+    assert result.method == "blocks" and result.nbytes > 10 * 2**20
+    assert os.listdir(workdir) == ["level2.tif"]  # the 1/16 copy, with the coarse levels GDAL built into it
+    assert 0 < peak["total"] < result.nbytes / 8, (peak, result.nbytes)
+    assert peak["file"] == os.path.getsize(workdir / "level2.tif")
+
+
+def test_vrt_path_warns_when_its_temporary_file_may_exceed_the_budget(stores, storage, tmp_path, monkeypatch, caplog):
+    """The VRT path keeps its file; its size is estimated up front and a WARNING names the budget."""
+    import logging
+
+    from tilecommit.raster import mosaic as mosaic_module
+
+    spec = SceneSpec(1024, 768, 3, "uint16", nodata=0)
+    path = write_scene(str(tmp_path / "scene.tif"), spec)
+    settings = Settings(window_size=512)
+    scene = inspect_source(path, settings=settings)
+    render_all(path, scene, settings, stores)
+    summary = gates.count_manifest(stores["manifest"], JOB)
+    estimate = mosaic_module.estimate_vrt_temp_bytes(scene, summary, settings)
+    monkeypatch.setattr(mosaic_module, "TEMP_BUDGET_BYTES", estimate - 1)
+    with caplog.at_level(logging.WARNING, logger=mosaic_module.logger.name):
+        result = assemble(scene, settings, stores, storage, method="vrt")
+    assert result.method == "vrt"
+    assert any("temporary disk" in r.getMessage() and "budget" in r.getMessage() for r in caplog.records)
+    # The estimate covers the output file, and not grossly more than output plus its overviews.
+    assert result.nbytes <= estimate <= 2 * result.nbytes, (estimate, result.nbytes)
+
+    # Within the budget: no warning (a second job over the same tiles).
+    other_job = "fedcba9876543210"
+    for row in manifest_rows(stores["manifest"]):
+        stores["manifest"].create_entity({**row, "PartitionKey": other_job})
+    caplog.clear()
+    monkeypatch.setattr(mosaic_module, "TEMP_BUDGET_BYTES", estimate)
+    with caplog.at_level(logging.WARNING, logger=mosaic_module.logger.name):
+        assert assemble(scene, settings, stores, storage, method="vrt", job_id=other_job).outcome == "written"
+    assert not any("temporary disk" in r.getMessage() for r in caplog.records)

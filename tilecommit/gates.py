@@ -90,7 +90,8 @@ def is_create_rejection(exc: HttpResponseError) -> bool:
     return False
 
 
-def _fault(action: str, key: str, exc: Exception) -> StorageFaultError:
+def storage_fault(action: str, key: str, exc: Exception) -> StorageFaultError:
+    """The :class:`StorageFaultError` for a failed storage call (retryable unless a plain 4xx)."""
     status = getattr(exc, "status_code", None)
     error = StorageFaultError(f"{action} {key!r} failed: {type(exc).__name__} (status {status}): {exc}")
     # 4xx other than timeout/throttling will fail the same way again.
@@ -98,7 +99,8 @@ def _fault(action: str, key: str, exc: Exception) -> StorageFaultError:
     return error
 
 
-def _count_rejection(gate: str, status: int | None, job_id: str, key: str, what: str) -> None:
+def count_rejection(gate: str, status: int | None, job_id: str, key: str, what: str) -> None:
+    """Log a refused conditional write at INFO with the job id and count it (the mechanism working)."""
     logger.info(
         "conditional write refused (%s): gate=%s job_id=%s key=%s status=%s",
         what,
@@ -110,7 +112,8 @@ def _count_rejection(gate: str, status: int | None, job_id: str, key: str, what:
     telemetry.precondition_failed.add(1, {"gate": gate, "status": str(status)})
 
 
-def _count_mismatch(gate: str, job_id: str, key: str, ours: str, stored: str | None) -> None:
+def count_mismatch(gate: str, job_id: str, key: str, ours: str, stored: str | None) -> None:
+    """Log and count a refused create whose stored content is not ours."""
     logger.warning(
         "refused write holds other content: gate=%s job_id=%s key=%s ours=%s stored=%s "
         "(encoding is not deterministic, or another job wrote this key)",
@@ -153,9 +156,9 @@ def stored_blob_sha256(blob: BlobClient) -> tuple[str | None, str | None]:
     except ResourceNotFoundError:
         return None, None
     except HttpResponseError as exc:
-        raise _fault("reading the properties of", blob.blob_name, exc) from exc
+        raise storage_fault("reading the properties of", blob.blob_name, exc) from exc
     except _TRANSPORT_FAULTS as exc:
-        raise _fault("reading the properties of", blob.blob_name, exc) from exc
+        raise storage_fault("reading the properties of", blob.blob_name, exc) from exc
     return (props.metadata or {}).get(SHA256_METADATA_KEY), props.etag
 
 
@@ -209,11 +212,11 @@ def commit_blob(
             return Outcome.WRITTEN
         except HttpResponseError as exc:
             if not is_create_rejection(exc):
-                raise _fault("creating blob", name, exc) from exc
-            _count_rejection("blob-create", exc.status_code, job_id, name, "already present")
+                raise storage_fault("creating blob", name, exc) from exc
+            count_rejection("blob-create", exc.status_code, job_id, name, "already present")
             stored, _ = stored_blob_sha256(blob)
             if stored != digest:
-                _count_mismatch("blob-create", job_id, name, digest, stored)
+                count_mismatch("blob-create", job_id, name, digest, stored)
             return Outcome.ALREADY_PRESENT
         except _TRANSPORT_FAULTS as exc:
             stored, _ = stored_blob_sha256(blob)
@@ -224,8 +227,8 @@ def commit_blob(
             if stored == digest:
                 logger.info("put of %r had no answer (%s); the stored sha256 is ours: written", name, exc)
                 return Outcome.WRITTEN
-            _count_rejection("blob-create", None, job_id, name, "already present, found after a lost response")
-            _count_mismatch("blob-create", job_id, name, digest, stored)
+            count_rejection("blob-create", None, job_id, name, "already present, found after a lost response")
+            count_mismatch("blob-create", job_id, name, digest, stored)
             return Outcome.ALREADY_PRESENT
     raise StorageFaultError(
         f"creating blob {name!r}: no answer after {UNKNOWN_OUTCOME_ATTEMPTS} conditional puts and nothing stored"
@@ -270,8 +273,8 @@ def repair_blob(
                 (404, None), (404, "BlobNotFound"), (412, None), (412, "ConditionNotMet"),
             )
             if not superseded:
-                raise _fault("repairing blob", name, exc) from exc
-            _count_rejection("blob-repair", exc.status_code, job_id, name, "superseded")
+                raise storage_fault("repairing blob", name, exc) from exc
+            count_rejection("blob-repair", exc.status_code, job_id, name, "superseded")
             return Outcome.SUPERSEDED
         except _TRANSPORT_FAULTS as exc:
             stored, etag = stored_blob_sha256(blob)
@@ -281,7 +284,7 @@ def repair_blob(
             telemetry.unknown_outcome_resolved.add(1, {"gate": "blob-repair"})
             if stored == digest:
                 return Outcome.WRITTEN
-            _count_rejection("blob-repair", None, job_id, name, "superseded, found after a lost response")
+            count_rejection("blob-repair", None, job_id, name, "superseded, found after a lost response")
             return Outcome.SUPERSEDED
     raise StorageFaultError(f"repairing blob {name!r}: no answer after {UNKNOWN_OUTCOME_ATTEMPTS} attempts")
 
@@ -336,7 +339,7 @@ def _read_entity(table: TableClient, partition_key: str, row_key: str) -> dict |
     except ResourceNotFoundError:
         return None
     except (HttpResponseError, *_TRANSPORT_FAULTS) as exc:
-        raise _fault("reading entity", f"{partition_key}/{row_key}", exc) from exc
+        raise storage_fault("reading entity", f"{partition_key}/{row_key}", exc) from exc
 
 
 def create_entity_once(
@@ -359,12 +362,12 @@ def create_entity_once(
             return Outcome.WRITTEN
         except HttpResponseError as exc:
             if not is_create_rejection(exc):
-                raise _fault("creating entity", key, exc) from exc
-            _count_rejection(gate, exc.status_code, job_id, key, "already present")
+                raise storage_fault("creating entity", key, exc) from exc
+            count_rejection(gate, exc.status_code, job_id, key, "already present")
             if evidence_field:
                 stored = _read_entity(table, entity["PartitionKey"], entity["RowKey"]) or {}
                 if stored.get(evidence_field) != entity[evidence_field]:
-                    _count_mismatch(gate, job_id, key, entity[evidence_field], stored.get(evidence_field))
+                    count_mismatch(gate, job_id, key, entity[evidence_field], stored.get(evidence_field))
             return Outcome.ALREADY_PRESENT
         except _TRANSPORT_FAULTS as exc:
             stored = _read_entity(table, entity["PartitionKey"], entity["RowKey"])
@@ -374,9 +377,9 @@ def create_entity_once(
             telemetry.unknown_outcome_resolved.add(1, {"gate": gate})
             if evidence_field and stored.get(evidence_field) == entity[evidence_field]:
                 return Outcome.WRITTEN
-            _count_rejection(gate, None, job_id, key, "already present, found after a lost response")
+            count_rejection(gate, None, job_id, key, "already present, found after a lost response")
             if evidence_field:
-                _count_mismatch(gate, job_id, key, entity[evidence_field], stored.get(evidence_field))
+                count_mismatch(gate, job_id, key, entity[evidence_field], stored.get(evidence_field))
             return Outcome.ALREADY_PRESENT
     raise StorageFaultError(f"creating entity {key}: no answer after {UNKNOWN_OUTCOME_ATTEMPTS} attempts")
 
@@ -424,7 +427,7 @@ def count_manifest(table: TableClient, job_id: str) -> ManifestSummary:
             entry = _manifest_entry(entity)
             entries[entry.window] = entry
     except (HttpResponseError, *_TRANSPORT_FAULTS) as exc:
-        raise _fault("counting the manifest of", job_id, exc) from exc
+        raise storage_fault("counting the manifest of", job_id, exc) from exc
     return ManifestSummary(job_id=job_id, entries=entries)
 
 

@@ -14,8 +14,12 @@ of the design notes and ``OVERVIEWS=IGNORE_EXISTING`` (the VRT would otherwise l
 overviews and the COG driver would write only some levels). Used when the tiles cannot be
 block-copied (an internal mask, or tiles from an older encoding) and as the benchmark's reference.
 
-Either way the result is checked (size, bands, georeferencing, every overview level) before the
-create-only upload.
+Either way the result is checked (size, bands, georeferencing, every overview level) before
+anything is committed. The block-copy mosaic is never a file: its layout (every directory) is
+planned and checked first, then it is streamed front to back into staged blocks of the output
+blob and committed create-only (Put Block List with ``If-None-Match: *``), then the committed blob
+is checked again through /vsiaz/. The VRT path still writes a temporary file (GDAL's COG driver
+needs one) and uploads it create-only.
 """
 
 from __future__ import annotations
@@ -27,10 +31,11 @@ import shutil
 import tempfile
 import time
 import uuid
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Iterator
+from typing import BinaryIO, Callable, Iterator
 from xml.sax.saxutils import escape
 
 import rasterio
@@ -43,10 +48,11 @@ from azure.core.exceptions import (
     ServiceResponseError,
 )
 from azure.data.tables import TableClient, UpdateMode
-from azure.storage.blob import ContainerClient, ContentSettings
+from azure.storage.blob import BlobClient, ContainerClient, ContentSettings
 from rasterio.enums import Resampling
+from rasterio.io import MemoryFile
 
-from .. import gates, jobs
+from .. import gates, jobs, telemetry
 from ..errors import (
     AssemblyInProgressError,
     IncompatibleTilesError,
@@ -82,8 +88,18 @@ FETCH_THREADS = 8
 MERGE_GAP_BYTES = 4096
 #: Blob metadata key recording the mosaic's overview level count (read back by a duplicate call).
 OVERVIEW_LEVELS_METADATA_KEY = "overview_levels"
-#: Upload concurrency for the staged upload of the mosaic (each in-flight block is 4 MiB of memory).
+#: Upload concurrency for the VRT path's staged upload of its file (each in-flight block is 4 MiB of memory).
 UPLOAD_CONCURRENCY = 4
+#: Bytes of the streamed (block-copy) mosaic buffered before they are sent as one staged block.
+#: Fixed, so block i always holds bytes [i * size, (i + 1) * size) of a deterministic file: a
+#: retry that stages the same id again stages the same bytes. 50,000 blocks (Azure's limit) of
+#: 8 MiB allow a 400 GiB mosaic.
+STREAM_BLOCK_BYTES = 8 * 1024 * 1024
+#: Staged blocks in flight at once. Memory of the stream: the buffer plus this many blocks.
+STAGE_IN_FLIGHT = 2
+#: Temporary disk the VRT path may need before it logs a WARNING (the Consumption plan gives an
+#: instance about 0.5 GB in all; the block-copy path needs only its 1/16 coarse-level copy).
+TEMP_BUDGET_BYTES = 400 * 1000 * 1000
 
 _TRANSPORT_FAULTS = (ServiceRequestError, ServiceResponseError)
 
@@ -508,13 +524,21 @@ def build_mosaic_blocks(
     scene: SceneInfo,
     windows: list[Window],
     summary,
-    out_path: str,
+    out: BinaryIO,
     *,
     tiles: ContainerClient,
     settings: Settings,
     workdir: str,
     timings: dict[str, float],
+    check_head: Callable[[bytes, int], None] | None = None,
 ) -> tuple[tiff.WrittenTiff, int]:
+    """Lay the mosaic out from the tiles' directories and write it, front to back, into ``out``.
+
+    ``out`` needs only ``write``: a :class:`StagedBlockSink` (assembly streams into the output
+    blob) or a local file. ``check_head(head, levels)`` sees the planned header and directories
+    before the first byte goes to ``out``; it raises to stop the build. The only file written is
+    the copy of the last reused level (``workdir``), from which GDAL computes the coarse levels.
+    """
     with ThreadPoolExecutor(max_workers=FETCH_THREADS, thread_name_prefix="tilefetch") as executor:
         started = time.perf_counter()
         sources, heads = _read_tile_heads(windows, summary, tiles, executor)
@@ -534,17 +558,21 @@ def build_mosaic_blocks(
             directories.extend(coarse)
         timings["coarse_levels"] = time.perf_counter() - started
 
-        started = time.perf_counter()
         writer = tiff.TiffWriter(
             reference.byte_order, ghost=reference.ghost, leaders=reference.block_leaders, trailers=reference.block_trailers
         )
         try:
-            with open(out_path, "wb") as out:
-                written = writer.write(out, directories, fetch)
+            if check_head is not None:
+                started = time.perf_counter()
+                head, _ = writer.head(directories)
+                check_head(head, len(directories) - 1)
+                timings["check"] = time.perf_counter() - started
+            started = time.perf_counter()
+            written = writer.write(out, directories, fetch)
+            timings["write"] = time.perf_counter() - started
         finally:
             if coarse_source is not None:
                 coarse_source.close()
-        timings["write"] = time.perf_counter() - started
     return written, len(directories) - 1
 
 
@@ -593,6 +621,30 @@ def _vrt_xml(scene: SceneInfo, windows: list[Window], summary, tiles_container: 
     return "\n".join(lines)
 
 
+def _pyramid_share(levels: int) -> float:
+    """Bytes of a pyramid of ``levels`` overviews relative to its full resolution (1 + 1/4 + ...)."""
+    return sum(0.25**k for k in range(levels + 1))
+
+
+#: Size of the COG driver's temporary overview file (``*.ovr.tmp``) relative to the overview
+#: levels' size in the finished mosaic: measured 2.4 at 2048² and 4096² x 3 uint16 (GDAL 3.10.3).
+VRT_OVR_TMP_FACTOR = 2.4
+
+
+def estimate_vrt_temp_bytes(scene: SceneInfo, summary, settings: Settings) -> int:
+    """Temporary disk the VRT path needs at its peak, from the tiles' stored sizes.
+
+    The mosaic compresses about as its tiles do: their bytes, less the share of their own
+    overviews, plus the mosaic's full pyramid (597 MB of mosaic from 588 MB of tiles at 10240²).
+    While it writes, the COG driver also holds the overview levels in a temporary file beside
+    the output (CPL_TMPDIR = workdir), larger than they end up. Measured peaks: 1.59 and 1.60
+    times the mosaic (2048², 4096²); this estimate came within 1 % of both.
+    """
+    full = summary.total_bytes / _pyramid_share(tile_overview_count(settings.window_size))
+    pyramid = _pyramid_share(mosaic_overview_levels(scene.width, scene.height))
+    return int(full * pyramid + full * (pyramid - 1) * VRT_OVR_TMP_FACTOR)
+
+
 def build_mosaic_vrt(
     scene: SceneInfo,
     windows: list[Window],
@@ -607,6 +659,14 @@ def build_mosaic_vrt(
     num_threads: int = NUM_THREADS,
 ) -> tuple[int, int]:
     levels = mosaic_overview_levels(scene.width, scene.height)
+    estimate = estimate_vrt_temp_bytes(scene, summary, settings)
+    if estimate > TEMP_BUDGET_BYTES:
+        logger.warning(
+            "VRT assembly of a %dx%dx%d %s mosaic needs about %d MB of temporary disk in %s (the COG driver's "
+            "output file and its overview file), over the %d MB budget: the Consumption plan gives an instance "
+            "about 0.5 GB of temporary disk in all, so this may fail there (block copy streams instead)",
+            scene.width, scene.height, scene.count, scene.dtype, estimate // 10**6, workdir, TEMP_BUDGET_BYTES // 10**6,
+        )
     vrt_path = os.path.join(workdir, "mosaic.vrt")
     with open(vrt_path, "w", encoding="utf-8") as f:
         f.write(_vrt_xml(scene, windows, summary, tiles.container_name))
@@ -626,13 +686,23 @@ def build_mosaic_vrt(
 # --------------------------------------------------------------------------- check and commit
 
 
-def check_mosaic_file(path: str, scene: SceneInfo, levels: int, *, settings: Settings) -> None:
-    """Refuse to upload a mosaic whose shape, georeferencing or overview levels are not what was planned.
+def check_mosaic_file(
+    path: str,
+    scene: SceneInfo,
+    levels: int,
+    *,
+    settings: Settings,
+    gdal_options: dict | None = None,
+    label: str | None = None,
+) -> None:
+    """Refuse a mosaic whose shape, georeferencing or overview levels are not what was planned.
 
-    GDAL's COG validator passes a file with missing overview levels (design notes, section 4), so
-    the levels are counted here, and their sizes checked.
+    ``path`` is anything GDAL opens: the VRT path's temporary file, the planned head of a
+    block-copy mosaic (``/vsimem/``), or the committed blob (``/vsiaz/``, with ``gdal_options``).
+    Only directories are read, never a block. GDAL's COG validator passes a file with missing
+    overview levels (design notes, section 4), so the levels are counted here, and their sizes checked.
     """
-    with gdal_env(settings):
+    with gdal_env(settings, gdal_options):
         with rasterio.open(path) as src:
             problems = []
             if (src.width, src.height, src.count) != (scene.width, scene.height, scene.count):
@@ -658,7 +728,209 @@ def check_mosaic_file(path: str, scene: SceneInfo, levels: int, *, settings: Set
             if src.block_shapes[0] != (BLOCK_SIZE, BLOCK_SIZE) and (src.width > BLOCK_SIZE or src.height > BLOCK_SIZE):
                 problems.append(f"blocks {src.block_shapes[0]}")
             if problems:
-                raise MosaicCheckError(f"assembled mosaic {path} is wrong: " + "; ".join(problems))
+                raise MosaicCheckError(f"{label or f'assembled mosaic {path}'} is wrong: " + "; ".join(problems))
+
+
+def check_planned_mosaic(head: bytes, scene: SceneInfo, levels: int, *, settings: Settings, job_id: str = "") -> None:
+    """:func:`check_mosaic_file` on the planned header and directories of a block-copy mosaic.
+
+    Everything the check reads lives in the directories, which are complete before the first
+    block is fetched, so a wrong shape, dtype, CRS, transform, nodata or pyramid is refused here
+    without a byte sent (the head is a few tens of KB, held in /vsimem/).
+    """
+    with MemoryFile(head, ext=".tif") as memory:
+        check_mosaic_file(memory.name, scene, levels, settings=settings, label=f"planned mosaic of job {job_id}")
+
+
+def _remote_gdal_options(gdal_options: dict | None, remote: str) -> dict:
+    """GDAL options for reading a just-committed blob: never from a cache filled before it existed."""
+    return {**(gdal_options or {}), "CPL_VSIL_CURL_NON_CACHED": remote}
+
+
+# --------------------------------------------------------------------------- streaming into a blob
+
+
+def block_id(index: int) -> str:
+    """The id of the ``index``-th staged block: ``"00000042"`` (the SDK base64-encodes it on the wire).
+
+    Derived from the index alone, so ids have one length (the service requires it) and a retry
+    staging block ``index`` again replaces the same block with the same bytes.
+    """
+    return f"{index:08d}"
+
+
+class StagedBlockSink:
+    """A write-only file that streams into a block blob: every ``block_bytes`` become one Put Block.
+
+    :meth:`close` stages the tail and waits for every block, returning the ids for
+    :func:`commit_staged_blob`. Nothing is visible in the container until that commit: staged
+    blocks are uncommitted (the service drops them after a week, or when the blob is committed
+    from another list). Put Block carries no condition: the mosaic claim, taken before the first
+    block, is what keeps a second attempt from streaming at the same time.
+
+    Memory: ``in_flight + 1`` buffers of ``block_bytes``, allocated once and reused (one being
+    filled, the others being sent; a block is sent from its buffer without a copy). Allocating a
+    new 8 MiB object per block instead cost about 30 MB more peak RSS at 4096², which glibc kept
+    after freeing.
+    """
+
+    def __init__(self, blob: BlobClient, *, block_bytes: int | None = None, in_flight: int | None = None):
+        self.blob = blob
+        self.block_bytes = int(block_bytes or STREAM_BLOCK_BYTES)
+        self.in_flight = int(in_flight or STAGE_IN_FLIGHT)
+        if self.block_bytes <= 0 or self.in_flight <= 0:
+            raise ValueError("block_bytes and in_flight must be positive")
+        self.nbytes = 0
+        self.block_ids: list[str] = []
+        self._free: list[bytearray] = []
+        self._allocated = 0
+        self._current: bytearray | None = None
+        self._fill = 0
+        self._pending: deque[tuple[Future, bytearray]] = deque()
+        self._executor: ThreadPoolExecutor | None = None
+        self._closed = False
+
+    def write(self, data: bytes) -> int:
+        if self._closed:
+            raise ValueError("write to a closed StagedBlockSink")
+        with memoryview(data) as view:
+            length, position = view.nbytes, 0
+            while position < length:
+                if self._current is None:
+                    self._current, self._fill = self._take_buffer(), 0
+                take = min(self.block_bytes - self._fill, length - position)
+                self._current[self._fill : self._fill + take] = view[position : position + take]
+                self._fill += take
+                position += take
+                if self._fill == self.block_bytes:
+                    self._stage(self._current, self._fill)
+                    self._current = None
+        self.nbytes += length
+        return length
+
+    def _wait_oldest(self) -> None:
+        future, buffer = self._pending.popleft()
+        try:
+            future.result()  # raises that block's fault, if any
+        finally:
+            self._free.append(buffer)
+
+    def _take_buffer(self) -> bytearray:
+        if not self._free and self._allocated <= self.in_flight:
+            self._allocated += 1
+            return bytearray(self.block_bytes)
+        while not self._free:
+            self._wait_oldest()
+        return self._free.pop()
+
+    def _stage(self, buffer: bytearray, length: int) -> None:
+        while len(self._pending) >= self.in_flight:
+            self._wait_oldest()
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=self.in_flight, thread_name_prefix="stageblock")
+        index = len(self.block_ids)
+        self.block_ids.append(block_id(index))
+        # The buffer is not written again until this future is done (_wait_oldest frees it).
+        self._pending.append((self._executor.submit(self._put_block, index, memoryview(buffer)[:length]), buffer))
+
+    def _put_block(self, index: int, chunk: memoryview) -> None:
+        name = self.blob.blob_name
+        for _ in range(gates.UNKNOWN_OUTCOME_ATTEMPTS):
+            try:
+                self.blob.stage_block(block_id(index), chunk, length=chunk.nbytes)
+                return
+            except HttpResponseError as exc:
+                raise StorageFaultError(f"staging block {index} ({chunk.nbytes} bytes) of {name} failed: {exc}") from exc
+            except _TRANSPORT_FAULTS as exc:
+                # Staging the same id with the same bytes again is harmless: the later one replaces it.
+                logger.warning("staging block %d of %s had no answer (%s): staging it again", index, name, exc)
+        raise StorageFaultError(f"staging block {index} of {name}: no answer after {gates.UNKNOWN_OUTCOME_ATTEMPTS} attempts")
+
+    def close(self) -> list[str]:
+        """Stage what is buffered, wait for every block, and return the block ids in order."""
+        if not self._closed:
+            try:
+                if self._current is not None and self._fill:
+                    self._stage(self._current, self._fill)
+                    self._current = None
+                while self._pending:
+                    self._wait_oldest()
+            except BaseException:
+                self.abort()
+                raise
+            self._closed = True
+            if self._executor is not None:
+                self._executor.shutdown(wait=True)
+            self._free.clear()
+        return list(self.block_ids)
+
+    def abort(self) -> None:
+        """Give up: cancel blocks not yet sent, wait for those being sent, drop the buffers."""
+        self._closed = True
+        for future, _ in self._pending:
+            future.cancel()
+        self._pending.clear()
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)
+        self._current = None
+        self._free.clear()
+
+
+def commit_staged_blob(
+    container: ContainerClient,
+    name: str,
+    block_ids: list[str],
+    *,
+    sha256: str,
+    content_type: str,
+    job_id: str = "",
+    metadata: dict[str, str] | None = None,
+) -> gates.Outcome:
+    """Commit staged blocks as ``name`` only if nothing holds the key: Put Block List, ``If-None-Match: *``.
+
+    The same outcomes and evidence as :func:`gates.commit_blob`: ``WRITTEN`` when this request
+    created the blob; ``ALREADY_PRESENT`` on 409/412 (the stored sha256 is compared with ours; a
+    difference is logged at WARNING and counted); a transport fault with an unknown outcome is
+    resolved from the stored sha256 (ours: ``WRITTEN``; absent: the same conditional commit again,
+    the blocks are still staged). The sha256 and ``metadata`` go into the blob in the same request.
+
+    The condition is ``match_condition=MatchConditions.IfMissing`` alone: the SDK turns it into
+    ``If-None-Match: *``. Adding ``etag="*"`` (as for upload_blob in the design notes) leaves
+    ``etag`` among the keyword arguments the SDK hands to its transport, which raises TypeError
+    (azure-storage-blob 12.31.1, ``_get_match_headers`` pops ``etag`` only for IfNotModified/IfModified).
+    """
+    blob = container.get_blob_client(name)
+    gate = "blob-create"
+    for _ in range(gates.UNKNOWN_OUTCOME_ATTEMPTS):
+        try:
+            blob.commit_block_list(
+                block_ids,
+                content_settings=ContentSettings(content_type=content_type),
+                metadata={**(metadata or {}), gates.SHA256_METADATA_KEY: sha256},
+                match_condition=MatchConditions.IfMissing,
+            )
+            return gates.Outcome.WRITTEN
+        except HttpResponseError as exc:
+            if not gates.is_create_rejection(exc):
+                raise gates.storage_fault("committing the staged blocks of", name, exc) from exc  # pylint: disable=protected-access
+            gates.count_rejection(gate, exc.status_code, job_id, name, "already present")  # pylint: disable=protected-access
+            stored, _ = gates.stored_blob_sha256(blob)
+            if stored != sha256:
+                gates.count_mismatch(gate, job_id, name, sha256, stored)  # pylint: disable=protected-access
+            return gates.Outcome.ALREADY_PRESENT
+        except _TRANSPORT_FAULTS as exc:
+            stored, _ = gates.stored_blob_sha256(blob)
+            if stored is None:
+                logger.warning("commit of %r had no answer (%s) and nothing is stored: committing the same blocks again", name, exc)
+                continue
+            telemetry.unknown_outcome_resolved.add(1, {"gate": gate})
+            if stored == sha256:
+                logger.info("commit of %r had no answer (%s); the stored sha256 is ours: written", name, exc)
+                return gates.Outcome.WRITTEN
+            gates.count_rejection(gate, None, job_id, name, "already present, found after a lost response")  # pylint: disable=protected-access
+            gates.count_mismatch(gate, job_id, name, sha256, stored)  # pylint: disable=protected-access
+            return gates.Outcome.ALREADY_PRESENT
+    raise StorageFaultError(f"committing {name!r}: no answer after {gates.UNKNOWN_OUTCOME_ATTEMPTS} conditional commits and nothing stored")
 
 
 def commit_file(
@@ -717,7 +989,6 @@ def _blob_exists(container: ContainerClient, name: str):
 def _write_sidecars(
     job_id: str,
     scene: SceneInfo,
-    mosaic_path: str,
     *,
     output: ContainerClient,
     settings: Settings,
@@ -727,22 +998,25 @@ def _write_sidecars(
 ) -> int:
     """Quicklook, then STAC item (which names both), each create-only; skipped when already there.
 
-    Written after the mosaic: a crash in between leaves a mosaic without them, and the next call
-    (which finds the mosaic present) writes them from the committed mosaic.
+    Both are read from the committed mosaic through /vsiaz/ (the quicklook from its smallest
+    overview: a few blocks), never from a local copy: there is none for a streamed mosaic, and a
+    crash between the commits leaves the next call (which finds the mosaic present) the same
+    source, so it writes the same bytes.
     """
     mosaic_name, stac_name, quicklook_name = jobs.mosaic_blob_name(job_id), jobs.stac_blob_name(job_id), jobs.quicklook_blob_name(job_id)
     props = _blob_exists(output, mosaic_name)
     if props is None:
         raise StorageFaultError(f"{mosaic_name} vanished after it was committed")
     sha = (props.metadata or {}).get(gates.SHA256_METADATA_KEY, "")
-    with gdal_env(settings, gdal_options):
+    remote = vsiaz_path(output.container_name, mosaic_name)
+    with gdal_env(settings, _remote_gdal_options(gdal_options, remote)):
         started = time.perf_counter()
         if _blob_exists(output, quicklook_name) is None:
-            gates.commit_blob(output, quicklook_name, quicklook_png(mosaic_path), content_type="image/png", job_id=job_id)
+            gates.commit_blob(output, quicklook_name, quicklook_png(remote), content_type="image/png", job_id=job_id)
         timings["quicklook"] = time.perf_counter() - started
         started = time.perf_counter()
         if _blob_exists(output, stac_name) is None:
-            with rasterio.open(mosaic_path) as src:
+            with rasterio.open(remote) as src:
                 levels = len(src.overviews(1))
             body = stac_item_bytes(
                 job_id=job_id,
@@ -758,6 +1032,36 @@ def _write_sidecars(
             gates.commit_blob(output, stac_name, body, content_type="application/geo+json", job_id=job_id)
         timings["stac"] = time.perf_counter() - started
     return int(props.size)
+
+
+def verify_committed_mosaic(
+    output: ContainerClient,
+    name: str,
+    scene: SceneInfo,
+    levels: int,
+    *,
+    settings: Settings,
+    gdal_options: dict | None,
+    written: tiff.WrittenTiff | None = None,
+) -> None:
+    """The checks of :func:`check_mosaic_file`, on the committed blob through /vsiaz/ (directories only).
+
+    With ``written`` (this call committed it), the stored size and sha256 must also be the ones
+    streamed. Raises :class:`MosaicCheckError`.
+    """
+    props = _blob_exists(output, name)
+    if props is None:
+        raise StorageFaultError(f"{name} vanished after it was committed")
+    if written is not None:
+        stored = (props.metadata or {}).get(gates.SHA256_METADATA_KEY)
+        if int(props.size) != written.nbytes or stored != written.sha256:
+            raise MosaicCheckError(
+                f"committed mosaic {name} has {props.size} bytes and sha256 {stored}; "
+                f"{written.nbytes} bytes with sha256 {written.sha256} were streamed"
+            )
+    remote = vsiaz_path(output.container_name, name)
+    check_mosaic_file(remote, scene, levels, settings=settings, gdal_options=_remote_gdal_options(gdal_options, remote),
+                      label=f"committed mosaic {name}")
 
 
 def assemble_mosaic(
@@ -780,6 +1084,8 @@ def assemble_mosaic(
     ``method``: "auto" (block copy when the tiles allow it, else VRT), "blocks" or "vrt".
     Raises :class:`IncompleteManifestError` (missing windows, or a tile whose size differs from
     its row) and :class:`AssemblyInProgressError` (another attempt holds the claim; retry).
+    ``workdir`` (default: a private temporary directory, removed afterwards) holds the block
+    path's coarse-level copy, or the VRT path's VRT and output file.
     """
     if method not in ("auto", "blocks", "vrt"):
         raise ValueError(f"method must be 'auto', 'blocks' or 'vrt', not {method!r}")
@@ -793,10 +1099,9 @@ def assemble_mosaic(
     existing = _blob_exists(output, mosaic_name)
     timings["exists_check"] = time.perf_counter() - started
     if existing is not None:
-        remote = vsiaz_path(output.container_name, mosaic_name)
         levels = int((existing.metadata or {}).get(OVERVIEW_LEVELS_METADATA_KEY, -1))
         if _blob_exists(output, names["stac"]) is None or _blob_exists(output, names["quicklook"]) is None:
-            _write_sidecars(job_id, scene, remote, output=output, settings=settings, gdal_options=gdal_options,
+            _write_sidecars(job_id, scene, output=output, settings=settings, gdal_options=gdal_options,
                             source_name=source_name, timings=timings)
         return MosaicResult(
             outcome=str(gates.Outcome.ALREADY_PRESENT), nbytes=int(existing.size), overview_levels=levels, timings=timings,
@@ -808,48 +1113,89 @@ def assemble_mosaic(
     windows, summary = check_manifest(job_id, scene, tiles=tiles, manifest=manifest, settings=settings)
     timings["manifest"] = time.perf_counter() - started
 
-    # 3. Claim before building, so a duplicate never builds or starts a staged upload.
+    # 3. Claim before building, so a duplicate never builds or stages a block: Put Block requests
+    #    carry no condition, only the final Put Block List does.
     started = time.perf_counter()
     _, claim_etag = _claim(claims, job_id, claim_ttl_s)
     timings["claim"] = time.perf_counter() - started
 
     own_workdir = workdir is None
     workdir = tempfile.mkdtemp(prefix=f"tilecommit-{job_id}-") if own_workdir else workdir
-    out_path = os.path.join(workdir, "mosaic.tif")
+    sink: StagedBlockSink | None = None
     try:
         used = method
         if method in ("auto", "blocks"):
+            # 4. Block copy, streamed: the layout is planned and checked (check_planned_mosaic: size,
+            #    bands, dtype, CRS, transform, nodata, the pyramid level by level) before the first
+            #    byte leaves, then the file goes front to back into staged blocks of the output blob.
+            sink = StagedBlockSink(output.get_blob_client(mosaic_name))
+
+            def check_head(head: bytes, planned_levels: int) -> None:
+                check_planned_mosaic(head, scene, planned_levels, settings=settings, job_id=job_id)
+
             try:
                 written, levels = build_mosaic_blocks(
-                    job_id, scene, windows, summary, out_path, tiles=tiles, settings=settings, workdir=workdir, timings=timings
+                    job_id, scene, windows, summary, sink, tiles=tiles, settings=settings, workdir=workdir,
+                    timings=timings, check_head=check_head,
                 )
-                nbytes, sha256, used = written.nbytes, written.sha256, "blocks"
+                used = "blocks"
             except IncompatibleTilesError as exc:
+                sink.abort()
+                sink = None
                 if method == "blocks":
                     raise
                 logger.warning("job %s: tiles cannot be block-copied (%s); assembling through a VRT", job_id, exc)
                 used = "vrt"
-        if used == "vrt":
+
+        if used == "blocks":
+            assert sink is not None
+            started = time.perf_counter()
+            block_ids = sink.close()
+            if sink.nbytes != written.nbytes:
+                raise AssertionError(f"streamed {sink.nbytes} bytes, the writer wrote {written.nbytes}")
+            nbytes, sha256 = written.nbytes, written.sha256
+            outcome = commit_staged_blob(
+                output, mosaic_name, block_ids, sha256=sha256, content_type=COG_CONTENT_TYPE, job_id=job_id,
+                metadata={OVERVIEW_LEVELS_METADATA_KEY: str(levels), "method": used},
+            )
+            timings["upload"] = time.perf_counter() - started
+            # 5. The committed blob, checked again through /vsiaz/ with the same function. It is
+            #    checked after the commit, not before, because there is no file to check before: the
+            #    bytes went straight to storage. That order is acceptable: the layout was checked
+            #    before streaming, the bytes are a deterministic function of the tiles (a retry
+            #    writes the same ones), and the claim kept any other attempt from writing. A failure
+            #    here is therefore a bug (the writer or the service did not produce what was
+            #    planned) that repeating would not fix, so it is raised loudly (MosaicCheckError,
+            #    not retryable) and the blob is left in place to be examined.
+            started = time.perf_counter()
+            verify_committed_mosaic(output, mosaic_name, scene, levels, settings=settings, gdal_options=gdal_options,
+                                    written=written if outcome is gates.Outcome.WRITTEN else None)
+            timings["verify"] = time.perf_counter() - started
+        else:
+            # The VRT path: GDAL's COG driver writes a file (whose size build_mosaic_vrt estimates
+            # and warns about), checked before its create-only upload.
+            out_path = os.path.join(workdir, "mosaic.tif")
             nbytes, levels = build_mosaic_vrt(
                 scene, windows, summary, out_path, tiles=tiles, settings=settings, gdal_options=gdal_options,
                 workdir=workdir, timings=timings,
             )
             sha256 = _file_sha256(out_path)
+            started = time.perf_counter()
+            check_mosaic_file(out_path, scene, levels, settings=settings)
+            timings["check"] = time.perf_counter() - started
+            started = time.perf_counter()
+            outcome = commit_file(
+                output, mosaic_name, out_path, sha256=sha256, content_type=COG_CONTENT_TYPE, job_id=job_id,
+                metadata={OVERVIEW_LEVELS_METADATA_KEY: str(levels), "method": used},
+            )
+            timings["upload"] = time.perf_counter() - started
+            os.remove(out_path)
 
-        started = time.perf_counter()
-        check_mosaic_file(out_path, scene, levels, settings=settings)
-        timings["check"] = time.perf_counter() - started
-
-        started = time.perf_counter()
-        outcome = commit_file(
-            output, mosaic_name, out_path, sha256=sha256, content_type=COG_CONTENT_TYPE, job_id=job_id,
-            metadata={OVERVIEW_LEVELS_METADATA_KEY: str(levels), "method": used},
-        )
-        timings["upload"] = time.perf_counter() - started
-
-        _write_sidecars(job_id, scene, out_path, output=output, settings=settings, gdal_options=gdal_options,
+        _write_sidecars(job_id, scene, output=output, settings=settings, gdal_options=gdal_options,
                         source_name=source_name, timings=timings)
     except BaseException:
+        if sink is not None:
+            sink.abort()
         _release_claim(claims, job_id, claim_etag)
         raise
     finally:
@@ -879,9 +1225,15 @@ __all__ = [
     "MosaicCheckError",
     "MosaicResult",
     "assemble_mosaic",
+    "StagedBlockSink",
     "build_mosaic_blocks",
     "build_mosaic_vrt",
     "check_manifest",
+    "check_mosaic_file",
+    "check_planned_mosaic",
     "commit_file",
+    "commit_staged_blob",
+    "estimate_vrt_temp_bytes",
+    "verify_committed_mosaic",
     "mosaic_overview_levels",
 ]

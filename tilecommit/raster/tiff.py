@@ -424,6 +424,30 @@ class TiffWriter:
             raise AssertionError(f"directory size {len(out)} differs from its planned {item.ifd_size}")
         return bytes(out)
 
+    def _head_bytes(self, placed: list[_Placed], bigtiff: bool) -> bytes:
+        bo = self.byte_order
+        magic = b"II" if bo == "<" else b"MM"
+        if bigtiff:
+            parts = [magic + struct.pack(f"{bo}HHHQ", 43, 8, 0, placed[0].ifd_offset)]
+        else:
+            parts = [magic + struct.pack(f"{bo}HI", 42, placed[0].ifd_offset)]
+        parts.append(self.ghost)
+        for i, item in enumerate(placed):
+            next_offset = placed[i + 1].ifd_offset if i + 1 < len(placed) else 0
+            parts.append(self._encode_ifd(item, next_offset, bigtiff))
+        return b"".join(parts)
+
+    def head(self, directories: list[OutputDirectory], *, force_bigtiff: bool = False) -> tuple[bytes, int]:
+        """(the bytes :meth:`write` emits before the first block, the file's planned size).
+
+        The head is the header, GDAL's ghost area and every directory: all a reader needs to see
+        the image's size, georeferencing, nodata and pyramid. GDAL opens it on its own (nothing
+        is read from the blocks on open), so the planned file can be checked before any block
+        is fetched or any byte is sent.
+        """
+        placed, total, bigtiff = self.plan(directories, force_bigtiff=force_bigtiff)
+        return self._head_bytes(placed, bigtiff), total
+
     def write(
         self,
         out: BinaryIO,
@@ -432,7 +456,11 @@ class TiffWriter:
         *,
         force_bigtiff: bool = False,
     ) -> WrittenTiff:
-        """Write the file; ``fetch(index, directory)`` yields that directory's block bytes in order."""
+        """Write the file; ``fetch(index, directory)`` yields that directory's block bytes in order.
+
+        ``out`` only needs ``write(bytes)``: a local file, or a sink that streams to storage
+        (the bytes arrive strictly front to back, each once).
+        """
         placed, total, bigtiff = self.plan(directories, force_bigtiff=force_bigtiff)
         digest = hashlib.sha256()
         written = 0
@@ -443,16 +471,7 @@ class TiffWriter:
             digest.update(data)
             written += len(data)
 
-        bo = self.byte_order
-        magic = b"II" if bo == "<" else b"MM"
-        if bigtiff:
-            emit(magic + struct.pack(f"{bo}HHHQ", 43, 8, 0, placed[0].ifd_offset))
-        else:
-            emit(magic + struct.pack(f"{bo}HI", 42, placed[0].ifd_offset))
-        emit(self.ghost)
-        for i, item in enumerate(placed):
-            next_offset = placed[i + 1].ifd_offset if i + 1 < len(placed) else 0
-            emit(self._encode_ifd(item, next_offset, bigtiff))
+        emit(self._head_bytes(placed, bigtiff))
         for index in range(len(placed) - 1, -1, -1):
             item = placed[index]
             blocks = item.directory.blocks
