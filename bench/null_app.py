@@ -1,0 +1,66 @@
+"""A bench-only Durable app: the REAL orchestrators with activities that do no raster work.
+
+``tile_scene`` and ``render_batch`` are the functions of :mod:`orchestrators.tiling`, registered
+under the same names as in ``function_app.py``; the three activities answer at once with
+results of the shape the real ones return. So an orchestration of N windows here costs exactly
+what the orchestration itself costs: replays, history, episodes, dispatch, and no pixels.
+"""
+
+from __future__ import annotations
+
+import azure.durable_functions as df
+
+from orchestrators import names
+from orchestrators import tiling as orchestrators
+from tilecommit.grid import Window
+
+app = df.DFApp()
+
+app.orchestration_trigger(context_name="context", orchestration=names.TILE_SCENE)(orchestrators.tile_scene)
+app.orchestration_trigger(context_name="context", orchestration=names.RENDER_BATCH)(orchestrators.render_batch)
+
+
+@app.activity_trigger(input_name="job", activity=names.VALIDATE_SOURCE)
+def validate_source(job: dict) -> dict:
+    return {"ok": True, "scene": {"width": job["scene_width"], "height": job["scene_height"]}}
+
+
+@app.activity_trigger(input_name="payload", activity=names.RENDER_TILE)
+def render_tile(payload: dict) -> dict:
+    window = Window.from_dict(payload["window"])
+    return {"window": window.id, "outcome": "written", "skipped": False, "nbytes": 1}
+
+
+@app.activity_trigger(input_name="payload", activity=names.ASSEMBLE_MOSAIC)
+def assemble_mosaic(payload: dict) -> dict:
+    return {"outcome": "written", "mosaic_url": "", "stac_url": "", "quicklook_url": ""}
+
+
+def job_input(job_id: str, windows: int, *, window_size: int = 1024, batch_size: int = 64) -> dict:
+    """A job input the starter would make, for a scene of (about) ``windows`` windows.
+
+    The scene is a grid of ``cols`` x ``rows`` whole windows with cols x rows == windows when
+    ``windows`` factors nicely (1,000 = 40 x 25, 10,000 = 100 x 100), else the nearest rectangle
+    that holds at least ``windows``.
+    """
+    cols = rows = 1
+    best = None
+    for c in range(1, windows + 1):
+        r = -(-windows // c)
+        key = (c * r - windows, abs(c - r))
+        if best is None or key < best[0]:
+            best = (key, c, r)
+        if c * c > windows * 4:
+            break
+    _, cols, rows = best
+    return {
+        "job_id": job_id,
+        "blob": f"null/{job_id}.tif",
+        "url": f"http://127.0.0.1/null/{job_id}.tif",
+        "etag": "0x0",
+        "size": 1,
+        "window_size": window_size,
+        "batch_size": batch_size,
+        "scene_width": cols * window_size,
+        "scene_height": rows * window_size,
+    }

@@ -1,0 +1,103 @@
+"""Smoke test of the bench suite: the quickest piece of each module on tiny inputs.
+
+Checks that every module runs and returns well-formed, self-consistent figures (the right keys,
+counts that add up). It asserts nothing about time: benchmarks print, they do not judge.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from bench import breakdown, contention, duplicates, e2e, memory, orchestration
+from bench.__main__ import targets
+from bench.common import BenchStorage, Context, tiny_scene
+
+WINDOW = 256
+
+
+@pytest.fixture(scope="module")
+def ctx(azurite):
+    with BenchStorage(connection_string=azurite.connection_string) as storage:
+        yield Context(storage, quick=True)
+
+
+def test_contention_lab_counts_add_up(ctx):
+    report = contention.run(ctx, workers=3, keys=3, rounds=3, body_kib=1, mode="thread")
+    (run,) = report["runs"]
+    assert run["winners_per_round"] == [3, 3, 3]  # exactly one winner per key per round
+    assert run["losers_per_round"] == [2 * 3] * 3  # (n - 1) x keys
+    assert run["errors"] == 0 and run["keys_without_exactly_one_winner"] == 0
+    assert run["attempts"] == 3 * 3 * 3
+    assert sum(run["observed"]) == 3 * 3 and len(run["observed"]) == len(run["expected"]) == 3
+    assert sum(run["expected"]) == pytest.approx(9, abs=0.05)
+    assert 0.0 <= run["p_overlap"] <= 1.0
+    assert len(run["p_by_key_position"]) == 3
+
+
+def test_contention_analysis_of_known_records():
+    # key 0: worker 0 wins at t=1..2; worker 1 sent at 1.5 (overlaps), worker 2 sent at 3 (late).
+    records = [
+        (0, 0, 0, 1.0, 2.0, "written", 0),
+        (0, 0, 1, 1.5, 2.5, "already-present", 0),
+        (0, 0, 2, 3.0, 3.5, "already-present", 0),
+    ]
+    result = contention.analyse(records, workers=3, keys=1, rounds=1)
+    assert result["observed"] == [0, 1, 0]
+    assert result["p_overlap"] == 0.5
+    assert result["expected"] == [0.25, 0.5, 0.25]
+
+
+def test_orchestration_scale_on_the_real_orchestrators(ctx):
+    report = orchestration.run(ctx, [20, 50], 1)
+    for windows, figures in report["sizes"].items():
+        (run,) = figures["runs"]
+        assert run["windows"] == run["output_windows"] == run["render_tile_executions"] == int(windows)
+        assert run["output_written"] == int(windows)
+        assert run["batches"] == -(-int(windows) // 64)
+        assert run["largest_history"] >= run["parent_history"] > 0
+        assert figures["consistent"]
+    assert report["ratio_replay_per_1000_s"] is not None and report["ratio_sizes"] == "50 / 20"
+
+
+def test_breakdown_and_duplicates_on_a_tiny_scene(ctx, tmp_path):
+    scene = tiny_scene(tmp_path / "tiny.tif", 512)  # 2 x 2 windows of 256
+    report = breakdown.run(ctx, scene, window_size=WINDOW, host_options={"timer_scale": 0.01, "watch_interval": 0.1},
+                           after=duplicates.after_first_run(2))
+    dup = report.pop("after")
+    assert report["windows"] == report["windows_encoded"] == 4
+    assert set(report["tile_steps_sum_s"]) == set(breakdown.TILE_STEPS)
+    assert set(report["overhead_fraction_of_encode"]) == {"commit", "manifest (check + row)", "orchestration (episodes)"}
+    assert report["timeline"]["job_elapsed_s"] >= report["timeline"]["tiling_s"] > 0
+    assert report["orchestration"]["episodes"] > 0 and report["gate_cost"]["bodies"] == 4
+    red = dup["redelivery"]
+    assert red["decisions"] == ["duplicate"] and red["tiles_reencoded"] == 0 and red["activity_executions"] == 0
+    assert len(red["runs"]) == 2
+    rerun = dup["forced_rerun"]
+    assert rerun["status"] == "Completed" and rerun["tiles_reencoded"] == 0 and rerun["windows_skipped"] == 4
+    assert rerun["mosaic_outcome"] == "already-present"
+    twice = duplicates.duplicate_activities(ctx, report, host_options={"timer_scale": 0.01, "watch_interval": 0.1})
+    assert twice["render_tile_executions"] == 2 * 4
+    assert twice["outcomes"].get("written") == 4
+    assert twice["encoded"] + twice["skipped_by_manifest_check"] == 8
+    verdicts = {t.name: t.verdict for t in targets({"breakdown": report, "duplicates": {**dup, "duplicate_activities": twice}})}
+    assert len(verdicts) == 2 and set(verdicts.values()) <= {"PASS", "MISS"}
+
+
+@pytest.mark.slow
+def test_e2e_and_memory_on_a_tiny_scene(ctx, tmp_path):
+    scene = tiny_scene(tmp_path / "tiny.tif", 512)
+    report = e2e.run(ctx, [512], 1, scenes={512: scene}, window_size=WINDOW)
+    keep = report.pop("keep")
+    figures = report["sizes"]["512"]
+    (run,) = figures["runs"]
+    assert set(run) >= {"rio_default", "rio_no_in_memory", "ours", "ratio_wall_vs_rio_default"}
+    assert run["ours"]["windows"] == run["ours"]["written"] == 4
+    assert all(run[m]["peak_rss_mb"] > 0 and run[m]["wall_s"] > 0 for m in ("rio_default", "rio_no_in_memory", "ours"))
+    mem = memory.run(ctx, [512], keep, report, tile_windows=2)
+    entry = mem["sizes"]["512"]
+    assert entry["windows"] == 4 and entry["tile_worker"]["windows_rendered"] == 2
+    assert entry["assembly"]["method"] in ("blocks", "vrt")
+    assert entry["tiling_instance_mb"] == pytest.approx(
+        entry["baseline"]["peak_rss_mb"] + entry["concurrency"] * entry["tile_increment_mb"], abs=0.2)
+    for kept in keep.values():
+        ctx.storage.drop(kept["env"])
