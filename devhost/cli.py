@@ -177,7 +177,7 @@ def process_file(host, path: Path, *, name: str | None = None, timeout: float = 
     started = time.perf_counter()
     blob = host.blobs.get_blob_client(host.settings.input_container, name or path.name)
     with path.open("rb") as data:
-        uploaded = blob.upload_blob(data, overwrite=True)
+        uploaded = blob.upload_blob(data, overwrite=True, max_concurrency=4)
     job_id = job_id_for(blob.url, uploaded["etag"])
     bar = ProgressBar(progress)
     deadline = time.monotonic() + timeout

@@ -524,21 +524,23 @@ class Engine:
             appended.append(self._event(EXECUTION_COMPLETED, now, OrchestrationStatus=1, Result=json.dumps(output)))
         appended.append(self._event(ORCHESTRATOR_COMPLETED, now))
 
+        # The instance's fields are written only by this thread, so the new state can be built and
+        # committed without the engine lock (deliveries keep flowing during the transaction).
+        new_state = {
+            **inst.state(),
+            "episodes": inst.episodes + 1,
+            "next_id": next(ids),
+            "status": status,
+            "output": output,
+            "error": error.strip() if error else None,
+            "custom_status": custom_status,
+            "updated": _iso(now),
+        }
+        episode = Episode(new_state["episodes"], new_events + appended,
+                          {str(k): v for k, v in scheduled.items()}, new_actions)
+        # Commit first: if storage fails, the instance is untouched and the episode replays.
+        self.store.commit_episode(inst.id, episode, new_state)
         with self._lock:
-            new_state = {
-                **inst.state(),
-                "episodes": inst.episodes + 1,
-                "next_id": next(ids),
-                "status": status,
-                "output": output,
-                "error": error.strip() if error else None,
-                "custom_status": custom_status,
-                "updated": _iso(now),
-            }
-            episode = Episode(new_state["episodes"], new_events + appended,
-                              {str(k): v for k, v in scheduled.items()}, new_actions)
-            # Commit first: if storage fails, the instance is untouched and the episode replays.
-            self.store.commit_episode(inst.id, episode, new_state)
             inst.episodes, inst.next_id = new_state["episodes"], new_state["next_id"]
             inst.status, inst.output, inst.error = status, output, new_state["error"]
             inst.custom_status, inst.updated = custom_status, new_state["updated"]

@@ -56,6 +56,15 @@ class HostOptions:
     hub: str | None = None
 
 
+def close_durable_client_session() -> None:
+    """Close the Durable client's shared aiohttp session (the worker leaves it to process exit)."""
+    from azure.durable_functions.models.utils import http_utils
+
+    from .functions import EventLoopThread
+
+    EventLoopThread.shared().run(http_utils._close_session(), timeout=10)
+
+
 class _DecisionLog(logging.Handler):
     """Collects the starter's structured ``start_decision`` log fields (what App Insights would show)."""
 
@@ -130,6 +139,7 @@ class LocalHost:
         self.watcher.stop()
         self.engine.stop()
         self.api.stop()
+        close_durable_client_session()
         logging.getLogger().removeHandler(self._decision_log)
 
     def __enter__(self) -> "LocalHost":
