@@ -31,6 +31,7 @@ async def raster_uploaded(upload: blob.BlobClient, client: df.DurableOrchestrati
 
 
 app.orchestration_trigger(context_name="context", orchestration=names.TILE_SCENE)(orchestrators.tile_scene)
+app.orchestration_trigger(context_name="context", orchestration=names.RENDER_GROUP)(orchestrators.render_group)
 app.orchestration_trigger(context_name="context", orchestration=names.RENDER_BATCH)(orchestrators.render_batch)
 
 app.activity_trigger(input_name="job", activity=names.VALIDATE_SOURCE)(activities.validate_source)

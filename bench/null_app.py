@@ -1,6 +1,6 @@
 """A bench-only Durable app: the REAL orchestrators with activities that do no raster work.
 
-``tile_scene`` and ``render_batch`` are the functions of :mod:`orchestrators.tiling`, registered
+``tile_scene``, ``render_group`` and ``render_batch`` are the functions of :mod:`orchestrators.tiling`, registered
 under the same names as in ``function_app.py``; the three activities answer at once with
 results of the shape the real ones return. So an orchestration of N windows here costs exactly
 what the orchestration itself costs: replays, history, episodes, dispatch, and no pixels.
@@ -17,6 +17,7 @@ from tilecommit.grid import Window
 app = df.DFApp()
 
 app.orchestration_trigger(context_name="context", orchestration=names.TILE_SCENE)(orchestrators.tile_scene)
+app.orchestration_trigger(context_name="context", orchestration=names.RENDER_GROUP)(orchestrators.render_group)
 app.orchestration_trigger(context_name="context", orchestration=names.RENDER_BATCH)(orchestrators.render_batch)
 
 

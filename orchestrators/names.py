@@ -8,6 +8,8 @@ STARTER = TRIGGER_FUNCTION
 TILE_SCENE = "tile_scene"
 #: One batch of windows, as a sub-orchestration so no instance's history grows with the scene.
 RENDER_BATCH = "render_batch"
+#: A group of batches, for large scenes: keeps the job's own history bounded.
+RENDER_GROUP = "render_group"
 
 VALIDATE_SOURCE = "validate_source"
 RENDER_TILE = "render_tile"

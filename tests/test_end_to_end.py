@@ -158,6 +158,17 @@ def test_corrupt_upload_fails_its_job_writes_nothing_and_the_next_upload_works(s
     check_outputs(storage, app_env, ok, good)
 
 
+def test_a_scene_with_more_batches_than_a_group_runs_through_groups(storage, app_env, tmp_path, monkeypatch):
+    monkeypatch.setenv(names.SETTING_BATCH_SIZE, "1")  # 30 batches of one window: two groups
+    scene = make_scene(tmp_path / "scene.tif", 1300, 1100)
+    with local_host(app_env) as host:
+        summary = process_file(host, scene, timeout=180)
+        ids = {s["id"] for s in host.store.instances()}
+    check_outputs(storage, app_env, summary, scene)
+    assert {i for i in ids if "-group-" in i} == {f"{summary['job_id']}-group-0000", f"{summary['job_id']}-group-0001"}
+    assert len([i for i in ids if "-batch-" in i]) == 30 and summary["written"] == 30
+
+
 # ---------------------------------------------------------------------- crash and resume
 
 

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_functions_and_raw_bindings_as_the_worker_sends_them():
     index = FunctionIndex.load("function_app")
-    assert set(index.orchestrators) == {names.TILE_SCENE, names.RENDER_BATCH}
+    assert set(index.orchestrators) == {names.TILE_SCENE, names.RENDER_GROUP, names.RENDER_BATCH}
     assert set(index.activities) == {names.VALIDATE_SOURCE, names.RENDER_TILE, names.ASSEMBLE_MOSAIC}
     assert set(index.blob_triggers) == {names.STARTER} == {settings.TRIGGER_FUNCTION}
 
@@ -36,7 +36,7 @@ def test_functions_and_raw_bindings_as_the_worker_sends_them():
     # The SDK-type binding: the trigger gets a BlobClient, never the blob's bytes.
     assert index.blob_triggers[names.STARTER].blob_type is blob.BlobClient
 
-    for name in (names.TILE_SCENE, names.RENDER_BATCH):
+    for name in (names.TILE_SCENE, names.RENDER_GROUP, names.RENDER_BATCH):
         assert index.raw_bindings[name] == [
             {"direction": "IN", "type": "orchestrationTrigger", "name": "context", "orchestration": name}
         ]

@@ -64,17 +64,16 @@ def test_no_more_than_the_parallel_limit_of_batches_in_flight():
     history = validated_history(job)
     for i in range(tiling.PARALLEL_BATCHES):
         history.sub_created(i + 1, names.RENDER_BATCH, tiling.batch_instance_id(job["job_id"], i))
-    history.episode().sub_completed(2, {"windows": 1, "written": 1, "already_present": 0, "skipped": 0,
-                                        "bytes": 100, "errors": []})
+    history.episode().sub_completed(2, batch_summary(1, 1, 0, 100))
     state = run(tiling.tile_scene, history)
     new = leaf_actions(state)[1 + tiling.PARALLEL_BATCHES:]
     assert [a["instanceId"] for a in new] == [tiling.batch_instance_id(job["job_id"], tiling.PARALLEL_BATCHES)]
     assert state["customStatus"]["windows_done"] == 1 and state["customStatus"]["batches_done"] == 1
 
 
-def batch_summary(windows, written, present, nbytes):
+def batch_summary(windows, written, present, nbytes, batches=1):
     return {"windows": windows, "written": written, "already_present": present, "skipped": present,
-            "bytes": nbytes, "errors": []}
+            "bytes": nbytes, "errors": [], "batches": batches}
 
 
 def test_fan_in_then_assembly_then_summary():
@@ -131,7 +130,7 @@ def test_render_batch_fans_out_one_activity_per_window_and_sums():
     history.completed(2, {"window": "0000_0002", "outcome": "already-present", "skipped": False, "nbytes": 6})
     state = run(tiling.render_batch, history)
     assert state["output"] == {"windows": 3, "written": 1, "already_present": 2, "skipped": 1, "bytes": 18,
-                               "errors": []}
+                               "errors": [], "batches": 1}
 
 
 def test_failed_activity_is_retried_then_fails_the_batch_after_the_last_timer():
@@ -166,3 +165,52 @@ def test_a_mosaic_that_fails_its_checks_fails_the_job():
     history.scheduled(3, names.ASSEMBLE_MOSAIC).episode()
     history.completed(3, {"error": "mosaic check failed: 2 levels, 3 expected", "error_type": "MosaicCheckError"})
     assert "mosaic check failed: 2 levels, 3 expected" in run_failing(tiling.tile_scene, history)
+
+
+BIG_JOB = {**JOB, "window_size": 256, "batch_size": 2}
+BIG_SCENE = {"width": 2048, "height": 1536}  # 8 x 6 = 48 windows, 24 batches of 2: more than one group
+
+
+def test_large_scenes_fan_out_groups_of_batches_so_the_job_history_stays_bounded():
+    state = run(tiling.tile_scene, validated_history(BIG_JOB, BIG_SCENE))
+    groups = leaf_actions(state)[1:]
+    assert len(groups) == tiling.PARALLEL_GROUPS
+    assert [a["functionName"] for a in groups] == [names.RENDER_GROUP] * 2
+    assert [a["instanceId"] for a in groups] == ["0123456789abcdef-group-0000", "0123456789abcdef-group-0001"]
+    inputs = [json.loads(a["input"]) for a in groups]
+    assert [(i["first_batch"], i["batch_count"]) for i in inputs] == [(0, tiling.GROUP_BATCHES), (16, 8)]
+    assert inputs[0]["scene"] == BIG_SCENE and inputs[0]["job"] == BIG_JOB
+    assert state["customStatus"]["batches_total"] == 24 and state["customStatus"]["windows_total"] == 48
+
+    history = validated_history(BIG_JOB, BIG_SCENE)
+    history.sub_created(1, names.RENDER_GROUP, "g0").sub_created(2, names.RENDER_GROUP, "g1").episode()
+    history.sub_completed(2, batch_summary(16, 16, 0, 1600, batches=8))
+    state = run(tiling.tile_scene, history)
+    assert state["customStatus"]["windows_done"] == 16 and state["customStatus"]["batches_done"] == 8
+
+
+def test_render_group_runs_its_own_batches_and_sums_them():
+    group = {"job": BIG_JOB, "scene": BIG_SCENE, "first_batch": 16, "batch_count": 8}
+    history = History(names.RENDER_GROUP, group, "g1")
+    state = run(tiling.render_group, history)
+    actions = leaf_actions(state)
+    assert [a["instanceId"] for a in actions] == [tiling.batch_instance_id(JOB["job_id"], i) for i in range(16, 20)]
+    first = json.loads(actions[0]["input"])["windows"]
+    # Batch 16 holds windows 32 and 33 of the row-major plan: row 4, columns 0 and 1.
+    assert [(w["row"], w["col"]) for w in first] == [(4, 0), (4, 1)]
+    for i in range(4):
+        history.sub_created(i, names.RENDER_BATCH, actions[i]["instanceId"])
+    history.episode()
+    for i in range(4):
+        history.sub_completed(i, batch_summary(2, 1, 1, 10))
+    state = run(tiling.render_group, history)
+    more = leaf_actions(state)[4:]
+    assert [a["instanceId"] for a in more] == [tiling.batch_instance_id(JOB["job_id"], i) for i in range(20, 24)]
+    for i in range(4, 8):
+        history.sub_created(i, names.RENDER_BATCH, more[i - 4]["instanceId"])
+    history.episode()
+    for i in range(4, 8):
+        history.sub_completed(i, batch_summary(2, 2, 0, 20))
+    state = run(tiling.render_group, history)
+    assert state["output"] == {"windows": 16, "written": 12, "already_present": 4, "skipped": 4, "bytes": 120,
+                               "errors": [], "batches": 8}
