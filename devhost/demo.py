@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -71,7 +72,7 @@ def run_demo(args: argparse.Namespace) -> int:
         os.environ[STORAGE_CONNECTION] = azurite.connection_string
         os.environ[SETTING_WINDOW_SIZE] = str(args.window_size)
         with LocalHost(HostOptions()) as host:
-            windows = -(-args.size // args.window_size) ** 2
+            windows = math.ceil(args.size / args.window_size) ** 2
             say(f"processing {scene.name}: {windows} windows of {args.window_size} px through the local host ...")
             summary = process_file(host, scene, timeout=3600, progress=True)
             summary["host"] = {

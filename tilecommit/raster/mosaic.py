@@ -31,6 +31,7 @@ import shutil
 import tempfile
 import time
 import uuid
+import warnings
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -50,6 +51,7 @@ from azure.core.exceptions import (
 from azure.data.tables import TableClient, UpdateMode
 from azure.storage.blob import BlobClient, ContainerClient, ContentSettings
 from rasterio.enums import Resampling
+from rasterio.errors import NotGeoreferencedWarning
 from rasterio.io import MemoryFile
 
 from .. import gates, jobs, telemetry
@@ -500,7 +502,9 @@ def _build_coarse_levels(
     with open(base_path, "wb") as out:
         tiff.TiffWriter(byte_order).write(out, [base], fetch)
     factors = [2**j for j in range(1, levels_to_fit(base.width, base.height, halve_ceil) + 1)]
-    with gdal_env(settings, {"PREDICTOR_OVERVIEW": predictor_for(scene.dtype)}):
+    with gdal_env(settings, {"PREDICTOR_OVERVIEW": predictor_for(scene.dtype)}), warnings.catch_warnings():
+        # The level copy carries no georeferencing on purpose: only its blocks are reused.
+        warnings.simplefilter("ignore", NotGeoreferencedWarning)
         with rasterio.open(base_path, "r+") as dst:
             dst.build_overviews(factors, Resampling[scene.overview_resampling])
     source = FileRangeSource(base_path)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from datetime import datetime
 
 import numpy as np
@@ -16,6 +17,7 @@ import rasterio
 from pystac.extensions.file import FileExtension
 from pystac.extensions.projection import ProjectionExtension
 from pystac.extensions.raster import DataType, RasterBand, RasterExtension
+from rasterio.errors import NotGeoreferencedWarning
 from rasterio.io import MemoryFile
 from rasterio.warp import transform_geom
 
@@ -128,7 +130,8 @@ def quicklook_png(mosaic_path: str) -> bytes:
     if not valid.all():
         planes.append(np.where(valid, 255, 0).astype(np.uint8))
     stack = np.stack(planes)
-    with MemoryFile() as memory:
+    with MemoryFile() as memory, warnings.catch_warnings():
+        warnings.simplefilter("ignore", NotGeoreferencedWarning)  # a picture, not a map
         with memory.open(driver="PNG", width=stack.shape[2], height=stack.shape[1], count=stack.shape[0], dtype="uint8") as dst:
             dst.write(stack)
         return memory.read()
