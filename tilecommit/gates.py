@@ -15,7 +15,7 @@ import hashlib
 import logging
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from azure.core import MatchConditions
 from azure.core.exceptions import (
@@ -183,6 +183,55 @@ def _put(
     )
 
 
+def create_once(
+    blob: BlobClient,
+    put: Callable[[], Any],
+    *,
+    digest: str,
+    job_id: str = "",
+    gate: str = "blob-create",
+) -> Outcome:
+    """Run ``put``, one create-only request for ``blob`` (``If-None-Match: *``), and classify it.
+
+    ``put`` is a single Put Blob, or the Put Block List of blocks already staged: either way the
+    condition and the body's sha256 (in the metadata) travel in the request that creates the blob.
+    Returns ``WRITTEN`` when this request created the blob; ``ALREADY_PRESENT`` when anything held
+    the key (409 BlobAlreadyExists or 412 ConditionNotMet, whatever exception class the SDK raised),
+    logged at INFO and counted, the stored sha256 compared with ``digest`` (a difference logged at
+    WARNING and counted). A transport fault with an unknown outcome is resolved from the stored
+    sha256: ours means written, absent means the same conditional request again, never without
+    its condition. Anything else raises :class:`StorageFaultError`.
+    """
+    name = blob.blob_name
+    for _ in range(UNKNOWN_OUTCOME_ATTEMPTS):
+        try:
+            put()
+            return Outcome.WRITTEN
+        except HttpResponseError as exc:
+            if not is_create_rejection(exc):
+                raise storage_fault("creating blob", name, exc) from exc
+            count_rejection(gate, exc.status_code, job_id, name, "already present")
+            stored, _ = stored_blob_sha256(blob)
+            if stored != digest:
+                count_mismatch(gate, job_id, name, digest, stored)
+            return Outcome.ALREADY_PRESENT
+        except _TRANSPORT_FAULTS as exc:
+            stored, _ = stored_blob_sha256(blob)
+            if stored is None:
+                logger.warning("create of %r had no answer (%s) and nothing is stored: sending the same conditional request again", name, exc)
+                continue
+            telemetry.unknown_outcome_resolved.add(1, {"gate": gate})
+            if stored == digest:
+                logger.info("create of %r had no answer (%s); the stored sha256 is ours: written", name, exc)
+                return Outcome.WRITTEN
+            count_rejection(gate, None, job_id, name, "already present, found after a lost response")
+            count_mismatch(gate, job_id, name, digest, stored)
+            return Outcome.ALREADY_PRESENT
+    raise StorageFaultError(
+        f"creating blob {name!r}: no answer after {UNKNOWN_OUTCOME_ATTEMPTS} conditional requests and nothing stored"
+    )
+
+
 def commit_blob(
     container: ContainerClient,
     name: str,
@@ -194,44 +243,19 @@ def commit_blob(
 ) -> Outcome:
     """Create ``name`` with ``body`` if nothing holds the key: one Put Blob with ``If-None-Match: *``.
 
-    Returns ``WRITTEN`` when this call created it, ``ALREADY_PRESENT`` when anything already
-    held the key (409 BlobAlreadyExists or 412 ConditionNotMet). The sha256 of the body goes into
-    the blob's metadata in the same request; on ``ALREADY_PRESENT`` it is compared with the
-    stored one (a difference is logged at WARNING and counted). A transport fault with an
-    unknown outcome is resolved from that stored sha256. Anything else raises
-    :class:`StorageFaultError`.
+    Outcomes and evidence as :func:`create_once`. The body never goes up as staged blocks, whose
+    Put Block requests carry no condition, whatever its size.
     """
     body = bytes(body)
     digest = sha256_hex(body)
     blob = _single_put_client(container, name, len(body))
-    for _ in range(UNKNOWN_OUTCOME_ATTEMPTS):
-        try:
-            # overwrite=False makes the SDK send If-None-Match: *. (Passing etag="*" with
-            # MatchConditions.IfMissing raises TypeError in the SDK: see the design notes.)
-            _put(blob, body, digest=digest, content_type=content_type, metadata=metadata, overwrite=False)
-            return Outcome.WRITTEN
-        except HttpResponseError as exc:
-            if not is_create_rejection(exc):
-                raise storage_fault("creating blob", name, exc) from exc
-            count_rejection("blob-create", exc.status_code, job_id, name, "already present")
-            stored, _ = stored_blob_sha256(blob)
-            if stored != digest:
-                count_mismatch("blob-create", job_id, name, digest, stored)
-            return Outcome.ALREADY_PRESENT
-        except _TRANSPORT_FAULTS as exc:
-            stored, _ = stored_blob_sha256(blob)
-            if stored is None:
-                logger.warning("put of %r had no answer (%s) and nothing is stored: trying the same conditional put again", name, exc)
-                continue
-            telemetry.unknown_outcome_resolved.add(1, {"gate": "blob-create"})
-            if stored == digest:
-                logger.info("put of %r had no answer (%s); the stored sha256 is ours: written", name, exc)
-                return Outcome.WRITTEN
-            count_rejection("blob-create", None, job_id, name, "already present, found after a lost response")
-            count_mismatch("blob-create", job_id, name, digest, stored)
-            return Outcome.ALREADY_PRESENT
-    raise StorageFaultError(
-        f"creating blob {name!r}: no answer after {UNKNOWN_OUTCOME_ATTEMPTS} conditional puts and nothing stored"
+    # overwrite=False makes the SDK send If-None-Match: *. (Passing etag="*" with
+    # MatchConditions.IfMissing raises TypeError in the SDK: see the design notes.)
+    return create_once(
+        blob,
+        lambda: _put(blob, body, digest=digest, content_type=content_type, metadata=metadata, overwrite=False),
+        digest=digest,
+        job_id=job_id,
     )
 
 
@@ -443,6 +467,7 @@ __all__ = [
     "ManifestEntry",
     "ManifestSummary",
     "commit_blob",
+    "create_once",
     "repair_blob",
     "record_manifest_entry",
     "get_manifest_entry",

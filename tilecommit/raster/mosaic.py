@@ -54,7 +54,7 @@ from rasterio.enums import Resampling
 from rasterio.errors import NotGeoreferencedWarning
 from rasterio.io import MemoryFile
 
-from .. import gates, jobs, telemetry
+from .. import gates, jobs
 from ..errors import (
     AssemblyInProgressError,
     IncompatibleTilesError,
@@ -904,37 +904,17 @@ def commit_staged_blob(
     (azure-storage-blob 12.31.1, ``_get_match_headers`` pops ``etag`` only for IfNotModified/IfModified).
     """
     blob = container.get_blob_client(name)
-    gate = "blob-create"
-    for _ in range(gates.UNKNOWN_OUTCOME_ATTEMPTS):
-        try:
-            blob.commit_block_list(
-                block_ids,
-                content_settings=ContentSettings(content_type=content_type),
-                metadata={**(metadata or {}), gates.SHA256_METADATA_KEY: sha256},
-                match_condition=MatchConditions.IfMissing,
-            )
-            return gates.Outcome.WRITTEN
-        except HttpResponseError as exc:
-            if not gates.is_create_rejection(exc):
-                raise gates.storage_fault("committing the staged blocks of", name, exc) from exc  # pylint: disable=protected-access
-            gates.count_rejection(gate, exc.status_code, job_id, name, "already present")  # pylint: disable=protected-access
-            stored, _ = gates.stored_blob_sha256(blob)
-            if stored != sha256:
-                gates.count_mismatch(gate, job_id, name, sha256, stored)  # pylint: disable=protected-access
-            return gates.Outcome.ALREADY_PRESENT
-        except _TRANSPORT_FAULTS as exc:
-            stored, _ = gates.stored_blob_sha256(blob)
-            if stored is None:
-                logger.warning("commit of %r had no answer (%s) and nothing is stored: committing the same blocks again", name, exc)
-                continue
-            telemetry.unknown_outcome_resolved.add(1, {"gate": gate})
-            if stored == sha256:
-                logger.info("commit of %r had no answer (%s); the stored sha256 is ours: written", name, exc)
-                return gates.Outcome.WRITTEN
-            gates.count_rejection(gate, None, job_id, name, "already present, found after a lost response")  # pylint: disable=protected-access
-            gates.count_mismatch(gate, job_id, name, sha256, stored)  # pylint: disable=protected-access
-            return gates.Outcome.ALREADY_PRESENT
-    raise StorageFaultError(f"committing {name!r}: no answer after {gates.UNKNOWN_OUTCOME_ATTEMPTS} conditional commits and nothing stored")
+    return gates.create_once(
+        blob,
+        lambda: blob.commit_block_list(
+            block_ids,
+            content_settings=ContentSettings(content_type=content_type),
+            metadata={**(metadata or {}), gates.SHA256_METADATA_KEY: sha256},
+            match_condition=MatchConditions.IfMissing,
+        ),
+        digest=sha256,
+        job_id=job_id,
+    )
 
 
 def commit_file(
@@ -954,31 +934,19 @@ def commit_file(
     """
     blob = container.get_blob_client(name)
     size = os.path.getsize(path)
-    for _ in range(gates.UNKNOWN_OUTCOME_ATTEMPTS):
-        try:
-            with open(path, "rb") as body:
-                blob.upload_blob(
-                    body,
-                    length=size,
-                    overwrite=False,
-                    metadata={**(metadata or {}), gates.SHA256_METADATA_KEY: sha256},
-                    content_settings=ContentSettings(content_type=content_type),
-                    max_concurrency=UPLOAD_CONCURRENCY,
-                )
-            return gates.Outcome.WRITTEN
-        except HttpResponseError as exc:
-            if not gates.is_create_rejection(exc):
-                raise StorageFaultError(f"uploading {name} failed: {exc}") from exc
-            stored, _ = gates.stored_blob_sha256(blob)
-            logger.info("job %s: %s already present (status %s); stored sha256 %s, ours %s", job_id, name, exc.status_code, stored, sha256)
-            return gates.Outcome.ALREADY_PRESENT
-        except _TRANSPORT_FAULTS as exc:
-            stored, _ = gates.stored_blob_sha256(blob)
-            if stored is None:
-                logger.warning("upload of %s had no answer (%s) and nothing is stored: uploading again", name, exc)
-                continue
-            return gates.Outcome.WRITTEN if stored == sha256 else gates.Outcome.ALREADY_PRESENT
-    raise StorageFaultError(f"uploading {name}: no answer after {gates.UNKNOWN_OUTCOME_ATTEMPTS} attempts and nothing stored")
+
+    def upload() -> None:
+        with open(path, "rb") as body:
+            blob.upload_blob(
+                body,
+                length=size,
+                overwrite=False,
+                metadata={**(metadata or {}), gates.SHA256_METADATA_KEY: sha256},
+                content_settings=ContentSettings(content_type=content_type),
+                max_concurrency=UPLOAD_CONCURRENCY,
+            )
+
+    return gates.create_once(blob, upload, digest=sha256, job_id=job_id)
 
 
 def _blob_exists(container: ContainerClient, name: str):
