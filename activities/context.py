@@ -25,7 +25,8 @@ class ActivityContext:
 
 
 @lru_cache(maxsize=4)
-def _context_for(connection_value: str, settings: Settings) -> ActivityContext:
+def _context_for(connection_key: str, settings: Settings) -> ActivityContext:
+    """Clients for one connection (``connection_key`` only keys the cache) and one set of settings."""
     connection = StorageConnection.from_env()
     blobs = connection.blob_service()
     tables = connection.table_service()
