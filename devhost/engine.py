@@ -234,7 +234,6 @@ class Engine:
         duplicate_activities: bool = False,
         timer_scale: float = 1.0,
         episode_linger: float = 0.01,
-        on_activity_start: Callable[[str, Any], None] | None = None,
     ):
         self.index = index
         self.store = store
@@ -242,7 +241,6 @@ class Engine:
         self.duplicate_activities = duplicate_activities
         self.timer_scale = timer_scale
         self.episode_linger = episode_linger
-        self.on_activity_start = on_activity_start
         self.stats = EngineStats()
         self.executions: deque[ActivityExecution] = deque(maxlen=MAX_EXECUTION_RECORDS)
         self._episode_errors: dict[str, int] = {}
@@ -314,10 +312,6 @@ class Engine:
                 if remaining is not None and remaining <= 0:
                     raise TimeoutError(f"instance {instance_id} not finished after {timeout} s")
                 self._changed.wait(timeout=0.5 if remaining is None else min(0.5, remaining))
-
-    def idle(self) -> bool:
-        with self._lock:
-            return not self._ready and not any(i.status in (PENDING, RUNNING) for i in self._instances.values())
 
     # ------------------------------------------------------------------ instances
 
@@ -635,8 +629,6 @@ class Engine:
     def _run_activity(self, instance_id: str, task_id: int, name: str, input_json: str | None) -> None:
         if self._stopping:
             return
-        if self.on_activity_start:
-            self.on_activity_start(name, input_json)
         started = time.perf_counter()
         result = error = None
         try:
