@@ -211,6 +211,16 @@ def wait_for_state(storage, app_env: AppEnv, job_id: str, predicate, timeout: fl
     raise TimeoutError(f"job {job_id}: condition not reached; last state {state}")
 
 
+def serve_until_finished(storage, app_env: AppEnv, log: Path, job_id: str) -> dict:
+    """Start a fresh host (as after a crash), wait until the job is finished, stop the host."""
+    host = serve(app_env, log)
+    try:
+        return wait_for_state(storage, app_env, job_id, lambda s: s["status"] in ("Completed", "Failed"))
+    finally:
+        os.killpg(host.pid, signal.SIGTERM)
+        host.wait(timeout=60)
+
+
 def test_killed_between_tile_commit_and_manifest_row_resumes_to_identical_outputs(storage, app_env, tmp_path):
     scene = make_scene(tmp_path / "scene.tif", 1100, 800)  # 5 x 4 = 20 windows
     log = tmp_path / "serve.log"
@@ -227,12 +237,7 @@ def test_killed_between_tile_commit_and_manifest_row_resumes_to_identical_output
     # The kill came at the 6th row; rows 1-5 may still have been in flight on other threads.
     assert 1 <= rows_at_crash <= 5 and len(tiles_at_crash) > rows_at_crash  # a tile without its row
 
-    resumed = serve(app_env, log)
-    try:
-        state = wait_for_state(storage, app_env, job_id, lambda s: s["status"] in ("Completed", "Failed"))
-    finally:
-        os.killpg(resumed.pid, signal.SIGTERM)
-        resumed.wait(timeout=60)
+    state = serve_until_finished(storage, app_env, log, job_id)
     assert state["status"] == "Completed", state
     final = tile_hashes(storage, app_env, job_id)
     # Tiles committed before the crash were not rewritten: same ETag, same checksum.
@@ -255,12 +260,7 @@ def test_killed_after_some_batches_resumes_and_completes(storage, app_env, tmp_p
         first.wait(timeout=60)
     table = storage.table_service().get_table_client(app_env.manifest)
     assert count_manifest(table, job_id).rows < 30
-    second = serve(app_env, log)
-    try:
-        state = wait_for_state(storage, app_env, job_id, lambda s: s["status"] in ("Completed", "Failed"))
-    finally:
-        os.killpg(second.pid, signal.SIGTERM)
-        second.wait(timeout=60)
+    state = serve_until_finished(storage, app_env, log, job_id)
     assert state["status"] == "Completed", state
     check_outputs(storage, app_env, {"status": "completed", "job_id": job_id, "windows": 30}, scene)
 
