@@ -97,7 +97,9 @@ def test_e2e_and_memory_on_a_tiny_scene(ctx, tmp_path):
     entry = mem["sizes"]["512"]
     assert entry["windows"] == 4 and entry["tile_worker"]["windows_rendered"] == 2
     assert entry["assembly"]["method"] in ("blocks", "vrt")
+    # Each figure is rounded to 0.1 MiB: the sum can be off by half a unit per rounded term.
     assert entry["tiling_instance_mb"] == pytest.approx(
-        entry["baseline"]["peak_rss_mb"] + entry["concurrency"] * entry["tile_increment_mb"], abs=0.2)
+        entry["baseline"]["peak_rss_mb"] + entry["concurrency"] * entry["tile_increment_mb"],
+        abs=0.05 * (entry["concurrency"] + 2) + 1e-9)
     for kept in keep.values():
         ctx.storage.drop(kept["env"])
