@@ -339,11 +339,10 @@ class Engine:
     def _deliver(self, instance_id: str, event: dict) -> None:
         with self._lock:
             inst = self._instances.get(instance_id)
-            if inst is None or inst.status in TERMINAL:
-                return
             task_id = _completion_task_id(event)
-            if task_id in inst.delivered or task_id not in inst.open:
-                # A second execution of an at-least-once activity: the first result stands.
+            if inst is None or inst.status in TERMINAL or task_id in inst.delivered or task_id not in inst.open:
+                # A second execution of an at-least-once activity (possibly landing after the
+                # instance finished): the first result stands.
                 self.stats.duplicate_completions_dropped += 1
                 return
             inst.delivered.add(task_id)
