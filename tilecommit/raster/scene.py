@@ -103,6 +103,17 @@ def is_fault_message(message: str) -> bool:
     return any(word in lowered for word in ("http", "curl", "connection", "timed out", "timeout", "ssl"))
 
 
+def read_failure(exc: RasterioIOError, what: str, invalid: str) -> Exception:
+    """The error for a failed GDAL read: a transport fault (retry) or bytes that cannot be decoded.
+
+    ``what`` names what was being read (for the fault's message); ``invalid`` is the refusal's
+    message, saying what is wrong and what would be accepted.
+    """
+    if is_fault_message(str(exc)):
+        return StorageFaultError(f"reading {what} failed: {exc}")
+    return InvalidRasterError(invalid)
+
+
 def _explain_open_failure(path: str, exc: RasterioIOError) -> Exception:
     message = str(exc)
     found = vsi.probe(path)
@@ -233,11 +244,11 @@ def _check_blocks_present(path: str, src) -> None:
     try:
         src.read(window=last_window)
     except RasterioIOError as exc:
-        if is_fault_message(str(exc)):
-            raise StorageFaultError(f"reading {path} failed: {exc}") from exc
-        raise InvalidRasterError(
+        raise read_failure(
+            exc,
+            path,
             f"{path} is corrupt: its block at column {int(last_window.col_off)}, row {int(last_window.row_off)} "
-            f"cannot be decoded ({exc}); upload an intact file"
+            f"cannot be decoded ({exc}); upload an intact file",
         ) from exc
 
 

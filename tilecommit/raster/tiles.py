@@ -23,11 +23,11 @@ from rasterio.io import MemoryFile
 from rasterio.windows import Window as RioWindow
 
 from .. import gates, jobs
-from ..errors import InvalidRasterError, StorageFaultError
+from ..errors import InvalidRasterError
 from ..grid import Window
 from ..settings import Settings
 from .env import BLOCK_SIZE, NUM_THREADS, gdal_env
-from .scene import has_colormap, is_fault_message, overview_resampling_for
+from .scene import has_colormap, overview_resampling_for, read_failure
 
 logger = logging.getLogger(__name__)
 
@@ -96,11 +96,11 @@ def encode_tile(src, window: RioWindow | Window, *, window_size: int, num_thread
         data = src.read(window=window)
         mask = src.dataset_mask(window=window) if _per_dataset_mask(src) else None
     except RasterioIOError as exc:
-        if is_fault_message(str(exc)):
-            raise StorageFaultError(f"reading window {window} of {src.name} failed: {exc}") from exc
-        raise InvalidRasterError(
+        raise read_failure(
+            exc,
+            f"window {window} of {src.name}",
             f"{src.name}: the pixels of window col={int(window.col_off)} row={int(window.row_off)} "
-            f"{int(window.width)}x{int(window.height)} cannot be decoded ({exc}): the file is truncated or corrupt"
+            f"{int(window.width)}x{int(window.height)} cannot be decoded ({exc}): the file is truncated or corrupt",
         ) from exc
     read_s = time.perf_counter() - started
 
@@ -211,9 +211,9 @@ def render_tile(
         try:
             src = rasterio.open(source_path)
         except RasterioIOError as exc:
-            if is_fault_message(str(exc)):
-                raise StorageFaultError(f"opening {source_path} failed: {exc}") from exc
-            raise InvalidRasterError(f"{source_path} cannot be opened to render window {window.id}: {exc}") from exc
+            raise read_failure(
+                exc, source_path, f"{source_path} cannot be opened to render window {window.id}: {exc}"
+            ) from exc
         with src:
             if window.col_off + window.width > src.width or window.row_off + window.height > src.height:
                 raise InvalidRasterError(
