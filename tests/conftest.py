@@ -48,26 +48,51 @@ def storage(azurite) -> StorageConnection:
     return StorageConnection.from_connection_string(azurite.connection_string)
 
 
-def _unique_name(request, prefix: str, alphabet: str) -> str:
+def _unique_name(request, prefix: str) -> str:
+    """A storage name unique to this test: the prefix, the test's name, a hash of its node id."""
     digest = hashlib.sha256(request.node.nodeid.encode()).hexdigest()[:12]
-    stem = re.sub(alphabet, "", request.node.name.lower())[:20]
+    stem = re.sub(r"[^a-z0-9]", "", request.node.name.lower())[:20]
     return f"{prefix}{stem}{digest}"
 
 
 @pytest.fixture
-def container(storage, request):
-    """A fresh blob container for this test."""
-    name = _unique_name(request, "t-", r"[^a-z0-9]")
-    client = storage.blob_service().get_container_client(name)
-    client.create_container()
-    yield client
-    client.delete_container()
+def new_container(storage, request):
+    """Factory: ``new_container(prefix)`` makes a fresh blob container, deleted after the test."""
+    made = []
+
+    def make(prefix: str = "t-"):
+        client = storage.blob_service().get_container_client(_unique_name(request, prefix))
+        client.create_container()
+        made.append(client)
+        return client
+
+    yield make
+    for client in made:
+        client.delete_container()
 
 
 @pytest.fixture
-def table(storage, request):
+def new_table(storage, request):
+    """Factory: ``new_table(prefix)`` makes a fresh table, deleted after the test."""
+    made = []
+
+    def make(prefix: str = "t"):
+        client = storage.table_service().create_table(_unique_name(request, prefix))
+        made.append(client)
+        return client
+
+    yield make
+    for client in made:
+        client.delete_table()
+
+
+@pytest.fixture
+def container(new_container):
+    """A fresh blob container for this test."""
+    return new_container()
+
+
+@pytest.fixture
+def table(new_table):
     """A fresh table for this test."""
-    name = _unique_name(request, "t", r"[^a-z0-9]")
-    client = storage.table_service().create_table(name)
-    yield client
-    client.delete_table()
+    return new_table()

@@ -45,39 +45,24 @@ JOB = "0123456789abcdef"
 # --------------------------------------------------------------------------- fixtures
 
 
-def _name(request, prefix: str) -> str:
-    digest = hashlib.sha256(request.node.nodeid.encode()).hexdigest()[:10]
-    return f"{prefix}{digest}"
+@pytest.fixture
+def tiles(new_container):
+    return new_container("tiles-")
 
 
 @pytest.fixture
-def tiles(storage, request):
-    client = storage.blob_service().get_container_client(_name(request, "tiles-"))
-    client.create_container()
-    yield client
-    client.delete_container()
+def output(new_container):
+    return new_container("out-")
 
 
 @pytest.fixture
-def output(storage, request):
-    client = storage.blob_service().get_container_client(_name(request, "out-"))
-    client.create_container()
-    yield client
-    client.delete_container()
+def manifest(new_table):
+    return new_table("manifest")
 
 
 @pytest.fixture
-def manifest(storage, request):
-    client = storage.table_service().create_table(_name(request, "manifest"))
-    yield client
-    client.delete_table()
-
-
-@pytest.fixture
-def claims(storage, request):
-    client = storage.table_service().create_table(_name(request, "claims"))
-    yield client
-    client.delete_table()
+def claims(new_table):
+    return new_table("claims")
 
 
 @pytest.fixture
