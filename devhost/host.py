@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tilecommit.settings import STORAGE_CONNECTION, TASK_HUB, Settings
+from tilecommit.settings import TASK_HUB, Settings
 from tilecommit.storage import StorageConnection
 
 from .engine import Engine
@@ -22,16 +22,15 @@ logger = logging.getLogger(__name__)
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
-def load_local_settings(root: Path = PROJECT_ROOT, environ: dict | None = None) -> dict[str, str]:
-    """App settings as ``func start`` would give them: the environment first, then
-    ``local.settings.json``, then ``local.settings.example.json`` (Azurite on its default ports)."""
-    env = os.environ if environ is None else environ
+def load_local_settings(root: Path = PROJECT_ROOT) -> dict[str, str]:
+    """App settings from ``local.settings.json``, over ``local.settings.example.json`` (Azurite on
+    its default ports). :func:`apply_settings` puts them where the environment has no value, so the
+    environment comes first, as with ``func start``."""
     values: dict[str, str] = {}
     for name in ("local.settings.example.json", "local.settings.json"):
         path = root / name
         if path.exists():
             values.update(json.loads(path.read_text())["Values"])
-    values.update({k: v for k, v in env.items() if k in values or k.startswith(STORAGE_CONNECTION)})
     return values
 
 
