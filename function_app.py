@@ -4,7 +4,14 @@ A blob upload (Event Grid source) starts one Durable job per upload version; the
 one activity per window through batch sub-orchestrations and fans in to the mosaic assembly.
 """
 
-import azure.durable_functions as df
+import os
+
+# PROJ fetches a grid file over the network when a CRS names one and PROJ_NETWORK is on; a CRS
+# comes from an upload, which is untrusted, so this worker process never lets it (PROJ reads the
+# variable when GDAL first uses it, after this line). docs/uploads.md lists every such setting.
+os.environ["PROJ_NETWORK"] = "OFF"
+
+import azure.durable_functions as df  # noqa: E402 - after the process settings above
 import azure.functions as func
 import azurefunctions.extensions.bindings.blob as blob
 

@@ -15,7 +15,7 @@ from azure.storage.blob import BlobClient
 
 from tilecommit.errors import InvalidNameError
 from tilecommit.jobs import check_upload_name, job_id_for
-from tilecommit.settings import RASTER_EXTENSIONS, Settings
+from tilecommit.settings import SIDECAR_SUFFIXES, Settings
 
 from . import names
 
@@ -57,9 +57,11 @@ async def start_job(source: BlobClient, client: df.DurableOrchestrationClient, s
     except InvalidNameError as exc:
         return _decided(StartDecision("ignored", name, reason=str(exc)), logging.WARNING,
                         "ignoring upload %r: %s", name, exc)
-    if not name.lower().endswith(RASTER_EXTENSIONS):
-        return _decided(StartDecision("ignored", name, reason="not a raster by its extension"), logging.INFO,
-                        "ignoring upload %r: not a raster by its extension %s", name, RASTER_EXTENSIONS)
+    if name.lower().endswith(SIDECAR_SUFFIXES):
+        # What the upload is, is decided by its content when the job validates it; a sidecar is
+        # never read, with its raster or on its own, so it starts nothing.
+        return _decided(StartDecision("ignored", name, reason="sidecar file, never read"), logging.INFO,
+                        "ignoring upload %r: a sidecar file (%s), never read", name, ", ".join(SIDECAR_SUFFIXES))
 
     props = await asyncio.to_thread(source.get_blob_properties)
     if props.size == 0:

@@ -265,20 +265,37 @@ def test_killed_after_some_batches_resumes_and_completes(storage, app_env, tmp_p
     check_outputs(storage, app_env, {"status": "completed", "job_id": job_id, "windows": 30}, scene)
 
 
-def test_zero_byte_and_non_raster_uploads_are_ignored_not_failed(storage, app_env, tmp_path):
+def test_zero_byte_and_sidecar_uploads_are_ignored_not_failed(storage, app_env, tmp_path):
     empty = tmp_path / "empty.tif"
     empty.write_bytes(b"")
-    notes = tmp_path / "notes.txt"
-    notes.write_text("not a raster")
+    sidecar = tmp_path / "scene.tif.aux.xml"
+    sidecar.write_text("<PAMDataset><SRS>EPSG:4326</SRS></PAMDataset>")
     with local_host(app_env) as host:
         first = process_file(host, empty, timeout=60)
-        second = process_file(host, notes, timeout=60)
+        second = process_file(host, sidecar, timeout=60)
         instances = host.store.instances()
         acked = host.watcher.failures
     assert first == {"job_id": None, "status": "failed", "error": "upload ignored: zero-byte blob",
                      "elapsed_s": first["elapsed_s"]}
-    assert second["error"] == "upload ignored: not a raster by its extension"
+    assert second["error"] == "upload ignored: sidecar file, never read"
     assert instances == [] and acked == {}  # nothing started, and the deliveries did not fail
+
+
+def test_what_an_upload_is_comes_from_its_content_not_its_name(storage, app_env, tmp_path):
+    """A GeoTIFF named .dat is processed; text named .tif fails its job with what is accepted."""
+    scene = make_scene(tmp_path / "scene.tif", 300, 260)
+    renamed = tmp_path / "scene.dat"
+    renamed.write_bytes(scene.read_bytes())
+    notes = tmp_path / "notes.tif"
+    notes.write_text("meeting notes, saved with the wrong extension\n")
+    with local_host(app_env) as host:
+        good = process_file(host, renamed, timeout=120)
+        bad = process_file(host, notes, timeout=60)
+    check_outputs(storage, app_env, good, scene)
+    assert bad["status"] == "failed", bad
+    assert "is not a TIFF" in bad["error"] and "accepted: a self-contained GeoTIFF" in bad["error"], bad
+    tiles = storage.blob_service().get_container_client(app_env.tiles)
+    assert list(tiles.list_blobs(name_starts_with=f"tiles/{bad['job_id']}/")) == []
 
 
 def run_cli(app_env: AppEnv, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:

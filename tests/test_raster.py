@@ -338,9 +338,7 @@ def test_windows_read_through_vsiaz_equal_the_local_file(small_scene, stores, st
     assert [r.sha256 for r in remote_results] == [r.sha256 for r in local]
 
 
-def test_a_block_that_cannot_be_decoded_fails_its_window_and_writes_nothing(tmp_path, stores):
-    """Corruption inside the file (not in the block stored last, which inspection decodes) is found
-    when its window is read: InvalidRasterError, and no blob or row for that window."""
+def _damage_first_block(tmp_path) -> str:
     spec = SceneSpec(1024, 512, 1, "uint16", blocksize=256)
     path = write_scene(str(tmp_path / "corrupt.tif"), spec)
     with rasterio.open(path) as src:
@@ -349,6 +347,24 @@ def test_a_block_that_cannot_be_decoded_fails_its_window_and_writes_nothing(tmp_
     with open(path, "r+b") as f:
         f.seek(offset)
         f.write(b"\xff" * size)
+    return path
+
+
+def test_a_damaged_block_of_a_small_source_is_refused_by_inspection(tmp_path):
+    """A source within the full-decode budget is decoded whole before any tile is written."""
+    path = _damage_first_block(tmp_path)
+    with pytest.raises(InvalidRasterError, match="pixels at column 0, row 0 .* cannot be decoded"):
+        inspect_source(path, settings=Settings(window_size=256))
+
+
+def test_a_block_that_cannot_be_decoded_fails_its_window_and_writes_nothing(tmp_path, stores, monkeypatch):
+    """In a source over the full-decode budget (the budget lowered here, so the file can stay small),
+    inspection decodes only the block stored last; damage elsewhere is found when its window is
+    read: InvalidRasterError, and no blob or row for that window."""
+    from tilecommit.raster import scene as scene_module
+
+    monkeypatch.setattr(scene_module, "FULL_DECODE_MAX_FILE_BYTES", 0)
+    path = _damage_first_block(tmp_path)
     settings = Settings(window_size=256)
     inspect_source(path, settings=settings)  # the damage is not where inspection looks
     window = plan_windows(1024, 512, 256)[0]

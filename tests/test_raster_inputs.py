@@ -105,7 +105,7 @@ def make_complex(tmp_path):
 
 BAD_INPUTS = {
     # id: (maker, error type, message fragments, settings)
-    "not-a-raster": (make_not_a_raster, InvalidRasterError, ["is not a raster GDAL can read", "accepted:"]),
+    "not-a-raster": (make_not_a_raster, InvalidRasterError, ["is not a TIFF", "accepted: a self-contained GeoTIFF"]),
     "zero-bytes": (make_zero_bytes, InvalidRasterError, ["is empty (0 bytes)", "upload the raster itself"]),
     "corrupt-tiff": (make_corrupt_tiff, InvalidRasterError, ["starts like a TIFF", "truncated or corrupt"]),
     "truncated-header": (make_truncated_header, InvalidRasterError, ["starts like a TIFF", "truncated or corrupt"]),

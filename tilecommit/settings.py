@@ -64,8 +64,14 @@ DEFAULT_MAX_PIXELS = 40960 * 40960
 #: GDAL block cache per process, in MB (the tuned value of the design notes).
 DEFAULT_GDAL_CACHEMAX_MB = 64
 
-#: Raster extensions the trigger accepts; anything else is logged and ignored.
-RASTER_EXTENSIONS = (".tif", ".tiff", ".gtiff", ".geotiff", ".img", ".jp2", ".vrt")
+#: Names of sidecar files: companions GDAL would read beside a raster (metadata, overviews,
+#: masks, world files, projection files). The app never reads them with a raster, and an upload
+#: with such a name starts no job (it is logged and ignored). Whether any other upload is a
+#: raster is decided by its content, never its name (tilecommit/raster/upload.py).
+SIDECAR_SUFFIXES = (
+    ".aux.xml", ".aux", ".ovr", ".msk", ".tfw", ".tifw", ".tiffw", ".wld", ".prj", ".tab",
+    ".imd", ".rpb", "_rpc.txt", ".xml",
+)
 
 
 @dataclass(frozen=True)

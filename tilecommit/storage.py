@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 from azure.data.tables import TableServiceClient
 from azure.storage.blob import BlobServiceClient
 
-from .errors import ConfigurationError
+from .errors import ConfigurationError, InvalidNameError
 from .settings import STORAGE_CONNECTION
 
 #: The scope of a token for Azure Storage (blobs, tables and queues).
@@ -149,5 +149,16 @@ class StorageConnection:
 
 
 def vsiaz_path(container: str, blob_name: str) -> str:
-    """The GDAL path of a blob: ``/vsiaz/{container}/{blob}``."""
+    """The GDAL path of a blob: ``/vsiaz/{container}/{blob}``.
+
+    A blob name is data from outside. GDAL sends the path's segments as they are, and the HTTP
+    layer below it resolves ``.`` and ``..`` segments (RFC 3986), so ``a/../../other/b`` would
+    address another container: such names are refused, as are backslashes.
+    """
+    segments = blob_name.split("/")
+    if any(segment in (".", "..") for segment in segments) or "\\" in blob_name:
+        raise InvalidNameError(
+            f"blob name {blob_name!r} has a '.' or '..' segment or a backslash: it cannot be read as one "
+            "blob of its container; rename it"
+        )
     return f"/vsiaz/{container}/{blob_name}"

@@ -14,7 +14,6 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-import rasterio
 from azure.data.tables import TableClient
 from azure.storage.blob import ContainerClient
 from rasterio.enums import MaskFlags
@@ -28,6 +27,7 @@ from ..grid import Window
 from ..settings import Settings
 from .env import BLOCK_SIZE, NUM_THREADS, gdal_env
 from .scene import has_colormap, overview_resampling_for, read_failure
+from .upload import open_upload, upload_gdal_options
 
 logger = logging.getLogger(__name__)
 
@@ -207,9 +207,10 @@ def render_tile(
         )
 
     name = jobs.tile_blob_name(job_id, window)
-    with gdal_env(settings, gdal_options, num_threads=num_threads):
+    with gdal_env(settings, {**(gdal_options or {}), **upload_gdal_options(source_path)}, num_threads=num_threads):
         try:
-            src = rasterio.open(source_path)
+            # The GTiff driver alone: validate_source checked the content of this same version.
+            src = open_upload(source_path)
         except RasterioIOError as exc:
             raise read_failure(
                 exc, source_path, f"{source_path} cannot be opened to render window {window.id}: {exc}"
