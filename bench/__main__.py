@@ -208,7 +208,8 @@ def print_summary(tgts: list[Target], info: dict, config: dict, elapsed: float) 
 def reprint(path: str) -> int:
     from . import breakdown, contention, duplicates, e2e, memory, orchestration
 
-    results = json.loads(open(path).read())
+    with open(path) as file:
+        results = json.load(file)
     printers = (("e2e", e2e), ("memory", memory), ("breakdown", breakdown), ("duplicates", duplicates),
                 ("orchestration", orchestration), ("contention", contention))
     for key, module in printers:

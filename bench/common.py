@@ -17,10 +17,11 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "bench" / "data"  # gitignored: cached scenes
@@ -131,7 +132,7 @@ def run_measured(args: Sequence[str], *, env: dict | None = None, cwd: Path = RO
         proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", _LAUNCHER, report.name, *map(str, args)],
                                 stdout=out, stderr=err, env=env, cwd=cwd)
         proc.wait()
-        fields = open(report.name).read().split()
+        fields = report.read().split()
         if len(fields) != 5:
             raise RuntimeError(f"the measuring launcher failed (exit {proc.returncode}) for {' '.join(map(str, args[:4]))}")
         maxrss_kib, utime, stime, wall, code = int(fields[0]), float(fields[1]), float(fields[2]), float(fields[3]), int(fields[4])
@@ -217,7 +218,7 @@ class BenchStorage:
         self.blob_port = self.table_port = None
         self._counter = 0
 
-    def __enter__(self) -> "BenchStorage":
+    def __enter__(self) -> BenchStorage:
         if self._given is None:
             from devhost.azurite import Azurite
 
@@ -281,6 +282,7 @@ class BenchStorage:
 
     def ensure(self, env: dict) -> None:
         from azure.core.exceptions import ResourceExistsError
+
         from tilecommit import settings as names
 
         blobs, tables = self.connection.blob_service(), self.connection.table_service()
@@ -346,9 +348,10 @@ class RequestCounter:
         self._lock = threading.Lock()
         self._original: Callable | None = None
 
-    def __enter__(self) -> "RequestCounter":
-        import requests.adapters
+    def __enter__(self) -> RequestCounter:
         from urllib.parse import urlsplit
+
+        import requests.adapters
 
         original = requests.adapters.HTTPAdapter.send
         counter = self
@@ -405,10 +408,10 @@ def machine_info() -> dict:
     except ImportError:
         pass
     try:
+        from importlib.metadata import version
+
         import azure.durable_functions
         import azure.storage.blob
-
-        from importlib.metadata import version
 
         info["azure_functions_durable"] = version("azure-functions-durable")
         info["azure_storage_blob"] = azure.storage.blob.__version__

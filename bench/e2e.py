@@ -66,8 +66,10 @@ def pipeline(ctx: Context, src: Path, env: dict) -> dict:
     azurite_after = ctx.storage.azurite_cpu_s()
     try:
         summary = measured.json()
-    except (ValueError, IndexError):
-        raise RuntimeError(f"devhost process printed no summary (exit {measured.returncode}):\n{measured.stderr[-3000:]}")
+    except (ValueError, IndexError) as exc:
+        raise RuntimeError(
+            f"devhost process printed no summary (exit {measured.returncode}):\n{measured.stderr[-3000:]}"
+        ) from exc
     if summary.get("status") != "completed":
         raise RuntimeError(f"devhost process: job {summary.get('job_id')} {summary.get('status')}: {summary.get('error')}")
     return {**measured.summary(), "elapsed_s": summary["elapsed_s"], "job_id": summary["job_id"],
@@ -138,7 +140,7 @@ def run(ctx: Context, sizes: list[int], repeats: dict[int, int] | int, *, scenes
         figures["ours_azurite_cpu_s"] = spread(r["ours"]["azurite_cpu_s"] for r in runs)
         figures.update(figures_for(runs))
         for key in ("ratio_wall_vs_rio_default", "ratio_cpu_vs_rio_default", "ratio_wall_vs_rio_no_in_memory"):
-            figures[key] = spread((r[key] for r in runs if key in r))
+            figures[key] = spread(r[key] for r in runs if key in r)
         if "rio_no_in_memory" not in modes:
             figures["rio_no_in_memory_note"] = (
                 f"not run: {size}² is over rio-cogeo's {RIO_IN_MEMORY_PIXELS // 10**6} M-pixel in-memory threshold, "
@@ -191,7 +193,7 @@ def chart(report: dict, path: Path) -> Path | None:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     width = 0.26
     for i, (mode, label) in enumerate(modes):
-        for ax, key in zip(axes, ("wall_s", "peak_rss_mb")):
+        for ax, key in zip(axes, ("wall_s", "peak_rss_mb"), strict=True):
             xs, ys, lo, hi = [], [], [], []
             for j, size in enumerate(sizes):
                 s = report["sizes"][size].get(f"{mode}_{key}")
@@ -203,7 +205,7 @@ def chart(report: dict, path: Path) -> Path | None:
                 hi.append(s["max"] - s["median"])
             if xs:
                 ax.bar(xs, ys, width, yerr=[lo, hi], capsize=3, label=label)
-    for ax, title in zip(axes, ("wall time, s (median, min-max)", "peak RSS, MiB")):
+    for ax, title in zip(axes, ("wall time, s (median, min-max)", "peak RSS, MiB"), strict=True):
         ax.set_xticks(range(len(sizes)))
         ax.set_xticklabels([f"{s}²x3 uint16" for s in sizes])
         ax.set_title(title)

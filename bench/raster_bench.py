@@ -213,12 +213,12 @@ def _copy_manifest(tables, settings, from_job: str, to_job: str) -> None:
 
 
 def run(sizes: list[int], methods: list[str]) -> dict:
+    import rasterio
+    import rio_cogeo
+
     from devhost.azurite import Azurite
     from tilecommit.settings import Settings
     from tilecommit.storage import StorageConnection
-
-    import rasterio
-    import rio_cogeo
 
     report: dict = {
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "rasterio": rasterio.__version__,

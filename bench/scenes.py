@@ -116,10 +116,9 @@ def write_scene(path: str, spec: SceneSpec, *, num_threads: int = 2) -> str:
     }
     # A cache holding one row of generator windows lets GDAL compress each block once.
     row_bytes = spec.width * GENERATOR_WINDOW * spec.count * np.dtype(spec.dtype).itemsize
-    with rasterio.Env(GDAL_CACHEMAX=max(64, 2 * row_bytes // 2**20)):
-        with rasterio.open(path, "w", **profile) as dst:
-            for window in generator_windows(spec):
-                dst.write(scene_window(spec, window), window=window)
+    with rasterio.Env(GDAL_CACHEMAX=max(64, 2 * row_bytes // 2**20)), rasterio.open(path, "w", **profile) as dst:
+        for window in generator_windows(spec):
+            dst.write(scene_window(spec, window), window=window)
     return path
 
 

@@ -123,7 +123,7 @@ class LocalHost:
         """Every start decision (started / duplicate / ignored) the starter logged in this host."""
         return self._decision_log.decisions
 
-    def start(self, watch: bool = True) -> "LocalHost":
+    def start(self, watch: bool = True) -> LocalHost:
         logging.getLogger().addHandler(self._decision_log)
         if logging.getLogger().getEffectiveLevel() > logging.INFO:
             logging.getLogger("orchestrators").setLevel(logging.INFO)
@@ -141,7 +141,7 @@ class LocalHost:
         close_durable_client_session()
         logging.getLogger().removeHandler(self._decision_log)
 
-    def __enter__(self) -> "LocalHost":
+    def __enter__(self) -> LocalHost:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:

@@ -21,11 +21,11 @@ import pytest
 
 from devhost.cli import process_file
 from devhost.host import HostOptions, LocalHost
+from tests.scenes import make_scene, read_pixels
 from tilecommit import settings as names
 from tilecommit.gates import count_manifest
 from tilecommit.grid import plan_windows
 from tilecommit.jobs import job_id_for
-from tests.scenes import make_scene, read_pixels
 
 ROOT = Path(__file__).resolve().parent.parent
 WINDOW = 256

@@ -7,9 +7,10 @@ holds the small Bicep reader (`Bicep`) that tests/test_infra_agreement.py uses.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import pytest
 import tree_sitter_bicep

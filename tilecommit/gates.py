@@ -13,9 +13,10 @@ from __future__ import annotations
 import copy
 import hashlib
 import logging
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from enum import Enum
-from typing import Any, Callable, Iterable
+from enum import StrEnum
+from typing import Any
 
 from azure.core import MatchConditions
 from azure.core.exceptions import (
@@ -43,7 +44,7 @@ UNKNOWN_OUTCOME_ATTEMPTS = 3
 _TRANSPORT_FAULTS = (ServiceRequestError, ServiceResponseError)
 
 
-class Outcome(str, Enum):
+class Outcome(StrEnum):
     """What a gated write did. A refusal is an outcome, not an error."""
 
     WRITTEN = "written"

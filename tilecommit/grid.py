@@ -41,7 +41,7 @@ class Window:
         }
 
     @classmethod
-    def from_dict(cls, data: dict) -> "Window":
+    def from_dict(cls, data: dict) -> Window:
         return cls(**{k: int(data[k]) for k in ("row", "col", "row_off", "col_off", "height", "width")})
 
 

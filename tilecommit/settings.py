@@ -7,8 +7,8 @@ Every container, table and app-setting name the app relies on is defined here on
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from .errors import ConfigurationError
 
@@ -96,7 +96,7 @@ class Settings:
             raise ConfigurationError(f"{SETTING_GDAL_CACHEMAX}={self.gdal_cachemax_mb}: expected > 0")
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> "Settings":
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         env = os.environ if environ is None else environ
 
         def integer(name: str, default: int) -> int:

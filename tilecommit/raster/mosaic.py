@@ -33,10 +33,11 @@ import time
 import uuid
 import warnings
 from collections import deque
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
-from typing import BinaryIO, Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from typing import BinaryIO
 from xml.sax.saxutils import escape
 
 import rasterio
@@ -132,7 +133,7 @@ class MosaicResult:
         }
 
     @classmethod
-    def from_dict(cls, data: dict) -> "MosaicResult":
+    def from_dict(cls, data: dict) -> MosaicResult:
         fields = ("outcome", "mosaic", "stac", "quicklook", "nbytes", "overview_levels", "method", "sha256")
         return cls(**{k: data[k] for k in fields if k in data}, timings=dict(data.get("timings") or {}))
 
@@ -351,7 +352,7 @@ def _claim(claims: TableClient, job_id: str, ttl_s: float) -> tuple[str, str]:
     attempt's claim lapse without any process having to survive to release it.
     """
     owner = uuid.uuid4().hex
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     expires = now + timedelta(seconds=ttl_s)
     outcome = gates.record_claim(claims, job_id=job_id, claim=MOSAIC_CLAIM, owner=owner, claimed_at=now, expires_at=expires)
     try:
@@ -515,7 +516,7 @@ def _build_coarse_levels(
         width, height = d.width, d.height
         if d.tile_width != BLOCK_SIZE or d.tile_height != BLOCK_SIZE or d.planar_config != 1:
             raise MosaicCheckError(f"computed level {first_level + j} has blocks of {d.tile_width}x{d.tile_height}")
-        blocks = [tiff.BlockRef("coarse", o, c) for o, c in zip(d.block_offsets, d.block_byte_counts)]
+        blocks = [tiff.BlockRef("coarse", o, c) for o, c in zip(d.block_offsets, d.block_byte_counts, strict=True)]
         tags = tiff.copyable_tags(d, width=width, height=height, subfile_type=tiff.SUBFILE_REDUCED)
         out_dirs.append(tiff.OutputDirectory(tags=tags, blocks=blocks, width=width, height=height))
     if len(out_dirs) != len(factors):
@@ -706,7 +707,7 @@ def check_mosaic_file(
     Only directories are read, never a block. GDAL's COG validator passes a file with missing
     overview levels (design notes, section 4), so the levels are counted here, and their sizes checked.
     """
-    with gdal_env(settings, gdal_options):
+    with gdal_env(settings, gdal_options):  # noqa: SIM117 - the GDAL options scope the open, said apart
         with rasterio.open(path) as src:
             problems = []
             if (src.width, src.height, src.count) != (scene.width, scene.height, scene.count):

@@ -88,7 +88,7 @@ class SceneInfo:
         return data
 
     @classmethod
-    def from_dict(cls, data: dict) -> "SceneInfo":
+    def from_dict(cls, data: dict) -> SceneInfo:
         values = dict(data)
         values["nodata"] = _nodata_from_json(values.get("nodata"))
         values["transform"] = [float(v) for v in values["transform"]]

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import BinaryIO, Callable, Iterable, Iterator
+from typing import BinaryIO
 
 from ..errors import InvalidRasterError
 
@@ -476,7 +477,7 @@ class TiffWriter:
             item = placed[index]
             blocks = item.directory.blocks
             fetched = 0
-            for block, data, offset in zip(blocks, fetch(index, item.directory), item.data_offsets):
+            for block, data, offset in zip(blocks, fetch(index, item.directory), item.data_offsets, strict=False):
                 fetched += 1
                 if len(data) != block.length:
                     raise InvalidRasterError(

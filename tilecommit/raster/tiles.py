@@ -167,7 +167,7 @@ class TileResult:
         }
 
     @classmethod
-    def from_dict(cls, data: dict) -> "TileResult":
+    def from_dict(cls, data: dict) -> TileResult:
         return cls(**{k: data[k] for k in ("window", "outcome", "skipped", "nbytes", "sha256", "uri")}, timings=dict(data.get("timings") or {}))
 
 
