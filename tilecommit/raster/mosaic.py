@@ -65,6 +65,7 @@ from ..errors import (
     StorageFaultError,
 )
 from ..grid import Window, plan_windows
+from ..records import Record
 from ..settings import Settings
 from ..storage import vsiaz_path
 from . import tiff
@@ -108,7 +109,7 @@ _TRANSPORT_FAULTS = (ServiceRequestError, ServiceResponseError)
 
 
 @dataclass(frozen=True)
-class MosaicResult:
+class MosaicResult(Record):
     outcome: str
     mosaic: str
     stac: str
@@ -119,23 +120,7 @@ class MosaicResult:
     method: str = ""
     sha256: str = ""
 
-    def to_dict(self) -> dict:
-        return {
-            "outcome": self.outcome,
-            "mosaic": self.mosaic,
-            "stac": self.stac,
-            "quicklook": self.quicklook,
-            "nbytes": self.nbytes,
-            "overview_levels": self.overview_levels,
-            "timings": dict(self.timings),
-            "method": self.method,
-            "sha256": self.sha256,
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict) -> MosaicResult:
-        fields = ("outcome", "mosaic", "stac", "quicklook", "nbytes", "overview_levels", "method", "sha256")
-        return cls(**{k: data[k] for k in fields if k in data}, timings=dict(data.get("timings") or {}))
+    JSON_IN = {"timings": lambda timings: dict(timings or {})}
 
 
 def halve_floor(n: int) -> int:
