@@ -1,4 +1,4 @@
-"""``python -m bench`` (``make bench``): the benchmark suite of issue 6; ``--quick`` for a few minutes.
+"""``python -m bench`` (``make bench``): the benchmark suite; ``--quick`` for a few minutes.
 
     .venv/bin/python -m bench                 # full: 10240² and 20480² scenes, 1,000 / 10,000 windows
     .venv/bin/python -m bench --quick         # small scenes, fewer repeats (a few minutes)
@@ -109,8 +109,8 @@ def targets(results: dict) -> list[Target]:
             why += "; CPU seconds ours/rio (with the Azurite process's CPU): " + ", ".join(
                 f"{s}² {c:.2f}x ({a:.2f}x)" if a is not None else f"{s}² {c:.2f}x" for s, (c, a) in cpu.items())
             why += ("; on 2 cores with 4 activities x 2 GDAL threads each, encoding one window takes "
-                    f"{bd['tile_steps_per_window_s']['encode']['median']:.2f} s (median) where the design notes "
-                    "measured 0.17-0.21 s for read + encode alone")
+                    f"{bd['tile_steps_per_window_s']['encode']['median']:.2f} s (median) where docs/design.md "
+                    "records 0.17-0.21 s for read + encode alone")
         out.append(Target("e2e wall time vs rio cogeo create (default, all threads)", "<= 1.0x, median, every size",
                           measured, passed, why))
         rss = {s: (f["ours_peak_rss_mb"]["max"], f["rio_default_peak_rss_mb"]["max"]) for s, f in e2e["sizes"].items()}

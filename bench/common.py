@@ -28,7 +28,7 @@ DATA = ROOT / "bench" / "data"  # gitignored: cached scenes
 RESULTS = ROOT / "bench" / "results"  # JSON and PNG (rasters there are gitignored, none are written)
 PYTHON = sys.executable
 RIO = str(Path(PYTHON).with_name("rio"))
-#: The Consumption plan's instance memory (design notes, section 5), in MiB.
+#: The Consumption plan's instance memory (docs/design.md, 'Hosting limits'), in MiB.
 INSTANCE_LIMIT_MB = 1536.0
 MACHINE_NOTE = "shared 2-core machine: other engineers' runs were active"
 
@@ -434,7 +434,7 @@ def table(rows: Sequence[Sequence[Any]], headers: Sequence[str]) -> str:
 
 @dataclass
 class Target:
-    """One target of issue 6, judged on figures from this run."""
+    """One benchmark target (docs/benchmarks.md), judged on figures from this run."""
 
     name: str
     goal: str

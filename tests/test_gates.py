@@ -1,4 +1,4 @@
-"""The storage gates (issue 2) against a real Azurite: create-only blob, If-Match repair,
+"""The storage gates against a real Azurite: create-only blob, If-Match repair,
 create-only manifest and claim rows, the classification of 409/412, and unknown outcomes.
 
 No storage is mocked. Faults that cannot be caused for real (a response lost on the way back,
@@ -437,7 +437,7 @@ def test_is_create_rejection_on_real_exceptions_from_azurite(storage, container,
     etag = blob.upload_blob(b"1")["etag"]
 
     taken = _capture(lambda: blob.upload_blob(b"2", overwrite=False))
-    # The SDK trap of the design notes: overwrite=False plus a failing If-Match is raised as
+    # The SDK trap (docs/design.md, 'Storage semantics'): overwrite=False plus a failing If-Match is raised as
     # ResourceExistsError although the service said 412 ConditionNotMet.
     trap = _capture(lambda: blob.upload_blob(b"2", overwrite=False, etag='"0x8D000000000000"', match_condition=MatchConditions.IfNotModified))
     stale = _capture(lambda: blob.upload_blob(b"2", overwrite=True, etag='"0x8D000000000000"', match_condition=MatchConditions.IfNotModified))

@@ -1,4 +1,4 @@
-"""The window plan (issue 2): a pure function of scene size and window size, tested as properties."""
+"""The window plan: a pure function of scene size and window size, tested as properties."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Every Bicep file parses with tree-sitter-bicep, with zero ERROR or MISSING nodes anywhere.
 
-No Bicep compiler can be installed here (design notes, section 6); tree-sitter-bicep follows
+No Bicep compiler can be installed here (docs/design.md, 'Checking infra and app without Azure'); tree-sitter-bicep follows
 modern Bicep syntax, so a file that it parses cleanly is at least well-formed. This module also
 holds the small Bicep reader (`Bicep`) that tests/test_infra_agreement.py uses.
 """

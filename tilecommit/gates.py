@@ -259,7 +259,7 @@ def commit_blob(
     digest = sha256_hex(body)
     blob = _single_put_client(container, name, len(body))
     # overwrite=False makes the SDK send If-None-Match: *. (Passing etag="*" with
-    # MatchConditions.IfMissing raises TypeError in the SDK: see the design notes.)
+    # MatchConditions.IfMissing raises TypeError in the SDK: docs/design.md, 'Storage semantics'.)
     return create_once(
         blob,
         lambda: _put(blob, body, digest=digest, content_type=content_type, metadata=metadata, overwrite=False),

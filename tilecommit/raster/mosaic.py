@@ -10,7 +10,7 @@ copied level (1/16 of the pixels with 1024-pixel windows). Nothing at full resol
 or re-encoded, so assembly costs about what moving the bytes costs.
 
 ``vrt``: a VRT over the tiles, translated by GDAL's COG driver with the memory-bounding settings
-of the design notes and ``OVERVIEWS=IGNORE_EXISTING`` (the VRT would otherwise lend the tiles'
+of docs/design.md ('GDAL settings and raster figures') and ``OVERVIEWS=IGNORE_EXISTING`` (the VRT would otherwise lend the tiles'
 overviews and the COG driver would write only some levels). Used when the tiles cannot be
 block-copied (an internal mask, or tiles from an older encoding) and as the benchmark's reference.
 
@@ -152,7 +152,7 @@ def pyramid_problems(sizes: list[tuple[int, int]], block_size: int = BLOCK_SIZE)
     one, the last fitting in one block and the one before it not (no level missing, none extra).
 
     A count alone is not enough to call a pyramid complete, and GDAL's COG validator checks
-    neither (design notes, section 4), so this is checked on every mosaic before upload.
+    neither (docs/design.md, 'GDAL settings and raster figures'), so this is checked on every mosaic before upload.
     """
     problems = []
     for k in range(1, len(sizes)):
@@ -663,7 +663,7 @@ def build_mosaic_vrt(
     options = cog_creation_options(scene.dtype, overview_count=levels, resampling=scene.overview_resampling, num_threads=num_threads)
     if levels:
         # A VRT over tiles lends their overviews; the COG driver would then copy those (2 of 5
-        # levels in the design notes' run) instead of computing every level.
+        # levels when measured) instead of computing every level.
         options["OVERVIEWS"] = "IGNORE_EXISTING"
     started = time.perf_counter()
     # The COG driver writes its overviews to a temporary file beside the output: keep it in workdir.
@@ -690,7 +690,7 @@ def check_mosaic_file(
     ``path`` is anything GDAL opens: the VRT path's temporary file, the planned head of a
     block-copy mosaic (``/vsimem/``), or the committed blob (``/vsiaz/``, with ``gdal_options``).
     Only directories are read, never a block. GDAL's COG validator passes a file with missing
-    overview levels (design notes, section 4), so the levels are counted here, and their sizes checked.
+    overview levels (docs/design.md, 'GDAL settings and raster figures'), so the levels are counted here, and their sizes checked.
     """
     with gdal_env(settings, gdal_options):  # noqa: SIM117 - the GDAL options scope the open, said apart
         with rasterio.open(path) as src:
@@ -885,7 +885,7 @@ def commit_staged_blob(
     the blocks are still staged). The sha256 and ``metadata`` go into the blob in the same request.
 
     The condition is ``match_condition=MatchConditions.IfMissing`` alone: the SDK turns it into
-    ``If-None-Match: *``. Adding ``etag="*"`` (as for upload_blob in the design notes) leaves
+    ``If-None-Match: *``. Adding ``etag="*"`` (the upload_blob trap of docs/design.md, 'Storage semantics') leaves
     ``etag`` among the keyword arguments the SDK hands to its transport, which raises TypeError
     (azure-storage-blob 12.31.1, ``_get_match_headers`` pops ``etag`` only for IfNotModified/IfModified).
     """
