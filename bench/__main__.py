@@ -4,8 +4,9 @@
     .venv/bin/python -m bench --quick         # small scenes, fewer repeats (a few minutes)
     .venv/bin/python -m bench --only contention,orchestration --workers 16
 
-Modules, in the order they run: e2e (rio cogeo create vs our pipeline), memory, breakdown and
-duplicates (one in-process job), orchestration (null activities), contention (the lab).
+Modules, in the order they run: e2e (rio cogeo create vs our pipeline), memory, raster (tiling by
+worker processes, assembly by each method), breakdown and duplicates (one in-process job),
+orchestration (null activities), contention (the lab).
 Everything prints; nothing about time is asserted. Figures go to bench/results/bench_{mode}.json,
 charts to bench/results/*_{mode}.png, the summary table to bench/results/summary_{mode}.md.
 Scenes are cached in bench/data/ (gitignored); rasters are never written where git tracks them.
@@ -33,7 +34,7 @@ from .common import (
     table,
 )
 
-MODULES = ("e2e", "memory", "breakdown", "duplicates", "orchestration", "contention")
+MODULES = ("e2e", "memory", "raster", "breakdown", "duplicates", "orchestration", "contention")
 
 
 def _ints(text: str) -> list[int]:
@@ -44,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="small scenes and fewer repeats (a few minutes)")
     p.add_argument("--only", help=f"comma-separated modules to run (of {', '.join(MODULES)})")
-    p.add_argument("--sizes", type=_ints, help="e2e/memory scene edges in pixels (default 10240,20480; quick 2048,4096)")
+    p.add_argument("--sizes", type=_ints, help="e2e/memory/raster scene edges in pixels (default 10240,20480; quick 2048,4096)")
     p.add_argument("--repeats", type=_ints,
                    help="e2e repeats per size, one number or one per size (default 3,1; quick 2,2)")
     p.add_argument("--breakdown-size", type=int, help="scene edge for breakdown/duplicates (default 10240; quick 4096)")
@@ -206,12 +207,12 @@ def print_summary(tgts: list[Target], info: dict, config: dict, elapsed: float) 
 
 
 def reprint(path: str) -> int:
-    from . import breakdown, contention, duplicates, e2e, memory, orchestration
+    from . import breakdown, contention, duplicates, e2e, memory, orchestration, raster
 
     with open(path) as file:
         results = json.load(file)
-    printers = (("e2e", e2e), ("memory", memory), ("breakdown", breakdown), ("duplicates", duplicates),
-                ("orchestration", orchestration), ("contention", contention))
+    printers = (("e2e", e2e), ("memory", memory), ("raster", raster), ("breakdown", breakdown),
+                ("duplicates", duplicates), ("orchestration", orchestration), ("contention", contention))
     for key, module in printers:
         if key in results:
             module.print_report(results[key])
@@ -245,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     charts: list[str] = []
     modules = config["modules"]
 
-    from . import breakdown, contention, duplicates, e2e, memory, orchestration
+    from . import breakdown, contention, duplicates, e2e, memory, orchestration, raster
 
     stem = mode if set(modules) == set(MODULES) else f"{mode}_{'-'.join(m for m in MODULES if m in modules)}"
     out = RESULTS / f"bench_{stem}.json"
@@ -266,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         ctx = Context(storage, args.quick)
         keep: dict = {}
         state: dict = {}
-        if "e2e" in modules or "memory" in modules:
+        if {"e2e", "memory", "raster"} & set(modules):
             def run_e2e() -> None:
                 report = e2e.run(ctx, config["sizes"], {s: (r if "e2e" in modules else 1) for s, r in config["repeats"].items()})
                 keep.update(report.pop("keep"))
@@ -286,6 +287,12 @@ def main(argv: list[str] | None = None) -> int:
                 memory.print_report(results["memory"])
 
             attempt("memory", run_memory)
+        if "raster" in modules and keep:
+            def run_raster() -> None:
+                results["raster"] = raster.run(ctx, config["sizes"], keep)
+                raster.print_report(results["raster"])
+
+            attempt("raster", run_raster)
         for kept in keep.values():
             storage.drop(kept["env"])
         if "breakdown" in modules or "duplicates" in modules:

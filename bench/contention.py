@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .common import MACHINE_NOTE, Context, say, table
+from .common import MACHINE_NOTE, Context, pyplot, say, table
 
 
 def _now() -> float:
@@ -240,15 +240,9 @@ def print_report(r: dict) -> None:
               f"late losers were sent {x['late_losers_sent_after_answer_ms']} ms after the winner's answer (median)")
 
 
-def chart(r: dict, path: Path) -> Path | None:
+def chart(r: dict, path: Path) -> Path:
     """Per configuration: observed conflicts vs Binomial(n - 1, p) (top), p by position in the round (bottom)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
+    plt = pyplot()
     runs = r["runs"]
     fig, axes = plt.subplots(2, len(runs), figsize=(max(7.0, 5.2 * len(runs)), 7.4), squeeze=False)
     for col, x in enumerate(runs):

@@ -26,6 +26,7 @@ from .common import (
     RIO,
     Context,
     fmt_spread,
+    pyplot,
     say,
     scene_path,
     spread,
@@ -178,15 +179,9 @@ def print_report(report: dict) -> None:
             print(f"  {size}²: rio --no-in-memory {f['rio_no_in_memory_note']}")
 
 
-def chart(report: dict, path: Path) -> Path | None:
+def chart(report: dict, path: Path) -> Path:
     """Bar chart: wall time and peak RSS of each, per scene size, the 1.5 GB line drawn."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
+    plt = pyplot()
     sizes = list(report["sizes"])
     modes = [("rio_default", "rio cogeo (default)"), ("rio_no_in_memory", "rio cogeo --no-in-memory"),
              ("ours", "ours (devhost process)")]

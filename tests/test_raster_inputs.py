@@ -9,7 +9,7 @@ import rasterio
 from rasterio.control import GroundControlPoint
 from rasterio.transform import Affine, from_origin
 
-from bench.scenes import SceneSpec, write_scene
+from devhost.scenes import SceneSpec, write_scene
 from tilecommit.errors import BadInputError, InvalidRasterError, UnsupportedRasterError
 from tilecommit.raster import inspect_source
 from tilecommit.settings import Settings

@@ -1,11 +1,12 @@
-"""Deterministic test scenes: smooth terrain-like structure plus sensor-like noise.
+"""Deterministic synthetic scenes: smooth terrain-like structure plus sensor-like noise.
 
-Pure noise would not compress and a flat field would compress absurdly well; this mix gives
+The one scene generator of the project: the tests, the benchmarks and ``make demo`` make their
+scenes here. Pure noise would not compress and a flat field would compress absurdly well; this mix gives
 DEFLATE ratios close to real imagery. Every window's pixels depend only on the scene parameters
 and the window position (the noise is seeded per window), and the scene is written window by
 window, so a 20480² scene never needs more than one window in memory.
 
-    python -m bench.scenes OUT.tif --width 2048 --height 2048 --count 3 --dtype uint16
+    python -m devhost.scenes OUT.tif --width 2048 --height 2048 --count 3 --dtype uint16
 """
 
 from __future__ import annotations
