@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .common import (
     INSTANCE_LIMIT_MB,
@@ -77,6 +79,41 @@ def pipeline(ctx: Context, src: Path, env: dict) -> dict:
             "windows": summary["windows"], "written": summary["written"], "bytes": summary["bytes"],
             "host": summary.get("host", {}), "blob": src.name,
             "azurite_cpu_s": None if azurite_before is None else round(azurite_after - azurite_before, 2)}
+
+
+@dataclass
+class KeptRun:
+    """The last pipeline run of one size, kept for the modules that measure its pieces again:
+    its scene (uploaded, tiles rendered, manifest complete) and its app settings."""
+
+    settings: Any
+    source: str
+    scene: Any
+    windows: list
+    child_env: dict
+    job_id: str
+
+    @classmethod
+    def of(cls, ctx: Context, kept: dict) -> KeptRun:
+        """From an entry of ``run(...)["keep"]``: ``{"env", "job_id", "blob"}``."""
+        from tilecommit.grid import plan_windows
+        from tilecommit.raster import inspect_source
+        from tilecommit.settings import Settings
+        from tilecommit.storage import vsiaz_path
+
+        env = kept["env"]
+        settings = Settings.from_env(env)
+        source = vsiaz_path(settings.input_container, kept["blob"])
+        scene = inspect_source(source, settings=settings, gdal_options=ctx.storage.connection.gdal_options())
+        return cls(
+            settings=settings,
+            source=source,
+            scene=scene,
+            windows=plan_windows(scene.width, scene.height, settings.window_size),
+            # The app settings for a worker process; the task hub is the local host's alone.
+            child_env={**os.environ, **{k: v for k, v in env.items() if k != "BENCH_HUB"}},
+            job_id=kept["job_id"],
+        )
 
 
 def total_cpu(entry: dict) -> None:

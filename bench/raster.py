@@ -13,11 +13,11 @@ The whole-scene baseline (``rio cogeo create``) is the end-to-end bench's.
 from __future__ import annotations
 
 import json
-import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 from .common import MACHINE_NOTE, PYTHON, Context, run_measured, say, table
+from .e2e import KeptRun
 from .workers import copy_manifest
 
 WORKERS = 2
@@ -25,18 +25,9 @@ METHODS = ("blocks", "vrt")
 
 
 def measure(ctx: Context, size: int, kept: dict, methods: tuple[str, ...] = METHODS) -> dict:
-    from tilecommit.grid import plan_windows
-    from tilecommit.raster import inspect_source
-    from tilecommit.settings import Settings
-    from tilecommit.storage import vsiaz_path
-
-    env = kept["env"]
-    child_env = {**os.environ, **{k: v for k, v in env.items() if k != "BENCH_HUB"}}
-    settings = Settings.from_env(env)
+    pipeline_run = KeptRun.of(ctx, kept)
+    settings, scene, windows = pipeline_run.settings, pipeline_run.scene, pipeline_run.windows
     connection = ctx.storage.connection
-    source = vsiaz_path(settings.input_container, kept["blob"])
-    scene = inspect_source(source, settings=settings, gdal_options=connection.gdal_options())
-    windows = plan_windows(scene.width, scene.height, settings.window_size)
 
     say(f"raster {size}²: {len(windows)} windows by {WORKERS} worker processes, assembly by {', '.join(methods)} ...")
     job = f"{size:08x}7a11{len(windows) % 0xffff:04x}"[:16]
@@ -44,8 +35,8 @@ def measure(ctx: Context, size: int, kept: dict, methods: tuple[str, ...] = METH
     started = time.perf_counter()
     with ThreadPoolExecutor(WORKERS) as pool:
         workers = list(pool.map(lambda share: run_measured(
-            [PYTHON, "-m", "bench.workers", "render", job, source, ",".join(share), str(scene.width), str(scene.height)],
-            env=child_env), shares))
+            [PYTHON, "-m", "bench.workers", "render", job, pipeline_run.source, ",".join(share), str(scene.width), str(scene.height)],
+            env=pipeline_run.child_env), shares))
     tiling_wall = time.perf_counter() - started
     steps: dict[str, float] = {}
     for worker in workers:
@@ -58,7 +49,7 @@ def measure(ctx: Context, size: int, kept: dict, methods: tuple[str, ...] = METH
         if assembly_job != job:
             copy_manifest(connection.table_service(), settings.manifest_table, job, assembly_job)
         measured = run_measured([PYTHON, "-m", "bench.workers", "assemble", assembly_job, json.dumps(scene.to_dict()),
-                                 method], env=child_env)
+                                 method], env=pipeline_run.child_env)
         mosaic = measured.json()
         assembly[method] = {**measured.summary(), "nbytes": mosaic["nbytes"], "overview_levels": mosaic["overview_levels"],
                             "method": mosaic["method"], "timings": {k: round(v, 2) for k, v in mosaic["timings"].items()}}
