@@ -46,8 +46,9 @@ def render(job_id: str, source: str, window_ids: list[str], width: int, height: 
     nbytes = 0
     for window_id in window_ids:
         window = window_for_id(window_id, width, height, settings.window_size)
-        result = render_tile(source, window, job_id=job_id, tiles=tiles, manifest=manifest, settings=settings,
-                             gdal_options=options)
+        result = render_tile(
+            source, window, job_id=job_id, tiles=tiles, manifest=manifest, settings=settings, gdal_options=options
+        )
         nbytes += result.nbytes
         for key, value in result.timings.items():
             totals[key] = totals.get(key, 0.0) + value

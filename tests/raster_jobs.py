@@ -11,15 +11,31 @@ JOB = "0123456789abcdef"
 
 def render_all(path, scene: SceneInfo, settings: Settings, stores, job_id: str = JOB, gdal_options=None):
     return [
-        render_tile(path, window, job_id=job_id, tiles=stores["tiles"], manifest=stores["manifest"],
-                    settings=settings, gdal_options=gdal_options)
+        render_tile(
+            path,
+            window,
+            job_id=job_id,
+            tiles=stores["tiles"],
+            manifest=stores["manifest"],
+            settings=settings,
+            gdal_options=gdal_options,
+        )
         for window in plan_windows(scene.width, scene.height, settings.window_size)
     ]
 
 
 def assemble(scene, settings, stores, storage, job_id: str = JOB, **kwargs):
-    return assemble_mosaic(job_id, scene, tiles=stores["tiles"], output=stores["output"], manifest=stores["manifest"],
-                           claims=stores["claims"], settings=settings, gdal_options=storage.gdal_options(), **kwargs)
+    return assemble_mosaic(
+        job_id,
+        scene,
+        tiles=stores["tiles"],
+        output=stores["output"],
+        manifest=stores["manifest"],
+        claims=stores["claims"],
+        settings=settings,
+        gdal_options=storage.gdal_options(),
+        **kwargs,
+    )
 
 
 def download(container, name: str, path) -> str:

@@ -14,17 +14,47 @@ from tilecommit.raster.mosaic import MosaicResult
 from tilecommit.raster.tiles import TileResult
 
 WINDOW = {"row": 1, "col": 2, "row_off": 1024, "col_off": 2048, "height": 1024, "width": 512}
-TILE = {"window": "0001_0002", "outcome": "written", "skipped": False, "nbytes": 10, "sha256": "ab", "uri": "t.tif",
-        "timings": {"read": 0.5}}
-MOSAIC = {"outcome": "written", "mosaic": "m.tif", "stac": "m.json", "quicklook": "m.png", "nbytes": 7,
-          "overview_levels": 3, "timings": {"stream": 1.0}, "method": "blocks", "sha256": "cd"}
-SCENE = {"width": 300, "height": 200, "count": 1, "dtype": "uint16", "crs": "EPSG:32633",
-         "transform": [10.0, 0.0, 500000.0, 0.0, -10.0, 4600000.0], "nodata": "nan", "block_shapes": [[256, 256]],
-         "driver": "GTiff", "descriptions": [None], "colorinterp": ["gray"], "mask": "nodata",
-         "overview_resampling": "average", "nbytes": 1234}
+TILE = {
+    "window": "0001_0002",
+    "outcome": "written",
+    "skipped": False,
+    "nbytes": 10,
+    "sha256": "ab",
+    "uri": "t.tif",
+    "timings": {"read": 0.5},
+}
+MOSAIC = {
+    "outcome": "written",
+    "mosaic": "m.tif",
+    "stac": "m.json",
+    "quicklook": "m.png",
+    "nbytes": 7,
+    "overview_levels": 3,
+    "timings": {"stream": 1.0},
+    "method": "blocks",
+    "sha256": "cd",
+}
+SCENE = {
+    "width": 300,
+    "height": 200,
+    "count": 1,
+    "dtype": "uint16",
+    "crs": "EPSG:32633",
+    "transform": [10.0, 0.0, 500000.0, 0.0, -10.0, 4600000.0],
+    "nodata": "nan",
+    "block_shapes": [[256, 256]],
+    "driver": "GTiff",
+    "descriptions": [None],
+    "colorinterp": ["gray"],
+    "mask": "nodata",
+    "overview_resampling": "average",
+    "nbytes": 1234,
+}
 
 
-@pytest.mark.parametrize(("cls", "data"), [(Window, WINDOW), (TileResult, TILE), (MosaicResult, MOSAIC), (SceneInfo, SCENE)])
+@pytest.mark.parametrize(
+    ("cls", "data"), [(Window, WINDOW), (TileResult, TILE), (MosaicResult, MOSAIC), (SceneInfo, SCENE)]
+)
 def test_a_record_round_trips_to_the_same_json_keys_in_the_same_order(cls, data):
     record = cls.from_dict(json.loads(json.dumps(data)))
     again = record.to_dict()
@@ -43,7 +73,9 @@ def test_a_missing_required_field_is_refused():
 
 
 def test_converters_normalise_what_json_carries():
-    scene = SceneInfo.from_dict({**SCENE, "transform": [10, 0, 500000, 0, -10, 4600000], "block_shapes": [(256.0, 256.0)]})
+    scene = SceneInfo.from_dict(
+        {**SCENE, "transform": [10, 0, 500000, 0, -10, 4600000], "block_shapes": [(256.0, 256.0)]}
+    )
     assert math.isnan(scene.nodata)
     assert all(isinstance(v, float) for v in scene.transform)
     assert scene.block_shapes == [[256, 256]] and isinstance(scene.block_shapes[0][0], int)

@@ -26,9 +26,18 @@ def gdal_tiff(driver: str = "GTiff", **options) -> bytes:
     """The bytes of a 2-band uint16 deflate TIFF of PIXELS, as GDAL writes it with ``options``."""
     layout = {"blocksize": BLOCK} if driver == "COG" else {"tiled": True, "blockxsize": BLOCK, "blockysize": BLOCK}
     with MemoryFile() as memory:
-        with memory.open(driver=driver, width=WIDTH, height=HEIGHT, count=2, dtype="uint16", compress="deflate",
-                         crs="EPSG:32633", transform=rasterio.transform.from_origin(500000, 4600000, 10, 10),
-                         **layout, **options) as dst:
+        with memory.open(
+            driver=driver,
+            width=WIDTH,
+            height=HEIGHT,
+            count=2,
+            dtype="uint16",
+            compress="deflate",
+            crs="EPSG:32633",
+            transform=rasterio.transform.from_origin(500000, 4600000, 10, 10),
+            **layout,
+            **options,
+        ) as dst:
             dst.write(PIXELS)
         return memory.read()
 
@@ -77,8 +86,9 @@ class Sink:
 
 def write_copy(data: bytes, writer: tiff.TiffWriter | None = None, **kwargs) -> tuple[bytes, tiff.WrittenTiff]:
     layout = tiff.read_layout(data)
-    writer = writer or tiff.TiffWriter(layout.byte_order, ghost=layout.ghost, leaders=layout.block_leaders,
-                                       trailers=layout.block_trailers)
+    writer = writer or tiff.TiffWriter(
+        layout.byte_order, ghost=layout.ghost, leaders=layout.block_leaders, trailers=layout.block_trailers
+    )
     sink = Sink()
     written = writer.write(sink, copy_plan(layout), fetch_from(data), **kwargs)
     return bytes(sink.data), written
@@ -222,14 +232,20 @@ def test_a_cog_with_block_leaders_and_trailers_is_copied_with_them():
     layout = tiff.read_layout(data)
     assert layout.ghost.startswith(tiff.GHOST_PREFIX) and layout.block_leaders and layout.block_trailers
     # Full resolution, then overviews down to one that fits a 256-px block.
-    assert [(d.width, d.height, d.subfile_type) for d in layout.directories] == [(520, 300, 0), (260, 150, 1), (130, 75, 1)]
+    assert [(d.width, d.height, d.subfile_type) for d in layout.directories] == [
+        (520, 300, 0),
+        (260, 150, 1),
+        (130, 75, 1),
+    ]
 
     copied, _ = write_copy(data)
     again = tiff.read_layout(copied)
     assert again.ghost == layout.ghost
     for source, copy in zip(layout.directories, again.directories, strict=True):
         assert copy.block_byte_counts == source.block_byte_counts
-        for offset, source_offset, n in zip(copy.block_offsets, source.block_offsets, source.block_byte_counts, strict=True):
+        for offset, source_offset, n in zip(
+            copy.block_offsets, source.block_offsets, source.block_byte_counts, strict=True
+        ):
             # The block, its leader and its trailer, as GDAL wrote them.
             assert copied[offset - 4 : offset + n + 4] == data[source_offset - 4 : source_offset + n + 4]
     for level in (None, 0, 1):
@@ -239,8 +255,12 @@ def test_a_cog_with_block_leaders_and_trailers_is_copied_with_them():
 @pytest.mark.parametrize("byte_order", ["<", ">"])
 def test_each_block_is_preceded_by_its_length_and_followed_by_its_last_4_bytes(byte_order):
     blocks = [b"first block", b"xy", b"", b"the fourth"]
-    directory = tiff.OutputDirectory(tags=_image_tags(byte_order, 4 * BLOCK), width=4 * BLOCK, height=BLOCK,
-                                     blocks=[tiff.BlockRef("mem", i, len(b)) for i, b in enumerate(blocks)])
+    directory = tiff.OutputDirectory(
+        tags=_image_tags(byte_order, 4 * BLOCK),
+        width=4 * BLOCK,
+        height=BLOCK,
+        blocks=[tiff.BlockRef("mem", i, len(b)) for i, b in enumerate(blocks)],
+    )
     writer = tiff.TiffWriter(byte_order, leaders=True, trailers=True)
     sink = Sink()
     writer.write(sink, [directory], lambda index, d: iter(blocks))
@@ -298,8 +318,11 @@ def test_a_zero_length_block_is_written_as_offset_0_and_read_by_gdal_as_empty():
 
 
 def _one_block_plan(length: int) -> list[tiff.OutputDirectory]:
-    return [tiff.OutputDirectory(tags=_image_tags("<", BLOCK), width=BLOCK, height=BLOCK,
-                                 blocks=[tiff.BlockRef("fake", 0, length)])]
+    return [
+        tiff.OutputDirectory(
+            tags=_image_tags("<", BLOCK), width=BLOCK, height=BLOCK, blocks=[tiff.BlockRef("fake", 0, length)]
+        )
+    ]
 
 
 def test_the_writer_switches_to_bigtiff_exactly_when_a_classic_tiff_cannot_address_the_file():
@@ -318,8 +341,12 @@ def test_the_writer_switches_to_bigtiff_exactly_when_a_classic_tiff_cannot_addre
 def test_a_planned_4_gib_mosaic_has_a_bigtiff_head_gdal_can_open():
     """Fake block references (never fetched): 2 x 3 blocks of 900 MB, 5.4 GB in all."""
     length = 900_000_000
-    directory = tiff.OutputDirectory(tags=_image_tags("<", 3 * BLOCK, 2 * BLOCK), width=3 * BLOCK, height=2 * BLOCK,
-                                     blocks=[tiff.BlockRef("fake", i, length) for i in range(6)])
+    directory = tiff.OutputDirectory(
+        tags=_image_tags("<", 3 * BLOCK, 2 * BLOCK),
+        width=3 * BLOCK,
+        height=2 * BLOCK,
+        blocks=[tiff.BlockRef("fake", i, length) for i in range(6)],
+    )
     head, total = tiff.TiffWriter("<").head([directory])
 
     assert head[:4] == b"II+\0" and total > 2**32
@@ -351,8 +378,12 @@ def test_a_block_whose_length_differs_from_its_directory_is_refused():
 
 
 def test_a_fetch_that_yields_too_few_blocks_is_an_error_not_a_short_file():
-    directory = tiff.OutputDirectory(tags=_image_tags("<", 2 * BLOCK), width=2 * BLOCK, height=BLOCK,
-                                     blocks=[tiff.BlockRef("m", 0, 3), tiff.BlockRef("m", 3, 3)])
+    directory = tiff.OutputDirectory(
+        tags=_image_tags("<", 2 * BLOCK),
+        width=2 * BLOCK,
+        height=BLOCK,
+        blocks=[tiff.BlockRef("m", 0, 3), tiff.BlockRef("m", 3, 3)],
+    )
     with pytest.raises(AssertionError, match="1 blocks fetched of 2"):
         tiff.TiffWriter("<").write(Sink(), [directory], lambda index, d: iter([b"abc"]))
 
@@ -376,7 +407,9 @@ def test_a_directory_with_tags_that_hold_file_offsets_cannot_be_copied():
 
 
 @pytest.mark.parametrize("byte_order", ["<", ">"])
-@pytest.mark.parametrize(("type_", "values"), [(tiff.TYPE_SHORT, (1, 65535)), (tiff.TYPE_LONG8, (2**40,)), (5, (1, 3, 2, 7))])
+@pytest.mark.parametrize(
+    ("type_", "values"), [(tiff.TYPE_SHORT, (1, 65535)), (tiff.TYPE_LONG8, (2**40,)), (5, (1, 3, 2, 7))]
+)
 def test_pack_tag_and_unpack_values_agree(byte_order, type_, values):
     tag = tiff.pack_tag(700, type_, values, byte_order)
     assert tag.count == (len(values) // 2 if type_ == 5 else len(values))  # a RATIONAL is a pair of LONGs
