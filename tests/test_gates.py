@@ -467,6 +467,7 @@ def test_is_create_rejection_on_real_exceptions_from_azurite(storage, container,
     for label, (exc, cls, status, code, rejection) in facts.items():
         assert isinstance(exc, cls), label
         assert exc.status_code == status, label
+        # Private: the gates' own reading of an SDK error's code, pinned here against what each service said.
         assert gates._error_code(exc) == code, label  # pylint: disable=protected-access
         assert gates.is_create_rejection(exc) is rejection, label
     # The trap's header still says what the service said; the Tables 409 has no error_code at all.
