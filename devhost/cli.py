@@ -19,8 +19,9 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 EXIT_COMPLETED, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -239,10 +240,10 @@ def process(args: argparse.Namespace) -> int:
 
 def status(args: argparse.Namespace) -> int:
     from tilecommit.settings import TASK_HUB
+    from tilecommit.storage import StorageConnection
 
     from .host import apply_settings, load_local_settings, read_host_json
     from .store import HistoryStore
-    from tilecommit.storage import StorageConnection
 
     apply_settings(load_local_settings())
     hub = args.hub or read_host_json().get("extensions", {}).get("durableTask", {}).get("hubName", TASK_HUB)

@@ -32,10 +32,11 @@ import threading
 import time
 import traceback
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
-from typing import Any, Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from .functions import FunctionIndex
 from .store import Episode, HistoryStore
@@ -91,7 +92,7 @@ class NonDeterminismError(Exception):
 
 
 def _now() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def _iso(moment: datetime) -> str:
@@ -173,7 +174,7 @@ class Instance:
         }
 
     @classmethod
-    def from_state(cls, state: dict) -> "Instance":
+    def from_state(cls, state: dict) -> Instance:
         return cls(
             id=state["id"],
             name=state["name"],
@@ -256,7 +257,7 @@ class Engine:
 
     # ------------------------------------------------------------------ lifecycle
 
-    def start(self) -> "Engine":
+    def start(self) -> Engine:
         self.store.ensure()
         self.recover()
         for target, name in ((self._orchestrator_loop, "orchestrator"), (self._timer_loop, "timers")):
@@ -273,7 +274,7 @@ class Engine:
             thread.join(timeout=10)
         self._pool.shutdown(wait=True, cancel_futures=True)
 
-    def __enter__(self) -> "Engine":
+    def __enter__(self) -> Engine:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:

@@ -22,7 +22,7 @@ logger = logging.getLogger(__name__)
 
 
 class BlobEventWatcher:
-    def __init__(self, host: "LocalHost", *, deliveries: int = 1, interval: float = 0.5):
+    def __init__(self, host: LocalHost, *, deliveries: int = 1, interval: float = 0.5):
         self.host = host
         self.deliveries = deliveries
         self.interval = interval

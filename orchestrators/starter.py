@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import azure.durable_functions as df
 from azure.storage.blob import BlobClient
 
 from tilecommit.errors import InvalidNameError
 from tilecommit.jobs import check_upload_name, job_id_for
+from tilecommit.records import Record
 from tilecommit.settings import SIDECAR_SUFFIXES, Settings
 
 from . import names
@@ -33,14 +34,11 @@ _LIVE_OR_DONE = {
 
 
 @dataclass(frozen=True)
-class StartDecision:
+class StartDecision(Record):
     action: str  # "started", "duplicate" or "ignored"
     blob: str
     job_id: str | None = None
     reason: str = ""
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def _decided(decision: StartDecision, level: int, message: str, *args) -> StartDecision:

@@ -7,7 +7,8 @@ and the window size the starter put in the input.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Generator
+from collections.abc import Callable, Generator
+from typing import Any
 
 import azure.durable_functions as df
 

@@ -96,3 +96,31 @@ def container(new_container):
 def table(new_table):
     """A fresh table for this test."""
     return new_table()
+
+
+# The stores of one job, each fresh: what the raster functions take as ``tiles=``, ``output=``, ...
+
+
+@pytest.fixture
+def tiles(new_container):
+    return new_container("tiles-")
+
+
+@pytest.fixture
+def output(new_container):
+    return new_container("out-")
+
+
+@pytest.fixture
+def manifest(new_table):
+    return new_table("manifest")
+
+
+@pytest.fixture
+def claims(new_table):
+    return new_table("claims")
+
+
+@pytest.fixture
+def stores(tiles, output, manifest, claims):
+    return {"tiles": tiles, "output": output, "manifest": manifest, "claims": claims}

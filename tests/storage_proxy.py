@@ -66,7 +66,7 @@ class RecordingProxy:
         with self._lock:
             return [path for _, path in self.requests]
 
-    def __enter__(self) -> "RecordingProxy":
+    def __enter__(self) -> RecordingProxy:
         self._thread.start()
         return self
 
@@ -105,7 +105,7 @@ class TrapServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self._server.server_address[1]}"
 
-    def __enter__(self) -> "TrapServer":
+    def __enter__(self) -> TrapServer:
         self._thread.start()
         return self
 

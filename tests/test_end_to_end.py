@@ -18,14 +18,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import rasterio
+from rasterio.io import MemoryFile
 
 from devhost.cli import process_file
 from devhost.host import HostOptions, LocalHost
+from devhost.scenes import SceneSpec, write_scene
 from tilecommit import settings as names
 from tilecommit.gates import count_manifest
 from tilecommit.grid import plan_windows
 from tilecommit.jobs import job_id_for
-from tests.scenes import make_scene, read_pixels
 
 ROOT = Path(__file__).resolve().parent.parent
 WINDOW = 256
@@ -59,6 +61,19 @@ def app_env(storage, azurite, monkeypatch, request) -> AppEnv:
         monkeypatch.setenv(key, value)
     return AppEnv(f"Hub{suffix}", env[names.SETTING_INPUT_CONTAINER], env[names.SETTING_TILES_CONTAINER],
                   env[names.SETTING_OUTPUT_CONTAINER], env[names.SETTING_MANIFEST_TABLE], env)
+
+
+def make_scene(path: Path, width: int, height: int) -> Path:
+    """A deterministic 3-band uint16 scene in 256-pixel blocks (the shared generator)."""
+    return Path(write_scene(str(path), SceneSpec(width, height, blocksize=WINDOW)))
+
+
+def read_pixels(path_or_bytes: Path | bytes) -> np.ndarray:
+    if isinstance(path_or_bytes, bytes):
+        with MemoryFile(path_or_bytes) as memory, memory.open() as src:
+            return src.read()
+    with rasterio.open(path_or_bytes) as src:
+        return src.read()
 
 
 def local_host(app_env: AppEnv, **options) -> LocalHost:

@@ -10,8 +10,8 @@ rest.
 from __future__ import annotations
 
 import json
-import os
 import queue
+import resource
 import subprocess
 import sys
 import threading
@@ -32,6 +32,18 @@ MAX_RSS_BYTES = int(1.5 * 1024**3)
 HANG_SECONDS = 30.0
 
 
+def _cap_address_space() -> None:
+    """Address space capped well above the 1.5 GB goal: a runaway allocation fails in the worker
+    (and is reported against its file) instead of swapping the machine."""
+    resource.setrlimit(resource.RLIMIT_AS, (6 * 1024**3, 6 * 1024**3))
+
+
+def _pump(stream, lines: queue.Queue) -> None:
+    for line in stream:
+        lines.put(line)
+    lines.put(None)
+
+
 def run_worker(directory: Path) -> tuple[dict[str, dict], dict[str, str]]:
     """Results by file name; and files that crashed or hung a worker, with what happened."""
     results: dict[str, dict] = {}
@@ -41,13 +53,10 @@ def run_worker(directory: Path) -> tuple[dict[str, dict], dict[str, str]]:
         worker = subprocess.Popen(
             [sys.executable, "-m", "tests.tiff_fuzz", str(directory), start_after],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-            # Address space capped well above the 1.5 GB goal: a runaway allocation fails in the
-            # worker (and is reported) instead of swapping the machine.
-            preexec_fn=lambda: __import__("resource").setrlimit(__import__("resource").RLIMIT_AS, (6 * 1024**3,) * 2),
+            preexec_fn=_cap_address_space,
         )
         lines: queue.Queue = queue.Queue()
-        threading.Thread(target=lambda: [lines.put(line) for line in worker.stdout] + [lines.put(None)],
-                         daemon=True).start()
+        threading.Thread(target=_pump, args=(worker.stdout, lines), daemon=True).start()
         current = None
         while True:
             try:

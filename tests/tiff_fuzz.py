@@ -85,7 +85,7 @@ def parse(data: bytes) -> Layout:
 
 def _put(data: bytearray, at: int, fmt: str, value: int) -> None:
     size = struct.calcsize(fmt)
-    if 0 <= at and at + size <= len(data):
+    if at >= 0 and at + size <= len(data):
         struct.pack_into(fmt, data, at, value)
 
 
@@ -303,19 +303,18 @@ def check_file(path: str, settings) -> dict:
         return {"outcome": "refused", "error_type": type(exc).__name__, "message": str(exc)[:300]}
     windows = plan_windows(scene.width, scene.height, settings.window_size)
     checked = windows if len(windows) <= 16 else windows[:8] + windows[-8:]
-    with gdal_env(settings, upload_gdal_options(path)):
-        with open_upload(path) as src:
-            for window in checked:
-                try:
-                    body, _ = encode_tile(src, window, window_size=settings.window_size)
-                except BadInputError as exc:
-                    # Inspection accepted the file, then a window was refused: tiles of other
-                    # windows could already have been written for an upload that is refused.
-                    return {"outcome": "refused-after-tiling", "window": window.id, "message": str(exc)[:300]}
-                expected = src.read(window=RioWindow(window.col_off, window.row_off, window.width, window.height))
-                with MemoryFile(body) as memory, memory.open() as tile:
-                    if not np.array_equal(tile.read(), expected, equal_nan=expected.dtype.kind == "f"):
-                        return {"outcome": "wrong-pixels", "window": window.id}
+    with gdal_env(settings, upload_gdal_options(path)), open_upload(path) as src:
+        for window in checked:
+            try:
+                body, _ = encode_tile(src, window, window_size=settings.window_size)
+            except BadInputError as exc:
+                # Inspection accepted the file, then a window was refused: tiles of other
+                # windows could already have been written for an upload that is refused.
+                return {"outcome": "refused-after-tiling", "window": window.id, "message": str(exc)[:300]}
+            expected = src.read(window=RioWindow(window.col_off, window.row_off, window.width, window.height))
+            with MemoryFile(body) as memory, memory.open() as tile:
+                if not np.array_equal(tile.read(), expected, equal_nan=expected.dtype.kind == "f"):
+                    return {"outcome": "wrong-pixels", "window": window.id}
     return {"outcome": "processed", "windows": len(windows), "checked": len(checked)}
 
 

@@ -10,9 +10,10 @@ One connection (``AzureWebJobsStorage`` by default) serves the host, Durable and
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Mapping
+from typing import Any
 from urllib.parse import urlsplit
 
 from azure.data.tables import TableServiceClient
@@ -49,7 +50,7 @@ class StorageConnection:
     client_id: str | None = None
 
     @classmethod
-    def from_env(cls, name: str = STORAGE_CONNECTION, environ: Mapping[str, str] | None = None) -> "StorageConnection":
+    def from_env(cls, name: str = STORAGE_CONNECTION, environ: Mapping[str, str] | None = None) -> StorageConnection:
         env = os.environ if environ is None else environ
         value = (env.get(name) or "").strip()
         if value:
@@ -82,7 +83,7 @@ class StorageConnection:
         )
 
     @classmethod
-    def from_connection_string(cls, value: str) -> "StorageConnection":
+    def from_connection_string(cls, value: str) -> StorageConnection:
         parts = parse_connection_string(value)
         account = parts.get("AccountName")
         protocol = parts.get("DefaultEndpointsProtocol", "https")

@@ -1,6 +1,6 @@
 """GDAL configuration that bounds memory, set by the code for every raster operation.
 
-The figures are the tuned ones of the design notes (section 4): with GDAL's defaults an assembly
+The figures are the tuned ones of docs/design.md ('GDAL settings and raster figures'): with GDAL's defaults an assembly
 of a 10240² x 3 uint16 scene peaks at 1.23 GB (2.7 GB at 20480²), over the Consumption plan's
 1.5 GB; with these it stays near 270 MB whatever the scene size. Nothing is left to the process
 environment, so a worker behaves the same on a laptop and in Azure.

@@ -10,7 +10,7 @@ copied level (1/16 of the pixels with 1024-pixel windows). Nothing at full resol
 or re-encoded, so assembly costs about what moving the bytes costs.
 
 ``vrt``: a VRT over the tiles, translated by GDAL's COG driver with the memory-bounding settings
-of the design notes and ``OVERVIEWS=IGNORE_EXISTING`` (the VRT would otherwise lend the tiles'
+of docs/design.md ('GDAL settings and raster figures') and ``OVERVIEWS=IGNORE_EXISTING`` (the VRT would otherwise lend the tiles'
 overviews and the COG driver would write only some levels). Used when the tiles cannot be
 block-copied (an internal mask, or tiles from an older encoding) and as the benchmark's reference.
 
@@ -33,10 +33,11 @@ import time
 import uuid
 import warnings
 from collections import deque
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
-from typing import BinaryIO, Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from typing import BinaryIO
 from xml.sax.saxutils import escape
 
 import rasterio
@@ -64,6 +65,7 @@ from ..errors import (
     StorageFaultError,
 )
 from ..grid import Window, plan_windows
+from ..records import Record
 from ..settings import Settings
 from ..storage import vsiaz_path
 from . import tiff
@@ -107,7 +109,7 @@ _TRANSPORT_FAULTS = (ServiceRequestError, ServiceResponseError)
 
 
 @dataclass(frozen=True)
-class MosaicResult:
+class MosaicResult(Record):
     outcome: str
     mosaic: str
     stac: str
@@ -118,23 +120,7 @@ class MosaicResult:
     method: str = ""
     sha256: str = ""
 
-    def to_dict(self) -> dict:
-        return {
-            "outcome": self.outcome,
-            "mosaic": self.mosaic,
-            "stac": self.stac,
-            "quicklook": self.quicklook,
-            "nbytes": self.nbytes,
-            "overview_levels": self.overview_levels,
-            "timings": dict(self.timings),
-            "method": self.method,
-            "sha256": self.sha256,
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "MosaicResult":
-        fields = ("outcome", "mosaic", "stac", "quicklook", "nbytes", "overview_levels", "method", "sha256")
-        return cls(**{k: data[k] for k in fields if k in data}, timings=dict(data.get("timings") or {}))
+    JSON_IN = {"timings": lambda timings: dict(timings or {})}
 
 
 def halve_floor(n: int) -> int:
@@ -166,7 +152,7 @@ def pyramid_problems(sizes: list[tuple[int, int]], block_size: int = BLOCK_SIZE)
     one, the last fitting in one block and the one before it not (no level missing, none extra).
 
     A count alone is not enough to call a pyramid complete, and GDAL's COG validator checks
-    neither (design notes, section 4), so this is checked on every mosaic before upload.
+    neither (docs/design.md, 'GDAL settings and raster figures'), so this is checked on every mosaic before upload.
     """
     problems = []
     for k in range(1, len(sizes)):
@@ -351,7 +337,7 @@ def _claim(claims: TableClient, job_id: str, ttl_s: float) -> tuple[str, str]:
     attempt's claim lapse without any process having to survive to release it.
     """
     owner = uuid.uuid4().hex
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     expires = now + timedelta(seconds=ttl_s)
     outcome = gates.record_claim(claims, job_id=job_id, claim=MOSAIC_CLAIM, owner=owner, claimed_at=now, expires_at=expires)
     try:
@@ -515,7 +501,7 @@ def _build_coarse_levels(
         width, height = d.width, d.height
         if d.tile_width != BLOCK_SIZE or d.tile_height != BLOCK_SIZE or d.planar_config != 1:
             raise MosaicCheckError(f"computed level {first_level + j} has blocks of {d.tile_width}x{d.tile_height}")
-        blocks = [tiff.BlockRef("coarse", o, c) for o, c in zip(d.block_offsets, d.block_byte_counts)]
+        blocks = [tiff.BlockRef("coarse", o, c) for o, c in zip(d.block_offsets, d.block_byte_counts, strict=True)]
         tags = tiff.copyable_tags(d, width=width, height=height, subfile_type=tiff.SUBFILE_REDUCED)
         out_dirs.append(tiff.OutputDirectory(tags=tags, blocks=blocks, width=width, height=height))
     if len(out_dirs) != len(factors):
@@ -677,7 +663,7 @@ def build_mosaic_vrt(
     options = cog_creation_options(scene.dtype, overview_count=levels, resampling=scene.overview_resampling, num_threads=num_threads)
     if levels:
         # A VRT over tiles lends their overviews; the COG driver would then copy those (2 of 5
-        # levels in the design notes' run) instead of computing every level.
+        # levels when measured) instead of computing every level.
         options["OVERVIEWS"] = "IGNORE_EXISTING"
     started = time.perf_counter()
     # The COG driver writes its overviews to a temporary file beside the output: keep it in workdir.
@@ -704,9 +690,9 @@ def check_mosaic_file(
     ``path`` is anything GDAL opens: the VRT path's temporary file, the planned head of a
     block-copy mosaic (``/vsimem/``), or the committed blob (``/vsiaz/``, with ``gdal_options``).
     Only directories are read, never a block. GDAL's COG validator passes a file with missing
-    overview levels (design notes, section 4), so the levels are counted here, and their sizes checked.
+    overview levels (docs/design.md, 'GDAL settings and raster figures'), so the levels are counted here, and their sizes checked.
     """
-    with gdal_env(settings, gdal_options):
+    with gdal_env(settings, gdal_options):  # noqa: SIM117 - the GDAL options scope the open, said apart
         with rasterio.open(path) as src:
             problems = []
             if (src.width, src.height, src.count) != (scene.width, scene.height, scene.count):
@@ -899,7 +885,7 @@ def commit_staged_blob(
     the blocks are still staged). The sha256 and ``metadata`` go into the blob in the same request.
 
     The condition is ``match_condition=MatchConditions.IfMissing`` alone: the SDK turns it into
-    ``If-None-Match: *``. Adding ``etag="*"`` (as for upload_blob in the design notes) leaves
+    ``If-None-Match: *``. Adding ``etag="*"`` (the upload_blob trap of docs/design.md, 'Storage semantics') leaves
     ``etag`` among the keyword arguments the SDK hands to its transport, which raises TypeError
     (azure-storage-blob 12.31.1, ``_get_match_headers`` pops ``etag`` only for IfNotModified/IfModified).
     """

@@ -8,7 +8,7 @@ accepted, so a job fails at once instead of retrying an input that can never wor
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -16,8 +16,9 @@ from rasterio.enums import MaskFlags
 from rasterio.errors import RasterioIOError
 from rasterio.windows import Window as RioWindow
 
-from ..grid import plan_windows
 from ..errors import InvalidRasterError, StorageFaultError, UnsupportedRasterError
+from ..grid import plan_windows
+from ..records import Record
 from ..settings import Settings
 from . import vsi
 from .env import gdal_env
@@ -59,7 +60,7 @@ def _nodata_from_json(value: Any) -> float | None:
 
 
 @dataclass(frozen=True)
-class SceneInfo:
+class SceneInfo(Record):
     """A source raster's shape, georeferencing and encoding: small, JSON-serialisable, no pixels.
 
     ``transform`` holds the six affine coefficients in rasterio's order ``(a, b, c, d, e, f)``:
@@ -93,19 +94,12 @@ class SceneInfo:
 
         return Affine(*self.transform[:6])
 
-    def to_dict(self) -> dict:
-        data = asdict(self)
-        data["nodata"] = _nodata_to_json(self.nodata)
-        return data
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "SceneInfo":
-        values = dict(data)
-        values["nodata"] = _nodata_from_json(values.get("nodata"))
-        values["transform"] = [float(v) for v in values["transform"]]
-        values["block_shapes"] = [[int(a), int(b)] for a, b in values["block_shapes"]]
-        known = {f for f in cls.__dataclass_fields__}
-        return cls(**{k: v for k, v in values.items() if k in known})
+    JSON_OUT = {"nodata": _nodata_to_json}
+    JSON_IN = {
+        "nodata": _nodata_from_json,
+        "transform": lambda values: [float(v) for v in values],
+        "block_shapes": lambda shapes: [[int(a), int(b)] for a, b in shapes],
+    }
 
 
 def is_fault_message(message: str) -> bool:

@@ -35,7 +35,7 @@ def _footprint(scene: SceneInfo) -> tuple[dict, list[float], list[float]]:
     xs, ys = [c[0] for c in corners], [c[1] for c in corners]
     native_bbox = [min(xs), min(ys), max(xs), max(ys)]
     ring = []
-    for (x0, y0), (x1, y1) in zip(corners, corners[1:] + corners[:1]):
+    for (x0, y0), (x1, y1) in zip(corners, corners[1:] + corners[:1], strict=True):
         for i in range(FOOTPRINT_POINTS_PER_EDGE):
             f = i / FOOTPRINT_POINTS_PER_EDGE
             ring.append((x0 + (x1 - x0) * f, y0 + (y1 - y0) * f))

@@ -24,6 +24,7 @@ from rasterio.windows import Window as RioWindow
 from .. import gates, jobs
 from ..errors import InvalidRasterError
 from ..grid import Window
+from ..records import Record
 from ..settings import Settings
 from .env import BLOCK_SIZE, NUM_THREADS, gdal_env
 from .scene import has_colormap, overview_resampling_for, read_failure
@@ -144,7 +145,7 @@ def encode_tile(src, window: RioWindow | Window, *, window_size: int, num_thread
 
 
 @dataclass(frozen=True)
-class TileResult:
+class TileResult(Record):
     """What :func:`render_tile` did for one window."""
 
     window: str
@@ -155,20 +156,7 @@ class TileResult:
     uri: str
     timings: dict[str, float] = field(default_factory=dict)
 
-    def to_dict(self) -> dict:
-        return {
-            "window": self.window,
-            "outcome": self.outcome,
-            "skipped": self.skipped,
-            "nbytes": self.nbytes,
-            "sha256": self.sha256,
-            "uri": self.uri,
-            "timings": dict(self.timings),
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "TileResult":
-        return cls(**{k: data[k] for k in ("window", "outcome", "skipped", "nbytes", "sha256", "uri")}, timings=dict(data.get("timings") or {}))
+    JSON_IN = {"timings": lambda timings: dict(timings or {})}
 
 
 def render_tile(
