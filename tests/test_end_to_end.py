@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -28,6 +29,9 @@ from tilecommit import settings as names
 from tilecommit.gates import count_manifest
 from tilecommit.grid import plan_windows
 from tilecommit.jobs import job_id_for
+
+from .hostile import MARKER, local_vectors, make_secret_raw, make_secret_tif, network_vectors, vrt, write
+from .storage_proxy import RecordingProxy, TrapServer
 
 ROOT = Path(__file__).resolve().parent.parent
 WINDOW = 256
@@ -311,6 +315,49 @@ def test_what_an_upload_is_comes_from_its_content_not_its_name(storage, app_env,
     assert "is not a TIFF" in bad["error"] and "accepted: a self-contained GeoTIFF" in bad["error"], bad
     tiles = storage.blob_service().get_container_client(app_env.tiles)
     assert list(tiles.list_blobs(name_starts_with=f"tiles/{bad['job_id']}/")) == []
+
+
+def test_hostile_and_damaged_uploads_fail_their_job_with_no_request_no_tile_no_leak(
+        storage, azurite, app_env, tmp_path, monkeypatch, caplog):
+    """Uploads that name a URL, a file of the instance or another container's blob, and damaged
+    TIFFs: every job fails at validation with what is accepted; behind a recording proxy, the
+    app never asks for the other blob, the trap hears nothing, no tile or row exists, and no byte
+    of the secrets reaches a blob or a log line."""
+    caplog.set_level(logging.DEBUG)
+    secret_tif, secret_raw = make_secret_tif(tmp_path), make_secret_raw(tmp_path)
+    other = storage.blob_service().create_container(f"secret-{app_env.hub.lower()[3:]}")
+    with open(secret_tif, "rb") as f:
+        other.upload_blob("secret.tif", f)
+    intact = make_scene(tmp_path / "intact.tif", 300, 260)
+    truncated = tmp_path / "truncated.tif"
+    truncated.write_bytes(intact.read_bytes()[: intact.stat().st_size // 2])
+    with TrapServer() as trap, RecordingProxy(azurite.blob_endpoint.rsplit("/", 1)[0]) as proxy:
+        monkeypatch.setenv(names.STORAGE_CONNECTION,
+                           azurite.connection_string.replace(f":{azurite.blob_port}/", f":{proxy.port}/"))
+        uploads = {
+            **network_vectors(tmp_path, trap.url),
+            **local_vectors(tmp_path, secret_tif, secret_raw),
+            "vrt-other-container": write(tmp_path, "other.tif", vrt(f"/vsiaz/{other.container_name}/secret.tif")),
+            "truncated-geotiff": str(truncated),
+        }
+        with local_host(app_env) as host:
+            summaries = {case: process_file(host, Path(path), name=f"{case}.tif", timeout=120)
+                         for case, path in uploads.items()}
+        asked = proxy.paths()
+        heard = list(trap.requests)
+    for case, summary in summaries.items():
+        assert summary["status"] == "failed", (case, summary)
+        assert "accepted" in summary["error"] or "upload the complete file" in summary["error"], (case, summary)
+    assert heard == []
+    assert not [p for p in asked if other.container_name in p], "the other container's blob was requested"
+    service = storage.blob_service()
+    for container in (app_env.tiles, app_env.output):
+        assert list(service.get_container_client(container).list_blobs()) == [], container
+    table = storage.table_service().get_table_client(app_env.manifest)
+    assert all(count_manifest(table, s["job_id"]).rows == 0 for s in summaries.values())
+    for blob in service.get_container_client(app_env.input).list_blobs():
+        assert MARKER not in download(storage, app_env.input, blob.name)
+    assert MARKER.decode() not in caplog.text
 
 
 def run_cli(app_env: AppEnv, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:

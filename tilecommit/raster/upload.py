@@ -96,9 +96,9 @@ def check_upload_content(path: str, head: bytes, size: int | None) -> None:
     what = describe_header(head)
     if what is not None:
         raise UnsupportedRasterError(
-            f"{path} is {what}: uploads are read only as {ACCEPTED_FORMATS}, which names no other file or "
-            "URL; convert it first (e.g. `gdal_translate -of COG in out.tif` on a machine that has its "
-            "sources) and upload the result"
+            f"{path} is {what}; accepted: {ACCEPTED_FORMATS}, which names no other file or URL: convert "
+            "it first (e.g. `gdal_translate -of COG in out.tif` on a machine that has its sources) and "
+            "upload the result"
         )
     raise InvalidRasterError(
         f"{path} is not a TIFF (it starts with {head[:8]!r}): accepted: {ACCEPTED_FORMATS}"
