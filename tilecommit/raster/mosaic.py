@@ -68,7 +68,7 @@ from ..settings import Settings
 from ..storage import vsiaz_path
 from . import tiff
 from .env import BLOCK_SIZE, NUM_THREADS, gdal_env
-from .scene import SceneInfo
+from .scene import SceneInfo, as_crs, crs_label, same_crs
 from .stac import quicklook_png, stac_item_bytes
 from .tiles import cog_creation_options, predictor_for, tile_overview_count
 
@@ -584,7 +584,7 @@ def build_mosaic_blocks(
 
 
 def _vrt_xml(scene: SceneInfo, windows: list[Window], summary, tiles_container: str) -> str:
-    crs = rasterio.crs.CRS.from_user_input(scene.crs).to_wkt()
+    crs = as_crs(scene.crs).to_wkt(version="WKT2_2019")
     a, b, c, d, e, f = scene.transform[:6]
     gdal_type = {
         "uint8": "Byte", "int8": "Int8", "uint16": "UInt16", "int16": "Int16", "uint32": "UInt32",
@@ -715,8 +715,9 @@ def check_mosaic_file(
                 problems.append(f"dtype {src.dtypes[0]}")
             if not src.transform.almost_equals(scene.affine, precision=1e-9):
                 problems.append(f"transform {tuple(src.transform)[:6]}")
-            if src.crs != rasterio.crs.CRS.from_user_input(scene.crs):
-                problems.append(f"crs {src.crs}")
+            if not same_crs(src.crs, scene.crs):
+                found = "none" if src.crs is None else crs_label(src.crs)
+                problems.append(f"crs {found} is not equivalent to the source's {crs_label(scene.crs)}")
             if (src.nodata is None) != (scene.nodata is None) or (
                 scene.nodata is not None and not (math.isnan(scene.nodata) and math.isnan(src.nodata)) and src.nodata != scene.nodata
             ):
