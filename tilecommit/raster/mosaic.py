@@ -69,7 +69,7 @@ from ..storage import vsiaz_path
 from . import tiff
 from .env import BLOCK_SIZE, NUM_THREADS, gdal_env
 from .scene import SceneInfo, as_crs, crs_label, same_crs
-from .stac import quicklook_png, stac_item_bytes
+from .stac import mosaic_footprint, quicklook_png, stac_item_bytes
 from .tiles import cog_creation_options, predictor_for, tile_overview_count
 
 logger = logging.getLogger(__name__)
@@ -1000,6 +1000,7 @@ def _write_sidecars(
                 mosaic_sha256=sha,
                 overview_levels=levels,
                 created=props.creation_time or props.last_modified,
+                footprint=mosaic_footprint(remote, scene.crs),
                 source_name=source_name,
             )
             gates.commit_blob(output, stac_name, body, content_type="application/geo+json", job_id=job_id)
