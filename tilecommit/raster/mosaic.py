@@ -68,6 +68,7 @@ from ..settings import Settings
 from ..storage import vsiaz_path
 from . import tiff
 from .env import BLOCK_SIZE, NUM_THREADS, gdal_env
+from .gdal_errors import gdal_step
 from .scene import SceneInfo, as_crs, crs_label, same_crs
 from .stac import mosaic_footprint, quicklook_png, stac_item_bytes
 from .tiles import cog_creation_options, predictor_for, tile_overview_count
@@ -505,7 +506,8 @@ def _build_coarse_levels(
     with gdal_env(settings, {"PREDICTOR_OVERVIEW": predictor_for(scene.dtype)}), warnings.catch_warnings():
         # The level copy carries no georeferencing on purpose: only its blocks are reused.
         warnings.simplefilter("ignore", NotGeoreferencedWarning)
-        with rasterio.open(base_path, "r+") as dst:
+        step = f"computing the mosaic's overview levels below level {first_level}"
+        with gdal_step(step, window=f"level {first_level}, {base.width}x{base.height}"), rasterio.open(base_path, "r+") as dst:
             dst.build_overviews(factors, Resampling[scene.overview_resampling])
     source = FileRangeSource(base_path)
     with open(base_path, "rb") as f:
@@ -682,7 +684,8 @@ def build_mosaic_vrt(
     started = time.perf_counter()
     # The COG driver writes its overviews to a temporary file beside the output: keep it in workdir.
     with gdal_env(settings, {**(gdal_options or {}), "CPL_TMPDIR": workdir}, num_threads=num_threads):
-        rasterio.shutil.copy(vrt_path, out_path, driver="COG", **options)
+        with gdal_step("assembling the mosaic through a VRT (COG driver)", window=f"{scene.width}x{scene.height}, {len(windows)} tiles"):
+            rasterio.shutil.copy(vrt_path, out_path, driver="COG", **options)
     timings["write"] = time.perf_counter() - started
     return os.path.getsize(out_path), levels
 
@@ -706,7 +709,7 @@ def check_mosaic_file(
     Only directories are read, never a block. GDAL's COG validator passes a file with missing
     overview levels (design notes, section 4), so the levels are counted here, and their sizes checked.
     """
-    with gdal_env(settings, gdal_options):
+    with gdal_env(settings, gdal_options), gdal_step(f"checking {label or path}"):
         with rasterio.open(path) as src:
             problems = []
             if (src.width, src.height, src.count) != (scene.width, scene.height, scene.count):
@@ -985,11 +988,13 @@ def _write_sidecars(
     with gdal_env(settings, _remote_gdal_options(gdal_options, remote)):
         started = time.perf_counter()
         if _blob_exists(output, quicklook_name) is None:
-            gates.commit_blob(output, quicklook_name, quicklook_png(remote), content_type="image/png", job_id=job_id)
+            with gdal_step(f"making the quicklook of {mosaic_name}", window="smallest overview"):
+                quicklook = quicklook_png(remote)
+            gates.commit_blob(output, quicklook_name, quicklook, content_type="image/png", job_id=job_id)
         timings["quicklook"] = time.perf_counter() - started
         started = time.perf_counter()
         if _blob_exists(output, stac_name) is None:
-            with rasterio.open(remote) as src:
+            with gdal_step(f"reading the overview levels of {mosaic_name} for its STAC item"), rasterio.open(remote) as src:
                 levels = len(src.overviews(1))
             body = stac_item_bytes(
                 job_id=job_id,
