@@ -241,8 +241,13 @@ def test_vrt_assembly_matches_block_assembly_pixels(stores, storage, tmp_path):
     assert_complete_pyramid(mosaic_path)
 
 
-def test_internal_mask_survives_tiles_and_mosaic(stores, storage, tmp_path):
-    """A per-dataset mask (no nodata value) is carried by the tiles; assembly falls back to the VRT path."""
+@pytest.mark.parametrize("method", ["blocks", "vrt"])
+def test_internal_mask_survives_tiles_and_mosaic(method, stores, storage, tmp_path):
+    """A per-dataset mask (no nodata value) is carried by the tiles and into the mosaic, by both paths.
+
+    The block copy takes the tiles' mask blocks beside their image blocks (and GDAL computes the
+    coarse levels' masks); the VRT path reads the tiles' masks through the VRT's MaskBand.
+    """
     height, width = 600, 700
     data = np.random.default_rng(3).integers(1, 255, (3, height, width), dtype="uint8")
     mask = np.full((height, width), 255, dtype="uint8")
@@ -257,12 +262,23 @@ def test_internal_mask_survives_tiles_and_mosaic(stores, storage, tmp_path):
     scene = inspect_source(path, settings=settings)
     assert scene.mask == "per-dataset"
     render_all(path, scene, settings, stores)
-    result = assemble(scene, settings, stores, storage)
-    assert result.method == "vrt"
+    result = assemble(scene, settings, stores, storage, method=method)
+    assert result.method == method
     mosaic_path = download(stores["output"], result.mosaic, tmp_path / "mosaic.tif")
+    valid, errors, _ = cog_validate(mosaic_path, quiet=True)
+    assert valid, errors
     with rasterio.open(mosaic_path) as m:
         assert np.array_equal(m.read(), data)
         assert np.array_equal(m.dataset_mask(), mask)
+        levels = len(m.overviews(1))
+    assert levels == result.overview_levels > 0
+    for level in range(levels):
+        with rasterio.open(mosaic_path, overview_level=level) as overview:
+            # Every level has a mask of its own, which masks out the hole (to the level's resolution).
+            assert [flag.name for flag in overview.mask_flag_enums[0]] == ["per_dataset"]
+            factor = 2 ** (level + 1)
+            hole = overview.dataset_mask()[100 // factor + 1 : 300 // factor - 1, 50 // factor + 1 : 400 // factor - 1]
+            assert hole.size and not hole.any()
     assert_complete_pyramid(mosaic_path)
 
 

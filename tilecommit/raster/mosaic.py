@@ -50,7 +50,7 @@ from azure.core.exceptions import (
 )
 from azure.data.tables import TableClient, UpdateMode
 from azure.storage.blob import BlobClient, ContainerClient, ContentSettings
-from rasterio.enums import Resampling
+from rasterio.enums import MaskFlags, Resampling
 from rasterio.errors import NotGeoreferencedWarning
 from rasterio.io import MemoryFile
 
@@ -424,55 +424,89 @@ def _tile_level_size(n: int, level: int) -> int:
     return n
 
 
+def tile_levels(layout: tiff.TiffLayout) -> list[tuple[tiff.Directory, tiff.Directory | None]]:
+    """A tile's levels, full resolution first: (image directory, its internal mask's directory or None).
+
+    The COG driver writes a mask's directory right after its image's (subfile type 4 at full
+    resolution, 5 for an overview's mask).
+    """
+    levels: list[tuple[tiff.Directory, tiff.Directory | None]] = []
+    for d in layout.directories:
+        if d.subfile_type & tiff.SUBFILE_MASK:
+            if not levels or levels[-1][1] is not None or (d.width, d.height) != (levels[-1][0].width, levels[-1][0].height):
+                raise IncompatibleTilesError("a mask directory that does not follow its image's")
+            levels[-1] = (levels[-1][0], d)
+        else:
+            levels.append((d, None))
+    return levels
+
+
+def _check_tile_directory(head: _TileHead, d: tiff.Directory, key: tuple, expected: tuple[int, int], what: str) -> None:
+    if (d.width, d.height) != expected:
+        raise IncompatibleTilesError(f"tile {head.window.id} {what} is {d.width}x{d.height}, expected {expected}")
+    if d.encoding_key() != key or d.tile_width != BLOCK_SIZE or d.tile_height != BLOCK_SIZE or d.planar_config != 1:
+        raise IncompatibleTilesError(f"tile {head.window.id} {what} is encoded differently from tile 0000_0000")
+    if len(d.block_offsets) != d.blocks_across * d.blocks_down or len(d.block_byte_counts) != len(d.block_offsets):
+        raise IncompatibleTilesError(f"tile {head.window.id} {what} has an unexpected number of blocks")
+
+
 def _plan_tile_levels(scene: SceneInfo, heads: list[_TileHead], settings: Settings) -> list[tiff.OutputDirectory]:
     """The mosaic's directories 0..K taken from the tiles' directories 0..K, or IncompatibleTilesError.
 
     Level k of the mosaic is the tiles' level k side by side: interior tiles contribute exactly
     window/2^k pixels (a whole number of blocks), edge tiles what the COG driver made of them.
     Stops at the first level that fits in one block, or at the tiles' last block-aligned level.
+    Tiles with an internal mask give every level its mask, copied the same way (a 1-bit mask
+    block covers the same 256 x 256 pixels as the image block beside it).
     """
     window_size = settings.window_size
     available = tile_overview_count(window_size)
     reference = heads[0].layout
     if heads[0].window.id != "0000_0000":
         raise IncompatibleTilesError("the first planned window is not 0000_0000")
+    levels = {h.window.id: tile_levels(h.layout) for h in heads}
+    reference_levels = levels["0000_0000"]
+    masked = reference_levels[0][1] is not None
     grid = {(h.window.row, h.window.col): h for h in heads}
     rows = 1 + max(h.window.row for h in heads)
     cols = 1 + max(h.window.col for h in heads)
     out: list[tiff.OutputDirectory] = []
     for k in range(available + 1):
-        ref_dir = reference.directories[k] if k < len(reference.directories) else None
-        if ref_dir is None:
+        if k >= len(reference_levels):
             raise IncompatibleTilesError(f"tile 0000_0000 has no overview level {k}")
+        ref_dir, ref_mask = reference_levels[k]
         per_tile = window_size // 2**k // BLOCK_SIZE
         width = sum(_tile_level_size(grid[(0, c)].window.width, k) for c in range(cols))
         height = sum(_tile_level_size(grid[(r, 0)].window.height, k) for r in range(rows))
-        key = ref_dir.encoding_key()
         for head in heads:
-            dirs = head.layout.directories
+            tile = levels[head.window.id]
             if head.layout.byte_order != reference.byte_order:
                 raise IncompatibleTilesError(f"tile {head.window.id} has another byte order")
-            if any(d.subfile_type & tiff.SUBFILE_MASK for d in dirs):
-                raise IncompatibleTilesError(f"tile {head.window.id} has an internal mask")
-            if len(dirs) <= k:
+            if len(tile) <= k:
                 raise IncompatibleTilesError(f"tile {head.window.id} has no overview level {k}")
-            d = dirs[k]
+            if (tile[k][1] is not None) != masked:
+                raise IncompatibleTilesError(f"tile {head.window.id} level {k} {'lacks' if masked else 'has'} an internal mask")
             expected = (_tile_level_size(head.window.width, k), _tile_level_size(head.window.height, k))
-            if (d.width, d.height) != expected:
-                raise IncompatibleTilesError(f"tile {head.window.id} level {k} is {d.width}x{d.height}, expected {expected}")
-            if d.encoding_key() != key or d.tile_width != BLOCK_SIZE or d.tile_height != BLOCK_SIZE or d.planar_config != 1:
-                raise IncompatibleTilesError(f"tile {head.window.id} level {k} is encoded differently from tile 0000_0000")
-            if len(d.block_offsets) != d.blocks_across * d.blocks_down or len(d.block_byte_counts) != len(d.block_offsets):
-                raise IncompatibleTilesError(f"tile {head.window.id} level {k} has an unexpected number of blocks")
-        blocks = []
-        for by in range(-(-height // BLOCK_SIZE)):
-            for bx in range(-(-width // BLOCK_SIZE)):
-                head = grid[(by // per_tile, bx // per_tile)]
-                d = head.layout.directories[k]
-                index = (by % per_tile) * d.blocks_across + (bx % per_tile)
-                blocks.append(tiff.BlockRef(head.key, d.block_offsets[index], d.block_byte_counts[index]))
-        tags = tiff.copyable_tags(ref_dir, width=width, height=height, subfile_type=tiff.SUBFILE_REDUCED if k else 0)
-        out.append(tiff.OutputDirectory(tags=tags, blocks=blocks, width=width, height=height))
+            _check_tile_directory(head, tile[k][0], ref_dir.encoding_key(), expected, f"level {k}")
+            if masked:
+                _check_tile_directory(head, tile[k][1], ref_mask.encoding_key(), expected, f"level {k} mask")
+
+        def copied(which: int, reference_dir: tiff.Directory, subfile_type: int) -> tiff.OutputDirectory:
+            blocks = []
+            for by in range(-(-height // BLOCK_SIZE)):
+                for bx in range(-(-width // BLOCK_SIZE)):
+                    head = grid[(by // per_tile, bx // per_tile)]
+                    d = levels[head.window.id][k][which]
+                    index = (by % per_tile) * d.blocks_across + (bx % per_tile)
+                    blocks.append(tiff.BlockRef(head.key, d.block_offsets[index], d.block_byte_counts[index]))
+            tags = tiff.copyable_tags(reference_dir, width=width, height=height, subfile_type=subfile_type)
+            return tiff.OutputDirectory(tags=tags, blocks=blocks, width=width, height=height)
+
+        reduced = tiff.SUBFILE_REDUCED if k else 0
+        image = copied(0, ref_dir, reduced)
+        if masked:
+            image.mask = copied(1, ref_mask, reduced | tiff.SUBFILE_MASK)
+        out.append(image)
         if width <= BLOCK_SIZE and height <= BLOCK_SIZE:
             break
     return out
@@ -492,7 +526,8 @@ def _build_coarse_levels(
 
     The copy is written block for block like the mosaic; GDAL then builds its internal overviews
     (bounded by GDAL_CACHEMAX and GDAL_OVR_CHUNK_MAX_SIZE) and their directories become the
-    mosaic's coarse levels.
+    mosaic's coarse levels. A level with an internal mask is copied with it; GDAL then builds the
+    mask's overviews too (after the image's, in the copy) and each is paired with its image by size.
     """
     base_path = os.path.join(workdir, f"level{first_level}.tif")
     tags = dict(base_directory.tags)
@@ -500,6 +535,10 @@ def _build_coarse_levels(
     if nodata_tag is not None:
         tags[tiff.GDAL_NODATA] = nodata_tag
     base = tiff.OutputDirectory(tags=tags, blocks=base_directory.blocks, width=base_directory.width, height=base_directory.height)
+    if base_directory.mask is not None:
+        mask = base_directory.mask
+        mask_tags = tiff.with_tag(mask.tags, tiff.pack_tag(tiff.NEW_SUBFILE_TYPE, tiff.TYPE_LONG, [tiff.SUBFILE_MASK], byte_order))
+        base.mask = tiff.OutputDirectory(tags=mask_tags, blocks=mask.blocks, width=mask.width, height=mask.height)
     with open(base_path, "wb") as out:
         tiff.TiffWriter(byte_order).write(out, [base], fetch)
     factors = [2**j for j in range(1, levels_to_fit(base.width, base.height, halve_ceil) + 1)]
@@ -511,15 +550,26 @@ def _build_coarse_levels(
             dst.build_overviews(factors, Resampling[scene.overview_resampling])
     source = FileRangeSource(base_path)
     with open(base_path, "rb") as f:
-        layout = tiff.read_layout(f.read(TILE_HEAD_BYTES), source.read, max_directories=len(factors) + 2)
-    out_dirs = []
-    for j, d in enumerate(layout.directories[1:], start=1):
-        width, height = d.width, d.height
+        layout = tiff.read_layout(f.read(TILE_HEAD_BYTES), source.read, max_directories=2 * len(factors) + 4)
+
+    def coarse(d: tiff.Directory, subfile_type: int, what: str) -> tiff.OutputDirectory:
         if d.tile_width != BLOCK_SIZE or d.tile_height != BLOCK_SIZE or d.planar_config != 1:
-            raise MosaicCheckError(f"computed level {first_level + j} has blocks of {d.tile_width}x{d.tile_height}")
+            raise MosaicCheckError(f"computed {what} has blocks of {d.tile_width}x{d.tile_height}")
         blocks = [tiff.BlockRef("coarse", o, c) for o, c in zip(d.block_offsets, d.block_byte_counts)]
-        tags = tiff.copyable_tags(d, width=width, height=height, subfile_type=tiff.SUBFILE_REDUCED)
-        out_dirs.append(tiff.OutputDirectory(tags=tags, blocks=blocks, width=width, height=height))
+        tags = tiff.copyable_tags(d, width=d.width, height=d.height, subfile_type=subfile_type)
+        return tiff.OutputDirectory(tags=tags, blocks=blocks, width=d.width, height=d.height)
+
+    reduced = [d for d in layout.directories if d.subfile_type == tiff.SUBFILE_REDUCED]
+    masks = {(d.width, d.height): d for d in layout.directories if d.subfile_type == tiff.SUBFILE_REDUCED | tiff.SUBFILE_MASK}
+    out_dirs = []
+    for j, d in enumerate(reduced, start=1):
+        image = coarse(d, tiff.SUBFILE_REDUCED, f"level {first_level + j}")
+        if base.mask is not None:
+            mask = masks.get((d.width, d.height))
+            if mask is None:
+                raise MosaicCheckError(f"GDAL built no mask for computed level {first_level + j}")
+            image.mask = coarse(mask, tiff.SUBFILE_REDUCED | tiff.SUBFILE_MASK, f"level {first_level + j} mask")
+        out_dirs.append(image)
     if len(out_dirs) != len(factors):
         raise MosaicCheckError(f"GDAL built {len(out_dirs)} coarse levels, {len(factors)} were asked for")
     return out_dirs, source
@@ -725,6 +775,10 @@ def check_mosaic_file(
                 scene.nodata is not None and not (math.isnan(scene.nodata) and math.isnan(src.nodata)) and src.nodata != scene.nodata
             ):
                 problems.append(f"nodata {src.nodata}")
+            if scene.mask == "per-dataset" and not all(MaskFlags.per_dataset in flags for flags in src.mask_flag_enums):
+                problems.append("no internal mask, while the source has one")
+            if scene.colorinterp and [ci.name for ci in src.colorinterp] != scene.colorinterp:
+                problems.append(f"colour interpretation {[ci.name for ci in src.colorinterp]} instead of {scene.colorinterp}")
             factors = src.overviews(1)
             if len(factors) != levels:
                 problems.append(f"{len(factors)} overview levels instead of {levels}")
