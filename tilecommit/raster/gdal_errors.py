@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+from collections import deque
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -30,6 +31,11 @@ GDAL_LOGGER = "rasterio._env"
 #: Messages kept per step (the last ones: those nearest the failure).
 MAX_MESSAGES = 5
 _MESSAGE = re.compile(r"msg='?(.*?)'?$", re.S)
+#: The last messages recorded in this process, whatever step they came from. GDAL may report a
+#: failure once and stay silent on the next ones (a cached transformer: "further errors will be
+#: suppressed on the transform object"), so the text that explains a silent failure can belong
+#: to an earlier step, or to an earlier attempt of the same activity in this worker.
+_recent: deque[str] = deque(maxlen=MAX_MESSAGES)
 
 
 class _Recorder(logging.Filter):
@@ -47,6 +53,7 @@ class _Recorder(logging.Filter):
             text = record.getMessage()
             found = _MESSAGE.search(text) if "GDAL signalled" in text else None
             buffer.append(found.group(1) if found else text)
+            _recent.append(buffer[-1])
         return record.levelno >= self.passthrough_level
 
 
@@ -124,8 +131,10 @@ def gdal_step(step: str, *, window: str | None = None) -> Iterator[None]:
         before = describe(buffer)
         where = f" (window {window})" if window else ""
         message = f"{step}{where} failed in GDAL: {said}"
-        if before and before != said:
+        if any(m.strip() != said for m in buffer):
             message += f"; GDAL's messages before the failure: {before}"
+        elif not before and _recent:
+            message += f"; GDAL said nothing during this step; its last messages in this process were: {describe(list(_recent))}"
         raise GdalStepError(message, step=step, window=window, gdal_messages=list(buffer)) from exc
     finally:
         _stop(thread)
