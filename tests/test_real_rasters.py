@@ -29,6 +29,7 @@ from tilecommit.raster.scene import same_crs
 from tilecommit.settings import Settings
 
 from .test_raster import assemble, assert_complete_pyramid, blob_names, download, manifest_rows, render_all
+from .test_end_to_end import app_env  # noqa: F401 - fixture
 from .test_raster import claims, manifest, output, stores, tiles  # noqa: F401 - fixtures
 
 REAL = Path(__file__).resolve().parent / "fixtures" / "real"
@@ -232,3 +233,40 @@ def test_sixteen_bands(stores, storage, tmp_path):
     scene, result = run_library_job(path, Settings(window_size=256), stores, storage)
     assert scene.count == 16 and result.method == "blocks"
     check_mosaic(path, download(stores["output"], result.mosaic, tmp_path / "mosaic.tif"), result.overview_levels)
+
+
+# --------------------------------------------------------------------------- whole jobs on the local host
+
+#: The files that failed after tiling before (a WKT-only CRS; a geostationary disk with a mask),
+#: the polar one, and a refusal: each as a whole job. The rest run through the library above (a
+#: host per file would add about ten seconds each).
+WHOLE_JOBS = ["float_raster_with_extra_nodata.tif", "goes.tif", "nt_20201024_f18_nrt_s.tif", "geomatrix.tif"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", WHOLE_JOBS)
+def test_real_raster_as_a_whole_job_on_the_local_host(name, storage, app_env, tmp_path):
+    from devhost.cli import process_file
+
+    from .test_end_to_end import download as download_blob
+    from .test_end_to_end import local_host
+
+    source = REAL / name
+    with local_host(app_env) as host:
+        summary = process_file(host, source, timeout=120)
+    if name in REFUSED:
+        error, fragments = REFUSED[name]
+        assert summary["status"] == "failed" and summary["windows"] is None, summary
+        for fragment in fragments:
+            assert fragment in summary["error"], summary["error"]
+        tiles = storage.blob_service().get_container_client(app_env.tiles)
+        assert not list(tiles.list_blobs(name_starts_with=f"tiles/{summary['job_id']}/"))
+        return
+    assert summary["status"] == "completed", summary
+    mosaic_path = tmp_path / "mosaic.tif"
+    mosaic_path.write_bytes(download_blob(storage, app_env.output, f"mosaics/{summary['job_id']}/mosaic.tif"))
+    with rasterio.open(mosaic_path) as m:
+        levels = len(m.overviews(1))
+    check_mosaic(str(source), str(mosaic_path), levels)
+    item = json.loads(download_blob(storage, app_env.output, f"mosaics/{summary['job_id']}/item.json"))
+    check_stac(item, str(source))
