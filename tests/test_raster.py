@@ -241,12 +241,14 @@ def test_vrt_assembly_matches_block_assembly_pixels(stores, storage, tmp_path):
     assert_complete_pyramid(mosaic_path)
 
 
-@pytest.mark.parametrize("method", ["blocks", "vrt"])
-def test_internal_mask_survives_tiles_and_mosaic(method, stores, storage, tmp_path):
+@pytest.mark.parametrize("method,window_size", [("blocks", 512), ("blocks", 1024), ("vrt", 512)])
+def test_internal_mask_survives_tiles_and_mosaic(method, window_size, stores, storage, tmp_path):
     """A per-dataset mask (no nodata value) is carried by the tiles and into the mosaic, by both paths.
 
     The block copy takes the tiles' mask blocks beside their image blocks (and GDAL computes the
-    coarse levels' masks); the VRT path reads the tiles' masks through the VRT's MaskBand.
+    coarse levels' masks); the VRT path reads the tiles' masks through the VRT's MaskBand. With
+    1024-pixel windows a tile has two overview levels, whose masks the COG driver writes after
+    both of them.
     """
     height, width = 600, 700
     data = np.random.default_rng(3).integers(1, 255, (3, height, width), dtype="uint8")
@@ -258,7 +260,7 @@ def test_internal_mask_survives_tiles_and_mosaic(method, stores, storage, tmp_pa
                            crs="EPSG:32633", transform=from_origin(500000, 4600000, 10, 10), tiled=True) as dst:
             dst.write(data)
             dst.write_mask(mask)
-    settings = Settings(window_size=512)
+    settings = Settings(window_size=window_size)
     scene = inspect_source(path, settings=settings)
     assert scene.mask == "per-dataset"
     render_all(path, scene, settings, stores)

@@ -427,17 +427,15 @@ def _tile_level_size(n: int, level: int) -> int:
 def tile_levels(layout: tiff.TiffLayout) -> list[tuple[tiff.Directory, tiff.Directory | None]]:
     """A tile's levels, full resolution first: (image directory, its internal mask's directory or None).
 
-    The COG driver writes a mask's directory right after its image's (subfile type 4 at full
-    resolution, 5 for an overview's mask).
+    The COG driver writes the full resolution's mask (subfile type 4) after its image, and the
+    overviews' masks (type 5) after all the overviews; a mask belongs to the image of its size.
     """
-    levels: list[tuple[tiff.Directory, tiff.Directory | None]] = []
-    for d in layout.directories:
-        if d.subfile_type & tiff.SUBFILE_MASK:
-            if not levels or levels[-1][1] is not None or (d.width, d.height) != (levels[-1][0].width, levels[-1][0].height):
-                raise IncompatibleTilesError("a mask directory that does not follow its image's")
-            levels[-1] = (levels[-1][0], d)
-        else:
-            levels.append((d, None))
+    images = [d for d in layout.directories if not d.subfile_type & tiff.SUBFILE_MASK]
+    masks = {(d.width, d.height, d.subfile_type & tiff.SUBFILE_REDUCED): d
+             for d in layout.directories if d.subfile_type & tiff.SUBFILE_MASK}
+    levels = [(d, masks.pop((d.width, d.height, d.subfile_type & tiff.SUBFILE_REDUCED), None)) for d in images]
+    if masks:
+        raise IncompatibleTilesError(f"mask directories without an image of their size: {sorted(masks)}")
     return levels
 
 

@@ -306,8 +306,9 @@ class OutputDirectory:
     """A directory to write: its tags (block arrays excluded) and its blocks in block-index order.
 
     ``mask``: the image's internal mask (NewSubfileType with the mask bit), same size and blocks.
-    Its directory follows the image's, and each of its blocks follows the image block it masks,
-    as GDAL's COG driver lays them out (``MASK_INTERLEAVED_WITH_IMAGERY=YES`` in the ghost area).
+    As GDAL's COG driver lays them out, the full resolution's mask directory follows its image's
+    and the overviews' mask directories follow all the overviews; each mask block follows the
+    image block it masks (``MASK_INTERLEAVED_WITH_IMAGERY=YES`` in the ghost area).
     """
 
     tags: dict[int, Tag]
@@ -379,7 +380,8 @@ class TiffWriter:
         header = 16 if bigtiff else 8
         position = header + len(self.ghost)
         pairs = self._pairs(directories)
-        placed = [item for pair in pairs for item in pair if item is not None]
+        # Directories in the COG driver's order: the image, its mask, the overviews, their masks.
+        placed = [item for item in (*pairs[0], *(i for i, _ in pairs[1:]), *(m for _, m in pairs[1:])) if item is not None]
         for item in placed:
             item.ifd_offset = position
             item.ifd_size = self._ifd_size(item.directory, bigtiff)
