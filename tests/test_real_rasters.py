@@ -39,7 +39,7 @@ REAL = Path(__file__).resolve().parent / "fixtures" / "real"
 ACCEPTED = sorted(
     [
         "6band_wrong_number_extrasamples.tif", "RGBA.uint16.tif", "all-nodata.tif", "alpha.tif", "byte_signed.tif",
-        "byte_user_defined_geokeys.tif", "byte_zstd.tif", "clp.tif", "cog_rgb.tif",
+        "byte_user_defined_geokeys.tif", "byte_zstd.tif", "clp.tif", "cog_rgb.tif", "dem-hills.tif",
         "cog_strile_arrays_zeroified_when_possible.tif", "cog_uint8_rgb_mask.tif", "cog_uint8_rgb_nodata.tif",
         "cog_uint8_rgba.tif", "epsg_2853_with_us_feet.tif", "float16.tif", "float64.tif",
         "float_raster_with_extra_nodata.tif", "goes.tif", "image_webp.tif", "int32.tif", "inverted_lat.tif",
