@@ -34,6 +34,8 @@ from rasterio.warp import transform as warp_transform
 DENSIFY_POINTS = 128
 #: Decimal places kept in longitude/latitude (about 0.1 mm): stable bytes, no false precision.
 PRECISION = 9
+#: Degrees of longitude below which a difference is a rounding error, not a crossing.
+EPSILON = 1e-9
 #: How far (in pixels of the mask's grid) a boundary point is moved inward to find a geographic position.
 PULL_PIXELS = (0.5, 1.0, 2.0)
 _WGS84 = CRS.from_epsg(4326)
@@ -227,12 +229,14 @@ def footprint(crs: CRS | str, mask: np.ndarray, transform: Affine) -> Footprint:
         return Footprint(around.geometry, around.bbox, around.note + left_out)
     note = "valid data" + left_out
     lons = closed[:-1]
-    shift = 360.0 * math.floor((lons.min() + 180.0) / 360.0)
+    # Shifted by whole turns so that the westernmost point lies in [-180, 180) (to a rounding error:
+    # a world-wide grid's edge at -180 must not count as crossing the antimeridian).
+    shift = 360.0 * math.floor((lons.min() + 180.0 + EPSILON) / 360.0)
     lons = lons - shift
     ring_pts = [(float(x), float(y)) for x, y in zip(lons, kept[:, 1])]
     lats = kept[:, 1]
     south, north = round(float(lats.min()), PRECISION), round(float(lats.max()), PRECISION)
-    if lons.max() <= 180.0:
+    if lons.max() <= 180.0 + EPSILON:
         bbox = [round(float(lons.min()), PRECISION), south, round(float(lons.max()), PRECISION), north]
         return Footprint({"type": "Polygon", "coordinates": [_close(ring_pts)]}, bbox, note)
     west_part = _clip(ring_pts, 180.0, keep_below=True)
