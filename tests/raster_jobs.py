@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
+
+import rasterio
+
 from tilecommit.grid import plan_windows
 from tilecommit.raster import SceneInfo, assemble_mosaic, render_tile
 from tilecommit.settings import Settings
@@ -50,3 +54,23 @@ def blob_names(container) -> list[str]:
 
 def manifest_rows(table, job_id: str = JOB) -> list[dict]:
     return list(table.query_entities("PartitionKey eq @job", parameters={"job": job_id}))
+
+
+def overview_sizes(path: str) -> list[tuple[int, int]]:
+    with rasterio.open(path) as src:
+        sizes = [(src.width, src.height)]
+        levels = len(src.overviews(1))
+    for level in range(levels):
+        with rasterio.open(path, overview_level=level) as ovr:
+            sizes.append((ovr.width, ovr.height))
+    return sizes
+
+
+def assert_complete_pyramid(path: str, block: int = 256) -> None:
+    """Every level about half the one before; the smallest fits in one block and the one before does not."""
+    sizes = overview_sizes(path)
+    for (pw, ph), (w, h) in itertools.pairwise(sizes):
+        assert pw // 2 <= w <= pw // 2 + 1 and ph // 2 <= h <= ph // 2 + 1, sizes
+    assert max(sizes[-1]) <= block, f"smallest level {sizes[-1]} is larger than a block: levels missing ({sizes})"
+    if len(sizes) > 1:
+        assert max(sizes[-2]) > block, f"a superfluous level: {sizes}"

@@ -6,7 +6,6 @@ are real GeoTIFFs. Each test gets its own containers, tables and task hub.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -14,7 +13,6 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -23,48 +21,18 @@ import rasterio
 from rasterio.io import MemoryFile
 
 from devhost.cli import process_file
-from devhost.host import HostOptions, LocalHost
 from devhost.scenes import SceneSpec, write_scene
 from tilecommit import settings as names
 from tilecommit.gates import count_manifest
 from tilecommit.grid import plan_windows
 from tilecommit.jobs import job_id_for
 
+from .app_jobs import WINDOW, AppEnv, download, local_host
 from .hostile import MARKER, local_vectors, make_secret_raw, make_secret_tif, network_vectors, vrt, write
 from .storage_proxy import RecordingProxy, TrapServer
 
 ROOT = Path(__file__).resolve().parent.parent
-WINDOW = 256
 pytestmark = pytest.mark.slow
-
-
-@dataclass
-class AppEnv:
-    hub: str
-    input: str
-    tiles: str
-    output: str
-    manifest: str
-    env: dict
-
-
-@pytest.fixture
-def app_env(storage, azurite, monkeypatch, request) -> AppEnv:
-    suffix = hashlib.sha256(request.node.nodeid.encode()).hexdigest()[:10]
-    env = {
-        names.STORAGE_CONNECTION: azurite.connection_string,
-        names.SETTING_INPUT_CONTAINER: f"in-{suffix}",
-        names.SETTING_TILES_CONTAINER: f"tiles-{suffix}",
-        names.SETTING_OUTPUT_CONTAINER: f"out-{suffix}",
-        names.SETTING_MANIFEST_TABLE: f"manifest{suffix}",
-        names.SETTING_CLAIMS_TABLE: f"claims{suffix}",
-        names.SETTING_WINDOW_SIZE: str(WINDOW),
-        names.SETTING_BATCH_SIZE: "4",
-    }
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    return AppEnv(f"Hub{suffix}", env[names.SETTING_INPUT_CONTAINER], env[names.SETTING_TILES_CONTAINER],
-                  env[names.SETTING_OUTPUT_CONTAINER], env[names.SETTING_MANIFEST_TABLE], env)
 
 
 def make_scene(path: Path, width: int, height: int) -> Path:
@@ -78,14 +46,6 @@ def read_pixels(path_or_bytes: Path | bytes) -> np.ndarray:
             return src.read()
     with rasterio.open(path_or_bytes) as src:
         return src.read()
-
-
-def local_host(app_env: AppEnv, **options) -> LocalHost:
-    return LocalHost(HostOptions(hub=app_env.hub, timer_scale=0.01, watch_interval=0.1, **options))
-
-
-def download(storage, container: str, name: str) -> bytes:
-    return storage.blob_service().get_blob_client(container, name).download_blob().readall()
 
 
 def tile_hashes(storage, app_env: AppEnv, job_id: str) -> dict[str, tuple[str, str]]:

@@ -7,7 +7,6 @@ Scenes are made by the tests (devhost.scenes, deterministic) in tmp_path; window
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import math
 import os
@@ -40,27 +39,15 @@ from tilecommit.raster.mosaic import MOSAIC_CLAIM
 from tilecommit.settings import Settings
 from tilecommit.storage import vsiaz_path
 
-from .raster_jobs import JOB, assemble, blob_names, download, manifest_rows, render_all
-
-
-def overview_sizes(path: str) -> list[tuple[int, int]]:
-    with rasterio.open(path) as src:
-        sizes = [(src.width, src.height)]
-        levels = len(src.overviews(1))
-    for level in range(levels):
-        with rasterio.open(path, overview_level=level) as ovr:
-            sizes.append((ovr.width, ovr.height))
-    return sizes
-
-
-def assert_complete_pyramid(path: str, block: int = 256) -> None:
-    """Every level about half the one before; the smallest fits in one block and the one before does not."""
-    sizes = overview_sizes(path)
-    for (pw, ph), (w, h) in itertools.pairwise(sizes):
-        assert pw // 2 <= w <= pw // 2 + 1 and ph // 2 <= h <= ph // 2 + 1, sizes
-    assert max(sizes[-1]) <= block, f"smallest level {sizes[-1]} is larger than a block: levels missing ({sizes})"
-    if len(sizes) > 1:
-        assert max(sizes[-2]) > block, f"a superfluous level: {sizes}"
+from .raster_jobs import (
+    JOB,
+    assemble,
+    assert_complete_pyramid,
+    blob_names,
+    download,
+    manifest_rows,
+    render_all,
+)
 
 
 def assert_same_pixels(actual: np.ndarray, expected: np.ndarray) -> None:
@@ -187,8 +174,15 @@ def test_vrt_assembly_matches_block_assembly_pixels(stores, storage, tmp_path):
     assert_complete_pyramid(mosaic_path)
 
 
-def test_internal_mask_survives_tiles_and_mosaic(stores, storage, tmp_path):
-    """A per-dataset mask (no nodata value) is carried by the tiles; assembly falls back to the VRT path."""
+@pytest.mark.parametrize("method,window_size", [("blocks", 512), ("blocks", 1024), ("vrt", 512)])
+def test_internal_mask_survives_tiles_and_mosaic(method, window_size, stores, storage, tmp_path):
+    """A per-dataset mask (no nodata value) is carried by the tiles and into the mosaic, by both paths.
+
+    The block copy takes the tiles' mask blocks beside their image blocks (and GDAL computes the
+    coarse levels' masks); the VRT path reads the tiles' masks through the VRT's MaskBand. With
+    1024-pixel windows a tile has two overview levels, whose masks the COG driver writes after
+    both of them.
+    """
     height, width = 600, 700
     data = np.random.default_rng(3).integers(1, 255, (3, height, width), dtype="uint8")
     mask = np.full((height, width), 255, dtype="uint8")
@@ -196,21 +190,31 @@ def test_internal_mask_survives_tiles_and_mosaic(stores, storage, tmp_path):
     path = str(tmp_path / "masked.tif")
     with (
         rasterio.Env(GDAL_TIFF_INTERNAL_MASK=True),
-        rasterio.open(path, "w", driver="GTiff", width=width, height=height, count=3, dtype="uint8",
-                      crs="EPSG:32633", transform=from_origin(500000, 4600000, 10, 10), tiled=True) as dst,
+        rasterio.open(path, "w", driver="GTiff", width=width, height=height, count=3, dtype="uint8", crs="EPSG:32633", transform=from_origin(500000, 4600000, 10, 10), tiled=True) as dst,
     ):
         dst.write(data)
         dst.write_mask(mask)
-    settings = Settings(window_size=512)
+    settings = Settings(window_size=window_size)
     scene = inspect_source(path, settings=settings)
     assert scene.mask == "per-dataset"
     render_all(path, scene, settings, stores)
-    result = assemble(scene, settings, stores, storage)
-    assert result.method == "vrt"
+    result = assemble(scene, settings, stores, storage, method=method)
+    assert result.method == method
     mosaic_path = download(stores["output"], result.mosaic, tmp_path / "mosaic.tif")
+    valid, errors, _ = cog_validate(mosaic_path, quiet=True)
+    assert valid, errors
     with rasterio.open(mosaic_path) as m:
         assert np.array_equal(m.read(), data)
         assert np.array_equal(m.dataset_mask(), mask)
+        levels = len(m.overviews(1))
+    assert levels == result.overview_levels > 0
+    for level in range(levels):
+        with rasterio.open(mosaic_path, overview_level=level) as overview:
+            # Every level has a mask of its own, which masks out the hole (to the level's resolution).
+            assert [flag.name for flag in overview.mask_flag_enums[0]] == ["per_dataset"]
+            factor = 2 ** (level + 1)
+            hole = overview.dataset_mask()[100 // factor + 1 : 300 // factor - 1, 50 // factor + 1 : 400 // factor - 1]
+            assert hole.size and not hole.any()
     assert_complete_pyramid(mosaic_path)
 
 

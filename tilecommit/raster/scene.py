@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from rasterio.crs import CRS
 from rasterio.enums import MaskFlags
 from rasterio.errors import RasterioIOError
 from rasterio.windows import Window as RioWindow
@@ -65,6 +66,10 @@ class SceneInfo(Record):
 
     ``transform`` holds the six affine coefficients in rasterio's order ``(a, b, c, d, e, f)``:
     ``x = a * col + b * row + c``, ``y = d * col + e * row + f``.
+
+    ``crs`` is the source's CRS as GDAL reads it, in WKT2 (2019): the whole definition, not an
+    authority code GDAL or PROJ may attach to it (a WKT-only CRS can be identified as, say,
+    ``IGNF:ETRS89LAEA`` whose definition differs in details). Compare CRSs with :func:`same_crs`.
     """
 
     width: int
@@ -100,6 +105,32 @@ class SceneInfo(Record):
         "transform": lambda values: [float(v) for v in values],
         "block_shapes": lambda shapes: [[int(a), int(b)] for a, b in shapes],
     }
+
+
+def as_crs(value: str | CRS) -> CRS:
+    """A CRS from what a SceneInfo holds (WKT; older payloads an authority code such as "EPSG:32633")."""
+    return value if isinstance(value, CRS) else CRS.from_user_input(value)
+
+
+def same_crs(a: str | CRS | None, b: str | CRS | None) -> bool:
+    """Whether two CRSs are equivalent as GDAL and PROJ see them (OSRIsSame), not as strings or codes.
+
+    A WKT-only CRS and the authority definition GDAL identifies it with are not always
+    equivalent (towgs84, names of parameters); two WKTs of one CRS written by different software are.
+    """
+    if a is None or b is None:
+        return a is None and b is None
+    return as_crs(a) == as_crs(b)
+
+
+def crs_label(value: str | CRS) -> str:
+    """A short name for messages: its authority code when it is equivalent to it, else its WKT name."""
+    crs = as_crs(value)
+    epsg = crs.to_epsg()
+    if epsg is not None and CRS.from_epsg(epsg) == crs:
+        return f"EPSG:{epsg}"
+    name = crs.to_dict(projjson=True).get("name") or "unnamed"
+    return f"{name!r} (WKT, no equivalent EPSG code)"
 
 
 def is_fault_message(message: str) -> bool:
@@ -297,7 +328,7 @@ def scene_from_dataset(src, *, nbytes: int | None = None) -> SceneInfo:
         height=src.height,
         count=src.count,
         dtype=src.dtypes[0],
-        crs=src.crs.to_string(),
+        crs=src.crs.to_wkt(version="WKT2_2019"),
         transform=[float(v) for v in tuple(src.transform)[:6]],
         nodata=None if src.nodata is None else float(src.nodata),
         block_shapes=[[int(h), int(w)] for h, w in src.block_shapes],

@@ -27,6 +27,7 @@ from ..grid import Window
 from ..records import Record
 from ..settings import Settings
 from .env import BLOCK_SIZE, NUM_THREADS, gdal_env
+from .gdal_errors import gdal_step
 from .scene import has_colormap, overview_resampling_for, read_failure
 from .upload import open_upload, upload_gdal_options
 
@@ -209,7 +210,9 @@ def render_tile(
                     f"window {window.id} ({window.col_off},{window.row_off} {window.width}x{window.height}) lies "
                     f"outside the {src.width}x{src.height} source: the source changed since it was planned"
                 )
-            body, encode_timings = encode_tile(src, window, window_size=settings.window_size, num_threads=num_threads)
+            where = f"col={window.col_off} row={window.row_off} {window.width}x{window.height}"
+            with gdal_step(f"rendering tile {window.id} of {source_path}", window=where):
+                body, encode_timings = encode_tile(src, window, window_size=settings.window_size, num_threads=num_threads)
     timings.update(encode_timings)
     digest = hashlib.sha256(body).hexdigest()
 
