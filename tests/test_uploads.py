@@ -10,6 +10,10 @@ no byte of the secret anywhere.
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import rasterio
@@ -36,6 +40,7 @@ from .hostile import (
 )
 from .storage_proxy import RecordingProxy, TrapServer
 
+ROOT = Path(__file__).resolve().parent.parent
 SETTINGS = Settings(window_size=256)
 
 
@@ -179,3 +184,25 @@ def test_a_name_with_dot_segments_never_becomes_a_gdal_path():
         with pytest.raises(InvalidNameError, match="segment or a backslash"):
             vsiaz_path("raster-uploads", name)
     assert vsiaz_path("raster-uploads", "a..b/c...tif") == "/vsiaz/raster-uploads/a..b/c...tif"
+
+
+PROJ_PROBE = """
+import sys
+import function_app  # noqa: F401 - the worker's process settings
+from rasterio.crs import CRS
+from rasterio.warp import transform
+crs = CRS.from_proj4("+proj=longlat +ellps=GRS80 +nadgrids=" + sys.argv[1] + "/grid.tif +no_defs")
+try:
+    transform(crs, "EPSG:4326", [10.0], [50.0])
+except Exception:
+    pass
+"""
+
+
+def test_a_crs_naming_a_grid_by_url_fetches_nothing_in_the_worker(trap):
+    """With PROJ_NETWORK=ON in the app settings, PROJ would fetch (and here hang on) the grid;
+    the worker process turns it off when function_app is imported."""
+    env = {**os.environ, "PROJ_NETWORK": "ON"}
+    subprocess.run([sys.executable, "-c", PROJ_PROBE, trap.url], cwd=ROOT, env=env, timeout=60,
+                   check=True, capture_output=True)
+    assert trap.requests == []
