@@ -16,7 +16,7 @@ from tilecommit.settings import Settings
 from tilecommit.storage import vsiaz_path
 
 from .test_raster import blob_names, manifest_rows, render_all  # noqa: F401 - fixtures below come along
-from .test_raster import claims, manifest, output, stores, tiles  # noqa: F401
+from .test_raster import manifest, output, stores, tiles  # noqa: F401
 
 SETTINGS = Settings(window_size=256)
 
