@@ -172,12 +172,15 @@ def test_a_scene_with_more_batches_than_a_group_runs_through_groups(storage, app
 # ---------------------------------------------------------------------- crash and resume
 
 
-def serve(app_env: AppEnv, log: Path, *extra: str) -> subprocess.Popen:
-    """``python -m devhost serve`` in its own process; returns once it watches the container."""
+def serve(app_env: AppEnv, log: Path, *extra: str, module: tuple[str, ...] = ("devhost",)) -> subprocess.Popen:
+    """``python -m devhost serve`` in its own process; returns once it watches the container.
+
+    ``module``: what runs instead of ``devhost`` and its arguments (a host that crashes on purpose).
+    """
     env = {**os.environ, **app_env.env}
     with log.open("ab") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "devhost", "serve", "--timer-scale", "0.01", "--hub", app_env.hub, *extra],
+            [sys.executable, "-m", *module, "serve", "--timer-scale", "0.01", "--hub", app_env.hub, *extra],
             cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )
     deadline = time.monotonic() + 60
