@@ -76,7 +76,8 @@ def sweep_dead_workdirs(root: str | None = None) -> list[str]:
     is recycled the disk goes with it, but when only the worker process is restarted the next
     attempt finds it on a temporary disk that the Consumption plan limits to about 0.5 GB.
     Directories of live processes, this one included, are left alone: they may be a concurrent
-    attempt's.
+    attempt's. This assumes that the processes sharing the temporary directory see one another's
+    process ids (one machine or one container), as the workers of a Functions instance do.
     """
     root = root or tempfile.gettempdir()
     removed = []
