@@ -198,8 +198,9 @@ def print_report(r: dict) -> None:
         print(f"every activity twice, phases: tiling {ph['tiling_s']:.1f} s; {ph['assembly_executions']} assemble_mosaic "
               f"executions ({ph['assembly_span_s']} s each), first assembly start to job completion "
               f"{ph['assembly_to_completion_s']:.1f} s"
-              + (" (a copy failed with AssemblyInProgressError first: a TaskFailed, so the orchestrator waited its "
-                 "retry interval before another attempt)" if retried else
-                 " (the second copy waits for the claim holder and returns already-present, holding an activity slot)"))
+              + (" (a copy failed first: a TaskFailed, so the orchestrator waited its retry interval before another "
+                 "attempt)" if retried else
+                 " (no claim: the second copy assembles beside the first, or stops when it sees the first's mosaic, "
+                 "and returns already-present)"))
     print("requests = HTTP requests of the Python storage SDKs (blob/table) counted at requests' HTTPAdapter.send; "
           "GDAL's /vsiaz/ reads are not included")

@@ -1,5 +1,5 @@
 """The storage gates against a real Azurite: create-only blob, If-Match repair,
-create-only manifest and claim rows, the classification of 409/412, and unknown outcomes.
+create-only manifest rows, the classification of 409/412, and unknown outcomes.
 
 No storage is mocked. Faults that cannot be caused for real (a response lost on the way back,
 a connection that fails before the request leaves) are injected by a pipeline policy placed
@@ -675,7 +675,7 @@ def test_repair_whose_201_is_lost_is_resolved_as_written(storage, container):
     assert snapshot(container, name)["content"] == b"v2"
 
 
-# ----------------------------------------------------------------------------- manifest and claims
+# ----------------------------------------------------------------------------- manifest
 
 
 def raw_row(table: TableClient, job: str, window: str) -> dict:
@@ -752,15 +752,6 @@ def test_count_manifest_reads_every_page_of_2500_rows(storage, table):
     assert summary.entries["0012_0034"].sha256 == sha(b"0012_0034")
     assert [s.method for s in pages.seen] == ["GET", "GET", "GET"]  # 1,000 + 1,000 + 500
     assert gates.count_manifest(table, "0000000000000000").rows == 0
-
-
-def test_record_claim_first_caller_wins(table):
-    counters = Counters("claim")
-    assert gates.record_claim(table, job_id=JOB, claim="assemble", owner="instance-a") is Outcome.WRITTEN
-    assert gates.record_claim(table, job_id=JOB, claim="assemble", owner="instance-b") is Outcome.ALREADY_PRESENT
-    assert table.get_entity(JOB, "assemble")["owner"] == "instance-a"
-    assert gates.record_claim(table, job_id=JOB, claim="publish") is Outcome.WRITTEN
-    assert counters.delta()["rejected"] == 1
 
 
 def test_manifest_row_whose_answer_is_lost_is_resolved_from_its_sha256(storage, table):

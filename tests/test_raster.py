@@ -11,7 +11,6 @@ import json
 import math
 import os
 import tempfile
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import numpy as np
@@ -28,33 +27,27 @@ from tilecommit import gates, jobs
 from tilecommit.errors import IncompleteManifestError, InvalidRasterError
 from tilecommit.grid import plan_windows
 from tilecommit.raster import (
-    AssemblyInProgressError,
     MosaicCheckError,
     SceneInfo,
     encode_tile,
     inspect_source,
     render_tile,
 )
-from tilecommit.raster.mosaic import MOSAIC_CLAIM
 from tilecommit.settings import Settings
 from tilecommit.storage import vsiaz_path
 
 from .raster_jobs import (
     JOB,
+    RequestLog,
     assemble,
     assert_complete_pyramid,
+    assert_same_pixels,
     blob_names,
     download,
+    hooked_stores,
     manifest_rows,
     render_all,
 )
-
-
-def assert_same_pixels(actual: np.ndarray, expected: np.ndarray) -> None:
-    assert actual.shape == expected.shape and actual.dtype == expected.dtype
-    # NaN == NaN for this purpose: a float nodata of NaN must survive as NaN.
-    assert np.array_equal(actual, expected, equal_nan=expected.dtype.kind == "f")
-
 
 # --------------------------------------------------------------------------- scenes
 
@@ -221,12 +214,6 @@ def test_internal_mask_survives_tiles_and_mosaic(method, window_size, stores, st
 # --------------------------------------------------------------------------- tiles
 
 
-@pytest.fixture
-def small_scene(tmp_path):
-    spec = SceneSpec(600, 520, 3, "uint16", nodata=0)
-    return spec, write_scene(str(tmp_path / "small.tif"), spec)
-
-
 def test_encoding_the_same_window_twice_gives_identical_bytes(small_scene):
     _, path = small_scene
     window = plan_windows(600, 520, 512)[1]  # an edge window: 88 x 512
@@ -329,15 +316,6 @@ def test_a_block_that_cannot_be_decoded_fails_its_window_and_writes_nothing(tmp_
 # --------------------------------------------------------------------------- assembly gates
 
 
-@pytest.fixture
-def rendered(small_scene, stores):
-    spec, path = small_scene
-    settings = Settings(window_size=256)
-    scene = inspect_source(path, settings=settings)
-    results = render_all(path, scene, settings, stores)
-    return spec, path, scene, settings, results
-
-
 def test_assembly_refuses_while_a_manifest_row_is_missing(rendered, stores, storage):
     _, _, scene, settings, results = rendered
     stores["manifest"].delete_entity(JOB, "0001_0002")
@@ -348,8 +326,6 @@ def test_assembly_refuses_while_a_manifest_row_is_missing(rendered, stores, stor
     assert caught.value.retryable
     assert "0001_0002" in str(caught.value) and "1 of 9 planned windows" in str(caught.value)
     assert blob_names(stores["output"]) == []
-    # No claim was taken: the manifest is checked before claiming.
-    assert list(stores["claims"].list_entities()) == []
 
 
 def test_assembly_refuses_a_tile_whose_size_differs_from_its_row(rendered, stores, storage):
@@ -398,33 +374,13 @@ def test_companions_lost_to_a_crash_are_written_by_the_next_call(rendered, store
     assert stores["output"].download_blob(first.quicklook).readall() == quicklook_before
 
 
-def test_a_live_claim_blocks_assembly_and_an_expired_one_is_taken_over(rendered, stores, storage):
-    _, _, scene, settings, _ = rendered
-    now = datetime.now(UTC)
-    stores["claims"].create_entity({"PartitionKey": JOB, "RowKey": MOSAIC_CLAIM, "owner": "other-attempt",
-                                    "claimed_at": now, "expires_at": now + timedelta(minutes=5)})
-    with pytest.raises(AssemblyInProgressError, match="other-attempt") as caught:
-        assemble(scene, settings, stores, storage)
-    assert caught.value.retryable
-    assert blob_names(stores["output"]) == []
-
-    # The holder crashed: its claim lapses and the next attempt takes it over.
-    row = stores["claims"].get_entity(JOB, MOSAIC_CLAIM)
-    row["expires_at"] = now - timedelta(seconds=1)
-    stores["claims"].update_entity(row)
-    result = assemble(scene, settings, stores, storage)
-    assert result.outcome == "written"
-    assert stores["claims"].get_entity(JOB, MOSAIC_CLAIM)["took_over_from"] == "other-attempt"
-
-
-def test_a_failed_assembly_releases_its_claim(rendered, stores, storage):
+def test_a_failed_assembly_leaves_nothing_and_the_next_one_succeeds(rendered, stores, storage):
     _, _, scene, settings, results = rendered
     # A tile that vanished after the size check cannot happen with create-only tiles; a scene
     # whose shape disagrees with the tiles makes the build itself fail instead.
     wrong = SceneInfo.from_dict({**scene.to_dict(), "nodata": 7.0})
     with pytest.raises(MosaicCheckError, match="nodata 0.0"):
         assemble(wrong, settings, stores, storage)
-    assert list(stores["claims"].list_entities()) == []
     assert blob_names(stores["output"]) == []
     assert assemble(scene, settings, stores, storage).outcome == "written"
 
@@ -483,44 +439,8 @@ def test_tiff_block_copy_round_trips_a_cog(small_scene, tmp_path, bigtiff):
 # --------------------------------------------------------------------------- streamed commit of the mosaic
 
 
-class RequestLog:
-    """Every request a client sends (raw_request_hook): method, blob/table path, query and headers, in order."""
-
-    def __init__(self):
-        self.requests: list[tuple[str, str, dict, dict]] = []
-
-    def __call__(self, pipeline_request) -> None:
-        from urllib.parse import parse_qs, urlsplit
-
-        request = pipeline_request.http_request
-        url = urlsplit(request.url)
-        query = {k: v[0] for k, v in parse_qs(url.query).items()}
-        self.requests.append((request.method, url.path, query, dict(request.headers)))
-
-    def put_blocks(self, name: str) -> list[tuple[str, str, dict, dict]]:
-        return [r for r in self.requests if r[0] == "PUT" and r[1].endswith("/" + name) and r[2].get("comp") == "block"]
-
-    def put_block_lists(self, name: str) -> list[tuple[str, str, dict, dict]]:
-        return [r for r in self.requests if r[0] == "PUT" and r[1].endswith("/" + name) and r[2].get("comp") == "blocklist"]
-
-    def put_blobs(self, name: str) -> list[tuple[str, str, dict, dict]]:
-        return [r for r in self.requests if r[0] == "PUT" and r[1].endswith("/" + name) and "comp" not in r[2]]
-
-
-def hooked_stores(storage, stores, log: RequestLog) -> dict:
-    """The same containers and tables, through clients that record every request into ``log``."""
-    blobs = storage.blob_service(raw_request_hook=log)
-    tables = storage.table_service(raw_request_hook=log)
-    return {
-        "tiles": blobs.get_container_client(stores["tiles"].container_name),
-        "output": blobs.get_container_client(stores["output"].container_name),
-        "manifest": tables.get_table_client(stores["manifest"].table_name),
-        "claims": tables.get_table_client(stores["claims"].table_name),
-    }
-
-
 def test_mosaic_is_streamed_as_staged_blocks_committed_with_if_none_match(rendered, stores, storage, monkeypatch, tmp_path):
-    """No full-file upload: fixed-size Put Blocks (ids = base64 of the index), after the claim, then one
+    """No full-file upload: fixed-size Put Blocks (ids = the attempt's tag + the index), then one
     Put Block List carrying If-None-Match: * and the sha256; a second assembly stages nothing."""
     import base64
 
@@ -537,9 +457,11 @@ def test_mosaic_is_streamed_as_staged_blocks_committed_with_if_none_match(render
 
     blocks = log.put_blocks(name)
     assert len(blocks) == -(-result.nbytes // block) > 2
-    assert [r[2]["blockid"] for r in blocks] == [base64.b64encode(f"{i:08d}".encode()).decode() for i in range(len(blocks))]
+    ids = [base64.b64decode(r[2]["blockid"]).decode() for r in blocks]
+    tag = ids[0][:4]
+    assert ids == [f"{tag}{i:04x}" for i in range(len(blocks))]
     assert all(int(r[3]["Content-Length"]) == block for r in blocks[:-1])
-    assert all("If-None-Match" not in r[3] for r in blocks)  # Put Block carries no condition: the claim guards it
+    assert all("If-None-Match" not in r[3] for r in blocks)  # Put Block carries no condition: the commit's decides
     commits = log.put_block_lists(name)
     assert len(commits) == 1
     headers = commits[0][3]
@@ -548,16 +470,13 @@ def test_mosaic_is_streamed_as_staged_blocks_committed_with_if_none_match(render
     assert headers["x-ms-meta-overview_levels"] == str(result.overview_levels)
     assert headers["x-ms-blob-content-type"].startswith("image/tiff")
     assert log.put_blobs(name) == []
-    # Order: the claim row is inserted before the first block leaves; the list is committed after the last.
-    claim_insert = next(i for i, r in enumerate(log.requests)
-                        if r[0] == "POST" and r[1].rstrip("/").endswith(stores["claims"].table_name))
-    first_block = log.requests.index(blocks[0])
-    assert claim_insert < first_block < log.requests.index(blocks[-1]) < log.requests.index(commits[0])
+    # Order: the list is committed after the last block.
+    assert log.requests.index(blocks[0]) < log.requests.index(blocks[-1]) < log.requests.index(commits[0])
 
     body = stores["output"].download_blob(name).readall()
     assert len(body) == result.nbytes and hashlib.sha256(body).hexdigest() == result.sha256
     committed = stores["output"].get_blob_client(name).get_block_list("committed")[0]
-    assert [b.id for b in committed] == [f"{i:08d}" for i in range(len(blocks))]
+    assert [b.id for b in committed] == ids
     mosaic_path = str(tmp_path / "mosaic.tif")
     Path(mosaic_path).write_bytes(body)
     assert cog_validate(mosaic_path, quiet=True)[0]
@@ -580,7 +499,6 @@ def test_a_plan_that_fails_its_check_stages_no_block(rendered, stores, storage):
         assemble(wrong, settings, hooked_stores(storage, stores, log), storage)
     assert log.put_blocks(jobs.mosaic_blob_name(JOB)) == []
     assert log.put_block_lists(jobs.mosaic_blob_name(JOB)) == []
-    assert list(stores["claims"].list_entities()) == []
 
 
 def _stream(container, name: str, body: bytes, *, block: int = 1000):
@@ -604,7 +522,7 @@ def test_commit_staged_blob_is_create_only(output):
     body = np.random.default_rng(5).bytes(10_500)
     digest = hashlib.sha256(body).hexdigest()
     ids = _stream(output, "m.tif", body)
-    assert ids == [f"{i:08d}" for i in range(11)]
+    assert ids == [f"{ids[0][:4]}{i:04x}" for i in range(11)]
     assert commit_staged_blob(output, "m.tif", ids, sha256=digest, content_type="image/tiff", job_id=JOB) == gates.Outcome.WRITTEN
     props = output.get_blob_client("m.tif").get_blob_properties()
     assert props.size == len(body) and props.metadata[gates.SHA256_METADATA_KEY] == digest
@@ -709,9 +627,8 @@ def test_a_committed_mosaic_that_fails_its_check_raises(rendered, stores, storag
     monkeypatch.setattr(mosaic_module.StagedBlockSink, "write", corrupting_write)
     with pytest.raises(MosaicCheckError, match="committed mosaic .* is wrong: transform"):
         assemble(scene, settings, stores, storage)
-    # Left in place to be examined (a bug, not a fault); the claim is released.
+    # Left in place to be examined (a bug, not a fault).
     assert blob_names(stores["output"]) == [jobs.mosaic_blob_name(JOB)]
-    assert list(stores["claims"].list_entities()) == []
 
 
 def test_assembly_writes_no_full_size_temporary_file(stores, storage, tmp_path):

@@ -58,12 +58,6 @@ class IncompleteManifestError(TileCommitError):
         self.retryable = not self.mismatched
 
 
-class AssemblyInProgressError(TileCommitError):
-    """Another attempt holds this job's mosaic claim and has not finished: retry later."""
-
-    retryable = True
-
-
 class MosaicCheckError(TileCommitError):
     """The mosaic built locally failed its own checks (a bug, not bad input): nothing was uploaded."""
 

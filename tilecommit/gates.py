@@ -144,7 +144,7 @@ def _single_put_client(container: ContainerClient, name: str, size: int) -> Blob
     if size > MAX_PUT_BLOB_BYTES:
         raise BodyTooLargeError(
             f"{name!r}: {size} bytes is more than one Put Blob allows ({MAX_PUT_BLOB_BYTES}); "
-            "gate large outputs with a claim and upload them from a file instead"
+            "stage large outputs as blocks and commit their list create-only instead"
         )
     blob = container.get_blob_client(name)
     # Private, read only: azure-storage-blob 12.31 keeps the max_single_put_size a client was
@@ -464,12 +464,6 @@ def count_manifest(table: TableClient, job_id: str) -> ManifestSummary:
     return ManifestSummary(job_id=job_id, entries=entries)
 
 
-def record_claim(table: TableClient, *, job_id: str, claim: str, **properties: Any) -> Outcome:
-    """Create-only claim row (PartitionKey job id, RowKey claim name): the first caller gets WRITTEN."""
-    entity = {"PartitionKey": job_id, "RowKey": claim, **properties}
-    return create_entity_once(table, entity, gate="claim", job_id=job_id)
-
-
 # Re-exported for callers that only need the classification.
 __all__ = [
     "Outcome",
@@ -481,7 +475,6 @@ __all__ = [
     "record_manifest_entry",
     "get_manifest_entry",
     "count_manifest",
-    "record_claim",
     "create_entity_once",
     "is_create_rejection",
     "stored_blob_sha256",
