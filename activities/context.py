@@ -45,7 +45,5 @@ def _context_for(connection_key: str, settings: Settings) -> ActivityContext:
 
 def activity_context() -> ActivityContext:
     """The process's clients; rebuilt only when the connection or settings change."""
-    key = "|".join(
-        f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith(STORAGE_CONNECTION)
-    )
+    key = "|".join(f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith(STORAGE_CONNECTION))
     return _context_for(key, Settings.from_env())

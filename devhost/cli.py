@@ -42,10 +42,18 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     def host_options(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--deliveries", type=int, default=1, metavar="N",
-                       help="deliver each BlobCreated event N times at once (default 1)")
-        p.add_argument("--duplicate-activities", action="store_true",
-                       help="run every activity twice, concurrently (at-least-once, made visible)")
+        p.add_argument(
+            "--deliveries",
+            type=int,
+            default=1,
+            metavar="N",
+            help="deliver each BlobCreated event N times at once (default 1)",
+        )
+        p.add_argument(
+            "--duplicate-activities",
+            action="store_true",
+            help="run every activity twice, concurrently (at-least-once, made visible)",
+        )
         p.add_argument("--hub", help="task hub name (default: host.json's hubName)")
         p.add_argument("--timer-scale", type=float, default=1.0, help=argparse.SUPPRESS)
         p.add_argument("--crash-before-manifest", type=int, default=0, metavar="N", help=argparse.SUPPRESS)
@@ -57,8 +65,12 @@ def build_parser() -> argparse.ArgumentParser:
     process.add_argument("path", type=Path, help="a raster file (GeoTIFF)")
     process.add_argument("--name", help="blob name in the input container (default: the file name)")
     process.add_argument("--timeout", type=float, default=3600, help="seconds to wait for the job (default 3600)")
-    process.add_argument("--progress", choices=("auto", "always", "never"), default="auto",
-                         help="progress bar on stderr (default: when stderr is a terminal)")
+    process.add_argument(
+        "--progress",
+        choices=("auto", "always", "never"),
+        default="auto",
+        help="progress bar on stderr (default: when stderr is a terminal)",
+    )
     host_options(process)
 
     status = sub.add_parser("status", help="print a job's state and progress")
@@ -111,8 +123,12 @@ def _host(args: argparse.Namespace):
 
         crash_before_manifest_entry(args.crash_before_manifest)
     return LocalHost(
-        HostOptions(deliveries=args.deliveries, duplicate_activities=args.duplicate_activities,
-                    timer_scale=args.timer_scale, hub=args.hub)
+        HostOptions(
+            deliveries=args.deliveries,
+            duplicate_activities=args.duplicate_activities,
+            timer_scale=args.timer_scale,
+            hub=args.hub,
+        )
     )
 
 
@@ -122,8 +138,10 @@ def serve(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     with host:
-        print(f"devhost: watching container {host.settings.input_container!r} (task hub {host.hub}); Ctrl-C stops",
-              file=sys.stderr)
+        print(
+            f"devhost: watching container {host.settings.input_container!r} (task hub {host.hub}); Ctrl-C stops",
+            file=sys.stderr,
+        )
         stop.wait()
     return EXIT_COMPLETED
 
@@ -185,8 +203,12 @@ def process_file(host, path: Path, *, name: str | None = None, timeout: float = 
     while host.engine.status(job_id) is None:
         ignored = [d for d in host.decisions if d["blob"] == blob.blob_name and d["action"] == "ignored"]
         if ignored:
-            return {"job_id": None, "status": "failed", "error": f"upload ignored: {ignored[0]['reason']}",
-                    "elapsed_s": round(time.perf_counter() - started, 3)}
+            return {
+                "job_id": None,
+                "status": "failed",
+                "error": f"upload ignored: {ignored[0]['reason']}",
+                "elapsed_s": round(time.perf_counter() - started, 3),
+            }
         if time.monotonic() > deadline:
             raise TimeoutError(f"no job started for {blob.blob_name!r} within {timeout} s")
         time.sleep(0.05)

@@ -299,7 +299,9 @@ class Engine:
                 return inst.state()
         return self.store.read_state(instance_id)
 
-    def wait_for(self, instance_id: str, timeout: float | None = None, progress: Callable[[dict], None] | None = None) -> dict:
+    def wait_for(
+        self, instance_id: str, timeout: float | None = None, progress: Callable[[dict], None] | None = None
+    ) -> dict:
         """Block until the instance is finished; returns its state."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
@@ -416,8 +418,12 @@ class Engine:
                     errors = self._episode_errors[instance_id] = self._episode_errors.get(instance_id, 0) + 1
                     if errors < EPISODE_ATTEMPTS:
                         # Nothing of the episode was committed: replay it with the same events.
-                        logger.warning("episode of %s failed in the host (attempt %d), retrying", instance_id,
-                                       errors, exc_info=True)
+                        logger.warning(
+                            "episode of %s failed in the host (attempt %d), retrying",
+                            instance_id,
+                            errors,
+                            exc_info=True,
+                        )
                         inst.pending = events + inst.pending
                         self._mark_ready(instance_id)
                     else:
@@ -431,8 +437,10 @@ class Engine:
             meta = inst.scheduled.get(task_id, {})
             if event["EventType"] in (TASK_FAILED, SUB_ORCHESTRATION_FAILED) and meta.get("retry"):
                 retry_failures.append(event)
-            elif event["EventType"] == TIMER_FIRED and meta.get("retry_of") and (
-                meta["retry_of"]["attempt"] < meta["retry_of"]["retry"]["maxNumberOfAttempts"]
+            elif (
+                event["EventType"] == TIMER_FIRED
+                and meta.get("retry_of")
+                and (meta["retry_of"]["attempt"] < meta["retry_of"]["retry"]["maxNumberOfAttempts"])
             ):
                 retry_timers.append(event)
             else:
@@ -445,8 +453,9 @@ class Engine:
         new_events: list[dict] = [self._event(ORCHESTRATOR_STARTED, now)]
         if not inst.history:
             new_events.append(
-                self._event(EXECUTION_STARTED, now, Name=inst.name, Input=inst.input, Version="",
-                            ParentInstance=inst.parent)
+                self._event(
+                    EXECUTION_STARTED, now, Name=inst.name, Input=inst.input, Version="", ParentInstance=inst.parent
+                )
             )
         new_events += retry_failures + retry_timers + rest
 
@@ -492,7 +501,9 @@ class Engine:
             for event in retry_failures:
                 meta = inst.scheduled[_completion_task_id(event)]
                 timer_id = next(ids)
-                fire_at = now + timedelta(milliseconds=meta["retry"]["firstRetryIntervalInMilliseconds"] * self.timer_scale)
+                fire_at = now + timedelta(
+                    milliseconds=meta["retry"]["firstRetryIntervalInMilliseconds"] * self.timer_scale
+                )
                 appended.append(self._event(TIMER_CREATED, now, EventId=timer_id, FireAt=_iso(fire_at)))
                 scheduled[timer_id] = {"kind": "timer", "fire_at": _iso(fire_at), "retry_of": meta}
             for event in retry_timers:
@@ -530,8 +541,9 @@ class Engine:
             "custom_status": custom_status,
             "updated": _iso(now),
         }
-        episode = Episode(new_state["episodes"], new_events + appended,
-                          {str(k): v for k, v in scheduled.items()}, new_actions)
+        episode = Episode(
+            new_state["episodes"], new_events + appended, {str(k): v for k, v in scheduled.items()}, new_actions
+        )
         # Commit first: if storage fails, the instance is untouched and the episode replays.
         self.store.commit_episode(inst.id, episode, new_state)
         with self._lock:
@@ -554,13 +566,24 @@ class Engine:
     def _meta_for_action(self, inst: Instance, action: dict, task_id: int) -> dict:
         kind = action["actionType"]
         if kind in (CALL_ACTIVITY, CALL_ACTIVITY_WITH_RETRY):
-            return {"kind": "activity", "name": action["functionName"], "input": action.get("input"),
-                    "retry": action.get("retryOptions"), "attempt": 1}
+            return {
+                "kind": "activity",
+                "name": action["functionName"],
+                "input": action.get("input"),
+                "retry": action.get("retryOptions"),
+                "attempt": 1,
+            }
         if kind in (CALL_SUB_ORCHESTRATOR, CALL_SUB_ORCHESTRATOR_WITH_RETRY):
             child = action.get("instanceId") or f"{inst.id}:{task_id:04d}"
             check_instance_id(child)
-            return {"kind": "suborchestration", "name": action["functionName"], "input": action.get("input"),
-                    "instance_id": child, "retry": action.get("retryOptions"), "attempt": 1}
+            return {
+                "kind": "suborchestration",
+                "name": action["functionName"],
+                "input": action.get("input"),
+                "instance_id": child,
+                "retry": action.get("retryOptions"),
+                "attempt": 1,
+            }
         if kind == CREATE_TIMER:
             return {"kind": "timer", "fire_at": action["fireAt"]}
         raise NonDeterminismError(f"the local host does not support action type {kind}: {action}")
@@ -569,8 +592,14 @@ class Engine:
         if meta["kind"] == "activity":
             return self._event(TASK_SCHEDULED, now, EventId=task_id, Name=meta["name"], Input=meta["input"])
         if meta["kind"] == "suborchestration":
-            return self._event(SUB_ORCHESTRATION_CREATED, now, EventId=task_id, Name=meta["name"],
-                               InstanceId=meta["instance_id"], Input=meta["input"])
+            return self._event(
+                SUB_ORCHESTRATION_CREATED,
+                now,
+                EventId=task_id,
+                Name=meta["name"],
+                InstanceId=meta["instance_id"],
+                Input=meta["input"],
+            )
         return self._event(TIMER_CREATED, now, EventId=task_id, FireAt=meta["fire_at"])
 
     @staticmethod
@@ -586,11 +615,20 @@ class Engine:
         if inst.parent:
             now = _now()
             if status == COMPLETED:
-                event = self._event(SUB_ORCHESTRATION_COMPLETED, now, TaskScheduledId=inst.parent["task_id"],
-                                    Result=json.dumps(inst.output))
+                event = self._event(
+                    SUB_ORCHESTRATION_COMPLETED,
+                    now,
+                    TaskScheduledId=inst.parent["task_id"],
+                    Result=json.dumps(inst.output),
+                )
             else:
-                event = self._event(SUB_ORCHESTRATION_FAILED, now, TaskScheduledId=inst.parent["task_id"],
-                                    Reason=f"Sub-orchestration {inst.id} failed: {error}", Details=None)
+                event = self._event(
+                    SUB_ORCHESTRATION_FAILED,
+                    now,
+                    TaskScheduledId=inst.parent["task_id"],
+                    Reason=f"Sub-orchestration {inst.id} failed: {error}",
+                    Details=None,
+                )
             self._deliver(inst.parent["id"], event)
         self._changed.notify_all()
 
@@ -637,15 +675,23 @@ class Engine:
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
             logger.warning("activity %s (%s #%d) failed: %s", name, instance_id, task_id, error)
-            event = self._event(TASK_FAILED, _now(), TaskScheduledId=task_id, Reason=error,
-                                Details=traceback.format_exc())
+            event = self._event(
+                TASK_FAILED, _now(), TaskScheduledId=task_id, Reason=error, Details=traceback.format_exc()
+            )
         seconds = time.perf_counter() - started
         with self._lock:
             self.stats.activity_executions += 1
             self.stats.activity_failures += error is not None
             self.executions.append(
-                ActivityExecution(instance_id, task_id, name, json.loads(input_json) if input_json else None,
-                                  json.loads(result) if result else None, error, seconds)
+                ActivityExecution(
+                    instance_id,
+                    task_id,
+                    name,
+                    json.loads(input_json) if input_json else None,
+                    json.loads(result) if result else None,
+                    error,
+                    seconds,
+                )
             )
         self._deliver(instance_id, event)
 

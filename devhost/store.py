@@ -120,7 +120,9 @@ class HistoryStore:
         """Delete an instance's history (a finished instance started again is overwritten)."""
         rows = list(self.table.query_entities("PartitionKey eq @id", parameters={"id": instance_id}, select=["RowKey"]))
         for start in range(0, len(rows), 100):
-            batch = [("delete", {"PartitionKey": instance_id, "RowKey": r["RowKey"]}) for r in rows[start : start + 100]]
+            batch = [
+                ("delete", {"PartitionKey": instance_id, "RowKey": r["RowKey"]}) for r in rows[start : start + 100]
+            ]
             self.table.submit_transaction(batch)
         for blob in self.large.list_blobs(name_starts_with=f"{instance_id}/"):
             self.large.delete_blob(blob.name)

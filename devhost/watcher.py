@@ -76,7 +76,9 @@ class BlobEventWatcher:
         if errors:
             count = self.failures[key] = self.failures.get(key, 0) + 1
             level = logging.ERROR if count >= self.host.poison_threshold else logging.WARNING
-            logger.log(level, "BlobCreated %r failed (%d/%d): %s", blob_name, count, self.host.poison_threshold, errors[0])
+            logger.log(
+                level, "BlobCreated %r failed (%d/%d): %s", blob_name, count, self.host.poison_threshold, errors[0]
+            )
             return
         self.acks.upsert_entity({"PartitionKey": "ack", "RowKey": key, "blob": blob_name})
         self._acked.add(key)

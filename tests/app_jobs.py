@@ -79,7 +79,11 @@ def serve(app_env: AppEnv, log: Path, *extra: str, module: tuple[str, ...] = ("d
     with log.open("ab") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", *module, "serve", "--timer-scale", "0.01", "--hub", app_env.hub, *extra],
-            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     deadline = time.monotonic() + 60
     while b"devhost: watching" not in log.read_bytes():

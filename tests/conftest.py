@@ -143,8 +143,14 @@ def app_env(storage, azurite, monkeypatch, request) -> AppEnv:
     }
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    return AppEnv(f"Hub{suffix}", env[names.SETTING_INPUT_CONTAINER], env[names.SETTING_TILES_CONTAINER],
-                  env[names.SETTING_OUTPUT_CONTAINER], env[names.SETTING_MANIFEST_TABLE], env)
+    return AppEnv(
+        f"Hub{suffix}",
+        env[names.SETTING_INPUT_CONTAINER],
+        env[names.SETTING_TILES_CONTAINER],
+        env[names.SETTING_OUTPUT_CONTAINER],
+        env[names.SETTING_MANIFEST_TABLE],
+        env,
+    )
 
 
 @pytest.fixture

@@ -100,7 +100,9 @@ class RequestLog:
         return [r for r in self.requests if r[0] == "PUT" and r[1].endswith("/" + name) and r[2].get("comp") == "block"]
 
     def put_block_lists(self, name: str) -> list[tuple[str, str, dict, dict]]:
-        return [r for r in self.requests if r[0] == "PUT" and r[1].endswith("/" + name) and r[2].get("comp") == "blocklist"]
+        return [
+            r for r in self.requests if r[0] == "PUT" and r[1].endswith("/" + name) and r[2].get("comp") == "blocklist"
+        ]
 
     def put_blobs(self, name: str) -> list[tuple[str, str, dict, dict]]:
         return [r for r in self.requests if r[0] == "PUT" and r[1].endswith("/" + name) and "comp" not in r[2]]

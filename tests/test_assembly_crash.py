@@ -94,9 +94,11 @@ def crash_then_restart(storage, app_env: AppEnv, tmp_path: Path, point: str, *, 
 @pytest.mark.parametrize("point", ["first-block", "block:20", "commit"])
 def test_host_killed_while_assembling_resumes_to_an_exact_mosaic_in_seconds(storage, app_env, tmp_path, point):
     run = crash_then_restart(storage, app_env, tmp_path, point)
-    print(f"\nkill point {point}: restart -> mosaic committed {run['restart_to_mosaic_s']:.1f} s, "
-          f"-> job completed {run['restart_to_completed_s']:.1f} s "
-          f"({len(run['staged_at_crash'])} blocks staged by the dead host)")
+    print(
+        f"\nkill point {point}: restart -> mosaic committed {run['restart_to_mosaic_s']:.1f} s, "
+        f"-> job completed {run['restart_to_completed_s']:.1f} s "
+        f"({len(run['staged_at_crash'])} blocks staged by the dead host)"
+    )
     assert "crash_host: SIGKILL" in run["log"]
     assert not run["exists_at_crash"]
     if point == "first-block":

@@ -40,8 +40,10 @@ pytestmark = pytest.mark.slow
 
 def tile_hashes(storage, app_env: AppEnv, job_id: str) -> dict[str, tuple[str, str]]:
     container = storage.blob_service().get_container_client(app_env.tiles)
-    return {b.name: (b.etag, b.metadata.get("sha256")) for b in container.list_blobs(
-        name_starts_with=f"tiles/{job_id}/", include=["metadata"])}
+    return {
+        b.name: (b.etag, b.metadata.get("sha256"))
+        for b in container.list_blobs(name_starts_with=f"tiles/{job_id}/", include=["metadata"])
+    }
 
 
 def test_upload_becomes_tiles_manifest_and_a_mosaic_equal_to_the_source(storage, app_env, tmp_path):
@@ -89,16 +91,25 @@ def test_processing_the_same_blob_again_writes_nothing_new(storage, app_env, tmp
     with local_host(app_env) as host:
         summary = process_file(host, scene, timeout=120)
         before = tile_hashes(storage, app_env, summary["job_id"])
-        mosaic_etag = storage.blob_service().get_blob_client(
-            app_env.output, f"mosaics/{summary['job_id']}/mosaic.tif").get_blob_properties().etag
+        mosaic_etag = (
+            storage.blob_service()
+            .get_blob_client(app_env.output, f"mosaics/{summary['job_id']}/mosaic.tif")
+            .get_blob_properties()
+            .etag
+        )
         executions = len(host.engine.executions)
         assert host.deliver_blob_created("scene.tif") == 1
         decision = host.decisions[-1]
     assert decision["action"] == "duplicate" and decision["job_id"] == summary["job_id"]
     assert len(host.engine.executions) == executions  # nothing ran
     assert tile_hashes(storage, app_env, summary["job_id"]) == before
-    assert storage.blob_service().get_blob_client(
-        app_env.output, f"mosaics/{summary['job_id']}/mosaic.tif").get_blob_properties().etag == mosaic_etag
+    assert (
+        storage.blob_service()
+        .get_blob_client(app_env.output, f"mosaics/{summary['job_id']}/mosaic.tif")
+        .get_blob_properties()
+        .etag
+        == mosaic_etag
+    )
 
 
 def test_corrupt_upload_fails_its_job_writes_nothing_and_the_next_upload_works(storage, app_env, tmp_path):
@@ -162,8 +173,7 @@ def test_killed_after_some_batches_resumes_and_completes(storage, app_env, tmp_p
     first = serve(app_env, log)
     try:
         job_id = upload(storage, app_env, scene)
-        wait_for_state(storage, app_env, job_id,
-                       lambda s: (s.get("custom_status") or {}).get("batches_done", 0) >= 2)
+        wait_for_state(storage, app_env, job_id, lambda s: (s.get("custom_status") or {}).get("batches_done", 0) >= 2)
     finally:
         os.killpg(first.pid, signal.SIGKILL)
         first.wait(timeout=60)
@@ -184,8 +194,12 @@ def test_zero_byte_and_sidecar_uploads_are_ignored_not_failed(storage, app_env, 
         second = process_file(host, sidecar, timeout=60)
         instances = host.store.instances()
         acked = host.watcher.failures
-    assert first == {"job_id": None, "status": "failed", "error": "upload ignored: zero-byte blob",
-                     "elapsed_s": first["elapsed_s"]}
+    assert first == {
+        "job_id": None,
+        "status": "failed",
+        "error": "upload ignored: zero-byte blob",
+        "elapsed_s": first["elapsed_s"],
+    }
     assert second["error"] == "upload ignored: sidecar file, never read"
     assert instances == [] and acked == {}  # nothing started, and the deliveries did not fail
 
@@ -208,7 +222,8 @@ def test_what_an_upload_is_comes_from_its_content_not_its_name(storage, app_env,
 
 
 def test_hostile_and_damaged_uploads_fail_their_job_with_no_request_no_tile_no_leak(
-        storage, azurite, app_env, tmp_path, monkeypatch, caplog):
+    storage, azurite, app_env, tmp_path, monkeypatch, caplog
+):
     """Uploads that name a URL, a file of the instance or another container's blob, and damaged
     TIFFs: every job fails at validation with what is accepted; behind a recording proxy, the
     app never asks for the other blob, the trap hears nothing, no tile or row exists, and no byte
@@ -222,8 +237,9 @@ def test_hostile_and_damaged_uploads_fail_their_job_with_no_request_no_tile_no_l
     truncated = tmp_path / "truncated.tif"
     truncated.write_bytes(intact.read_bytes()[: intact.stat().st_size // 2])
     with TrapServer() as trap, RecordingProxy(azurite.blob_endpoint.rsplit("/", 1)[0]) as proxy:
-        monkeypatch.setenv(names.STORAGE_CONNECTION,
-                           azurite.connection_string.replace(f":{azurite.blob_port}/", f":{proxy.port}/"))
+        monkeypatch.setenv(
+            names.STORAGE_CONNECTION, azurite.connection_string.replace(f":{azurite.blob_port}/", f":{proxy.port}/")
+        )
         uploads = {
             **network_vectors(tmp_path, trap.url),
             **local_vectors(tmp_path, secret_tif, secret_raw),
@@ -231,8 +247,9 @@ def test_hostile_and_damaged_uploads_fail_their_job_with_no_request_no_tile_no_l
             "truncated-geotiff": str(truncated),
         }
         with local_host(app_env) as host:
-            summaries = {case: process_file(host, Path(path), name=f"{case}.tif", timeout=120)
-                         for case, path in uploads.items()}
+            summaries = {
+                case: process_file(host, Path(path), name=f"{case}.tif", timeout=120) for case, path in uploads.items()
+            }
         asked = proxy.paths()
         heard = list(trap.requests)
     for case, summary in summaries.items():
@@ -252,8 +269,9 @@ def test_hostile_and_damaged_uploads_fail_their_job_with_no_request_no_tile_no_l
 
 def run_cli(app_env: AppEnv, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
     env = {**os.environ, **app_env.env}
-    return subprocess.run([sys.executable, "-m", "devhost", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "devhost", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_cli_process_status_and_exit_codes(storage, app_env, tmp_path):
@@ -262,8 +280,16 @@ def test_cli_process_status_and_exit_codes(storage, app_env, tmp_path):
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)
     assert summary["status"] == "completed" and summary["windows"] == 4 and summary["written"] == 4
-    assert set(summary) >= {"job_id", "status", "windows", "written", "already_present", "mosaic_url",
-                            "stac_url", "elapsed_s"}
+    assert set(summary) >= {
+        "job_id",
+        "status",
+        "windows",
+        "written",
+        "already_present",
+        "mosaic_url",
+        "stac_url",
+        "elapsed_s",
+    }
     assert sorted(summary["host"]["starts"]) == ["duplicate", "started"]
 
     status = run_cli(app_env, "status", summary["job_id"], "--hub", app_env.hub)

@@ -112,8 +112,10 @@ def test_two_assemblies_started_together_commit_one_mosaic_and_neither_waits(ren
         thread.join(timeout=300)
     assert all(r[0] == "ok" for r in results.values()), results
     outcomes = sorted(r[1].outcome for r in results.values())
-    print(f"\none assembly alone {solo_s:.2f} s; two started together: "
-          + ", ".join(f"{r[1].outcome} ({r[1].method}) {r[2]:.2f} s" for r in results.values()))
+    print(
+        f"\none assembly alone {solo_s:.2f} s; two started together: "
+        + ", ".join(f"{r[1].outcome} ({r[1].method}) {r[2]:.2f} s" for r in results.values())
+    )
     assert outcomes == ["already-present", "written"]
     name = jobs.mosaic_blob_name(JOB)
     blob = stores["output"].get_blob_client(name)
@@ -157,10 +159,18 @@ def test_an_attempt_stops_streaming_when_another_commits_the_mosaic(rendered, st
             # has uncommitted blocks, with 409 BlobAlreadyExists, although no blob exists.)
             sink = mosaic_module.StagedBlockSink(stores["output"].get_blob_client(name))
             sink.write(body)
-            assert mosaic_module.commit_staged_blob(
-                stores["output"], name, sink.close(), sha256=first.sha256, content_type=mosaic_module.COG_CONTENT_TYPE,
-                job_id=JOB, metadata={mosaic_module.OVERVIEW_LEVELS_METADATA_KEY: str(first.overview_levels)},
-            ) is gates.Outcome.WRITTEN
+            assert (
+                mosaic_module.commit_staged_blob(
+                    stores["output"],
+                    name,
+                    sink.close(),
+                    sha256=first.sha256,
+                    content_type=mosaic_module.COG_CONTENT_TYPE,
+                    job_id=JOB,
+                    metadata={mosaic_module.OVERVIEW_LEVELS_METADATA_KEY: str(first.overview_levels)},
+                )
+                is gates.Outcome.WRITTEN
+            )
 
     hooked = hooked_stores(storage, stores, commit_by_the_other_attempt)
     result = assemble(scene, settings, hooked, storage)

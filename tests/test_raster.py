@@ -100,8 +100,14 @@ def test_tiles_and_mosaic_reproduce_the_source(scene_case, stores, storage, tmp_
                 assert tile.transform == src.window_transform(rio_window)
                 assert (tile.width, tile.height) == (window.width, window.height)
                 assert tile.block_shapes[0] == (256, 256)
-                assert_same_pixels(tile.read(), expected[:, window.row_off : window.row_off + window.height,
-                                                         window.col_off : window.col_off + window.width])
+                assert_same_pixels(
+                    tile.read(),
+                    expected[
+                        :,
+                        window.row_off : window.row_off + window.height,
+                        window.col_off : window.col_off + window.width,
+                    ],
+                )
                 if spec.nodata is None:
                     assert tile.nodata is None
                 elif math.isnan(spec.nodata):
@@ -120,8 +126,10 @@ def test_tiles_and_mosaic_reproduce_the_source(scene_case, stores, storage, tmp_
     with rasterio.open(mosaic_path) as m, rasterio.open(path) as src:
         assert (m.width, m.height, m.count, m.dtypes[0]) == (src.width, src.height, src.count, src.dtypes[0])
         assert m.crs == src.crs and m.transform == src.transform
-        assert (m.nodata is None and src.nodata is None) or m.nodata == src.nodata or (
-            math.isnan(m.nodata) and math.isnan(src.nodata)
+        assert (
+            (m.nodata is None and src.nodata is None)
+            or m.nodata == src.nodata
+            or (math.isnan(m.nodata) and math.isnan(src.nodata))
         )
         assert_same_pixels(m.read(), expected)
         assert m.block_shapes[0] == (256, 256)
@@ -136,14 +144,18 @@ def test_tiles_and_mosaic_reproduce_the_source(scene_case, stores, storage, tmp_
     assert item["properties"]["proj:transform"] == list(scene.transform)
     assert item["assets"]["data"]["href"] == "./mosaic.tif"
     assert item["assets"]["data"]["file:size"] == mosaic.nbytes
-    assert item["assets"]["data"]["file:checksum"] == "1220" + hashlib.sha256(Path(mosaic_path).read_bytes()).hexdigest()
+    assert (
+        item["assets"]["data"]["file:checksum"] == "1220" + hashlib.sha256(Path(mosaic_path).read_bytes()).hexdigest()
+    )
     bands = item["assets"]["data"]["raster:bands"]
     assert len(bands) == spec.count and all(b["data_type"] == spec.dtype for b in bands)
     lon_min, lat_min, lon_max, lat_max = item["bbox"]
     assert -180 <= lon_min < lon_max <= 180 and -90 <= lat_min < lat_max <= 90
     if spec.crs == "EPSG:4326":
         left, top = spec.origin
-        assert item["bbox"] == pytest.approx([left, top - spec.height * spec.resolution, left + spec.width * spec.resolution, top])
+        assert item["bbox"] == pytest.approx(
+            [left, top - spec.height * spec.resolution, left + spec.width * spec.resolution, top]
+        )
     quicklook = stores["output"].download_blob(mosaic.quicklook).readall()
     with MemoryFile(quicklook) as mem, mem.open() as png:
         assert png.driver == "PNG" and max(png.width, png.height) <= 256
@@ -183,7 +195,18 @@ def test_internal_mask_survives_tiles_and_mosaic(method, window_size, stores, st
     path = str(tmp_path / "masked.tif")
     with (
         rasterio.Env(GDAL_TIFF_INTERNAL_MASK=True),
-        rasterio.open(path, "w", driver="GTiff", width=width, height=height, count=3, dtype="uint8", crs="EPSG:32633", transform=from_origin(500000, 4600000, 10, 10), tiled=True) as dst,
+        rasterio.open(
+            path,
+            "w",
+            driver="GTiff",
+            width=width,
+            height=height,
+            count=3,
+            dtype="uint8",
+            crs="EPSG:32633",
+            transform=from_origin(500000, 4600000, 10, 10),
+            tiled=True,
+        ) as dst,
     ):
         dst.write(data)
         dst.write_mask(mask)
@@ -235,7 +258,9 @@ def test_second_render_of_a_window_is_skipped_without_reading(small_scene, store
     etag = stores["tiles"].get_blob_client(first.uri).get_blob_properties().etag
     # Without the source, a render that read anything would fail: the skip must come before the read.
     os.rename(path, str(tmp_path / "gone.tif"))
-    second = render_tile(path, window, job_id=JOB, tiles=stores["tiles"], manifest=stores["manifest"], settings=settings)
+    second = render_tile(
+        path, window, job_id=JOB, tiles=stores["tiles"], manifest=stores["manifest"], settings=settings
+    )
     assert second.outcome == "already-present" and second.skipped
     assert (second.nbytes, second.sha256, second.uri) == (first.nbytes, first.sha256, first.uri)
     assert "read" not in second.timings and "encode" not in second.timings
@@ -252,7 +277,9 @@ def test_render_after_a_crash_between_blob_and_manifest_row_completes_the_row(sm
         body, _ = encode_tile(src, window, window_size=512)
     name = jobs.tile_blob_name(JOB, window)
     assert gates.commit_blob(stores["tiles"], name, body, job_id=JOB) == gates.Outcome.WRITTEN
-    result = render_tile(path, window, job_id=JOB, tiles=stores["tiles"], manifest=stores["manifest"], settings=settings)
+    result = render_tile(
+        path, window, job_id=JOB, tiles=stores["tiles"], manifest=stores["manifest"], settings=settings
+    )
     assert result.outcome == "already-present" and not result.skipped
     assert result.sha256 == hashlib.sha256(body).hexdigest()
     entry = gates.get_manifest_entry(stores["manifest"], JOB, window)
@@ -352,7 +379,11 @@ def test_second_assembly_is_already_present_and_uploads_nothing(rendered, stores
     second = assemble(scene, settings, stores, storage)
     assert second.outcome == "already-present"
     assert (second.mosaic, second.nbytes, second.overview_levels, second.sha256) == (
-        first.mosaic, first.nbytes, first.overview_levels, first.sha256)
+        first.mosaic,
+        first.nbytes,
+        first.overview_levels,
+        first.sha256,
+    )
     assert {b.name: b.etag for b in stores["output"].list_blobs()} == before
     # No temporary files left behind (the Consumption plan's temp disk is 0.5 GB).
     assert [d for d in os.listdir(tempfile.gettempdir()) if d.startswith(f"tilecommit-{JOB}-")] == []
@@ -410,7 +441,8 @@ def test_tiff_block_copy_round_trips_a_cog(small_scene, tmp_path, bigtiff):
         tiff.OutputDirectory(
             tags=tiff.copyable_tags(d, width=d.width, height=d.height, subfile_type=d.subfile_type),
             blocks=[tiff.BlockRef("tile", o, c) for o, c in zip(d.block_offsets, d.block_byte_counts, strict=True)],
-            width=d.width, height=d.height,
+            width=d.width,
+            height=d.height,
         )
         for d in layout.directories
     ]
@@ -420,7 +452,9 @@ def test_tiff_block_copy_round_trips_a_cog(small_scene, tmp_path, bigtiff):
             yield body[block.offset : block.offset + block.length]
 
     out_path = str(tmp_path / "copy.tif")
-    writer = tiff.TiffWriter(layout.byte_order, ghost=layout.ghost, leaders=layout.block_leaders, trailers=layout.block_trailers)
+    writer = tiff.TiffWriter(
+        layout.byte_order, ghost=layout.ghost, leaders=layout.block_leaders, trailers=layout.block_trailers
+    )
     with open(out_path, "wb") as out:
         written = writer.write(out, directories, fetch, force_bigtiff=bigtiff)
     copied = Path(out_path).read_bytes()
@@ -432,14 +466,20 @@ def test_tiff_block_copy_round_trips_a_cog(small_scene, tmp_path, bigtiff):
         assert_same_pixels(again.read(), original.read())
         assert again.overviews(1) == original.overviews(1)
         for level in range(len(original.overviews(1))):
-            with rasterio.open(out_path, overview_level=level) as a, MemoryFile(body) as m2, m2.open(overview_level=level) as b:
+            with (
+                rasterio.open(out_path, overview_level=level) as a,
+                MemoryFile(body) as m2,
+                m2.open(overview_level=level) as b,
+            ):
                 assert_same_pixels(a.read(), b.read())
 
 
 # --------------------------------------------------------------------------- streamed commit of the mosaic
 
 
-def test_mosaic_is_streamed_as_staged_blocks_committed_with_if_none_match(rendered, stores, storage, monkeypatch, tmp_path):
+def test_mosaic_is_streamed_as_staged_blocks_committed_with_if_none_match(
+    rendered, stores, storage, monkeypatch, tmp_path
+):
     """No full-file upload: fixed-size Put Blocks (ids = the attempt's tag + the index), then one
     Put Block List carrying If-None-Match: * and the sha256; a second assembly stages nothing."""
     import base64
@@ -523,7 +563,10 @@ def test_commit_staged_blob_is_create_only(output):
     digest = hashlib.sha256(body).hexdigest()
     ids = _stream(output, "m.tif", body)
     assert ids == [f"{ids[0][:4]}{i:04x}" for i in range(11)]
-    assert commit_staged_blob(output, "m.tif", ids, sha256=digest, content_type="image/tiff", job_id=JOB) == gates.Outcome.WRITTEN
+    assert (
+        commit_staged_blob(output, "m.tif", ids, sha256=digest, content_type="image/tiff", job_id=JOB)
+        == gates.Outcome.WRITTEN
+    )
     props = output.get_blob_client("m.tif").get_blob_properties()
     assert props.size == len(body) and props.metadata[gates.SHA256_METADATA_KEY] == digest
     assert output.download_blob("m.tif").readall() == body
@@ -531,11 +574,15 @@ def test_commit_staged_blob_is_create_only(output):
     rejected = counter_total("ConditionalWritePreconditionFailed", gate="blob-create")
     mismatched = counter_total("ConditionalWriteContentMismatch", gate="blob-create")
     again = _stream(output, "m.tif", body)
-    assert commit_staged_blob(output, "m.tif", again, sha256=digest, content_type="image/tiff", job_id=JOB) == gates.Outcome.ALREADY_PRESENT
+    assert (
+        commit_staged_blob(output, "m.tif", again, sha256=digest, content_type="image/tiff", job_id=JOB)
+        == gates.Outcome.ALREADY_PRESENT
+    )
     other = body[::-1]
     ids_other = _stream(output, "m.tif", other)
-    outcome = commit_staged_blob(output, "m.tif", ids_other, sha256=hashlib.sha256(other).hexdigest(),
-                                 content_type="image/tiff", job_id=JOB)
+    outcome = commit_staged_blob(
+        output, "m.tif", ids_other, sha256=hashlib.sha256(other).hexdigest(), content_type="image/tiff", job_id=JOB
+    )
     assert outcome == gates.Outcome.ALREADY_PRESENT
     after = output.get_blob_client("m.tif").get_blob_properties()
     assert (after.etag, after.size, after.metadata) == (props.etag, props.size, props.metadata)
@@ -586,7 +633,9 @@ def test_a_lost_commit_response_is_resolved_from_the_stored_sha256(output, monke
     digest = hashlib.sha256(body).hexdigest()
     monkeypatch.setattr(BlobClient, "commit_block_list", lost_after_commit)
     ids = _stream(output, "lost.tif", body)
-    assert commit_staged_blob(output, "lost.tif", ids, sha256=digest, content_type="image/tiff") == gates.Outcome.WRITTEN
+    assert (
+        commit_staged_blob(output, "lost.tif", ids, sha256=digest, content_type="image/tiff") == gates.Outcome.WRITTEN
+    )
     assert len(calls) == 1  # resolved from the evidence, not by committing again
 
     calls.clear()
@@ -599,7 +648,9 @@ def test_a_lost_commit_response_is_resolved_from_the_stored_sha256(output, monke
 
     monkeypatch.setattr(BlobClient, "commit_block_list", never_sent)
     ids = _stream(output, "unsent.tif", body)
-    assert commit_staged_blob(output, "unsent.tif", ids, sha256=digest, content_type="image/tiff") == gates.Outcome.WRITTEN
+    assert (
+        commit_staged_blob(output, "unsent.tif", ids, sha256=digest, content_type="image/tiff") == gates.Outcome.WRITTEN
+    )
     from azure.core import MatchConditions
 
     assert calls == [MatchConditions.IfMissing, MatchConditions.IfMissing]  # the condition is never dropped
@@ -621,7 +672,7 @@ def test_a_committed_mosaic_that_fails_its_check_raises(rendered, stores, storag
         position = bytes(data).find(tiepoint)
         if position >= 0:
             moved = struct.pack("<6d", 0.0, 0.0, 0.0, scene.transform[2] + 1000.0, scene.transform[5], 0.0)
-            data = bytes(data[:position]) + moved + bytes(data[position + len(tiepoint):])
+            data = bytes(data[:position]) + moved + bytes(data[position + len(tiepoint) :])
         return original_write(self, data)
 
     monkeypatch.setattr(mosaic_module.StagedBlockSink, "write", corrupting_write)

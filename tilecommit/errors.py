@@ -65,7 +65,9 @@ class MosaicCheckError(TileCommitError):
 class GdalStepError(TileCommitError):
     """GDAL failed in a step of the pipeline; the message names the step, the window and GDAL's own words."""
 
-    def __init__(self, message: str, *, step: str = "", window: str | None = None, gdal_messages: list[str] | None = None):
+    def __init__(
+        self, message: str, *, step: str = "", window: str | None = None, gdal_messages: list[str] | None = None
+    ):
         super().__init__(message)
         self.step = step
         self.window = window

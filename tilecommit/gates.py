@@ -227,7 +227,11 @@ def create_once(
         except _TRANSPORT_FAULTS as exc:
             stored, _ = stored_blob_sha256(blob)
             if stored is None:
-                logger.warning("create of %r had no answer (%s) and nothing is stored: sending the same conditional request again", name, exc)
+                logger.warning(
+                    "create of %r had no answer (%s) and nothing is stored: sending the same conditional request again",
+                    name,
+                    exc,
+                )
                 continue
             telemetry.unknown_outcome_resolved.add(1, {"gate": gate})
             if stored == digest:
@@ -303,7 +307,10 @@ def repair_blob(
             # A 412 about a lease (LeaseIdMissing ...) is not a newer version: only ConditionNotMet is.
             # Nor is a missing container a blob that is gone: only BlobNotFound is.
             superseded = (exc.status_code, _error_code(exc)) in (
-                (404, None), (404, "BlobNotFound"), (412, None), (412, "ConditionNotMet"),
+                (404, None),
+                (404, "BlobNotFound"),
+                (412, None),
+                (412, "ConditionNotMet"),
             )
             if not superseded:
                 raise storage_fault("repairing blob", name, exc) from exc
@@ -312,7 +319,9 @@ def repair_blob(
         except _TRANSPORT_FAULTS as exc:
             stored, etag = stored_blob_sha256(blob)
             if etag == expect_etag:
-                logger.warning("repair of %r had no answer (%s); the old version is still there: trying again", name, exc)
+                logger.warning(
+                    "repair of %r had no answer (%s); the old version is still there: trying again", name, exc
+                )
                 continue
             telemetry.unknown_outcome_resolved.add(1, {"gate": "blob-repair"})
             if stored == digest:
@@ -483,4 +492,3 @@ __all__ = [
     "MAX_PUT_BLOB_BYTES",
     "SINGLE_PUT_CLIENT_OPTIONS",
 ]
-

@@ -71,8 +71,20 @@ DEFAULT_GDAL_CACHEMAX_MB = 64
 #: with such a name starts no job (it is logged and ignored). Whether any other upload is a
 #: raster is decided by its content, never its name (tilecommit/raster/upload.py).
 SIDECAR_SUFFIXES = (
-    ".aux.xml", ".aux", ".ovr", ".msk", ".tfw", ".tifw", ".tiffw", ".wld", ".prj", ".tab",
-    ".imd", ".rpb", "_rpc.txt", ".xml",
+    ".aux.xml",
+    ".aux",
+    ".ovr",
+    ".msk",
+    ".tfw",
+    ".tifw",
+    ".tiffw",
+    ".wld",
+    ".prj",
+    ".tab",
+    ".imd",
+    ".rpb",
+    "_rpc.txt",
+    ".xml",
 )
 
 

@@ -310,7 +310,8 @@ def check_manifest(job_id: str, scene: SceneInfo, *, tiles: ContainerClient, man
             details.append(f"{window.id} ({entry.uri}: manifest {entry.nbytes} bytes, stored {stored})")
     if mismatched:
         raise IncompleteManifestError(
-            f"job {job_id}: {len(mismatched)} tiles differ in size from their manifest rows: " + ", ".join(details[:20]),
+            f"job {job_id}: {len(mismatched)} tiles differ in size from their manifest rows: "
+            + ", ".join(details[:20]),
             mismatched=mismatched,
         )
     return windows, summary
@@ -358,8 +359,11 @@ def tile_levels(layout: tiff.TiffLayout) -> list[tuple[tiff.Directory, tiff.Dire
     overviews' masks (type 5) after all the overviews; a mask belongs to the image of its size.
     """
     images = [d for d in layout.directories if not d.subfile_type & tiff.SUBFILE_MASK]
-    masks = {(d.width, d.height, d.subfile_type & tiff.SUBFILE_REDUCED): d
-             for d in layout.directories if d.subfile_type & tiff.SUBFILE_MASK}
+    masks = {
+        (d.width, d.height, d.subfile_type & tiff.SUBFILE_REDUCED): d
+        for d in layout.directories
+        if d.subfile_type & tiff.SUBFILE_MASK
+    }
     levels = [(d, masks.pop((d.width, d.height, d.subfile_type & tiff.SUBFILE_REDUCED), None)) for d in images]
     if masks:
         raise IncompatibleTilesError(f"mask directories without an image of their size: {sorted(masks)}")
@@ -410,14 +414,24 @@ def _plan_tile_levels(scene: SceneInfo, heads: list[_TileHead], settings: Settin
             if len(tile) <= k:
                 raise IncompatibleTilesError(f"tile {head.window.id} has no overview level {k}")
             if (tile[k][1] is not None) != masked:
-                raise IncompatibleTilesError(f"tile {head.window.id} level {k} {'lacks' if masked else 'has'} an internal mask")
+                raise IncompatibleTilesError(
+                    f"tile {head.window.id} level {k} {'lacks' if masked else 'has'} an internal mask"
+                )
             expected = (_tile_level_size(head.window.width, k), _tile_level_size(head.window.height, k))
             _check_tile_directory(head, tile[k][0], ref_dir.encoding_key(), expected, f"level {k}")
             if masked:
                 _check_tile_directory(head, tile[k][1], ref_mask.encoding_key(), expected, f"level {k} mask")
 
-        def copied(which: int, reference_dir: tiff.Directory, subfile_type: int, *, k: int = k, width: int = width,
-                   height: int = height, per_tile: int = per_tile) -> tiff.OutputDirectory:
+        def copied(
+            which: int,
+            reference_dir: tiff.Directory,
+            subfile_type: int,
+            *,
+            k: int = k,
+            width: int = width,
+            height: int = height,
+            per_tile: int = per_tile,
+        ) -> tiff.OutputDirectory:
             blocks = []
             for by in range(-(-height // BLOCK_SIZE)):
                 for bx in range(-(-width // BLOCK_SIZE)):
@@ -460,7 +474,9 @@ def _build_coarse_levels(
     tags.pop(tiff.NEW_SUBFILE_TYPE, None)
     if nodata_tag is not None:
         tags[tiff.GDAL_NODATA] = nodata_tag
-    base = tiff.OutputDirectory(tags=tags, blocks=base_directory.blocks, width=base_directory.width, height=base_directory.height)
+    base = tiff.OutputDirectory(
+        tags=tags, blocks=base_directory.blocks, width=base_directory.width, height=base_directory.height
+    )
     if base_directory.mask is not None:
         mask = base_directory.mask
         subfile = tiff.pack_tag(tiff.NEW_SUBFILE_TYPE, tiff.TYPE_LONG, [tiff.SUBFILE_MASK], byte_order)
@@ -473,7 +489,10 @@ def _build_coarse_levels(
         # The level copy carries no georeferencing on purpose: only its blocks are reused.
         warnings.simplefilter("ignore", NotGeoreferencedWarning)
         step = f"computing the mosaic's overview levels below level {first_level}"
-        with gdal_step(step, window=f"level {first_level}, {base.width}x{base.height}"), rasterio.open(base_path, "r+") as dst:
+        with (
+            gdal_step(step, window=f"level {first_level}, {base.width}x{base.height}"),
+            rasterio.open(base_path, "r+") as dst,
+        ):
             dst.build_overviews(factors, Resampling[scene.overview_resampling])
     source = FileRangeSource(base_path)
     with open(base_path, "rb") as f:
@@ -487,7 +506,9 @@ def _build_coarse_levels(
         return tiff.OutputDirectory(tags=tags, blocks=blocks, width=d.width, height=d.height)
 
     reduced = [d for d in layout.directories if d.subfile_type == tiff.SUBFILE_REDUCED]
-    masks = {(d.width, d.height): d for d in layout.directories if d.subfile_type == tiff.SUBFILE_REDUCED | tiff.SUBFILE_MASK}
+    masks = {
+        (d.width, d.height): d for d in layout.directories if d.subfile_type == tiff.SUBFILE_REDUCED | tiff.SUBFILE_MASK
+    }
     out_dirs = []
     for j, d in enumerate(reduced, start=1):
         image = coarse(d, tiff.SUBFILE_REDUCED, f"level {first_level + j}")
@@ -542,7 +563,10 @@ def build_mosaic_blocks(
         timings["coarse_levels"] = time.perf_counter() - started
 
         writer = tiff.TiffWriter(
-            reference.byte_order, ghost=reference.ghost, leaders=reference.block_leaders, trailers=reference.block_trailers
+            reference.byte_order,
+            ghost=reference.ghost,
+            leaders=reference.block_leaders,
+            trailers=reference.block_trailers,
         )
         try:
             if check_head is not None:
@@ -566,12 +590,20 @@ def _vrt_xml(scene: SceneInfo, windows: list[Window], summary, tiles_container: 
     crs = as_crs(scene.crs).to_wkt(version="WKT2_2019")
     a, b, c, d, e, f = scene.transform[:6]
     gdal_type = {
-        "uint8": "Byte", "int8": "Int8", "uint16": "UInt16", "int16": "Int16", "uint32": "UInt32",
-        "int32": "Int32", "float32": "Float32", "float64": "Float64",
+        "uint8": "Byte",
+        "int8": "Int8",
+        "uint16": "UInt16",
+        "int16": "Int16",
+        "uint32": "UInt32",
+        "int32": "Int32",
+        "float32": "Float32",
+        "float64": "Float64",
     }[scene.dtype]
-    lines = [f'<VRTDataset rasterXSize="{scene.width}" rasterYSize="{scene.height}">',
-             f"  <SRS>{escape(crs)}</SRS>",
-             f"  <GeoTransform>{c!r}, {a!r}, {b!r}, {f!r}, {d!r}, {e!r}</GeoTransform>"]
+    lines = [
+        f'<VRTDataset rasterXSize="{scene.width}" rasterYSize="{scene.height}">',
+        f"  <SRS>{escape(crs)}</SRS>",
+        f"  <GeoTransform>{c!r}, {a!r}, {b!r}, {f!r}, {d!r}, {e!r}</GeoTransform>",
+    ]
 
     def sources(band: str) -> list[str]:
         out = []
@@ -648,12 +680,20 @@ def build_mosaic_vrt(
             "VRT assembly of a %dx%dx%d %s mosaic needs about %d MB of temporary disk in %s (the COG driver's "
             "output file and its overview file), over the %d MB budget: the Consumption plan gives an instance "
             "about 0.5 GB of temporary disk in all, so this may fail there (block copy streams instead)",
-            scene.width, scene.height, scene.count, scene.dtype, estimate // 10**6, workdir, TEMP_BUDGET_BYTES // 10**6,
+            scene.width,
+            scene.height,
+            scene.count,
+            scene.dtype,
+            estimate // 10**6,
+            workdir,
+            TEMP_BUDGET_BYTES // 10**6,
         )
     vrt_path = os.path.join(workdir, "mosaic.vrt")
     with open(vrt_path, "w", encoding="utf-8") as f:
         f.write(_vrt_xml(scene, windows, summary, tiles.container_name))
-    options = cog_creation_options(scene.dtype, overview_count=levels, resampling=scene.overview_resampling, num_threads=num_threads)
+    options = cog_creation_options(
+        scene.dtype, overview_count=levels, resampling=scene.overview_resampling, num_threads=num_threads
+    )
     if levels:
         # A VRT over tiles lends their overviews; the COG driver would then copy those (2 of 5
         # levels when measured) instead of computing every level.
@@ -662,7 +702,10 @@ def build_mosaic_vrt(
     # The COG driver writes its overviews to a temporary file beside the output: keep it in workdir.
     with (
         gdal_env(settings, {**(gdal_options or {}), "CPL_TMPDIR": workdir}, num_threads=num_threads),
-        gdal_step("assembling the mosaic through a VRT (COG driver)", window=f"{scene.width}x{scene.height}, {len(windows)} tiles"),
+        gdal_step(
+            "assembling the mosaic through a VRT (COG driver)",
+            window=f"{scene.width}x{scene.height}, {len(windows)} tiles",
+        ),
     ):
         rasterio.shutil.copy(vrt_path, out_path, driver="COG", **options)
     timings["write"] = time.perf_counter() - started
@@ -689,7 +732,8 @@ def check_mosaic_file(
     overview levels (docs/design.md, 'GDAL settings and raster figures'), so the levels are counted here, and their sizes checked.
     """
     with (
-        gdal_env(settings, gdal_options), gdal_step(f"checking {label or path}"),
+        gdal_env(settings, gdal_options),
+        gdal_step(f"checking {label or path}"),
         rasterio.open(path) as src,
     ):
         problems = []
@@ -703,13 +747,17 @@ def check_mosaic_file(
             found = "none" if src.crs is None else crs_label(src.crs)
             problems.append(f"crs {found} is not equivalent to the source's {crs_label(scene.crs)}")
         if (src.nodata is None) != (scene.nodata is None) or (
-            scene.nodata is not None and not (math.isnan(scene.nodata) and math.isnan(src.nodata)) and src.nodata != scene.nodata
+            scene.nodata is not None
+            and not (math.isnan(scene.nodata) and math.isnan(src.nodata))
+            and src.nodata != scene.nodata
         ):
             problems.append(f"nodata {src.nodata}")
         if scene.mask == "per-dataset" and not all(MaskFlags.per_dataset in flags for flags in src.mask_flag_enums):
             problems.append("no internal mask, while the source has one")
         if scene.colorinterp and [ci.name for ci in src.colorinterp] != scene.colorinterp:
-            problems.append(f"colour interpretation {[ci.name for ci in src.colorinterp]} instead of {scene.colorinterp}")
+            problems.append(
+                f"colour interpretation {[ci.name for ci in src.colorinterp]} instead of {scene.colorinterp}"
+            )
         factors = src.overviews(1)
         if len(factors) != levels:
             problems.append(f"{len(factors)} overview levels instead of {levels}")
@@ -857,11 +905,15 @@ class StagedBlockSink:
                 self.blob.stage_block(attempt.block_id(self.tag, index), chunk, length=chunk.nbytes)
                 return
             except HttpResponseError as exc:
-                raise StorageFaultError(f"staging block {index} ({chunk.nbytes} bytes) of {name} failed: {exc}") from exc
+                raise StorageFaultError(
+                    f"staging block {index} ({chunk.nbytes} bytes) of {name} failed: {exc}"
+                ) from exc
             except _TRANSPORT_FAULTS as exc:
                 # Staging our own id with the same bytes again is harmless: the later one replaces it.
                 logger.warning("staging block %d of %s had no answer (%s): staging it again", index, name, exc)
-        raise StorageFaultError(f"staging block {index} of {name}: no answer after {gates.UNKNOWN_OUTCOME_ATTEMPTS} attempts")
+        raise StorageFaultError(
+            f"staging block {index} of {name}: no answer after {gates.UNKNOWN_OUTCOME_ATTEMPTS} attempts"
+        )
 
     def close(self) -> list[str]:
         """Stage what is buffered, wait for every block, and return the block ids in order."""
@@ -988,7 +1040,11 @@ def _write_sidecars(
     crash between the commits leaves the next call (which finds the mosaic present) the same
     source, so it writes the same bytes.
     """
-    mosaic_name, stac_name, quicklook_name = jobs.mosaic_blob_name(job_id), jobs.stac_blob_name(job_id), jobs.quicklook_blob_name(job_id)
+    mosaic_name, stac_name, quicklook_name = (
+        jobs.mosaic_blob_name(job_id),
+        jobs.stac_blob_name(job_id),
+        jobs.quicklook_blob_name(job_id),
+    )
     props = _blob_exists(output, mosaic_name)
     if props is None:
         raise StorageFaultError(f"{mosaic_name} vanished after it was committed")
@@ -1003,7 +1059,10 @@ def _write_sidecars(
         timings["quicklook"] = time.perf_counter() - started
         started = time.perf_counter()
         if _blob_exists(output, stac_name) is None:
-            with gdal_step(f"reading the overview levels of {mosaic_name} for its STAC item"), rasterio.open(remote) as src:
+            with (
+                gdal_step(f"reading the overview levels of {mosaic_name} for its STAC item"),
+                rasterio.open(remote) as src,
+            ):
                 levels = len(src.overviews(1))
             body = stac_item_bytes(
                 job_id=job_id,
@@ -1048,8 +1107,14 @@ def verify_committed_mosaic(
                 f"{written.nbytes} bytes with sha256 {written.sha256} were streamed"
             )
     remote = vsiaz_path(output.container_name, name)
-    check_mosaic_file(remote, scene, levels, settings=settings, gdal_options=_remote_gdal_options(gdal_options, remote),
-                      label=f"committed mosaic {name}")
+    check_mosaic_file(
+        remote,
+        scene,
+        levels,
+        settings=settings,
+        gdal_options=_remote_gdal_options(gdal_options, remote),
+        label=f"committed mosaic {name}",
+    )
 
 
 def assemble_mosaic(
@@ -1085,11 +1150,23 @@ def assemble_mosaic(
         # Its companions are written if a crash left them out.
         levels = int((existing.metadata or {}).get(OVERVIEW_LEVELS_METADATA_KEY, -1))
         if _blob_exists(output, names["stac"]) is None or _blob_exists(output, names["quicklook"]) is None:
-            _write_sidecars(job_id, scene, output=output, settings=settings, gdal_options=gdal_options,
-                            source_name=source_name, timings=timings)
+            _write_sidecars(
+                job_id,
+                scene,
+                output=output,
+                settings=settings,
+                gdal_options=gdal_options,
+                source_name=source_name,
+                timings=timings,
+            )
         return MosaicResult(
-            outcome=str(gates.Outcome.ALREADY_PRESENT), nbytes=int(existing.size), overview_levels=levels, timings=timings,
-            method="none", sha256=(existing.metadata or {}).get(gates.SHA256_METADATA_KEY, ""), **names,
+            outcome=str(gates.Outcome.ALREADY_PRESENT),
+            nbytes=int(existing.size),
+            overview_levels=levels,
+            timings=timings,
+            method="none",
+            sha256=(existing.metadata or {}).get(gates.SHA256_METADATA_KEY, ""),
+            **names,
         )
 
     # 1. Cheap check first: a mosaic already there means nothing is rebuilt.
@@ -1119,16 +1196,26 @@ def assemble_mosaic(
             #    byte leaves, then the file goes front to back into staged blocks of the output blob.
             #    Another attempt may be streaming beside this one: if it commits first, this one
             #    stops at its next check (every COMMITTED_ELSEWHERE_CHECK_S) or at its own commit.
-            sink = StagedBlockSink(output.get_blob_client(mosaic_name),
-                                   committed_elsewhere=lambda: _blob_exists(output, mosaic_name) is not None)
+            sink = StagedBlockSink(
+                output.get_blob_client(mosaic_name),
+                committed_elsewhere=lambda: _blob_exists(output, mosaic_name) is not None,
+            )
 
             def check_head(head: bytes, planned_levels: int) -> None:
                 check_planned_mosaic(head, scene, planned_levels, settings=settings, job_id=job_id)
 
             try:
                 written, levels = build_mosaic_blocks(
-                    job_id, scene, windows, summary, sink, tiles=tiles, settings=settings, workdir=workdir,
-                    timings=timings, check_head=check_head,
+                    job_id,
+                    scene,
+                    windows,
+                    summary,
+                    sink,
+                    tiles=tiles,
+                    settings=settings,
+                    workdir=workdir,
+                    timings=timings,
+                    check_head=check_head,
                 )
                 used = "blocks"
             except IncompatibleTilesError as exc:
@@ -1147,7 +1234,12 @@ def assemble_mosaic(
                 raise AssertionError(f"streamed {sink.nbytes} bytes, the writer wrote {written.nbytes}")
             nbytes, sha256 = written.nbytes, written.sha256
             outcome = commit_staged_blob(
-                output, mosaic_name, block_ids, sha256=sha256, content_type=COG_CONTENT_TYPE, job_id=job_id,
+                output,
+                mosaic_name,
+                block_ids,
+                sha256=sha256,
+                content_type=COG_CONTENT_TYPE,
+                job_id=job_id,
                 metadata={OVERVIEW_LEVELS_METADATA_KEY: str(levels), "method": used},
             )
             timings["upload"] = time.perf_counter() - started
@@ -1160,16 +1252,30 @@ def assemble_mosaic(
             #    planned) that repeating would not fix, so it is raised loudly (MosaicCheckError,
             #    not retryable) and the blob is left in place to be examined.
             started = time.perf_counter()
-            verify_committed_mosaic(output, mosaic_name, scene, levels, settings=settings, gdal_options=gdal_options,
-                                    written=written if outcome is gates.Outcome.WRITTEN else None)
+            verify_committed_mosaic(
+                output,
+                mosaic_name,
+                scene,
+                levels,
+                settings=settings,
+                gdal_options=gdal_options,
+                written=written if outcome is gates.Outcome.WRITTEN else None,
+            )
             timings["verify"] = time.perf_counter() - started
         else:
             # The VRT path: GDAL's COG driver writes a file (whose size build_mosaic_vrt estimates
             # and warns about), checked before its create-only upload.
             out_path = os.path.join(workdir, "mosaic.tif")
             nbytes, levels = build_mosaic_vrt(
-                scene, windows, summary, out_path, tiles=tiles, settings=settings, gdal_options=gdal_options,
-                workdir=workdir, timings=timings,
+                scene,
+                windows,
+                summary,
+                out_path,
+                tiles=tiles,
+                settings=settings,
+                gdal_options=gdal_options,
+                workdir=workdir,
+                timings=timings,
             )
             sha256 = _file_sha256(out_path)
             started = time.perf_counter()
@@ -1177,14 +1283,26 @@ def assemble_mosaic(
             timings["check"] = time.perf_counter() - started
             started = time.perf_counter()
             outcome = commit_file(
-                output, mosaic_name, out_path, sha256=sha256, content_type=COG_CONTENT_TYPE, job_id=job_id,
+                output,
+                mosaic_name,
+                out_path,
+                sha256=sha256,
+                content_type=COG_CONTENT_TYPE,
+                job_id=job_id,
                 metadata={OVERVIEW_LEVELS_METADATA_KEY: str(levels), "method": used},
             )
             timings["upload"] = time.perf_counter() - started
             os.remove(out_path)
 
-        _write_sidecars(job_id, scene, output=output, settings=settings, gdal_options=gdal_options,
-                        source_name=source_name, timings=timings)
+        _write_sidecars(
+            job_id,
+            scene,
+            output=output,
+            settings=settings,
+            gdal_options=gdal_options,
+            source_name=source_name,
+            timings=timings,
+        )
     except CommittedElsewhere:
         sink.abort()
         logger.info("job %s: another attempt committed the mosaic while this one streamed; stopped", job_id)
@@ -1199,10 +1317,24 @@ def assemble_mosaic(
     finally:
         if own_workdir:
             shutil.rmtree(workdir, ignore_errors=True)
-    logger.info("job %s: mosaic %s (%s, %d bytes, %d overview levels, %s)", job_id, outcome, used, nbytes, levels,
-                {k: round(v, 3) for k, v in timings.items()})
-    return MosaicResult(outcome=str(outcome), nbytes=nbytes, overview_levels=levels, timings=timings, method=used,
-                        sha256=sha256, **names)
+    logger.info(
+        "job %s: mosaic %s (%s, %d bytes, %d overview levels, %s)",
+        job_id,
+        outcome,
+        used,
+        nbytes,
+        levels,
+        {k: round(v, 3) for k, v in timings.items()},
+    )
+    return MosaicResult(
+        outcome=str(outcome),
+        nbytes=nbytes,
+        overview_levels=levels,
+        timings=timings,
+        method=used,
+        sha256=sha256,
+        **names,
+    )
 
 
 COG_CONTENT_TYPE = "image/tiff; application=geotiff; profile=cloud-optimized"
