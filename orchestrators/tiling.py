@@ -13,12 +13,15 @@ from typing import Any
 import azure.durable_functions as df
 
 from tilecommit.grid import Window, plan_windows
+from tilecommit.retries import ACTIVITY_RETRY as RETRY_POLICY
 
 from . import names
+from .retries import ACTIVITY_RETRY_OPTIONS
 
-#: Genuine faults (storage hiccups, a worker that died) are retried; bad input never reaches a retry
-#: because activities return it as a value. 4 attempts, 5 s apart: ~15 s of patience per activity.
-ACTIVITY_RETRY = df.RetryOptions(first_retry_interval_in_milliseconds=5000, max_number_of_attempts=4)
+#: Genuine faults (throttling, an outage, a worker that died) are retried with backoff (see
+#: orchestrators/retries.py); errors that are not retryable never reach a retry, because
+#: activities return them as a value.
+ACTIVITY_RETRY = ACTIVITY_RETRY_OPTIONS
 #: Batches in flight at once: enough to keep every activity slot of the host busy, few enough
 #: that progress is reported in order and each instance's history stays small.
 PARALLEL_BATCHES = 4
@@ -31,11 +34,38 @@ PARALLEL_GROUPS = 2
 
 
 class BadInputFailure(Exception):
-    """The job's input is wrong: fail the orchestration at once with the message."""
+    """An activity returned an error that is not retryable: fail the orchestration once with it."""
 
 
-class MosaicFailure(Exception):
+class MosaicFailure(BadInputFailure):
     """The assembled mosaic failed its checks: a bug, not worth a retry."""
+
+
+class RetriesExhaustedFailure(Exception):
+    """A retryable fault outlasted the retry policy: storage stayed unavailable too long."""
+
+
+def describe_error(error: dict) -> str:
+    """An activity's error value (type, message, window) as one line."""
+    where = f"window {error['window']}: " if error.get("window") else ""
+    return f"{where}{error['message']} ({error['type']})"
+
+
+def failure_for(job: dict, error: dict) -> BadInputFailure:
+    """The failure of a job whose activity returned ``error``, worded by what is to blame."""
+    if error["type"] == "MosaicCheckError":
+        return MosaicFailure(f"job {job['job_id']}: mosaic check failed: {describe_error(error)}")
+    if error["type"] in ("InvalidRasterError", "UnsupportedRasterError", "InvalidNameError", "SourceChangedError"):
+        return BadInputFailure(f"job {job['job_id']}: bad input {job['blob']!r}: {describe_error(error)}")
+    return BadInputFailure(f"job {job['job_id']}: failed, not retryable: {describe_error(error)}")
+
+
+def exhausted(job: dict, stage: str, exc: Exception) -> RetriesExhaustedFailure:
+    return RetriesExhaustedFailure(
+        f"job {job['job_id']}: {stage} still failed after {RETRY_POLICY.max_attempts} attempts over "
+        f"{RETRY_POLICY.patience_s():.0f} s of retries: storage stayed unavailable or throttled longer than "
+        f"the retry policy waits; deliver the upload again to resume: {exc}"
+    )
 
 
 def batch_instance_id(job_id: str, index: int) -> str:
@@ -98,9 +128,12 @@ def tile_scene(context: df.DurableOrchestrationContext) -> Generator[Any, Any, d
     job_id = job["job_id"]
     context.set_custom_status({"stage": "validating", "windows_done": 0, "windows_total": None})
 
-    validated = yield context.call_activity_with_retry(names.VALIDATE_SOURCE, ACTIVITY_RETRY, job)
-    if not validated["ok"]:
-        raise BadInputFailure(f"job {job_id}: bad input {job['blob']!r}: {validated['error']}")
+    try:
+        validated = yield context.call_activity_with_retry(names.VALIDATE_SOURCE, ACTIVITY_RETRY, job)
+    except Exception as exc:
+        raise exhausted(job, "validating the upload", exc) from exc
+    if validated.get("error"):
+        raise failure_for(job, validated["error"])
     scene = validated["scene"]
 
     batches = plan_batches(job, scene)
@@ -117,7 +150,7 @@ def tile_scene(context: df.DurableOrchestrationContext) -> Generator[Any, Any, d
 
     def finished(summary: dict) -> None:
         if summary["errors"]:
-            raise BadInputFailure(f"job {job_id}: bad input {job['blob']!r}: {summary['errors'][0]}")
+            raise failure_for(job, summary["errors"][0])
         add_summary(totals, summary)
         status.update(windows_done=totals["windows"], batches_done=status["batches_done"] + summary["batches"])
         context.set_custom_status(status)
@@ -144,9 +177,14 @@ def tile_scene(context: df.DurableOrchestrationContext) -> Generator[Any, Any, d
         yield from fan_out(context, names.RENDER_GROUP, children, PARALLEL_GROUPS, finished)
 
     context.set_custom_status({**status, "stage": "assembling"})
-    mosaic = yield context.call_activity_with_retry(names.ASSEMBLE_MOSAIC, ACTIVITY_RETRY, {"job": job, "scene": scene})
+    try:
+        mosaic = yield context.call_activity_with_retry(
+            names.ASSEMBLE_MOSAIC, ACTIVITY_RETRY, {"job": job, "scene": scene}
+        )
+    except Exception as exc:
+        raise exhausted(job, "assembling the mosaic", exc) from exc
     if mosaic.get("error"):
-        raise MosaicFailure(f"job {job_id}: {mosaic['error']}")
+        raise failure_for(job, mosaic["error"])
     context.set_custom_status({**status, "stage": "done"})
     totals.pop("errors")
     return {
@@ -192,7 +230,7 @@ def render_batch(context: df.DurableOrchestrationContext) -> Generator[Any, Any,
     summary = {**empty_summary(), "windows": len(results), "batches": 1}
     for result in results:
         if result.get("error"):
-            summary["errors"].append(f"window {result['window']}: {result['error']}")
+            summary["errors"].append(result["error"])
             continue
         if result["outcome"] == "written":
             summary["written"] += 1

@@ -22,6 +22,11 @@ JOB = {
 SCENE = {"width": 2500, "height": 1800}  # 3 x 2 windows of 1024
 
 
+def error(kind: str, message: str, window: str | None = None) -> dict:
+    """An activity's error value (tilecommit.errors.error_value's shape)."""
+    return {"type": kind, "message": message, "window": window}
+
+
 def run(fn, history: History) -> dict:
     return json.loads(df.Orchestrator.create(fn)(history.context()))
 
@@ -38,14 +43,19 @@ def test_first_episode_validates_with_retry_and_reports_stage():
     assert action["actionType"] == 1  # CallActivityWithRetry
     assert action["functionName"] == names.VALIDATE_SOURCE
     assert json.loads(action["input"]) == JOB
-    assert action["retryOptions"] == {"firstRetryIntervalInMilliseconds": 5000, "maxNumberOfAttempts": 4}
+    assert action["retryOptions"] == {
+        "firstRetryIntervalInMilliseconds": 5000,
+        "maxNumberOfAttempts": 6,
+        "backoffCoefficient": 2.0,
+        "maxRetryIntervalInMilliseconds": 60000,
+    }
     assert state["customStatus"]["stage"] == "validating"
     assert state["isDone"] is False
 
 
 def validated_history(job=JOB, scene=SCENE) -> History:
     history = History(names.TILE_SCENE, job).scheduled(0, names.VALIDATE_SOURCE).episode()
-    return history.completed(0, {"ok": True, "scene": scene})
+    return history.completed(0, {"scene": scene})
 
 
 def test_plans_windows_and_fans_out_batches_as_sub_orchestrations():
@@ -134,9 +144,9 @@ def test_fan_in_then_assembly_then_summary():
 
 def test_bad_input_fails_the_job_at_once_with_the_message():
     history = History(names.TILE_SCENE, JOB).scheduled(0, names.VALIDATE_SOURCE).episode()
-    history.completed(0, {"ok": False, "error": "not a raster: zero bytes", "error_type": "InvalidRasterError"})
+    history.completed(0, {"error": error("InvalidRasterError", "not a raster: zero bytes")})
     message = run_failing(tiling.tile_scene, history)
-    assert "bad input 'scene.tif': not a raster: zero bytes" in message
+    assert "bad input 'scene.tif': not a raster: zero bytes (InvalidRasterError)" in message
     state = json.loads(message.split("$OutOfProcData$:")[1])
     assert leaf_actions(state)[1:] == []  # nothing scheduled after the refusal
 
@@ -144,9 +154,10 @@ def test_bad_input_fails_the_job_at_once_with_the_message():
 def test_bad_window_in_a_batch_fails_the_job():
     history = validated_history()
     history.sub_created(1, names.RENDER_BATCH, "a").sub_created(2, names.RENDER_BATCH, "b").episode()
-    history.sub_completed(1, {**batch_summary(4, 3, 0, 300), "errors": ["window 0000_0001: truncated TIFF"]})
+    bad = error("InvalidRasterError", "truncated TIFF", "0000_0001")
+    history.sub_completed(1, {**batch_summary(4, 3, 0, 300), "errors": [bad]})
     message = run_failing(tiling.tile_scene, history)
-    assert "truncated TIFF" in message
+    assert "bad input 'scene.tif': window 0000_0001: truncated TIFF (InvalidRasterError)" in message
 
 
 def test_render_batch_fans_out_one_activity_per_window_and_sums():
@@ -177,21 +188,36 @@ def test_render_batch_fans_out_one_activity_per_window_and_sums():
 def test_failed_activity_is_retried_then_fails_the_batch_after_the_last_timer():
     window = {"row": 0, "col": 0, "row_off": 0, "col_off": 0, "height": 8, "width": 8}
     history = History(names.RENDER_BATCH, {"job": JOB, "windows": [window]}, "b").scheduled(0, names.RENDER_TILE)
+    attempts = tiling.RETRY_POLICY.max_attempts
     # Attempt k: TaskFailed -> the host's TimerCreated/TimerFired -> a new TaskScheduled.
     task_id, next_id = 0, 1
-    for attempt in range(1, 5):
+    for attempt in range(1, attempts + 1):
         history.episode().failed(task_id, f"ServiceResponseError attempt {attempt}")
         state = run(tiling.render_batch, history)
         assert state["isDone"] is False  # still waiting for the retry timer
         history.timer_created(next_id).episode().timer_fired(next_id)
-        if attempt < 4:
+        if attempt < attempts:
             state = run(tiling.render_batch, history)
             assert state["isDone"] is False
             task_id = next_id + 1
             history.scheduled(task_id, names.RENDER_TILE)
             next_id += 2
     message = run_failing(tiling.render_batch, history)
-    assert "ServiceResponseError attempt 4" in message
+    assert f"ServiceResponseError attempt {attempts}" in message
+
+
+def test_a_validation_that_exhausts_its_retries_fails_the_job_saying_storage_stayed_unavailable():
+    history = History(names.TILE_SCENE, JOB).scheduled(0, names.VALIDATE_SOURCE)
+    task_id, next_id = 0, 1
+    for attempt in range(1, tiling.RETRY_POLICY.max_attempts + 1):
+        history.episode().failed(task_id, f"503 ServerBusy attempt {attempt}")
+        history.timer_created(next_id).episode().timer_fired(next_id)
+        task_id, next_id = next_id + 1, next_id + 2
+        if attempt < tiling.RETRY_POLICY.max_attempts:
+            history.scheduled(task_id, names.VALIDATE_SOURCE)
+    message = run_failing(tiling.tile_scene, history)
+    assert "validating the upload still failed after 6 attempts over 135 s of retries" in message
+    assert "storage stayed unavailable or throttled" in message and "503 ServerBusy attempt 6" in message
 
 
 def test_replaying_the_same_history_gives_the_same_actions():
@@ -204,7 +230,7 @@ def test_a_mosaic_that_fails_its_checks_fails_the_job():
     history.sub_created(1, names.RENDER_BATCH, "a").sub_created(2, names.RENDER_BATCH, "b").episode()
     history.sub_completed(1, batch_summary(4, 4, 0, 400)).sub_completed(2, batch_summary(2, 2, 0, 200))
     history.scheduled(3, names.ASSEMBLE_MOSAIC).episode()
-    history.completed(3, {"error": "mosaic check failed: 2 levels, 3 expected", "error_type": "MosaicCheckError"})
+    history.completed(3, {"error": error("MosaicCheckError", "2 levels, 3 expected")})
     assert "mosaic check failed: 2 levels, 3 expected" in run_failing(tiling.tile_scene, history)
 
 

@@ -54,9 +54,9 @@ from rasterio.io import MemoryFile
 
 from .. import gates, jobs
 from ..errors import (
+    CorruptTileError,
     IncompatibleTilesError,
     IncompleteManifestError,
-    InvalidRasterError,
     MosaicCheckError,
     StorageFaultError,
 )
@@ -178,7 +178,9 @@ class BlobRangeSource:
                 f"tile {self.name} is in the manifest but not in storage", mismatched=[self.name]
             ) from exc
         except (HttpResponseError, *_TRANSPORT_FAULTS) as exc:
-            raise StorageFaultError(f"reading the head of {self.name} failed: {exc}") from exc
+            raise StorageFaultError(
+                f"reading the head of {self.name} failed: {exc}", status=getattr(exc, "status_code", None)
+            ) from exc
         # For a ranged read, properties.size is the range's length; the blob's is after the "/".
         content_range = downloader.properties.content_range or ""
         total = content_range.rsplit("/", 1)[-1]
@@ -188,7 +190,10 @@ class BlobRangeSource:
         try:
             return self.container.download_blob(self.name, offset=offset, length=length, max_concurrency=1).readall()
         except (HttpResponseError, *_TRANSPORT_FAULTS) as exc:
-            raise StorageFaultError(f"reading {length} bytes at {offset} of {self.name} failed: {exc}") from exc
+            raise StorageFaultError(
+                f"reading {length} bytes at {offset} of {self.name} failed: {exc}",
+                status=getattr(exc, "status_code", None),
+            ) from exc
 
     def __repr__(self) -> str:
         return f"blob:{self.name}"
@@ -265,7 +270,7 @@ class BlockFetcher:
                 for position, ref in run:
                     piece = data[ref.offset - start : ref.offset - start + ref.length]
                     if len(piece) != ref.length:
-                        raise InvalidRasterError(f"{self.sources[ref.source]!r} is shorter than its directory says")
+                        raise CorruptTileError(f"{self.sources[ref.source]!r} is shorter than its directory says")
                     out[position] = piece
             yield from out
 
@@ -294,7 +299,9 @@ def check_manifest(job_id: str, scene: SceneInfo, *, tiles: ContainerClient, man
     try:
         sizes = {b.name: int(b.size) for b in tiles.list_blobs(name_starts_with=prefix)}
     except (HttpResponseError, *_TRANSPORT_FAULTS) as exc:
-        raise StorageFaultError(f"listing the sizes of {prefix} failed: {exc}") from exc
+        raise StorageFaultError(
+            f"listing the sizes of {prefix} failed: {exc}", status=getattr(exc, "status_code", None)
+        ) from exc
     mismatched = []
     details = []
     for window in windows:
@@ -906,7 +913,8 @@ class StagedBlockSink:
                 return
             except HttpResponseError as exc:
                 raise StorageFaultError(
-                    f"staging block {index} ({chunk.nbytes} bytes) of {name} failed: {exc}"
+                    f"staging block {index} ({chunk.nbytes} bytes) of {name} failed: {exc}",
+                    status=exc.status_code,
                 ) from exc
             except _TRANSPORT_FAULTS as exc:
                 # Staging our own id with the same bytes again is harmless: the later one replaces it.
@@ -1020,7 +1028,9 @@ def _blob_exists(container: ContainerClient, name: str):
     except ResourceNotFoundError:
         return None
     except (HttpResponseError, *_TRANSPORT_FAULTS) as exc:
-        raise StorageFaultError(f"reading the properties of {name} failed: {exc}") from exc
+        raise StorageFaultError(
+            f"reading the properties of {name} failed: {exc}", status=getattr(exc, "status_code", None)
+        ) from exc
 
 
 def _write_sidecars(

@@ -8,8 +8,9 @@ accepted, so a job fails at once instead of retrying an input that can never wor
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from rasterio.crs import CRS
@@ -23,6 +24,7 @@ from ..records import Record
 from ..settings import Settings
 from . import vsi
 from .env import gdal_env
+from .gdal_errors import is_transport_message, recording, transport_fault
 from .upload import ACCEPTED_FORMATS, HEADER_BYTES, check_upload_content, open_upload, upload_gdal_options
 
 #: Sample types a tile COG, the mosaic and the quicklook handle (PREDICTOR 2 or 3 applies to all).
@@ -44,6 +46,8 @@ MAX_BLOCKS = 262_144
 #: reads it.
 FULL_DECODE_MAX_FILE_BYTES = 64 * 1024 * 1024
 FULL_DECODE_MAX_DECODED_BYTES = 512 * 1024 * 1024
+
+T = TypeVar("T")
 
 
 def _nodata_to_json(value: float | None) -> float | str | None:
@@ -135,26 +139,52 @@ def crs_label(value: str | CRS) -> str:
 
 def is_fault_message(message: str) -> bool:
     """GDAL's words for a transport problem (retry), as opposed to bad bytes (refuse)."""
-    lowered = message.lower()
-    return any(word in lowered for word in ("http", "curl", "connection", "timed out", "timeout", "ssl"))
+    return is_transport_message(message)
 
 
-def read_failure(exc: RasterioIOError, what: str, invalid: str) -> Exception:
+def read_failure(exc: RasterioIOError, what: str, invalid: str, messages: list[str] | None = None) -> Exception:
     """The error for a failed GDAL read: a transport fault (retry) or bytes that cannot be decoded.
 
     ``what`` names what was being read (for the fault's message); ``invalid`` is the refusal's
-    message, saying what is wrong and what would be accepted.
+    message, saying what is wrong and what would be accepted; ``messages`` are what GDAL said
+    during the read (its network layer reports HTTP errors and short reads there, while the
+    exception itself only says "Read failed").
     """
-    if is_fault_message(str(exc)):
-        return StorageFaultError(f"reading {what} failed: {exc}")
+    fault = transport_fault([str(exc), *(messages or [])])
+    if fault is not None:
+        return StorageFaultError(f"reading {what} failed: storage did not deliver the bytes ({fault}): {exc}")
     return InvalidRasterError(invalid)
 
 
-def _explain_open_failure(path: str, size: int | None, exc: RasterioIOError) -> Exception:
+def read_proven(read: Callable[[], T], what: str, invalid: Callable[[Exception], str]) -> T:
+    """``read()``, with a failure called corrupt only when it is proven so.
+
+    A failure during which GDAL reported an HTTP or transport error, or a short read, is a
+    :class:`StorageFaultError` (retryable). Any other failure is repeated once: the bytes GDAL
+    did receive are in its cache, so a repeat decodes the same bytes, and only a failure that
+    repeats, again with no transport error, is :class:`InvalidRasterError` (``invalid(exc)`` is
+    its message). A repeat that succeeds returns its result.
+    """
+    for attempt in (1, 2):
+        with recording() as messages:
+            try:
+                return read()
+            except RasterioIOError as exc:
+                failed = exc
+        error = read_failure(failed, what, invalid(failed), messages)
+        if isinstance(error, StorageFaultError) or attempt == 2:
+            raise error from failed
+    raise AssertionError("unreachable")
+
+
+def _explain_open_failure(
+    path: str, size: int | None, exc: RasterioIOError, messages: list[str] | None = None
+) -> Exception:
     """Why a file that starts like a TIFF could not be opened: a storage fault, or damaged bytes."""
     message = str(exc)
-    if is_fault_message(message):
-        return StorageFaultError(f"reading {path} failed: {message}")
+    fault = transport_fault([message, *(messages or [])])
+    if fault is not None:
+        return StorageFaultError(f"reading {path} failed: storage did not deliver the bytes ({fault}): {message}")
     return InvalidRasterError(
         f"{path} starts like a TIFF but its header or directories cannot be read ({size} bytes): "
         f"the file is truncated or corrupt ({message}); upload the complete file"
@@ -163,17 +193,20 @@ def _explain_open_failure(path: str, size: int | None, exc: RasterioIOError) -> 
 
 def _read_header(path: str) -> tuple[bytes, int | None]:
     """The first bytes and the size of ``path`` as GDAL's file layer sees it, before any driver runs."""
-    found = vsi.probe(path, HEADER_BYTES)
+    with recording() as messages:
+        found = vsi.probe(path, HEADER_BYTES)
     if found is None:
         raise RuntimeError("GDAL's file API cannot be reached through rasterio: the rasterio install is broken")
     if found.exists:
         return found.head, found.size
     # The file layer could not open it: missing, or storage did not answer. GTiff alone says which.
     try:
-        open_upload(path).close()
+        with recording() as more:
+            open_upload(path).close()
     except RasterioIOError as exc:
-        if is_fault_message(str(exc)):
-            raise StorageFaultError(f"reading {path} failed: {exc}") from exc
+        fault = transport_fault([str(exc), *messages, *more])
+        if fault is not None:
+            raise StorageFaultError(f"reading {path} failed: {fault}: {exc}") from exc
         raise InvalidRasterError(f"{path} does not exist or cannot be read: {exc}") from exc
     raise StorageFaultError(f"reading {path} failed: GDAL could not open it, then could")
 
@@ -273,15 +306,14 @@ def _block_window(src, bx: int, by: int) -> RioWindow:
 
 
 def _decode(path: str, src, window: RioWindow) -> None:
-    try:
-        src.read(window=window)
-    except RasterioIOError as exc:
-        raise read_failure(
-            exc,
-            path,
+    read_proven(
+        lambda: src.read(window=window),
+        path,
+        lambda exc: (
             f"{path} is corrupt: its pixels at column {int(window.col_off)}, row {int(window.row_off)} "
-            f"({int(window.width)} x {int(window.height)}) cannot be decoded ({exc}); upload an intact file",
-        ) from exc
+            f"({int(window.width)} x {int(window.height)}) cannot be decoded ({exc}); upload an intact file"
+        ),
+    )
 
 
 def _check_blocks_present(path: str, src, size: int | None, window_size: int) -> None:
@@ -358,9 +390,10 @@ def inspect_source(path: str, *, settings: Settings, gdal_options: dict | None =
         head, size = _read_header(path)
         check_upload_content(path, head, size)
         try:
-            src = open_upload(path)
+            with recording() as messages:
+                src = open_upload(path)
         except RasterioIOError as exc:
-            raise _explain_open_failure(path, size, exc) from exc
+            raise _explain_open_failure(path, size, exc, messages) from exc
         with src:
             if src.count == 0:
                 raise InvalidRasterError(f"{path} has no raster bands; {ACCEPTED}")
