@@ -35,8 +35,11 @@ param hostingPlan string = 'FlexConsumption'
 ])
 param instanceMemoryMB int = 2048
 
+// Flex Consumption's bounds for the maximum instance count are 1 to 1000 (the preview's lowest was
+// 40); it applies to each per-function scale group (MicrosoftDocs/azure-docs,
+// articles/azure-functions/event-driven-scaling.md, "Limit scale-out").
 @description('Flex Consumption only: most instances the app scales out to (bounds the cost of an upload storm).')
-@minValue(40)
+@minValue(1)
 @maxValue(1000)
 param maximumInstanceCount int = 40
 
@@ -445,3 +448,4 @@ output logAnalyticsName string = monitoring.outputs.logAnalyticsName
 output identityName string = identity.name
 output systemTopicName string = events.outputs.name
 output eventSubscriptionName string = eventSubscriptionName
+output triggerFunctionName string = triggerFunctionName

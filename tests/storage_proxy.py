@@ -18,6 +18,7 @@ import http.server
 import random
 import socket
 import struct
+import sys
 import threading
 import time
 from collections import Counter
@@ -62,6 +63,15 @@ class FaultPlan:
     seed: int = 13
 
 
+class _Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address) -> None:
+        # A client closing its keep-alive connection (or one this proxy reset) is no error.
+        if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            super().handle_error(request, client_address)
+
+
 class RecordingProxy:
     """Forwards every request to ``target`` (``http://127.0.0.1:PORT``) and records it."""
 
@@ -88,8 +98,7 @@ class RecordingProxy:
             def log_message(self, *args) -> None:  # quiet
                 pass
 
-        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
+        self._server = _Server(("127.0.0.1", 0), Handler)
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
     def handle(self, request: http.server.BaseHTTPRequestHandler) -> None:

@@ -50,7 +50,7 @@ resource storageAccount 'Microsoft.Storage/storageAccounts@2023-05-01' = {
     allowCrossTenantReplication: false
     minimumTlsVersion: 'TLS1_2'
     supportsHttpsTrafficOnly: true
-    // Public endpoint, Entra-only (see infra/checkov-skips.yaml, CKV_AZURE_35): Event Grid and
+    // Public endpoint, Entra-only (see infra/checkov-skips.toml, CKV_AZURE_35): Event Grid and
     // the Consumption-plan workers reach the account over its public endpoint.
     publicNetworkAccess: 'Enabled'
     networkAcls: {
