@@ -44,7 +44,8 @@ _BUSY_JSON = (
 class FaultPlan:
     """What a :class:`FaultProxy` does to the requests ``applies(method, path)`` selects.
 
-    ``busy``: fraction answered 503 ServerBusy with ``Retry-After: retry_after`` seconds.
+    ``busy``: fraction answered 503 ServerBusy with ``Retry-After: retry_after`` seconds (or
+    another refusal: ``status`` and ``code``, e.g. 403 AuthorizationPermissionMismatch).
     ``reset``: fraction whose connection is reset, half of them before storage sees the request
     and half after storage has carried it out (the answer is lost).
     ``reset_uploads``: the first PUT of each path is reset half-way through its body.
@@ -58,6 +59,8 @@ class FaultPlan:
     reset_uploads: bool = False
     delay: float = 0.0
     retry_after: int = 1
+    status: int = 503
+    code: str = "ServerBusy"
     outage: tuple[float, float] | None = None
     applies: Callable[[str, str], bool] = lambda method, path: True
     seed: int = 13
@@ -206,8 +209,9 @@ class FaultProxy(RecordingProxy):
 
     def _busy(self, request: http.server.BaseHTTPRequestHandler) -> None:
         body = _BUSY_JSON if "json" in (request.headers.get("Accept") or "") else _BUSY_XML
-        request.send_response(503, "Server Busy")
-        request.send_header("x-ms-error-code", "ServerBusy")
+        body = body.replace(b"ServerBusy", self.plan.code.encode())
+        request.send_response(self.plan.status)
+        request.send_header("x-ms-error-code", self.plan.code)
         request.send_header("Retry-After", str(self.plan.retry_after))
         request.send_header("Content-Type", "application/json" if body is _BUSY_JSON else "application/xml")
         request.send_header("Content-Length", "0" if request.command == "HEAD" else str(len(body)))

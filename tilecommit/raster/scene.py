@@ -198,6 +198,11 @@ def _read_header(path: str) -> tuple[bytes, int | None]:
     if found is None:
         raise RuntimeError("GDAL's file API cannot be reached through rasterio: the rasterio install is broken")
     if found.exists:
+        if found.size is not None and len(found.head) < min(HEADER_BYTES, found.size):
+            # Fewer bytes than the file has: storage did not deliver them (a refused or cut GET
+            # after an answered HEAD), which says nothing about the upload's content.
+            fault = transport_fault(messages) or f"got {len(found.head)} of its first {HEADER_BYTES} bytes"
+            raise StorageFaultError(f"reading the first bytes of {path} failed: {fault}")
         return found.head, found.size
     # The file layer could not open it: missing, or storage did not answer. GTiff alone says which.
     try:
