@@ -160,7 +160,7 @@ def tile_scene(context: df.DurableOrchestrationContext) -> Generator[Any, Any, d
             (batch_instance_id(job_id, i), {"job": job, "windows": [w.to_dict() for w in batch]})
             for i, batch in enumerate(batches)
         ]
-        yield from fan_out(context, names.RENDER_BATCH, children, PARALLEL_BATCHES, finished)
+        fanned_out = fan_out(context, names.RENDER_BATCH, children, PARALLEL_BATCHES, finished)
     else:
         children = [
             (
@@ -174,7 +174,13 @@ def tile_scene(context: df.DurableOrchestrationContext) -> Generator[Any, Any, d
             )
             for g, first in enumerate(range(0, len(batches), GROUP_BATCHES))
         ]
-        yield from fan_out(context, names.RENDER_GROUP, children, PARALLEL_GROUPS, finished)
+        fanned_out = fan_out(context, names.RENDER_GROUP, children, PARALLEL_GROUPS, finished)
+    try:
+        yield from fanned_out
+    except BadInputFailure:
+        raise
+    except Exception as exc:  # a tile's retries ran out (the failure of its batch, or group)
+        raise exhausted(job, "rendering the tiles", exc) from exc
 
     context.set_custom_status({**status, "stage": "assembling"})
     try:
