@@ -160,6 +160,15 @@ def test_bad_window_in_a_batch_fails_the_job():
     assert "bad input 'scene.tif': window 0000_0001: truncated TIFF (InvalidRasterError)" in message
 
 
+def test_a_batch_whose_tile_ran_out_of_retries_fails_the_job_saying_storage_stayed_unavailable():
+    history = validated_history()
+    history.sub_created(1, names.RENDER_BATCH, "a").sub_created(2, names.RENDER_BATCH, "b").episode()
+    history.sub_failed(1, "StorageFaultError: creating blob 'tiles/x/0000_0001.tif' failed (status 503)")
+    message = run_failing(tiling.tile_scene, history)
+    assert "rendering the tiles still failed after 6 attempts over 135 s of retries" in message
+    assert "status 503" in message and "bad input" not in message
+
+
 def test_render_batch_fans_out_one_activity_per_window_and_sums():
     windows = [{"row": 0, "col": c, "row_off": 0, "col_off": c * 1024, "height": 1024, "width": 1024} for c in range(3)]
     history = History(names.RENDER_BATCH, {"job": JOB, "windows": windows}, "b")
