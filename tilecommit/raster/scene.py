@@ -24,7 +24,7 @@ from ..records import Record
 from ..settings import Settings
 from . import vsi
 from .env import gdal_env
-from .gdal_errors import is_transport_message, recording, transport_fault
+from .gdal_errors import recording, transport_fault
 from .upload import ACCEPTED_FORMATS, HEADER_BYTES, check_upload_content, open_upload, upload_gdal_options
 
 #: Sample types a tile COG, the mosaic and the quicklook handle (PREDICTOR 2 or 3 applies to all).
@@ -135,11 +135,6 @@ def crs_label(value: str | CRS) -> str:
         return f"EPSG:{epsg}"
     name = crs.to_dict(projjson=True).get("name") or "unnamed"
     return f"{name!r} (WKT, no equivalent EPSG code)"
-
-
-def is_fault_message(message: str) -> bool:
-    """GDAL's words for a transport problem (retry), as opposed to bad bytes (refuse)."""
-    return is_transport_message(message)
 
 
 def read_failure(exc: RasterioIOError, what: str, invalid: str, messages: list[str] | None = None) -> Exception:
