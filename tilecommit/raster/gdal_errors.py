@@ -107,23 +107,20 @@ def recording() -> Iterator[list[str]]:
         _stop(thread)
 
 
-#: GDAL's words when storage did not deliver: an HTTP status or curl error from its network
-#: layer (retried there first: GDAL_HTTP_MAX_RETRY), or a read that got fewer bytes than it asked.
+#: GDAL's words when storage did not deliver: an HTTP status or curl error from its network layer
+#: (logged while it retries, GDAL_HTTP_MAX_RETRY, and when it gives up). A short read alone
+#: ("got N bytes, expected M") is not one: a local or truncated file reads short too.
 _TRANSPORT = re.compile(
     r"HTTP error code|response_code=|HTTP response code|curl|connection (reset|refused|timed out)|"
     r"timed out|timeout|ssl|could not resolve",
     re.I,
 )
-_SHORT_READ = re.compile(r"got (\d+) bytes, expected (\d+)")
 
 
 def is_transport_message(message: str) -> bool:
     """Whether one of GDAL's messages says storage did not deliver bytes (a fault to retry),
     as opposed to bytes that arrived and could not be decoded."""
-    if _TRANSPORT.search(message):
-        return True
-    short = _SHORT_READ.search(message)
-    return bool(short and int(short.group(1)) < int(short.group(2)))
+    return bool(_TRANSPORT.search(message))
 
 
 def transport_fault(messages: list[str]) -> str | None:

@@ -151,25 +151,24 @@ def read_failure(exc: RasterioIOError, what: str, invalid: str, messages: list[s
     return InvalidRasterError(invalid)
 
 
-def read_proven(read: Callable[[], T], what: str, invalid: Callable[[Exception], str]) -> T:
-    """``read()``, with a failure called corrupt only when it is proven so.
+def read_classified(read: Callable[[], T], what: str, invalid: Callable[[Exception], str]) -> T:
+    """``read()``, with a failure called corrupt only when storage delivered every byte asked for.
 
-    A failure during which GDAL reported an HTTP or transport error, or a short read, is a
-    :class:`StorageFaultError` (retryable). Any other failure is repeated once: the bytes GDAL
-    did receive are in its cache, so a repeat decodes the same bytes, and only a failure that
-    repeats, again with no transport error, is :class:`InvalidRasterError` (``invalid(exc)`` is
-    its message). A repeat that succeeds returns its result.
+    GDAL's exception says only "Read failed"; what its network layer said while the read ran
+    tells a refused or cut transfer (an HTTP status, ``response_code=0``, a curl error, a
+    time-out, each after GDAL's own retries) from bytes that arrived and did not decode. The
+    first is a retryable :class:`StorageFaultError`; only the second is
+    :class:`InvalidRasterError` (``invalid(exc)`` is its message). The read is not repeated on
+    the same dataset to find out: GDAL can return a block on a second read after failing to
+    decode it (measured on the fuzz corpus: LZW "Not enough data", then a read that succeeded,
+    then one that failed again), so a repeat's success proves nothing.
     """
-    for attempt in (1, 2):
-        with recording() as messages:
-            try:
-                return read()
-            except RasterioIOError as exc:
-                failed = exc
-        error = read_failure(failed, what, invalid(failed), messages)
-        if isinstance(error, StorageFaultError) or attempt == 2:
-            raise error from failed
-    raise AssertionError("unreachable")
+    with recording() as messages:
+        try:
+            return read()
+        except RasterioIOError as exc:
+            failed = exc
+    raise read_failure(failed, what, invalid(failed), messages) from failed
 
 
 def _explain_open_failure(
@@ -306,7 +305,7 @@ def _block_window(src, bx: int, by: int) -> RioWindow:
 
 
 def _decode(path: str, src, window: RioWindow) -> None:
-    read_proven(
+    read_classified(
         lambda: src.read(window=window),
         path,
         lambda exc: (

@@ -28,7 +28,7 @@ from ..records import Record
 from ..settings import Settings
 from .env import BLOCK_SIZE, NUM_THREADS, gdal_env
 from .gdal_errors import gdal_step, recording
-from .scene import has_colormap, overview_resampling_for, read_failure, read_proven
+from .scene import has_colormap, overview_resampling_for, read_classified, read_failure
 from .upload import open_upload, upload_gdal_options
 
 logger = logging.getLogger(__name__)
@@ -96,7 +96,7 @@ def encode_tile(
     if isinstance(window, Window):
         window = RioWindow(window.col_off, window.row_off, window.width, window.height)
     started = time.perf_counter()
-    data, mask = read_proven(
+    data, mask = read_classified(
         lambda: (src.read(window=window), src.dataset_mask(window=window) if _per_dataset_mask(src) else None),
         f"window {window} of {src.name}",
         lambda exc: (
