@@ -18,15 +18,14 @@ import logging
 import signal
 import sys
 import threading
-import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
+from .session import UsageError, job_summary, process_file
+
+__all__ = ["main", "process_file", "job_summary", "UsageError"]
 EXIT_COMPLETED, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
-
-class UsageError(Exception):
-    pass
 
 
 class _Parser(argparse.ArgumentParser):
@@ -47,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="run every activity twice, concurrently (at-least-once, made visible)")
         p.add_argument("--hub", help="task hub name (default: host.json's hubName)")
         p.add_argument("--timer-scale", type=float, default=1.0, help=argparse.SUPPRESS)
+        p.add_argument("--function-timeout", type=float, default=None, help=argparse.SUPPRESS)
         p.add_argument("--crash-before-manifest", type=int, default=0, metavar="N", help=argparse.SUPPRESS)
 
     serve = sub.add_parser("serve", help="watch the input container and process uploads until stopped")
@@ -111,7 +111,7 @@ def _host(args: argparse.Namespace):
         crash_before_manifest_entry(args.crash_before_manifest)
     return LocalHost(
         HostOptions(deliveries=args.deliveries, duplicate_activities=args.duplicate_activities,
-                    timer_scale=args.timer_scale, hub=args.hub)
+                    timer_scale=args.timer_scale, hub=args.hub, function_timeout=args.function_timeout)
     )
 
 
@@ -125,98 +125,6 @@ def serve(args: argparse.Namespace) -> int:
               file=sys.stderr)
         stop.wait()
     return EXIT_COMPLETED
-
-
-class ProgressBar:
-    """Progress on stderr: a redrawn bar on a terminal, a line per tenth of the job elsewhere."""
-
-    def __init__(self, enabled: bool, stream=sys.stderr):
-        self.enabled = enabled
-        self.stream = stream
-        self.tty = stream.isatty()
-        self.last = ""
-        self.last_step: tuple = ()
-
-    def update(self, state: dict) -> None:
-        if not self.enabled:
-            return
-        status = state.get("custom_status") or {}
-        done, total = status.get("windows_done") or 0, status.get("windows_total")
-        stage = status.get("stage", state["status"].lower())
-        if total:
-            width = 30
-            filled = int(width * done / total)
-            line = f"{state['id']}: [{'#' * filled}{'.' * (width - filled)}] {done}/{total} windows, {stage}"
-        else:
-            line = f"{state['id']}: {stage}"
-        if self.tty:
-            if line != self.last:
-                self.stream.write("\r" + line.ljust(len(self.last)))
-                self.stream.flush()
-                self.last = line
-            return
-        step = (stage, 10 * done // total if total else 0)
-        if step != self.last_step:
-            self.stream.write(line + "\n")
-            self.stream.flush()
-            self.last_step = step
-
-    def close(self) -> None:
-        if self.enabled and self.tty and self.last:
-            self.stream.write("\n")
-            self.stream.flush()
-
-
-def process_file(host, path: Path, *, name: str | None = None, timeout: float = 3600, progress: bool = False) -> dict:
-    """Upload ``path``, let the watcher deliver its event, wait for the job; the summary as a dict."""
-    from tilecommit.jobs import job_id_for
-
-    if not path.is_file():
-        raise UsageError(f"{path}: no such file")
-    started = time.perf_counter()
-    blob = host.blobs.get_blob_client(host.settings.input_container, name or path.name)
-    with path.open("rb") as data:
-        uploaded = blob.upload_blob(data, overwrite=True, max_concurrency=4)
-    job_id = job_id_for(blob.url, uploaded["etag"])
-    bar = ProgressBar(progress)
-    deadline = time.monotonic() + timeout
-    # The watcher delivers the event; the starter may also decide to ignore the upload.
-    while host.engine.status(job_id) is None:
-        ignored = [d for d in host.decisions if d["blob"] == blob.blob_name and d["action"] == "ignored"]
-        if ignored:
-            return {"job_id": None, "status": "failed", "error": f"upload ignored: {ignored[0]['reason']}",
-                    "elapsed_s": round(time.perf_counter() - started, 3)}
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"no job started for {blob.blob_name!r} within {timeout} s")
-        time.sleep(0.05)
-    try:
-        state = host.engine.wait_for(job_id, timeout=max(1.0, deadline - time.monotonic()), progress=bar.update)
-    finally:
-        bar.close()
-    return job_summary(state, elapsed=time.perf_counter() - started)
-
-
-def job_summary(state: dict, *, elapsed: float | None = None) -> dict:
-    output = state.get("output") if state["status"] == "Completed" else None
-    status = state.get("custom_status") or {}
-    summary: dict[str, Any] = {
-        "job_id": state["id"],
-        "status": "completed" if state["status"] == "Completed" else state["status"].lower(),
-        "windows": (output or {}).get("windows", status.get("windows_total")),
-        "written": (output or {}).get("written"),
-        "already_present": (output or {}).get("already_present"),
-        "skipped": (output or {}).get("skipped"),
-        "bytes": (output or {}).get("bytes"),
-        "mosaic_outcome": (output or {}).get("mosaic_outcome"),
-        "mosaic_url": (output or {}).get("mosaic_url"),
-        "stac_url": (output or {}).get("stac_url"),
-        "quicklook_url": (output or {}).get("quicklook_url"),
-    }
-    if elapsed is not None:
-        summary["elapsed_s"] = round(elapsed, 3)
-    if state["status"] != "Completed":
-        summary["error"] = state.get("error") or f"job is {state['status']}"
-    return summary
 
 
 def process(args: argparse.Namespace) -> int:

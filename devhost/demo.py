@@ -53,7 +53,7 @@ def run_demo(args: argparse.Namespace) -> int:
     from tilecommit.settings import SETTING_WINDOW_SIZE, STORAGE_CONNECTION
 
     from .azurite import Azurite
-    from .cli import process_file
+    from .session import process_file
     from .host import HostOptions, LocalHost
 
     output: Path = args.output

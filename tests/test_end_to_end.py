@@ -98,15 +98,22 @@ def test_upload_becomes_tiles_manifest_and_a_mosaic_equal_to_the_source(storage,
 
 
 def test_same_upload_delivered_three_times_concurrently_makes_one_job(storage, app_env, tmp_path):
+    """As on the Azure Storage provider, starters racing on the new job id may all succeed (the
+    host drops the later ExecutionStarted) or see the job and report a duplicate."""
     scene = make_scene(tmp_path / "scene.tif", 600, 600)
     with local_host(app_env, deliveries=3) as host:
         summary = process_file(host, scene, timeout=120)
-        starts = sorted(d["action"] for d in host.decisions)
+        starts = [d["action"] for d in host.decisions]
         jobs = {s["id"] for s in host.store.instances() if "-batch-" not in s["id"]}
+        dropped = host.engine.stats.duplicate_starts_dropped
+        renders = [e for e in host.engine.executions if e.name == "render_tile"]
+        job_history = [e for ep in host.store.episodes(summary["job_id"]) for e in ep.events]
     check_outputs(storage, app_env, summary, scene)
-    assert starts == ["duplicate", "duplicate", "started"]
+    assert len(starts) == 3 and set(starts) <= {"started", "duplicate"} and "started" in starts
+    assert dropped == starts.count("started") - 1
     assert jobs == {summary["job_id"]}
-    assert summary["written"] == summary["windows"]
+    assert [e["EventType"] for e in job_history].count(0) == 1  # one ExecutionStarted: the job ran once
+    assert summary["written"] == summary["windows"] == len(renders) and summary["already_present"] == 0
 
 
 def test_every_activity_twice_yields_one_written_per_tile(storage, app_env, tmp_path):
@@ -295,7 +302,8 @@ def test_cli_process_status_and_exit_codes(storage, app_env, tmp_path):
     assert summary["status"] == "completed" and summary["windows"] == 4 and summary["written"] == 4
     assert set(summary) >= {"job_id", "status", "windows", "written", "already_present", "mosaic_url",
                             "stac_url", "elapsed_s"}
-    assert sorted(summary["host"]["starts"]) == ["duplicate", "started"]
+    starts = summary["host"]["starts"]  # racing starters: both may succeed, as on Azure Storage
+    assert len(starts) == 2 and "started" in starts and set(starts) <= {"started", "duplicate"}
 
     status = run_cli(app_env, "status", summary["job_id"], "--hub", app_env.hub)
     assert status.returncode == 0, status.stderr
