@@ -1,4 +1,4 @@
-# The two commands: `make demo` (the main job end to end on Azurite) and `make test` (the suite).
+# The commands: `make demo` (the main job end to end on Azurite), `make test` (lint, then the suite), `make lint`.
 # Everything they need is installed here: a virtualenv from requirements*.txt, Azurite from npm.
 
 PYTHON ?= python3
@@ -31,7 +31,12 @@ node_modules/.installed: package.json package-lock.json
 demo: setup
 	$(PY) -m devhost demo
 
-test: setup
+# Lint first, so CI (.ci/run calls `make test`) fails on a finding before the slow tests start.
+lint: setup
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+test: lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 bench: setup

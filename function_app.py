@@ -4,7 +4,14 @@ A blob upload (Event Grid source) starts one Durable job per upload version; the
 one activity per window through batch sub-orchestrations and fans in to the mosaic assembly.
 """
 
-import azure.durable_functions as df
+import os
+
+# PROJ fetches a grid file over the network when a CRS names one and PROJ_NETWORK is on; a CRS
+# comes from an upload, which is untrusted, so this worker process never lets it (PROJ reads the
+# variable when GDAL first uses it, after this line). docs/uploads.md lists every such setting.
+os.environ["PROJ_NETWORK"] = "OFF"
+
+import azure.durable_functions as df  # noqa: E402 - after the process settings above
 import azure.functions as func
 import azurefunctions.extensions.bindings.blob as blob
 
@@ -13,7 +20,27 @@ from orchestrators import names, starter
 from orchestrators import tiling as orchestrators
 from tilecommit.settings import SETTING_INPUT_CONTAINER, STORAGE_CONNECTION, Settings
 
+
+def tiling_functions(activity_functions=activities) -> df.Blueprint:
+    """The orchestrators and the activities they call, bound under the names the orchestrators use.
+
+    ``activity_functions`` supplies ``validate_source``, ``render_tile`` and ``assemble_mosaic``:
+    the real ones for this app; bench/null_app.py passes stand-ins that do no raster work, so
+    the benchmark runs the same orchestrators with the same bindings. A fresh blueprint on each
+    call: the SDK wraps each function as it registers it, and an app indexes its functions once.
+    """
+    bp = df.Blueprint()
+    bp.orchestration_trigger(context_name="context", orchestration=names.TILE_SCENE)(orchestrators.tile_scene)
+    bp.orchestration_trigger(context_name="context", orchestration=names.RENDER_GROUP)(orchestrators.render_group)
+    bp.orchestration_trigger(context_name="context", orchestration=names.RENDER_BATCH)(orchestrators.render_batch)
+    bp.activity_trigger(input_name="job", activity=names.VALIDATE_SOURCE)(activity_functions.validate_source)
+    bp.activity_trigger(input_name="payload", activity=names.RENDER_TILE)(activity_functions.render_tile)
+    bp.activity_trigger(input_name="payload", activity=names.ASSEMBLE_MOSAIC)(activity_functions.assemble_mosaic)
+    return bp
+
+
 app = df.DFApp(http_auth_level=func.AuthLevel.FUNCTION)
+app.register_functions(tiling_functions())
 
 
 @app.function_name(names.STARTER)
@@ -28,12 +55,3 @@ app = df.DFApp(http_auth_level=func.AuthLevel.FUNCTION)
 async def raster_uploaded(upload: blob.BlobClient, client: df.DurableOrchestrationClient) -> None:
     # The SDK-type binding hands over a client, not the blob's bytes: a raster can be GBs.
     await starter.start_job(upload, client, Settings.from_env())
-
-
-app.orchestration_trigger(context_name="context", orchestration=names.TILE_SCENE)(orchestrators.tile_scene)
-app.orchestration_trigger(context_name="context", orchestration=names.RENDER_GROUP)(orchestrators.render_group)
-app.orchestration_trigger(context_name="context", orchestration=names.RENDER_BATCH)(orchestrators.render_batch)
-
-app.activity_trigger(input_name="job", activity=names.VALIDATE_SOURCE)(activities.validate_source)
-app.activity_trigger(input_name="payload", activity=names.RENDER_TILE)(activities.render_tile)
-app.activity_trigger(input_name="payload", activity=names.ASSEMBLE_MOSAIC)(activities.assemble_mosaic)

@@ -9,6 +9,7 @@ from functools import lru_cache
 from azure.data.tables import TableClient
 from azure.storage.blob import ContainerClient
 
+from tilecommit import gates
 from tilecommit.settings import STORAGE_CONNECTION, Settings
 from tilecommit.storage import StorageConnection
 
@@ -29,12 +30,15 @@ def _context_for(connection_key: str, settings: Settings) -> ActivityContext:
     """Clients for one connection (``connection_key`` only keys the cache) and one set of settings."""
     connection = StorageConnection.from_env()
     blobs = connection.blob_service()
+    # Tiles are written only through the gates: each one Put Blob whatever its size. The output
+    # container keeps the SDK's default, so a mosaic uploaded from a file goes up in blocks.
+    gated_blobs = connection.blob_service(**gates.SINGLE_PUT_CLIENT_OPTIONS)
     tables = connection.table_service()
     return ActivityContext(
         settings=settings,
         connection=connection,
         input=blobs.get_container_client(settings.input_container),
-        tiles=blobs.get_container_client(settings.tiles_container),
+        tiles=gated_blobs.get_container_client(settings.tiles_container),
         output=blobs.get_container_client(settings.output_container),
         manifest=tables.get_table_client(settings.manifest_table),
         claims=tables.get_table_client(settings.claims_table),

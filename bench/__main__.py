@@ -1,11 +1,12 @@
-"""``python -m bench`` (``make bench``): the benchmark suite of issue 6; ``--quick`` for a few minutes.
+"""``python -m bench`` (``make bench``): the benchmark suite; ``--quick`` for a few minutes.
 
     .venv/bin/python -m bench                 # full: 10240² and 20480² scenes, 1,000 / 10,000 windows
     .venv/bin/python -m bench --quick         # small scenes, fewer repeats (a few minutes)
     .venv/bin/python -m bench --only contention,orchestration --workers 16
 
-Modules, in the order they run: e2e (rio cogeo create vs our pipeline), memory, breakdown and
-duplicates (one in-process job), orchestration (null activities), contention (the lab).
+Modules, in the order they run: e2e (rio cogeo create vs our pipeline), memory, raster (tiling by
+worker processes, assembly by each method), breakdown and duplicates (one in-process job),
+orchestration (null activities), contention (the lab).
 Everything prints; nothing about time is asserted. Figures go to bench/results/bench_{mode}.json,
 charts to bench/results/*_{mode}.png, the summary table to bench/results/summary_{mode}.md.
 Scenes are cached in bench/data/ (gitignored); rasters are never written where git tracks them.
@@ -33,7 +34,7 @@ from .common import (
     table,
 )
 
-MODULES = ("e2e", "memory", "breakdown", "duplicates", "orchestration", "contention")
+MODULES = ("e2e", "memory", "raster", "breakdown", "duplicates", "orchestration", "contention")
 
 
 def _ints(text: str) -> list[int]:
@@ -44,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="small scenes and fewer repeats (a few minutes)")
     p.add_argument("--only", help=f"comma-separated modules to run (of {', '.join(MODULES)})")
-    p.add_argument("--sizes", type=_ints, help="e2e/memory scene edges in pixels (default 10240,20480; quick 2048,4096)")
+    p.add_argument("--sizes", type=_ints, help="e2e/memory/raster scene edges in pixels (default 10240,20480; quick 2048,4096)")
     p.add_argument("--repeats", type=_ints,
                    help="e2e repeats per size, one number or one per size (default 3,1; quick 2,2)")
     p.add_argument("--breakdown-size", type=int, help="scene edge for breakdown/duplicates (default 10240; quick 4096)")
@@ -109,8 +110,8 @@ def targets(results: dict) -> list[Target]:
             why += "; CPU seconds ours/rio (with the Azurite process's CPU): " + ", ".join(
                 f"{s}² {c:.2f}x ({a:.2f}x)" if a is not None else f"{s}² {c:.2f}x" for s, (c, a) in cpu.items())
             why += ("; on 2 cores with 4 activities x 2 GDAL threads each, encoding one window takes "
-                    f"{bd['tile_steps_per_window_s']['encode']['median']:.2f} s (median) where the design notes "
-                    "measured 0.17-0.21 s for read + encode alone")
+                    f"{bd['tile_steps_per_window_s']['encode']['median']:.2f} s (median) where docs/design.md "
+                    "records 0.17-0.21 s for read + encode alone")
         out.append(Target("e2e wall time vs rio cogeo create (default, all threads)", "<= 1.0x, median, every size",
                           measured, passed, why))
         rss = {s: (f["ours_peak_rss_mb"]["max"], f["rio_default_peak_rss_mb"]["max"]) for s, f in e2e["sizes"].items()}
@@ -206,11 +207,12 @@ def print_summary(tgts: list[Target], info: dict, config: dict, elapsed: float) 
 
 
 def reprint(path: str) -> int:
-    from . import breakdown, contention, duplicates, e2e, memory, orchestration
+    from . import breakdown, contention, duplicates, e2e, memory, orchestration, raster
 
-    results = json.loads(open(path).read())
-    printers = (("e2e", e2e), ("memory", memory), ("breakdown", breakdown), ("duplicates", duplicates),
-                ("orchestration", orchestration), ("contention", contention))
+    with open(path) as file:
+        results = json.load(file)
+    printers = (("e2e", e2e), ("memory", memory), ("raster", raster), ("breakdown", breakdown),
+                ("duplicates", duplicates), ("orchestration", orchestration), ("contention", contention))
     for key, module in printers:
         if key in results:
             module.print_report(results[key])
@@ -244,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     charts: list[str] = []
     modules = config["modules"]
 
-    from . import breakdown, contention, duplicates, e2e, memory, orchestration
+    from . import breakdown, contention, duplicates, e2e, memory, orchestration, raster
 
     stem = mode if set(modules) == set(MODULES) else f"{mode}_{'-'.join(m for m in MODULES if m in modules)}"
     out = RESULTS / f"bench_{stem}.json"
@@ -265,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         ctx = Context(storage, args.quick)
         keep: dict = {}
         state: dict = {}
-        if "e2e" in modules or "memory" in modules:
+        if {"e2e", "memory", "raster"} & set(modules):
             def run_e2e() -> None:
                 report = e2e.run(ctx, config["sizes"], {s: (r if "e2e" in modules else 1) for s, r in config["repeats"].items()})
                 keep.update(report.pop("keep"))
@@ -285,6 +287,12 @@ def main(argv: list[str] | None = None) -> int:
                 memory.print_report(results["memory"])
 
             attempt("memory", run_memory)
+        if "raster" in modules and keep:
+            def run_raster() -> None:
+                results["raster"] = raster.run(ctx, config["sizes"], keep)
+                raster.print_report(results["raster"])
+
+            attempt("raster", run_raster)
         for kept in keep.values():
             storage.drop(kept["env"])
         if "breakdown" in modules or "duplicates" in modules:

@@ -17,17 +17,18 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "bench" / "data"  # gitignored: cached scenes
 RESULTS = ROOT / "bench" / "results"  # JSON and PNG (rasters there are gitignored, none are written)
 PYTHON = sys.executable
 RIO = str(Path(PYTHON).with_name("rio"))
-#: The Consumption plan's instance memory (design notes, section 5), in MiB.
+#: The Consumption plan's instance memory (docs/design.md, 'Hosting limits'), in MiB.
 INSTANCE_LIMIT_MB = 1536.0
 MACHINE_NOTE = "shared 2-core machine: other engineers' runs were active"
 
@@ -131,7 +132,7 @@ def run_measured(args: Sequence[str], *, env: dict | None = None, cwd: Path = RO
         proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", _LAUNCHER, report.name, *map(str, args)],
                                 stdout=out, stderr=err, env=env, cwd=cwd)
         proc.wait()
-        fields = open(report.name).read().split()
+        fields = report.read().split()
         if len(fields) != 5:
             raise RuntimeError(f"the measuring launcher failed (exit {proc.returncode}) for {' '.join(map(str, args[:4]))}")
         maxrss_kib, utime, stime, wall, code = int(fields[0]), float(fields[1]), float(fields[2]), float(fields[3]), int(fields[4])
@@ -159,46 +160,32 @@ def run_measured(args: Sequence[str], *, env: dict | None = None, cwd: Path = RO
 
 
 def scene_path(size: int) -> Path:
-    """The cached deterministic size x size x 3-band uint16 scene under bench/data/.
+    """The cached deterministic size x size x 3-band uint16 scene (nodata 0) under bench/data/.
 
-    Uses the raster bench's cache (bench.raster_bench.scene_path, which writes bench.scenes'
-    generator output), so both benches share one file per size; falls back to the demo's
-    generator when those modules are absent. If another process is writing the same scene
-    right now (its ``.partial.tif`` is growing), waits for it instead of writing it twice.
+    If another process is writing the same scene right now (its ``.partial.tif`` is growing),
+    waits for it instead of writing it twice.
     """
+    from devhost.scenes import SceneSpec, write_scene
+
     DATA.mkdir(parents=True, exist_ok=True)
     final = DATA / f"scene_{size}x{size}x3_uint16.tif"
     partial = final.with_suffix(".partial.tif")
     while not final.exists() and partial.exists() and time.time() - partial.stat().st_mtime < 120:
         say(f"  waiting for {partial.name}: another process is generating it")
         time.sleep(10)
-    if final.exists():
-        return final
-    try:
-        from bench.raster_bench import scene_path as shared_scene_path
-    except ImportError:
-        shared_scene_path = None
-    if shared_scene_path is not None:
-        return shared_scene_path(size)
-    from devhost.demo import write_sample_scene
-
-    say(f"  generating {final.name} with devhost.demo.write_sample_scene ...")
-    write_sample_scene(partial, size)
-    partial.rename(final)
+    if not final.exists():
+        started = time.perf_counter()
+        write_scene(str(partial), SceneSpec(size, size, 3, "uint16", nodata=0))
+        partial.rename(final)
+        say(f"  generated {final.name} in {time.perf_counter() - started:.1f} s ({final.stat().st_size / 2**20:.0f} MiB)")
     return final
 
 
 def tiny_scene(path: Path, size: int) -> Path:
     """A small deterministic scene outside the cache (for smoke tests)."""
-    try:
-        from bench.scenes import SceneSpec, write_scene
+    from devhost.scenes import SceneSpec, write_scene
 
-        write_scene(str(path), SceneSpec(size, size, 3, "uint16", nodata=0))
-    except ImportError:
-        from devhost.demo import write_sample_scene
-
-        write_sample_scene(path, size)
-    return path
+    return Path(write_scene(str(path), SceneSpec(size, size, 3, "uint16", nodata=0)))
 
 
 # --------------------------------------------------------------------------- storage
@@ -217,7 +204,7 @@ class BenchStorage:
         self.blob_port = self.table_port = None
         self._counter = 0
 
-    def __enter__(self) -> "BenchStorage":
+    def __enter__(self) -> BenchStorage:
         if self._given is None:
             from devhost.azurite import Azurite
 
@@ -281,6 +268,7 @@ class BenchStorage:
 
     def ensure(self, env: dict) -> None:
         from azure.core.exceptions import ResourceExistsError
+
         from tilecommit import settings as names
 
         blobs, tables = self.connection.blob_service(), self.connection.table_service()
@@ -346,9 +334,10 @@ class RequestCounter:
         self._lock = threading.Lock()
         self._original: Callable | None = None
 
-    def __enter__(self) -> "RequestCounter":
-        import requests.adapters
+    def __enter__(self) -> RequestCounter:
         from urllib.parse import urlsplit
+
+        import requests.adapters
 
         original = requests.adapters.HTTPAdapter.send
         counter = self
@@ -391,30 +380,28 @@ def machine_info() -> dict:
         "note": MACHINE_NOTE,
         "load1_at_start": load1(),
     }
-    try:
-        import psutil
+    from importlib.metadata import version
 
-        info["memory_gb"] = round(psutil.virtual_memory().total / 2**30, 1)
-    except ImportError:
-        pass
-    try:
-        import rasterio
-        import rio_cogeo
+    import azure.storage.blob
+    import psutil
+    import rasterio
+    import rio_cogeo
 
-        info.update(rasterio=rasterio.__version__, gdal=rasterio.__gdal_version__, rio_cogeo=rio_cogeo.__version__)
-    except ImportError:
-        pass
-    try:
-        import azure.durable_functions
-        import azure.storage.blob
-
-        from importlib.metadata import version
-
-        info["azure_functions_durable"] = version("azure-functions-durable")
-        info["azure_storage_blob"] = azure.storage.blob.__version__
-    except ImportError:
-        pass
+    info["memory_gb"] = round(psutil.virtual_memory().total / 2**30, 1)
+    info.update(rasterio=rasterio.__version__, gdal=rasterio.__gdal_version__, rio_cogeo=rio_cogeo.__version__)
+    info["azure_functions_durable"] = version("azure-functions-durable")
+    info["azure_storage_blob"] = azure.storage.blob.__version__
     return info
+
+
+def pyplot():
+    """matplotlib's pyplot on the Agg backend (charts are files; there is no display)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def table(rows: Sequence[Sequence[Any]], headers: Sequence[str]) -> str:
@@ -431,7 +418,7 @@ def table(rows: Sequence[Sequence[Any]], headers: Sequence[str]) -> str:
 
 @dataclass
 class Target:
-    """One target of issue 6, judged on figures from this run."""
+    """One benchmark target (docs/benchmarks.md), judged on figures from this run."""
 
     name: str
     goal: str

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .common import MACHINE_NOTE, Context, say, table
+from .common import MACHINE_NOTE, Context, pyplot, say, table
 
 
 def _now() -> float:
@@ -50,9 +50,8 @@ def worker(conn_str: str, container: str, run_id: str, worker_id: int, keys: int
 
     ``order``: "same" (every worker walks the keys 0, 1, 2 ..., as copies of one job walk its
     windows) or "shuffled" (each worker its own seeded permutation per round)."""
-    import random
-
     import logging
+    import random
 
     logging.getLogger("tilecommit.gates").setLevel(logging.WARNING)  # refusals are logged at INFO
     from tilecommit.gates import commit_blob
@@ -152,7 +151,7 @@ def analyse(records: list[tuple], workers: int, keys: int, rounds: int) -> dict:
     expected = [len(conflicts) * q for q in binomial_pmf(m, p)] if m else [len(conflicts)]
     var = statistics.pvariance(conflicts) if len(conflicts) > 1 else 0.0
     model_var = m * p * (1 - p)
-    tvd = 0.5 * sum(abs(o / len(conflicts) - e / len(conflicts)) for o, e in zip(observed, expected)) if conflicts else 0.0
+    tvd = 0.5 * sum(abs(o / len(conflicts) - e / len(conflicts)) for o, e in zip(observed, expected, strict=True)) if conflicts else 0.0
     p0 = (sum(first_key) / (len(first_key) * m)) if first_key and m else 0.0
     var0 = statistics.pvariance(first_key) if len(first_key) > 1 else 0.0
     return {
@@ -180,7 +179,7 @@ def analyse(records: list[tuple], workers: int, keys: int, rounds: int) -> dict:
             "expected": [round(len(first_key) * q, 2) for q in binomial_pmf(m, p0)] if m else [],
             "dispersion_index": round(var0 / (m * p0 * (1 - p0)), 3) if m and 0 < p0 < 1 else None,
         },
-        "p_by_key_position": [round(o / l, 3) if l else None for o, l in (by_position[k] for k in range(keys))],
+        "p_by_key_position": [round(o / n, 3) if n else None for o, n in (by_position[k] for k in range(keys))],
         "winner_latency_ms": round(1000 * statistics.median(winner_latency), 2) if winner_latency else None,
         "loser_latency_ms": round(1000 * statistics.median(loser_latency), 2) if loser_latency else None,
         "late_losers_sent_after_answer_ms": round(1000 * statistics.median(late_by), 2) if late_by else None,
@@ -241,15 +240,9 @@ def print_report(r: dict) -> None:
               f"late losers were sent {x['late_losers_sent_after_answer_ms']} ms after the winner's answer (median)")
 
 
-def chart(r: dict, path: Path) -> Path | None:
+def chart(r: dict, path: Path) -> Path:
     """Per configuration: observed conflicts vs Binomial(n - 1, p) (top), p by position in the round (bottom)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
+    plt = pyplot()
     runs = r["runs"]
     fig, axes = plt.subplots(2, len(runs), figsize=(max(7.0, 5.2 * len(runs)), 7.4), squeeze=False)
     for col, x in enumerate(runs):

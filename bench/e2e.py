@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .common import (
     INSTANCE_LIMIT_MB,
@@ -26,6 +28,7 @@ from .common import (
     RIO,
     Context,
     fmt_spread,
+    pyplot,
     say,
     scene_path,
     spread,
@@ -66,14 +69,51 @@ def pipeline(ctx: Context, src: Path, env: dict) -> dict:
     azurite_after = ctx.storage.azurite_cpu_s()
     try:
         summary = measured.json()
-    except (ValueError, IndexError):
-        raise RuntimeError(f"devhost process printed no summary (exit {measured.returncode}):\n{measured.stderr[-3000:]}")
+    except (ValueError, IndexError) as exc:
+        raise RuntimeError(
+            f"devhost process printed no summary (exit {measured.returncode}):\n{measured.stderr[-3000:]}"
+        ) from exc
     if summary.get("status") != "completed":
         raise RuntimeError(f"devhost process: job {summary.get('job_id')} {summary.get('status')}: {summary.get('error')}")
     return {**measured.summary(), "elapsed_s": summary["elapsed_s"], "job_id": summary["job_id"],
             "windows": summary["windows"], "written": summary["written"], "bytes": summary["bytes"],
             "host": summary.get("host", {}), "blob": src.name,
             "azurite_cpu_s": None if azurite_before is None else round(azurite_after - azurite_before, 2)}
+
+
+@dataclass
+class KeptRun:
+    """The last pipeline run of one size, kept for the modules that measure its pieces again:
+    its scene (uploaded, tiles rendered, manifest complete) and its app settings."""
+
+    settings: Any
+    source: str
+    scene: Any
+    windows: list
+    child_env: dict
+    job_id: str
+
+    @classmethod
+    def of(cls, ctx: Context, kept: dict) -> KeptRun:
+        """From an entry of ``run(...)["keep"]``: ``{"env", "job_id", "blob"}``."""
+        from tilecommit.grid import plan_windows
+        from tilecommit.raster import inspect_source
+        from tilecommit.settings import Settings
+        from tilecommit.storage import vsiaz_path
+
+        env = kept["env"]
+        settings = Settings.from_env(env)
+        source = vsiaz_path(settings.input_container, kept["blob"])
+        scene = inspect_source(source, settings=settings, gdal_options=ctx.storage.connection.gdal_options())
+        return cls(
+            settings=settings,
+            source=source,
+            scene=scene,
+            windows=plan_windows(scene.width, scene.height, settings.window_size),
+            # The app settings for a worker process; the task hub is the local host's alone.
+            child_env={**os.environ, **{k: v for k, v in env.items() if k != "BENCH_HUB"}},
+            job_id=kept["job_id"],
+        )
 
 
 def total_cpu(entry: dict) -> None:
@@ -138,7 +178,7 @@ def run(ctx: Context, sizes: list[int], repeats: dict[int, int] | int, *, scenes
         figures["ours_azurite_cpu_s"] = spread(r["ours"]["azurite_cpu_s"] for r in runs)
         figures.update(figures_for(runs))
         for key in ("ratio_wall_vs_rio_default", "ratio_cpu_vs_rio_default", "ratio_wall_vs_rio_no_in_memory"):
-            figures[key] = spread((r[key] for r in runs if key in r))
+            figures[key] = spread(r[key] for r in runs if key in r)
         if "rio_no_in_memory" not in modes:
             figures["rio_no_in_memory_note"] = (
                 f"not run: {size}² is over rio-cogeo's {RIO_IN_MEMORY_PIXELS // 10**6} M-pixel in-memory threshold, "
@@ -176,22 +216,16 @@ def print_report(report: dict) -> None:
             print(f"  {size}²: rio --no-in-memory {f['rio_no_in_memory_note']}")
 
 
-def chart(report: dict, path: Path) -> Path | None:
+def chart(report: dict, path: Path) -> Path:
     """Bar chart: wall time and peak RSS of each, per scene size, the 1.5 GB line drawn."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
+    plt = pyplot()
     sizes = list(report["sizes"])
     modes = [("rio_default", "rio cogeo (default)"), ("rio_no_in_memory", "rio cogeo --no-in-memory"),
              ("ours", "ours (devhost process)")]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     width = 0.26
     for i, (mode, label) in enumerate(modes):
-        for ax, key in zip(axes, ("wall_s", "peak_rss_mb")):
+        for ax, key in zip(axes, ("wall_s", "peak_rss_mb"), strict=True):
             xs, ys, lo, hi = [], [], [], []
             for j, size in enumerate(sizes):
                 s = report["sizes"][size].get(f"{mode}_{key}")
@@ -203,7 +237,7 @@ def chart(report: dict, path: Path) -> Path | None:
                 hi.append(s["max"] - s["median"])
             if xs:
                 ax.bar(xs, ys, width, yerr=[lo, hi], capsize=3, label=label)
-    for ax, title in zip(axes, ("wall time, s (median, min-max)", "peak RSS, MiB")):
+    for ax, title in zip(axes, ("wall time, s (median, min-max)", "peak RSS, MiB"), strict=True):
         ax.set_xticks(range(len(sizes)))
         ax.set_xticklabels([f"{s}²x3 uint16" for s in sizes])
         ax.set_title(title)

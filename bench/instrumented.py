@@ -13,10 +13,11 @@ from __future__ import annotations
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from .common import BenchStorage, RequestCounter, environment
 
@@ -111,12 +112,11 @@ def local_host(storage: BenchStorage, env: dict, **options: Any) -> Iterator[Ins
 
     storage.ensure(env)
     ports = {storage.blob_port: "blob", storage.table_port: "table"}
-    with environment({k: v for k, v in env.items() if k != "BENCH_HUB"}):
-        with RequestCounter(ports) as requests:
-            host = LocalHost(HostOptions(hub=env["BENCH_HUB"], **options))
-            index, timer = instrument(host)
-            with host:
-                yield Instruments(index, timer, requests, host, env)
+    with environment({k: v for k, v in env.items() if k != "BENCH_HUB"}), RequestCounter(ports) as requests:
+        host = LocalHost(HostOptions(hub=env["BENCH_HUB"], **options))
+        index, timer = instrument(host)
+        with host:
+            yield Instruments(index, timer, requests, host, env)
 
 
 def process(inst: Instruments, path: Path, *, name: str | None = None, timeout: float = 3600) -> dict:

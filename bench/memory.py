@@ -1,7 +1,7 @@
 """Memory: peak RSS of a tile worker and of assembly at each scene size, against the 1.5 GB limit.
 
-Each figure is a fresh child process's own ru_maxrss (wait4), run through the raster bench's
-child entry points (``python -m bench.raster_bench imports | render | assemble``) on the scene
+Each figure is a fresh child process's own ru_maxrss (wait4), run through the bench's worker
+processes (``python -m bench.workers imports | render | assemble``) on the scene
 the end-to-end bench uploaded (same Azurite, same run):
 - baseline: a process that only imports the raster library and builds its storage clients;
 - tile worker: one process rendering a few 1024² windows (read from /vsiaz/, COG, commit, row);
@@ -20,9 +20,10 @@ host, 4 activities at once, then assembly) is the measured counterpart.
 from __future__ import annotations
 
 import json
-import os
 
 from .common import INSTANCE_LIMIT_MB, MACHINE_NOTE, PYTHON, Context, run_measured, say, table
+from .e2e import KeptRun
+from .workers import copy_manifest
 
 #: How far a figure may grow from the smaller scene to the larger one and still count as flat.
 FLAT_TOLERANCE = 1.25
@@ -35,33 +36,22 @@ def host_concurrency() -> int:
 
 
 def measure(ctx: Context, size: int, kept: dict, *, tile_windows: int = 4) -> dict:
-    from bench.raster_bench import _copy_manifest
-    from tilecommit.grid import plan_windows
-    from tilecommit.raster import inspect_source
-    from tilecommit.settings import Settings
-    from tilecommit.storage import vsiaz_path
-
-    env = kept["env"]
-    child_env = {**os.environ, **{k: v for k, v in env.items() if k != "BENCH_HUB"}}
-    settings = Settings.from_env(env)
-    connection = ctx.storage.connection
-    source = vsiaz_path(settings.input_container, kept["blob"])
-    scene = inspect_source(source, settings=settings, gdal_options=connection.gdal_options())
-    windows = plan_windows(scene.width, scene.height, settings.window_size)
+    pipeline_run = KeptRun.of(ctx, kept)
+    settings, scene, windows = pipeline_run.settings, pipeline_run.scene, pipeline_run.windows
     # Interior windows first (full size), spread over the scene.
     full = [w for w in windows if w.width == settings.window_size and w.height == settings.window_size] or windows
     step = max(1, len(full) // tile_windows)
     chosen = full[::step][:tile_windows]
 
     say(f"memory {size}²: baseline, tile worker ({len(chosen)} windows), assembly ...")
-    baseline = run_measured([PYTHON, "-m", "bench.raster_bench", "imports"], env=child_env)
+    baseline = run_measured([PYTHON, "-m", "bench.workers", "imports"], env=pipeline_run.child_env)
     tile_job = f"{size:08x}bee{len(chosen):05x}"[:16]
-    tile = run_measured([PYTHON, "-m", "bench.raster_bench", "render", tile_job, source, ",".join(w.id for w in chosen),
-                         str(scene.width), str(scene.height)], env=child_env)
+    tile = run_measured([PYTHON, "-m", "bench.workers", "render", tile_job, pipeline_run.source, ",".join(w.id for w in chosen),
+                         str(scene.width), str(scene.height)], env=pipeline_run.child_env)
     asm_job = f"{size:08x}a55e{len(windows) % 0xffff:04x}"[:16]
-    _copy_manifest(ctx.storage.connection.table_service(), settings, kept["job_id"], asm_job)
-    assembly = run_measured([PYTHON, "-m", "bench.raster_bench", "assemble", asm_job, json.dumps(scene.to_dict()), "auto"],
-                            env=child_env)
+    copy_manifest(ctx.storage.connection.table_service(), settings.manifest_table, pipeline_run.job_id, asm_job)
+    assembly = run_measured([PYTHON, "-m", "bench.workers", "assemble", asm_job, json.dumps(scene.to_dict()), "auto"],
+                            env=pipeline_run.child_env)
     asm = assembly.json()
     n = host_concurrency()
     base = baseline.peak_rss_mb

@@ -1,40 +1,38 @@
 """A bench-only Durable app: the REAL orchestrators with activities that do no raster work.
 
-``tile_scene``, ``render_group`` and ``render_batch`` are the functions of :mod:`orchestrators.tiling`, registered
-under the same names as in ``function_app.py``; the three activities answer at once with
-results of the shape the real ones return. So an orchestration of N windows here costs exactly
-what the orchestration itself costs: replays, history, episodes, dispatch, and no pixels.
+The app registers ``function_app.tiling_functions``, the blueprint the Functions app registers,
+with :class:`NullActivities` in place of the real activities: they answer at once with results
+of the shape the real ones return. So an orchestration of N windows here costs exactly what the
+orchestration itself costs: replays, history, episodes, dispatch, and no pixels.
 """
 
 from __future__ import annotations
 
 import azure.durable_functions as df
 
-from orchestrators import names
-from orchestrators import tiling as orchestrators
+from function_app import tiling_functions
 from tilecommit.grid import Window
 
+
+class NullActivities:
+    """The three activities, answering at once (same names and parameters as activities.tiling)."""
+
+    @staticmethod
+    def validate_source(job: dict) -> dict:
+        return {"ok": True, "scene": {"width": job["scene_width"], "height": job["scene_height"]}}
+
+    @staticmethod
+    def render_tile(payload: dict) -> dict:
+        window = Window.from_dict(payload["window"])
+        return {"window": window.id, "outcome": "written", "skipped": False, "nbytes": 1}
+
+    @staticmethod
+    def assemble_mosaic(payload: dict) -> dict:
+        return {"outcome": "written", "mosaic_url": "", "stac_url": "", "quicklook_url": ""}
+
+
 app = df.DFApp()
-
-app.orchestration_trigger(context_name="context", orchestration=names.TILE_SCENE)(orchestrators.tile_scene)
-app.orchestration_trigger(context_name="context", orchestration=names.RENDER_GROUP)(orchestrators.render_group)
-app.orchestration_trigger(context_name="context", orchestration=names.RENDER_BATCH)(orchestrators.render_batch)
-
-
-@app.activity_trigger(input_name="job", activity=names.VALIDATE_SOURCE)
-def validate_source(job: dict) -> dict:
-    return {"ok": True, "scene": {"width": job["scene_width"], "height": job["scene_height"]}}
-
-
-@app.activity_trigger(input_name="payload", activity=names.RENDER_TILE)
-def render_tile(payload: dict) -> dict:
-    window = Window.from_dict(payload["window"])
-    return {"window": window.id, "outcome": "written", "skipped": False, "nbytes": 1}
-
-
-@app.activity_trigger(input_name="payload", activity=names.ASSEMBLE_MOSAIC)
-def assemble_mosaic(payload: dict) -> dict:
-    return {"outcome": "written", "mosaic_url": "", "stac_url": "", "quicklook_url": ""}
+app.register_functions(tiling_functions(NullActivities))
 
 
 def job_input(job_id: str, windows: int, *, window_size: int = 1024, batch_size: int = 64) -> dict:

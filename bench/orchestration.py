@@ -46,6 +46,7 @@ def one_run(ctx: Context, windows: int, *, batch_size: int = 64, max_activities:
         engine.start_new(names.TILE_SCENE, job["job_id"], job)
         state = engine.wait_for(job["job_id"], timeout=3600)
         wall = time.perf_counter() - started
+        # Private: the local engine lists no instances publicly, and the figure is history length per instance.
         histories = {iid: len(inst.history) for iid, inst in engine._instances.items()}
         stats = engine.stats
     if state["status"] != "Completed":

@@ -71,7 +71,7 @@ class Azurite:
             f"TableEndpoint={self.table_endpoint};"
         )
 
-    def start(self, timeout: float = 30.0) -> "Azurite":
+    def start(self, timeout: float = 30.0) -> Azurite:
         if self.workdir is None and not self.in_memory:
             self._tmpdir = tempfile.TemporaryDirectory(prefix="azurite-")
             self.workdir = self._tmpdir.name
@@ -91,7 +91,8 @@ class Azurite:
         else:
             args += ["--location", self.workdir]
         env = dict(os.environ, AZURITE_ACCOUNTS=f"{self.account}:{self.key}")
-        self._log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        # Held open for the life of the process (closed by stop()), so no with-block.
+        self._log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         self.process = subprocess.Popen(
             args, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
         )
@@ -130,7 +131,7 @@ class Azurite:
             self._tmpdir.cleanup()
             self._tmpdir = None
 
-    def __enter__(self) -> "Azurite":
+    def __enter__(self) -> Azurite:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -18,14 +18,13 @@ import logging
 import signal
 import sys
 import threading
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from .session import UsageError, job_summary, process_file
 
 __all__ = ["main", "process_file", "job_summary", "UsageError"]
 EXIT_COMPLETED, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-
 
 
 class _Parser(argparse.ArgumentParser):
@@ -40,10 +39,18 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     def host_options(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--deliveries", type=int, default=1, metavar="N",
-                       help="deliver each BlobCreated event N times at once (default 1)")
-        p.add_argument("--duplicate-activities", action="store_true",
-                       help="run every activity twice, concurrently (at-least-once, made visible)")
+        p.add_argument(
+            "--deliveries",
+            type=int,
+            default=1,
+            metavar="N",
+            help="deliver each BlobCreated event N times at once (default 1)",
+        )
+        p.add_argument(
+            "--duplicate-activities",
+            action="store_true",
+            help="run every activity twice, concurrently (at-least-once, made visible)",
+        )
         p.add_argument("--hub", help="task hub name (default: host.json's hubName)")
         p.add_argument("--timer-scale", type=float, default=1.0, help=argparse.SUPPRESS)
         p.add_argument("--function-timeout", type=float, default=None, help=argparse.SUPPRESS)
@@ -56,8 +63,12 @@ def build_parser() -> argparse.ArgumentParser:
     process.add_argument("path", type=Path, help="a raster file (GeoTIFF)")
     process.add_argument("--name", help="blob name in the input container (default: the file name)")
     process.add_argument("--timeout", type=float, default=3600, help="seconds to wait for the job (default 3600)")
-    process.add_argument("--progress", choices=("auto", "always", "never"), default="auto",
-                         help="progress bar on stderr (default: when stderr is a terminal)")
+    process.add_argument(
+        "--progress",
+        choices=("auto", "always", "never"),
+        default="auto",
+        help="progress bar on stderr (default: when stderr is a terminal)",
+    )
     host_options(process)
 
     status = sub.add_parser("status", help="print a job's state and progress")
@@ -110,8 +121,13 @@ def _host(args: argparse.Namespace):
 
         crash_before_manifest_entry(args.crash_before_manifest)
     return LocalHost(
-        HostOptions(deliveries=args.deliveries, duplicate_activities=args.duplicate_activities,
-                    timer_scale=args.timer_scale, hub=args.hub, function_timeout=args.function_timeout)
+        HostOptions(
+            deliveries=args.deliveries,
+            duplicate_activities=args.duplicate_activities,
+            timer_scale=args.timer_scale,
+            hub=args.hub,
+            function_timeout=args.function_timeout,
+        )
     )
 
 
@@ -121,8 +137,10 @@ def serve(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     with host:
-        print(f"devhost: watching container {host.settings.input_container!r} (task hub {host.hub}); Ctrl-C stops",
-              file=sys.stderr)
+        print(
+            f"devhost: watching container {host.settings.input_container!r} (task hub {host.hub}); Ctrl-C stops",
+            file=sys.stderr,
+        )
         stop.wait()
     return EXIT_COMPLETED
 
@@ -147,10 +165,10 @@ def process(args: argparse.Namespace) -> int:
 
 def status(args: argparse.Namespace) -> int:
     from tilecommit.settings import TASK_HUB
+    from tilecommit.storage import StorageConnection
 
     from .host import apply_settings, load_local_settings, read_host_json
     from .store import HistoryStore
-    from tilecommit.storage import StorageConnection
 
     apply_settings(load_local_settings())
     hub = args.hub or read_host_json().get("extensions", {}).get("durableTask", {}).get("hubName", TASK_HUB)

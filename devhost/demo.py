@@ -15,46 +15,15 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-import rasterio
-from rasterio.transform import from_origin
-from rasterio.windows import Window
-
-
-def write_sample_scene(path: Path, size: int = 8192, *, count: int = 3, dtype: str = "uint16", block: int = 512,
-                       seed: int = 20261129) -> Path:
-    """A deterministic synthetic scene (smooth terrain-like bands plus sensor noise), UTM 33N.
-
-    Written block by block, so making a large scene never holds it in memory.
-    """
-    rng = np.random.default_rng(seed)
-    phases = rng.uniform(0, 2 * np.pi, size=(count, 3))
-    profile = {
-        "driver": "GTiff", "width": size, "height": size, "count": count, "dtype": dtype,
-        "crs": "EPSG:32633", "transform": from_origin(399960.0, 5700000.0, 10.0, 10.0),
-        "tiled": True, "blockxsize": block, "blockysize": block, "compress": "deflate", "predictor": 2,
-        "BIGTIFF": "IF_SAFER",
-    }
-    with rasterio.open(path, "w", **profile) as dst:
-        for row_off in range(0, size, block):
-            for col_off in range(0, size, block):
-                height, width = min(block, size - row_off), min(block, size - col_off)
-                rows, cols = np.mgrid[row_off : row_off + height, col_off : col_off + width] / size
-                noise = np.random.default_rng([seed, row_off, col_off]).normal(0, 40, size=(count, height, width))
-                data = np.empty((count, height, width), dtype=np.float64)
-                for band in range(count):
-                    a, b, c = phases[band]
-                    data[band] = 2000 + 900 * np.sin(7 * cols + a) * np.cos(5 * rows + b) + 600 * np.sin(23 * (rows + cols) + c)
-                dst.write(np.clip(data + noise, 0, 65535).astype(dtype), window=Window(col_off, row_off, width, height))
-    return path
+from .scenes import SceneSpec, write_scene
 
 
 def run_demo(args: argparse.Namespace) -> int:
     from tilecommit.settings import SETTING_WINDOW_SIZE, STORAGE_CONNECTION
 
     from .azurite import Azurite
-    from .session import process_file
     from .host import HostOptions, LocalHost
+    from .session import process_file
 
     output: Path = args.output
     output.mkdir(parents=True, exist_ok=True)
@@ -64,7 +33,7 @@ def run_demo(args: argparse.Namespace) -> int:
     if not scene.exists():
         started = time.perf_counter()
         say(f"making a {args.size}x{args.size} 3-band uint16 sample scene at {scene} ...")
-        write_sample_scene(scene, args.size)
+        write_scene(str(scene), SceneSpec(args.size, args.size, 3, "uint16"))
         say(f"sample scene ready ({scene.stat().st_size / 1e6:.0f} MB, {time.perf_counter() - started:.1f} s)")
 
     with Azurite(log_path=str(output / "azurite.log")) as azurite:

@@ -36,10 +36,11 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Callable
+from typing import Any
 
 from . import shim
 from .functions import FunctionIndex
@@ -145,7 +146,7 @@ class Engine:
 
     # ------------------------------------------------------------------ lifecycle
 
-    def start(self) -> "Engine":
+    def start(self) -> Engine:
         self.backoff.call("ensure the task hub", self.store.ensure, lambda: self._stopping)
         self.recover()
         for target, name in ((self._orchestrator_loop, "orchestrator"), (self._timer_loop, "timers")):
@@ -162,7 +163,7 @@ class Engine:
             thread.join(timeout=10)
         self._pool.shutdown(wait=True, cancel_futures=True)
 
-    def __enter__(self) -> "Engine":
+    def __enter__(self) -> Engine:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:
@@ -182,7 +183,9 @@ class Engine:
             input_json = json.dumps(input_value)
         existing, etag = self.store.read_state_and_etag(instance_id)
         if existing is not None and existing["status"] in (PENDING, RUNNING):
-            raise InstanceAlreadyExists(f"An Orchestration instance with the status {existing['status']} already exists.")
+            raise InstanceAlreadyExists(
+                f"An Orchestration instance with the status {existing['status']} already exists."
+            )
         message = StartMessage(name, instance_id, input_json, None, new_execution_id())
         with self._lock:
             self._starts.append(message)
@@ -202,7 +205,9 @@ class Engine:
                 return inst.state()
         return self.store.read_state(instance_id)
 
-    def wait_for(self, instance_id: str, timeout: float | None = None, progress: Callable[[dict], None] | None = None) -> dict:
+    def wait_for(
+        self, instance_id: str, timeout: float | None = None, progress: Callable[[dict], None] | None = None
+    ) -> dict:
         """Block until the instance is finished; returns its state."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
@@ -232,7 +237,12 @@ class Engine:
             logger.info("dropping a duplicate start event for %s", message.instance_id)
             return
         stored = None if current is not None else self.store.read_state(message.instance_id)
-        if stored is not None and message.parent and stored.get("parent") == message.parent and stored["status"] in TERMINAL:
+        if (
+            stored is not None
+            and message.parent
+            and stored.get("parent") == message.parent
+            and stored["status"] in TERMINAL
+        ):
             # The child finished before the host stopped, but its parent never heard: tell it now.
             finished = Instance.from_state(stored)
             with self._lock:
@@ -242,8 +252,13 @@ class Engine:
         if stored is not None or current is not None:
             # An earlier execution of this id: its history goes; the new one starts from scratch.
             self.store.purge_history(message.instance_id, keep_execution=message.execution_id)
-        inst = Instance(message.instance_id, message.name, message.input_json, parent=message.parent,
-                        execution_id=message.execution_id)
+        inst = Instance(
+            message.instance_id,
+            message.name,
+            message.input_json,
+            parent=message.parent,
+            execution_id=message.execution_id,
+        )
         with self._lock:
             self._instances[inst.id] = inst
             self._mark_ready(inst.id)
@@ -287,8 +302,9 @@ class Engine:
             if state["status"] not in (PENDING, RUNNING):
                 continue
             inst = Instance.from_state(state)
-            episodes = self.backoff.call("read history", lambda: list(self.store.episodes(inst.id)),
-                                         lambda: self._stopping)
+            episodes = self.backoff.call(
+                "read history", lambda inst=inst: list(self.store.episodes(inst.id)), lambda: self._stopping
+            )
             for episode in episodes:
                 if episode.execution_id in (None, inst.execution_id):
                     inst.apply(episode.events, episode.scheduled, episode.actions, episode.finished)
@@ -333,12 +349,13 @@ class Engine:
                 self.backoff.succeeded(instance_id)
             except Exception:  # the host's own storage failed: the work item stays, as in DTFx
                 delay = self.backoff.failed(instance_id)
-                logger.warning("episode of %s failed in the host; trying again in %.1f s", instance_id, delay,
-                               exc_info=True)
+                logger.warning(
+                    "episode of %s failed in the host; trying again in %.1f s", instance_id, delay, exc_info=True
+                )
                 with self._lock:
                     self.stats.episode_retries += 1
                     inst.pending = events + inst.pending
-                self.later(delay, lambda: self._ready_again(instance_id))
+                self.later(delay, lambda instance_id=instance_id: self._ready_again(instance_id))
 
     def _run_start(self, message: StartMessage) -> None:
         try:
@@ -346,8 +363,9 @@ class Engine:
             self.backoff.succeeded(message.instance_id)
         except Exception:
             delay = self.backoff.failed(message.instance_id)
-            logger.warning("start of %s failed in the host; trying again in %.1f s", message.instance_id, delay,
-                           exc_info=True)
+            logger.warning(
+                "start of %s failed in the host; trying again in %.1f s", message.instance_id, delay, exc_info=True
+            )
 
             def again() -> None:
                 with self._lock:
@@ -366,8 +384,10 @@ class Engine:
             meta = inst.scheduled.get(completion_task_id(item), {})
             if item["EventType"] in (TASK_FAILED, SUB_ORCHESTRATION_FAILED) and meta.get("retry"):
                 retry_failures.append(item)
-            elif item["EventType"] == TIMER_FIRED and meta.get("retry_of") and (
-                meta["retry_of"]["attempt"] < meta["retry_of"]["retry"]["maxNumberOfAttempts"]
+            elif (
+                item["EventType"] == TIMER_FIRED
+                and meta.get("retry_of")
+                and (meta["retry_of"]["attempt"] < meta["retry_of"]["retry"]["maxNumberOfAttempts"])
             ):
                 retry_timers.append(item)
             else:
@@ -379,8 +399,11 @@ class Engine:
         retry_failures, retry_timers, rest = self._order_new_events(inst, events)
         new_events: list[dict] = [event(ORCHESTRATOR_STARTED, moment)]
         if not inst.history:
-            new_events.append(event(EXECUTION_STARTED, moment, Name=inst.name, Input=inst.input, Version="",
-                                    ParentInstance=inst.parent))
+            new_events.append(
+                event(
+                    EXECUTION_STARTED, moment, Name=inst.name, Input=inst.input, Version="", ParentInstance=inst.parent
+                )
+            )
         new_events += retry_failures + retry_timers + rest
 
         context = {
@@ -410,8 +433,9 @@ class Engine:
             plan = _EpisodePlan([], {}, [], [], inst.next_id)
             error, custom_status = shim.orchestrator_failure(inst.name, too_big), inst.custom_status
         else:
-            plan, nondeterminism = self._plan(inst, moment, retry_failures, retry_timers, rest,
-                                              top_level_actions(state))
+            plan, nondeterminism = self._plan(
+                inst, moment, retry_failures, retry_timers, rest, top_level_actions(state)
+            )
             if nondeterminism:  # DTFx fails the instance during replay: nothing new is scheduled
                 error = shim.orchestrator_failure(inst.name, nondeterminism)
 
@@ -419,12 +443,24 @@ class Engine:
         appended = plan.appended
         if error is not None:
             status = FAILED
-            appended.append(event(EXECUTION_COMPLETED, moment, OrchestrationStatus=ORCHESTRATION_STATUS_CODE[FAILED],
-                                  Result=json.dumps(error)))
+            appended.append(
+                event(
+                    EXECUTION_COMPLETED,
+                    moment,
+                    OrchestrationStatus=ORCHESTRATION_STATUS_CODE[FAILED],
+                    Result=json.dumps(error),
+                )
+            )
         elif state.get("isDone"):
             status, output = COMPLETED, state.get("output")
-            appended.append(event(EXECUTION_COMPLETED, moment, OrchestrationStatus=ORCHESTRATION_STATUS_CODE[COMPLETED],
-                                  Result=json.dumps(output)))
+            appended.append(
+                event(
+                    EXECUTION_COMPLETED,
+                    moment,
+                    OrchestrationStatus=ORCHESTRATION_STATUS_CODE[COMPLETED],
+                    Result=json.dumps(output),
+                )
+            )
         appended.append(event(ORCHESTRATOR_COMPLETED, moment))
 
         # The instance's fields are written only by this thread, so the new state can be built and
@@ -439,8 +475,14 @@ class Engine:
             "custom_status": custom_status,
             "updated": iso(moment),
         }
-        episode = Episode(new_state["episodes"], new_events + appended, {str(k): v for k, v in plan.scheduled.items()},
-                          plan.new_leaves, plan.finished, inst.execution_id)
+        episode = Episode(
+            new_state["episodes"],
+            new_events + appended,
+            {str(k): v for k, v in plan.scheduled.items()},
+            plan.new_leaves,
+            plan.finished,
+            inst.execution_id,
+        )
         try:
             # Commit first: if storage fails, the instance is untouched and the episode replays.
             self.store.commit_episode(inst.id, episode, new_state)
@@ -470,8 +512,15 @@ class Engine:
         with self._lock:
             inst.pending = [e for e in events if completion_task_id(e) not in landed] + inst.pending
 
-    def _plan(self, inst: Instance, moment: datetime, retry_failures: list[dict], retry_timers: list[dict],
-              rest: list[dict], top_level: list[dict]) -> tuple[_EpisodePlan, str | None]:
+    def _plan(
+        self,
+        inst: Instance,
+        moment: datetime,
+        retry_failures: list[dict],
+        retry_timers: list[dict],
+        rest: list[dict],
+        top_level: list[dict],
+    ) -> tuple[_EpisodePlan, str | None]:
         """Retry timers and attempts first, then what the shim reaches; and DTFx's complaint if
         replay disagreed with history (then nothing is scheduled)."""
         scheduled: dict[int, dict] = {}
@@ -518,8 +567,13 @@ class Engine:
         if kind in (CALL_SUB_ORCHESTRATOR, CALL_SUB_ORCHESTRATOR_WITH_RETRY):
             child = action.get("instanceId") or f"{inst.id}:{task_id:04d}"
             check_instance_id(child)
-            return {"kind": "suborchestration", "name": action["functionName"], "input": action.get("input"),
-                    "instance_id": child, **common}
+            return {
+                "kind": "suborchestration",
+                "name": action["functionName"],
+                "input": action.get("input"),
+                "instance_id": child,
+                **common,
+            }
         if kind == CREATE_TIMER:
             return {"kind": "timer", "fire_at": action["fireAt"], "leaf": leaf}
         raise NonDeterminismError(f"the local host does not support action type {kind}: {action}")
@@ -529,8 +583,14 @@ class Engine:
         if meta["kind"] == "activity":
             return event(TASK_SCHEDULED, moment, EventId=task_id, Name=meta["name"], Input=meta["input"])
         if meta["kind"] == "suborchestration":
-            return event(SUB_ORCHESTRATION_CREATED, moment, EventId=task_id, Name=meta["name"],
-                         InstanceId=meta["instance_id"], Input=meta["input"])
+            return event(
+                SUB_ORCHESTRATION_CREATED,
+                moment,
+                EventId=task_id,
+                Name=meta["name"],
+                InstanceId=meta["instance_id"],
+                Input=meta["input"],
+            )
         return event(TIMER_CREATED, moment, EventId=task_id, FireAt=meta["fire_at"])
 
     def _report_to_parent(self, inst: Instance) -> None:
@@ -538,12 +598,21 @@ class Engine:
         if inst.parent:
             moment = now()
             if inst.status == COMPLETED:
-                item = event(SUB_ORCHESTRATION_COMPLETED, moment, TaskScheduledId=inst.parent["task_id"],
-                             Result=json.dumps(inst.output))
+                item = event(
+                    SUB_ORCHESTRATION_COMPLETED,
+                    moment,
+                    TaskScheduledId=inst.parent["task_id"],
+                    Result=json.dumps(inst.output),
+                )
             else:
                 # SubOrchestrationInstanceFailed carries the child's result (its failure message).
-                item = event(SUB_ORCHESTRATION_FAILED, moment, TaskScheduledId=inst.parent["task_id"],
-                             Reason=inst.error, Details=None)
+                item = event(
+                    SUB_ORCHESTRATION_FAILED,
+                    moment,
+                    TaskScheduledId=inst.parent["task_id"],
+                    Reason=inst.error,
+                    Details=None,
+                )
             self.deliver(inst.parent["id"], inst.parent["execution_id"], item)
         self._changed.notify_all()
 
@@ -560,7 +629,9 @@ class Engine:
             self.later(delay, lambda: self.deliver(inst.id, inst.execution_id, {**item, "Timestamp": iso(now())}))
         elif meta["kind"] == "suborchestration":
             link = {"id": inst.id, "task_id": task_id, "execution_id": inst.execution_id}
-            self._starts.append(StartMessage(meta["name"], meta["instance_id"], meta["input"], link, new_execution_id()))
+            self._starts.append(
+                StartMessage(meta["name"], meta["instance_id"], meta["input"], link, new_execution_id())
+            )
             self._changed.notify_all()
 
     def _timer_loop(self) -> None:

@@ -13,8 +13,9 @@ import json
 import os
 import re
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from azurefunctions.extensions.base import Datum
 from azurefunctions.extensions.bindings.blob.blobClientConverter import BlobClientConverter
@@ -24,7 +25,7 @@ class FunctionNotFound(LookupError):
     pass
 
 
-_INDEXED: dict[int, tuple[Any, "FunctionIndex"]] = {}
+_INDEXED: dict[int, tuple[Any, FunctionIndex]] = {}
 _SETTING_EXPRESSION = re.compile(r"%([^%]+)%")
 
 
@@ -67,12 +68,12 @@ class FunctionIndex:
     raw_bindings: dict[str, list[dict]] = field(default_factory=dict)
 
     @classmethod
-    def load(cls, module_name: str = "function_app", app_attr: str = "app") -> "FunctionIndex":
+    def load(cls, module_name: str = "function_app", app_attr: str = "app") -> FunctionIndex:
         module = importlib.import_module(module_name)
         return cls.from_app(getattr(module, app_attr))
 
     @classmethod
-    def from_app(cls, app: Any) -> "FunctionIndex":
+    def from_app(cls, app: Any) -> FunctionIndex:
         """Index an app once: ``get_functions()`` validates names and raises on a second call."""
         cached = _INDEXED.get(id(app))
         if cached is not None and cached[0] is app:
@@ -82,7 +83,7 @@ class FunctionIndex:
         return index
 
     @classmethod
-    def _index(cls, app: Any) -> "FunctionIndex":
+    def _index(cls, app: Any) -> FunctionIndex:
         index = cls()
         for function in app.get_functions():
             name = function.get_function_name()
@@ -169,7 +170,7 @@ class EventLoopThread:
     so every invocation must run on the same loop.
     """
 
-    _shared: "EventLoopThread | None" = None
+    _shared: EventLoopThread | None = None
     _lock = threading.Lock()
 
     def __init__(self) -> None:
@@ -178,7 +179,7 @@ class EventLoopThread:
         self.thread.start()
 
     @classmethod
-    def shared(cls) -> "EventLoopThread":
+    def shared(cls) -> EventLoopThread:
         with cls._lock:
             if cls._shared is None:
                 cls._shared = cls()

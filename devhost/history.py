@@ -4,7 +4,7 @@ runtime statuses, instance-id rules. Plain data and small helpers, no behaviour 
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 # History event types (DurableTask.Core EventType).
@@ -50,7 +50,7 @@ class InvalidInstanceId(ValueError):
 
 
 def now() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def iso(moment: datetime) -> str:

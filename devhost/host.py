@@ -69,6 +69,10 @@ class HostOptions:
 
 def close_durable_client_session() -> None:
     """Close the Durable client's shared aiohttp session (the worker leaves it to process exit)."""
+    # Private: azure-functions-durable 1.7.0 keeps one module-level aiohttp session for every
+    # DurableOrchestrationClient and has no public way to close it (``_close_session`` is the SDK's
+    # own, called on a request error). A local host that stops while its process goes on (tests,
+    # bench) would otherwise leave the session's connections open to an API server that is gone.
     from azure.durable_functions.models.utils import http_utils
 
     from .functions import EventLoopThread
@@ -147,7 +151,7 @@ class LocalHost:
         """Every start decision (started / duplicate / ignored) the starter logged in this host."""
         return self._decision_log.decisions
 
-    def start(self, watch: bool = True) -> "LocalHost":
+    def start(self, watch: bool = True) -> LocalHost:
         logging.getLogger().addHandler(self._decision_log)
         if logging.getLogger().getEffectiveLevel() > logging.INFO:
             logging.getLogger("orchestrators").setLevel(logging.INFO)
@@ -165,7 +169,7 @@ class LocalHost:
         close_durable_client_session()
         logging.getLogger().removeHandler(self._decision_log)
 
-    def __enter__(self) -> "LocalHost":
+    def __enter__(self) -> LocalHost:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:

@@ -58,7 +58,7 @@ class Instance:
         }
 
     @classmethod
-    def from_state(cls, state: dict) -> "Instance":
+    def from_state(cls, state: dict) -> Instance:
         return cls(
             id=state["id"],
             name=state["name"],

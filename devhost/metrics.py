@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Iterable, Protocol
+from collections.abc import Iterable
+from typing import Protocol
 
 
 class Timed(Protocol):
@@ -12,8 +13,10 @@ class Timed(Protocol):
 
 def max_overlap(executions: Iterable[Timed]) -> int:
     """The most executions that ran at the same moment."""
-    edges = sorted([(e.started, 1) for e in executions] + [(e.started + e.seconds, -1) for e in executions],
-                   key=lambda edge: (edge[0], edge[1]))
+    edges = sorted(
+        [(e.started, 1) for e in executions] + [(e.started + e.seconds, -1) for e in executions],
+        key=lambda edge: (edge[0], edge[1]),
+    )
     running = most = 0
     for _, step in edges:
         running += step

@@ -105,7 +105,7 @@ class DurableHttpApi:
             }
         )
 
-    def start(self) -> "DurableHttpApi":
+    def start(self) -> DurableHttpApi:
         self.thread.start()
         return self
 

@@ -72,8 +72,12 @@ def process_file(host, path: Path, *, name: str | None = None, timeout: float = 
     while host.engine.status(job_id) is None:
         ignored = [d for d in host.decisions if d["blob"] == blob.blob_name and d["action"] == "ignored"]
         if ignored:
-            return {"job_id": None, "status": "failed", "error": f"upload ignored: {ignored[0]['reason']}",
-                    "elapsed_s": round(time.perf_counter() - started, 3)}
+            return {
+                "job_id": None,
+                "status": "failed",
+                "error": f"upload ignored: {ignored[0]['reason']}",
+                "elapsed_s": round(time.perf_counter() - started, 3),
+            }
         if time.monotonic() > deadline:
             raise TimeoutError(f"no job started for {blob.blob_name!r} within {timeout} s")
         time.sleep(0.05)
@@ -105,5 +109,3 @@ def job_summary(state: dict, *, elapsed: float | None = None) -> dict:
     if state["status"] != "Completed":
         summary["error"] = state.get("error") or f"job is {state['status']}"
     return summary
-
-

@@ -17,9 +17,9 @@ RetryInterceptor.cs) and the failure and custom-status wording of the extension.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Callable
 
 from .history import (
     CALL_ACTIVITY,
@@ -76,8 +76,9 @@ def _differs(recorded: dict, current: dict, strict: bool) -> bool:
     return False
 
 
-def replay_actions(top_level: list[dict], recorded: list[dict], leaf_done: Callable[[int], bool], *,
-                   strict: bool = False) -> ShimReplay:
+def replay_actions(
+    top_level: list[dict], recorded: list[dict], leaf_done: Callable[[int], bool], *, strict: bool = False
+) -> ShimReplay:
     """Walk the actions as ``ProcessAsyncActionsV2`` does; ``recorded`` are the leaves invoked in
     earlier episodes (in order), ``leaf_done(i)`` says whether leaf ``i`` has finished in history."""
     result = ShimReplay()
@@ -165,6 +166,8 @@ def custom_status_error(custom_status: object) -> str | None:
     text = json.dumps(custom_status, separators=(",", ":"), ensure_ascii=False)
     size_kb = int(len(text.encode("utf-16-le")) / 1024)
     if size_kb > MAX_CUSTOM_STATUS_KB:
-        return (f"The UTF-16 size of the JSON-serialized payload must not exceed {MAX_CUSTOM_STATUS_KB} KB. "
-                f"The current payload size is {size_kb} KB.")
+        return (
+            f"The UTF-16 size of the JSON-serialized payload must not exceed {MAX_CUSTOM_STATUS_KB} KB. "
+            f"The current payload size is {size_kb} KB."
+        )
     return None

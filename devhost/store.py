@@ -15,11 +15,12 @@ One table per task hub; one partition per instance:
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
-from azure.core.exceptions import HttpResponseError, ResourceExistsError, ResourceNotFoundError
 from azure.core import MatchConditions
+from azure.core.exceptions import HttpResponseError, ResourceExistsError, ResourceNotFoundError
 from azure.data.tables import TableServiceClient, TableTransactionError, UpdateMode
 from azure.storage.blob import BlobServiceClient
 
@@ -121,8 +122,9 @@ class HistoryStore:
             if etag is None:
                 self.table.create_entity(entity)
             else:
-                self.table.update_entity(entity, mode=UpdateMode.REPLACE, etag=etag,
-                                         match_condition=MatchConditions.IfNotModified)
+                self.table.update_entity(
+                    entity, mode=UpdateMode.REPLACE, etag=etag, match_condition=MatchConditions.IfNotModified
+                )
         except HttpResponseError as exc:
             if exc.status_code in (404, 409, 412):  # 404: the host already cleared the earlier execution
                 return False
@@ -137,8 +139,13 @@ class HistoryStore:
             self._pack(
                 instance_id,
                 "episode",
-                {"events": episode.events, "scheduled": episode.scheduled, "actions": episode.actions,
-                 "finished": episode.finished, "execution_id": episode.execution_id},
+                {
+                    "events": episode.events,
+                    "scheduled": episode.scheduled,
+                    "actions": episode.actions,
+                    "finished": episode.finished,
+                    "execution_id": episode.execution_id,
+                },
                 suffix,
             )
         )
@@ -157,8 +164,14 @@ class HistoryStore:
 
     @classmethod
     def _episode_from(cls, number: int, data: dict) -> Episode:
-        return Episode(number, data["events"], data["scheduled"], data["actions"], data.get("finished", []),
-                       data.get("execution_id"))
+        return Episode(
+            number,
+            data["events"],
+            data["scheduled"],
+            data["actions"],
+            data.get("finished", []),
+            data.get("execution_id"),
+        )
 
     def _episode(self, row: dict) -> Episode:
         return self._episode_from(int(row["RowKey"][3:]), self._unpack(row, "episode"))
@@ -179,7 +192,9 @@ class HistoryStore:
             if state is not None and state.get("execution_id") == keep_execution:
                 rows = [r for r in rows if r["RowKey"] != "state"]
         for start in range(0, len(rows), 100):
-            batch = [("delete", {"PartitionKey": instance_id, "RowKey": r["RowKey"]}) for r in rows[start : start + 100]]
+            batch = [
+                ("delete", {"PartitionKey": instance_id, "RowKey": r["RowKey"]}) for r in rows[start : start + 100]
+            ]
             self.table.submit_transaction(batch)
         for blob in self.large.list_blobs(name_starts_with=f"{instance_id}/"):
             if keep_execution is None or keep_execution not in blob.name:

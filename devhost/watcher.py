@@ -10,8 +10,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable
 
 from azure.core.exceptions import ResourceExistsError
 from azure.data.tables import TableClient
@@ -23,8 +23,16 @@ logger = logging.getLogger(__name__)
 class BlobEventWatcher:
     """Polls ``container``; ``deliver(blob name)`` is one BlobCreated delivery to the triggers."""
 
-    def __init__(self, container: ContainerClient, acks: TableClient, deliver: Callable[[str], object], *,
-                 deliveries: int = 1, interval: float = 0.5, poison_threshold: int = 5):
+    def __init__(
+        self,
+        container: ContainerClient,
+        acks: TableClient,
+        deliver: Callable[[str], object],
+        *,
+        deliveries: int = 1,
+        interval: float = 0.5,
+        poison_threshold: int = 5,
+    ):
         self.deliver_event = deliver
         self.deliveries = deliveries
         self.interval = interval

@@ -8,8 +8,9 @@ import logging
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from . import shim
 from .history import TASK_COMPLETED, TASK_FAILED, event, now
@@ -86,7 +87,7 @@ class ActivityRunner:
     dropped as a duplicate completion.
     """
 
-    def __init__(self, engine: "Engine", function_timeout: float | None):
+    def __init__(self, engine: Engine, function_timeout: float | None):
         self.engine = engine
         self.function_timeout = function_timeout
 
@@ -112,13 +113,22 @@ class ActivityRunner:
         if self.function_timeout is not None:
             limit = format_timeout(self.function_timeout)
             reason = shim.activity_failure_reason(
-                name, f"Timeout value of {limit} was exceeded by function: Functions.{name}")
+                name, f"Timeout value of {limit} was exceeded by function: Functions.{name}"
+            )
 
             def timed_out() -> None:
-                if settle(event(TASK_FAILED, now(), TaskScheduledId=task_id, Reason=reason,
-                                Details=json.dumps({"$type": "FunctionTimeoutException"}))):
-                    logger.warning("activity %s (%s #%d) passed the function timeout %s", name, instance_id, task_id,
-                                   limit)
+                if settle(
+                    event(
+                        TASK_FAILED,
+                        now(),
+                        TaskScheduledId=task_id,
+                        Reason=reason,
+                        Details=json.dumps({"$type": "FunctionTimeoutException"}),
+                    )
+                ):
+                    logger.warning(
+                        "activity %s (%s #%d) passed the function timeout %s", name, instance_id, task_id, limit
+                    )
                     with engine._lock:
                         engine.stats.activity_timeouts += 1
 
@@ -131,15 +141,28 @@ class ActivityRunner:
         except Exception as exc:
             error = shim.activity_failure_reason(name, f"{type(exc).__name__}: {exc}")
             logger.warning("activity %s (%s #%d) failed: %s", name, instance_id, task_id, error)
-            item = event(TASK_FAILED, now(), TaskScheduledId=task_id, Reason=error,
-                         Details=shim.activity_failure_details(exc) + "\n" + traceback.format_exc())
+            item = event(
+                TASK_FAILED,
+                now(),
+                TaskScheduledId=task_id,
+                Reason=error,
+                Details=shim.activity_failure_details(exc) + "\n" + traceback.format_exc(),
+            )
         seconds = time.monotonic() - started
         with engine._lock:
             engine.stats.activity_executions += 1
             engine.stats.activity_failures += error is not None
             engine.executions.append(
-                ActivityExecution(instance_id, task_id, name, json.loads(input_json) if input_json else None,
-                                  json.loads(result) if result else None, error, seconds, started)
+                ActivityExecution(
+                    instance_id,
+                    task_id,
+                    name,
+                    json.loads(input_json) if input_json else None,
+                    json.loads(result) if result else None,
+                    error,
+                    seconds,
+                    started,
+                )
             )
         if not settle(item):
             with engine._lock:

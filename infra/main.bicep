@@ -324,8 +324,8 @@ resource functionApp 'Microsoft.Web/sites@2024-04-01' = {
           name: 'TILECOMMIT_GDAL_CACHEMAX_MB'
           value: string(gdalCacheMaxMb)
         }
-        // GDAL limits that keep the mosaic assembly near 300 MB however large the scene (design notes,
-        // section 4), and /vsiaz/ reads that neither list the container nor give up on one slow request.
+        // GDAL limits that keep the mosaic assembly near 300 MB however large the scene (docs/design.md,
+        // 'GDAL settings and raster figures'), and /vsiaz/ reads that neither list the container nor give up on one slow request.
         {
           name: 'GDAL_CACHEMAX'
           value: string(gdalCacheMaxMb)

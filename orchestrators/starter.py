@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import azure.durable_functions as df
 from azure.storage.blob import BlobClient
 
 from tilecommit.errors import InvalidNameError
 from tilecommit.jobs import check_upload_name, job_id_for
-from tilecommit.settings import RASTER_EXTENSIONS, Settings
+from tilecommit.records import Record
+from tilecommit.settings import SIDECAR_SUFFIXES, Settings
 
 from . import names
 
@@ -33,14 +34,11 @@ _LIVE_OR_DONE = {
 
 
 @dataclass(frozen=True)
-class StartDecision:
+class StartDecision(Record):
     action: str  # "started", "duplicate" or "ignored"
     blob: str
     job_id: str | None = None
     reason: str = ""
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def _decided(decision: StartDecision, level: int, message: str, *args) -> StartDecision:
@@ -57,9 +55,11 @@ async def start_job(source: BlobClient, client: df.DurableOrchestrationClient, s
     except InvalidNameError as exc:
         return _decided(StartDecision("ignored", name, reason=str(exc)), logging.WARNING,
                         "ignoring upload %r: %s", name, exc)
-    if not name.lower().endswith(RASTER_EXTENSIONS):
-        return _decided(StartDecision("ignored", name, reason="not a raster by its extension"), logging.INFO,
-                        "ignoring upload %r: not a raster by its extension %s", name, RASTER_EXTENSIONS)
+    if name.lower().endswith(SIDECAR_SUFFIXES):
+        # What the upload is, is decided by its content when the job validates it; a sidecar is
+        # never read, with its raster or on its own, so it starts nothing.
+        return _decided(StartDecision("ignored", name, reason="sidecar file, never read"), logging.INFO,
+                        "ignoring upload %r: a sidecar file (%s), never read", name, ", ".join(SIDECAR_SUFFIXES))
 
     props = await asyncio.to_thread(source.get_blob_properties)
     if props.size == 0:

@@ -7,7 +7,8 @@ and the window size the starter put in the input.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Generator
+from collections.abc import Callable, Generator
+from typing import Any
 
 import azure.durable_functions as df
 
@@ -61,8 +62,9 @@ def add_summary(total: dict, part: dict) -> None:
     total["errors"].extend(part["errors"])
 
 
-def fan_out(context: df.DurableOrchestrationContext, name: str, children: list[tuple[str, Any]],
-            on_done: Callable[[dict], None]) -> Generator[Any, Any, None]:
+def fan_out(
+    context: df.DurableOrchestrationContext, name: str, children: list[tuple[str, Any]], on_done: Callable[[dict], None]
+) -> Generator[Any, Any, None]:
     """Run sub-orchestrations ``(instance id, input)`` and hand each summary to ``on_done`` as it
     lands, so progress moves after each one (``yield from`` it). A failed child raises its error.
 
@@ -97,8 +99,13 @@ def tile_scene(context: df.DurableOrchestrationContext) -> Generator[Any, Any, d
     batches = plan_batches(job, scene)
     windows = sum(len(b) for b in batches)
     totals = empty_summary()
-    status = {"stage": "tiling", "windows_done": 0, "windows_total": windows, "batches_done": 0,
-              "batches_total": len(batches)}
+    status = {
+        "stage": "tiling",
+        "windows_done": 0,
+        "windows_total": windows,
+        "batches_done": 0,
+        "batches_total": len(batches),
+    }
     context.set_custom_status(status)
 
     def finished(summary: dict) -> None:
@@ -109,21 +116,28 @@ def tile_scene(context: df.DurableOrchestrationContext) -> Generator[Any, Any, d
         context.set_custom_status(status)
 
     if len(batches) <= GROUP_BATCHES:
-        children = [(batch_instance_id(job_id, i), {"job": job, "windows": [w.to_dict() for w in batch]})
-                    for i, batch in enumerate(batches)]
+        children = [
+            (batch_instance_id(job_id, i), {"job": job, "windows": [w.to_dict() for w in batch]})
+            for i, batch in enumerate(batches)
+        ]
         yield from fan_out(context, names.RENDER_BATCH, children, finished)
     else:
         children = [
-            (group_instance_id(job_id, g), {"job": job, "scene": {"width": scene["width"], "height": scene["height"]},
-                                            "first_batch": first, "batch_count": min(GROUP_BATCHES, len(batches) - first)})
+            (
+                group_instance_id(job_id, g),
+                {
+                    "job": job,
+                    "scene": {"width": scene["width"], "height": scene["height"]},
+                    "first_batch": first,
+                    "batch_count": min(GROUP_BATCHES, len(batches) - first),
+                },
+            )
             for g, first in enumerate(range(0, len(batches), GROUP_BATCHES))
         ]
         yield from fan_out(context, names.RENDER_GROUP, children, finished)
 
     context.set_custom_status({**status, "stage": "assembling"})
-    mosaic = yield context.call_activity_with_retry(
-        names.ASSEMBLE_MOSAIC, ACTIVITY_RETRY, {"job": job, "scene": scene}
-    )
+    mosaic = yield context.call_activity_with_retry(names.ASSEMBLE_MOSAIC, ACTIVITY_RETRY, {"job": job, "scene": scene})
     if mosaic.get("error"):
         raise MosaicFailure(f"job {job_id}: {mosaic['error']}")
     context.set_custom_status({**status, "stage": "done"})
@@ -145,8 +159,10 @@ def render_group(context: df.DurableOrchestrationContext) -> Generator[Any, Any,
     job = group["job"]
     batches = plan_batches(job, group["scene"])
     first, count = group["first_batch"], group["batch_count"]
-    children = [(batch_instance_id(job["job_id"], i), {"job": job, "windows": [w.to_dict() for w in batches[i]]})
-                for i in range(first, first + count)]
+    children = [
+        (batch_instance_id(job["job_id"], i), {"job": job, "windows": [w.to_dict() for w in batches[i]]})
+        for i in range(first, first + count)
+    ]
     total = {**empty_summary(), "batches": 0}
 
     def finished(summary: dict) -> None:

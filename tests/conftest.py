@@ -12,7 +12,10 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from devhost.azurite import Azurite
+from tilecommit import settings as names
 from tilecommit.storage import StorageConnection
+
+from .app_jobs import WINDOW, AppEnv
 
 # Installed before any test touches tilecommit.telemetry's counters (the API proxies them).
 METRIC_READER = InMemoryMetricReader()
@@ -96,3 +99,50 @@ def container(new_container):
 def table(new_table):
     """A fresh table for this test."""
     return new_table()
+
+
+# The stores of one job, each fresh: what the raster functions take as ``tiles=``, ``output=``, ...
+
+
+@pytest.fixture
+def tiles(new_container):
+    return new_container("tiles-")
+
+
+@pytest.fixture
+def output(new_container):
+    return new_container("out-")
+
+
+@pytest.fixture
+def manifest(new_table):
+    return new_table("manifest")
+
+
+@pytest.fixture
+def claims(new_table):
+    return new_table("claims")
+
+
+@pytest.fixture
+def stores(tiles, output, manifest, claims):
+    return {"tiles": tiles, "output": output, "manifest": manifest, "claims": claims}
+
+
+@pytest.fixture
+def app_env(storage, azurite, monkeypatch, request) -> AppEnv:
+    suffix = hashlib.sha256(request.node.nodeid.encode()).hexdigest()[:10]
+    env = {
+        names.STORAGE_CONNECTION: azurite.connection_string,
+        names.SETTING_INPUT_CONTAINER: f"in-{suffix}",
+        names.SETTING_TILES_CONTAINER: f"tiles-{suffix}",
+        names.SETTING_OUTPUT_CONTAINER: f"out-{suffix}",
+        names.SETTING_MANIFEST_TABLE: f"manifest{suffix}",
+        names.SETTING_CLAIMS_TABLE: f"claims{suffix}",
+        names.SETTING_WINDOW_SIZE: str(WINDOW),
+        names.SETTING_BATCH_SIZE: "4",
+    }
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    return AppEnv(f"Hub{suffix}", env[names.SETTING_INPUT_CONTAINER], env[names.SETTING_TILES_CONTAINER],
+                  env[names.SETTING_OUTPUT_CONTAINER], env[names.SETTING_MANIFEST_TABLE], env)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench import breakdown, contention, duplicates, e2e, memory, orchestration
+from bench import breakdown, contention, duplicates, e2e, memory, orchestration, raster
 from bench.__main__ import targets
 from bench.common import BenchStorage, Context, tiny_scene
 
@@ -101,5 +101,11 @@ def test_e2e_and_memory_on_a_tiny_scene(ctx, tmp_path):
     assert entry["tiling_instance_mb"] == pytest.approx(
         entry["baseline"]["peak_rss_mb"] + entry["concurrency"] * entry["tile_increment_mb"],
         abs=0.05 * (entry["concurrency"] + 2) + 1e-9)
+    half = raster.run(ctx, [512], keep)["sizes"]["512"]
+    assert half["windows"] == 4 and len(half["tiling"]["worker"]) == raster.WORKERS
+    assert half["tiling"]["tiles_nbytes"] > 0 and set(half["tiling"]["summed_step_s"]) >= {"read", "encode"}
+    assert set(half["assembly"]) == set(raster.METHODS)
+    assert {a["method"] for a in half["assembly"].values()} == set(raster.METHODS)
+    assert all(a["peak_rss_mb"] > 0 and a["overview_levels"] >= 1 for a in half["assembly"].values())
     for kept in keep.values():
         ctx.storage.drop(kept["env"])

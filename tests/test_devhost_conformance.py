@@ -8,13 +8,20 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from devhost.engine import InstanceAlreadyExists
 from devhost.history import EXECUTION_STARTED, TIMER_CREATED, parse_iso
 from devhost.metrics import max_overlap, slot_use
 from tests.apps import toy_app
-from tests.test_devhost_engine import make_engine, store  # noqa: F401  (fixture)
+from tests.test_devhost_engine import hub_store, make_engine
 
 NAP = 0.4
+
+
+@pytest.fixture
+def store(storage, request):
+    return hub_store(storage, request)
 
 
 def executions(engine, name):
@@ -120,11 +127,15 @@ def test_an_old_childs_completion_is_dropped_by_the_rerun_parent(store):
     the old child's completion, for the same task id, never reaches it."""
     toy_app.set_failures("parent-fails", 1)
     with make_engine(store, timer_scale=1.0) as engine:
-        engine.start_new("parent_of_slow_child", "rerun", {"seconds": 1.0, "run": 1, "child": "a", "fail": True,
-                                                             "key": "parent-fails"})
+        engine.start_new(
+            "parent_of_slow_child",
+            "rerun",
+            {"seconds": 1.0, "run": 1, "child": "a", "fail": True, "key": "parent-fails"},
+        )
         first = engine.wait_for("rerun", timeout=60)
-        engine.start_new("parent_of_slow_child", "rerun", {"seconds": 2.0, "run": 2, "child": "b", "fail": False,
-                                                             "key": "none"})
+        engine.start_new(
+            "parent_of_slow_child", "rerun", {"seconds": 2.0, "run": 2, "child": "b", "fail": False, "key": "none"}
+        )
         second = engine.wait_for("rerun", timeout=60)
         dropped = engine.stats.execution_id_mismatches_dropped
     assert first["status"] == "Failed"
@@ -158,7 +169,8 @@ def test_an_activity_past_the_function_timeout_fails_and_is_retried(store):
     failures = [e for ep in store.episodes("timeout") for e in ep.events if e["EventType"] == 6]
     assert [f["Reason"] for f in failures] == [
         "Activity function 'slow_first_time' failed: Timeout value of 00:00:01 was exceeded by function: "
-        "Functions.slow_first_time"]
+        "Functions.slow_first_time"
+    ]
 
 
 def test_task_hub_names_are_the_local_hosts_own(store):

@@ -10,12 +10,17 @@ from devhost.store import HistoryStore
 from tests.apps import toy_app
 
 
-@pytest.fixture
-def store(storage, request):
+def hub_store(storage, request) -> HistoryStore:
+    """A task hub of this test's own."""
     hub = "T" + format(abs(hash(request.node.nodeid)) % 10**10, "010d")
     store = HistoryStore(storage.blob_service(), storage.table_service(), hub)
     store.ensure()
     return store
+
+
+@pytest.fixture
+def store(storage, request):
+    return hub_store(storage, request)
 
 
 def make_engine(store, **options) -> Engine:

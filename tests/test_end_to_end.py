@@ -6,73 +6,54 @@ are real GeoTIFFs. Each test gets its own containers, tables and task hub.
 
 from __future__ import annotations
 
-import hashlib
 import json
+import logging
 import os
 import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
+import rasterio
+from rasterio.io import MemoryFile
 
 from devhost.cli import process_file
-from devhost.host import HostOptions, LocalHost
+from devhost.scenes import SceneSpec, write_scene
 from tilecommit import settings as names
 from tilecommit.gates import count_manifest
 from tilecommit.grid import plan_windows
 from tilecommit.jobs import job_id_for
-from tests.scenes import make_scene, read_pixels
+
+from .app_jobs import WINDOW, AppEnv, download, local_host
+from .hostile import MARKER, local_vectors, make_secret_raw, make_secret_tif, network_vectors, vrt, write
+from .storage_proxy import RecordingProxy, TrapServer
 
 ROOT = Path(__file__).resolve().parent.parent
-WINDOW = 256
 pytestmark = pytest.mark.slow
 
 
-@dataclass
-class AppEnv:
-    hub: str
-    input: str
-    tiles: str
-    output: str
-    manifest: str
-    env: dict
+def make_scene(path: Path, width: int, height: int) -> Path:
+    """A deterministic 3-band uint16 scene in 256-pixel blocks (the shared generator)."""
+    return Path(write_scene(str(path), SceneSpec(width, height, blocksize=WINDOW)))
 
 
-@pytest.fixture
-def app_env(storage, azurite, monkeypatch, request) -> AppEnv:
-    suffix = hashlib.sha256(request.node.nodeid.encode()).hexdigest()[:10]
-    env = {
-        names.STORAGE_CONNECTION: azurite.connection_string,
-        names.SETTING_INPUT_CONTAINER: f"in-{suffix}",
-        names.SETTING_TILES_CONTAINER: f"tiles-{suffix}",
-        names.SETTING_OUTPUT_CONTAINER: f"out-{suffix}",
-        names.SETTING_MANIFEST_TABLE: f"manifest{suffix}",
-        names.SETTING_CLAIMS_TABLE: f"claims{suffix}",
-        names.SETTING_WINDOW_SIZE: str(WINDOW),
-        names.SETTING_BATCH_SIZE: "4",
-    }
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    return AppEnv(f"Hub{suffix}", env[names.SETTING_INPUT_CONTAINER], env[names.SETTING_TILES_CONTAINER],
-                  env[names.SETTING_OUTPUT_CONTAINER], env[names.SETTING_MANIFEST_TABLE], env)
-
-
-def local_host(app_env: AppEnv, **options) -> LocalHost:
-    return LocalHost(HostOptions(hub=app_env.hub, timer_scale=0.01, watch_interval=0.1, **options))
-
-
-def download(storage, container: str, name: str) -> bytes:
-    return storage.blob_service().get_blob_client(container, name).download_blob().readall()
+def read_pixels(path_or_bytes: Path | bytes) -> np.ndarray:
+    if isinstance(path_or_bytes, bytes):
+        with MemoryFile(path_or_bytes) as memory, memory.open() as src:
+            return src.read()
+    with rasterio.open(path_or_bytes) as src:
+        return src.read()
 
 
 def tile_hashes(storage, app_env: AppEnv, job_id: str) -> dict[str, tuple[str, str]]:
     container = storage.blob_service().get_container_client(app_env.tiles)
-    return {b.name: (b.etag, b.metadata.get("sha256")) for b in container.list_blobs(
-        name_starts_with=f"tiles/{job_id}/", include=["metadata"])}
+    return {
+        b.name: (b.etag, b.metadata.get("sha256"))
+        for b in container.list_blobs(name_starts_with=f"tiles/{job_id}/", include=["metadata"])
+    }
 
 
 def check_outputs(storage, app_env: AppEnv, summary: dict, scene: Path) -> None:
@@ -138,16 +119,25 @@ def test_processing_the_same_blob_again_writes_nothing_new(storage, app_env, tmp
     with local_host(app_env) as host:
         summary = process_file(host, scene, timeout=120)
         before = tile_hashes(storage, app_env, summary["job_id"])
-        mosaic_etag = storage.blob_service().get_blob_client(
-            app_env.output, f"mosaics/{summary['job_id']}/mosaic.tif").get_blob_properties().etag
+        mosaic_etag = (
+            storage.blob_service()
+            .get_blob_client(app_env.output, f"mosaics/{summary['job_id']}/mosaic.tif")
+            .get_blob_properties()
+            .etag
+        )
         executions = len(host.engine.executions)
         assert host.deliver_blob_created("scene.tif") == 1
         decision = host.decisions[-1]
     assert decision["action"] == "duplicate" and decision["job_id"] == summary["job_id"]
     assert len(host.engine.executions) == executions  # nothing ran
     assert tile_hashes(storage, app_env, summary["job_id"]) == before
-    assert storage.blob_service().get_blob_client(
-        app_env.output, f"mosaics/{summary['job_id']}/mosaic.tif").get_blob_properties().etag == mosaic_etag
+    assert (
+        storage.blob_service()
+        .get_blob_client(app_env.output, f"mosaics/{summary['job_id']}/mosaic.tif")
+        .get_blob_properties()
+        .etag
+        == mosaic_etag
+    )
 
 
 def test_corrupt_upload_fails_its_job_writes_nothing_and_the_next_upload_works(storage, app_env, tmp_path):
@@ -185,7 +175,11 @@ def serve(app_env: AppEnv, log: Path, *extra: str) -> subprocess.Popen:
     with log.open("ab") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", "devhost", "serve", "--timer-scale", "0.01", "--hub", app_env.hub, *extra],
-            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     deadline = time.monotonic() + 60
     while b"devhost: watching" not in log.read_bytes():
@@ -260,8 +254,7 @@ def test_killed_after_some_batches_resumes_and_completes(storage, app_env, tmp_p
     first = serve(app_env, log)
     try:
         job_id = upload(storage, app_env, scene)
-        wait_for_state(storage, app_env, job_id,
-                       lambda s: (s.get("custom_status") or {}).get("batches_done", 0) >= 2)
+        wait_for_state(storage, app_env, job_id, lambda s: (s.get("custom_status") or {}).get("batches_done", 0) >= 2)
     finally:
         os.killpg(first.pid, signal.SIGKILL)
         first.wait(timeout=60)
@@ -272,26 +265,94 @@ def test_killed_after_some_batches_resumes_and_completes(storage, app_env, tmp_p
     check_outputs(storage, app_env, {"status": "completed", "job_id": job_id, "windows": 30}, scene)
 
 
-def test_zero_byte_and_non_raster_uploads_are_ignored_not_failed(storage, app_env, tmp_path):
+def test_zero_byte_and_sidecar_uploads_are_ignored_not_failed(storage, app_env, tmp_path):
     empty = tmp_path / "empty.tif"
     empty.write_bytes(b"")
-    notes = tmp_path / "notes.txt"
-    notes.write_text("not a raster")
+    sidecar = tmp_path / "scene.tif.aux.xml"
+    sidecar.write_text("<PAMDataset><SRS>EPSG:4326</SRS></PAMDataset>")
     with local_host(app_env) as host:
         first = process_file(host, empty, timeout=60)
-        second = process_file(host, notes, timeout=60)
+        second = process_file(host, sidecar, timeout=60)
         instances = host.store.instances()
         acked = host.watcher.failures
-    assert first == {"job_id": None, "status": "failed", "error": "upload ignored: zero-byte blob",
-                     "elapsed_s": first["elapsed_s"]}
-    assert second["error"] == "upload ignored: not a raster by its extension"
+    assert first == {
+        "job_id": None,
+        "status": "failed",
+        "error": "upload ignored: zero-byte blob",
+        "elapsed_s": first["elapsed_s"],
+    }
+    assert second["error"] == "upload ignored: sidecar file, never read"
     assert instances == [] and acked == {}  # nothing started, and the deliveries did not fail
+
+
+def test_what_an_upload_is_comes_from_its_content_not_its_name(storage, app_env, tmp_path):
+    """A GeoTIFF named .dat is processed; text named .tif fails its job with what is accepted."""
+    scene = make_scene(tmp_path / "scene.tif", 300, 260)
+    renamed = tmp_path / "scene.dat"
+    renamed.write_bytes(scene.read_bytes())
+    notes = tmp_path / "notes.tif"
+    notes.write_text("meeting notes, saved with the wrong extension\n")
+    with local_host(app_env) as host:
+        good = process_file(host, renamed, timeout=120)
+        bad = process_file(host, notes, timeout=60)
+    check_outputs(storage, app_env, good, scene)
+    assert bad["status"] == "failed", bad
+    assert "is not a TIFF" in bad["error"] and "accepted: a self-contained GeoTIFF" in bad["error"], bad
+    tiles = storage.blob_service().get_container_client(app_env.tiles)
+    assert list(tiles.list_blobs(name_starts_with=f"tiles/{bad['job_id']}/")) == []
+
+
+def test_hostile_and_damaged_uploads_fail_their_job_with_no_request_no_tile_no_leak(
+    storage, azurite, app_env, tmp_path, monkeypatch, caplog
+):
+    """Uploads that name a URL, a file of the instance or another container's blob, and damaged
+    TIFFs: every job fails at validation with what is accepted; behind a recording proxy, the
+    app never asks for the other blob, the trap hears nothing, no tile or row exists, and no byte
+    of the secrets reaches a blob or a log line."""
+    caplog.set_level(logging.DEBUG)
+    secret_tif, secret_raw = make_secret_tif(tmp_path), make_secret_raw(tmp_path)
+    other = storage.blob_service().create_container(f"secret-{app_env.hub.lower()[3:]}")
+    with open(secret_tif, "rb") as f:
+        other.upload_blob("secret.tif", f)
+    intact = make_scene(tmp_path / "intact.tif", 300, 260)
+    truncated = tmp_path / "truncated.tif"
+    truncated.write_bytes(intact.read_bytes()[: intact.stat().st_size // 2])
+    with TrapServer() as trap, RecordingProxy(azurite.blob_endpoint.rsplit("/", 1)[0]) as proxy:
+        monkeypatch.setenv(
+            names.STORAGE_CONNECTION, azurite.connection_string.replace(f":{azurite.blob_port}/", f":{proxy.port}/")
+        )
+        uploads = {
+            **network_vectors(tmp_path, trap.url),
+            **local_vectors(tmp_path, secret_tif, secret_raw),
+            "vrt-other-container": write(tmp_path, "other.tif", vrt(f"/vsiaz/{other.container_name}/secret.tif")),
+            "truncated-geotiff": str(truncated),
+        }
+        with local_host(app_env) as host:
+            summaries = {
+                case: process_file(host, Path(path), name=f"{case}.tif", timeout=120) for case, path in uploads.items()
+            }
+        asked = proxy.paths()
+        heard = list(trap.requests)
+    for case, summary in summaries.items():
+        assert summary["status"] == "failed", (case, summary)
+        assert "accepted" in summary["error"] or "upload the complete file" in summary["error"], (case, summary)
+    assert heard == []
+    assert not [p for p in asked if other.container_name in p], "the other container's blob was requested"
+    service = storage.blob_service()
+    for container in (app_env.tiles, app_env.output):
+        assert list(service.get_container_client(container).list_blobs()) == [], container
+    table = storage.table_service().get_table_client(app_env.manifest)
+    assert all(count_manifest(table, s["job_id"]).rows == 0 for s in summaries.values())
+    for blob in service.get_container_client(app_env.input).list_blobs():
+        assert MARKER not in download(storage, app_env.input, blob.name)
+    assert MARKER.decode() not in caplog.text
 
 
 def run_cli(app_env: AppEnv, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
     env = {**os.environ, **app_env.env}
-    return subprocess.run([sys.executable, "-m", "devhost", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "devhost", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_cli_process_status_and_exit_codes(storage, app_env, tmp_path):
@@ -300,8 +361,16 @@ def test_cli_process_status_and_exit_codes(storage, app_env, tmp_path):
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)
     assert summary["status"] == "completed" and summary["windows"] == 4 and summary["written"] == 4
-    assert set(summary) >= {"job_id", "status", "windows", "written", "already_present", "mosaic_url",
-                            "stac_url", "elapsed_s"}
+    assert set(summary) >= {
+        "job_id",
+        "status",
+        "windows",
+        "written",
+        "already_present",
+        "mosaic_url",
+        "stac_url",
+        "elapsed_s",
+    }
     starts = summary["host"]["starts"]  # racing starters: both may succeed, as on Azure Storage
     assert len(starts) == 2 and "started" in starts and set(starts) <= {"started", "duplicate"}
 

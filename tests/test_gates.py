@@ -1,4 +1,4 @@
-"""The storage gates (issue 2) against a real Azurite: create-only blob, If-Match repair,
+"""The storage gates against a real Azurite: create-only blob, If-Match repair,
 create-only manifest and claim rows, the classification of 409/412, and unknown outcomes.
 
 No storage is mocked. Faults that cannot be caused for real (a response lost on the way back,
@@ -40,7 +40,7 @@ from azure.data.tables import EdmType, EntityProperty, TableClient
 from azure.storage.blob import ContainerClient, ExponentialRetry
 
 from tilecommit import gates
-from tilecommit.errors import BadInputError, BodyTooLargeError, StorageFaultError
+from tilecommit.errors import BadInputError, BodyTooLargeError, ConfigurationError, StorageFaultError
 from tilecommit.gates import Outcome
 from tilecommit.grid import Window
 from tilecommit.jobs import tile_blob_name
@@ -331,17 +331,17 @@ def test_32_writers_20_rounds_exactly_one_winner_each(storage, container, record
 # ----------------------------------------------------------------------------- request shape
 
 
-def test_a_body_above_max_single_put_size_still_goes_as_one_conditional_put(storage, container):
+def test_a_body_above_the_default_single_put_size_goes_as_one_conditional_put(storage, container):
+    """With SINGLE_PUT_CLIENT_OPTIONS a body above the SDK's default 64 MiB threshold is one Put Blob."""
     recorder = Recorder()
-    client = container_client(storage, container, recorder, max_single_put_size=1 * MiB, max_block_size=1 * MiB)
-    body = bytes(range(256)) * (3 * MiB // 256)
-    assert len(body) == 3 * MiB
+    client = container_client(storage, container, recorder, **gates.SINGLE_PUT_CLIENT_OPTIONS)
+    body = bytes(range(256)) * (65 * MiB // 256)
 
     assert gates.commit_blob(client, "big/one.tif", body) is Outcome.WRITTEN
     assert len(recorder.seen) == 1
     put = recorder.seen[0]
     assert put.method == "PUT" and put.headers["if-none-match"] == "*"
-    assert int(put.headers["content-length"]) == 3 * MiB
+    assert int(put.headers["content-length"]) == 65 * MiB
     assert "comp=block" not in put.query and "blockid" not in put.query
     assert snapshot(container, "big/one.tif")["content"] == body
 
@@ -351,13 +351,26 @@ def test_a_body_above_max_single_put_size_still_goes_as_one_conditional_put(stor
     assert [s.method for s in recorder.seen] == ["PUT", "HEAD"]
     assert "comp=block" not in recorder.seen[0].query and recorder.seen[0].headers["if-none-match"] == "*"
 
-    # Control: the same client, without the gate, stages blocks, and the gate did not change
-    # the client's threshold (it raised it on a copy of the configuration).
-    recorder.clear()
+
+
+def test_a_client_that_would_stage_blocks_is_refused_before_any_request(storage, container):
+    recorder = Recorder()
+    client = container_client(storage, container, recorder, max_single_put_size=1 * MiB, max_block_size=1 * MiB)
+    body = bytes(range(256)) * (3 * MiB // 256)
+
+    for call in (
+        lambda: gates.commit_blob(client, "big/one.tif", body),
+        lambda: gates.repair_blob(client, "big/one.tif", body, expect_etag='"0x1"'),
+    ):
+        with pytest.raises(ConfigurationError, match="SINGLE_PUT_CLIENT_OPTIONS"):
+            call()
+    assert recorder.seen == []
+
+    # Why: the same client, without the gate, stages blocks that carry no condition.
     client.upload_blob("big/staged.tif", body, overwrite=False)
     comps = [parse_qs(s.query).get("comp", [""])[0] for s in recorder.puts()]
     assert comps == ["block", "block", "block", "blocklist"]
-    assert client._config.max_single_put_size == 1 * MiB  # pylint: disable=protected-access
+    assert [s.headers.get("if-none-match") for s in recorder.puts()] == [None, None, None, "*"]
 
 
 def test_a_body_larger_than_one_put_blob_is_refused_before_any_request(storage, container, monkeypatch):
@@ -424,7 +437,7 @@ def test_is_create_rejection_on_real_exceptions_from_azurite(storage, container,
     etag = blob.upload_blob(b"1")["etag"]
 
     taken = _capture(lambda: blob.upload_blob(b"2", overwrite=False))
-    # The SDK trap of the design notes: overwrite=False plus a failing If-Match is raised as
+    # The SDK trap (docs/design.md, 'Storage semantics'): overwrite=False plus a failing If-Match is raised as
     # ResourceExistsError although the service said 412 ConditionNotMet.
     trap = _capture(lambda: blob.upload_blob(b"2", overwrite=False, etag='"0x8D000000000000"', match_condition=MatchConditions.IfNotModified))
     stale = _capture(lambda: blob.upload_blob(b"2", overwrite=True, etag='"0x8D000000000000"', match_condition=MatchConditions.IfNotModified))
@@ -454,6 +467,7 @@ def test_is_create_rejection_on_real_exceptions_from_azurite(storage, container,
     for label, (exc, cls, status, code, rejection) in facts.items():
         assert isinstance(exc, cls), label
         assert exc.status_code == status, label
+        # Private: the gates' own reading of an SDK error's code, pinned here against what each service said.
         assert gates._error_code(exc) == code, label  # pylint: disable=protected-access
         assert gates.is_create_rejection(exc) is rejection, label
     # The trap's header still says what the service said; the Tables 409 has no error_code at all.

@@ -1,6 +1,8 @@
-"""The window plan (issue 2): a pure function of scene size and window size, tested as properties."""
+"""The window plan: a pure function of scene size and window size, tested as properties."""
 
 from __future__ import annotations
+
+import itertools
 
 import numpy as np
 import pytest
@@ -41,7 +43,7 @@ def test_windows_cover_the_scene_exactly_once(scene):
     for offset, length, extent in (("row_off", "height", height), ("col_off", "width", width)):
         runs = _runs(plan, offset, length)
         assert runs[0][0] == 0
-        for (off_a, len_a), (off_b, _) in zip(runs, runs[1:]):
+        for (off_a, len_a), (off_b, _) in itertools.pairwise(runs):
             assert off_a + len_a == off_b
         assert runs[-1][0] + runs[-1][1] == extent
     rows, cols = len(_runs(plan, "row_off", "height")), len(_runs(plan, "col_off", "width"))

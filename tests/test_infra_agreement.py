@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.test_infra_parse import INFRA, REPO_ROOT, Bicep, Unresolved
+from tests.bicep import INFRA, Bicep, Unresolved
 from tilecommit import settings
 from tilecommit.storage import StorageConnection
 

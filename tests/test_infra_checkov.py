@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.test_infra_parse import BROKEN_FIXTURE, INFRA, REPO_ROOT, Bicep, bicep_files
+from tests.bicep import BROKEN_FIXTURE, INFRA, REPO_ROOT, Bicep, bicep_files
 
 CHECKOV = REPO_ROOT / ".venv-checkov" / "bin" / "checkov"
 CUSTOM_CHECKS = INFRA / "checks"

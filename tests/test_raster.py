@@ -1,6 +1,6 @@
 """The geospatial half against Azurite and real GeoTIFFs: tiles, manifest gating, mosaic assembly.
 
-Scenes are made by the tests (bench.scenes, deterministic) in tmp_path; window sizes of 256 and
+Scenes are made by the tests (devhost.scenes, deterministic) in tmp_path; window sizes of 256 and
 512 keep them to a handful of windows each.
 """
 
@@ -11,7 +11,8 @@ import json
 import math
 import os
 import tempfile
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,7 +23,7 @@ from rasterio.transform import from_origin
 from rasterio.windows import Window as RioWindow
 from rio_cogeo.cogeo import cog_validate
 
-from bench.scenes import SceneSpec, read_scene, write_scene
+from devhost.scenes import SceneSpec, read_scene, write_scene
 from tilecommit import gates, jobs
 from tilecommit.errors import IncompleteManifestError, InvalidRasterError
 from tilecommit.grid import plan_windows
@@ -30,7 +31,6 @@ from tilecommit.raster import (
     AssemblyInProgressError,
     MosaicCheckError,
     SceneInfo,
-    assemble_mosaic,
     encode_tile,
     inspect_source,
     render_tile,
@@ -39,82 +39,15 @@ from tilecommit.raster.mosaic import MOSAIC_CLAIM
 from tilecommit.settings import Settings
 from tilecommit.storage import vsiaz_path
 
-JOB = "0123456789abcdef"
-
-
-# --------------------------------------------------------------------------- fixtures
-
-
-@pytest.fixture
-def tiles(new_container):
-    return new_container("tiles-")
-
-
-@pytest.fixture
-def output(new_container):
-    return new_container("out-")
-
-
-@pytest.fixture
-def manifest(new_table):
-    return new_table("manifest")
-
-
-@pytest.fixture
-def claims(new_table):
-    return new_table("claims")
-
-
-@pytest.fixture
-def stores(tiles, output, manifest, claims):
-    return {"tiles": tiles, "output": output, "manifest": manifest, "claims": claims}
-
-
-def render_all(path, scene: SceneInfo, settings: Settings, stores, job_id: str = JOB, gdal_options=None):
-    return [
-        render_tile(path, window, job_id=job_id, tiles=stores["tiles"], manifest=stores["manifest"],
-                    settings=settings, gdal_options=gdal_options)
-        for window in plan_windows(scene.width, scene.height, settings.window_size)
-    ]
-
-
-def assemble(scene, settings, stores, storage, job_id: str = JOB, **kwargs):
-    return assemble_mosaic(job_id, scene, tiles=stores["tiles"], output=stores["output"], manifest=stores["manifest"],
-                           claims=stores["claims"], settings=settings, gdal_options=storage.gdal_options(), **kwargs)
-
-
-def download(container, name: str, path) -> str:
-    with open(path, "wb") as f:
-        container.download_blob(name).readinto(f)
-    return str(path)
-
-
-def blob_names(container) -> list[str]:
-    return sorted(b.name for b in container.list_blobs())
-
-
-def manifest_rows(table, job_id: str = JOB) -> list[dict]:
-    return list(table.query_entities("PartitionKey eq @job", parameters={"job": job_id}))
-
-
-def overview_sizes(path: str) -> list[tuple[int, int]]:
-    with rasterio.open(path) as src:
-        sizes = [(src.width, src.height)]
-        levels = len(src.overviews(1))
-    for level in range(levels):
-        with rasterio.open(path, overview_level=level) as ovr:
-            sizes.append((ovr.width, ovr.height))
-    return sizes
-
-
-def assert_complete_pyramid(path: str, block: int = 256) -> None:
-    """Every level about half the one before; the smallest fits in one block and the one before does not."""
-    sizes = overview_sizes(path)
-    for (pw, ph), (w, h) in zip(sizes, sizes[1:]):
-        assert pw // 2 <= w <= pw // 2 + 1 and ph // 2 <= h <= ph // 2 + 1, sizes
-    assert max(sizes[-1]) <= block, f"smallest level {sizes[-1]} is larger than a block: levels missing ({sizes})"
-    if len(sizes) > 1:
-        assert max(sizes[-2]) > block, f"a superfluous level: {sizes}"
+from .raster_jobs import (
+    JOB,
+    assemble,
+    assert_complete_pyramid,
+    blob_names,
+    download,
+    manifest_rows,
+    render_all,
+)
 
 
 def assert_same_pixels(actual: np.ndarray, expected: np.ndarray) -> None:
@@ -161,10 +94,10 @@ def test_tiles_and_mosaic_reproduce_the_source(scene_case, stores, storage, tmp_
     assert len(manifest_rows(stores["manifest"])) == len(windows)
 
     with rasterio.open(path) as src:
-        for window, result in zip(windows, results):
+        for window, result in zip(windows, results, strict=True):
             assert result.uri == jobs.tile_blob_name(JOB, window)
             tile_path = download(stores["tiles"], result.uri, tmp_path / "tile.tif")
-            assert hashlib.sha256(open(tile_path, "rb").read()).hexdigest() == result.sha256
+            assert hashlib.sha256(Path(tile_path).read_bytes()).hexdigest() == result.sha256
             valid, errors, _ = cog_validate(tile_path, quiet=True)
             assert valid, errors
             rio_window = RioWindow(window.col_off, window.row_off, window.width, window.height)
@@ -210,7 +143,7 @@ def test_tiles_and_mosaic_reproduce_the_source(scene_case, stores, storage, tmp_
     assert item["properties"]["proj:transform"] == list(scene.transform)
     assert item["assets"]["data"]["href"] == "./mosaic.tif"
     assert item["assets"]["data"]["file:size"] == mosaic.nbytes
-    assert item["assets"]["data"]["file:checksum"] == "1220" + hashlib.sha256(open(mosaic_path, "rb").read()).hexdigest()
+    assert item["assets"]["data"]["file:checksum"] == "1220" + hashlib.sha256(Path(mosaic_path).read_bytes()).hexdigest()
     bands = item["assets"]["data"]["raster:bands"]
     assert len(bands) == spec.count and all(b["data_type"] == spec.dtype for b in bands)
     lon_min, lat_min, lon_max, lat_max = item["bbox"]
@@ -241,28 +174,47 @@ def test_vrt_assembly_matches_block_assembly_pixels(stores, storage, tmp_path):
     assert_complete_pyramid(mosaic_path)
 
 
-def test_internal_mask_survives_tiles_and_mosaic(stores, storage, tmp_path):
-    """A per-dataset mask (no nodata value) is carried by the tiles; assembly falls back to the VRT path."""
+@pytest.mark.parametrize("method,window_size", [("blocks", 512), ("blocks", 1024), ("vrt", 512)])
+def test_internal_mask_survives_tiles_and_mosaic(method, window_size, stores, storage, tmp_path):
+    """A per-dataset mask (no nodata value) is carried by the tiles and into the mosaic, by both paths.
+
+    The block copy takes the tiles' mask blocks beside their image blocks (and GDAL computes the
+    coarse levels' masks); the VRT path reads the tiles' masks through the VRT's MaskBand. With
+    1024-pixel windows a tile has two overview levels, whose masks the COG driver writes after
+    both of them.
+    """
     height, width = 600, 700
     data = np.random.default_rng(3).integers(1, 255, (3, height, width), dtype="uint8")
     mask = np.full((height, width), 255, dtype="uint8")
     mask[100:300, 50:400] = 0
     path = str(tmp_path / "masked.tif")
-    with rasterio.Env(GDAL_TIFF_INTERNAL_MASK=True):
-        with rasterio.open(path, "w", driver="GTiff", width=width, height=height, count=3, dtype="uint8",
-                           crs="EPSG:32633", transform=from_origin(500000, 4600000, 10, 10), tiled=True) as dst:
-            dst.write(data)
-            dst.write_mask(mask)
-    settings = Settings(window_size=512)
+    with (
+        rasterio.Env(GDAL_TIFF_INTERNAL_MASK=True),
+        rasterio.open(path, "w", driver="GTiff", width=width, height=height, count=3, dtype="uint8", crs="EPSG:32633", transform=from_origin(500000, 4600000, 10, 10), tiled=True) as dst,
+    ):
+        dst.write(data)
+        dst.write_mask(mask)
+    settings = Settings(window_size=window_size)
     scene = inspect_source(path, settings=settings)
     assert scene.mask == "per-dataset"
     render_all(path, scene, settings, stores)
-    result = assemble(scene, settings, stores, storage)
-    assert result.method == "vrt"
+    result = assemble(scene, settings, stores, storage, method=method)
+    assert result.method == method
     mosaic_path = download(stores["output"], result.mosaic, tmp_path / "mosaic.tif")
+    valid, errors, _ = cog_validate(mosaic_path, quiet=True)
+    assert valid, errors
     with rasterio.open(mosaic_path) as m:
         assert np.array_equal(m.read(), data)
         assert np.array_equal(m.dataset_mask(), mask)
+        levels = len(m.overviews(1))
+    assert levels == result.overview_levels > 0
+    for level in range(levels):
+        with rasterio.open(mosaic_path, overview_level=level) as overview:
+            # Every level has a mask of its own, which masks out the hole (to the level's resolution).
+            assert [flag.name for flag in overview.mask_flag_enums[0]] == ["per_dataset"]
+            factor = 2 ** (level + 1)
+            hole = overview.dataset_mask()[100 // factor + 1 : 300 // factor - 1, 50 // factor + 1 : 400 // factor - 1]
+            assert hole.size and not hole.any()
     assert_complete_pyramid(mosaic_path)
 
 
@@ -338,9 +290,7 @@ def test_windows_read_through_vsiaz_equal_the_local_file(small_scene, stores, st
     assert [r.sha256 for r in remote_results] == [r.sha256 for r in local]
 
 
-def test_a_block_that_cannot_be_decoded_fails_its_window_and_writes_nothing(tmp_path, stores):
-    """Corruption inside the file (not in the block stored last, which inspection decodes) is found
-    when its window is read: InvalidRasterError, and no blob or row for that window."""
+def _damage_first_block(tmp_path) -> str:
     spec = SceneSpec(1024, 512, 1, "uint16", blocksize=256)
     path = write_scene(str(tmp_path / "corrupt.tif"), spec)
     with rasterio.open(path) as src:
@@ -349,6 +299,24 @@ def test_a_block_that_cannot_be_decoded_fails_its_window_and_writes_nothing(tmp_
     with open(path, "r+b") as f:
         f.seek(offset)
         f.write(b"\xff" * size)
+    return path
+
+
+def test_a_damaged_block_of_a_small_source_is_refused_by_inspection(tmp_path):
+    """A source within the full-decode budget is decoded whole before any tile is written."""
+    path = _damage_first_block(tmp_path)
+    with pytest.raises(InvalidRasterError, match="pixels at column 0, row 0 .* cannot be decoded"):
+        inspect_source(path, settings=Settings(window_size=256))
+
+
+def test_a_block_that_cannot_be_decoded_fails_its_window_and_writes_nothing(tmp_path, stores, monkeypatch):
+    """In a source over the full-decode budget (the budget lowered here, so the file can stay small),
+    inspection decodes only the block stored last; damage elsewhere is found when its window is
+    read: InvalidRasterError, and no blob or row for that window."""
+    from tilecommit.raster import scene as scene_module
+
+    monkeypatch.setattr(scene_module, "FULL_DECODE_MAX_FILE_BYTES", 0)
+    path = _damage_first_block(tmp_path)
     settings = Settings(window_size=256)
     inspect_source(path, settings=settings)  # the damage is not where inspection looks
     window = plan_windows(1024, 512, 256)[0]
@@ -432,7 +400,7 @@ def test_companions_lost_to_a_crash_are_written_by_the_next_call(rendered, store
 
 def test_a_live_claim_blocks_assembly_and_an_expired_one_is_taken_over(rendered, stores, storage):
     _, _, scene, settings, _ = rendered
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     stores["claims"].create_entity({"PartitionKey": JOB, "RowKey": MOSAIC_CLAIM, "owner": "other-attempt",
                                     "claimed_at": now, "expires_at": now + timedelta(minutes=5)})
     with pytest.raises(AssemblyInProgressError, match="other-attempt") as caught:
@@ -485,7 +453,7 @@ def test_tiff_block_copy_round_trips_a_cog(small_scene, tmp_path, bigtiff):
     directories = [
         tiff.OutputDirectory(
             tags=tiff.copyable_tags(d, width=d.width, height=d.height, subfile_type=d.subfile_type),
-            blocks=[tiff.BlockRef("tile", o, c) for o, c in zip(d.block_offsets, d.block_byte_counts)],
+            blocks=[tiff.BlockRef("tile", o, c) for o, c in zip(d.block_offsets, d.block_byte_counts, strict=True)],
             width=d.width, height=d.height,
         )
         for d in layout.directories
@@ -499,7 +467,7 @@ def test_tiff_block_copy_round_trips_a_cog(small_scene, tmp_path, bigtiff):
     writer = tiff.TiffWriter(layout.byte_order, ghost=layout.ghost, leaders=layout.block_leaders, trailers=layout.block_trailers)
     with open(out_path, "wb") as out:
         written = writer.write(out, directories, fetch, force_bigtiff=bigtiff)
-    copied = open(out_path, "rb").read()
+    copied = Path(out_path).read_bytes()
     assert written.nbytes == len(copied) and written.sha256 == hashlib.sha256(copied).hexdigest()
     assert copied[2:4] == (b"+\x00" if bigtiff else b"*\x00")
     assert cog_validate(out_path, quiet=True)[0]
@@ -591,7 +559,7 @@ def test_mosaic_is_streamed_as_staged_blocks_committed_with_if_none_match(render
     committed = stores["output"].get_blob_client(name).get_block_list("committed")[0]
     assert [b.id for b in committed] == [f"{i:08d}" for i in range(len(blocks))]
     mosaic_path = str(tmp_path / "mosaic.tif")
-    open(mosaic_path, "wb").write(body)
+    Path(mosaic_path).write_bytes(body)
     assert cog_validate(mosaic_path, quiet=True)[0]
     with rasterio.open(mosaic_path) as m:
         assert_same_pixels(m.read(), read_scene(spec))

@@ -9,14 +9,13 @@ import rasterio
 from rasterio.control import GroundControlPoint
 from rasterio.transform import Affine, from_origin
 
-from bench.scenes import SceneSpec, write_scene
+from devhost.scenes import SceneSpec, write_scene
 from tilecommit.errors import BadInputError, InvalidRasterError, UnsupportedRasterError
 from tilecommit.raster import inspect_source
 from tilecommit.settings import Settings
 from tilecommit.storage import vsiaz_path
 
-from .test_raster import blob_names, manifest_rows, render_all  # noqa: F401 - fixtures below come along
-from .test_raster import claims, manifest, output, stores, tiles  # noqa: F401
+from .raster_jobs import blob_names, manifest_rows, render_all
 
 SETTINGS = Settings(window_size=256)
 
@@ -27,7 +26,10 @@ def run_job(path: str, stores, gdal_options=None, settings: Settings = SETTINGS)
     render_all(path, scene, settings, stores, gdal_options=gdal_options)
 
 
-def write_raster(path, *, dtype="uint16", transform=from_origin(500000, 4600000, 10, 10), crs="EPSG:32633",
+NORTH_UP = from_origin(500000, 4600000, 10, 10)
+
+
+def write_raster(path, *, dtype="uint16", transform=NORTH_UP, crs="EPSG:32633",
                  width=300, height=200, count=1, **extra) -> str:
     with rasterio.open(path, "w", driver="GTiff", width=width, height=height, count=count, dtype=dtype,
                        crs=crs, transform=transform, tiled=True, blockxsize=256, blockysize=256, **extra) as dst:
@@ -105,7 +107,7 @@ def make_complex(tmp_path):
 
 BAD_INPUTS = {
     # id: (maker, error type, message fragments, settings)
-    "not-a-raster": (make_not_a_raster, InvalidRasterError, ["is not a raster GDAL can read", "accepted:"]),
+    "not-a-raster": (make_not_a_raster, InvalidRasterError, ["is not a TIFF", "accepted: a self-contained GeoTIFF"]),
     "zero-bytes": (make_zero_bytes, InvalidRasterError, ["is empty (0 bytes)", "upload the raster itself"]),
     "corrupt-tiff": (make_corrupt_tiff, InvalidRasterError, ["starts like a TIFF", "truncated or corrupt"]),
     "truncated-header": (make_truncated_header, InvalidRasterError, ["starts like a TIFF", "truncated or corrupt"]),

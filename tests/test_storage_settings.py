@@ -1,4 +1,4 @@
-"""Connection and app settings (issue 2): StorageConnection.from_env and Settings.from_env.
+"""Connection and app settings: StorageConnection.from_env and Settings.from_env.
 
 Nothing here calls Azure: clients and credentials are only constructed, never used.
 """

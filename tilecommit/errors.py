@@ -68,5 +68,15 @@ class MosaicCheckError(TileCommitError):
     """The mosaic built locally failed its own checks (a bug, not bad input): nothing was uploaded."""
 
 
+class GdalStepError(TileCommitError):
+    """GDAL failed in a step of the pipeline; the message names the step, the window and GDAL's own words."""
+
+    def __init__(self, message: str, *, step: str = "", window: str | None = None, gdal_messages: list[str] | None = None):
+        super().__init__(message)
+        self.step = step
+        self.window = window
+        self.gdal_messages = list(gdal_messages or [])
+
+
 class IncompatibleTilesError(TileCommitError):
     """The tiles cannot be block-copied (layout differs); the VRT path can still assemble them."""

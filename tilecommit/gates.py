@@ -10,12 +10,12 @@ the condition.
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import logging
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from enum import Enum
-from typing import Any, Callable, Iterable
+from enum import StrEnum
+from typing import Any
 
 from azure.core import MatchConditions
 from azure.core.exceptions import (
@@ -28,7 +28,7 @@ from azure.data.tables import EdmType, EntityProperty, TableClient
 from azure.storage.blob import BlobClient, ContainerClient, ContentSettings
 
 from . import telemetry
-from .errors import BodyTooLargeError, StorageFaultError
+from .errors import BodyTooLargeError, ConfigurationError, StorageFaultError
 from .grid import Window
 
 logger = logging.getLogger(__name__)
@@ -37,13 +37,19 @@ logger = logging.getLogger(__name__)
 SHA256_METADATA_KEY = "sha256"
 #: The largest body one Put Blob accepts (service version 2019-12-12 and later).
 MAX_PUT_BLOB_BYTES = 5000 * 1024 * 1024
+#: Client options for a container whose blobs are written through the gates (``commit_blob``,
+#: ``repair_blob``). The SDK sends a body above ``max_single_put_size`` (64 MiB by default) as
+#: staged blocks, and Put Block carries no condition: a duplicate would be refused only at Put
+#: Block List, after every byte moved. Built with these options, a client sends every body a gate
+#: accepts as the one conditional Put Blob.
+SINGLE_PUT_CLIENT_OPTIONS = {"max_single_put_size": MAX_PUT_BLOB_BYTES}
 #: Conditional puts tried when a transport fault left the outcome unknown and evidence says absent.
 UNKNOWN_OUTCOME_ATTEMPTS = 3
 
 _TRANSPORT_FAULTS = (ServiceRequestError, ServiceResponseError)
 
 
-class Outcome(str, Enum):
+class Outcome(StrEnum):
     """What a gated write did. A refusal is an outcome, not an error."""
 
     WRITTEN = "written"
@@ -130,11 +136,10 @@ def count_mismatch(gate: str, job_id: str, key: str, ours: str, stored: str | No
 
 
 def _single_put_client(container: ContainerClient, name: str, size: int) -> BlobClient:
-    """A client for ``name`` that sends a body of ``size`` bytes as one Put Blob.
+    """A client for ``name`` that sends a body of ``size`` bytes as one Put Blob, or a refusal.
 
-    Above ``max_single_put_size`` the SDK would stage blocks, whose Put Block requests carry no
-    condition: the duplicate would only be refused at Put Block List, after every byte moved.
-    The blob client shares its container's configuration, so raise the threshold on a copy.
+    Refused before any request: a body larger than one Put Blob, and a body that this container
+    client would stage as blocks (see :data:`SINGLE_PUT_CLIENT_OPTIONS`).
     """
     if size > MAX_PUT_BLOB_BYTES:
         raise BodyTooLargeError(
@@ -142,10 +147,14 @@ def _single_put_client(container: ContainerClient, name: str, size: int) -> Blob
             "gate large outputs with a claim and upload them from a file instead"
         )
     blob = container.get_blob_client(name)
-    if size > blob._config.max_single_put_size:  # pylint: disable=protected-access
-        config = copy.copy(blob._config)  # pylint: disable=protected-access
-        config.max_single_put_size = size
-        blob._config = config  # pylint: disable=protected-access
+    # Private, read only: azure-storage-blob 12.31 keeps the max_single_put_size a client was
+    # built with on its configuration object and has no public property for it.
+    threshold = blob._config.max_single_put_size
+    if size > threshold:
+        raise ConfigurationError(
+            f"{name!r}: {size} bytes would go up as unconditioned staged blocks with this client "
+            f"(max_single_put_size={threshold}); build its container client with gates.SINGLE_PUT_CLIENT_OPTIONS"
+        )
     return blob
 
 
@@ -250,7 +259,7 @@ def commit_blob(
     digest = sha256_hex(body)
     blob = _single_put_client(container, name, len(body))
     # overwrite=False makes the SDK send If-None-Match: *. (Passing etag="*" with
-    # MatchConditions.IfMissing raises TypeError in the SDK: see the design notes.)
+    # MatchConditions.IfMissing raises TypeError in the SDK: docs/design.md, 'Storage semantics'.)
     return create_once(
         blob,
         lambda: _put(blob, body, digest=digest, content_type=content_type, metadata=metadata, overwrite=False),
@@ -479,5 +488,6 @@ __all__ = [
     "sha256_hex",
     "SHA256_METADATA_KEY",
     "MAX_PUT_BLOB_BYTES",
+    "SINGLE_PUT_CLIENT_OPTIONS",
 ]
 

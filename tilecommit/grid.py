@@ -9,13 +9,14 @@ import re
 from dataclasses import dataclass
 
 from .errors import BadInputError
+from .records import Record
 
 #: ASCII digits only, matched with fullmatch ('$' would accept a final newline, \d any script's digits).
 _WINDOW_ID = re.compile(r"([0-9]{4,})_([0-9]{4,})")
 
 
 @dataclass(frozen=True, order=True)
-class Window:
+class Window(Record):
     """One window of the grid: its grid position and its pixel bounds in the scene."""
 
     row: int
@@ -30,19 +31,7 @@ class Window:
         """Stable window id, ``row_col`` zero-padded: the manifest RowKey and the tile's stem."""
         return f"{self.row:04d}_{self.col:04d}"
 
-    def to_dict(self) -> dict:
-        return {
-            "row": self.row,
-            "col": self.col,
-            "row_off": self.row_off,
-            "col_off": self.col_off,
-            "height": self.height,
-            "width": self.width,
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "Window":
-        return cls(**{k: int(data[k]) for k in ("row", "col", "row_off", "col_off", "height", "width")})
+    JSON_IN = dict.fromkeys(("row", "col", "row_off", "col_off", "height", "width"), int)
 
 
 def plan_windows(width: int, height: int, size: int) -> list[Window]:

@@ -78,7 +78,7 @@ def job_id_for(blob_url: str, etag: str) -> str:
     Same inputs, same id; a new ETag (the blob was overwritten) gives a new job. The id is a
     valid Durable instance id, table key and blob-name segment whatever the upload was called.
     """
-    material = f"{normalise_blob_url(blob_url)}\n{normalise_etag(etag)}".encode("utf-8")
+    material = f"{normalise_blob_url(blob_url)}\n{normalise_etag(etag)}".encode()
     return hashlib.sha256(material).hexdigest()[:16]
 
 

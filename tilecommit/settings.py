@@ -7,8 +7,8 @@ Every container, table and app-setting name the app relies on is defined here on
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from .errors import ConfigurationError
 
@@ -55,17 +55,24 @@ APP_SETTINGS = (
     SETTING_GDAL_CACHEMAX,
 )
 
-#: 1024 px windows: 0.17-0.21 s and ~115 MB a worker for 3-band uint16 (design notes, section 4).
+#: 1024 px windows: 0.17-0.21 s and ~115 MB a worker for 3-band uint16 (docs/design.md, 'GDAL settings and raster figures').
 DEFAULT_WINDOW_SIZE = 1024
-#: Windows per sub-orchestration: bounds each instance's history (design notes, section 3).
+#: Windows per sub-orchestration: bounds each instance's history, whose replay cost grows with its length
+#: (docs/design.md, 'Durable Functions without the host').
 DEFAULT_BATCH_SIZE = 64
 #: 40960 x 40960 pixels; larger scenes are refused before any tile is written.
 DEFAULT_MAX_PIXELS = 40960 * 40960
-#: GDAL block cache per process, in MB (the tuned value of the design notes).
+#: GDAL block cache per process, in MB (the tuned value: docs/design.md, 'GDAL settings and raster figures').
 DEFAULT_GDAL_CACHEMAX_MB = 64
 
-#: Raster extensions the trigger accepts; anything else is logged and ignored.
-RASTER_EXTENSIONS = (".tif", ".tiff", ".gtiff", ".geotiff", ".img", ".jp2", ".vrt")
+#: Names of sidecar files: companions GDAL would read beside a raster (metadata, overviews,
+#: masks, world files, projection files). The app never reads them with a raster, and an upload
+#: with such a name starts no job (it is logged and ignored). Whether any other upload is a
+#: raster is decided by its content, never its name (tilecommit/raster/upload.py).
+SIDECAR_SUFFIXES = (
+    ".aux.xml", ".aux", ".ovr", ".msk", ".tfw", ".tifw", ".tiffw", ".wld", ".prj", ".tab",
+    ".imd", ".rpb", "_rpc.txt", ".xml",
+)
 
 
 @dataclass(frozen=True)
@@ -96,7 +103,7 @@ class Settings:
             raise ConfigurationError(f"{SETTING_GDAL_CACHEMAX}={self.gdal_cachemax_mb}: expected > 0")
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> "Settings":
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         env = os.environ if environ is None else environ
 
         def integer(name: str, default: int) -> int:

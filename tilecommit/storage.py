@@ -10,15 +10,16 @@ One connection (``AzureWebJobsStorage`` by default) serves the host, Durable and
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Mapping
+from typing import Any
 from urllib.parse import urlsplit
 
 from azure.data.tables import TableServiceClient
 from azure.storage.blob import BlobServiceClient
 
-from .errors import ConfigurationError
+from .errors import ConfigurationError, InvalidNameError
 from .settings import STORAGE_CONNECTION
 
 #: The scope of a token for Azure Storage (blobs, tables and queues).
@@ -49,7 +50,7 @@ class StorageConnection:
     client_id: str | None = None
 
     @classmethod
-    def from_env(cls, name: str = STORAGE_CONNECTION, environ: Mapping[str, str] | None = None) -> "StorageConnection":
+    def from_env(cls, name: str = STORAGE_CONNECTION, environ: Mapping[str, str] | None = None) -> StorageConnection:
         env = os.environ if environ is None else environ
         value = (env.get(name) or "").strip()
         if value:
@@ -82,7 +83,7 @@ class StorageConnection:
         )
 
     @classmethod
-    def from_connection_string(cls, value: str) -> "StorageConnection":
+    def from_connection_string(cls, value: str) -> StorageConnection:
         parts = parse_connection_string(value)
         account = parts.get("AccountName")
         protocol = parts.get("DefaultEndpointsProtocol", "https")
@@ -149,5 +150,16 @@ class StorageConnection:
 
 
 def vsiaz_path(container: str, blob_name: str) -> str:
-    """The GDAL path of a blob: ``/vsiaz/{container}/{blob}``."""
+    """The GDAL path of a blob: ``/vsiaz/{container}/{blob}``.
+
+    A blob name is data from outside. GDAL sends the path's segments as they are, and the HTTP
+    layer below it resolves ``.`` and ``..`` segments (RFC 3986), so ``a/../../other/b`` would
+    address another container: such names are refused, as are backslashes.
+    """
+    segments = blob_name.split("/")
+    if any(segment in (".", "..") for segment in segments) or "\\" in blob_name:
+        raise InvalidNameError(
+            f"blob name {blob_name!r} has a '.' or '..' segment or a backslash: it cannot be read as one "
+            "blob of its container; rename it"
+        )
     return f"/vsiaz/{container}/{blob_name}"

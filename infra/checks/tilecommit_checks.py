@@ -15,7 +15,8 @@ app settings cannot be seen at all: a check that cannot see a secret has not sho
 from __future__ import annotations
 
 import re
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from checkov.bicep.checks.resource.base_resource_check import BaseResourceCheck
 from checkov.common.models.enums import CheckCategories, CheckResult

@@ -163,8 +163,9 @@ def changes_its_mind(context: df.DurableOrchestrationContext):
 def parent_of_slow_child(context: df.DurableOrchestrationContext):
     """A child that naps; with ``fail``, a flaky activity beside it fails the parent first."""
     job = context.get_input()
-    child = context.call_sub_orchestrator("nap_once", {"seconds": job["seconds"], "i": job["run"]},
-                                          f"{context.instance_id}-child-{job['child']}")
+    child = context.call_sub_orchestrator(
+        "nap_once", {"seconds": job["seconds"], "i": job["run"]}, f"{context.instance_id}-child-{job['child']}"
+    )
     tasks = [child]
     if job["fail"]:
         tasks.append(context.call_activity("flaky", {"key": job["key"]}))

@@ -1,6 +1,6 @@
 """GDAL configuration that bounds memory, set by the code for every raster operation.
 
-The figures are the tuned ones of the design notes (section 4): with GDAL's defaults an assembly
+The figures are the tuned ones of docs/design.md ('GDAL settings and raster figures'): with GDAL's defaults an assembly
 of a 10240² x 3 uint16 scene peaks at 1.23 GB (2.7 GB at 20480²), over the Consumption plan's
 1.5 GB; with these it stays near 270 MB whatever the scene size. Nothing is left to the process
 environment, so a worker behaves the same on a laptop and in Azure.
@@ -36,12 +36,20 @@ def gdal_config(settings: Settings, gdal_options: dict | None = None, *, num_thr
         "GDAL_SWATH_SIZE": SWATH_SIZE,
         "GDAL_OVR_CHUNK_MAX_SIZE": OVR_CHUNK_MAX_SIZE,
         "GDAL_NUM_THREADS": num_threads,
-        # No directory listing on open: one HEAD for a blob instead of a LIST of its container.
+        # No directory listing on open, and so no sidecar: GDAL looks for a file's .aux.xml, .ovr,
+        # .msk, world file and the like only among the names a listing returned, and EMPTY_DIR
+        # makes that list empty (one HEAD for a blob instead of a LIST of its container, too).
+        # Sidecars uploaded next to a raster are never read with it (docs/uploads.md).
         "GDAL_DISABLE_READDIR_ON_OPEN": "EMPTY_DIR",
+        # No VRT opened by the app (the mosaic's own) may run Python pixel functions or read a
+        # raw file named in it; uploads are never opened as VRT at all (upload.py).
+        "GDAL_VRT_ENABLE_PYTHON": "NO",
+        "GDAL_VRT_ENABLE_RAWRASTERBAND": "NO",
         # GDAL retries a throttled or failed range read itself before reporting an error.
         "GDAL_HTTP_MAX_RETRY": 3,
         "GDAL_HTTP_RETRY_DELAY": 1,
-        # No .aux.xml side files next to outputs (they would be non-deterministic extra writes).
+        # No .aux.xml read beside an input (its georeferencing or nodata would override the
+        # file's own) nor written beside an output (a non-deterministic extra write).
         "GDAL_PAM_ENABLED": "NO",
         # Overviews built into an existing GeoTIFF (the mosaic's coarse levels): same encoding as the tiles.
         "GDAL_TIFF_OVR_BLOCKSIZE": BLOCK_SIZE,

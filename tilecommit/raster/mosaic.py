@@ -10,7 +10,7 @@ copied level (1/16 of the pixels with 1024-pixel windows). Nothing at full resol
 or re-encoded, so assembly costs about what moving the bytes costs.
 
 ``vrt``: a VRT over the tiles, translated by GDAL's COG driver with the memory-bounding settings
-of the design notes and ``OVERVIEWS=IGNORE_EXISTING`` (the VRT would otherwise lend the tiles'
+of docs/design.md ('GDAL settings and raster figures') and ``OVERVIEWS=IGNORE_EXISTING`` (the VRT would otherwise lend the tiles'
 overviews and the COG driver would write only some levels). Used when the tiles cannot be
 block-copied (an internal mask, or tiles from an older encoding) and as the benchmark's reference.
 
@@ -33,10 +33,11 @@ import time
 import uuid
 import warnings
 from collections import deque
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
-from typing import BinaryIO, Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from typing import BinaryIO
 from xml.sax.saxutils import escape
 
 import rasterio
@@ -50,7 +51,7 @@ from azure.core.exceptions import (
 )
 from azure.data.tables import TableClient, UpdateMode
 from azure.storage.blob import BlobClient, ContainerClient, ContentSettings
-from rasterio.enums import Resampling
+from rasterio.enums import MaskFlags, Resampling
 from rasterio.errors import NotGeoreferencedWarning
 from rasterio.io import MemoryFile
 
@@ -64,12 +65,14 @@ from ..errors import (
     StorageFaultError,
 )
 from ..grid import Window, plan_windows
+from ..records import Record
 from ..settings import Settings
 from ..storage import vsiaz_path
 from . import tiff
 from .env import BLOCK_SIZE, NUM_THREADS, gdal_env
-from .scene import SceneInfo
-from .stac import quicklook_png, stac_item_bytes
+from .gdal_errors import gdal_step
+from .scene import SceneInfo, as_crs, crs_label, same_crs
+from .stac import mosaic_footprint, quicklook_png, stac_item_bytes
 from .tiles import cog_creation_options, predictor_for, tile_overview_count
 
 logger = logging.getLogger(__name__)
@@ -107,7 +110,7 @@ _TRANSPORT_FAULTS = (ServiceRequestError, ServiceResponseError)
 
 
 @dataclass(frozen=True)
-class MosaicResult:
+class MosaicResult(Record):
     outcome: str
     mosaic: str
     stac: str
@@ -118,23 +121,7 @@ class MosaicResult:
     method: str = ""
     sha256: str = ""
 
-    def to_dict(self) -> dict:
-        return {
-            "outcome": self.outcome,
-            "mosaic": self.mosaic,
-            "stac": self.stac,
-            "quicklook": self.quicklook,
-            "nbytes": self.nbytes,
-            "overview_levels": self.overview_levels,
-            "timings": dict(self.timings),
-            "method": self.method,
-            "sha256": self.sha256,
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "MosaicResult":
-        fields = ("outcome", "mosaic", "stac", "quicklook", "nbytes", "overview_levels", "method", "sha256")
-        return cls(**{k: data[k] for k in fields if k in data}, timings=dict(data.get("timings") or {}))
+    JSON_IN = {"timings": lambda timings: dict(timings or {})}
 
 
 def halve_floor(n: int) -> int:
@@ -166,7 +153,7 @@ def pyramid_problems(sizes: list[tuple[int, int]], block_size: int = BLOCK_SIZE)
     one, the last fitting in one block and the one before it not (no level missing, none extra).
 
     A count alone is not enough to call a pyramid complete, and GDAL's COG validator checks
-    neither (design notes, section 4), so this is checked on every mosaic before upload.
+    neither (docs/design.md, 'GDAL settings and raster figures'), so this is checked on every mosaic before upload.
     """
     problems = []
     for k in range(1, len(sizes)):
@@ -351,7 +338,7 @@ def _claim(claims: TableClient, job_id: str, ttl_s: float) -> tuple[str, str]:
     attempt's claim lapse without any process having to survive to release it.
     """
     owner = uuid.uuid4().hex
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     expires = now + timedelta(seconds=ttl_s)
     outcome = gates.record_claim(claims, job_id=job_id, claim=MOSAIC_CLAIM, owner=owner, claimed_at=now, expires_at=expires)
     try:
@@ -423,55 +410,88 @@ def _tile_level_size(n: int, level: int) -> int:
     return n
 
 
+def tile_levels(layout: tiff.TiffLayout) -> list[tuple[tiff.Directory, tiff.Directory | None]]:
+    """A tile's levels, full resolution first: (image directory, its internal mask's directory or None).
+
+    The COG driver writes the full resolution's mask (subfile type 4) after its image, and the
+    overviews' masks (type 5) after all the overviews; a mask belongs to the image of its size.
+    """
+    images = [d for d in layout.directories if not d.subfile_type & tiff.SUBFILE_MASK]
+    masks = {(d.width, d.height, d.subfile_type & tiff.SUBFILE_REDUCED): d
+             for d in layout.directories if d.subfile_type & tiff.SUBFILE_MASK}
+    levels = [(d, masks.pop((d.width, d.height, d.subfile_type & tiff.SUBFILE_REDUCED), None)) for d in images]
+    if masks:
+        raise IncompatibleTilesError(f"mask directories without an image of their size: {sorted(masks)}")
+    return levels
+
+
+def _check_tile_directory(head: _TileHead, d: tiff.Directory, key: tuple, expected: tuple[int, int], what: str) -> None:
+    if (d.width, d.height) != expected:
+        raise IncompatibleTilesError(f"tile {head.window.id} {what} is {d.width}x{d.height}, expected {expected}")
+    if d.encoding_key() != key or d.tile_width != BLOCK_SIZE or d.tile_height != BLOCK_SIZE or d.planar_config != 1:
+        raise IncompatibleTilesError(f"tile {head.window.id} {what} is encoded differently from tile 0000_0000")
+    if len(d.block_offsets) != d.blocks_across * d.blocks_down or len(d.block_byte_counts) != len(d.block_offsets):
+        raise IncompatibleTilesError(f"tile {head.window.id} {what} has an unexpected number of blocks")
+
+
 def _plan_tile_levels(scene: SceneInfo, heads: list[_TileHead], settings: Settings) -> list[tiff.OutputDirectory]:
     """The mosaic's directories 0..K taken from the tiles' directories 0..K, or IncompatibleTilesError.
 
     Level k of the mosaic is the tiles' level k side by side: interior tiles contribute exactly
     window/2^k pixels (a whole number of blocks), edge tiles what the COG driver made of them.
     Stops at the first level that fits in one block, or at the tiles' last block-aligned level.
+    Tiles with an internal mask give every level its mask, copied the same way (a 1-bit mask
+    block covers the same 256 x 256 pixels as the image block beside it).
     """
     window_size = settings.window_size
     available = tile_overview_count(window_size)
     reference = heads[0].layout
     if heads[0].window.id != "0000_0000":
         raise IncompatibleTilesError("the first planned window is not 0000_0000")
+    levels = {h.window.id: tile_levels(h.layout) for h in heads}
+    reference_levels = levels["0000_0000"]
+    masked = reference_levels[0][1] is not None
     grid = {(h.window.row, h.window.col): h for h in heads}
     rows = 1 + max(h.window.row for h in heads)
     cols = 1 + max(h.window.col for h in heads)
     out: list[tiff.OutputDirectory] = []
     for k in range(available + 1):
-        ref_dir = reference.directories[k] if k < len(reference.directories) else None
-        if ref_dir is None:
+        if k >= len(reference_levels):
             raise IncompatibleTilesError(f"tile 0000_0000 has no overview level {k}")
+        ref_dir, ref_mask = reference_levels[k]
         per_tile = window_size // 2**k // BLOCK_SIZE
         width = sum(_tile_level_size(grid[(0, c)].window.width, k) for c in range(cols))
         height = sum(_tile_level_size(grid[(r, 0)].window.height, k) for r in range(rows))
-        key = ref_dir.encoding_key()
         for head in heads:
-            dirs = head.layout.directories
+            tile = levels[head.window.id]
             if head.layout.byte_order != reference.byte_order:
                 raise IncompatibleTilesError(f"tile {head.window.id} has another byte order")
-            if any(d.subfile_type & tiff.SUBFILE_MASK for d in dirs):
-                raise IncompatibleTilesError(f"tile {head.window.id} has an internal mask")
-            if len(dirs) <= k:
+            if len(tile) <= k:
                 raise IncompatibleTilesError(f"tile {head.window.id} has no overview level {k}")
-            d = dirs[k]
+            if (tile[k][1] is not None) != masked:
+                raise IncompatibleTilesError(f"tile {head.window.id} level {k} {'lacks' if masked else 'has'} an internal mask")
             expected = (_tile_level_size(head.window.width, k), _tile_level_size(head.window.height, k))
-            if (d.width, d.height) != expected:
-                raise IncompatibleTilesError(f"tile {head.window.id} level {k} is {d.width}x{d.height}, expected {expected}")
-            if d.encoding_key() != key or d.tile_width != BLOCK_SIZE or d.tile_height != BLOCK_SIZE or d.planar_config != 1:
-                raise IncompatibleTilesError(f"tile {head.window.id} level {k} is encoded differently from tile 0000_0000")
-            if len(d.block_offsets) != d.blocks_across * d.blocks_down or len(d.block_byte_counts) != len(d.block_offsets):
-                raise IncompatibleTilesError(f"tile {head.window.id} level {k} has an unexpected number of blocks")
-        blocks = []
-        for by in range(-(-height // BLOCK_SIZE)):
-            for bx in range(-(-width // BLOCK_SIZE)):
-                head = grid[(by // per_tile, bx // per_tile)]
-                d = head.layout.directories[k]
-                index = (by % per_tile) * d.blocks_across + (bx % per_tile)
-                blocks.append(tiff.BlockRef(head.key, d.block_offsets[index], d.block_byte_counts[index]))
-        tags = tiff.copyable_tags(ref_dir, width=width, height=height, subfile_type=tiff.SUBFILE_REDUCED if k else 0)
-        out.append(tiff.OutputDirectory(tags=tags, blocks=blocks, width=width, height=height))
+            _check_tile_directory(head, tile[k][0], ref_dir.encoding_key(), expected, f"level {k}")
+            if masked:
+                _check_tile_directory(head, tile[k][1], ref_mask.encoding_key(), expected, f"level {k} mask")
+
+        def copied(which: int, reference_dir: tiff.Directory, subfile_type: int, *, k: int = k, width: int = width,
+                   height: int = height, per_tile: int = per_tile) -> tiff.OutputDirectory:
+            blocks = []
+            for by in range(-(-height // BLOCK_SIZE)):
+                for bx in range(-(-width // BLOCK_SIZE)):
+                    head = grid[(by // per_tile, bx // per_tile)]
+                    d = levels[head.window.id][k][which]
+                    index = (by % per_tile) * d.blocks_across + (bx % per_tile)
+                    blocks.append(tiff.BlockRef(head.key, d.block_offsets[index], d.block_byte_counts[index]))
+            tags = tiff.copyable_tags(reference_dir, width=width, height=height, subfile_type=subfile_type)
+            return tiff.OutputDirectory(tags=tags, blocks=blocks, width=width, height=height)
+
+        reduced = tiff.SUBFILE_REDUCED if k else 0
+        image = copied(0, ref_dir, reduced)
+        if masked:
+            image.mask = copied(1, ref_mask, reduced | tiff.SUBFILE_MASK)
+        out.append(image)
         if width <= BLOCK_SIZE and height <= BLOCK_SIZE:
             break
     return out
@@ -491,7 +511,8 @@ def _build_coarse_levels(
 
     The copy is written block for block like the mosaic; GDAL then builds its internal overviews
     (bounded by GDAL_CACHEMAX and GDAL_OVR_CHUNK_MAX_SIZE) and their directories become the
-    mosaic's coarse levels.
+    mosaic's coarse levels. A level with an internal mask is copied with it; GDAL then builds the
+    mask's overviews too (after the image's, in the copy) and each is paired with its image by size.
     """
     base_path = os.path.join(workdir, f"level{first_level}.tif")
     tags = dict(base_directory.tags)
@@ -499,25 +520,42 @@ def _build_coarse_levels(
     if nodata_tag is not None:
         tags[tiff.GDAL_NODATA] = nodata_tag
     base = tiff.OutputDirectory(tags=tags, blocks=base_directory.blocks, width=base_directory.width, height=base_directory.height)
+    if base_directory.mask is not None:
+        mask = base_directory.mask
+        subfile = tiff.pack_tag(tiff.NEW_SUBFILE_TYPE, tiff.TYPE_LONG, [tiff.SUBFILE_MASK], byte_order)
+        mask_tags = {**mask.tags, subfile.code: subfile}
+        base.mask = tiff.OutputDirectory(tags=mask_tags, blocks=mask.blocks, width=mask.width, height=mask.height)
     with open(base_path, "wb") as out:
         tiff.TiffWriter(byte_order).write(out, [base], fetch)
     factors = [2**j for j in range(1, levels_to_fit(base.width, base.height, halve_ceil) + 1)]
     with gdal_env(settings, {"PREDICTOR_OVERVIEW": predictor_for(scene.dtype)}), warnings.catch_warnings():
         # The level copy carries no georeferencing on purpose: only its blocks are reused.
         warnings.simplefilter("ignore", NotGeoreferencedWarning)
-        with rasterio.open(base_path, "r+") as dst:
+        step = f"computing the mosaic's overview levels below level {first_level}"
+        with gdal_step(step, window=f"level {first_level}, {base.width}x{base.height}"), rasterio.open(base_path, "r+") as dst:
             dst.build_overviews(factors, Resampling[scene.overview_resampling])
     source = FileRangeSource(base_path)
     with open(base_path, "rb") as f:
-        layout = tiff.read_layout(f.read(TILE_HEAD_BYTES), source.read, max_directories=len(factors) + 2)
-    out_dirs = []
-    for j, d in enumerate(layout.directories[1:], start=1):
-        width, height = d.width, d.height
+        layout = tiff.read_layout(f.read(TILE_HEAD_BYTES), source.read, max_directories=2 * len(factors) + 4)
+
+    def coarse(d: tiff.Directory, subfile_type: int, what: str) -> tiff.OutputDirectory:
         if d.tile_width != BLOCK_SIZE or d.tile_height != BLOCK_SIZE or d.planar_config != 1:
-            raise MosaicCheckError(f"computed level {first_level + j} has blocks of {d.tile_width}x{d.tile_height}")
-        blocks = [tiff.BlockRef("coarse", o, c) for o, c in zip(d.block_offsets, d.block_byte_counts)]
-        tags = tiff.copyable_tags(d, width=width, height=height, subfile_type=tiff.SUBFILE_REDUCED)
-        out_dirs.append(tiff.OutputDirectory(tags=tags, blocks=blocks, width=width, height=height))
+            raise MosaicCheckError(f"computed {what} has blocks of {d.tile_width}x{d.tile_height}")
+        blocks = [tiff.BlockRef("coarse", o, c) for o, c in zip(d.block_offsets, d.block_byte_counts, strict=True)]
+        tags = tiff.copyable_tags(d, width=d.width, height=d.height, subfile_type=subfile_type)
+        return tiff.OutputDirectory(tags=tags, blocks=blocks, width=d.width, height=d.height)
+
+    reduced = [d for d in layout.directories if d.subfile_type == tiff.SUBFILE_REDUCED]
+    masks = {(d.width, d.height): d for d in layout.directories if d.subfile_type == tiff.SUBFILE_REDUCED | tiff.SUBFILE_MASK}
+    out_dirs = []
+    for j, d in enumerate(reduced, start=1):
+        image = coarse(d, tiff.SUBFILE_REDUCED, f"level {first_level + j}")
+        if base.mask is not None:
+            mask = masks.get((d.width, d.height))
+            if mask is None:
+                raise MosaicCheckError(f"GDAL built no mask for computed level {first_level + j}")
+            image.mask = coarse(mask, tiff.SUBFILE_REDUCED | tiff.SUBFILE_MASK, f"level {first_level + j} mask")
+        out_dirs.append(image)
     if len(out_dirs) != len(factors):
         raise MosaicCheckError(f"GDAL built {len(out_dirs)} coarse levels, {len(factors)} were asked for")
     return out_dirs, source
@@ -584,7 +622,7 @@ def build_mosaic_blocks(
 
 
 def _vrt_xml(scene: SceneInfo, windows: list[Window], summary, tiles_container: str) -> str:
-    crs = rasterio.crs.CRS.from_user_input(scene.crs).to_wkt()
+    crs = as_crs(scene.crs).to_wkt(version="WKT2_2019")
     a, b, c, d, e, f = scene.transform[:6]
     gdal_type = {
         "uint8": "Byte", "int8": "Int8", "uint16": "UInt16", "int16": "Int16", "uint32": "UInt32",
@@ -677,11 +715,14 @@ def build_mosaic_vrt(
     options = cog_creation_options(scene.dtype, overview_count=levels, resampling=scene.overview_resampling, num_threads=num_threads)
     if levels:
         # A VRT over tiles lends their overviews; the COG driver would then copy those (2 of 5
-        # levels in the design notes' run) instead of computing every level.
+        # levels when measured) instead of computing every level.
         options["OVERVIEWS"] = "IGNORE_EXISTING"
     started = time.perf_counter()
     # The COG driver writes its overviews to a temporary file beside the output: keep it in workdir.
-    with gdal_env(settings, {**(gdal_options or {}), "CPL_TMPDIR": workdir}, num_threads=num_threads):
+    with (
+        gdal_env(settings, {**(gdal_options or {}), "CPL_TMPDIR": workdir}, num_threads=num_threads),
+        gdal_step("assembling the mosaic through a VRT (COG driver)", window=f"{scene.width}x{scene.height}, {len(windows)} tiles"),
+    ):
         rasterio.shutil.copy(vrt_path, out_path, driver="COG", **options)
     timings["write"] = time.perf_counter() - started
     return os.path.getsize(out_path), levels
@@ -704,35 +745,42 @@ def check_mosaic_file(
     ``path`` is anything GDAL opens: the VRT path's temporary file, the planned head of a
     block-copy mosaic (``/vsimem/``), or the committed blob (``/vsiaz/``, with ``gdal_options``).
     Only directories are read, never a block. GDAL's COG validator passes a file with missing
-    overview levels (design notes, section 4), so the levels are counted here, and their sizes checked.
+    overview levels (docs/design.md, 'GDAL settings and raster figures'), so the levels are counted here, and their sizes checked.
     """
-    with gdal_env(settings, gdal_options):
-        with rasterio.open(path) as src:
-            problems = []
-            if (src.width, src.height, src.count) != (scene.width, scene.height, scene.count):
-                problems.append(f"size {src.width}x{src.height}x{src.count}")
-            if src.dtypes[0] != scene.dtype:
-                problems.append(f"dtype {src.dtypes[0]}")
-            if not src.transform.almost_equals(scene.affine, precision=1e-9):
-                problems.append(f"transform {tuple(src.transform)[:6]}")
-            if src.crs != rasterio.crs.CRS.from_user_input(scene.crs):
-                problems.append(f"crs {src.crs}")
-            if (src.nodata is None) != (scene.nodata is None) or (
-                scene.nodata is not None and not (math.isnan(scene.nodata) and math.isnan(src.nodata)) and src.nodata != scene.nodata
-            ):
-                problems.append(f"nodata {src.nodata}")
-            factors = src.overviews(1)
-            if len(factors) != levels:
-                problems.append(f"{len(factors)} overview levels instead of {levels}")
-            sizes = [(src.width, src.height)]
-            for level in range(len(factors)):
-                with rasterio.open(path, overview_level=level) as overview:
-                    sizes.append((overview.width, overview.height))
-            problems += pyramid_problems(sizes)
-            if src.block_shapes[0] != (BLOCK_SIZE, BLOCK_SIZE) and (src.width > BLOCK_SIZE or src.height > BLOCK_SIZE):
-                problems.append(f"blocks {src.block_shapes[0]}")
-            if problems:
-                raise MosaicCheckError(f"{label or f'assembled mosaic {path}'} is wrong: " + "; ".join(problems))
+    with (
+        gdal_env(settings, gdal_options), gdal_step(f"checking {label or path}"),
+        rasterio.open(path) as src,
+    ):
+        problems = []
+        if (src.width, src.height, src.count) != (scene.width, scene.height, scene.count):
+            problems.append(f"size {src.width}x{src.height}x{src.count}")
+        if src.dtypes[0] != scene.dtype:
+            problems.append(f"dtype {src.dtypes[0]}")
+        if not src.transform.almost_equals(scene.affine, precision=1e-9):
+            problems.append(f"transform {tuple(src.transform)[:6]}")
+        if not same_crs(src.crs, scene.crs):
+            found = "none" if src.crs is None else crs_label(src.crs)
+            problems.append(f"crs {found} is not equivalent to the source's {crs_label(scene.crs)}")
+        if (src.nodata is None) != (scene.nodata is None) or (
+            scene.nodata is not None and not (math.isnan(scene.nodata) and math.isnan(src.nodata)) and src.nodata != scene.nodata
+        ):
+            problems.append(f"nodata {src.nodata}")
+        if scene.mask == "per-dataset" and not all(MaskFlags.per_dataset in flags for flags in src.mask_flag_enums):
+            problems.append("no internal mask, while the source has one")
+        if scene.colorinterp and [ci.name for ci in src.colorinterp] != scene.colorinterp:
+            problems.append(f"colour interpretation {[ci.name for ci in src.colorinterp]} instead of {scene.colorinterp}")
+        factors = src.overviews(1)
+        if len(factors) != levels:
+            problems.append(f"{len(factors)} overview levels instead of {levels}")
+        sizes = [(src.width, src.height)]
+        for level in range(len(factors)):
+            with rasterio.open(path, overview_level=level) as overview:
+                sizes.append((overview.width, overview.height))
+        problems += pyramid_problems(sizes)
+        if src.block_shapes[0] != (BLOCK_SIZE, BLOCK_SIZE) and (src.width > BLOCK_SIZE or src.height > BLOCK_SIZE):
+            problems.append(f"blocks {src.block_shapes[0]}")
+        if problems:
+            raise MosaicCheckError(f"{label or f'assembled mosaic {path}'} is wrong: " + "; ".join(problems))
 
 
 def check_planned_mosaic(head: bytes, scene: SceneInfo, levels: int, *, settings: Settings, job_id: str = "") -> None:
@@ -899,7 +947,7 @@ def commit_staged_blob(
     the blocks are still staged). The sha256 and ``metadata`` go into the blob in the same request.
 
     The condition is ``match_condition=MatchConditions.IfMissing`` alone: the SDK turns it into
-    ``If-None-Match: *``. Adding ``etag="*"`` (as for upload_blob in the design notes) leaves
+    ``If-None-Match: *``. Adding ``etag="*"`` (the upload_blob trap of docs/design.md, 'Storage semantics') leaves
     ``etag`` among the keyword arguments the SDK hands to its transport, which raises TypeError
     (azure-storage-blob 12.31.1, ``_get_match_headers`` pops ``etag`` only for IfNotModified/IfModified).
     """
@@ -984,11 +1032,13 @@ def _write_sidecars(
     with gdal_env(settings, _remote_gdal_options(gdal_options, remote)):
         started = time.perf_counter()
         if _blob_exists(output, quicklook_name) is None:
-            gates.commit_blob(output, quicklook_name, quicklook_png(remote), content_type="image/png", job_id=job_id)
+            with gdal_step(f"making the quicklook of {mosaic_name}", window="smallest overview"):
+                quicklook = quicklook_png(remote)
+            gates.commit_blob(output, quicklook_name, quicklook, content_type="image/png", job_id=job_id)
         timings["quicklook"] = time.perf_counter() - started
         started = time.perf_counter()
         if _blob_exists(output, stac_name) is None:
-            with rasterio.open(remote) as src:
+            with gdal_step(f"reading the overview levels of {mosaic_name} for its STAC item"), rasterio.open(remote) as src:
                 levels = len(src.overviews(1))
             body = stac_item_bytes(
                 job_id=job_id,
@@ -999,6 +1049,7 @@ def _write_sidecars(
                 mosaic_sha256=sha,
                 overview_levels=levels,
                 created=props.creation_time or props.last_modified,
+                footprint=mosaic_footprint(remote, scene.crs),
                 source_name=source_name,
             )
             gates.commit_blob(output, stac_name, body, content_type="application/geo+json", job_id=job_id)

@@ -8,29 +8,42 @@ accepted, so a job fails at once instead of retrying an input that can never wor
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
-import rasterio
+import numpy as np
+from rasterio.crs import CRS
 from rasterio.enums import MaskFlags
 from rasterio.errors import RasterioIOError
 from rasterio.windows import Window as RioWindow
 
 from ..errors import InvalidRasterError, StorageFaultError, UnsupportedRasterError
+from ..grid import plan_windows
+from ..records import Record
 from ..settings import Settings
 from . import vsi
 from .env import gdal_env
+from .upload import ACCEPTED_FORMATS, HEADER_BYTES, check_upload_content, open_upload, upload_gdal_options
 
 #: Sample types a tile COG, the mosaic and the quicklook handle (PREDICTOR 2 or 3 applies to all).
 SUPPORTED_DTYPES = ("uint8", "int8", "uint16", "int16", "uint32", "int32", "float32", "float64")
 
 ACCEPTED = (
-    "accepted: a single-image raster GDAL reads (GeoTIFF/COG preferred) with a CRS and a north-up "
-    "affine geotransform (no rotation or shear), one sample type among "
-    + ", ".join(SUPPORTED_DTYPES)
+    f"accepted: {ACCEPTED_FORMATS} with a CRS and a north-up affine geotransform (no rotation or shear), "
+    "one sample type among " + ", ".join(SUPPORTED_DTYPES)
 )
 
-_TIFF_MAGICS = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")
+#: Largest block (tile or strip) a source may have, decoded, in bytes: GDAL holds a whole block
+#: in memory to read any pixel of it, so a file declaring giant blocks could exhaust an instance.
+MAX_BLOCK_BYTES = 256 * 1024 * 1024
+#: Most blocks a source may have: their offsets are checked one by one before any tile is written.
+MAX_BLOCKS = 262_144
+#: Sources up to this size (file bytes and decoded bytes) are decoded whole by the validation, so
+#: a damaged block anywhere is refused before any tile is written; larger ones have their block
+#: offsets checked and their last block decoded, and damage elsewhere is found by the window that
+#: reads it.
+FULL_DECODE_MAX_FILE_BYTES = 64 * 1024 * 1024
+FULL_DECODE_MAX_DECODED_BYTES = 512 * 1024 * 1024
 
 
 def _nodata_to_json(value: float | None) -> float | str | None:
@@ -48,11 +61,15 @@ def _nodata_from_json(value: Any) -> float | None:
 
 
 @dataclass(frozen=True)
-class SceneInfo:
+class SceneInfo(Record):
     """A source raster's shape, georeferencing and encoding: small, JSON-serialisable, no pixels.
 
     ``transform`` holds the six affine coefficients in rasterio's order ``(a, b, c, d, e, f)``:
     ``x = a * col + b * row + c``, ``y = d * col + e * row + f``.
+
+    ``crs`` is the source's CRS as GDAL reads it, in WKT2 (2019): the whole definition, not an
+    authority code GDAL or PROJ may attach to it (a WKT-only CRS can be identified as, say,
+    ``IGNF:ETRS89LAEA`` whose definition differs in details). Compare CRSs with :func:`same_crs`.
     """
 
     width: int
@@ -82,19 +99,38 @@ class SceneInfo:
 
         return Affine(*self.transform[:6])
 
-    def to_dict(self) -> dict:
-        data = asdict(self)
-        data["nodata"] = _nodata_to_json(self.nodata)
-        return data
+    JSON_OUT = {"nodata": _nodata_to_json}
+    JSON_IN = {
+        "nodata": _nodata_from_json,
+        "transform": lambda values: [float(v) for v in values],
+        "block_shapes": lambda shapes: [[int(a), int(b)] for a, b in shapes],
+    }
 
-    @classmethod
-    def from_dict(cls, data: dict) -> "SceneInfo":
-        values = dict(data)
-        values["nodata"] = _nodata_from_json(values.get("nodata"))
-        values["transform"] = [float(v) for v in values["transform"]]
-        values["block_shapes"] = [[int(a), int(b)] for a, b in values["block_shapes"]]
-        known = {f for f in cls.__dataclass_fields__}
-        return cls(**{k: v for k, v in values.items() if k in known})
+
+def as_crs(value: str | CRS) -> CRS:
+    """A CRS from what a SceneInfo holds (WKT; older payloads an authority code such as "EPSG:32633")."""
+    return value if isinstance(value, CRS) else CRS.from_user_input(value)
+
+
+def same_crs(a: str | CRS | None, b: str | CRS | None) -> bool:
+    """Whether two CRSs are equivalent as GDAL and PROJ see them (OSRIsSame), not as strings or codes.
+
+    A WKT-only CRS and the authority definition GDAL identifies it with are not always
+    equivalent (towgs84, names of parameters); two WKTs of one CRS written by different software are.
+    """
+    if a is None or b is None:
+        return a is None and b is None
+    return as_crs(a) == as_crs(b)
+
+
+def crs_label(value: str | CRS) -> str:
+    """A short name for messages: its authority code when it is equivalent to it, else its WKT name."""
+    crs = as_crs(value)
+    epsg = crs.to_epsg()
+    if epsg is not None and CRS.from_epsg(epsg) == crs:
+        return f"EPSG:{epsg}"
+    name = crs.to_dict(projjson=True).get("name") or "unnamed"
+    return f"{name!r} (WKT, no equivalent EPSG code)"
 
 
 def is_fault_message(message: str) -> bool:
@@ -114,26 +150,32 @@ def read_failure(exc: RasterioIOError, what: str, invalid: str) -> Exception:
     return InvalidRasterError(invalid)
 
 
-def _explain_open_failure(path: str, exc: RasterioIOError) -> Exception:
+def _explain_open_failure(path: str, size: int | None, exc: RasterioIOError) -> Exception:
+    """Why a file that starts like a TIFF could not be opened: a storage fault, or damaged bytes."""
     message = str(exc)
-    found = vsi.probe(path)
-    if found is not None and found.exists and found.size == 0:
-        return InvalidRasterError(
-            f"{path} is empty (0 bytes): nothing was uploaded, or the upload has not been committed yet; "
-            f"upload the raster itself ({ACCEPTED})"
-        )
-    if found is not None and found.exists and found.head[:4] in _TIFF_MAGICS:
-        return InvalidRasterError(
-            f"{path} starts like a TIFF but its header or directories cannot be read ({found.size} bytes): "
-            f"the file is truncated or corrupt ({message}); upload the complete file"
-        )
     if is_fault_message(message):
-        error = StorageFaultError(f"reading {path} failed: {message}")
-        return error
-    if found is not None and not found.exists:
-        return InvalidRasterError(f"{path} does not exist or cannot be read: {message}")
-    head = f" (it starts with {found.head[:8]!r})" if found is not None and found.head else ""
-    return InvalidRasterError(f"{path} is not a raster GDAL can read{head}: {message}; {ACCEPTED}")
+        return StorageFaultError(f"reading {path} failed: {message}")
+    return InvalidRasterError(
+        f"{path} starts like a TIFF but its header or directories cannot be read ({size} bytes): "
+        f"the file is truncated or corrupt ({message}); upload the complete file"
+    )
+
+
+def _read_header(path: str) -> tuple[bytes, int | None]:
+    """The first bytes and the size of ``path`` as GDAL's file layer sees it, before any driver runs."""
+    found = vsi.probe(path, HEADER_BYTES)
+    if found is None:
+        raise RuntimeError("GDAL's file API cannot be reached through rasterio: the rasterio install is broken")
+    if found.exists:
+        return found.head, found.size
+    # The file layer could not open it: missing, or storage did not answer. GTiff alone says which.
+    try:
+        open_upload(path).close()
+    except RasterioIOError as exc:
+        if is_fault_message(str(exc)):
+            raise StorageFaultError(f"reading {path} failed: {exc}") from exc
+        raise InvalidRasterError(f"{path} does not exist or cannot be read: {exc}") from exc
+    raise StorageFaultError(f"reading {path} failed: GDAL could not open it, then could")
 
 
 def _mask_kind(src) -> str:
@@ -204,52 +246,80 @@ def _check_samples(path: str, src) -> str:
     return dtype
 
 
-def _check_blocks_present(path: str, src) -> None:
-    """Refuse a truncated file before any tile is written, without reading every pixel.
+def _check_block_layout(path: str, src) -> None:
+    """Refuse block shapes no real raster has before any block is read or listed.
 
-    For a TIFF, every full-resolution block's offset and byte count must lie inside the file
-    (a cut-off upload fails this even when its directories, at the start of a COG, are intact);
-    then the block stored last is decoded. Other formats get the bottom-right block decoded.
-    Corruption inside a block elsewhere is only found when its window is rendered
-    (:func:`render_tile` raises :class:`InvalidRasterError` then).
+    A few bytes of header can declare one giant block (GDAL would allocate it whole to read one
+    pixel) or millions of tiny ones (each checked below): both are refused with what to do instead.
     """
     block_h, block_w = src.block_shapes[0]
-    last_window = None
-    if src.driver == "GTiff":
-        size = vsi.file_size(path)
-        bands = range(1, src.count + 1) if src.interleaving and src.interleaving.name == "BAND" else (1,)
-        last_end, last_at = -1, None
-        for band in bands:
-            for by in range(-(-src.height // block_h)):
-                for bx in range(-(-src.width // block_w)):
-                    offset = src.get_tag_item(f"BLOCK_OFFSET_{bx}_{by}", "TIFF", bidx=band)
-                    count = src.get_tag_item(f"BLOCK_SIZE_{bx}_{by}", "TIFF", bidx=band)
-                    if offset is None or count is None:
-                        continue
-                    end = int(offset) + int(count)
-                    if size is not None and end > size:
-                        raise InvalidRasterError(
-                            f"{path} is truncated: it has {size} bytes but block ({bx},{by}) of band {band} "
-                            f"extends to byte {end}; upload the complete file"
-                        )
-                    if int(count) and end > last_end:
-                        last_end, last_at = end, (bx, by)
-        if last_at is not None:
-            bx, by = last_at
-            last_window = RioWindow(bx * block_w, by * block_h, min(block_w, src.width - bx * block_w), min(block_h, src.height - by * block_h))
-    if last_window is None:
-        col = ((src.width - 1) // block_w) * block_w
-        row = ((src.height - 1) // block_h) * block_h
-        last_window = RioWindow(col, row, src.width - col, src.height - row)
+    itemsize = np.dtype(src.dtypes[0]).itemsize
+    samples = src.count if src.interleaving is None or src.interleaving.name != "BAND" else 1
+    block_bytes = block_h * block_w * samples * itemsize
+    blocks = -(-src.height // block_h) * -(-src.width // block_w) * (src.count if samples == 1 else 1)
+    if block_bytes > MAX_BLOCK_BYTES or blocks > MAX_BLOCKS:
+        raise UnsupportedRasterError(
+            f"{path} is stored in {blocks} blocks of {block_w} x {block_h} pixels ({block_bytes} bytes each, "
+            f"decoded): accepted: blocks of at most {MAX_BLOCK_BYTES // 2**20} MiB and at most {MAX_BLOCKS} of them; "
+            "save it tiled first (`gdal_translate -of COG in.tif out.tif`)"
+        )
+
+
+def _block_window(src, bx: int, by: int) -> RioWindow:
+    block_h, block_w = src.block_shapes[0]
+    return RioWindow(bx * block_w, by * block_h, min(block_w, src.width - bx * block_w), min(block_h, src.height - by * block_h))
+
+
+def _decode(path: str, src, window: RioWindow) -> None:
     try:
-        src.read(window=last_window)
+        src.read(window=window)
     except RasterioIOError as exc:
         raise read_failure(
             exc,
             path,
-            f"{path} is corrupt: its block at column {int(last_window.col_off)}, row {int(last_window.row_off)} "
-            f"cannot be decoded ({exc}); upload an intact file",
+            f"{path} is corrupt: its pixels at column {int(window.col_off)}, row {int(window.row_off)} "
+            f"({int(window.width)} x {int(window.height)}) cannot be decoded ({exc}); upload an intact file",
         ) from exc
+
+
+def _check_blocks_present(path: str, src, size: int | None, window_size: int) -> None:
+    """Refuse a truncated or damaged file before any tile is written.
+
+    Every full-resolution block's offset and byte count must lie inside the file (a cut-off
+    upload fails this even when its directories, at the start of a COG, are intact). A source of
+    at most ``FULL_DECODE_MAX_*`` bytes is then read window by window, exactly as the job's
+    windows will read it (GDAL takes different paths for different window shapes, and only the
+    same reads are sure to succeed the same way), so damage anywhere is refused here; a larger
+    one has the block stored last decoded, and damage inside another block is found when its
+    window is rendered (:func:`render_tile` raises :class:`InvalidRasterError` then, naming the
+    window).
+    """
+    block_h, block_w = src.block_shapes[0]
+    bands = range(1, src.count + 1) if src.interleaving and src.interleaving.name == "BAND" else (1,)
+    last_end, last_at = -1, None
+    for band in bands:
+        for by in range(-(-src.height // block_h)):
+            for bx in range(-(-src.width // block_w)):
+                offset = src.get_tag_item(f"BLOCK_OFFSET_{bx}_{by}", "TIFF", bidx=band)
+                count = src.get_tag_item(f"BLOCK_SIZE_{bx}_{by}", "TIFF", bidx=band)
+                if offset is None or count is None:
+                    continue
+                end = int(offset) + int(count)
+                if size is not None and end > size:
+                    raise InvalidRasterError(
+                        f"{path} is truncated: it has {size} bytes but block ({bx},{by}) of band {band} "
+                        f"extends to byte {end}; upload the complete file"
+                    )
+                if int(count) and end > last_end:
+                    last_end, last_at = end, (bx, by)
+    decoded = src.width * src.height * src.count * np.dtype(src.dtypes[0]).itemsize
+    if size is not None and size <= FULL_DECODE_MAX_FILE_BYTES and decoded <= FULL_DECODE_MAX_DECODED_BYTES:
+        for window in plan_windows(src.width, src.height, window_size):
+            _decode(path, src, RioWindow(window.col_off, window.row_off, window.width, window.height))
+        return
+    if last_at is None:  # every block empty (sparse): the bottom-right one stands for them
+        last_at = ((src.width - 1) // block_w, (src.height - 1) // block_h)
+    _decode(path, src, _block_window(src, *last_at))
 
 
 def scene_from_dataset(src, *, nbytes: int | None = None) -> SceneInfo:
@@ -258,7 +328,7 @@ def scene_from_dataset(src, *, nbytes: int | None = None) -> SceneInfo:
         height=src.height,
         count=src.count,
         dtype=src.dtypes[0],
-        crs=src.crs.to_string(),
+        crs=src.crs.to_wkt(version="WKT2_2019"),
         transform=[float(v) for v in tuple(src.transform)[:6]],
         nodata=None if src.nodata is None else float(src.nodata),
         block_shapes=[[int(h), int(w)] for h, w in src.block_shapes],
@@ -272,25 +342,25 @@ def scene_from_dataset(src, *, nbytes: int | None = None) -> SceneInfo:
 
 
 def inspect_source(path: str, *, settings: Settings, gdal_options: dict | None = None) -> SceneInfo:
-    """Open ``path`` (local or ``/vsiaz/{container}/{blob}``), check it, and describe it.
+    """Check that ``path`` (local or ``/vsiaz/{container}/{blob}``) is an upload this pipeline
+    accepts, and describe it.
 
-    Raises :class:`InvalidRasterError` (not a raster; empty, truncated or corrupt) or
-    :class:`UnsupportedRasterError` (no or rotated georeferencing, too many pixels, a sample type
-    or band layout this pipeline does not handle), both :class:`BadInputError`;
-    :class:`StorageFaultError` when storage could not be read (retry).
+    The first bytes decide, before any GDAL driver parses the file, that it is a TIFF (see
+    :mod:`.upload`); it is then opened by the GTiff driver alone, with the network limited to
+    this one file. Raises :class:`InvalidRasterError` (not a TIFF; empty, truncated or corrupt)
+    or :class:`UnsupportedRasterError` (another format; no or rotated georeferencing, too many
+    pixels, absurd blocks, a sample type or band layout this pipeline does not handle), both
+    :class:`BadInputError`; :class:`StorageFaultError` when storage could not be read (retry).
     """
-    with gdal_env(settings, gdal_options):
+    with gdal_env(settings, {**(gdal_options or {}), **upload_gdal_options(path)}):
+        head, size = _read_header(path)
+        check_upload_content(path, head, size)
         try:
-            src = rasterio.open(path)
+            src = open_upload(path)
         except RasterioIOError as exc:
-            raise _explain_open_failure(path, exc) from exc
+            raise _explain_open_failure(path, size, exc) from exc
         with src:
             if src.count == 0:
-                if src.subdatasets:
-                    raise UnsupportedRasterError(
-                        f"{path} is a container of {len(src.subdatasets)} subdatasets, not one image: "
-                        f"upload each raster on its own ({ACCEPTED})"
-                    )
                 raise InvalidRasterError(f"{path} has no raster bands; {ACCEPTED}")
             if src.width * src.height > settings.max_pixels:
                 raise UnsupportedRasterError(
@@ -300,5 +370,6 @@ def inspect_source(path: str, *, settings: Settings, gdal_options: dict | None =
                 )
             _check_samples(path, src)
             _check_georeferencing(path, src)
-            _check_blocks_present(path, src)
-            return scene_from_dataset(src, nbytes=vsi.file_size(path))
+            _check_block_layout(path, src)
+            _check_blocks_present(path, src, size, settings.window_size)
+            return scene_from_dataset(src, nbytes=size)

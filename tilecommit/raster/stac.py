@@ -2,11 +2,16 @@
 
 Both are pure functions of the committed mosaic (its pixels, size, checksum and creation time),
 so a retry that regenerates them produces the same bytes and its create-only commit agrees.
+
+The item's geometry is the footprint of the mosaic's valid pixels (:mod:`.footprint`); its
+projection fields follow the projection extension: ``proj:code`` when an EPSG code is
+equivalent to the CRS, else the CRS itself as ``proj:wkt2`` and ``proj:projjson``.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import warnings
 from datetime import datetime
@@ -17,34 +22,53 @@ import rasterio
 from pystac.extensions.file import FileExtension
 from pystac.extensions.projection import ProjectionExtension
 from pystac.extensions.raster import DataType, RasterBand, RasterExtension
+from rasterio.crs import CRS
 from rasterio.errors import NotGeoreferencedWarning
 from rasterio.io import MemoryFile
-from rasterio.warp import transform_geom
 
-from .scene import SceneInfo
+from .footprint import Footprint, footprint
+from .scene import SceneInfo, as_crs, same_crs
 
 COG_MEDIA_TYPE = "image/tiff; application=geotiff; profile=cloud-optimized"
-#: Points per edge when the footprint is reprojected to WGS 84, so curved edges stay close.
-FOOTPRINT_POINTS_PER_EDGE = 16
+logger = logging.getLogger(__name__)
 
 
-def _footprint(scene: SceneInfo) -> tuple[dict, list[float], list[float]]:
-    """(GeoJSON polygon in EPSG:4326, its bbox, the bbox in the scene's CRS)."""
+def native_bbox(scene: SceneInfo) -> list[float]:
+    """The scene's extent in its own CRS (``proj:bbox``)."""
     t = scene.affine
-    corners = [t @ (0, 0), t @ (scene.width, 0), t @ (scene.width, scene.height), t @ (0, scene.height)]
+    corners = [t * (0, 0), t * (scene.width, 0), t * (scene.width, scene.height), t * (0, scene.height)]
     xs, ys = [c[0] for c in corners], [c[1] for c in corners]
-    native_bbox = [min(xs), min(ys), max(xs), max(ys)]
-    ring = []
-    for (x0, y0), (x1, y1) in zip(corners, corners[1:] + corners[:1]):
-        for i in range(FOOTPRINT_POINTS_PER_EDGE):
-            f = i / FOOTPRINT_POINTS_PER_EDGE
-            ring.append((x0 + (x1 - x0) * f, y0 + (y1 - y0) * f))
-    ring.append(ring[0])
-    polygon = {"type": "Polygon", "coordinates": [ring]}
-    geometry = transform_geom(scene.crs, "EPSG:4326", polygon, precision=9)
-    coords = [pt for r in geometry["coordinates"] for pt in r]
-    bbox = [min(p[0] for p in coords), min(p[1] for p in coords), max(p[0] for p in coords), max(p[1] for p in coords)]
-    return geometry, bbox, native_bbox
+    return [min(xs), min(ys), max(xs), max(ys)]
+
+
+def mosaic_footprint(mosaic_path: str, crs: str) -> Footprint:
+    """The footprint of the mosaic's valid pixels, from the mask of its smallest overview.
+
+    Never raises: a footprint that cannot be computed is a missing geometry with a note saying
+    why (logged), not a failed job after every tile has been written.
+    """
+    try:
+        with rasterio.open(mosaic_path) as src:
+            levels = len(src.overviews(1))
+        open_options = {"overview_level": levels - 1} if levels else {}
+        with rasterio.open(mosaic_path, **open_options) as src:
+            return footprint(as_crs(crs), src.dataset_mask(), src.transform)
+    except Exception as exc:  # noqa: BLE001 - documented fallback: geometry null, the reason in the item
+        logger.warning("no footprint for %s: %s", mosaic_path, exc)
+        return Footprint(None, None, f"none: the footprint could not be computed ({exc})")
+
+
+def projection_fields(crs: str) -> dict:
+    """``proj:code`` when an EPSG code is equivalent to the CRS, else ``proj:wkt2`` and ``proj:projjson``.
+
+    "Equivalent" as PROJ compares CRSs: a WKT-only CRS GDAL can identify with some confidence,
+    but whose definition differs from the code's, keeps its own WKT.
+    """
+    value = as_crs(crs)
+    epsg = value.to_epsg()
+    if epsg is not None and same_crs(value, CRS.from_epsg(epsg)):
+        return {"code": f"EPSG:{epsg}", "wkt2": None, "projjson": None}
+    return {"code": None, "wkt2": value.to_wkt(version="WKT2_2019"), "projjson": value.to_dict(projjson=True)}
 
 
 def stac_item_bytes(
@@ -57,26 +81,28 @@ def stac_item_bytes(
     mosaic_sha256: str,
     overview_levels: int,
     created: datetime,
+    footprint: Footprint,
     source_name: str = "",
 ) -> bytes:
-    """A STAC 1.x item describing the mosaic, as canonical JSON bytes (sorted keys)."""
-    geometry, bbox, native_bbox = _footprint(scene)
+    """A STAC 1.x item describing the mosaic, as canonical JSON bytes (sorted keys).
+
+    ``footprint`` (:func:`mosaic_footprint`) gives the geometry and bbox; when it has none the
+    item has ``geometry: null`` and no bbox, and ``tilecommit:footprint`` says why.
+    """
     properties = {
         "created": pystac.utils.datetime_to_str(created),
         "tilecommit:job_id": job_id,
         "tilecommit:overview_levels": overview_levels,
+        "tilecommit:footprint": footprint.note,
     }
     if source_name:
         properties["tilecommit:source"] = source_name
-    item = pystac.Item(id=job_id, geometry=geometry, bbox=bbox, datetime=created, properties=properties)
+    item = pystac.Item(id=job_id, geometry=footprint.geometry, bbox=footprint.bbox, datetime=created, properties=properties)
 
     projection = ProjectionExtension.ext(item, add_if_missing=True)
-    crs = rasterio.crs.CRS.from_user_input(scene.crs)
-    epsg = crs.to_epsg()
     projection.apply(
-        code=f"EPSG:{epsg}" if epsg else None,
-        wkt2=None if epsg else crs.to_wkt(),
-        bbox=native_bbox,
+        **projection_fields(scene.crs),
+        bbox=native_bbox(scene),
         shape=[scene.height, scene.width],
         transform=[float(v) for v in scene.transform[:6]],
     )

@@ -9,14 +9,21 @@ layout GDAL's COG driver uses: every directory first, then the blocks of the sma
 ..., then the full-resolution blocks, each in row-major order.
 
 No pixel is decoded here; GDAL remains the only codec.
+
+Why not tifffile for the reading side: it decodes tag values, where copying a directory needs
+each tag's raw bytes in the file's byte order; it reads from a seekable file, where a tile's
+head is read once and anything beyond it with a ranged GET; and the reader here is about 90
+lines, against a new dependency of the deployed app. GDAL stays the check: the tests compare
+this reader's block arrays with GDAL's and read every written file back with GDAL.
 """
 
 from __future__ import annotations
 
 import hashlib
 import struct
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import BinaryIO, Callable, Iterable, Iterator
+from typing import BinaryIO
 
 from ..errors import InvalidRasterError
 
@@ -134,10 +141,6 @@ class Directory:
         return int(self.value(PLANAR_CONFIG, 1) or 1)
 
     @property
-    def samples(self) -> int:
-        return int(self.value(SAMPLES_PER_PIXEL, 1) or 1)
-
-    @property
     def block_offsets(self) -> tuple[int, ...]:
         return tuple(int(v) for v in self.values(TILE_OFFSETS))
 
@@ -200,9 +203,10 @@ def unpack_values(tag: Tag, byte_order: str) -> tuple:
 
 
 def pack_tag(code: int, type_: int, values: Iterable, byte_order: str) -> Tag:
+    """A tag of numeric ``values``, flat as :func:`unpack_values` returns them (a RATIONAL is two)."""
     values = list(values)
     fmt, _ = _TYPES[type_]
-    return Tag(code, type_, len(values), struct.pack(f"{byte_order}{len(values)}{fmt}", *values))
+    return Tag(code, type_, len(values) // len(fmt), struct.pack(f"{byte_order}{len(values)}{fmt[0]}", *values))
 
 
 # --------------------------------------------------------------------------- reading
@@ -303,12 +307,19 @@ class BlockRef:
 
 @dataclass
 class OutputDirectory:
-    """A directory to write: its tags (block arrays excluded) and its blocks in block-index order."""
+    """A directory to write: its tags (block arrays excluded) and its blocks in block-index order.
+
+    ``mask``: the image's internal mask (NewSubfileType with the mask bit), same size and blocks.
+    As GDAL's COG driver lays them out, the full resolution's mask directory follows its image's
+    and the overviews' mask directories follow all the overviews; each mask block follows the
+    image block it masks (``MASK_INTERLEAVED_WITH_IMAGERY=YES`` in the ghost area).
+    """
 
     tags: dict[int, Tag]
     blocks: list[BlockRef]
     width: int
     height: int
+    mask: OutputDirectory | None = None
 
 
 @dataclass
@@ -360,25 +371,41 @@ class TiffWriter:
                 size += _even(array)
         return size
 
+    @staticmethod
+    def _pairs(directories: list[OutputDirectory]) -> list[tuple[_Placed, _Placed | None]]:
+        pairs = []
+        for d in directories:
+            if d.mask is not None and len(d.mask.blocks) != len(d.blocks):
+                raise AssertionError(f"a mask of {len(d.mask.blocks)} blocks for an image of {len(d.blocks)}")
+            pairs.append((_Placed(d), _Placed(d.mask) if d.mask is not None else None))
+        return pairs
+
     def _layout(self, directories: list[OutputDirectory], bigtiff: bool) -> tuple[list[_Placed], int]:
         header = 16 if bigtiff else 8
         position = header + len(self.ghost)
-        placed = [_Placed(d) for d in directories]
+        pairs = self._pairs(directories)
+        # Directories in the COG driver's order: the image, its mask, the overviews, their masks.
+        placed = [item for item in (*pairs[0], *(i for i, _ in pairs[1:]), *(m for _, m in pairs[1:])) if item is not None]
         for item in placed:
             item.ifd_offset = position
             item.ifd_size = self._ifd_size(item.directory, bigtiff)
             position += item.ifd_size
-        # Data: smallest overview first, full resolution last (COG order).
-        for item in reversed(placed):
-            offsets = []
-            for block in item.directory.blocks:
-                if block.length == 0:
-                    offsets.append(0)  # sparse block: GDAL reads it as nodata (or zero)
-                    continue
-                position += 4 if self.leaders else 0
-                offsets.append(position)
-                position += block.length + (4 if self.trailers else 0)
-            item.data_offsets = offsets
+        # Data: smallest overview first, full resolution last (COG order); a mask block right
+        # after the image block it masks.
+        for image, mask in reversed(pairs):
+            for item in (image, mask):
+                if item is not None:
+                    item.data_offsets = [0] * len(item.directory.blocks)
+            for i in range(len(image.directory.blocks)):
+                for item in (image, mask):
+                    if item is None:
+                        continue
+                    block = item.directory.blocks[i]
+                    if block.length == 0:
+                        continue  # sparse block (offset 0): GDAL reads it as nodata (or zero)
+                    position += 4 if self.leaders else 0
+                    item.data_offsets[i] = position
+                    position += block.length + (4 if self.trailers else 0)
         return placed, position
 
     def plan(self, directories: list[OutputDirectory], *, force_bigtiff: bool = False) -> tuple[list[_Placed], int, bool]:
@@ -472,27 +499,33 @@ class TiffWriter:
             written += len(data)
 
         emit(self._head_bytes(placed, bigtiff))
-        for index in range(len(placed) - 1, -1, -1):
-            item = placed[index]
-            blocks = item.directory.blocks
-            fetched = 0
-            for block, data, offset in zip(blocks, fetch(index, item.directory), item.data_offsets):
-                fetched += 1
-                if len(data) != block.length:
-                    raise InvalidRasterError(
-                        f"block from {block.source!r} at {block.offset} has {len(data)} bytes, its directory says {block.length}"
-                    )
-                if block.length == 0:
-                    continue
-                if self.leaders:
-                    emit(struct.pack("<I", block.length))  # GDAL writes the leader little-endian
-                if written != offset:
-                    raise AssertionError(f"block written at {written}, planned at {offset}")
-                emit(data)
-                if self.trailers:
-                    emit((b"\0\0\0\0" + data)[-4:])
-            if fetched != len(blocks):
-                raise AssertionError(f"directory {index}: {fetched} blocks fetched of {len(blocks)}")
+        by_directory = {id(item.directory): item for item in placed}
+
+        def emit_block(block: BlockRef, data: bytes, offset: int) -> None:
+            if len(data) != block.length:
+                raise InvalidRasterError(
+                    f"block from {block.source!r} at {block.offset} has {len(data)} bytes, its directory says {block.length}"
+                )
+            if block.length == 0:
+                return
+            if self.leaders:
+                emit(struct.pack("<I", block.length))  # GDAL writes the leader little-endian
+            if written != offset:
+                raise AssertionError(f"block written at {written}, planned at {offset}")
+            emit(data)
+            if self.trailers:
+                emit((b"\0\0\0\0" + data)[-4:])
+
+        for index in range(len(directories) - 1, -1, -1):
+            image = by_directory[id(directories[index])]
+            mask = by_directory[id(directories[index].mask)] if directories[index].mask is not None else None
+            streams = [(item, iter(fetch(index, item.directory))) for item in (image, mask) if item is not None]
+            for i in range(len(image.directory.blocks)):
+                for item, stream in streams:
+                    data = next(stream, None)
+                    if data is None:
+                        raise AssertionError(f"directory {index}: {i} blocks fetched of {len(item.directory.blocks)}")
+                    emit_block(item.directory.blocks[i], data, item.data_offsets[i])
         if written != total:
             raise AssertionError(f"wrote {written} bytes, planned {total}")
         return WrittenTiff(nbytes=written, sha256=digest.hexdigest(), bigtiff=bigtiff)
@@ -516,12 +549,6 @@ def copyable_tags(directory: Directory, *, width: int, height: int, subfile_type
     return tags
 
 
-def with_tag(tags: dict[int, Tag], tag: Tag) -> dict[int, Tag]:
-    out = dict(tags)
-    out[tag.code] = tag
-    return out
-
-
 __all__ = [
     "BlockRef",
     "Directory",
@@ -533,5 +560,4 @@ __all__ = [
     "copyable_tags",
     "pack_tag",
     "read_layout",
-    "with_tag",
 ]

@@ -14,7 +14,6 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-import rasterio
 from azure.data.tables import TableClient
 from azure.storage.blob import ContainerClient
 from rasterio.enums import MaskFlags
@@ -25,9 +24,12 @@ from rasterio.windows import Window as RioWindow
 from .. import gates, jobs
 from ..errors import InvalidRasterError
 from ..grid import Window
+from ..records import Record
 from ..settings import Settings
 from .env import BLOCK_SIZE, NUM_THREADS, gdal_env
+from .gdal_errors import gdal_step
 from .scene import has_colormap, overview_resampling_for, read_failure
+from .upload import open_upload, upload_gdal_options
 
 logger = logging.getLogger(__name__)
 
@@ -144,7 +146,7 @@ def encode_tile(src, window: RioWindow | Window, *, window_size: int, num_thread
 
 
 @dataclass(frozen=True)
-class TileResult:
+class TileResult(Record):
     """What :func:`render_tile` did for one window."""
 
     window: str
@@ -155,20 +157,7 @@ class TileResult:
     uri: str
     timings: dict[str, float] = field(default_factory=dict)
 
-    def to_dict(self) -> dict:
-        return {
-            "window": self.window,
-            "outcome": self.outcome,
-            "skipped": self.skipped,
-            "nbytes": self.nbytes,
-            "sha256": self.sha256,
-            "uri": self.uri,
-            "timings": dict(self.timings),
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "TileResult":
-        return cls(**{k: data[k] for k in ("window", "outcome", "skipped", "nbytes", "sha256", "uri")}, timings=dict(data.get("timings") or {}))
+    JSON_IN = {"timings": lambda timings: dict(timings or {})}
 
 
 def render_tile(
@@ -207,9 +196,10 @@ def render_tile(
         )
 
     name = jobs.tile_blob_name(job_id, window)
-    with gdal_env(settings, gdal_options, num_threads=num_threads):
+    with gdal_env(settings, {**(gdal_options or {}), **upload_gdal_options(source_path)}, num_threads=num_threads):
         try:
-            src = rasterio.open(source_path)
+            # The GTiff driver alone: validate_source checked the content of this same version.
+            src = open_upload(source_path)
         except RasterioIOError as exc:
             raise read_failure(
                 exc, source_path, f"{source_path} cannot be opened to render window {window.id}: {exc}"
@@ -220,7 +210,9 @@ def render_tile(
                     f"window {window.id} ({window.col_off},{window.row_off} {window.width}x{window.height}) lies "
                     f"outside the {src.width}x{src.height} source: the source changed since it was planned"
                 )
-            body, encode_timings = encode_tile(src, window, window_size=settings.window_size, num_threads=num_threads)
+            where = f"col={window.col_off} row={window.row_off} {window.width}x{window.height}"
+            with gdal_step(f"rendering tile {window.id} of {source_path}", window=where):
+                body, encode_timings = encode_tile(src, window, window_size=settings.window_size, num_threads=num_threads)
     timings.update(encode_timings)
     digest = hashlib.sha256(body).hexdigest()
 

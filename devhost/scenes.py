@@ -1,11 +1,12 @@
-"""Deterministic test scenes: smooth terrain-like structure plus sensor-like noise.
+"""Deterministic synthetic scenes: smooth terrain-like structure plus sensor-like noise.
 
-Pure noise would not compress and a flat field would compress absurdly well; this mix gives
+The one scene generator of the project: the tests, the benchmarks and ``make demo`` make their
+scenes here. Pure noise would not compress and a flat field would compress absurdly well; this mix gives
 DEFLATE ratios close to real imagery. Every window's pixels depend only on the scene parameters
 and the window position (the noise is seeded per window), and the scene is written window by
 window, so a 20480² scene never needs more than one window in memory.
 
-    python -m bench.scenes OUT.tif --width 2048 --height 2048 --count 3 --dtype uint16
+    python -m devhost.scenes OUT.tif --width 2048 --height 2048 --count 3 --dtype uint16
 """
 
 from __future__ import annotations
@@ -116,10 +117,9 @@ def write_scene(path: str, spec: SceneSpec, *, num_threads: int = 2) -> str:
     }
     # A cache holding one row of generator windows lets GDAL compress each block once.
     row_bytes = spec.width * GENERATOR_WINDOW * spec.count * np.dtype(spec.dtype).itemsize
-    with rasterio.Env(GDAL_CACHEMAX=max(64, 2 * row_bytes // 2**20)):
-        with rasterio.open(path, "w", **profile) as dst:
-            for window in generator_windows(spec):
-                dst.write(scene_window(spec, window), window=window)
+    with rasterio.Env(GDAL_CACHEMAX=max(64, 2 * row_bytes // 2**20)), rasterio.open(path, "w", **profile) as dst:
+        for window in generator_windows(spec):
+            dst.write(scene_window(spec, window), window=window)
     return path
 
 

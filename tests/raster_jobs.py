@@ -1,0 +1,76 @@
+"""Helpers for the raster tests: run a job's steps directly on a scene, read what they stored."""
+
+from __future__ import annotations
+
+import itertools
+
+import rasterio
+
+from tilecommit.grid import plan_windows
+from tilecommit.raster import SceneInfo, assemble_mosaic, render_tile
+from tilecommit.settings import Settings
+
+JOB = "0123456789abcdef"
+
+
+def render_all(path, scene: SceneInfo, settings: Settings, stores, job_id: str = JOB, gdal_options=None):
+    return [
+        render_tile(
+            path,
+            window,
+            job_id=job_id,
+            tiles=stores["tiles"],
+            manifest=stores["manifest"],
+            settings=settings,
+            gdal_options=gdal_options,
+        )
+        for window in plan_windows(scene.width, scene.height, settings.window_size)
+    ]
+
+
+def assemble(scene, settings, stores, storage, job_id: str = JOB, **kwargs):
+    return assemble_mosaic(
+        job_id,
+        scene,
+        tiles=stores["tiles"],
+        output=stores["output"],
+        manifest=stores["manifest"],
+        claims=stores["claims"],
+        settings=settings,
+        gdal_options=storage.gdal_options(),
+        **kwargs,
+    )
+
+
+def download(container, name: str, path) -> str:
+    with open(path, "wb") as f:
+        container.download_blob(name).readinto(f)
+    return str(path)
+
+
+def blob_names(container) -> list[str]:
+    return sorted(b.name for b in container.list_blobs())
+
+
+def manifest_rows(table, job_id: str = JOB) -> list[dict]:
+    return list(table.query_entities("PartitionKey eq @job", parameters={"job": job_id}))
+
+
+def overview_sizes(path: str) -> list[tuple[int, int]]:
+    with rasterio.open(path) as src:
+        sizes = [(src.width, src.height)]
+        levels = len(src.overviews(1))
+    for level in range(levels):
+        with rasterio.open(path, overview_level=level) as ovr:
+            sizes.append((ovr.width, ovr.height))
+    return sizes
+
+
+def assert_complete_pyramid(path: str, block: int = 256) -> None:
+    """Every level about half the one before; the smallest fits in one block and the one before does not."""
+    sizes = overview_sizes(path)
+    for (pw, ph), (w, h) in itertools.pairwise(sizes):
+        assert pw // 2 <= w <= pw // 2 + 1 and ph // 2 <= h <= ph // 2 + 1, sizes
+    assert max(sizes[-1]) <= block, f"smallest level {sizes[-1]} is larger than a block: levels missing ({sizes})"
+    if len(sizes) > 1:
+        assert max(sizes[-2]) > block, f"a superfluous level: {sizes}"

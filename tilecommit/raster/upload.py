@@ -1,0 +1,122 @@
+"""What an upload may be: a self-contained TIFF, recognised by its first bytes, opened by GTiff alone.
+
+An upload is data from outside the app. Several formats GDAL reads name other files or URLs
+inside them, and GDAL follows those names when it opens the file: a VRT's sources (any path,
+``/vsicurl/`` URL or ``/vsiaz/`` blob), an ERDAS Imagine file's ``.ige`` spill file, a GDAL_WMS
+or STAC description's URLs, a PDS or ISIS label's data file. Opened as they come, an upload could
+make the app send requests to any address its instance reaches (internal ones included) or copy
+a file of the instance's disk, or another container's blob, into a tile anyone with access to the
+outputs can read. A TIFF names nothing outside itself, so the TIFF family (GeoTIFF, COG, BigTIFF)
+is the one accepted, decided from the content, never from the name, and opened by the GTiff driver
+alone. What GDAL could still reach beside the file (sidecars, the network, PROJ grids) is closed
+by :func:`upload_gdal_options` and by :func:`tilecommit.raster.env.gdal_config`. See
+docs/uploads.md for the whole list and the tests that show each.
+"""
+
+from __future__ import annotations
+
+import rasterio
+
+from ..errors import InvalidRasterError, UnsupportedRasterError
+
+#: How many leading bytes decide what a file is (enough for every signature below).
+HEADER_BYTES = 64
+
+#: The one GDAL driver an upload is opened with (COG is a layout of GeoTIFF, read by GTiff too).
+UPLOAD_DRIVER = "GTiff"
+
+#: GTiff open options: georeferencing from the file's own tags only, never from a .aux.xml,
+#: world file (.tfw/.wld), MapInfo .tab or .xml beside it.
+UPLOAD_OPEN_OPTIONS = {"GEOREF_SOURCES": "INTERNAL"}
+
+ACCEPTED_FORMATS = "a self-contained GeoTIFF or Cloud-Optimized GeoTIFF (classic TIFF or BigTIFF)"
+
+#: Byte-order mark and version of a classic TIFF ("*" = 42) and a BigTIFF ("+" = 43).
+TIFF_SIGNATURES = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")
+
+#: Signatures of formats that are refused, for a message that says what the file is and why.
+#: Formats in the first group name other files or URLs; the rest are plain images without
+#: georeferencing of their own, archives or containers of several datasets.
+_KNOWN_FORMATS: tuple[tuple[bytes, str], ...] = (
+    (b"<VRTDataset", "a GDAL VRT, an XML file whose bands name other files or URLs as their sources"),
+    (b"<GDAL_WMS", "a GDAL WMS/TMS service description, which names URLs to fetch"),
+    (b"<WMS_Capabilities", "a WMS capabilities document, which names URLs to fetch"),
+    (b"<MRFMeta", "an MRF index, which names separate data and index files"),
+    (b"<PAMDataset", "a GDAL .aux.xml sidecar, which only describes another file"),
+    (b"EHFA_HEADER_TAG", "an ERDAS Imagine (HFA) file, which can keep its pixels in a separate .ige file"),
+    (b"PDS_VERSION_ID", "a PDS label, which names the file that holds the pixels"),
+    (b"ENVI", "an ENVI header, which describes a separate raw data file"),
+    (b"\x00\x00\x00\x0cjP  \r\n\x87\n", "a JPEG 2000 (JP2) file, whose GML boxes can reference other files"),
+    (b"\xffO\xffQ", "a raw JPEG 2000 codestream"),
+    (b"\x89PNG\r\n\x1a\n", "a PNG image (georeferenced only through sidecar files)"),
+    (b"\xff\xd8\xff", "a JPEG image (georeferenced only through sidecar files)"),
+    (b"GIF8", "a GIF image"),
+    (b"PK\x03\x04", "a ZIP archive"),
+    (b"\x1f\x8b", "a gzip stream"),
+    (b"\x89HDF\r\n\x1a\n", "an HDF5 / netCDF-4 container, which can link to other files"),
+    (b"CDF\x01", "a netCDF classic file"),
+    (b"CDF\x02", "a netCDF classic file"),
+    (b"GRIB", "a GRIB message"),
+    (b"{", "a JSON document (a STAC or tile-matrix description names URLs to fetch)"),
+    (b"<", "an XML or HTML document"),
+)
+
+
+def describe_header(head: bytes) -> str | None:
+    """What a file starting with ``head`` is, in words; None for a TIFF or unrecognised bytes."""
+    text = head.lstrip(b"\xef\xbb\xbf \t\r\n")  # a UTF-8 byte-order mark and blank lines before XML/JSON
+    if text.startswith(b"<?xml"):
+        # The root element follows the declaration (and perhaps comments): look a little further.
+        after = text.split(b"?>", 1)[-1].lstrip()
+        text = after if after else text
+    for signature, what in _KNOWN_FORMATS:
+        if text.startswith(signature):
+            return what
+    return None
+
+
+def is_tiff(head: bytes) -> bool:
+    return head[:4] in TIFF_SIGNATURES
+
+
+def check_upload_content(path: str, head: bytes, size: int | None) -> None:
+    """Refuse anything but a TIFF, from the file's first bytes, before GDAL parses it.
+
+    Raises :class:`InvalidRasterError` (empty, unrecognised bytes) or
+    :class:`UnsupportedRasterError` (a format GDAL reads that is not accepted), each saying what
+    the file is and what is accepted.
+    """
+    if size == 0 or (size is None and not head):
+        raise InvalidRasterError(
+            f"{path} is empty (0 bytes): nothing was uploaded, or the upload has not been committed yet; "
+            f"upload the raster itself ({ACCEPTED_FORMATS})"
+        )
+    if is_tiff(head):
+        return
+    what = describe_header(head)
+    if what is not None:
+        raise UnsupportedRasterError(
+            f"{path} is {what}; accepted: {ACCEPTED_FORMATS}, which names no other file or URL: convert "
+            "it first (e.g. `gdal_translate -of COG in out.tif` on a machine that has its sources) and "
+            "upload the result"
+        )
+    raise InvalidRasterError(
+        f"{path} is not a TIFF (it starts with {head[:8]!r}): accepted: {ACCEPTED_FORMATS}"
+    )
+
+
+def upload_gdal_options(path: str) -> dict[str, str]:
+    """GDAL configuration while an upload is open: the network reaches this one file, nothing else.
+
+    GDAL's curl-based file systems (``/vsiaz/``, ``/vsicurl/``, ``/vsis3/``, ...) refuse every
+    name but ``CPL_VSIL_CURL_ALLOWED_FILENAME`` when it is set (``IsAllowedFilename`` in GDAL's
+    ``port/cpl_vsil_curl.cpp``); set to the upload's own path, any other URL or blob a file could
+    name fails without a request. For a local path it blocks the network altogether.
+    """
+    return {"CPL_VSIL_CURL_ALLOWED_FILENAME": path}
+
+
+def open_upload(path: str) -> rasterio.DatasetReader:
+    """Open an upload for reading with the GTiff driver alone (call inside :func:`gdal_env` with
+    :func:`upload_gdal_options`, after :func:`check_upload_content`)."""
+    return rasterio.open(path, driver=UPLOAD_DRIVER, **UPLOAD_OPEN_OPTIONS)
