@@ -145,9 +145,22 @@ def read_failure(exc: RasterioIOError, what: str, invalid: str) -> Exception:
     ``what`` names what was being read (for the fault's message); ``invalid`` is the refusal's
     message, saying what is wrong and what would be accepted.
     """
-    if is_fault_message(str(exc)):
+    if is_fault_message(str(exc)) or _short_read(exc):
         return StorageFaultError(f"reading {what} failed: {exc}")
     return InvalidRasterError(invalid)
+
+
+def _short_read(exc: BaseException) -> bool:
+    """GDAL's /vsiaz/ reports storage that stopped answering mid-read only as a block read that
+    "got 0 bytes" (deeper in the exception chain, under "Read failed"): calling that bad input
+    failed a job for a storage outage. A file whose blocks really are missing reads short on every
+    attempt too, so it still fails, after its retries, as a storage fault instead of bad input."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if "got 0 bytes" in str(exc):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
 
 
 def _explain_open_failure(path: str, size: int | None, exc: RasterioIOError) -> Exception:
