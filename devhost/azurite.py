@@ -75,7 +75,8 @@ class Azurite:
         if self.workdir is None and not self.in_memory:
             self._tmpdir = tempfile.TemporaryDirectory(prefix="azurite-")
             self.workdir = self._tmpdir.name
-        self.blob_port, self.queue_port, self.table_port = _free_port(), _free_port(), _free_port()
+        if not self.blob_port:  # started again after an outage: same ports, same folder, same key
+            self.blob_port, self.queue_port, self.table_port = _free_port(), _free_port(), _free_port()
         args = [
             azurite_executable(),
             "--blobHost", "127.0.0.1", "--blobPort", str(self.blob_port),
@@ -113,6 +114,19 @@ class Azurite:
                 return True
         except OSError:
             return False
+
+    def outage(self, sig: int = signal.SIGTERM) -> None:
+        """Stop the emulator process only, as a storage outage: :meth:`start` brings it back on
+        the same ports, folder and key. SIGTERM, because Azurite keeps its metadata in LokiJS
+        databases it saves every 5 s: a SIGKILL loses writes it had already acknowledged, which
+        Azure Storage never does. SIGTERM makes it save and exit."""
+        if self.in_memory:
+            raise RuntimeError("an outage needs a workdir (in_memory=False): memory does not survive it")
+        if self.process and self.process.poll() is None:
+            os.killpg(self.process.pid, sig)
+            self.process.wait(timeout=30)
+        if self._log not in (None, subprocess.DEVNULL):
+            self._log.close()
 
     def stop(self) -> None:
         if self.process and self.process.poll() is None:

@@ -137,6 +137,8 @@ class Engine:
         self._changed = threading.Condition(self._lock)
         self._ready: deque[str] = deque()
         self._starts: deque[StartMessage] = deque()
+        #: Instances backing off after a fault of the host's storage: not before this monotonic time.
+        self._resting: dict[str, float] = {}
         self._timers: list[tuple[float, int, Callable[[], None]]] = []
         self._timer_seq = itertools.count()
         self._pool = ThreadPoolExecutor(max_activities, thread_name_prefix="activity")
@@ -343,6 +345,8 @@ class Engine:
                 inst = self._instances.get(instance_id)
                 if inst is None or inst.status in TERMINAL:
                     continue
+                if self._resting.get(instance_id, 0.0) > time.monotonic():
+                    continue  # backing off after a storage fault; ``later`` makes it ready again
                 events, inst.pending = inst.pending, []
             try:
                 self._run_episode(inst, events)
@@ -355,6 +359,7 @@ class Engine:
                 with self._lock:
                     self.stats.episode_retries += 1
                     inst.pending = events + inst.pending
+                    self._resting[instance_id] = time.monotonic() + delay
                 self.later(delay, lambda instance_id=instance_id: self._ready_again(instance_id))
 
     def _run_start(self, message: StartMessage) -> None:
@@ -376,6 +381,7 @@ class Engine:
 
     def _ready_again(self, instance_id: str) -> None:
         with self._lock:
+            self._resting.pop(instance_id, None)
             self._mark_ready(instance_id)
 
     def _order_new_events(self, inst: Instance, events: list[dict]) -> tuple[list[dict], list[dict], list[dict]]:

@@ -22,7 +22,8 @@ class AppEnv:
 
 
 def local_host(app_env: AppEnv, **options) -> LocalHost:
-    return LocalHost(HostOptions(hub=app_env.hub, timer_scale=0.01, watch_interval=0.1, **options))
+    options = {"timer_scale": 0.01, "watch_interval": 0.1, **options}
+    return LocalHost(HostOptions(hub=app_env.hub, **options))
 
 
 def download(storage, container: str, name: str) -> bytes:
