@@ -79,9 +79,18 @@ class Azurite:
             self.blob_port, self.queue_port, self.table_port = _free_port(), _free_port(), _free_port()
         args = [
             azurite_executable(),
-            "--blobHost", "127.0.0.1", "--blobPort", str(self.blob_port),
-            "--queueHost", "127.0.0.1", "--queuePort", str(self.queue_port),
-            "--tableHost", "127.0.0.1", "--tablePort", str(self.table_port),
+            "--blobHost",
+            "127.0.0.1",
+            "--blobPort",
+            str(self.blob_port),
+            "--queueHost",
+            "127.0.0.1",
+            "--queuePort",
+            str(self.queue_port),
+            "--tableHost",
+            "127.0.0.1",
+            "--tablePort",
+            str(self.table_port),
             # The newest SDKs send an API version Azurite 3.35 does not know yet.
             "--skipApiVersionCheck",
             "--disableTelemetry",

@@ -51,9 +51,14 @@ def run_demo(args: argparse.Namespace) -> int:
             }
             if summary["status"] == "completed":
                 saved = {}
-                for key, filename in (("mosaic_url", "mosaic.tif"), ("stac_url", "item.json"), ("quicklook_url", "quicklook.png")):
-                    blob = host.blobs.get_blob_client(host.settings.output_container, summary[key].split(
-                        f"/{host.settings.output_container}/", 1)[1])
+                for key, filename in (
+                    ("mosaic_url", "mosaic.tif"),
+                    ("stac_url", "item.json"),
+                    ("quicklook_url", "quicklook.png"),
+                ):
+                    blob = host.blobs.get_blob_client(
+                        host.settings.output_container, summary[key].split(f"/{host.settings.output_container}/", 1)[1]
+                    )
                     target = output / filename
                     with target.open("wb") as handle:
                         blob.download_blob().readinto(handle)
@@ -63,7 +68,11 @@ def run_demo(args: argparse.Namespace) -> int:
     if summary["status"] != "completed":
         say(f"job failed: {summary.get('error')}")
         return 1
-    say(f"done in {summary['elapsed_s']} s: {summary['written']} tiles written, {summary['already_present']} already present")
-    say(f"mosaic: {summary['saved']['mosaic.tif']}  STAC item: {summary['saved']['item.json']}  "
-        f"quicklook: {summary['saved']['quicklook.png']}")
+    say(
+        f"done in {summary['elapsed_s']} s: {summary['written']} tiles written, {summary['already_present']} already present"
+    )
+    say(
+        f"mosaic: {summary['saved']['mosaic.tif']}  STAC item: {summary['saved']['item.json']}  "
+        f"quicklook: {summary['saved']['quicklook.png']}"
+    )
     return 0

@@ -140,7 +140,9 @@ class FunctionIndex:
             {"Connection": trigger.connection, "ContainerName": trigger.container, "BlobName": blob_name}
         )
         datum = Datum(
-            value=ModelBindingData(version="1.0", source="AzureStorageBlobs", content_type="application/json", content=content),
+            value=ModelBindingData(
+                version="1.0", source="AzureStorageBlobs", content_type="application/json", content=content
+            ),
             type="model_binding_data",
         )
         upload = BlobClientConverter.decode(datum, trigger_metadata={}, pytype=trigger.blob_type)

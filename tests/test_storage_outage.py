@@ -30,8 +30,10 @@ def outputs(connection: StorageConnection, app_env: AppEnv, job_id: str) -> dict
     """sha256 of every tile (by window) and of the mosaic, from the bytes stored."""
     blobs = connection.blob_service()
     tiles = blobs.get_container_client(app_env.tiles)
-    found = {b.name.rsplit("/", 1)[-1]: sha256(tiles.download_blob(b.name).readall())
-             for b in tiles.list_blobs(name_starts_with=f"tiles/{job_id}/")}
+    found = {
+        b.name.rsplit("/", 1)[-1]: sha256(tiles.download_blob(b.name).readall())
+        for b in tiles.list_blobs(name_starts_with=f"tiles/{job_id}/")
+    }
     mosaic = blobs.get_blob_client(app_env.output, f"mosaics/{job_id}/mosaic.tif").download_blob().readall()
     return {**found, "mosaic": sha256(mosaic)}
 
@@ -91,5 +93,7 @@ def test_azurite_stopped_for_10_s_during_tiling_costs_time_not_the_job(durable_a
     written = [e.result["window"] for e in renders if e.result and e.result.get("outcome") == "written"]
     assert len(written) == len(set(written))
     assert outputs(connection, app_env, summary["job_id"]) == outputs(connection, app_env, baseline["job_id"])
-    print(f"outage {outage_s:.1f} s; job finished {finished_after_outage_s:.1f} s after the outage began; "
-          f"baseline job {baseline['elapsed_s']} s; {retries} episode retries")
+    print(
+        f"outage {outage_s:.1f} s; job finished {finished_after_outage_s:.1f} s after the outage began; "
+        f"baseline job {baseline['elapsed_s']} s; {retries} episode retries"
+    )
