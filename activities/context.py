@@ -22,7 +22,6 @@ class ActivityContext:
     tiles: ContainerClient
     output: ContainerClient
     manifest: TableClient
-    claims: TableClient
 
 
 @lru_cache(maxsize=4)
@@ -41,13 +40,10 @@ def _context_for(connection_key: str, settings: Settings) -> ActivityContext:
         tiles=gated_blobs.get_container_client(settings.tiles_container),
         output=blobs.get_container_client(settings.output_container),
         manifest=tables.get_table_client(settings.manifest_table),
-        claims=tables.get_table_client(settings.claims_table),
     )
 
 
 def activity_context() -> ActivityContext:
     """The process's clients; rebuilt only when the connection or settings change."""
-    key = "|".join(
-        f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith(STORAGE_CONNECTION)
-    )
+    key = "|".join(f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith(STORAGE_CONNECTION))
     return _context_for(key, Settings.from_env())

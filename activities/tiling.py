@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import logging
-import time
 
 from azure.core.exceptions import ResourceNotFoundError
 
 from tilecommit import raster
-from tilecommit.errors import AssemblyInProgressError, BadInputError, MosaicCheckError
+from tilecommit.errors import BadInputError, MosaicCheckError
 from tilecommit.grid import Window
 from tilecommit.storage import vsiaz_path
 
@@ -72,47 +71,31 @@ def render_tile(payload: dict) -> dict:
     return result.to_dict()
 
 
-#: How long a duplicate assembly waits for the attempt holding the claim, within the 10-minute
-#: function limit: long enough for the measured 20480² assembly (70 s) several times over.
-DUPLICATE_ASSEMBLY_WAIT_S = 420.0
-DUPLICATE_ASSEMBLY_POLL_S = 1.0
-
-
 def assemble_mosaic(payload: dict) -> dict:
     """Assemble the job's mosaic from its manifest; returns the outputs' URLs.
 
-    Activities run at least once, so a second execution may find the first one assembling. It
-    waits for that attempt (which commits the mosaic, after which this one returns
-    ``already-present``, or dies and lets its claim expire, after which this one takes over)
-    rather than failing and burning a retry.
+    Activities run at least once, so another execution may be assembling the same mosaic, or
+    may have died half-way. Neither is waited for: each execution assembles, the first commit
+    wins and the others return ``already-present`` (see :mod:`tilecommit.raster.attempt`).
     """
     job, scene = payload["job"], raster.SceneInfo.from_dict(payload["scene"])
     ctx = activity_context()
-    deadline = time.monotonic() + DUPLICATE_ASSEMBLY_WAIT_S
-    while True:
-        try:
-            result = raster.assemble_mosaic(
-                job["job_id"],
-                scene,
-                tiles=ctx.tiles,
-                output=ctx.output,
-                manifest=ctx.manifest,
-                claims=ctx.claims,
-                settings=ctx.settings,
-                gdal_options=ctx.connection.gdal_options(),
-                source_name=job["blob"],
-            )
-            break
-        except MosaicCheckError as exc:
-            # A mosaic that fails its own checks is a bug that repeating cannot fix; and once
-            # committed, a retry would only find it present. Fail the job loudly instead.
-            logger.error("job %s: mosaic check failed: %s", job["job_id"], exc)
-            return {"error": f"mosaic check failed: {exc}", "error_type": type(exc).__name__}
-        except AssemblyInProgressError as exc:
-            if time.monotonic() >= deadline:
-                raise
-            logger.info("job %s: waiting for a concurrent assembly: %s", job["job_id"], exc)
-            time.sleep(DUPLICATE_ASSEMBLY_POLL_S)
+    try:
+        result = raster.assemble_mosaic(
+            job["job_id"],
+            scene,
+            tiles=ctx.tiles,
+            output=ctx.output,
+            manifest=ctx.manifest,
+            settings=ctx.settings,
+            gdal_options=ctx.connection.gdal_options(),
+            source_name=job["blob"],
+        )
+    except MosaicCheckError as exc:
+        # A mosaic that fails its own checks is a bug that repeating cannot fix; and once
+        # committed, a retry would only find it present. Fail the job loudly instead.
+        logger.error("job %s: mosaic check failed: %s", job["job_id"], exc)
+        return {"error": f"mosaic check failed: {exc}", "error_type": type(exc).__name__}
     summary = result.to_dict()
 
     def url(name: str) -> str:

@@ -45,22 +45,36 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="small scenes and fewer repeats (a few minutes)")
     p.add_argument("--only", help=f"comma-separated modules to run (of {', '.join(MODULES)})")
-    p.add_argument("--sizes", type=_ints, help="e2e/memory/raster scene edges in pixels (default 10240,20480; quick 2048,4096)")
-    p.add_argument("--repeats", type=_ints,
-                   help="e2e repeats per size, one number or one per size (default 3,1; quick 2,2)")
+    p.add_argument(
+        "--sizes", type=_ints, help="e2e/memory/raster scene edges in pixels (default 10240,20480; quick 2048,4096)"
+    )
+    p.add_argument(
+        "--repeats", type=_ints, help="e2e repeats per size, one number or one per size (default 3,1; quick 2,2)"
+    )
     p.add_argument("--breakdown-size", type=int, help="scene edge for breakdown/duplicates (default 10240; quick 4096)")
     p.add_argument("--redeliveries", type=int, default=5, help="times the completed job is delivered again (default 5)")
-    p.add_argument("--orch-sizes", type=_ints, help="windows for the orchestration bench (default 1000,10000; quick 200,1000)")
+    p.add_argument(
+        "--orch-sizes", type=_ints, help="windows for the orchestration bench (default 1000,10000; quick 200,1000)"
+    )
     p.add_argument("--orch-repeats", type=int, help="repeats per orchestration size (default 3; quick 2)")
     p.add_argument("--workers", type=int, default=10, help="contention lab workers (default 10)")
     p.add_argument("--keys", type=int, default=8, help="contention lab keys per round (default 8)")
     p.add_argument("--rounds", type=int, help="contention lab rounds (default 50; quick 15)")
     p.add_argument("--body-kib", type=_ints, help="contention lab body sizes in KiB (default 64,1024; quick 64)")
     p.add_argument("--orders", help="contention lab key orders: same,shuffled (default both; quick same)")
-    p.add_argument("--lab-mode", choices=("process", "thread"), default="process", help="contention lab workers as processes or threads")
+    p.add_argument(
+        "--lab-mode",
+        choices=("process", "thread"),
+        default="process",
+        help="contention lab workers as processes or threads",
+    )
     p.add_argument("--storage", help="an existing storage connection string instead of a private Azurite (advanced)")
-    p.add_argument("--report", metavar="JSON", help="print the tables and the summary of a saved run (bench/results/bench_*.json) "
-                   "again, with this version's targets, and measure nothing")
+    p.add_argument(
+        "--report",
+        metavar="JSON",
+        help="print the tables and the summary of a saved run (bench/results/bench_*.json) "
+        "again, with this version's targets, and measure nothing",
+    )
     return p
 
 
@@ -98,27 +112,47 @@ def targets(results: dict) -> list[Target]:
         why = ""
         if not passed and bd:
             t = bd["timeline"]
-            why = (f"the pipeline is two passes run one after the other: tiling {t['tiling_s']:.1f} s (4 activities on "
-                   f"2 cores, each tile read from Azurite, encoded, then {bd['tile_nbytes']['median'] / 2**20:.1f} MiB "
-                   f"put back), then assembly {t['assembly_s']:.1f} s, plus upload/event/start {t['upload_event_start_s']:.1f} s "
-                   f"(breakdown at {bd['scene']}); rio reads a local file once and writes once")
+            why = (
+                f"the pipeline is two passes run one after the other: tiling {t['tiling_s']:.1f} s (4 activities on "
+                f"2 cores, each tile read from Azurite, encoded, then {bd['tile_nbytes']['median'] / 2**20:.1f} MiB "
+                f"put back), then assembly {t['assembly_s']:.1f} s, plus upload/event/start {t['upload_event_start_s']:.1f} s "
+                f"(breakdown at {bd['scene']}); rio reads a local file once and writes once"
+            )
             from .e2e import figures_for
 
-            cpu = {s: (f["ratio_cpu_vs_rio_default"]["median"],
-                       figures_for(f["runs"])["ratio_cpu_with_azurite_vs_rio_default"]["median"])
-                   for s, f in e2e["sizes"].items()}
+            cpu = {
+                s: (
+                    f["ratio_cpu_vs_rio_default"]["median"],
+                    figures_for(f["runs"])["ratio_cpu_with_azurite_vs_rio_default"]["median"],
+                )
+                for s, f in e2e["sizes"].items()
+            }
             why += "; CPU seconds ours/rio (with the Azurite process's CPU): " + ", ".join(
-                f"{s}² {c:.2f}x ({a:.2f}x)" if a is not None else f"{s}² {c:.2f}x" for s, (c, a) in cpu.items())
-            why += ("; on 2 cores with 4 activities x 2 GDAL threads each, encoding one window takes "
-                    f"{bd['tile_steps_per_window_s']['encode']['median']:.2f} s (median) where docs/design.md "
-                    "records 0.17-0.21 s for read + encode alone")
-        out.append(Target("e2e wall time vs rio cogeo create (default, all threads)", "<= 1.0x, median, every size",
-                          measured, passed, why))
+                f"{s}² {c:.2f}x ({a:.2f}x)" if a is not None else f"{s}² {c:.2f}x" for s, (c, a) in cpu.items()
+            )
+            why += (
+                "; on 2 cores with 4 activities x 2 GDAL threads each, encoding one window takes "
+                f"{bd['tile_steps_per_window_s']['encode']['median']:.2f} s (median) where docs/design.md "
+                "records 0.17-0.21 s for read + encode alone"
+            )
+        out.append(
+            Target(
+                "e2e wall time vs rio cogeo create (default, all threads)",
+                "<= 1.0x, median, every size",
+                measured,
+                passed,
+                why,
+            )
+        )
         rss = {s: (f["ours_peak_rss_mb"]["max"], f["rio_default_peak_rss_mb"]["max"]) for s, f in e2e["sizes"].items()}
-        out.append(Target("e2e peak RSS (whole local host process) under the 1.5 GB instance limit",
-                          f"< {INSTANCE_LIMIT_MB:.0f} MiB (rio default needs ~2.4 GB at 10240²)",
-                          ", ".join(f"{s}²: ours {a:.0f} vs rio {b:.0f} MiB" for s, (a, b) in rss.items()),
-                          all(a < INSTANCE_LIMIT_MB for a, _ in rss.values())))
+        out.append(
+            Target(
+                "e2e peak RSS (whole local host process) under the 1.5 GB instance limit",
+                f"< {INSTANCE_LIMIT_MB:.0f} MiB (rio default needs ~2.4 GB at 10240²)",
+                ", ".join(f"{s}²: ours {a:.0f} vs rio {b:.0f} MiB" for s, (a, b) in rss.items()),
+                all(a < INSTANCE_LIMIT_MB for a, _ in rss.values()),
+            )
+        )
     if bd:
         frac = bd["overhead_fraction_total"]
         parts = bd["overhead_fraction_of_encode"]
@@ -126,44 +160,74 @@ def targets(results: dict) -> list[Target]:
         g = bd["gate_cost"]
         why = ""
         if frac >= 0.10:
-            why = (f"largest part: {biggest} {parts[biggest]:.0%} of encoding. The condition itself is within the noise "
-                   f"(plain put {g['plain_put_s']['median'] * 1000:.0f} ms vs commit_blob "
-                   f"{g['commit_blob_s']['median'] * 1000:.0f} ms, medians of {g['bodies']}, same bodies, one at a time); "
-                   f"inside the job each "
-                   f"put moves a ~{bd['tile_nbytes']['median'] / 2**20:.1f} MiB tile into Azurite, a Node process "
-                   f"on the same 2 cores as 4 encoders")
-        out.append(Target(f"commit + manifest + orchestration per window vs encoding ({bd['scene']})", "< 10 %",
-                          ", ".join(f"{k} {v:.1%}" for k, v in parts.items()) + f"; total {frac:.1%}", frac < 0.10, why))
+            why = (
+                f"largest part: {biggest} {parts[biggest]:.0%} of encoding. The condition itself is within the noise "
+                f"(plain put {g['plain_put_s']['median'] * 1000:.0f} ms vs commit_blob "
+                f"{g['commit_blob_s']['median'] * 1000:.0f} ms, medians of {g['bodies']}, same bodies, one at a time); "
+                f"inside the job each "
+                f"put moves a ~{bd['tile_nbytes']['median'] / 2**20:.1f} MiB tile into Azurite, a Node process "
+                f"on the same 2 cores as 4 encoders"
+            )
+        out.append(
+            Target(
+                f"commit + manifest + orchestration per window vs encoding ({bd['scene']})",
+                "< 10 %",
+                ", ".join(f"{k} {v:.1%}" for k, v in parts.items()) + f"; total {frac:.1%}",
+                frac < 0.10,
+                why,
+            )
+        )
     dup = results.get("duplicates")
     if dup:
         red = dup["redelivery"]
         frac = red["fraction_of_first"]
         passed = frac["max"] < 0.05 and red["tiles_reencoded"] == 0
-        out.append(Target("completed job delivered again", "< 5 % of the first run, 0 tiles re-encoded",
-                          f"{frac['median']:.2%} [{frac['min']:.2%}-{frac['max']:.2%}, n={frac['n']}] of "
-                          f"{red['first_run_s']:.1f} s; {red['tiles_reencoded']} tiles re-encoded, "
-                          f"{red['activity_executions']} activities, {red['requests_per_delivery']['median']:.0f} SDK requests each",
-                          passed))
+        out.append(
+            Target(
+                "completed job delivered again",
+                "< 5 % of the first run, 0 tiles re-encoded",
+                f"{frac['median']:.2%} [{frac['min']:.2%}-{frac['max']:.2%}, n={frac['n']}] of "
+                f"{red['first_run_s']:.1f} s; {red['tiles_reencoded']} tiles re-encoded, "
+                f"{red['activity_executions']} activities, {red['requests_per_delivery']['median']:.0f} SDK requests each",
+                passed,
+            )
+        )
     mem = results.get("memory")
     if mem:
         from .memory import FLAT_TOLERANCE
 
         measured = "; ".join(
             f"{s}²: tiling {e['tiling_instance_mb']:.0f}, assembly {e['assembly_instance_mb']:.0f}, "
-            f"worst mix {e['worst_mix_instance_mb']:.0f} MiB" for s, e in mem["sizes"].items())
-        out.append(Target("memory under 1.5 GB with 4 activities an instance (baseline + 4 x tile, + assembly)",
-                          "< 1536 MiB", measured, mem["under_limit"]))
+            f"worst mix {e['worst_mix_instance_mb']:.0f} MiB"
+            for s, e in mem["sizes"].items()
+        )
+        out.append(
+            Target(
+                "memory under 1.5 GB with 4 activities an instance (baseline + 4 x tile, + assembly)",
+                "< 1536 MiB",
+                measured,
+                mem["under_limit"],
+            )
+        )
         if "growth_assembly" in mem:
             sizes = list(mem["sizes"])
             a, b = (mem["sizes"][k] for k in (sizes[0], sizes[-1]))
             why = ""
             if not mem["flat"]:
-                why = (f"assembly's increment over the baseline grows {a['assembly_increment_mb']:.0f} -> "
-                       f"{b['assembly_increment_mb']:.0f} MiB for {((int(sizes[-1]) / int(sizes[0])) ** 2):.0f}x the pixels "
-                       f"(sub-linear, far under the limit, but not flat); the tile worker is flat")
-            out.append(Target(f"memory flat from {sizes[0]}² to {sizes[-1]}² (peak RSS growth)", f"<= x{FLAT_TOLERANCE}",
-                              f"tile worker x{mem['growth_tile_worker']}, assembly x{mem['growth_assembly']}",
-                              mem["flat"], why))
+                why = (
+                    f"assembly's increment over the baseline grows {a['assembly_increment_mb']:.0f} -> "
+                    f"{b['assembly_increment_mb']:.0f} MiB for {((int(sizes[-1]) / int(sizes[0])) ** 2):.0f}x the pixels "
+                    f"(sub-linear, far under the limit, but not flat); the tile worker is flat"
+                )
+            out.append(
+                Target(
+                    f"memory flat from {sizes[0]}² to {sizes[-1]}² (peak RSS growth)",
+                    f"<= x{FLAT_TOLERANCE}",
+                    f"tile worker x{mem['growth_tile_worker']}, assembly x{mem['growth_assembly']}",
+                    mem["flat"],
+                    why,
+                )
+            )
     orch = results.get("orchestration")
     if orch and "ratio_replay_per_1000_s" in orch:
         keys = list(orch["sizes"])
@@ -173,21 +237,38 @@ def targets(results: dict) -> list[Target]:
         if ratio >= 1.3:
             par = [orch["sizes"][k]["parent_replay_s"]["median"] for k in (keys[0], keys[-1])]
             replays = big["runs"][0]["replays_by_orchestrator"].get("tile_scene")
-            why = (f"the parent tile_scene: its history grows with the number of batches ({big['parent_history']} events at "
-                   f"{keys[-1]} windows, {-(-int(keys[-1]) // orch['batch_size'])} batches) and it replays all of it in each "
-                   f"of its episodes ({replays}: finished batches arrive a few at a time, task_any with 4 in flight), so "
-                   f"its replay grows ~quadratically: {par[0]:.2f} s -> {par[1]:.2f} s; the batches' replay is linear "
-                   f"(x{orch['ratio_batch_replay_per_1000_s']} per 1,000 windows)")
-        out.append(Target(f"orchestration replay per 1,000 windows, {orch['ratio_sizes']} windows", "ratio < 1.3",
-                          f"x{ratio} (wall x{orch['ratio_wall_per_1000_s']}); largest history per instance "
-                          f"{big['largest_history']}", ratio < 1.3, why))
+            why = (
+                f"the parent tile_scene: its history grows with the number of batches ({big['parent_history']} events at "
+                f"{keys[-1]} windows, {-(-int(keys[-1]) // orch['batch_size'])} batches) and it replays all of it in each "
+                f"of its episodes ({replays}: finished batches arrive a few at a time, task_any with 4 in flight), so "
+                f"its replay grows ~quadratically: {par[0]:.2f} s -> {par[1]:.2f} s; the batches' replay is linear "
+                f"(x{orch['ratio_batch_replay_per_1000_s']} per 1,000 windows)"
+            )
+        out.append(
+            Target(
+                f"orchestration replay per 1,000 windows, {orch['ratio_sizes']} windows",
+                "ratio < 1.3",
+                f"x{ratio} (wall x{orch['ratio_wall_per_1000_s']}); largest history per instance "
+                f"{big['largest_history']}",
+                ratio < 1.3,
+                why,
+            )
+        )
     lab = results.get("contention")
     if lab:
         ok = all(x["keys_without_exactly_one_winner"] == 0 and x["errors"] == 0 for x in lab["runs"])
-        out.append(Target("contention lab: exactly one winner per key per round (correctness check)", "every key-round",
-                          "; ".join(f"{x['order']}/{x['body_kib']} KiB: {x['winners_total']} winners, {x['losers_total']} "
-                                    f"losers, p={x['p_overlap']}, dispersion x{x['dispersion_index']}" for x in lab["runs"]),
-                          ok))
+        out.append(
+            Target(
+                "contention lab: exactly one winner per key per round (correctness check)",
+                "every key-round",
+                "; ".join(
+                    f"{x['order']}/{x['body_kib']} KiB: {x['winners_total']} winners, {x['losers_total']} "
+                    f"losers, p={x['p_overlap']}, dispersion x{x['dispersion_index']}"
+                    for x in lab["runs"]
+                ),
+                ok,
+            )
+        )
     return out
 
 
@@ -211,8 +292,15 @@ def reprint(path: str) -> int:
 
     with open(path) as file:
         results = json.load(file)
-    printers = (("e2e", e2e), ("memory", memory), ("raster", raster), ("breakdown", breakdown),
-                ("duplicates", duplicates), ("orchestration", orchestration), ("contention", contention))
+    printers = (
+        ("e2e", e2e),
+        ("memory", memory),
+        ("raster", raster),
+        ("breakdown", breakdown),
+        ("duplicates", duplicates),
+        ("orchestration", orchestration),
+        ("contention", contention),
+    )
     for key, module in printers:
         if key in results:
             module.print_report(results[key])
@@ -224,7 +312,7 @@ def reprint(path: str) -> int:
     Path(path).write_text(json.dumps(results, indent=2, sort_keys=True, default=str) + "\n")
     name = Path(path).name
     if name.startswith("bench_") and name.endswith(".json"):
-        (Path(path).parent / f"summary_{name[len('bench_'):-len('.json')]}.md").write_text(summary.lstrip() + "\n")
+        (Path(path).parent / f"summary_{name[len('bench_') : -len('.json')]}.md").write_text(summary.lstrip() + "\n")
     return 0
 
 
@@ -268,8 +356,11 @@ def main(argv: list[str] | None = None) -> int:
         keep: dict = {}
         state: dict = {}
         if {"e2e", "memory", "raster"} & set(modules):
+
             def run_e2e() -> None:
-                report = e2e.run(ctx, config["sizes"], {s: (r if "e2e" in modules else 1) for s, r in config["repeats"].items()})
+                report = e2e.run(
+                    ctx, config["sizes"], {s: (r if "e2e" in modules else 1) for s, r in config["repeats"].items()}
+                )
                 keep.update(report.pop("keep"))
                 state["e2e"] = report
                 if "e2e" in modules:
@@ -281,13 +372,16 @@ def main(argv: list[str] | None = None) -> int:
 
             attempt("e2e", run_e2e)
         if "memory" in modules and keep:
+
             def run_memory() -> None:
-                results["memory"] = memory.run(ctx, config["sizes"], keep, state.get("e2e"),
-                                               tile_windows=config["tile_windows"])
+                results["memory"] = memory.run(
+                    ctx, config["sizes"], keep, state.get("e2e"), tile_windows=config["tile_windows"]
+                )
                 memory.print_report(results["memory"])
 
             attempt("memory", run_memory)
         if "raster" in modules and keep:
+
             def run_raster() -> None:
                 results["raster"] = raster.run(ctx, config["sizes"], keep)
                 raster.print_report(results["raster"])
@@ -296,6 +390,7 @@ def main(argv: list[str] | None = None) -> int:
         for kept in keep.values():
             storage.drop(kept["env"])
         if "breakdown" in modules or "duplicates" in modules:
+
             def run_breakdown() -> None:
                 after = duplicates.after_first_run(config["redeliveries"]) if "duplicates" in modules else None
                 bd = breakdown.run(ctx, config["breakdown_size"], after=after)
@@ -310,16 +405,24 @@ def main(argv: list[str] | None = None) -> int:
 
             attempt("breakdown/duplicates", run_breakdown)
         if "orchestration" in modules:
+
             def run_orchestration() -> None:
                 results["orchestration"] = orchestration.run(ctx, config["orch_sizes"], config["orch_repeats"])
                 orchestration.print_report(results["orchestration"])
 
             attempt("orchestration", run_orchestration)
         if "contention" in modules:
+
             def run_contention() -> None:
                 results["contention"] = contention.run(
-                    ctx, workers=config["workers"], keys=config["keys"], rounds=config["rounds"],
-                    body_kib=config["body_kib"], mode=config["lab_mode"], orders=config["orders"])
+                    ctx,
+                    workers=config["workers"],
+                    keys=config["keys"],
+                    rounds=config["rounds"],
+                    body_kib=config["body_kib"],
+                    mode=config["lab_mode"],
+                    orders=config["orders"],
+                )
                 contention.print_report(results["contention"])
                 path = contention.chart(results["contention"], RESULTS / f"contention_{mode}.png")
                 if path:
@@ -339,8 +442,10 @@ def main(argv: list[str] | None = None) -> int:
     # A partial run (--only) does not overwrite the full set of figures of its mode.
     out.write_text(json.dumps(dump(results), indent=2, sort_keys=True, default=str) + "\n")
     (RESULTS / f"summary_{stem}.md").write_text(summary.lstrip() + "\n")
-    say(f"wrote {out.relative_to(RESULTS.parent.parent)}, {RESULTS.relative_to(RESULTS.parent.parent)}/summary_{stem}.md"
-        + (f", charts {', '.join(charts)}" if charts else ""))
+    say(
+        f"wrote {out.relative_to(RESULTS.parent.parent)}, {RESULTS.relative_to(RESULTS.parent.parent)}/summary_{stem}.md"
+        + (f", charts {', '.join(charts)}" if charts else "")
+    )
     return 1 if errors else 0
 
 

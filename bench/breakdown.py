@@ -43,6 +43,7 @@ def analyse(inst: Instruments, summary: dict, scene: Path) -> dict:
     activity_other = [e.seconds - sum(e.result["timings"].values()) for e in encoded]
 
     spans = inst.index.spans
+
     def span(name: str) -> list[tuple[float, float]]:
         return [(s, e) for n, s, e in spans if n == name]
 
@@ -62,8 +63,7 @@ def analyse(inst: Instruments, summary: dict, scene: Path) -> dict:
     # dispatch latency (episodes, the engine's lock, the pool's queue) or the tail of the phase.
     slots = inst.host.engine.max_activities
     tiling_start, tiling_end = min(s for s, _ in tiles), max(e for _, e in tiles)
-    busy = sum(min(e, tiling_end) - max(s, tiling_start) for n, s, e in spans
-               if e > tiling_start and s < tiling_end)
+    busy = sum(min(e, tiling_end) - max(s, tiling_start) for n, s, e in spans if e > tiling_start and s < tiling_end)
     slot_use = busy / (slots * (tiling_end - tiling_start)) if tiling_end > tiling_start else None
     # Planning is pure (no I/O), run inside the orchestrator: timed on its own here.
     validated = next(e for e in list(engine.executions) if e.name == "validate_source")
@@ -106,8 +106,11 @@ def analyse(inst: Instruments, summary: dict, scene: Path) -> dict:
         "activity_other_per_window_s": spread(activity_other, 4),
         "render_tile_activity_s": spread((e.seconds for e in encoded), 4),
         "orchestration": orchestration,
-        "assembly": {"activity_s": round(assembly.seconds, 3), "method": assembly.result.get("method"),
-                     "timings": {k: round(v, 3) for k, v in (assembly.result.get("timings") or {}).items()}},
+        "assembly": {
+            "activity_s": round(assembly.seconds, 3),
+            "method": assembly.result.get("method"),
+            "timings": {k: round(v, 3) for k, v in (assembly.result.get("timings") or {}).items()},
+        },
         "overhead_s": {k: round(v, 3) for k, v in overhead_parts.items()},
         "overhead_fraction_of_encode": {k: round(v, 4) for k, v in fractions.items()},
         "overhead_fraction_total": round(sum(fractions.values()), 4),
@@ -131,12 +134,17 @@ def gate_cost(inst: Instruments, job_id: str, samples: int = 8) -> dict:
         started = time.perf_counter()
         commit_blob(tiles, f"bench-gate/{job_id}/cond-{i}", body, job_id=job_id)
         conditional.append(time.perf_counter() - started)
-    return {"bodies": len(sizes), "median_bytes": statistics.median(sizes) if sizes else 0,
-            "plain_put_s": spread(plain, 4), "commit_blob_s": spread(conditional, 4)}
+    return {
+        "bodies": len(sizes),
+        "median_bytes": statistics.median(sizes) if sizes else 0,
+        "plain_put_s": spread(plain, 4),
+        "commit_blob_s": spread(conditional, 4),
+    }
 
 
-def run(ctx: Context, scene: int | Path, *, window_size: int = 1024, host_options: dict | None = None,
-        after=None) -> dict:
+def run(
+    ctx: Context, scene: int | Path, *, window_size: int = 1024, host_options: dict | None = None, after=None
+) -> dict:
     """One job in-process on ``scene`` (an edge in pixels: the cached scene; or a path).
 
     ``after(inst, summary)`` runs on the same host right after the job, before the host stops.
@@ -170,7 +178,9 @@ def run(ctx: Context, scene: int | Path, *, window_size: int = 1024, host_option
 
 
 def print_report(r: dict) -> None:
-    print(f"\n## 2. Where the time goes: one job, {r['scene']}, {r['windows']} windows, in-process local host ({r['note']})")
+    print(
+        f"\n## 2. Where the time goes: one job, {r['scene']}, {r['windows']} windows, in-process local host ({r['note']})"
+    )
     t = r["timeline"]
     labels = {
         "upload_event_start_s": "upload + BlobCreated + starter + first episode",
@@ -187,27 +197,42 @@ def print_report(r: dict) -> None:
     print(table(rows, ["job timeline", "wall", "share"]))
     rows = []
     for step in TILE_STEPS:
-        rows.append([step, fmt_spread(r["tile_steps_per_window_s"][step], " s", 3), f"{r['tile_steps_sum_s'][step]:.2f} s"])
-    rows.append(["activity other (ETag check, clients, JSON)", fmt_spread(r["activity_other_per_window_s"], " s", 3), ""])
+        rows.append(
+            [step, fmt_spread(r["tile_steps_per_window_s"][step], " s", 3), f"{r['tile_steps_sum_s'][step]:.2f} s"]
+        )
+    rows.append(
+        ["activity other (ETag check, clients, JSON)", fmt_spread(r["activity_other_per_window_s"], " s", 3), ""]
+    )
     rows.append(["render_tile activity wall", fmt_spread(r["render_tile_activity_s"], " s", 3), ""])
     print(table(rows, ["per window (4 activities at once)", "median [min-max]", "sum"]))
     o = r["orchestration"]
-    by_name = ", ".join(f"{k} {v:.2f} s in {o['replays_by_orchestrator'][k]} replays"
-                        for k, v in o["replay_s_by_orchestrator"].items())
-    print(f"orchestration: {o['episodes']} episodes, {o['history_events']} history events, replay {o['replay_s']:.2f} s "
-          f"({by_name}), "
-          f"episodes busy {o['episode_busy_s']:.2f} s of which store "
-          f"{sum(o['store_s'].values()):.2f} s")
+    by_name = ", ".join(
+        f"{k} {v:.2f} s in {o['replays_by_orchestrator'][k]} replays" for k, v in o["replay_s_by_orchestrator"].items()
+    )
+    print(
+        f"orchestration: {o['episodes']} episodes, {o['history_events']} history events, replay {o['replay_s']:.2f} s "
+        f"({by_name}), "
+        f"episodes busy {o['episode_busy_s']:.2f} s of which store "
+        f"{sum(o['store_s'].values()):.2f} s"
+    )
     if r.get("slot_use_during_tiling") is not None:
-        print(f"activity slots busy during tiling: {r['slot_use_during_tiling']:.0%} of {r['activity_slots']} slots x "
-              f"{t['tiling_s']:.1f} s (the rest: waiting for dispatch, i.e. episodes and the engine's lock, or the phase's tail)")
+        print(
+            f"activity slots busy during tiling: {r['slot_use_during_tiling']:.0%} of {r['activity_slots']} slots x "
+            f"{t['tiling_s']:.1f} s (the rest: waiting for dispatch, i.e. episodes and the engine's lock, or the phase's tail)"
+        )
     a = r["assembly"]
     print(f"assembly ({a['method']}): {a['activity_s']:.2f} s; steps {a['timings']}")
     rows = [[k, f"{v:.2f} s", f"{r['overhead_fraction_of_encode'][k]:.1%}"] for k, v in r["overhead_s"].items()]
-    rows.append(["total vs encode " + f"{r['tile_steps_sum_s']['encode']:.2f} s", "", f"{r['overhead_fraction_total']:.1%}"])
+    rows.append(
+        ["total vs encode " + f"{r['tile_steps_sum_s']['encode']:.2f} s", "", f"{r['overhead_fraction_total']:.1%}"]
+    )
     print(table(rows, ["overhead over all windows", "seconds", "of encoding"]))
-    print(f"storage: {r['requests_total']} SDK requests in the job ({r['requests_per_window']} per window; GDAL's /vsiaz/ "
-          f"reads not counted) {r['requests']}; the Azurite process used {r['azurite_cpu_s']} CPU-s during the job")
+    print(
+        f"storage: {r['requests_total']} SDK requests in the job ({r['requests_per_window']} per window; GDAL's /vsiaz/ "
+        f"reads not counted) {r['requests']}; the Azurite process used {r['azurite_cpu_s']} CPU-s during the job"
+    )
     g = r["gate_cost"]
-    print(f"the condition itself: plain put {fmt_spread(g['plain_put_s'], ' s', 3)} vs commit_blob "
-          f"{fmt_spread(g['commit_blob_s'], ' s', 3)} for {g['bodies']} bodies of ~{g['median_bytes'] / 2**20:.1f} MiB")
+    print(
+        f"the condition itself: plain put {fmt_spread(g['plain_put_s'], ' s', 3)} vs commit_blob "
+        f"{fmt_spread(g['commit_blob_s'], ' s', 3)} for {g['bodies']} bodies of ~{g['median_bytes'] / 2**20:.1f} MiB"
+    )

@@ -126,16 +126,32 @@ def run_measured(args: Sequence[str], *, env: dict | None = None, cwd: Path = RO
     memory does not leak into the child's ru_maxrss. Output goes to temporary files (a pipe
     could fill and block the child).
     """
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, \
-            tempfile.NamedTemporaryFile("r", suffix=".rusage") as report:
+    with (
+        tempfile.TemporaryFile() as out,
+        tempfile.TemporaryFile() as err,
+        tempfile.NamedTemporaryFile("r", suffix=".rusage") as report,
+    ):
         before = load1()
-        proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", _LAUNCHER, report.name, *map(str, args)],
-                                stdout=out, stderr=err, env=env, cwd=cwd)
+        proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", _LAUNCHER, report.name, *map(str, args)],
+            stdout=out,
+            stderr=err,
+            env=env,
+            cwd=cwd,
+        )
         proc.wait()
         fields = report.read().split()
         if len(fields) != 5:
-            raise RuntimeError(f"the measuring launcher failed (exit {proc.returncode}) for {' '.join(map(str, args[:4]))}")
-        maxrss_kib, utime, stime, wall, code = int(fields[0]), float(fields[1]), float(fields[2]), float(fields[3]), int(fields[4])
+            raise RuntimeError(
+                f"the measuring launcher failed (exit {proc.returncode}) for {' '.join(map(str, args[:4]))}"
+            )
+        maxrss_kib, utime, stime, wall, code = (
+            int(fields[0]),
+            float(fields[1]),
+            float(fields[2]),
+            float(fields[3]),
+            int(fields[4]),
+        )
         out.seek(0)
         err.seek(0)
         measured = Measured(
@@ -177,7 +193,9 @@ def scene_path(size: int) -> Path:
         started = time.perf_counter()
         write_scene(str(partial), SceneSpec(size, size, 3, "uint16", nodata=0))
         partial.rename(final)
-        say(f"  generated {final.name} in {time.perf_counter() - started:.1f} s ({final.stat().st_size / 2**20:.0f} MiB)")
+        say(
+            f"  generated {final.name} in {time.perf_counter() - started:.1f} s ({final.stat().st_size / 2**20:.0f} MiB)"
+        )
     return final
 
 

@@ -44,8 +44,18 @@ def _body(key: int, nbytes: int) -> bytes:
     return (seed * (nbytes // len(seed) + 1))[:nbytes]
 
 
-def worker(conn_str: str, container: str, run_id: str, worker_id: int, keys: int, rounds: int, body_bytes: int,
-           barrier: Any, results: Any, order: str = "same") -> None:
+def worker(
+    conn_str: str,
+    container: str,
+    run_id: str,
+    worker_id: int,
+    keys: int,
+    rounds: int,
+    body_bytes: int,
+    barrier: Any,
+    results: Any,
+    order: str = "same",
+) -> None:
     """One racer: ``rounds`` x (barrier, then every key). Puts its records on ``results``.
 
     ``order``: "same" (every worker walks the keys 0, 1, 2 ..., as copies of one job walk its
@@ -76,14 +86,27 @@ def worker(conn_str: str, container: str, run_id: str, worker_id: int, keys: int
     results.put(records)
 
 
-def race(conn_str: str, container: str, *, workers: int, keys: int, rounds: int, body_bytes: int,
-         mode: str = "process", order: str = "same") -> list[tuple]:
+def race(
+    conn_str: str,
+    container: str,
+    *,
+    workers: int,
+    keys: int,
+    rounds: int,
+    body_bytes: int,
+    mode: str = "process",
+    order: str = "same",
+) -> list[tuple]:
     run_id = f"{time.time_ns():x}"
     if mode == "process":
         mp = multiprocessing.get_context("spawn")
         barrier, results = mp.Barrier(workers), mp.Queue()
-        procs = [mp.Process(target=worker, args=(conn_str, container, run_id, i, keys, rounds, body_bytes, barrier, results, order))
-                 for i in range(workers)]
+        procs = [
+            mp.Process(
+                target=worker, args=(conn_str, container, run_id, i, keys, rounds, body_bytes, barrier, results, order)
+            )
+            for i in range(workers)
+        ]
         for p in procs:
             p.start()
         records = []
@@ -95,8 +118,12 @@ def race(conn_str: str, container: str, *, workers: int, keys: int, rounds: int,
     import queue
 
     barrier, results = threading.Barrier(workers), queue.Queue()
-    threads = [threading.Thread(target=worker, args=(conn_str, container, run_id, i, keys, rounds, body_bytes, barrier, results, order))
-               for i in range(workers)]
+    threads = [
+        threading.Thread(
+            target=worker, args=(conn_str, container, run_id, i, keys, rounds, body_bytes, barrier, results, order)
+        )
+        for i in range(workers)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -151,7 +178,11 @@ def analyse(records: list[tuple], workers: int, keys: int, rounds: int) -> dict:
     expected = [len(conflicts) * q for q in binomial_pmf(m, p)] if m else [len(conflicts)]
     var = statistics.pvariance(conflicts) if len(conflicts) > 1 else 0.0
     model_var = m * p * (1 - p)
-    tvd = 0.5 * sum(abs(o / len(conflicts) - e / len(conflicts)) for o, e in zip(observed, expected, strict=True)) if conflicts else 0.0
+    tvd = (
+        0.5 * sum(abs(o / len(conflicts) - e / len(conflicts)) for o, e in zip(observed, expected, strict=True))
+        if conflicts
+        else 0.0
+    )
     p0 = (sum(first_key) / (len(first_key) * m)) if first_key and m else 0.0
     var0 = statistics.pvariance(first_key) if len(first_key) > 1 else 0.0
     return {
@@ -186,8 +217,16 @@ def analyse(records: list[tuple], workers: int, keys: int, rounds: int) -> dict:
     }
 
 
-def run(ctx: Context, *, workers: int = 10, keys: int = 8, rounds: int = 40, body_kib: list[int] | int = 64,
-        mode: str = "process", orders: list[str] | str = "same") -> dict:
+def run(
+    ctx: Context,
+    *,
+    workers: int = 10,
+    keys: int = 8,
+    rounds: int = 40,
+    body_kib: list[int] | int = 64,
+    mode: str = "process",
+    orders: list[str] | str = "same",
+) -> dict:
     from azure.core.exceptions import ResourceExistsError
 
     blobs = ctx.storage.connection.blob_service()
@@ -198,14 +237,27 @@ def run(ctx: Context, *, workers: int = 10, keys: int = 8, rounds: int = 40, bod
         pass
     report: dict = {"note": MACHINE_NOTE, "mode": mode, "runs": []}
     try:
-        configs = [(kib, order) for order in ([orders] if isinstance(orders, str) else orders)
-                   for kib in ([body_kib] if isinstance(body_kib, int) else body_kib)]
+        configs = [
+            (kib, order)
+            for order in ([orders] if isinstance(orders, str) else orders)
+            for kib in ([body_kib] if isinstance(body_kib, int) else body_kib)
+        ]
         for kib, order in configs:
-            say(f"contention lab: {workers} {mode} workers x {keys} keys x {rounds} rounds, {kib} KiB bodies, "
-                f"key order {order} ...")
+            say(
+                f"contention lab: {workers} {mode} workers x {keys} keys x {rounds} rounds, {kib} KiB bodies, "
+                f"key order {order} ..."
+            )
             started = time.perf_counter()
-            records = race(ctx.storage.connection_string, container, workers=workers, keys=keys, rounds=rounds,
-                           body_bytes=kib * 1024, mode=mode, order=order)
+            records = race(
+                ctx.storage.connection_string,
+                container,
+                workers=workers,
+                keys=keys,
+                rounds=rounds,
+                body_bytes=kib * 1024,
+                mode=mode,
+                order=order,
+            )
             result = analyse(records, workers, keys, rounds)
             result.update(body_kib=kib, order=order, seconds=round(time.perf_counter() - started, 2))
             report["runs"].append(result)
@@ -221,23 +273,41 @@ def print_report(r: dict) -> None:
     print(f"\n## 6. Contention lab ({r['mode']} workers; {r['note']})")
     for x in r["runs"]:
         m = x["workers"] - 1
-        print(f"{x['workers']} workers x {x['keys']} keys x {x['rounds']} rounds, {x['body_kib']} KiB bodies, key order "
-              f"{x['order']}, "
-              f"{x['seconds']} s: winners {x['winners_total']} (= keys x rounds {x['keys'] * x['rounds']}), "
-              f"losers {x['losers_total']} (= (n-1) x keys x rounds {m * x['keys'] * x['rounds']}), "
-              f"errors {x['errors']}, keys without exactly one winner {x['keys_without_exactly_one_winner']}")
-        print(f"  p (an attempt overlapped the winner's in-flight put) = {x['p_overlap']}; conflicts per key per round: "
-              f"mean {x['conflicts_mean']} (model {m * x['p_overlap']:.3f}), variance {x['conflicts_var']} "
-              f"(Binomial({m}, p) {x['binomial_var']}), dispersion x{x['dispersion_index']}, TV distance {x['tv_distance']}")
+        print(
+            f"{x['workers']} workers x {x['keys']} keys x {x['rounds']} rounds, {x['body_kib']} KiB bodies, key order "
+            f"{x['order']}, "
+            f"{x['seconds']} s: winners {x['winners_total']} (= keys x rounds {x['keys'] * x['rounds']}), "
+            f"losers {x['losers_total']} (= (n-1) x keys x rounds {m * x['keys'] * x['rounds']}), "
+            f"errors {x['errors']}, keys without exactly one winner {x['keys_without_exactly_one_winner']}"
+        )
+        print(
+            f"  p (an attempt overlapped the winner's in-flight put) = {x['p_overlap']}; conflicts per key per round: "
+            f"mean {x['conflicts_mean']} (model {m * x['p_overlap']:.3f}), variance {x['conflicts_var']} "
+            f"(Binomial({m}, p) {x['binomial_var']}), dispersion x{x['dispersion_index']}, TV distance {x['tv_distance']}"
+        )
         f0 = x["first_key"]
-        rows = [[k, x["observed"][k], f"{x['expected'][k]:.1f}", f0["observed"][k], f"{f0['expected'][k]:.1f}"]
-                for k in range(m + 1)]
-        print(table(rows, ["conflicts C", "observed, all key-rounds", f"Binomial({m}, {x['p_overlap']})",
-                           "observed, key 0 only", f"Binomial({m}, {f0['p_overlap']})"]))
+        rows = [
+            [k, x["observed"][k], f"{x['expected'][k]:.1f}", f0["observed"][k], f"{f0['expected'][k]:.1f}"]
+            for k in range(m + 1)
+        ]
+        print(
+            table(
+                rows,
+                [
+                    "conflicts C",
+                    "observed, all key-rounds",
+                    f"Binomial({m}, {x['p_overlap']})",
+                    "observed, key 0 only",
+                    f"Binomial({m}, {f0['p_overlap']})",
+                ],
+            )
+        )
         print(f"  key 0 only: p = {f0['p_overlap']}, dispersion x{f0['dispersion_index']}")
-        print(f"  p by the loser's position in its round: {x['p_by_key_position']}; median put latency: winner "
-              f"{x['winner_latency_ms']} ms, loser (409 + HEAD for the sha256) {x['loser_latency_ms']} ms; "
-              f"late losers were sent {x['late_losers_sent_after_answer_ms']} ms after the winner's answer (median)")
+        print(
+            f"  p by the loser's position in its round: {x['p_by_key_position']}; median put latency: winner "
+            f"{x['winner_latency_ms']} ms, loser (409 + HEAD for the sha256) {x['loser_latency_ms']} ms; "
+            f"late losers were sent {x['late_losers_sent_after_answer_ms']} ms after the winner's answer (median)"
+        )
 
 
 def chart(r: dict, path: Path) -> Path:
@@ -254,8 +324,11 @@ def chart(r: dict, path: Path) -> Path:
         ax.set_xlabel("conflicts per key per round\n(losers whose put overlapped the winner's)", fontsize=8)
         ax.set_ylabel(f"key-rounds (of {x['keys'] * x['rounds']})", fontsize=8)
         ax.set_xticks(ks)
-        ax.set_title(f"{x['workers']} {r['mode']} workers, {x['body_kib']} KiB, key order {x['order']}\n"
-                     f"dispersion x{x['dispersion_index']}, TV distance {x['tv_distance']}", fontsize=9)
+        ax.set_title(
+            f"{x['workers']} {r['mode']} workers, {x['body_kib']} KiB, key order {x['order']}\n"
+            f"dispersion x{x['dispersion_index']}, TV distance {x['tv_distance']}",
+            fontsize=9,
+        )
         ax.legend(fontsize=8)
         ax = axes[1][col]
         positions = list(range(len(x["p_by_key_position"])))

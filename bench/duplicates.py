@@ -61,8 +61,15 @@ def redeliver(inst: Instruments, summary: dict, blob: str, times: int) -> dict:
         time.sleep(0.5)  # anything the starter had set off would show up in the counts now
         delta = _delta(_counts(inst), before)
         decision = inst.host.decisions[-1] if inst.host.decisions else {}
-        runs.append({"seconds": seconds, "delivered": delivered, "decision": decision.get("action"),
-                     "reason": decision.get("reason"), **delta})
+        runs.append(
+            {
+                "seconds": seconds,
+                "delivered": delivered,
+                "decision": decision.get("action"),
+                "reason": decision.get("reason"),
+                **delta,
+            }
+        )
     return {
         "first_run_s": first,
         "runs": runs,
@@ -176,30 +183,64 @@ def print_report(r: dict) -> None:
     red, rerun, dup = r["redelivery"], r["forced_rerun"], r.get("duplicate_activities")
     print(f"\n## 3. Duplicates, same scene, same run ({MACHINE_NOTE})")
     rows = [
-        ["completed job delivered again (starter sees Completed)", fmt_spread(red["seconds"], " s", 3),
-         fmt_spread({k: (v * 100 if isinstance(v, float) else v) for k, v in red["fraction_of_first"].items()}, " %", 3),
-         red["tiles_reencoded"], red["activity_executions"], red["episodes"],
-         f"{fmt_spread(red['requests_per_delivery'], '', 0)} per delivery {red['request_kinds']}"],
-        ["completed job id re-run (starter bypassed)", f"{rerun['seconds']:.2f} s", f"{rerun['fraction_of_first']:.1%}",
-         rerun["tiles_reencoded"], rerun["executions"], rerun["episodes"], f"{rerun['requests_total']} {rerun['requests']}"],
+        [
+            "completed job delivered again (starter sees Completed)",
+            fmt_spread(red["seconds"], " s", 3),
+            fmt_spread(
+                {k: (v * 100 if isinstance(v, float) else v) for k, v in red["fraction_of_first"].items()}, " %", 3
+            ),
+            red["tiles_reencoded"],
+            red["activity_executions"],
+            red["episodes"],
+            f"{fmt_spread(red['requests_per_delivery'], '', 0)} per delivery {red['request_kinds']}",
+        ],
+        [
+            "completed job id re-run (starter bypassed)",
+            f"{rerun['seconds']:.2f} s",
+            f"{rerun['fraction_of_first']:.1%}",
+            rerun["tiles_reencoded"],
+            rerun["executions"],
+            rerun["episodes"],
+            f"{rerun['requests_total']} {rerun['requests']}",
+        ],
     ]
     if dup:
-        rows.append(["every activity twice (fresh job)", f"{dup['seconds']:.2f} s (+{dup['drain_after_completion_s']:.1f} s drain)",
-                     f"+{dup['extra_fraction']:.0%}", dup["tiles_reencoded"], dup["executions"], dup["episodes"],
-                     f"{dup['requests_total']} vs {dup['first_run_requests_total']} first run"])
+        rows.append(
+            [
+                "every activity twice (fresh job)",
+                f"{dup['seconds']:.2f} s (+{dup['drain_after_completion_s']:.1f} s drain)",
+                f"+{dup['extra_fraction']:.0%}",
+                dup["tiles_reencoded"],
+                dup["executions"],
+                dup["episodes"],
+                f"{dup['requests_total']} vs {dup['first_run_requests_total']} first run",
+            ]
+        )
     print(f"first run (in-process, upload to mosaic): {red['first_run_s']:.2f} s")
-    print(table(rows, ["case", "time", "vs first run", "tiles re-encoded", "activity execs", "episodes", "SDK requests"]))
+    print(
+        table(rows, ["case", "time", "vs first run", "tiles re-encoded", "activity execs", "episodes", "SDK requests"])
+    )
     if dup:
-        print(f"every activity twice: {dup['render_tile_executions']} render_tile executions for {dup['windows']} windows, "
-              f"{dup['encoded']} encoded, {dup['skipped_by_manifest_check']} skipped by the manifest check, outcomes "
-              f"{dup['outcomes']}, {dup['activity_failures']} failed copies {dup['failed_copies'][:3]}")
+        print(
+            f"every activity twice: {dup['render_tile_executions']} render_tile executions for {dup['windows']} windows, "
+            f"{dup['encoded']} encoded, {dup['skipped_by_manifest_check']} skipped by the manifest check, outcomes "
+            f"{dup['outcomes']}, {dup['activity_failures']} failed copies {dup['failed_copies'][:3]}"
+        )
         ph = dup["phases"]
         retried = any(name == "assemble_mosaic" for name, _ in dup["failed_copies"])
-        print(f"every activity twice, phases: tiling {ph['tiling_s']:.1f} s; {ph['assembly_executions']} assemble_mosaic "
-              f"executions ({ph['assembly_span_s']} s each), first assembly start to job completion "
-              f"{ph['assembly_to_completion_s']:.1f} s"
-              + (" (a copy failed with AssemblyInProgressError first: a TaskFailed, so the orchestrator waited its "
-                 "retry interval before another attempt)" if retried else
-                 " (the second copy waits for the claim holder and returns already-present, holding an activity slot)"))
-    print("requests = HTTP requests of the Python storage SDKs (blob/table) counted at requests' HTTPAdapter.send; "
-          "GDAL's /vsiaz/ reads are not included")
+        print(
+            f"every activity twice, phases: tiling {ph['tiling_s']:.1f} s; {ph['assembly_executions']} assemble_mosaic "
+            f"executions ({ph['assembly_span_s']} s each), first assembly start to job completion "
+            f"{ph['assembly_to_completion_s']:.1f} s"
+            + (
+                " (a copy failed first: a TaskFailed, so the orchestrator waited its retry interval before another "
+                "attempt)"
+                if retried
+                else " (no claim: the second copy assembles beside the first, or stops when it sees the first's mosaic, "
+                "and returns already-present)"
+            )
+        )
+    print(
+        "requests = HTTP requests of the Python storage SDKs (blob/table) counted at requests' HTTPAdapter.send; "
+        "GDAL's /vsiaz/ reads are not included"
+    )

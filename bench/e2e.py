@@ -37,8 +37,17 @@ from .common import (
 
 #: rio-cogeo processes in memory below this many pixels unless told otherwise.
 RIO_IN_MEMORY_PIXELS = 120_000_000
-RIO_OPTIONS = ["--cog-profile", "deflate", "--blocksize", "256", "--overview-blocksize", "256",
-               "--overview-resampling", "average", "--quiet"]
+RIO_OPTIONS = [
+    "--cog-profile",
+    "deflate",
+    "--blocksize",
+    "256",
+    "--overview-blocksize",
+    "256",
+    "--overview-resampling",
+    "average",
+    "--quiet",
+]
 
 
 def rio_cogeo(src: Path, workdir: str, *, in_memory: bool | None) -> dict:
@@ -54,7 +63,11 @@ def rio_cogeo(src: Path, workdir: str, *, in_memory: bool | None) -> dict:
     finally:
         if os.path.exists(out):
             os.remove(out)
-    return {**measured.summary(), "nbytes": nbytes, "command": " ".join(["rio"] + args[1:3] + ["SRC", "DST"] + args[5:])}
+    return {
+        **measured.summary(),
+        "nbytes": nbytes,
+        "command": " ".join(["rio"] + args[1:3] + ["SRC", "DST"] + args[5:]),
+    }
 
 
 def pipeline(ctx: Context, src: Path, env: dict) -> dict:
@@ -62,8 +75,19 @@ def pipeline(ctx: Context, src: Path, env: dict) -> dict:
     from .common import run_measured
 
     ctx.storage.ensure(env)
-    args = [PYTHON, "-m", "devhost", "process", str(src), "--hub", env["BENCH_HUB"], "--progress", "never",
-            "--timeout", "3600"]
+    args = [
+        PYTHON,
+        "-m",
+        "devhost",
+        "process",
+        str(src),
+        "--hub",
+        env["BENCH_HUB"],
+        "--progress",
+        "never",
+        "--timeout",
+        "3600",
+    ]
     azurite_before = ctx.storage.azurite_cpu_s()
     measured = run_measured(args, env={**os.environ, **env}, check=False)
     azurite_after = ctx.storage.azurite_cpu_s()
@@ -74,11 +98,20 @@ def pipeline(ctx: Context, src: Path, env: dict) -> dict:
             f"devhost process printed no summary (exit {measured.returncode}):\n{measured.stderr[-3000:]}"
         ) from exc
     if summary.get("status") != "completed":
-        raise RuntimeError(f"devhost process: job {summary.get('job_id')} {summary.get('status')}: {summary.get('error')}")
-    return {**measured.summary(), "elapsed_s": summary["elapsed_s"], "job_id": summary["job_id"],
-            "windows": summary["windows"], "written": summary["written"], "bytes": summary["bytes"],
-            "host": summary.get("host", {}), "blob": src.name,
-            "azurite_cpu_s": None if azurite_before is None else round(azurite_after - azurite_before, 2)}
+        raise RuntimeError(
+            f"devhost process: job {summary.get('job_id')} {summary.get('status')}: {summary.get('error')}"
+        )
+    return {
+        **measured.summary(),
+        "elapsed_s": summary["elapsed_s"],
+        "job_id": summary["job_id"],
+        "windows": summary["windows"],
+        "written": summary["written"],
+        "bytes": summary["bytes"],
+        "host": summary.get("host", {}),
+        "blob": src.name,
+        "azurite_cpu_s": None if azurite_before is None else round(azurite_after - azurite_before, 2),
+    }
 
 
 @dataclass
@@ -120,18 +153,28 @@ def total_cpu(entry: dict) -> None:
     """Our CPU including the storage emulator's (Azurite does the storage work rio never needs)."""
     azurite = entry["ours"].get("azurite_cpu_s")
     if azurite is not None:
-        entry["ratio_cpu_with_azurite_vs_rio_default"] = (entry["ours"]["cpu_s"] + azurite) / entry["rio_default"]["cpu_s"]
+        entry["ratio_cpu_with_azurite_vs_rio_default"] = (entry["ours"]["cpu_s"] + azurite) / entry["rio_default"][
+            "cpu_s"
+        ]
 
 
 def figures_for(runs: list[dict]) -> dict:
     for entry in runs:
         if "ratio_cpu_with_azurite_vs_rio_default" not in entry:
             total_cpu(entry)
-    return {"ratio_cpu_with_azurite_vs_rio_default": spread(r.get("ratio_cpu_with_azurite_vs_rio_default") for r in runs)}
+    return {
+        "ratio_cpu_with_azurite_vs_rio_default": spread(r.get("ratio_cpu_with_azurite_vs_rio_default") for r in runs)
+    }
 
 
-def run(ctx: Context, sizes: list[int], repeats: dict[int, int] | int, *, scenes: dict[int, Path] | None = None,
-        window_size: int = 1024) -> dict:
+def run(
+    ctx: Context,
+    sizes: list[int],
+    repeats: dict[int, int] | int,
+    *,
+    scenes: dict[int, Path] | None = None,
+    window_size: int = 1024,
+) -> dict:
     """Returns {"sizes": {size: {...}}, "keep": {size: {"env", "job_id", "blob"} of the last pipeline run}}
     (its containers stay for the memory bench; the caller drops them)."""
     report: dict = {"sizes": {}, "note": MACHINE_NOTE, "rio_options": " ".join(RIO_OPTIONS)}
@@ -145,7 +188,7 @@ def run(ctx: Context, sizes: list[int], repeats: dict[int, int] | int, *, scenes
         runs: list[dict] = []
         say(f"e2e {size}x{size}x3 uint16 ({src.stat().st_size / 2**20:.0f} MiB), {n} repeat(s): {', '.join(modes)}")
         for rep in range(n):
-            order = modes[rep % len(modes):] + modes[: rep % len(modes)]
+            order = modes[rep % len(modes) :] + modes[: rep % len(modes)]
             entry: dict = {}
             with tempfile.TemporaryDirectory(prefix="tilecommit-bench-rio-") as workdir:
                 for mode in order:
@@ -157,8 +200,10 @@ def run(ctx: Context, sizes: list[int], repeats: dict[int, int] | int, *, scenes
                         keep[size] = {"env": env, "job_id": entry[mode]["job_id"], "blob": src.name}
                     else:
                         entry[mode] = rio_cogeo(src, workdir, in_memory=False if mode == "rio_no_in_memory" else None)
-                    say(f"  repeat {rep + 1}/{n} {mode}: {entry[mode]['wall_s']:.1f} s, "
-                        f"peak RSS {entry[mode]['peak_rss_mb']:.0f} MiB (load {entry[mode]['load1_before']})")
+                    say(
+                        f"  repeat {rep + 1}/{n} {mode}: {entry[mode]['wall_s']:.1f} s, "
+                        f"peak RSS {entry[mode]['peak_rss_mb']:.0f} MiB (load {entry[mode]['load1_before']})"
+                    )
             entry["ratio_wall_vs_rio_default"] = entry["ours"]["wall_s"] / entry["rio_default"]["wall_s"]
             entry["ratio_cpu_vs_rio_default"] = entry["ours"]["cpu_s"] / entry["rio_default"]["cpu_s"]
             total_cpu(entry)
@@ -192,26 +237,52 @@ def run(ctx: Context, sizes: list[int], repeats: dict[int, int] | int, *, scenes
 def print_report(report: dict) -> None:
     rows = []
     for size, f in report["sizes"].items():
-        for mode, label in (("rio_default", "rio cogeo create (default, all threads)"),
-                            ("rio_no_in_memory", "rio cogeo create --no-in-memory"),
-                            ("ours", "ours: devhost process (upload..mosaic)")):
+        for mode, label in (
+            ("rio_default", "rio cogeo create (default, all threads)"),
+            ("rio_no_in_memory", "rio cogeo create --no-in-memory"),
+            ("ours", "ours: devhost process (upload..mosaic)"),
+        ):
             if f.get(f"{mode}_wall_s", {}).get("n"):
-                rows.append([f"{size}²", label, fmt_spread(f[f"{mode}_wall_s"], " s", 1),
-                             fmt_spread(f[f"{mode}_peak_rss_mb"], " MiB", 0), fmt_spread(f[f"{mode}_cpu_s"], " s", 1)])
-        rows.append([f"{size}²", "ratio ours / rio default (same repeat)", fmt_spread(f["ratio_wall_vs_rio_default"], "x"),
-                     f"limit {INSTANCE_LIMIT_MB:.0f} MiB", fmt_spread(f["ratio_cpu_vs_rio_default"], "x")])
+                rows.append(
+                    [
+                        f"{size}²",
+                        label,
+                        fmt_spread(f[f"{mode}_wall_s"], " s", 1),
+                        fmt_spread(f[f"{mode}_peak_rss_mb"], " MiB", 0),
+                        fmt_spread(f[f"{mode}_cpu_s"], " s", 1),
+                    ]
+                )
+        rows.append(
+            [
+                f"{size}²",
+                "ratio ours / rio default (same repeat)",
+                fmt_spread(f["ratio_wall_vs_rio_default"], "x"),
+                f"limit {INSTANCE_LIMIT_MB:.0f} MiB",
+                fmt_spread(f["ratio_cpu_vs_rio_default"], "x"),
+            ]
+        )
         with_azurite = figures_for(f["runs"])["ratio_cpu_with_azurite_vs_rio_default"]
         if with_azurite["n"]:
             rows.append([f"{size}²", "ratio ours + Azurite CPU / rio default", "", "", fmt_spread(with_azurite, "x")])
         if f["ratio_wall_vs_rio_no_in_memory"]["n"]:
-            rows.append([f"{size}²", "ratio ours / rio --no-in-memory", fmt_spread(f["ratio_wall_vs_rio_no_in_memory"], "x"), "", ""])
+            rows.append(
+                [
+                    f"{size}²",
+                    "ratio ours / rio --no-in-memory",
+                    fmt_spread(f["ratio_wall_vs_rio_no_in_memory"], "x"),
+                    "",
+                    "",
+                ]
+            )
     print(f"\n## 1. End to end, same scene, same run ({report['note']})")
     print(table(rows, ["scene", "what", "wall median [min-max]", "peak RSS", "CPU s"]))
     for size, f in report["sizes"].items():
         if f.get("ours_azurite_cpu_s", {}).get("n"):
-            print(f"  {size}²: ours' CPU above is the devhost process only; the storage emulator (Azurite, Node) used "
-                  f"{fmt_spread(f['ours_azurite_cpu_s'], ' CPU-s', 1)} more during our runs; upload to completion "
-                  f"(elapsed_s) {fmt_spread(f['ours_elapsed_s'], ' s', 1)}")
+            print(
+                f"  {size}²: ours' CPU above is the devhost process only; the storage emulator (Azurite, Node) used "
+                f"{fmt_spread(f['ours_azurite_cpu_s'], ' CPU-s', 1)} more during our runs; upload to completion "
+                f"(elapsed_s) {fmt_spread(f['ours_elapsed_s'], ' s', 1)}"
+            )
         if f.get("rio_no_in_memory_note"):
             print(f"  {size}²: rio --no-in-memory {f['rio_no_in_memory_note']}")
 
@@ -220,8 +291,11 @@ def chart(report: dict, path: Path) -> Path:
     """Bar chart: wall time and peak RSS of each, per scene size, the 1.5 GB line drawn."""
     plt = pyplot()
     sizes = list(report["sizes"])
-    modes = [("rio_default", "rio cogeo (default)"), ("rio_no_in_memory", "rio cogeo --no-in-memory"),
-             ("ours", "ours (devhost process)")]
+    modes = [
+        ("rio_default", "rio cogeo (default)"),
+        ("rio_no_in_memory", "rio cogeo --no-in-memory"),
+        ("ours", "ours (devhost process)"),
+    ]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     width = 0.26
     for i, (mode, label) in enumerate(modes):

@@ -46,12 +46,26 @@ def measure(ctx: Context, size: int, kept: dict, *, tile_windows: int = 4) -> di
     say(f"memory {size}²: baseline, tile worker ({len(chosen)} windows), assembly ...")
     baseline = run_measured([PYTHON, "-m", "bench.workers", "imports"], env=pipeline_run.child_env)
     tile_job = f"{size:08x}bee{len(chosen):05x}"[:16]
-    tile = run_measured([PYTHON, "-m", "bench.workers", "render", tile_job, pipeline_run.source, ",".join(w.id for w in chosen),
-                         str(scene.width), str(scene.height)], env=pipeline_run.child_env)
-    asm_job = f"{size:08x}a55e{len(windows) % 0xffff:04x}"[:16]
+    tile = run_measured(
+        [
+            PYTHON,
+            "-m",
+            "bench.workers",
+            "render",
+            tile_job,
+            pipeline_run.source,
+            ",".join(w.id for w in chosen),
+            str(scene.width),
+            str(scene.height),
+        ],
+        env=pipeline_run.child_env,
+    )
+    asm_job = f"{size:08x}a55e{len(windows) % 0xFFFF:04x}"[:16]
     copy_manifest(ctx.storage.connection.table_service(), settings.manifest_table, pipeline_run.job_id, asm_job)
-    assembly = run_measured([PYTHON, "-m", "bench.workers", "assemble", asm_job, json.dumps(scene.to_dict()), "auto"],
-                            env=pipeline_run.child_env)
+    assembly = run_measured(
+        [PYTHON, "-m", "bench.workers", "assemble", asm_job, json.dumps(scene.to_dict()), "auto"],
+        env=pipeline_run.child_env,
+    )
     asm = assembly.json()
     n = host_concurrency()
     base = baseline.peak_rss_mb
@@ -64,9 +78,13 @@ def measure(ctx: Context, size: int, kept: dict, *, tile_windows: int = 4) -> di
         "concurrency": n,
         "baseline": baseline.summary(),
         "tile_worker": {**tile.summary(), "windows_rendered": len(chosen), "result": tile.json()},
-        "assembly": {**assembly.summary(), "method": asm.get("method"), "nbytes": asm.get("nbytes"),
-                     "overview_levels": asm.get("overview_levels"),
-                     "timings": {k: round(v, 2) for k, v in (asm.get("timings") or {}).items()}},
+        "assembly": {
+            **assembly.summary(),
+            "method": asm.get("method"),
+            "nbytes": asm.get("nbytes"),
+            "overview_levels": asm.get("overview_levels"),
+            "timings": {k: round(v, 2) for k, v in (asm.get("timings") or {}).items()},
+        },
         "tile_increment_mb": round(tile_inc, 1),
         "assembly_increment_mb": round(asm_inc, 1),
         "tiling_instance_mb": round(base + n * tile_inc, 1),
@@ -85,10 +103,19 @@ def run(ctx: Context, sizes: list[int], kept: dict, e2e: dict | None, *, tile_wi
     sizes_s = list(report["sizes"])
     if len(sizes_s) >= 2:
         small, large = report["sizes"][sizes_s[0]], report["sizes"][sizes_s[-1]]
-        report["growth_tile_worker"] = round(large["tile_worker"]["peak_rss_mb"] / small["tile_worker"]["peak_rss_mb"], 3)
+        report["growth_tile_worker"] = round(
+            large["tile_worker"]["peak_rss_mb"] / small["tile_worker"]["peak_rss_mb"], 3
+        )
         report["growth_assembly"] = round(large["assembly"]["peak_rss_mb"] / small["assembly"]["peak_rss_mb"], 3)
-    worst = max(max(e["tiling_instance_mb"], e["assembly_instance_mb"], e["worst_mix_instance_mb"],
-                    (e.get("devhost_process_peak_rss_mb") or {}).get("max") or 0) for e in report["sizes"].values())
+    worst = max(
+        max(
+            e["tiling_instance_mb"],
+            e["assembly_instance_mb"],
+            e["worst_mix_instance_mb"],
+            (e.get("devhost_process_peak_rss_mb") or {}).get("max") or 0,
+        )
+        for e in report["sizes"].values()
+    )
     report["worst_instance_mb"] = worst
     report["under_limit"] = worst < INSTANCE_LIMIT_MB
     report["flat"] = all(report.get(k, 1.0) <= FLAT_TOLERANCE for k in ("growth_tile_worker", "growth_assembly"))
@@ -102,21 +129,59 @@ def print_report(r: dict) -> None:
         n = e["concurrency"]
         base = e["baseline"]["peak_rss_mb"]
         rows.append([f"{size}²", "baseline (imports + clients)", f"{base:.0f}", ""])
-        rows.append([f"{size}²", f"tile worker ({e['tile_worker']['windows_rendered']} windows of {e['window_size']}²)",
-                     f"{e['tile_worker']['peak_rss_mb']:.0f}", f"+{e['tile_increment_mb']:.0f}"])
-        rows.append([f"{size}²", f"assembly ({e['assembly']['method']}, {e['assembly']['wall_s']:.1f} s)",
-                     f"{e['assembly']['peak_rss_mb']:.0f}", f"+{e['assembly_increment_mb']:.0f}"])
-        rows.append([f"{size}²", f"= tiling instance: {base:.0f} + {n} x {e['tile_increment_mb']:.0f}",
-                     f"{e['tiling_instance_mb']:.0f}", "PASS" if e["tiling_instance_mb"] < r["limit_mb"] else "MISS"])
-        rows.append([f"{size}²", f"= assembly instance: {base:.0f} + {e['assembly_increment_mb']:.0f}",
-                     f"{e['assembly_instance_mb']:.0f}", "PASS" if e["assembly_instance_mb"] < r["limit_mb"] else "MISS"])
-        rows.append([f"{size}²", f"= worst mix: {base:.0f} + {e['assembly_increment_mb']:.0f} + {n - 1} x {e['tile_increment_mb']:.0f}",
-                     f"{e['worst_mix_instance_mb']:.0f}", "PASS" if e["worst_mix_instance_mb"] < r["limit_mb"] else "MISS"])
+        rows.append(
+            [
+                f"{size}²",
+                f"tile worker ({e['tile_worker']['windows_rendered']} windows of {e['window_size']}²)",
+                f"{e['tile_worker']['peak_rss_mb']:.0f}",
+                f"+{e['tile_increment_mb']:.0f}",
+            ]
+        )
+        rows.append(
+            [
+                f"{size}²",
+                f"assembly ({e['assembly']['method']}, {e['assembly']['wall_s']:.1f} s)",
+                f"{e['assembly']['peak_rss_mb']:.0f}",
+                f"+{e['assembly_increment_mb']:.0f}",
+            ]
+        )
+        rows.append(
+            [
+                f"{size}²",
+                f"= tiling instance: {base:.0f} + {n} x {e['tile_increment_mb']:.0f}",
+                f"{e['tiling_instance_mb']:.0f}",
+                "PASS" if e["tiling_instance_mb"] < r["limit_mb"] else "MISS",
+            ]
+        )
+        rows.append(
+            [
+                f"{size}²",
+                f"= assembly instance: {base:.0f} + {e['assembly_increment_mb']:.0f}",
+                f"{e['assembly_instance_mb']:.0f}",
+                "PASS" if e["assembly_instance_mb"] < r["limit_mb"] else "MISS",
+            ]
+        )
+        rows.append(
+            [
+                f"{size}²",
+                f"= worst mix: {base:.0f} + {e['assembly_increment_mb']:.0f} + {n - 1} x {e['tile_increment_mb']:.0f}",
+                f"{e['worst_mix_instance_mb']:.0f}",
+                "PASS" if e["worst_mix_instance_mb"] < r["limit_mb"] else "MISS",
+            ]
+        )
         measured = e.get("devhost_process_peak_rss_mb")
         if measured and measured.get("n"):
-            rows.append([f"{size}²", "measured: whole local host (devhost process, e2e)",
-                         f"{measured['median']:.0f} [{measured['min']:.0f}-{measured['max']:.0f}]", ""])
+            rows.append(
+                [
+                    f"{size}²",
+                    "measured: whole local host (devhost process, e2e)",
+                    f"{measured['median']:.0f} [{measured['min']:.0f}-{measured['max']:.0f}]",
+                    "",
+                ]
+            )
     print(table(rows, ["scene", "process", "peak RSS MiB", "increment / verdict"]))
     if "growth_tile_worker" in r:
-        print(f"growth from the smallest to the largest scene: tile worker x{r['growth_tile_worker']}, "
-              f"assembly x{r['growth_assembly']} (flat = at most x{FLAT_TOLERANCE})")
+        print(
+            f"growth from the smallest to the largest scene: tile worker x{r['growth_tile_worker']}, "
+            f"assembly x{r['growth_assembly']} (flat = at most x{FLAT_TOLERANCE})"
+        )

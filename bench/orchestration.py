@@ -89,8 +89,10 @@ def run(ctx: Context, sizes: list[int], repeats: dict[int, int] | int) -> dict:
         for rep in range(n):
             r = one_run(ctx, windows, tag=f"r{rep}")
             runs.append(r)
-            say(f"orchestration {windows} windows, repeat {rep + 1}/{n}: {r['wall_s']:.1f} s, replay {r['replay_s']:.2f} s, "
-                f"{r['episodes']} episodes, largest history {r['largest_history']}")
+            say(
+                f"orchestration {windows} windows, repeat {rep + 1}/{n}: {r['wall_s']:.1f} s, replay {r['replay_s']:.2f} s, "
+                f"{r['episodes']} episodes, largest history {r['largest_history']}"
+            )
         per_k = r["windows"] / 1000.0
         report["sizes"][str(windows)] = {
             "runs": runs,
@@ -99,7 +101,9 @@ def run(ctx: Context, sizes: list[int], repeats: dict[int, int] | int) -> dict:
             "replay_per_1000_s": spread(x["replay_s"] / per_k for x in runs),
             "episode_busy_per_1000_s": spread(x["episode_busy_s"] / per_k for x in runs),
             "parent_replay_s": spread(x["replay_s_by_orchestrator"].get("tile_scene", 0.0) for x in runs),
-            "batch_replay_per_1000_s": spread(x["replay_s_by_orchestrator"].get("render_batch", 0.0) / per_k for x in runs),
+            "batch_replay_per_1000_s": spread(
+                x["replay_s_by_orchestrator"].get("render_batch", 0.0) / per_k for x in runs
+            ),
             "history_events_per_1000": spread((x["history_events"] / per_k for x in runs), 1),
             "episodes": spread((x["episodes"] for x in runs), 0),
             "largest_history": max(x["largest_history"] for x in runs),
@@ -110,9 +114,16 @@ def run(ctx: Context, sizes: list[int], repeats: dict[int, int] | int) -> dict:
     keys = list(report["sizes"])
     if len(keys) >= 2:
         small, large = report["sizes"][keys[0]], report["sizes"][keys[-1]]
-        for key in ("wall_per_1000_s", "replay_per_1000_s", "episode_busy_per_1000_s", "batch_replay_per_1000_s",
-                    "history_events_per_1000"):
-            report[f"ratio_{key}"] = round(large[key]["median"] / small[key]["median"], 3) if small[key]["median"] else None
+        for key in (
+            "wall_per_1000_s",
+            "replay_per_1000_s",
+            "episode_busy_per_1000_s",
+            "batch_replay_per_1000_s",
+            "history_events_per_1000",
+        ):
+            report[f"ratio_{key}"] = (
+                round(large[key]["median"] / small[key]["median"], 3) if small[key]["median"] else None
+            )
         report["ratio_sizes"] = f"{keys[-1]} / {keys[0]}"
     return report
 
@@ -121,20 +132,38 @@ def print_report(r: dict) -> None:
     print(f"\n## 5. Orchestration scale, real orchestrators, null activities, history on Azurite ({r['note']})")
     rows = []
     for windows, s in r["sizes"].items():
-        rows.append([
-            windows,
-            fmt_spread(s["wall_per_1000_s"], " s"),
-            fmt_spread(s["replay_per_1000_s"], " s", 3),
-            fmt_spread(s["episode_busy_per_1000_s"], " s", 3),
-            f"{s['parent_replay_s']['median']:.2f} s",
-            f"{s['batch_replay_per_1000_s']['median']:.3f} s",
-            fmt_spread(s["history_events_per_1000"], "", 0),
-            f"{s['episodes']['median']:.0f}",
-            f"{s['largest_history']} (parent {s['parent_history']}, batch {s['largest_batch_history']})",
-        ])
-    print(table(rows, ["windows", "wall / 1000 win", "replay / 1000 win", "episodes busy / 1000", "parent replay total",
-                       "batch replay / 1000", "history events / 1000", "episodes", "largest history / instance"]))
+        rows.append(
+            [
+                windows,
+                fmt_spread(s["wall_per_1000_s"], " s"),
+                fmt_spread(s["replay_per_1000_s"], " s", 3),
+                fmt_spread(s["episode_busy_per_1000_s"], " s", 3),
+                f"{s['parent_replay_s']['median']:.2f} s",
+                f"{s['batch_replay_per_1000_s']['median']:.3f} s",
+                fmt_spread(s["history_events_per_1000"], "", 0),
+                f"{s['episodes']['median']:.0f}",
+                f"{s['largest_history']} (parent {s['parent_history']}, batch {s['largest_batch_history']})",
+            ]
+        )
+    print(
+        table(
+            rows,
+            [
+                "windows",
+                "wall / 1000 win",
+                "replay / 1000 win",
+                "episodes busy / 1000",
+                "parent replay total",
+                "batch replay / 1000",
+                "history events / 1000",
+                "episodes",
+                "largest history / instance",
+            ],
+        )
+    )
     if "ratio_replay_per_1000_s" in r:
-        print(f"linearity ({r['ratio_sizes']}, per 1,000 windows, medians): replay x{r['ratio_replay_per_1000_s']}, "
-              f"wall x{r['ratio_wall_per_1000_s']}, episodes busy x{r['ratio_episode_busy_per_1000_s']}, "
-              f"batch replay x{r['ratio_batch_replay_per_1000_s']}, history events x{r['ratio_history_events_per_1000']}")
+        print(
+            f"linearity ({r['ratio_sizes']}, per 1,000 windows, medians): replay x{r['ratio_replay_per_1000_s']}, "
+            f"wall x{r['ratio_wall_per_1000_s']}, episodes busy x{r['ratio_episode_busy_per_1000_s']}, "
+            f"batch replay x{r['ratio_batch_replay_per_1000_s']}, history events x{r['ratio_history_events_per_1000']}"
+        )

@@ -66,7 +66,6 @@ def assemble(job_id: str, scene_json: str, method: str) -> dict:
         tiles=blobs.get_container_client(settings.tiles_container),
         output=blobs.get_container_client(settings.output_container),
         manifest=tables.get_table_client(settings.manifest_table),
-        claims=tables.get_table_client(settings.claims_table),
         settings=settings,
         gdal_options=connection.gdal_options(),
         method=method,

@@ -53,26 +53,43 @@ async def start_job(source: BlobClient, client: df.DurableOrchestrationClient, s
     try:
         check_upload_name(name)
     except InvalidNameError as exc:
-        return _decided(StartDecision("ignored", name, reason=str(exc)), logging.WARNING,
-                        "ignoring upload %r: %s", name, exc)
+        return _decided(
+            StartDecision("ignored", name, reason=str(exc)), logging.WARNING, "ignoring upload %r: %s", name, exc
+        )
     if name.lower().endswith(SIDECAR_SUFFIXES):
         # What the upload is, is decided by its content when the job validates it; a sidecar is
         # never read, with its raster or on its own, so it starts nothing.
-        return _decided(StartDecision("ignored", name, reason="sidecar file, never read"), logging.INFO,
-                        "ignoring upload %r: a sidecar file (%s), never read", name, ", ".join(SIDECAR_SUFFIXES))
+        return _decided(
+            StartDecision("ignored", name, reason="sidecar file, never read"),
+            logging.INFO,
+            "ignoring upload %r: a sidecar file (%s), never read",
+            name,
+            ", ".join(SIDECAR_SUFFIXES),
+        )
 
     props = await asyncio.to_thread(source.get_blob_properties)
     if props.size == 0:
         # Event Grid can announce a zero-byte create before the real commit; that commit has its
         # own ETag and its own event.
-        return _decided(StartDecision("ignored", name, reason="zero-byte blob"), logging.INFO,
-                        "ignoring upload %r: zero bytes (etag %s)", name, props.etag)
+        return _decided(
+            StartDecision("ignored", name, reason="zero-byte blob"),
+            logging.INFO,
+            "ignoring upload %r: zero bytes (etag %s)",
+            name,
+            props.etag,
+        )
 
     job_id = job_id_for(source.url, props.etag)
     status = await client.get_status(job_id)
     if status.runtime_status in _LIVE_OR_DONE:
-        return _decided(StartDecision("duplicate", name, job_id, reason=status.runtime_status.value), logging.INFO,
-                        "duplicate delivery for %r: job %s is %s", name, job_id, status.runtime_status.value)
+        return _decided(
+            StartDecision("duplicate", name, job_id, reason=status.runtime_status.value),
+            logging.INFO,
+            "duplicate delivery for %r: job %s is %s",
+            name,
+            job_id,
+            status.runtime_status.value,
+        )
 
     job = {
         "job_id": job_id,
@@ -88,8 +105,20 @@ async def start_job(source: BlobClient, client: df.DurableOrchestrationClient, s
     except Exception as exc:  # the SDK raises a bare Exception carrying the host's message
         if "already exists" in str(exc):
             # Another starter won the race between our status check and our start.
-            return _decided(StartDecision("duplicate", name, job_id, reason="started concurrently"), logging.INFO,
-                            "duplicate delivery for %r: job %s was started concurrently", name, job_id)
+            return _decided(
+                StartDecision("duplicate", name, job_id, reason="started concurrently"),
+                logging.INFO,
+                "duplicate delivery for %r: job %s was started concurrently",
+                name,
+                job_id,
+            )
         raise
-    return _decided(StartDecision("started", name, job_id), logging.INFO,
-                    "started job %s for %r (etag %s, %d bytes)", job_id, name, props.etag, props.size)
+    return _decided(
+        StartDecision("started", name, job_id),
+        logging.INFO,
+        "started job %s for %r (etag %s, %d bytes)",
+        job_id,
+        name,
+        props.etag,
+        props.size,
+    )

@@ -12,10 +12,14 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from devhost.azurite import Azurite
+from devhost.scenes import SceneSpec, write_scene
 from tilecommit import settings as names
+from tilecommit.raster import inspect_source
+from tilecommit.settings import Settings
 from tilecommit.storage import StorageConnection
 
 from .app_jobs import WINDOW, AppEnv
+from .raster_jobs import render_all
 
 # Installed before any test touches tilecommit.telemetry's counters (the API proxies them).
 METRIC_READER = InMemoryMetricReader()
@@ -120,13 +124,8 @@ def manifest(new_table):
 
 
 @pytest.fixture
-def claims(new_table):
-    return new_table("claims")
-
-
-@pytest.fixture
-def stores(tiles, output, manifest, claims):
-    return {"tiles": tiles, "output": output, "manifest": manifest, "claims": claims}
+def stores(tiles, output, manifest):
+    return {"tiles": tiles, "output": output, "manifest": manifest}
 
 
 @pytest.fixture
@@ -144,5 +143,26 @@ def app_env(storage, azurite, monkeypatch, request) -> AppEnv:
     }
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    return AppEnv(f"Hub{suffix}", env[names.SETTING_INPUT_CONTAINER], env[names.SETTING_TILES_CONTAINER],
-                  env[names.SETTING_OUTPUT_CONTAINER], env[names.SETTING_MANIFEST_TABLE], env)
+    return AppEnv(
+        f"Hub{suffix}",
+        env[names.SETTING_INPUT_CONTAINER],
+        env[names.SETTING_TILES_CONTAINER],
+        env[names.SETTING_OUTPUT_CONTAINER],
+        env[names.SETTING_MANIFEST_TABLE],
+        env,
+    )
+
+
+@pytest.fixture
+def small_scene(tmp_path):
+    spec = SceneSpec(600, 520, 3, "uint16", nodata=0)
+    return spec, write_scene(str(tmp_path / "small.tif"), spec)
+
+
+@pytest.fixture
+def rendered(small_scene, stores):
+    spec, path = small_scene
+    settings = Settings(window_size=256)
+    scene = inspect_source(path, settings=settings)
+    results = render_all(path, scene, settings, stores)
+    return spec, path, scene, settings, results

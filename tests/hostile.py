@@ -25,8 +25,17 @@ def make_secret_tif(tmp_path: Path) -> Path:
     """A GeoTIFF on the instance's disk whose pixels spell the marker."""
     path = tmp_path / "instance-secret.tif"
     pixels = np.frombuffer((MARKER * 100)[: 40 * 60], dtype="uint8").reshape(1, 40, 60)
-    with rasterio.open(path, "w", driver="GTiff", width=60, height=40, count=1, dtype="uint8",
-                       crs="EPSG:4326", transform=from_origin(0, 40, 1, 1)) as dst:
+    with rasterio.open(
+        path,
+        "w",
+        driver="GTiff",
+        width=60,
+        height=40,
+        count=1,
+        dtype="uint8",
+        crs="EPSG:4326",
+        transform=from_origin(0, 40, 1, 1),
+    ) as dst:
         dst.write(pixels)
     return path
 
@@ -68,7 +77,7 @@ def python_pixel_function_vrt(url: str) -> str:
 
 def wms(url: str) -> str:
     return (
-        f"<GDAL_WMS><Service name=\"TMS\"><ServerUrl>{url}/tms/${{z}}/${{x}}/${{y}}.png</ServerUrl></Service>"
+        f'<GDAL_WMS><Service name="TMS"><ServerUrl>{url}/tms/${{z}}/${{x}}/${{y}}.png</ServerUrl></Service>'
         "<DataWindow><UpperLeftX>-180</UpperLeftX><UpperLeftY>90</UpperLeftY><LowerRightX>180</LowerRightX>"
         "<LowerRightY>-90</LowerRightY><TileLevel>1</TileLevel><TileCountX>1</TileCountX><TileCountY>1</TileCountY>"
         "</DataWindow><Projection>EPSG:4326</Projection><BlockSizeX>256</BlockSizeX><BlockSizeY>256</BlockSizeY>"
@@ -78,8 +87,17 @@ def wms(url: str) -> str:
 
 def hfa(tmp_path) -> str:
     path = tmp_path / "imagine.img"
-    with rasterio.open(path, "w", driver="HFA", width=60, height=40, count=1, dtype="uint8",
-                       crs="EPSG:4326", transform=from_origin(0, 40, 1, 1)) as dst:
+    with rasterio.open(
+        path,
+        "w",
+        driver="HFA",
+        width=60,
+        height=40,
+        count=1,
+        dtype="uint8",
+        crs="EPSG:4326",
+        transform=from_origin(0, 40, 1, 1),
+    ) as dst:
         dst.write(np.ones((1, 40, 60), dtype="uint8"))
     return str(path)
 
@@ -111,8 +129,9 @@ def local_vectors(tmp_path, secret_tif, secret_raw) -> dict[str, str]:
 
 
 def geotiff(path, *, georeferenced: bool = True) -> str:
-    profile = dict(driver="GTiff", width=300, height=200, count=1, dtype="uint8", tiled=True,
-                   blockxsize=256, blockysize=256)
+    profile = dict(
+        driver="GTiff", width=300, height=200, count=1, dtype="uint8", tiled=True, blockxsize=256, blockysize=256
+    )
     if georeferenced:
         profile.update(crs="EPSG:32633", transform=from_origin(500000, 4600000, 10, 10))
     with rasterio.open(path, "w", **profile) as dst:
@@ -124,9 +143,11 @@ def add_sidecars(path: str) -> list[str]:
     """Sidecars that GDAL, left alone, reads beside ``path``: georeferencing, nodata, a mask, overviews."""
     (aux := path + ".aux.xml")
     with open(aux, "w") as f:
-        f.write('<PAMDataset><SRS>EPSG:4326</SRS><GeoTransform>10, 1, 0, 50, 0, -1</GeoTransform>'
-                '<Metadata><MDI key="FROM_SIDECAR">yes</MDI></Metadata>'
-                '<PAMRasterBand band="1"><NoDataValue>7</NoDataValue></PAMRasterBand></PAMDataset>')
+        f.write(
+            "<PAMDataset><SRS>EPSG:4326</SRS><GeoTransform>10, 1, 0, 50, 0, -1</GeoTransform>"
+            '<Metadata><MDI key="FROM_SIDECAR">yes</MDI></Metadata>'
+            '<PAMRasterBand band="1"><NoDataValue>7</NoDataValue></PAMRasterBand></PAMDataset>'
+        )
     world = path[: -len(".tif")] + ".tfw"
     with open(world, "w") as f:
         f.write("10\n0\n0\n-10\n500000\n4600000\n")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import rasterio
 
 from tilecommit.grid import plan_windows
@@ -35,7 +36,6 @@ def assemble(scene, settings, stores, storage, job_id: str = JOB, **kwargs):
         tiles=stores["tiles"],
         output=stores["output"],
         manifest=stores["manifest"],
-        claims=stores["claims"],
         settings=settings,
         gdal_options=storage.gdal_options(),
         **kwargs,
@@ -74,3 +74,46 @@ def assert_complete_pyramid(path: str, block: int = 256) -> None:
     assert max(sizes[-1]) <= block, f"smallest level {sizes[-1]} is larger than a block: levels missing ({sizes})"
     if len(sizes) > 1:
         assert max(sizes[-2]) > block, f"a superfluous level: {sizes}"
+
+
+def assert_same_pixels(actual: np.ndarray, expected: np.ndarray) -> None:
+    assert actual.shape == expected.shape and actual.dtype == expected.dtype
+    # NaN == NaN for this purpose: a float nodata of NaN must survive as NaN.
+    assert np.array_equal(actual, expected, equal_nan=expected.dtype.kind == "f")
+
+
+class RequestLog:
+    """Every request a client sends (raw_request_hook): method, blob/table path, query and headers, in order."""
+
+    def __init__(self):
+        self.requests: list[tuple[str, str, dict, dict]] = []
+
+    def __call__(self, pipeline_request) -> None:
+        from urllib.parse import parse_qs, urlsplit
+
+        request = pipeline_request.http_request
+        url = urlsplit(request.url)
+        query = {k: v[0] for k, v in parse_qs(url.query).items()}
+        self.requests.append((request.method, url.path, query, dict(request.headers)))
+
+    def put_blocks(self, name: str) -> list[tuple[str, str, dict, dict]]:
+        return [r for r in self.requests if r[0] == "PUT" and r[1].endswith("/" + name) and r[2].get("comp") == "block"]
+
+    def put_block_lists(self, name: str) -> list[tuple[str, str, dict, dict]]:
+        return [
+            r for r in self.requests if r[0] == "PUT" and r[1].endswith("/" + name) and r[2].get("comp") == "blocklist"
+        ]
+
+    def put_blobs(self, name: str) -> list[tuple[str, str, dict, dict]]:
+        return [r for r in self.requests if r[0] == "PUT" and r[1].endswith("/" + name) and "comp" not in r[2]]
+
+
+def hooked_stores(storage, stores, log: RequestLog) -> dict:
+    """The same containers and tables, through clients that record every request into ``log``."""
+    blobs = storage.blob_service(raw_request_hook=log)
+    tables = storage.table_service(raw_request_hook=log)
+    return {
+        "tiles": blobs.get_container_client(stores["tiles"].container_name),
+        "output": blobs.get_container_client(stores["output"].container_name),
+        "manifest": tables.get_table_client(stores["manifest"].table_name),
+    }

@@ -61,12 +61,21 @@ def test_orchestration_scale_on_the_real_orchestrators(ctx):
 
 def test_breakdown_and_duplicates_on_a_tiny_scene(ctx, tmp_path):
     scene = tiny_scene(tmp_path / "tiny.tif", 512)  # 2 x 2 windows of 256
-    report = breakdown.run(ctx, scene, window_size=WINDOW, host_options={"timer_scale": 0.01, "watch_interval": 0.1},
-                           after=duplicates.after_first_run(2))
+    report = breakdown.run(
+        ctx,
+        scene,
+        window_size=WINDOW,
+        host_options={"timer_scale": 0.01, "watch_interval": 0.1},
+        after=duplicates.after_first_run(2),
+    )
     dup = report.pop("after")
     assert report["windows"] == report["windows_encoded"] == 4
     assert set(report["tile_steps_sum_s"]) == set(breakdown.TILE_STEPS)
-    assert set(report["overhead_fraction_of_encode"]) == {"commit", "manifest (check + row)", "orchestration (episodes)"}
+    assert set(report["overhead_fraction_of_encode"]) == {
+        "commit",
+        "manifest (check + row)",
+        "orchestration (episodes)",
+    }
     assert report["timeline"]["job_elapsed_s"] >= report["timeline"]["tiling_s"] > 0
     assert report["orchestration"]["episodes"] > 0 and report["gate_cost"]["bodies"] == 4
     red = dup["redelivery"]
@@ -79,7 +88,9 @@ def test_breakdown_and_duplicates_on_a_tiny_scene(ctx, tmp_path):
     assert twice["render_tile_executions"] == 2 * 4
     assert twice["outcomes"].get("written") == 4
     assert twice["encoded"] + twice["skipped_by_manifest_check"] == 8
-    verdicts = {t.name: t.verdict for t in targets({"breakdown": report, "duplicates": {**dup, "duplicate_activities": twice}})}
+    verdicts = {
+        t.name: t.verdict for t in targets({"breakdown": report, "duplicates": {**dup, "duplicate_activities": twice}})
+    }
     assert len(verdicts) == 2 and set(verdicts.values()) <= {"PASS", "MISS"}
 
 
@@ -100,7 +111,8 @@ def test_e2e_and_memory_on_a_tiny_scene(ctx, tmp_path):
     # Each figure is rounded to 0.1 MiB: the sum can be off by half a unit per rounded term.
     assert entry["tiling_instance_mb"] == pytest.approx(
         entry["baseline"]["peak_rss_mb"] + entry["concurrency"] * entry["tile_increment_mb"],
-        abs=0.05 * (entry["concurrency"] + 2) + 1e-9)
+        abs=0.05 * (entry["concurrency"] + 2) + 1e-9,
+    )
     half = raster.run(ctx, [512], keep)["sizes"]["512"]
     assert half["windows"] == 4 and len(half["tiling"]["worker"]) == raster.WORKERS
     assert half["tiling"]["tiles_nbytes"] > 0 and set(half["tiling"]["summed_step_s"]) >= {"read", "encode"}

@@ -32,9 +32,18 @@ def ring_points(geometry: dict) -> np.ndarray:
 
 def test_geostationary_disk_keeps_its_edge_where_the_corners_have_no_position():
     crs, mask, transform = real("goes.tif")
-    corners = {"type": "Polygon", "coordinates": [[transform * (0, 0), transform * (mask.shape[1], 0),
-                                                    transform * mask.shape[::-1], transform * (0, mask.shape[0]),
-                                                    transform * (0, 0)]]}
+    corners = {
+        "type": "Polygon",
+        "coordinates": [
+            [
+                transform * (0, 0),
+                transform * (mask.shape[1], 0),
+                transform * mask.shape[::-1],
+                transform * (0, mask.shape[0]),
+                transform * (0, 0),
+            ]
+        ],
+    }
     try:
         transform_geom(crs, "EPSG:4326", corners)
         corners_have_no_position = False

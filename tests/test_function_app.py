@@ -26,9 +26,14 @@ def test_functions_and_raw_bindings_as_the_worker_sends_them():
 
     starter = sorted(index.raw_bindings[names.STARTER], key=lambda b: b["type"])
     assert starter == [
-        {"direction": "IN", "type": "blobTrigger", "name": "upload",
-         "path": f"%{settings.SETTING_INPUT_CONTAINER}%/{{name}}",
-         "connection": settings.STORAGE_CONNECTION, "source": "EventGrid"},
+        {
+            "direction": "IN",
+            "type": "blobTrigger",
+            "name": "upload",
+            "path": f"%{settings.SETTING_INPUT_CONTAINER}%/{{name}}",
+            "connection": settings.STORAGE_CONNECTION,
+            "source": "EventGrid",
+        },
         {"direction": "IN", "type": "durableClient", "name": "client"},
     ]
     # The container is an app setting, resolved by the host; its default is the settings' one.
@@ -59,10 +64,18 @@ def test_host_json_fits_the_consumption_plan():
 
 def deploy_package(destination: Path) -> Path:
     """What a deployment would upload: the tracked files that .funcignore does not exclude."""
-    patterns = [line.strip() for line in (ROOT / ".funcignore").read_text().splitlines()
-                if line.strip() and not line.startswith("#")]
-    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                           capture_output=True, text=True, check=True).stdout.split()
+    patterns = [
+        line.strip()
+        for line in (ROOT / ".funcignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    files = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
 
     def ignored(path: str) -> bool:
         for pattern in patterns:
@@ -94,9 +107,25 @@ def test_azure_functions_doctor_finds_no_failure(tmp_path):
     report = tmp_path / "report.json"
     doctor = Path(sys.executable).with_name("azure-functions-doctor")
     result = subprocess.run(
-        [str(doctor), "doctor", "--path", str(package), "--profile", "full", "--format", "json",
-         "--output", str(report), "--summary-json", str(summary), "--hosting-plan", "flex-consumption"],
-        capture_output=True, text=True, timeout=300,
+        [
+            str(doctor),
+            "doctor",
+            "--path",
+            str(package),
+            "--profile",
+            "full",
+            "--format",
+            "json",
+            "--output",
+            str(report),
+            "--summary-json",
+            str(summary),
+            "--hosting-plan",
+            "flex-consumption",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     counts = json.loads(summary.read_text())
     failures = [

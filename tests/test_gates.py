@@ -1,5 +1,5 @@
 """The storage gates against a real Azurite: create-only blob, If-Match repair,
-create-only manifest and claim rows, the classification of 409/412, and unknown outcomes.
+create-only manifest rows, the classification of 409/412, and unknown outcomes.
 
 No storage is mocked. Faults that cannot be caused for real (a response lost on the way back,
 a connection that fails before the request leaves) are injected by a pipeline policy placed
@@ -245,7 +245,12 @@ def test_other_bytes_under_a_taken_key_warn_and_count_a_mismatch(container, capl
     counters = Counters("blob-create")
     assert gates.commit_blob(container, name, theirs, job_id="bbbbbbbbbbbbbbbb") is Outcome.ALREADY_PRESENT
     assert counters.delta() == {
-        "rejected": 1, "rejected_409": 1, "rejected_412": 0, "rejected_none": 0, "mismatch": 1, "resolved": 0,
+        "rejected": 1,
+        "rejected_409": 1,
+        "rejected_412": 0,
+        "rejected_none": 0,
+        "mismatch": 1,
+        "resolved": 0,
     }
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1
@@ -270,7 +275,10 @@ def test_other_bytes_under_a_taken_key_warn_and_count_a_mismatch(container, capl
 def test_32_writers_20_rounds_exactly_one_winner_each(storage, container, record_property, capsys, caplog):
     caplog.set_level(logging.INFO, logger="tilecommit.gates")
     writers, rounds = 32, 20
-    clients = [ContainerClient.from_connection_string(storage.connection_string, container.container_name) for _ in range(writers)]
+    clients = [
+        ContainerClient.from_connection_string(storage.connection_string, container.container_name)
+        for _ in range(writers)
+    ]
     barrier = threading.Barrier(writers, timeout=60)
     counters = Counters("blob-create")
 
@@ -304,7 +312,9 @@ def test_32_writers_20_rounds_exactly_one_winner_each(storage, container, record
     assert delta["rejected"] == rejections
     assert delta["mismatch"] == rejections  # every writer had its own bytes
     assert delta["resolved"] == 0
-    refused_logs = [r for r in caplog.records if r.levelno == logging.INFO and "conditional write refused" in r.getMessage()]
+    refused_logs = [
+        r for r in caplog.records if r.levelno == logging.INFO and "conditional write refused" in r.getMessage()
+    ]
     assert len(refused_logs) == rejections
     assert all(f"job_id={JOB}" in r.getMessage() for r in refused_logs)
 
@@ -350,7 +360,6 @@ def test_a_body_above_the_default_single_put_size_goes_as_one_conditional_put(st
     assert gates.commit_blob(client, "big/one.tif", body) is Outcome.ALREADY_PRESENT
     assert [s.method for s in recorder.seen] == ["PUT", "HEAD"]
     assert "comp=block" not in recorder.seen[0].query and recorder.seen[0].headers["if-none-match"] == "*"
-
 
 
 def test_a_client_that_would_stage_blocks_is_refused_before_any_request(storage, container):
@@ -439,8 +448,16 @@ def test_is_create_rejection_on_real_exceptions_from_azurite(storage, container,
     taken = _capture(lambda: blob.upload_blob(b"2", overwrite=False))
     # The SDK trap (docs/design.md, 'Storage semantics'): overwrite=False plus a failing If-Match is raised as
     # ResourceExistsError although the service said 412 ConditionNotMet.
-    trap = _capture(lambda: blob.upload_blob(b"2", overwrite=False, etag='"0x8D000000000000"', match_condition=MatchConditions.IfNotModified))
-    stale = _capture(lambda: blob.upload_blob(b"2", overwrite=True, etag='"0x8D000000000000"', match_condition=MatchConditions.IfNotModified))
+    trap = _capture(
+        lambda: blob.upload_blob(
+            b"2", overwrite=False, etag='"0x8D000000000000"', match_condition=MatchConditions.IfNotModified
+        )
+    )
+    stale = _capture(
+        lambda: blob.upload_blob(
+            b"2", overwrite=True, etag='"0x8D000000000000"', match_condition=MatchConditions.IfNotModified
+        )
+    )
     table.create_entity({"PartitionKey": JOB, "RowKey": "r"})
     entity_taken = _capture(lambda: table.create_entity({"PartitionKey": JOB, "RowKey": "r"}))
 
@@ -675,7 +692,7 @@ def test_repair_whose_201_is_lost_is_resolved_as_written(storage, container):
     assert snapshot(container, name)["content"] == b"v2"
 
 
-# ----------------------------------------------------------------------------- manifest and claims
+# ----------------------------------------------------------------------------- manifest
 
 
 def raw_row(table: TableClient, job: str, window: str) -> dict:
@@ -693,7 +710,9 @@ def test_manifest_entry_is_create_only_and_the_first_row_stays(table, caplog):
     row = raw_row(table, JOB, window.id)
     caplog.clear()
     assert (
-        gates.record_manifest_entry(table, job_id=JOB, window=window.id, uri="https://b/other.tif", nbytes=1, sha256=sha(b"second"))
+        gates.record_manifest_entry(
+            table, job_id=JOB, window=window.id, uri="https://b/other.tif", nbytes=1, sha256=sha(b"second")
+        )
         is Outcome.ALREADY_PRESENT
     )
     assert raw_row(table, JOB, window.id) == row
@@ -738,10 +757,14 @@ def test_count_manifest_reads_every_page_of_2500_rows(storage, table):
         table.submit_transaction([("create", row) for row in rows[start : start + 100]])
     # Another job's rows in the same table must not be counted.
     for i in range(3):
-        gates.record_manifest_entry(table, job_id="fedcba9876543210", window=f"{i:04d}_0000", uri="x", nbytes=1, sha256="y")
+        gates.record_manifest_entry(
+            table, job_id="fedcba9876543210", window=f"{i:04d}_0000", uri="x", nbytes=1, sha256="y"
+        )
 
     pages = Recorder()
-    counted = TableClient.from_connection_string(storage.connection_string, table.table_name, per_retry_policies=[pages])
+    counted = TableClient.from_connection_string(
+        storage.connection_string, table.table_name, per_retry_policies=[pages]
+    )
     summary = gates.count_manifest(counted, JOB)
 
     assert summary.job_id == JOB
@@ -754,23 +777,19 @@ def test_count_manifest_reads_every_page_of_2500_rows(storage, table):
     assert gates.count_manifest(table, "0000000000000000").rows == 0
 
 
-def test_record_claim_first_caller_wins(table):
-    counters = Counters("claim")
-    assert gates.record_claim(table, job_id=JOB, claim="assemble", owner="instance-a") is Outcome.WRITTEN
-    assert gates.record_claim(table, job_id=JOB, claim="assemble", owner="instance-b") is Outcome.ALREADY_PRESENT
-    assert table.get_entity(JOB, "assemble")["owner"] == "instance-a"
-    assert gates.record_claim(table, job_id=JOB, claim="publish") is Outcome.WRITTEN
-    assert counters.delta()["rejected"] == 1
-
-
 def test_manifest_row_whose_answer_is_lost_is_resolved_from_its_sha256(storage, table):
     """Test double (Tables ``per_retry_policies``): the insert reaches Azurite and its answer is
     lost (ServiceResponseError); SDK retries off. Ours -> WRITTEN; another writer's -> ALREADY_PRESENT
     with the mismatch counted, as for blobs."""
     lose = LoseResponses("POST", times=1)
-    client = TableClient.from_connection_string(storage.connection_string, table.table_name, per_retry_policies=[lose], retry_total=0)
+    client = TableClient.from_connection_string(
+        storage.connection_string, table.table_name, per_retry_policies=[lose], retry_total=0
+    )
     counters = Counters("manifest")
-    assert gates.record_manifest_entry(client, job_id=JOB, window="0000_0000", uri="u", nbytes=1, sha256="a" * 64) is Outcome.WRITTEN
+    assert (
+        gates.record_manifest_entry(client, job_id=JOB, window="0000_0000", uri="u", nbytes=1, sha256="a" * 64)
+        is Outcome.WRITTEN
+    )
     assert lose.lost == [201]  # Insert Entity, created
     assert counters.delta()["resolved"] == 1
 
@@ -778,9 +797,14 @@ def test_manifest_row_whose_answer_is_lost_is_resolved_from_its_sha256(storage, 
         gates.record_manifest_entry(table, job_id=JOB, window="0000_0001", uri="theirs", nbytes=2, sha256="b" * 64)
 
     lose = LoseResponses("POST", times=1, before=other_writer_first)
-    client = TableClient.from_connection_string(storage.connection_string, table.table_name, per_retry_policies=[lose], retry_total=0)
+    client = TableClient.from_connection_string(
+        storage.connection_string, table.table_name, per_retry_policies=[lose], retry_total=0
+    )
     counters = Counters("manifest")
-    assert gates.record_manifest_entry(client, job_id=JOB, window="0000_0001", uri="ours", nbytes=3, sha256="c" * 64) is Outcome.ALREADY_PRESENT
+    assert (
+        gates.record_manifest_entry(client, job_id=JOB, window="0000_0001", uri="ours", nbytes=3, sha256="c" * 64)
+        is Outcome.ALREADY_PRESENT
+    )
     assert lose.lost == [409]
     assert counters.delta()["resolved"] == 1 and counters.delta()["mismatch"] == 1
     assert gates.get_manifest_entry(table, JOB, "0000_0001").uri == "theirs"

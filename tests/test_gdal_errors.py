@@ -21,7 +21,17 @@ def write_cog_without_overviews_the_wrong_way() -> None:
     # says nothing: rasterio can only raise SystemError("Unknown GDAL Error ...").
     with (
         MemoryFile() as memory,
-        memory.open(driver="COG", width=600, height=600, count=1, dtype="uint8", crs="EPSG:32633", transform=from_origin(0, 0, 1, 1), OVERVIEW_COUNT=0, BLOCKSIZE=256) as dst,
+        memory.open(
+            driver="COG",
+            width=600,
+            height=600,
+            count=1,
+            dtype="uint8",
+            crs="EPSG:32633",
+            transform=from_origin(0, 0, 1, 1),
+            OVERVIEW_COUNT=0,
+            BLOCKSIZE=256,
+        ) as dst,
     ):
         dst.write(np.ones((1, 600, 600), dtype="uint8"))
 
@@ -31,7 +41,8 @@ def test_a_failure_without_a_message_is_named_by_its_step_and_window():
         write_cog_without_overviews_the_wrong_way()
     with (
         pytest.raises(GdalStepError) as caught,
-        rasterio.Env(), gdal_step("encoding tile 0000_0001 as a COG", window="col=256 row=0 600x600"),
+        rasterio.Env(),
+        gdal_step("encoding tile 0000_0001 as a COG", window="col=256 row=0 600x600"),
     ):
         write_cog_without_overviews_the_wrong_way()
     message = str(caught.value)
@@ -54,7 +65,8 @@ def copy_vrt_with_a_missing_source(tmp_path) -> None:
 def test_the_messages_gdal_sent_during_the_step_are_in_the_error(tmp_path):
     with (
         pytest.raises(GdalStepError) as caught,
-        rasterio.Env(), gdal_step("assembling the mosaic through a VRT", window="10x10, 1 tile"),
+        rasterio.Env(),
+        gdal_step("assembling the mosaic through a VRT", window="10x10, 1 tile"),
     ):
         copy_vrt_with_a_missing_source(tmp_path)
     message = str(caught.value)
@@ -68,11 +80,14 @@ def test_a_silent_failure_cites_what_gdal_said_last_in_an_earlier_step(tmp_path)
         copy_vrt_with_a_missing_source(tmp_path)
     with (
         pytest.raises(GdalStepError) as caught,
-        rasterio.Env(), gdal_step("second step", window="col=0 row=0 600x600"),
+        rasterio.Env(),
+        gdal_step("second step", window="col=0 row=0 600x600"),
     ):
         write_cog_without_overviews_the_wrong_way()
     message = str(caught.value)
-    assert message.startswith("second step (window col=0 row=0 600x600) failed in GDAL: GDAL reported the failure without a message")
+    assert message.startswith(
+        "second step (window col=0 row=0 600x600) failed in GDAL: GDAL reported the failure without a message"
+    )
     assert "its last messages in this process were: " in message and "missing-tile.tif" in message
 
 

@@ -21,7 +21,11 @@ def scenes(draw, max_side=5000):
     width = draw(st.integers(1, max_side))
     height = draw(st.integers(1, max_side))
     smallest = max(1, -(-max(width, height) // 50))  # at most 50 x 50 windows
-    size = draw(st.one_of(st.integers(smallest, max(smallest, 2 * max(width, height))), st.sampled_from([256, 512, 1024])).filter(lambda s: s >= smallest))
+    size = draw(
+        st.one_of(
+            st.integers(smallest, max(smallest, 2 * max(width, height))), st.sampled_from([256, 512, 1024])
+        ).filter(lambda s: s >= smallest)
+    )
     return width, height, size
 
 
@@ -108,13 +112,29 @@ def test_window_for_id_outside_the_plan_is_bad_input(scene, row, col):
             window_for_id(window_id, width, height, size)
 
 
-@pytest.mark.parametrize("window_id", ["", "1_2", "0001-0002", "0001_0002.tif", "-001_0002", "abcd_efgh", "0001_0002\n", "\u0660\u0660\u0660\u0661_\u0660\u0660\u0660\u0662", None, 12])
+@pytest.mark.parametrize(
+    "window_id",
+    [
+        "",
+        "1_2",
+        "0001-0002",
+        "0001_0002.tif",
+        "-001_0002",
+        "abcd_efgh",
+        "0001_0002\n",
+        "\u0660\u0660\u0660\u0661_\u0660\u0660\u0660\u0662",
+        None,
+        12,
+    ],
+)
 def test_window_for_id_refuses_malformed_ids(window_id):
     with pytest.raises(BadInputError):
         window_for_id(window_id, 4096, 4096, 1024)
 
 
-@pytest.mark.parametrize("width, height, size", [(0, 10, 256), (10, 0, 256), (-1, 10, 256), (10, 10, 0), (10, 10, -256)])
+@pytest.mark.parametrize(
+    "width, height, size", [(0, 10, 256), (10, 0, 256), (-1, 10, 256), (10, 10, 0), (10, 10, -256)]
+)
 def test_plan_windows_refuses_empty_scenes_and_sizes(width, height, size):
     with pytest.raises(BadInputError):
         plan_windows(width, height, size)

@@ -192,7 +192,11 @@ def test_deploy_script_reads_only_outputs_the_template_has() -> None:
     deploy_function = script[script.index("\ndeploy() {") : script.index("\n}\n", script.index("\ndeploy() {"))]
     passed = set(re.findall(r"(\w+)=\"\$\{", deploy_function))
     assert passed == {
-        "hostingPlan", "baseName", "deployerPrincipalId", "deployerPrincipalType", "grantDeployerDataAccess",
+        "hostingPlan",
+        "baseName",
+        "deployerPrincipalId",
+        "deployerPrincipalType",
+        "grantDeployerDataAccess",
         "deployEventSubscription",
     }
     assert passed - set(MAIN.params) == set()

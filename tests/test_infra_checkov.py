@@ -30,11 +30,15 @@ def run_checkov(directory: Path, *extra: str) -> dict[str, Any]:
         pytest.fail(f"checkov is not installed at {CHECKOV.relative_to(REPO_ROOT)}: run `make setup`")
     command = [
         str(CHECKOV),
-        "--directory", str(directory),
-        "--framework", "bicep",
+        "--directory",
+        str(directory),
+        "--framework",
+        "bicep",
         "--skip-download",
-        "--external-checks-dir", str(CUSTOM_CHECKS),
-        "--output", "json",
+        "--external-checks-dir",
+        str(CUSTOM_CHECKS),
+        "--output",
+        "json",
         *extra,
     ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=REPO_ROOT)
@@ -77,9 +81,7 @@ def test_checkov_parsed_every_template(infra_report: dict[str, Any]) -> None:
     # checkov exits 0 on a file it cannot parse and only counts it here.
     assert infra_report["summary"]["parsing_errors"] == 0, infra_report["results"]["parsing_errors"]
     assert infra_report["results"]["parsing_errors"] == []
-    scanned = {
-        r["file_path"].lstrip("/") for outcome in ("passed", "failed") for r in records(infra_report, outcome)
-    }
+    scanned = {r["file_path"].lstrip("/") for outcome in ("passed", "failed") for r in records(infra_report, outcome)}
     templates = {p.relative_to(INFRA).as_posix() for p in bicep_files(INFRA)}
     assert templates - scanned == set(), "templates checkov did not scan (no resource seen)"
 
@@ -109,7 +111,11 @@ def test_checkov_failures_are_exactly_the_skip_list(infra_report: dict[str, Any]
 EXPECTED_CUSTOM_PASSES = {
     ("CKV_TILECOMMIT_1", "modules/storage.bicep", "Microsoft.Storage/storageAccounts.storageAccount"),
     ("CKV_TILECOMMIT_2", "modules/storage.bicep", "Microsoft.Storage/storageAccounts.storageAccount"),
-    ("CKV_TILECOMMIT_2", "modules/storage.bicep", "Microsoft.Storage/storageAccounts/blobServices/containers.containers"),
+    (
+        "CKV_TILECOMMIT_2",
+        "modules/storage.bicep",
+        "Microsoft.Storage/storageAccounts/blobServices/containers.containers",
+    ),
     ("CKV_TILECOMMIT_3", "main.bicep", "Microsoft.Web/sites.functionApp"),
     ("CKV_TILECOMMIT_4", "main.bicep", "Microsoft.Web/sites.functionApp"),
     ("CKV_TILECOMMIT_5", "modules/monitoring.bicep", "Microsoft.Insights/components.applicationInsights"),
@@ -167,28 +173,46 @@ def test_custom_checks_fail_on_the_broken_fixture() -> None:
 # mutation into a no-op.
 MUTATIONS = {
     "shared-key-on": (
-        "modules/storage.bicep", "allowSharedKeyAccess: false", "allowSharedKeyAccess: true",
-        "CKV_TILECOMMIT_1", "Microsoft.Storage/storageAccounts.storageAccount",
+        "modules/storage.bicep",
+        "allowSharedKeyAccess: false",
+        "allowSharedKeyAccess: true",
+        "CKV_TILECOMMIT_1",
+        "Microsoft.Storage/storageAccounts.storageAccount",
     ),
     "shared-key-default": (
-        "modules/storage.bicep", "allowSharedKeyAccess: false\n", "\n",
-        "CKV_TILECOMMIT_1", "Microsoft.Storage/storageAccounts.storageAccount",
+        "modules/storage.bicep",
+        "allowSharedKeyAccess: false\n",
+        "\n",
+        "CKV_TILECOMMIT_1",
+        "Microsoft.Storage/storageAccounts.storageAccount",
     ),
     "public-blob-access": (
-        "modules/storage.bicep", "allowBlobPublicAccess: false", "allowBlobPublicAccess: true",
-        "CKV_TILECOMMIT_2", "Microsoft.Storage/storageAccounts.storageAccount",
+        "modules/storage.bicep",
+        "allowBlobPublicAccess: false",
+        "allowBlobPublicAccess: true",
+        "CKV_TILECOMMIT_2",
+        "Microsoft.Storage/storageAccounts.storageAccount",
     ),
     "public-container": (
-        "modules/storage.bicep", "publicAccess: 'None'", "publicAccess: 'Container'",
-        "CKV_TILECOMMIT_2", "Microsoft.Storage/storageAccounts/blobServices/containers.containers",
+        "modules/storage.bicep",
+        "publicAccess: 'None'",
+        "publicAccess: 'Container'",
+        "CKV_TILECOMMIT_2",
+        "Microsoft.Storage/storageAccounts/blobServices/containers.containers",
     ),
     "no-identity": (
-        "main.bicep", "  identity: {\n    type: 'UserAssigned'\n", "  identity: {\n    type: 'None'\n",
-        "CKV_TILECOMMIT_3", "Microsoft.Web/sites.functionApp",
+        "main.bicep",
+        "  identity: {\n    type: 'UserAssigned'\n",
+        "  identity: {\n    type: 'None'\n",
+        "CKV_TILECOMMIT_3",
+        "Microsoft.Web/sites.functionApp",
     ),
     "host-storage-not-identity": (
-        "main.bicep", "value: 'managedidentity'", "value: 'connectionstring'",
-        "CKV_TILECOMMIT_3", "Microsoft.Web/sites.functionApp",
+        "main.bicep",
+        "value: 'managedidentity'",
+        "value: 'connectionstring'",
+        "CKV_TILECOMMIT_3",
+        "Microsoft.Web/sites.functionApp",
     ),
     "account-key-on-consumption": (
         "main.bicep",
@@ -196,32 +220,44 @@ MUTATIONS = {
         "      ], isFlex ? [] : [\n        {\n          name: 'AzureWebJobsStorage'\n"
         "          value: 'DefaultEndpointsProtocol=https;AccountName=x;AccountKey=${storageAccountName}'\n"
         "        }\n",
-        "CKV_TILECOMMIT_4", "Microsoft.Web/sites.functionApp",
+        "CKV_TILECOMMIT_4",
+        "Microsoft.Web/sites.functionApp",
     ),
     "list-keys-value": (
         "main.bicep",
         "value: '20'",
         "value: listKeys(resourceId('Microsoft.Storage/storageAccounts', storageAccountName), '2023-05-01')"
         ".keys[0].value",
-        "CKV_TILECOMMIT_4", "Microsoft.Web/sites.functionApp",
+        "CKV_TILECOMMIT_4",
+        "Microsoft.Web/sites.functionApp",
     ),
     "instrumentation-key": (
         "main.bicep",
         "value: monitoring.outputs.connectionString",
         "value: 'InstrumentationKey=00000000-0000-0000-0000-000000000000'",
-        "CKV_TILECOMMIT_4", "Microsoft.Web/sites.functionApp",
+        "CKV_TILECOMMIT_4",
+        "Microsoft.Web/sites.functionApp",
     ),
     "app-insights-local-auth": (
-        "modules/monitoring.bicep", "DisableLocalAuth: true", "DisableLocalAuth: false",
-        "CKV_TILECOMMIT_5", "Microsoft.Insights/components.applicationInsights",
+        "modules/monitoring.bicep",
+        "DisableLocalAuth: true",
+        "DisableLocalAuth: false",
+        "CKV_TILECOMMIT_5",
+        "Microsoft.Insights/components.applicationInsights",
     ),
     "workspace-local-auth": (
-        "modules/monitoring.bicep", "disableLocalAuth: true", "disableLocalAuth: false",
-        "CKV_TILECOMMIT_5", "Microsoft.OperationalInsights/workspaces.workspace",
+        "modules/monitoring.bicep",
+        "disableLocalAuth: true",
+        "disableLocalAuth: false",
+        "CKV_TILECOMMIT_5",
+        "Microsoft.OperationalInsights/workspaces.workspace",
     ),
     "preview-api": (
-        "modules/events.bicep", "systemTopics@2022-06-15", "systemTopics@2021-10-15-preview",
-        "CKV_TILECOMMIT_6", "Microsoft.EventGrid/systemTopics.systemTopic",
+        "modules/events.bicep",
+        "systemTopics@2022-06-15",
+        "systemTopics@2021-10-15-preview",
+        "CKV_TILECOMMIT_6",
+        "Microsoft.EventGrid/systemTopics.systemTopic",
     ),
 }
 

@@ -50,8 +50,17 @@ def test_shellcheck_is_clean() -> None:
 def test_help_explains_the_steps_and_options() -> None:
     result = run_script("--help")
     assert result.returncode == 0
-    for text in ("--resource-group", "--location", "--plan", "flex", "consumption", "az login",
-                 "deployEventSubscription=true", "config-zip", "--package-only"):
+    for text in (
+        "--resource-group",
+        "--location",
+        "--plan",
+        "flex",
+        "consumption",
+        "az login",
+        "deployEventSubscription=true",
+        "config-zip",
+        "--package-only",
+    ):
         assert text in result.stdout
 
 
@@ -91,8 +100,19 @@ def test_package_holds_the_app_and_its_linux_dependencies(tmp_path: Path) -> Non
 
     for required in ("function_app.py", "host.json", "requirements.txt", "tilecommit/settings.py"):
         assert required in names
-    for excluded in ("tests", "infra", "devhost", "bench", "docs", ".venv", ".venv-checkov", "node_modules",
-                     "local.settings.example.json", "Makefile", ".git"):
+    for excluded in (
+        "tests",
+        "infra",
+        "devhost",
+        "bench",
+        "docs",
+        ".venv",
+        ".venv-checkov",
+        "node_modules",
+        "local.settings.example.json",
+        "Makefile",
+        ".git",
+    ):
         assert excluded not in tops
 
     site = ".python_packages/lib/site-packages/"
@@ -108,4 +128,3 @@ def test_package_holds_the_app_and_its_linux_dependencies(tmp_path: Path) -> Non
             imported.add(node.module.split(".")[0])
     for module in sorted(imported - set(sys.stdlib_module_names)):
         assert module in tops or any(n.startswith(f"{site}{module}/") for n in names), module
-

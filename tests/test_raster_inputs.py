@@ -29,10 +29,24 @@ def run_job(path: str, stores, gdal_options=None, settings: Settings = SETTINGS)
 NORTH_UP = from_origin(500000, 4600000, 10, 10)
 
 
-def write_raster(path, *, dtype="uint16", transform=NORTH_UP, crs="EPSG:32633",
-                 width=300, height=200, count=1, **extra) -> str:
-    with rasterio.open(path, "w", driver="GTiff", width=width, height=height, count=count, dtype=dtype,
-                       crs=crs, transform=transform, tiled=True, blockxsize=256, blockysize=256, **extra) as dst:
+def write_raster(
+    path, *, dtype="uint16", transform=NORTH_UP, crs="EPSG:32633", width=300, height=200, count=1, **extra
+) -> str:
+    with rasterio.open(
+        path,
+        "w",
+        driver="GTiff",
+        width=width,
+        height=height,
+        count=count,
+        dtype=dtype,
+        crs=crs,
+        transform=transform,
+        tiled=True,
+        blockxsize=256,
+        blockysize=256,
+        **extra,
+    ) as dst:
         dst.write(np.ones((count, height, width), dtype=dtype))
     return str(path)
 
@@ -84,10 +98,15 @@ def make_no_georeferencing(tmp_path):
 
 def make_gcps_only(tmp_path):
     path = str(tmp_path / "gcps.tif")
-    gcps = [GroundControlPoint(0, 0, 10.0, 46.0), GroundControlPoint(0, 300, 10.1, 46.0),
-            GroundControlPoint(200, 0, 10.0, 45.9), GroundControlPoint(200, 300, 10.1, 45.9)]
-    with rasterio.open(path, "w", driver="GTiff", width=300, height=200, count=1, dtype="uint8",
-                       gcps=gcps, crs="EPSG:4326") as dst:
+    gcps = [
+        GroundControlPoint(0, 0, 10.0, 46.0),
+        GroundControlPoint(0, 300, 10.1, 46.0),
+        GroundControlPoint(200, 0, 10.0, 45.9),
+        GroundControlPoint(200, 300, 10.1, 45.9),
+    ]
+    with rasterio.open(
+        path, "w", driver="GTiff", width=300, height=200, count=1, dtype="uint8", gcps=gcps, crs="EPSG:4326"
+    ) as dst:
         dst.write(np.ones((1, 200, 300), dtype="uint8"))
     return path
 
@@ -111,8 +130,16 @@ BAD_INPUTS = {
     "zero-bytes": (make_zero_bytes, InvalidRasterError, ["is empty (0 bytes)", "upload the raster itself"]),
     "corrupt-tiff": (make_corrupt_tiff, InvalidRasterError, ["starts like a TIFF", "truncated or corrupt"]),
     "truncated-header": (make_truncated_header, InvalidRasterError, ["starts like a TIFF", "truncated or corrupt"]),
-    "truncated-data": (make_truncated_data, InvalidRasterError, ["is truncated", "extends to byte", "upload the complete file"]),
-    "no-georeferencing": (make_no_georeferencing, UnsupportedRasterError, ["has no georeferencing", "accepted: a raster with a CRS"]),
+    "truncated-data": (
+        make_truncated_data,
+        InvalidRasterError,
+        ["is truncated", "extends to byte", "upload the complete file"],
+    ),
+    "no-georeferencing": (
+        make_no_georeferencing,
+        UnsupportedRasterError,
+        ["has no georeferencing", "accepted: a raster with a CRS"],
+    ),
     "gcps-only": (make_gcps_only, UnsupportedRasterError, ["ground control points", "warp it to a regular grid"]),
     "rotated": (make_rotated, UnsupportedRasterError, ["rotated or sheared", "north-up grids only"]),
     "too-many-pixels": (make_too_many_pixels, UnsupportedRasterError, ["60000 pixels", "more than the 50000 allowed"]),

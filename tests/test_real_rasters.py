@@ -38,14 +38,40 @@ REAL = Path(__file__).resolve().parent / "fixtures" / "real"
 #: the mosaic copies (with its mask, where there is one); 256 for the rest.
 ACCEPTED = sorted(
     [
-        "6band_wrong_number_extrasamples.tif", "RGBA.uint16.tif", "all-nodata.tif", "alpha.tif", "byte_signed.tif",
-        "byte_user_defined_geokeys.tif", "byte_zstd.tif", "clp.tif", "cog_rgb.tif", "dem-hills.tif",
-        "cog_strile_arrays_zeroified_when_possible.tif", "cog_uint8_rgb_mask.tif", "cog_uint8_rgb_nodata.tif",
-        "cog_uint8_rgba.tif", "epsg_2853_with_us_feet.tif", "float16.tif", "float64.tif",
-        "float_raster_with_extra_nodata.tif", "goes.tif", "image_webp.tif", "int32.tif", "inverted_lat.tif",
-        "labels.tif", "nan32_nodata.tif", "nt_20201024_f18_nrt_s.tif", "rgb-byte-tenth.tif", "rgba.tif",
-        "small_world_pct.tif", "test_color_table.tif", "test_esri_wkt.tif", "tif_webp.tif", "uint32.tif",
-        "weird_mercator_2sp.tif", "world.byte.tif",
+        "6band_wrong_number_extrasamples.tif",
+        "RGBA.uint16.tif",
+        "all-nodata.tif",
+        "alpha.tif",
+        "byte_signed.tif",
+        "byte_user_defined_geokeys.tif",
+        "byte_zstd.tif",
+        "clp.tif",
+        "cog_rgb.tif",
+        "dem-hills.tif",
+        "cog_strile_arrays_zeroified_when_possible.tif",
+        "cog_uint8_rgb_mask.tif",
+        "cog_uint8_rgb_nodata.tif",
+        "cog_uint8_rgba.tif",
+        "epsg_2853_with_us_feet.tif",
+        "float16.tif",
+        "float64.tif",
+        "float_raster_with_extra_nodata.tif",
+        "goes.tif",
+        "image_webp.tif",
+        "int32.tif",
+        "inverted_lat.tif",
+        "labels.tif",
+        "nan32_nodata.tif",
+        "nt_20201024_f18_nrt_s.tif",
+        "rgb-byte-tenth.tif",
+        "rgba.tif",
+        "small_world_pct.tif",
+        "test_color_table.tif",
+        "test_esri_wkt.tif",
+        "tif_webp.tif",
+        "uint32.tif",
+        "weird_mercator_2sp.tif",
+        "world.byte.tif",
     ]
 )
 
@@ -77,7 +103,9 @@ def run_library_job(path: str, settings: Settings, stores, storage):
     scene = inspect_source(path, settings=settings)
     assert SceneInfo.from_dict(json.loads(json.dumps(scene.to_dict(), allow_nan=False))).to_dict() == scene.to_dict()
     results = render_all(path, scene, settings, stores)
-    assert [r.outcome for r in results] == ["written"] * len(plan_windows(scene.width, scene.height, settings.window_size))
+    assert [r.outcome for r in results] == ["written"] * len(
+        plan_windows(scene.width, scene.height, settings.window_size)
+    )
     return scene, assemble(scene, settings, stores, storage, source_name=Path(path).name)
 
 
@@ -162,8 +190,16 @@ def check_stac(item: dict, source: str) -> None:
     west, south, east, north = item["bbox"]
     assert -180 <= west <= 180 and -180 <= east <= 180 and -90 <= south < north <= 90
     coordinates = np.array(
-        [p for polygon in ([item["geometry"]["coordinates"]] if item["geometry"]["type"] == "Polygon"
-                           else item["geometry"]["coordinates"]) for ring in polygon for p in ring]
+        [
+            p
+            for polygon in (
+                [item["geometry"]["coordinates"]]
+                if item["geometry"]["type"] == "Polygon"
+                else item["geometry"]["coordinates"]
+            )
+            for ring in polygon
+            for p in ring
+        ]
     )
     assert np.isfinite(coordinates).all()
     for lon, lat in interior_points_lonlat(source, margin):
@@ -211,7 +247,14 @@ def test_big_endian_uint16_with_alpha(stores, storage, tmp_path):
     with georeferencing was found; the corpus's big-endian file has none and is refused)."""
 
     def build(src):
-        profile = {**src.profile, "driver": "GTiff", "ENDIANNESS": "BIG", "tiled": True, "blockxsize": 256, "blockysize": 256}
+        profile = {
+            **src.profile,
+            "driver": "GTiff",
+            "ENDIANNESS": "BIG",
+            "tiled": True,
+            "blockxsize": 256,
+            "blockysize": 256,
+        }
         return profile, src.read()
 
     path = derived(tmp_path, "RGBA.uint16.tif", build)
@@ -227,7 +270,14 @@ def test_sixteen_bands(stores, storage, tmp_path):
 
     def build(src):
         data = np.concatenate([src.read()] * 4)
-        profile = {**src.profile, "count": 16, "photometric": "MINISBLACK", "tiled": True, "blockxsize": 256, "blockysize": 256}
+        profile = {
+            **src.profile,
+            "count": 16,
+            "photometric": "MINISBLACK",
+            "tiled": True,
+            "blockxsize": 256,
+            "blockysize": 256,
+        }
         return profile, data
 
     path = derived(tmp_path, "RGBA.uint16.tif", build)
@@ -248,7 +298,6 @@ WHOLE_JOBS = ["float_raster_with_extra_nodata.tif", "goes.tif", "nt_20201024_f18
 @pytest.mark.parametrize("name", WHOLE_JOBS)
 def test_real_raster_as_a_whole_job_on_the_local_host(name, storage, app_env, tmp_path):
     from devhost.cli import process_file
-
 
     source = REAL / name
     with local_host(app_env) as host:

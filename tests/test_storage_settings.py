@@ -210,7 +210,12 @@ def test_settings_defaults_and_overrides():
     assert Settings.from_env({}) == Settings()
     assert Settings.from_env({}).window_size == DEFAULT_WINDOW_SIZE
     s = Settings.from_env(
-        {SETTING_WINDOW_SIZE: " 512 ", SETTING_BATCH_SIZE: "16", SETTING_TILES_CONTAINER: "", SETTING_MANIFEST_TABLE: "m2"}
+        {
+            SETTING_WINDOW_SIZE: " 512 ",
+            SETTING_BATCH_SIZE: "16",
+            SETTING_TILES_CONTAINER: "",
+            SETTING_MANIFEST_TABLE: "m2",
+        }
     )
     assert (s.window_size, s.batch_size, s.tiles_container, s.manifest_table) == (512, 16, TILES_CONTAINER, "m2")
     assert Settings.from_env({SETTING_BATCH_SIZE: ""}).batch_size == DEFAULT_BATCH_SIZE

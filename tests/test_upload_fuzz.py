@@ -52,7 +52,10 @@ def run_worker(directory: Path) -> tuple[dict[str, dict], dict[str, str]]:
     while True:
         worker = subprocess.Popen(
             [sys.executable, "-m", "tests.tiff_fuzz", str(directory), start_after],
-            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
             preexec_fn=_cap_address_space,
         )
         lines: queue.Queue = queue.Queue()
@@ -97,7 +100,9 @@ def test_damaged_geotiffs_are_refused_or_processed_never_crash_or_hang(tmp_path,
     slowest = max(results.values(), key=lambda r: r["seconds"])
     peak = max(r["peak_rss"] for r in results.values())
     with capsys.disabled():  # the figures belong in the CI log
-        print(f"\nfuzz corpus: {len(corpus)} files in {elapsed:.1f} s; {dict(outcomes)}; crashed or hung: {len(broken)}")
+        print(
+            f"\nfuzz corpus: {len(corpus)} files in {elapsed:.1f} s; {dict(outcomes)}; crashed or hung: {len(broken)}"
+        )
         for family, counts in sorted(by_family.items()):
             print(f"  {family:20s} {dict(counts)}")
         print(f"  slowest: {slowest['file']} {slowest['seconds']:.2f} s; worker peak RSS {peak / 2**20:.0f} MiB")

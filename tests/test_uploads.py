@@ -165,8 +165,9 @@ def test_on_storage_sidecars_and_other_blobs_are_never_requested(tmp_path, new_c
         assert any(other.container_name in p for p in proxy.paths()), proxy.paths()
         del proxy.requests[:]
 
-        scene = inspect_source(vsiaz_path(uploads.container_name, "scenes/geo.tif"), settings=SETTINGS,
-                               gdal_options=options)
+        scene = inspect_source(
+            vsiaz_path(uploads.container_name, "scenes/geo.tif"), settings=SETTINGS, gdal_options=options
+        )
         assert scene.nodata is None and scene.mask == "none" and same_crs(scene.crs, "EPSG:32633")
         message = assert_refused(steal, options)
         assert "GDAL VRT" in message
@@ -203,6 +204,7 @@ def test_a_crs_naming_a_grid_by_url_fetches_nothing_in_the_worker(trap):
     """With PROJ_NETWORK=ON in the app settings, PROJ would fetch (and here hang on) the grid;
     the worker process turns it off when function_app is imported."""
     env = {**os.environ, "PROJ_NETWORK": "ON"}
-    subprocess.run([sys.executable, "-c", PROJ_PROBE, trap.url], cwd=ROOT, env=env, timeout=60,
-                   check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-c", PROJ_PROBE, trap.url], cwd=ROOT, env=env, timeout=60, check=True, capture_output=True
+    )
     assert trap.requests == []

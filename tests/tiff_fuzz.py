@@ -65,21 +65,21 @@ def parse(data: bytes) -> Layout:
         layout.ifds.append(offset)
         count_fmt, entry_size, field = ("Q", 20, 8) if bigtiff else ("H", 12, 4)
         count_size = 8 if bigtiff else 2
-        (n,) = struct.unpack(order + count_fmt, data[offset:offset + count_size])
+        (n,) = struct.unpack(order + count_fmt, data[offset : offset + count_size])
         entries = []
         for i in range(n):
             at = offset + count_size + i * entry_size
-            tag, type_ = struct.unpack(order + "HH", data[at:at + 4])
-            count = struct.unpack(order + ("Q" if bigtiff else "I"), data[at + 4:at + 4 + field])[0]
+            tag, type_ = struct.unpack(order + "HH", data[at : at + 4])
+            count = struct.unpack(order + ("Q" if bigtiff else "I"), data[at + 4 : at + 4 + field])[0]
             inline = _SIZES.get(type_, 1) * count <= field
             value_at = at + 4 + field
             if not inline:
-                value_at = struct.unpack(order + ("Q" if bigtiff else "I"), data[value_at:value_at + field])[0]
+                value_at = struct.unpack(order + ("Q" if bigtiff else "I"), data[value_at : value_at + field])[0]
             entries.append(Entry(tag, type_, count, at, value_at))
         layout.entries.append(entries)
         next_at = offset + count_size + n * entry_size
         layout.next_at.append(next_at)
-        offset = struct.unpack(order + ("Q" if bigtiff else "I"), data[next_at:next_at + field])[0]
+        offset = struct.unpack(order + ("Q" if bigtiff else "I"), data[next_at : next_at + field])[0]
     return layout
 
 
@@ -127,10 +127,16 @@ def directory_field(data: bytes, layout: Layout, rng: random.Random) -> bytes:
     field = 8 if layout.bigtiff else 4
     choice = rng.randrange(4)
     if choice == 0:  # the value or offset field
-        _put(out, entry.at + 4 + field, layout.order + ("Q" if layout.bigtiff else "I"),
-             rng.choice([0, 1, len(data), len(data) + 7, 2**31 - 1, 2**32 - 1]))
+        _put(
+            out,
+            entry.at + 4 + field,
+            layout.order + ("Q" if layout.bigtiff else "I"),
+            rng.choice([0, 1, len(data), len(data) + 7, 2**31 - 1, 2**32 - 1]),
+        )
     elif choice == 1:  # the count
-        _put(out, entry.at + 4, layout.order + ("Q" if layout.bigtiff else "I"), rng.choice([0, 2**16, 2**30, 2**32 - 1]))
+        _put(
+            out, entry.at + 4, layout.order + ("Q" if layout.bigtiff else "I"), rng.choice([0, 2**16, 2**30, 2**32 - 1])
+        )
     elif choice == 2:  # the type
         _put(out, entry.at + 2, layout.order + "H", rng.choice([0, 13, 99, 65535]))
     else:  # the tag itself
@@ -141,8 +147,13 @@ def directory_field(data: bytes, layout: Layout, rng: random.Random) -> bytes:
 def block_offsets(data: bytes, layout: Layout, rng: random.Random) -> bytes:
     out = bytearray(data)
     offsets, _ = _block_entries(layout)
-    _set_value(out, layout, offsets, rng.choice([0, 8, layout.ifds[0], len(data) - 1, len(data) + 4096, 2**32 - 2]),
-               rng.randrange(offsets.count))
+    _set_value(
+        out,
+        layout,
+        offsets,
+        rng.choice([0, 8, layout.ifds[0], len(data) - 1, len(data) + 4096, 2**32 - 2]),
+        rng.randrange(offsets.count),
+    )
     return bytes(out)
 
 
@@ -196,14 +207,17 @@ def broken_compression(data: bytes, layout: Layout, rng: random.Random) -> bytes
             out[start + rng.randrange(length)] = rng.randrange(256)
     else:
         keep = rng.randrange(length)
-        out[start + keep:start + length] = bytes(rng.randrange(256) for _ in range(length - keep))
+        out[start + keep : start + length] = bytes(rng.randrange(256) for _ in range(length - keep))
     return bytes(out)
 
 
 def tiny_huge(data: bytes, layout: Layout, rng: random.Random) -> bytes:
     """Only the header and directories, declaring a huge image whose blocks lie past the end."""
     out = bytearray(data)
-    for tag, value in ((IMAGE_WIDTH, rng.choice([40_000, 100_000, 2**31 - 1])), (IMAGE_LENGTH, rng.choice([40_000, 100_000]))):
+    for tag, value in (
+        (IMAGE_WIDTH, rng.choice([40_000, 100_000, 2**31 - 1])),
+        (IMAGE_LENGTH, rng.choice([40_000, 100_000])),
+    ):
         _set_value(out, layout, layout.entry(tag), value)
     end = max(e.value_at + _SIZES.get(e.type, 1) * e.count for entries in layout.entries for e in entries)
     end = max(end, max(layout.next_at) + 8)
@@ -234,17 +248,23 @@ def write_bases(directory: Path) -> list[Path]:
 
     rng = np.random.default_rng(7)
     bases = []
-    common = dict(driver="GTiff", width=300, height=200, crs="EPSG:32633", transform=from_origin(500000, 4600000, 10, 10))
+    common = dict(
+        driver="GTiff", width=300, height=200, crs="EPSG:32633", transform=from_origin(500000, 4600000, 10, 10)
+    )
     specs = {
-        "tiled-deflate-uint16.tif": dict(count=1, dtype="uint16", tiled=True, blockxsize=256, blockysize=256,
-                                         compress="deflate", predictor=2),
+        "tiled-deflate-uint16.tif": dict(
+            count=1, dtype="uint16", tiled=True, blockxsize=256, blockysize=256, compress="deflate", predictor=2
+        ),
         "striped-raw-rgb.tif": dict(count=3, dtype="uint8", blockysize=16),
-        "tiled-lzw-float32.tif": dict(count=1, dtype="float32", tiled=True, blockxsize=128, blockysize=128,
-                                      compress="lzw", nodata=-9999.0),
-        "bigtiff-deflate.tif": dict(count=2, dtype="uint8", tiled=True, blockxsize=256, blockysize=256,
-                                    compress="deflate", BIGTIFF="YES"),
-        "big-endian-int16.tif": dict(count=1, dtype="int16", tiled=True, blockxsize=256, blockysize=256,
-                                     compress="deflate", ENDIANNESS="BIG"),
+        "tiled-lzw-float32.tif": dict(
+            count=1, dtype="float32", tiled=True, blockxsize=128, blockysize=128, compress="lzw", nodata=-9999.0
+        ),
+        "bigtiff-deflate.tif": dict(
+            count=2, dtype="uint8", tiled=True, blockxsize=256, blockysize=256, compress="deflate", BIGTIFF="YES"
+        ),
+        "big-endian-int16.tif": dict(
+            count=1, dtype="int16", tiled=True, blockxsize=256, blockysize=256, compress="deflate", ENDIANNESS="BIG"
+        ),
     }
     for name, spec in specs.items():
         path = directory / name
@@ -254,7 +274,9 @@ def write_bases(directory: Path) -> list[Path]:
             dst.write(rng.integers(0, high, (spec["count"], 200, 300)).astype(spec["dtype"]))
         bases.append(path)
     cog = directory / "cog-uint16.tif"
-    with rasterio.open(directory / "cog-src.tif", "w", **{**common, "width": 512, "height": 512}, count=1, dtype="uint16") as dst:
+    with rasterio.open(
+        directory / "cog-src.tif", "w", **{**common, "width": 512, "height": 512}, count=1, dtype="uint16"
+    ) as dst:
         dst.write(rng.integers(0, 4000, (1, 512, 512)).astype("uint16"))
     with rasterio.open(directory / "cog-src.tif") as src:
         rasterio.shutil.copy(src, cog, driver="COG", BLOCKSIZE=256, COMPRESS="DEFLATE", OVERVIEW_COUNT=1)
@@ -334,8 +356,9 @@ def main(directory: str, start_after: str = "") -> None:
             result = check_file(str(path), settings)
         except Exception as exc:  # anything else is a defect the test reports, file by file
             result = {"outcome": "error", "error_type": type(exc).__name__, "message": str(exc)[:300]}
-        result.update(file=path.name, event="done", seconds=round(time.perf_counter() - started, 3),
-                      peak_rss=_peak_rss_bytes())
+        result.update(
+            file=path.name, event="done", seconds=round(time.perf_counter() - started, 3), peak_rss=_peak_rss_bytes()
+        )
         print(json.dumps(result), flush=True)
 
 

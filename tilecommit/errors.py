@@ -58,12 +58,6 @@ class IncompleteManifestError(TileCommitError):
         self.retryable = not self.mismatched
 
 
-class AssemblyInProgressError(TileCommitError):
-    """Another attempt holds this job's mosaic claim and has not finished: retry later."""
-
-    retryable = True
-
-
 class MosaicCheckError(TileCommitError):
     """The mosaic built locally failed its own checks (a bug, not bad input): nothing was uploaded."""
 
@@ -71,7 +65,9 @@ class MosaicCheckError(TileCommitError):
 class GdalStepError(TileCommitError):
     """GDAL failed in a step of the pipeline; the message names the step, the window and GDAL's own words."""
 
-    def __init__(self, message: str, *, step: str = "", window: str | None = None, gdal_messages: list[str] | None = None):
+    def __init__(
+        self, message: str, *, step: str = "", window: str | None = None, gdal_messages: list[str] | None = None
+    ):
         super().__init__(message)
         self.step = step
         self.window = window

@@ -144,7 +144,7 @@ def _single_put_client(container: ContainerClient, name: str, size: int) -> Blob
     if size > MAX_PUT_BLOB_BYTES:
         raise BodyTooLargeError(
             f"{name!r}: {size} bytes is more than one Put Blob allows ({MAX_PUT_BLOB_BYTES}); "
-            "gate large outputs with a claim and upload them from a file instead"
+            "stage large outputs as blocks and commit their list create-only instead"
         )
     blob = container.get_blob_client(name)
     # Private, read only: azure-storage-blob 12.31 keeps the max_single_put_size a client was
@@ -227,7 +227,11 @@ def create_once(
         except _TRANSPORT_FAULTS as exc:
             stored, _ = stored_blob_sha256(blob)
             if stored is None:
-                logger.warning("create of %r had no answer (%s) and nothing is stored: sending the same conditional request again", name, exc)
+                logger.warning(
+                    "create of %r had no answer (%s) and nothing is stored: sending the same conditional request again",
+                    name,
+                    exc,
+                )
                 continue
             telemetry.unknown_outcome_resolved.add(1, {"gate": gate})
             if stored == digest:
@@ -303,7 +307,10 @@ def repair_blob(
             # A 412 about a lease (LeaseIdMissing ...) is not a newer version: only ConditionNotMet is.
             # Nor is a missing container a blob that is gone: only BlobNotFound is.
             superseded = (exc.status_code, _error_code(exc)) in (
-                (404, None), (404, "BlobNotFound"), (412, None), (412, "ConditionNotMet"),
+                (404, None),
+                (404, "BlobNotFound"),
+                (412, None),
+                (412, "ConditionNotMet"),
             )
             if not superseded:
                 raise storage_fault("repairing blob", name, exc) from exc
@@ -312,7 +319,9 @@ def repair_blob(
         except _TRANSPORT_FAULTS as exc:
             stored, etag = stored_blob_sha256(blob)
             if etag == expect_etag:
-                logger.warning("repair of %r had no answer (%s); the old version is still there: trying again", name, exc)
+                logger.warning(
+                    "repair of %r had no answer (%s); the old version is still there: trying again", name, exc
+                )
                 continue
             telemetry.unknown_outcome_resolved.add(1, {"gate": "blob-repair"})
             if stored == digest:
@@ -464,12 +473,6 @@ def count_manifest(table: TableClient, job_id: str) -> ManifestSummary:
     return ManifestSummary(job_id=job_id, entries=entries)
 
 
-def record_claim(table: TableClient, *, job_id: str, claim: str, **properties: Any) -> Outcome:
-    """Create-only claim row (PartitionKey job id, RowKey claim name): the first caller gets WRITTEN."""
-    entity = {"PartitionKey": job_id, "RowKey": claim, **properties}
-    return create_entity_once(table, entity, gate="claim", job_id=job_id)
-
-
 # Re-exported for callers that only need the classification.
 __all__ = [
     "Outcome",
@@ -481,7 +484,6 @@ __all__ = [
     "record_manifest_entry",
     "get_manifest_entry",
     "count_manifest",
-    "record_claim",
     "create_entity_once",
     "is_create_rejection",
     "stored_blob_sha256",
@@ -490,4 +492,3 @@ __all__ = [
     "MAX_PUT_BLOB_BYTES",
     "SINGLE_PUT_CLIENT_OPTIONS",
 ]
-

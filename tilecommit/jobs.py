@@ -43,8 +43,10 @@ def normalise_blob_url(blob_url: str) -> str:
     if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
         raise InvalidNameError(f"not an http(s) blob URL: {blob_url!r}")
     host = parts.hostname.lower()
-    if port and not (parts.scheme.lower() == "https" and port == 443) and not (
-        parts.scheme.lower() == "http" and port == 80
+    if (
+        port
+        and not (parts.scheme.lower() == "https" and port == 443)
+        and not (parts.scheme.lower() == "http" and port == 80)
     ):
         host = f"{host}:{port}"
     path = unicodedata.normalize("NFC", unquote(parts.path))

@@ -24,7 +24,8 @@ TILES_CONTAINER = "raster-tiles"
 OUTPUT_CONTAINER = "raster-mosaics"
 #: The create-only manifest: PartitionKey job id, RowKey window id.
 MANIFEST_TABLE = "tilemanifest"
-#: Create-only claims (e.g. "this job's mosaic is being assembled"), gating large uploads.
+#: A table for create-only claims. No code uses it since mosaic assembly takes no claim; the
+#: templates and the local host still create it.
 CLAIMS_TABLE = "tileclaims"
 
 #: The Durable task hub name (host.json ``extensions.durableTask.hubName``).
@@ -70,8 +71,20 @@ DEFAULT_GDAL_CACHEMAX_MB = 64
 #: with such a name starts no job (it is logged and ignored). Whether any other upload is a
 #: raster is decided by its content, never its name (tilecommit/raster/upload.py).
 SIDECAR_SUFFIXES = (
-    ".aux.xml", ".aux", ".ovr", ".msk", ".tfw", ".tifw", ".tiffw", ".wld", ".prj", ".tab",
-    ".imd", ".rpb", "_rpc.txt", ".xml",
+    ".aux.xml",
+    ".aux",
+    ".ovr",
+    ".msk",
+    ".tfw",
+    ".tifw",
+    ".tiffw",
+    ".wld",
+    ".prj",
+    ".tab",
+    ".imd",
+    ".rpb",
+    "_rpc.txt",
+    ".xml",
 )
 
 

@@ -208,9 +208,7 @@ class FunctionAppManagedIdentity(BaseResourceCheck):
             return CheckResult.FAILED
         for settings in lists:
             by_name = {
-                str(entry.get("name", "")).lower(): entry.get("value")
-                for entry in settings
-                if isinstance(entry, dict)
+                str(entry.get("name", "")).lower(): entry.get("value") for entry in settings if isinstance(entry, dict)
             }
             credential = by_name.get("azurewebjobsstorage__credential")
             if not (isinstance(credential, str) and credential.lower() == "managedidentity"):

@@ -2,7 +2,8 @@
 
 - :mod:`.scene`: :class:`SceneInfo` and :func:`inspect_source` (the bad-input gate).
 - :mod:`.tiles`: :func:`render_tile` and the tile encoding (:func:`encode_tile`).
-- :mod:`.mosaic`: :func:`assemble_mosaic` (block copy, or VRT -> COG), the claim, the checks.
+- :mod:`.mosaic`: :func:`assemble_mosaic` (block copy, or VRT -> COG), the checks.
+- :mod:`.attempt`: what one assembly attempt owns (its block ids, its temporary directory).
 - :mod:`.tiff`: the few TIFF structures block copying needs.
 - :mod:`.stac`: STAC item and quicklook.
 - :mod:`.env`: the GDAL settings that bound memory.
@@ -11,7 +12,6 @@
 from ..grid import Window, plan_windows
 from .env import BLOCK_SIZE, gdal_config, gdal_env
 from .mosaic import (
-    AssemblyInProgressError,
     MosaicCheckError,
     MosaicResult,
     assemble_mosaic,
@@ -23,7 +23,6 @@ from .tiles import TileResult, encode_tile, render_tile, tile_overview_count
 __all__ = [
     "BLOCK_SIZE",
     "SUPPORTED_DTYPES",
-    "AssemblyInProgressError",
     "MosaicCheckError",
     "MosaicResult",
     "SceneInfo",

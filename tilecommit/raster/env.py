@@ -27,7 +27,9 @@ NUM_THREADS = 2
 BLOCK_SIZE = 256
 
 
-def gdal_config(settings: Settings, gdal_options: dict | None = None, *, num_threads: int = NUM_THREADS) -> dict[str, Any]:
+def gdal_config(
+    settings: Settings, gdal_options: dict | None = None, *, num_threads: int = NUM_THREADS
+) -> dict[str, Any]:
     """The configuration options for :func:`rasterio.Env` (``gdal_options`` add storage access)."""
     config: dict[str, Any] = {
         # rasterio.Env applies GDAL_CACHEMAX with GDALSetCacheMax and restores it on exit.

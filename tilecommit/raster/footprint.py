@@ -203,8 +203,11 @@ def _around_pole(lonlat: np.ndarray) -> Footprint:
     ring = [(-180.0, edge_lat)] + pts + [(180.0, edge_lat), (180.0, pole), (-180.0, pole)]
     lats = [p[1] for p in ring]
     bbox = [-180.0, round(min(lats), PRECISION), 180.0, round(max(lats), PRECISION)]
-    return Footprint({"type": "Polygon", "coordinates": [_close(ring)]}, bbox,
-                     f"valid data around the {'north' if north else 'south'} pole")
+    return Footprint(
+        {"type": "Polygon", "coordinates": [_close(ring)]},
+        bbox,
+        f"valid data around the {'north' if north else 'south'} pole",
+    )
 
 
 def footprint(crs: CRS | str, mask: np.ndarray, transform: Affine) -> Footprint:
@@ -220,9 +223,15 @@ def footprint(crs: CRS | str, mask: np.ndarray, transform: Affine) -> Footprint:
     dropped = len(lonlat) - len(kept)
     if len(kept) < 3:
         return Footprint(None, None, f"none: {len(kept)} of {len(lonlat)} boundary points have a geographic position")
-    left_out = (f"; {pulled} boundary points moved inward by at most {PULL_PIXELS[-1]} pixels of the smallest overview "
-                "to find a geographic position" if pulled else "")
-    left_out += f"; {dropped} of {len(lonlat)} boundary points without a geographic position left out" if dropped else ""
+    left_out = (
+        f"; {pulled} boundary points moved inward by at most {PULL_PIXELS[-1]} pixels of the smallest overview "
+        "to find a geographic position"
+        if pulled
+        else ""
+    )
+    left_out += (
+        f"; {dropped} of {len(lonlat)} boundary points without a geographic position left out" if dropped else ""
+    )
     closed = _unwrap(np.append(kept[:, 0], kept[0, 0]))
     if abs(closed[-1] - closed[0]) > 180.0:  # the ring winds once around a pole
         around = _around_pole(kept)
@@ -242,5 +251,10 @@ def footprint(crs: CRS | str, mask: np.ndarray, transform: Affine) -> Footprint:
     west_part = _clip(ring_pts, 180.0, keep_below=True)
     east_part = [(x - 360.0, y) for x, y in _clip(ring_pts, 180.0, keep_below=False)]
     geometry = {"type": "MultiPolygon", "coordinates": [[_close(west_part)], [_close(east_part)]]}
-    bbox = [round(min(x for x, _ in west_part), PRECISION), south, round(max(x for x, _ in east_part), PRECISION), north]
+    bbox = [
+        round(min(x for x, _ in west_part), PRECISION),
+        south,
+        round(max(x for x, _ in east_part), PRECISION),
+        north,
+    ]
     return Footprint(geometry, bbox, note + "; split at the antimeridian")

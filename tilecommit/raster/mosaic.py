@@ -28,15 +28,12 @@ import logging
 import math
 import os
 import shutil
-import tempfile
 import time
-import uuid
 import warnings
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
 from typing import BinaryIO
 from xml.sax.saxutils import escape
 
@@ -49,7 +46,7 @@ from azure.core.exceptions import (
     ServiceRequestError,
     ServiceResponseError,
 )
-from azure.data.tables import TableClient, UpdateMode
+from azure.data.tables import TableClient
 from azure.storage.blob import BlobClient, ContainerClient, ContentSettings
 from rasterio.enums import MaskFlags, Resampling
 from rasterio.errors import NotGeoreferencedWarning
@@ -57,7 +54,6 @@ from rasterio.io import MemoryFile
 
 from .. import gates, jobs
 from ..errors import (
-    AssemblyInProgressError,
     IncompatibleTilesError,
     IncompleteManifestError,
     InvalidRasterError,
@@ -68,7 +64,7 @@ from ..grid import Window, plan_windows
 from ..records import Record
 from ..settings import Settings
 from ..storage import vsiaz_path
-from . import tiff
+from . import attempt, tiff
 from .env import BLOCK_SIZE, NUM_THREADS, gdal_env
 from .gdal_errors import gdal_step
 from .scene import SceneInfo, as_crs, crs_label, same_crs
@@ -77,14 +73,6 @@ from .tiles import cog_creation_options, predictor_for, tile_overview_count
 
 logger = logging.getLogger(__name__)
 
-#: Name of the claim row (PartitionKey job id) that gates the mosaic's build and upload.
-MOSAIC_CLAIM = "mosaic"
-#: How long a claim holds. A claim older than this belongs to an attempt that cannot still be
-#: running: an activity on the Consumption plan is stopped at 10 minutes (functionTimeout), so
-#: 12 minutes leaves room for clock skew. A retry after a crash waits at most this long, then
-#: takes the claim over (a conditional update: of two retries, one wins). Raise it with the
-#: function timeout (Flex Consumption allows 30 minutes and more).
-DEFAULT_CLAIM_TTL_S = 12 * 60
 #: Bytes read from the start of each tile: a tile COG's directories and block arrays fit.
 TILE_HEAD_BYTES = 16 * 1024
 #: Concurrent ranged reads of tile blobs while copying blocks.
@@ -96,10 +84,12 @@ OVERVIEW_LEVELS_METADATA_KEY = "overview_levels"
 #: Upload concurrency for the VRT path's staged upload of its file (each in-flight block is 4 MiB of memory).
 UPLOAD_CONCURRENCY = 4
 #: Bytes of the streamed (block-copy) mosaic buffered before they are sent as one staged block.
-#: Fixed, so block i always holds bytes [i * size, (i + 1) * size) of a deterministic file: a
-#: retry that stages the same id again stages the same bytes. 50,000 blocks (Azure's limit) of
-#: 8 MiB allow a 400 GiB mosaic.
+#: 50,000 blocks (Azure's limit) of 8 MiB allow a 400 GiB mosaic.
 STREAM_BLOCK_BYTES = 8 * 1024 * 1024
+#: While it streams, an attempt asks this often (one HEAD) whether another attempt has committed
+#: the mosaic meanwhile, and stops if so: a duplicate that started late wastes seconds, not a
+#: whole assembly.
+COMMITTED_ELSEWHERE_CHECK_S = 2.0
 #: Staged blocks in flight at once. Memory of the stream: the buffer plus this many blocks.
 STAGE_IN_FLIGHT = 2
 #: Temporary disk the VRT path may need before it logs a WARNING (the Consumption plan gives an
@@ -320,59 +310,11 @@ def check_manifest(job_id: str, scene: SceneInfo, *, tiles: ContainerClient, man
             details.append(f"{window.id} ({entry.uri}: manifest {entry.nbytes} bytes, stored {stored})")
     if mismatched:
         raise IncompleteManifestError(
-            f"job {job_id}: {len(mismatched)} tiles differ in size from their manifest rows: " + ", ".join(details[:20]),
+            f"job {job_id}: {len(mismatched)} tiles differ in size from their manifest rows: "
+            + ", ".join(details[:20]),
             mismatched=mismatched,
         )
     return windows, summary
-
-
-# --------------------------------------------------------------------------- the claim
-
-
-def _claim(claims: TableClient, job_id: str, ttl_s: float) -> tuple[str, str]:
-    """Take this job's mosaic claim: (owner, etag). Raises AssemblyInProgressError while another holds it.
-
-    A claim row rather than a blob lease: the mosaic blob does not exist until the end, and a
-    lease on a placeholder blob would need its own create and cleanup; the row is one
-    create-only insert, and its expiry (not a lease's 60-second renewals) lets a crashed
-    attempt's claim lapse without any process having to survive to release it.
-    """
-    owner = uuid.uuid4().hex
-    now = datetime.now(UTC)
-    expires = now + timedelta(seconds=ttl_s)
-    outcome = gates.record_claim(claims, job_id=job_id, claim=MOSAIC_CLAIM, owner=owner, claimed_at=now, expires_at=expires)
-    try:
-        row = claims.get_entity(job_id, MOSAIC_CLAIM)
-    except (HttpResponseError, *_TRANSPORT_FAULTS) as exc:
-        raise StorageFaultError(f"reading the mosaic claim of {job_id} failed: {exc}") from exc
-    etag = row.metadata["etag"]
-    if row.get("owner") == owner:
-        return owner, etag
-    holder_expires = row.get("expires_at")
-    if outcome is gates.Outcome.ALREADY_PRESENT and holder_expires is not None and holder_expires < now:
-        # The holder's time is up: it crashed or was stopped. Take over, but only the version we
-        # read (If-Match): of two retries taking over at once, exactly one succeeds.
-        taken = {"PartitionKey": job_id, "RowKey": MOSAIC_CLAIM, "owner": owner, "claimed_at": now, "expires_at": expires,
-                 "took_over_from": row.get("owner", "")}
-        try:
-            meta = claims.update_entity(taken, mode=UpdateMode.REPLACE, etag=etag, match_condition=MatchConditions.IfNotModified)
-        except HttpResponseError as exc:
-            if exc.status_code in (404, 412):
-                raise AssemblyInProgressError(f"job {job_id}: another attempt took over the expired mosaic claim first") from exc
-            raise StorageFaultError(f"taking over the mosaic claim of {job_id} failed: {exc}") from exc
-        logger.warning("job %s: mosaic claim of %s expired at %s; taken over", job_id, row.get("owner"), holder_expires)
-        return owner, meta["etag"]
-    raise AssemblyInProgressError(
-        f"job {job_id}: the mosaic is being assembled by attempt {row.get('owner')} (claim expires {holder_expires}); retry later"
-    )
-
-
-def _release_claim(claims: TableClient, job_id: str, etag: str) -> None:
-    """Best effort, and only our version of the row: a failed attempt lets the next one start at once."""
-    try:
-        claims.delete_entity(job_id, MOSAIC_CLAIM, etag=etag, match_condition=MatchConditions.IfNotModified)
-    except Exception as exc:  # noqa: BLE001 - the claim expires anyway
-        logger.info("job %s: could not release the mosaic claim (%s); it will expire", job_id, exc)
 
 
 # --------------------------------------------------------------------------- building: blocks
@@ -417,8 +359,11 @@ def tile_levels(layout: tiff.TiffLayout) -> list[tuple[tiff.Directory, tiff.Dire
     overviews' masks (type 5) after all the overviews; a mask belongs to the image of its size.
     """
     images = [d for d in layout.directories if not d.subfile_type & tiff.SUBFILE_MASK]
-    masks = {(d.width, d.height, d.subfile_type & tiff.SUBFILE_REDUCED): d
-             for d in layout.directories if d.subfile_type & tiff.SUBFILE_MASK}
+    masks = {
+        (d.width, d.height, d.subfile_type & tiff.SUBFILE_REDUCED): d
+        for d in layout.directories
+        if d.subfile_type & tiff.SUBFILE_MASK
+    }
     levels = [(d, masks.pop((d.width, d.height, d.subfile_type & tiff.SUBFILE_REDUCED), None)) for d in images]
     if masks:
         raise IncompatibleTilesError(f"mask directories without an image of their size: {sorted(masks)}")
@@ -469,14 +414,24 @@ def _plan_tile_levels(scene: SceneInfo, heads: list[_TileHead], settings: Settin
             if len(tile) <= k:
                 raise IncompatibleTilesError(f"tile {head.window.id} has no overview level {k}")
             if (tile[k][1] is not None) != masked:
-                raise IncompatibleTilesError(f"tile {head.window.id} level {k} {'lacks' if masked else 'has'} an internal mask")
+                raise IncompatibleTilesError(
+                    f"tile {head.window.id} level {k} {'lacks' if masked else 'has'} an internal mask"
+                )
             expected = (_tile_level_size(head.window.width, k), _tile_level_size(head.window.height, k))
             _check_tile_directory(head, tile[k][0], ref_dir.encoding_key(), expected, f"level {k}")
             if masked:
                 _check_tile_directory(head, tile[k][1], ref_mask.encoding_key(), expected, f"level {k} mask")
 
-        def copied(which: int, reference_dir: tiff.Directory, subfile_type: int, *, k: int = k, width: int = width,
-                   height: int = height, per_tile: int = per_tile) -> tiff.OutputDirectory:
+        def copied(
+            which: int,
+            reference_dir: tiff.Directory,
+            subfile_type: int,
+            *,
+            k: int = k,
+            width: int = width,
+            height: int = height,
+            per_tile: int = per_tile,
+        ) -> tiff.OutputDirectory:
             blocks = []
             for by in range(-(-height // BLOCK_SIZE)):
                 for bx in range(-(-width // BLOCK_SIZE)):
@@ -519,7 +474,9 @@ def _build_coarse_levels(
     tags.pop(tiff.NEW_SUBFILE_TYPE, None)
     if nodata_tag is not None:
         tags[tiff.GDAL_NODATA] = nodata_tag
-    base = tiff.OutputDirectory(tags=tags, blocks=base_directory.blocks, width=base_directory.width, height=base_directory.height)
+    base = tiff.OutputDirectory(
+        tags=tags, blocks=base_directory.blocks, width=base_directory.width, height=base_directory.height
+    )
     if base_directory.mask is not None:
         mask = base_directory.mask
         subfile = tiff.pack_tag(tiff.NEW_SUBFILE_TYPE, tiff.TYPE_LONG, [tiff.SUBFILE_MASK], byte_order)
@@ -532,7 +489,10 @@ def _build_coarse_levels(
         # The level copy carries no georeferencing on purpose: only its blocks are reused.
         warnings.simplefilter("ignore", NotGeoreferencedWarning)
         step = f"computing the mosaic's overview levels below level {first_level}"
-        with gdal_step(step, window=f"level {first_level}, {base.width}x{base.height}"), rasterio.open(base_path, "r+") as dst:
+        with (
+            gdal_step(step, window=f"level {first_level}, {base.width}x{base.height}"),
+            rasterio.open(base_path, "r+") as dst,
+        ):
             dst.build_overviews(factors, Resampling[scene.overview_resampling])
     source = FileRangeSource(base_path)
     with open(base_path, "rb") as f:
@@ -546,7 +506,9 @@ def _build_coarse_levels(
         return tiff.OutputDirectory(tags=tags, blocks=blocks, width=d.width, height=d.height)
 
     reduced = [d for d in layout.directories if d.subfile_type == tiff.SUBFILE_REDUCED]
-    masks = {(d.width, d.height): d for d in layout.directories if d.subfile_type == tiff.SUBFILE_REDUCED | tiff.SUBFILE_MASK}
+    masks = {
+        (d.width, d.height): d for d in layout.directories if d.subfile_type == tiff.SUBFILE_REDUCED | tiff.SUBFILE_MASK
+    }
     out_dirs = []
     for j, d in enumerate(reduced, start=1):
         image = coarse(d, tiff.SUBFILE_REDUCED, f"level {first_level + j}")
@@ -601,7 +563,10 @@ def build_mosaic_blocks(
         timings["coarse_levels"] = time.perf_counter() - started
 
         writer = tiff.TiffWriter(
-            reference.byte_order, ghost=reference.ghost, leaders=reference.block_leaders, trailers=reference.block_trailers
+            reference.byte_order,
+            ghost=reference.ghost,
+            leaders=reference.block_leaders,
+            trailers=reference.block_trailers,
         )
         try:
             if check_head is not None:
@@ -625,12 +590,20 @@ def _vrt_xml(scene: SceneInfo, windows: list[Window], summary, tiles_container: 
     crs = as_crs(scene.crs).to_wkt(version="WKT2_2019")
     a, b, c, d, e, f = scene.transform[:6]
     gdal_type = {
-        "uint8": "Byte", "int8": "Int8", "uint16": "UInt16", "int16": "Int16", "uint32": "UInt32",
-        "int32": "Int32", "float32": "Float32", "float64": "Float64",
+        "uint8": "Byte",
+        "int8": "Int8",
+        "uint16": "UInt16",
+        "int16": "Int16",
+        "uint32": "UInt32",
+        "int32": "Int32",
+        "float32": "Float32",
+        "float64": "Float64",
     }[scene.dtype]
-    lines = [f'<VRTDataset rasterXSize="{scene.width}" rasterYSize="{scene.height}">',
-             f"  <SRS>{escape(crs)}</SRS>",
-             f"  <GeoTransform>{c!r}, {a!r}, {b!r}, {f!r}, {d!r}, {e!r}</GeoTransform>"]
+    lines = [
+        f'<VRTDataset rasterXSize="{scene.width}" rasterYSize="{scene.height}">',
+        f"  <SRS>{escape(crs)}</SRS>",
+        f"  <GeoTransform>{c!r}, {a!r}, {b!r}, {f!r}, {d!r}, {e!r}</GeoTransform>",
+    ]
 
     def sources(band: str) -> list[str]:
         out = []
@@ -707,12 +680,20 @@ def build_mosaic_vrt(
             "VRT assembly of a %dx%dx%d %s mosaic needs about %d MB of temporary disk in %s (the COG driver's "
             "output file and its overview file), over the %d MB budget: the Consumption plan gives an instance "
             "about 0.5 GB of temporary disk in all, so this may fail there (block copy streams instead)",
-            scene.width, scene.height, scene.count, scene.dtype, estimate // 10**6, workdir, TEMP_BUDGET_BYTES // 10**6,
+            scene.width,
+            scene.height,
+            scene.count,
+            scene.dtype,
+            estimate // 10**6,
+            workdir,
+            TEMP_BUDGET_BYTES // 10**6,
         )
     vrt_path = os.path.join(workdir, "mosaic.vrt")
     with open(vrt_path, "w", encoding="utf-8") as f:
         f.write(_vrt_xml(scene, windows, summary, tiles.container_name))
-    options = cog_creation_options(scene.dtype, overview_count=levels, resampling=scene.overview_resampling, num_threads=num_threads)
+    options = cog_creation_options(
+        scene.dtype, overview_count=levels, resampling=scene.overview_resampling, num_threads=num_threads
+    )
     if levels:
         # A VRT over tiles lends their overviews; the COG driver would then copy those (2 of 5
         # levels when measured) instead of computing every level.
@@ -721,7 +702,10 @@ def build_mosaic_vrt(
     # The COG driver writes its overviews to a temporary file beside the output: keep it in workdir.
     with (
         gdal_env(settings, {**(gdal_options or {}), "CPL_TMPDIR": workdir}, num_threads=num_threads),
-        gdal_step("assembling the mosaic through a VRT (COG driver)", window=f"{scene.width}x{scene.height}, {len(windows)} tiles"),
+        gdal_step(
+            "assembling the mosaic through a VRT (COG driver)",
+            window=f"{scene.width}x{scene.height}, {len(windows)} tiles",
+        ),
     ):
         rasterio.shutil.copy(vrt_path, out_path, driver="COG", **options)
     timings["write"] = time.perf_counter() - started
@@ -748,7 +732,8 @@ def check_mosaic_file(
     overview levels (docs/design.md, 'GDAL settings and raster figures'), so the levels are counted here, and their sizes checked.
     """
     with (
-        gdal_env(settings, gdal_options), gdal_step(f"checking {label or path}"),
+        gdal_env(settings, gdal_options),
+        gdal_step(f"checking {label or path}"),
         rasterio.open(path) as src,
     ):
         problems = []
@@ -762,13 +747,17 @@ def check_mosaic_file(
             found = "none" if src.crs is None else crs_label(src.crs)
             problems.append(f"crs {found} is not equivalent to the source's {crs_label(scene.crs)}")
         if (src.nodata is None) != (scene.nodata is None) or (
-            scene.nodata is not None and not (math.isnan(scene.nodata) and math.isnan(src.nodata)) and src.nodata != scene.nodata
+            scene.nodata is not None
+            and not (math.isnan(scene.nodata) and math.isnan(src.nodata))
+            and src.nodata != scene.nodata
         ):
             problems.append(f"nodata {src.nodata}")
         if scene.mask == "per-dataset" and not all(MaskFlags.per_dataset in flags for flags in src.mask_flag_enums):
             problems.append("no internal mask, while the source has one")
         if scene.colorinterp and [ci.name for ci in src.colorinterp] != scene.colorinterp:
-            problems.append(f"colour interpretation {[ci.name for ci in src.colorinterp]} instead of {scene.colorinterp}")
+            problems.append(
+                f"colour interpretation {[ci.name for ci in src.colorinterp]} instead of {scene.colorinterp}"
+            )
         factors = src.overviews(1)
         if len(factors) != levels:
             problems.append(f"{len(factors)} overview levels instead of {levels}")
@@ -802,13 +791,8 @@ def _remote_gdal_options(gdal_options: dict | None, remote: str) -> dict:
 # --------------------------------------------------------------------------- streaming into a blob
 
 
-def block_id(index: int) -> str:
-    """The id of the ``index``-th staged block: ``"00000042"`` (the SDK base64-encodes it on the wire).
-
-    Derived from the index alone, so ids have one length (the service requires it) and a retry
-    staging block ``index`` again replaces the same block with the same bytes.
-    """
-    return f"{index:08d}"
+class CommittedElsewhere(Exception):
+    """Raised inside a stream when another attempt committed the blob meanwhile: stop, nothing to do."""
 
 
 class StagedBlockSink:
@@ -817,8 +801,14 @@ class StagedBlockSink:
     :meth:`close` stages the tail and waits for every block, returning the ids for
     :func:`commit_staged_blob`. Nothing is visible in the container until that commit: staged
     blocks are uncommitted (the service drops them after a week, or when the blob is committed
-    from another list). Put Block carries no condition: the mosaic claim, taken before the first
-    block, is what keeps a second attempt from streaming at the same time.
+    from another list). Put Block carries no condition, and no claim keeps a second attempt
+    from streaming into the same blob at the same time: each sink stages under ids of its own
+    (:func:`attempt.block_id`, a random tag per sink), so the list it commits names only blocks
+    it staged, and the create-only commit lets one list through.
+
+    ``committed_elsewhere`` (a callable, asked at most every ``check_every_s`` seconds before a
+    block is staged, the first time before the first block) ends the stream with
+    :class:`CommittedElsewhere` when it answers True.
 
     Memory: ``in_flight + 1`` buffers of ``block_bytes``, allocated once and reused (one being
     filled, the others being sent; a block is sent from its buffer without a copy). Allocating a
@@ -826,12 +816,24 @@ class StagedBlockSink:
     after freeing.
     """
 
-    def __init__(self, blob: BlobClient, *, block_bytes: int | None = None, in_flight: int | None = None):
+    def __init__(
+        self,
+        blob: BlobClient,
+        *,
+        block_bytes: int | None = None,
+        in_flight: int | None = None,
+        committed_elsewhere: Callable[[], bool] | None = None,
+        check_every_s: float | None = None,
+    ):
         self.blob = blob
         self.block_bytes = int(block_bytes or STREAM_BLOCK_BYTES)
         self.in_flight = int(in_flight or STAGE_IN_FLIGHT)
         if self.block_bytes <= 0 or self.in_flight <= 0:
             raise ValueError("block_bytes and in_flight must be positive")
+        self.tag = attempt.new_attempt_tag()
+        self.committed_elsewhere = committed_elsewhere
+        self.check_every_s = COMMITTED_ELSEWHERE_CHECK_S if check_every_s is None else check_every_s
+        self._checked_at: float | None = None
         self.nbytes = 0
         self.block_ids: list[str] = []
         self._free: list[bytearray] = []
@@ -875,13 +877,24 @@ class StagedBlockSink:
             self._wait_oldest()
         return self._free.pop()
 
+    def _check_committed_elsewhere(self) -> None:
+        if self.committed_elsewhere is None:
+            return
+        now = time.monotonic()
+        if self._checked_at is not None and now - self._checked_at < self.check_every_s:
+            return
+        self._checked_at = now
+        if self.committed_elsewhere():
+            raise CommittedElsewhere(f"{self.blob.blob_name} was committed by another attempt")
+
     def _stage(self, buffer: bytearray, length: int) -> None:
+        self._check_committed_elsewhere()
         while len(self._pending) >= self.in_flight:
             self._wait_oldest()
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=self.in_flight, thread_name_prefix="stageblock")
         index = len(self.block_ids)
-        self.block_ids.append(block_id(index))
+        self.block_ids.append(attempt.block_id(self.tag, index))
         # The buffer is not written again until this future is done (_wait_oldest frees it).
         self._pending.append((self._executor.submit(self._put_block, index, memoryview(buffer)[:length]), buffer))
 
@@ -889,14 +902,18 @@ class StagedBlockSink:
         name = self.blob.blob_name
         for _ in range(gates.UNKNOWN_OUTCOME_ATTEMPTS):
             try:
-                self.blob.stage_block(block_id(index), chunk, length=chunk.nbytes)
+                self.blob.stage_block(attempt.block_id(self.tag, index), chunk, length=chunk.nbytes)
                 return
             except HttpResponseError as exc:
-                raise StorageFaultError(f"staging block {index} ({chunk.nbytes} bytes) of {name} failed: {exc}") from exc
+                raise StorageFaultError(
+                    f"staging block {index} ({chunk.nbytes} bytes) of {name} failed: {exc}"
+                ) from exc
             except _TRANSPORT_FAULTS as exc:
-                # Staging the same id with the same bytes again is harmless: the later one replaces it.
+                # Staging our own id with the same bytes again is harmless: the later one replaces it.
                 logger.warning("staging block %d of %s had no answer (%s): staging it again", index, name, exc)
-        raise StorageFaultError(f"staging block {index} of {name}: no answer after {gates.UNKNOWN_OUTCOME_ATTEMPTS} attempts")
+        raise StorageFaultError(
+            f"staging block {index} of {name}: no answer after {gates.UNKNOWN_OUTCOME_ATTEMPTS} attempts"
+        )
 
     def close(self) -> list[str]:
         """Stage what is buffered, wait for every block, and return the block ids in order."""
@@ -977,8 +994,8 @@ def commit_file(
 ) -> gates.Outcome:
     """Create ``name`` from the file at ``path`` only if nothing holds the key (If-None-Match: *).
 
-    Above 64 MiB the SDK stages blocks and the condition rides on Put Block List: the claim taken
-    before building is what keeps a duplicate from ever starting that upload.
+    Above 64 MiB the SDK stages blocks and the condition rides on Put Block List. The SDK gives
+    every staged block a random id, so a concurrent duplicate's blocks are never in this list.
     """
     blob = container.get_blob_client(name)
     size = os.path.getsize(path)
@@ -1023,7 +1040,11 @@ def _write_sidecars(
     crash between the commits leaves the next call (which finds the mosaic present) the same
     source, so it writes the same bytes.
     """
-    mosaic_name, stac_name, quicklook_name = jobs.mosaic_blob_name(job_id), jobs.stac_blob_name(job_id), jobs.quicklook_blob_name(job_id)
+    mosaic_name, stac_name, quicklook_name = (
+        jobs.mosaic_blob_name(job_id),
+        jobs.stac_blob_name(job_id),
+        jobs.quicklook_blob_name(job_id),
+    )
     props = _blob_exists(output, mosaic_name)
     if props is None:
         raise StorageFaultError(f"{mosaic_name} vanished after it was committed")
@@ -1038,7 +1059,10 @@ def _write_sidecars(
         timings["quicklook"] = time.perf_counter() - started
         started = time.perf_counter()
         if _blob_exists(output, stac_name) is None:
-            with gdal_step(f"reading the overview levels of {mosaic_name} for its STAC item"), rasterio.open(remote) as src:
+            with (
+                gdal_step(f"reading the overview levels of {mosaic_name} for its STAC item"),
+                rasterio.open(remote) as src,
+            ):
                 levels = len(src.overviews(1))
             body = stac_item_bytes(
                 job_id=job_id,
@@ -1083,8 +1107,14 @@ def verify_committed_mosaic(
                 f"{written.nbytes} bytes with sha256 {written.sha256} were streamed"
             )
     remote = vsiaz_path(output.container_name, name)
-    check_mosaic_file(remote, scene, levels, settings=settings, gdal_options=_remote_gdal_options(gdal_options, remote),
-                      label=f"committed mosaic {name}")
+    check_mosaic_file(
+        remote,
+        scene,
+        levels,
+        settings=settings,
+        gdal_options=_remote_gdal_options(gdal_options, remote),
+        label=f"committed mosaic {name}",
+    )
 
 
 def assemble_mosaic(
@@ -1094,19 +1124,19 @@ def assemble_mosaic(
     tiles: ContainerClient,
     output: ContainerClient,
     manifest: TableClient,
-    claims: TableClient,
     settings: Settings,
     gdal_options: dict | None = None,
     source_name: str = "",
     method: str = "auto",
-    claim_ttl_s: float = DEFAULT_CLAIM_TTL_S,
     workdir: str | None = None,
 ) -> MosaicResult:
     """Assemble the job's tiles into ``jobs.mosaic_blob_name(job_id)`` once, plus STAC item and quicklook.
 
     ``method``: "auto" (block copy when the tiles allow it, else VRT), "blocks" or "vrt".
     Raises :class:`IncompleteManifestError` (missing windows, or a tile whose size differs from
-    its row) and :class:`AssemblyInProgressError` (another attempt holds the claim; retry).
+    its row). Attempts running at the same time take no claim and never wait for each other: each
+    stages under block ids of its own, the create-only commit lets one mosaic through and the
+    other attempts return ``already-present`` (see :mod:`tilecommit.raster.attempt`).
     ``workdir`` (default: a private temporary directory, removed afterwards) holds the block
     path's coarse-level copy, or the VRT path's VRT and output file.
     """
@@ -1116,34 +1146,47 @@ def assemble_mosaic(
     names = dict(mosaic=mosaic_name, stac=jobs.stac_blob_name(job_id), quicklook=jobs.quicklook_blob_name(job_id))
     timings: dict[str, float] = {}
 
-    # 1. Cheap check first: a mosaic already there means nothing is rebuilt (its companions are
-    #    written if a crash left them out).
+    def already_present(existing) -> MosaicResult:
+        # Its companions are written if a crash left them out.
+        levels = int((existing.metadata or {}).get(OVERVIEW_LEVELS_METADATA_KEY, -1))
+        if _blob_exists(output, names["stac"]) is None or _blob_exists(output, names["quicklook"]) is None:
+            _write_sidecars(
+                job_id,
+                scene,
+                output=output,
+                settings=settings,
+                gdal_options=gdal_options,
+                source_name=source_name,
+                timings=timings,
+            )
+        return MosaicResult(
+            outcome=str(gates.Outcome.ALREADY_PRESENT),
+            nbytes=int(existing.size),
+            overview_levels=levels,
+            timings=timings,
+            method="none",
+            sha256=(existing.metadata or {}).get(gates.SHA256_METADATA_KEY, ""),
+            **names,
+        )
+
+    # 1. Cheap check first: a mosaic already there means nothing is rebuilt.
     started = time.perf_counter()
     existing = _blob_exists(output, mosaic_name)
     timings["exists_check"] = time.perf_counter() - started
     if existing is not None:
-        levels = int((existing.metadata or {}).get(OVERVIEW_LEVELS_METADATA_KEY, -1))
-        if _blob_exists(output, names["stac"]) is None or _blob_exists(output, names["quicklook"]) is None:
-            _write_sidecars(job_id, scene, output=output, settings=settings, gdal_options=gdal_options,
-                            source_name=source_name, timings=timings)
-        return MosaicResult(
-            outcome=str(gates.Outcome.ALREADY_PRESENT), nbytes=int(existing.size), overview_levels=levels, timings=timings,
-            method="none", sha256=(existing.metadata or {}).get(gates.SHA256_METADATA_KEY, ""), **names,
-        )
+        return already_present(existing)
 
     # 2. The manifest says every window is done, with the stored sizes it recorded.
     started = time.perf_counter()
     windows, summary = check_manifest(job_id, scene, tiles=tiles, manifest=manifest, settings=settings)
     timings["manifest"] = time.perf_counter() - started
 
-    # 3. Claim before building, so a duplicate never builds or stages a block: Put Block requests
-    #    carry no condition, only the final Put Block List does.
-    started = time.perf_counter()
-    _, claim_etag = _claim(claims, job_id, claim_ttl_s)
-    timings["claim"] = time.perf_counter() - started
-
+    # 3. No claim: a dead attempt's temporary directories are removed, its staged blocks are
+    #    never in our list (and are discarded by our commit).
     own_workdir = workdir is None
-    workdir = tempfile.mkdtemp(prefix=f"tilecommit-{job_id}-") if own_workdir else workdir
+    if own_workdir:
+        attempt.sweep_dead_workdirs()
+        workdir = attempt.new_workdir(job_id)
     sink: StagedBlockSink | None = None
     try:
         used = method
@@ -1151,15 +1194,28 @@ def assemble_mosaic(
             # 4. Block copy, streamed: the layout is planned and checked (check_planned_mosaic: size,
             #    bands, dtype, CRS, transform, nodata, the pyramid level by level) before the first
             #    byte leaves, then the file goes front to back into staged blocks of the output blob.
-            sink = StagedBlockSink(output.get_blob_client(mosaic_name))
+            #    Another attempt may be streaming beside this one: if it commits first, this one
+            #    stops at its next check (every COMMITTED_ELSEWHERE_CHECK_S) or at its own commit.
+            sink = StagedBlockSink(
+                output.get_blob_client(mosaic_name),
+                committed_elsewhere=lambda: _blob_exists(output, mosaic_name) is not None,
+            )
 
             def check_head(head: bytes, planned_levels: int) -> None:
                 check_planned_mosaic(head, scene, planned_levels, settings=settings, job_id=job_id)
 
             try:
                 written, levels = build_mosaic_blocks(
-                    job_id, scene, windows, summary, sink, tiles=tiles, settings=settings, workdir=workdir,
-                    timings=timings, check_head=check_head,
+                    job_id,
+                    scene,
+                    windows,
+                    summary,
+                    sink,
+                    tiles=tiles,
+                    settings=settings,
+                    workdir=workdir,
+                    timings=timings,
+                    check_head=check_head,
                 )
                 used = "blocks"
             except IncompatibleTilesError as exc:
@@ -1178,7 +1234,12 @@ def assemble_mosaic(
                 raise AssertionError(f"streamed {sink.nbytes} bytes, the writer wrote {written.nbytes}")
             nbytes, sha256 = written.nbytes, written.sha256
             outcome = commit_staged_blob(
-                output, mosaic_name, block_ids, sha256=sha256, content_type=COG_CONTENT_TYPE, job_id=job_id,
+                output,
+                mosaic_name,
+                block_ids,
+                sha256=sha256,
+                content_type=COG_CONTENT_TYPE,
+                job_id=job_id,
                 metadata={OVERVIEW_LEVELS_METADATA_KEY: str(levels), "method": used},
             )
             timings["upload"] = time.perf_counter() - started
@@ -1186,21 +1247,35 @@ def assemble_mosaic(
             #    checked after the commit, not before, because there is no file to check before: the
             #    bytes went straight to storage. That order is acceptable: the layout was checked
             #    before streaming, the bytes are a deterministic function of the tiles (a retry
-            #    writes the same ones), and the claim kept any other attempt from writing. A failure
+            #    writes the same ones), and the list committed names only this attempt's blocks. A failure
             #    here is therefore a bug (the writer or the service did not produce what was
             #    planned) that repeating would not fix, so it is raised loudly (MosaicCheckError,
             #    not retryable) and the blob is left in place to be examined.
             started = time.perf_counter()
-            verify_committed_mosaic(output, mosaic_name, scene, levels, settings=settings, gdal_options=gdal_options,
-                                    written=written if outcome is gates.Outcome.WRITTEN else None)
+            verify_committed_mosaic(
+                output,
+                mosaic_name,
+                scene,
+                levels,
+                settings=settings,
+                gdal_options=gdal_options,
+                written=written if outcome is gates.Outcome.WRITTEN else None,
+            )
             timings["verify"] = time.perf_counter() - started
         else:
             # The VRT path: GDAL's COG driver writes a file (whose size build_mosaic_vrt estimates
             # and warns about), checked before its create-only upload.
             out_path = os.path.join(workdir, "mosaic.tif")
             nbytes, levels = build_mosaic_vrt(
-                scene, windows, summary, out_path, tiles=tiles, settings=settings, gdal_options=gdal_options,
-                workdir=workdir, timings=timings,
+                scene,
+                windows,
+                summary,
+                out_path,
+                tiles=tiles,
+                settings=settings,
+                gdal_options=gdal_options,
+                workdir=workdir,
+                timings=timings,
             )
             sha256 = _file_sha256(out_path)
             started = time.perf_counter()
@@ -1208,26 +1283,58 @@ def assemble_mosaic(
             timings["check"] = time.perf_counter() - started
             started = time.perf_counter()
             outcome = commit_file(
-                output, mosaic_name, out_path, sha256=sha256, content_type=COG_CONTENT_TYPE, job_id=job_id,
+                output,
+                mosaic_name,
+                out_path,
+                sha256=sha256,
+                content_type=COG_CONTENT_TYPE,
+                job_id=job_id,
                 metadata={OVERVIEW_LEVELS_METADATA_KEY: str(levels), "method": used},
             )
             timings["upload"] = time.perf_counter() - started
             os.remove(out_path)
 
-        _write_sidecars(job_id, scene, output=output, settings=settings, gdal_options=gdal_options,
-                        source_name=source_name, timings=timings)
+        _write_sidecars(
+            job_id,
+            scene,
+            output=output,
+            settings=settings,
+            gdal_options=gdal_options,
+            source_name=source_name,
+            timings=timings,
+        )
+    except CommittedElsewhere:
+        sink.abort()
+        logger.info("job %s: another attempt committed the mosaic while this one streamed; stopped", job_id)
+        existing = _blob_exists(output, mosaic_name)
+        if existing is None:
+            raise StorageFaultError(f"{mosaic_name} vanished after another attempt committed it") from None
+        return already_present(existing)
     except BaseException:
         if sink is not None:
             sink.abort()
-        _release_claim(claims, job_id, claim_etag)
         raise
     finally:
         if own_workdir:
             shutil.rmtree(workdir, ignore_errors=True)
-    logger.info("job %s: mosaic %s (%s, %d bytes, %d overview levels, %s)", job_id, outcome, used, nbytes, levels,
-                {k: round(v, 3) for k, v in timings.items()})
-    return MosaicResult(outcome=str(outcome), nbytes=nbytes, overview_levels=levels, timings=timings, method=used,
-                        sha256=sha256, **names)
+    logger.info(
+        "job %s: mosaic %s (%s, %d bytes, %d overview levels, %s)",
+        job_id,
+        outcome,
+        used,
+        nbytes,
+        levels,
+        {k: round(v, 3) for k, v in timings.items()},
+    )
+    return MosaicResult(
+        outcome=str(outcome),
+        nbytes=nbytes,
+        overview_levels=levels,
+        timings=timings,
+        method=used,
+        sha256=sha256,
+        **names,
+    )
 
 
 COG_CONTENT_TYPE = "image/tiff; application=geotiff; profile=cloud-optimized"
@@ -1244,7 +1351,7 @@ def _file_sha256(path: str) -> str:
 
 
 __all__ = [
-    "AssemblyInProgressError",
+    "CommittedElsewhere",
     "MosaicCheckError",
     "MosaicResult",
     "assemble_mosaic",

@@ -280,7 +280,9 @@ def _check_block_layout(path: str, src) -> None:
 
 def _block_window(src, bx: int, by: int) -> RioWindow:
     block_h, block_w = src.block_shapes[0]
-    return RioWindow(bx * block_w, by * block_h, min(block_w, src.width - bx * block_w), min(block_h, src.height - by * block_h))
+    return RioWindow(
+        bx * block_w, by * block_h, min(block_w, src.width - bx * block_w), min(block_h, src.height - by * block_h)
+    )
 
 
 def _decode(path: str, src, window: RioWindow) -> None:

@@ -97,7 +97,9 @@ def stac_item_bytes(
     }
     if source_name:
         properties["tilecommit:source"] = source_name
-    item = pystac.Item(id=job_id, geometry=footprint.geometry, bbox=footprint.bbox, datetime=created, properties=properties)
+    item = pystac.Item(
+        id=job_id, geometry=footprint.geometry, bbox=footprint.bbox, datetime=created, properties=properties
+    )
 
     projection = ProjectionExtension.ext(item, add_if_missing=True)
     projection.apply(
@@ -122,7 +124,9 @@ def stac_item_bytes(
     FileExtension.ext(mosaic, add_if_missing=True).apply(size=mosaic_nbytes, checksum="1220" + mosaic_sha256)
     item.add_asset(
         "thumbnail",
-        pystac.Asset(href=quicklook_href, media_type=pystac.MediaType.PNG, roles=["thumbnail", "overview"], title="Quicklook"),
+        pystac.Asset(
+            href=quicklook_href, media_type=pystac.MediaType.PNG, roles=["thumbnail", "overview"], title="Quicklook"
+        ),
     )
     body = item.to_dict(include_self_link=False, transform_hrefs=False)
     return (json.dumps(body, sort_keys=True, indent=2) + "\n").encode("utf-8")
@@ -158,6 +162,8 @@ def quicklook_png(mosaic_path: str) -> bytes:
     stack = np.stack(planes)
     with MemoryFile() as memory, warnings.catch_warnings():
         warnings.simplefilter("ignore", NotGeoreferencedWarning)  # a picture, not a map
-        with memory.open(driver="PNG", width=stack.shape[2], height=stack.shape[1], count=stack.shape[0], dtype="uint8") as dst:
+        with memory.open(
+            driver="PNG", width=stack.shape[2], height=stack.shape[1], count=stack.shape[0], dtype="uint8"
+        ) as dst:
             dst.write(stack)
         return memory.read()

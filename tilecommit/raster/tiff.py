@@ -230,7 +230,9 @@ class _Buffered:
         return data
 
 
-def read_layout(head: bytes, read: Callable[[int, int], bytes] | None = None, *, max_directories: int = 64) -> TiffLayout:
+def read_layout(
+    head: bytes, read: Callable[[int, int], bytes] | None = None, *, max_directories: int = 64
+) -> TiffLayout:
     """Parse the header and every directory of a TIFF.
 
     ``head`` is the start of the file (16 KB covers a tile COG's directories); ``read`` fetches
@@ -385,7 +387,9 @@ class TiffWriter:
         position = header + len(self.ghost)
         pairs = self._pairs(directories)
         # Directories in the COG driver's order: the image, its mask, the overviews, their masks.
-        placed = [item for item in (*pairs[0], *(i for i, _ in pairs[1:]), *(m for _, m in pairs[1:])) if item is not None]
+        placed = [
+            item for item in (*pairs[0], *(i for i, _ in pairs[1:]), *(m for _, m in pairs[1:])) if item is not None
+        ]
         for item in placed:
             item.ifd_offset = position
             item.ifd_size = self._ifd_size(item.directory, bigtiff)
@@ -408,7 +412,9 @@ class TiffWriter:
                     position += block.length + (4 if self.trailers else 0)
         return placed, position
 
-    def plan(self, directories: list[OutputDirectory], *, force_bigtiff: bool = False) -> tuple[list[_Placed], int, bool]:
+    def plan(
+        self, directories: list[OutputDirectory], *, force_bigtiff: bool = False
+    ) -> tuple[list[_Placed], int, bool]:
         """Place every directory and block; BigTIFF only when a classic TIFF cannot address the file."""
         bigtiff = force_bigtiff
         placed, total = self._layout(directories, bigtiff)
@@ -539,7 +545,9 @@ def copyable_tags(directory: Directory, *, width: int, height: int, subfile_type
         if code in (TILE_OFFSETS, TILE_BYTE_COUNTS, IMAGE_WIDTH, IMAGE_LENGTH, NEW_SUBFILE_TYPE):
             continue
         if code in OFFSET_TAGS:
-            raise InvalidRasterError(f"TIFF tag {code} holds file offsets; its directory cannot be copied block by block")
+            raise InvalidRasterError(
+                f"TIFF tag {code} holds file offsets; its directory cannot be copied block by block"
+            )
         tags[code] = tag
     size_type = TYPE_LONG if max(width, height) > 0xFFFF else TYPE_SHORT
     tags[IMAGE_WIDTH] = pack_tag(IMAGE_WIDTH, size_type, [width], bo)

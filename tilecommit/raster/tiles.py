@@ -84,7 +84,9 @@ def _per_dataset_mask(src) -> bool:
     )
 
 
-def encode_tile(src, window: RioWindow | Window, *, window_size: int, num_threads: int = NUM_THREADS) -> tuple[bytes, dict]:
+def encode_tile(
+    src, window: RioWindow | Window, *, window_size: int, num_threads: int = NUM_THREADS
+) -> tuple[bytes, dict]:
     """Read exactly ``window`` of the open dataset ``src`` and encode it as an in-memory COG.
 
     Returns the COG's bytes and the seconds spent reading and encoding. The same window of the
@@ -212,7 +214,9 @@ def render_tile(
                 )
             where = f"col={window.col_off} row={window.row_off} {window.width}x{window.height}"
             with gdal_step(f"rendering tile {window.id} of {source_path}", window=where):
-                body, encode_timings = encode_tile(src, window, window_size=settings.window_size, num_threads=num_threads)
+                body, encode_timings = encode_tile(
+                    src, window, window_size=settings.window_size, num_threads=num_threads
+                )
     timings.update(encode_timings)
     digest = hashlib.sha256(body).hexdigest()
 

@@ -100,9 +100,7 @@ def check_upload_content(path: str, head: bytes, size: int | None) -> None:
             "it first (e.g. `gdal_translate -of COG in out.tif` on a machine that has its sources) and "
             "upload the result"
         )
-    raise InvalidRasterError(
-        f"{path} is not a TIFF (it starts with {head[:8]!r}): accepted: {ACCEPTED_FORMATS}"
-    )
+    raise InvalidRasterError(f"{path} is not a TIFF (it starts with {head[:8]!r}): accepted: {ACCEPTED_FORMATS}")
 
 
 def upload_gdal_options(path: str) -> dict[str, str]:

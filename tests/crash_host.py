@@ -1,0 +1,86 @@
+"""``python -m devhost`` with a real SIGKILL at one point of the mosaic's upload (crash tests only).
+
+    python -m tests.crash_host POINT [--block-kib K] -- DEVHOST ARGS...
+
+POINT says which storage request of the mosaic blob is never sent, because the process is
+killed just before it:
+
+- ``first-block``: the first Put Block (everything before streaming is done, nothing staged)
+- ``block:N``: the N-th Put Block (N-1 were sent or are in flight on other threads)
+- ``commit``: the Put Block List (every block staged, nothing committed)
+
+The trigger wraps the blob SDK's ``stage_block`` and ``commit_block_list``: the kill itself
+is real (``os.kill(getpid(), SIGKILL)``), so nothing runs after it, no ``finally``, no release.
+``--block-kib`` shrinks the streamed mosaic's block size so a small test scene has many blocks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+
+from azure.storage.blob import BlobClient
+
+MOSAIC_SUFFIX = "/mosaic.tif"
+
+
+def _kill() -> None:
+    sys.stderr.write("crash_host: SIGKILL\n")
+    sys.stderr.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def install(point: str) -> None:
+    """Wrap the SDK so that the request named by ``point`` kills this process instead of leaving."""
+    if point == "first-block":
+        kind, n = "block", 1
+    elif point.startswith("block:"):
+        kind, n = "block", int(point.split(":", 1)[1])
+    elif point == "commit":
+        kind, n = "commit", 0
+    else:
+        raise SystemExit(f"crash_host: unknown point {point!r}")
+    lock = threading.Lock()
+    staged = 0
+    stage_block, commit_block_list = BlobClient.stage_block, BlobClient.commit_block_list
+
+    def staging(self, *args, **kwargs):
+        nonlocal staged
+        if kind == "block" and self.blob_name.endswith(MOSAIC_SUFFIX):
+            with lock:
+                staged += 1
+                if staged >= n:
+                    _kill()
+        return stage_block(self, *args, **kwargs)
+
+    def committing(self, *args, **kwargs):
+        if kind == "commit" and self.blob_name.endswith(MOSAIC_SUFFIX):
+            _kill()
+        return commit_block_list(self, *args, **kwargs)
+
+    BlobClient.stage_block = staging
+    BlobClient.commit_block_list = committing
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    split = argv.index("--") if "--" in argv else len(argv)
+    parser = argparse.ArgumentParser(prog="python -m tests.crash_host")
+    parser.add_argument("point")
+    parser.add_argument("--block-kib", type=int, default=0)
+    args = parser.parse_args(argv[:split])
+    if args.block_kib:
+        from tilecommit.raster import mosaic
+
+        mosaic.STREAM_BLOCK_BYTES = args.block_kib * 1024
+    install(args.point)
+    from devhost.cli import main as devhost_main
+
+    return devhost_main(argv[split + 1 :])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,186 @@
+"""Assembly attempts without a claim, against Azurite: what a dead attempt left is harmless and
+goes away, two live attempts make one mosaic, a late one stops early. Nothing here waits."""
+
+from __future__ import annotations
+
+import base64
+import os
+import subprocess
+import tempfile
+import threading
+import time
+
+from rasterio.io import MemoryFile
+
+from devhost.scenes import read_scene
+from tilecommit import gates, jobs
+from tilecommit.raster import attempt
+from tilecommit.raster import mosaic as mosaic_module
+
+from .conftest import counter_total
+from .raster_jobs import JOB, RequestLog, assemble, assert_same_pixels, hooked_stores
+
+#: Small blocks, so the test mosaic is streamed as a dozen or more of them.
+BLOCK = 64 * 1024
+
+
+def committed_pixels(stores, name: str):
+    body = stores["output"].download_blob(name).readall()
+    with MemoryFile(body) as memory, memory.open() as src:
+        return src.read()
+
+
+def block_ids(blob, kind: str) -> list[str]:
+    committed, uncommitted = blob.get_block_list("all")
+    return [b.id for b in (committed if kind == "committed" else uncommitted)]
+
+
+def test_block_ids_keep_the_length_of_the_untagged_ids_and_differ_between_attempts():
+    first, second = attempt.new_attempt_tag(), attempt.new_attempt_tag()
+    assert len(attempt.block_id(first, 0)) == len("00000000") == attempt.BLOCK_ID_LENGTH
+    assert attempt.block_id(first, 0x2A) == f"{first}002a"
+    assert attempt.block_id(first, attempt.MAX_BLOCKS - 1).endswith("ffff") and attempt.MAX_BLOCKS > 50_000
+    # One collision in 36**4 per pair: 20 tags in a row all equal would be a broken generator.
+    assert len({attempt.new_attempt_tag() for _ in range(20)} | {first, second}) > 1
+
+
+def test_blocks_a_dead_attempt_staged_never_reach_the_committed_mosaic(rendered, stores, storage, monkeypatch):
+    """A dead attempt's blocks, under the ids of the untagged scheme and under another tag, hold
+    other bytes; the next attempt commits a pixel-exact mosaic of its own blocks only, and its
+    commit discards every block it did not list."""
+    spec, _, scene, settings, _ = rendered
+    monkeypatch.setattr(mosaic_module, "STREAM_BLOCK_BYTES", BLOCK)
+    blob = stores["output"].get_blob_client(jobs.mosaic_blob_name(JOB))
+    dead = [f"{i:08d}" for i in range(6)] + [f"zzzz{i:04x}" for i in range(6)]
+    for block in dead:
+        blob.stage_block(block, os.urandom(BLOCK))
+    assert sorted(block_ids(blob, "uncommitted")) == sorted(dead)
+
+    result = assemble(scene, settings, stores, storage)
+    assert (result.outcome, result.method) == ("written", "blocks")
+    committed = block_ids(blob, "committed")
+    assert len(committed) > 2 and not set(committed) & set(dead)
+    assert len({b[:4] for b in committed}) == 1  # one attempt's tag
+    assert block_ids(blob, "uncommitted") == []
+    assert_same_pixels(committed_pixels(stores, result.mosaic), read_scene(spec))
+
+
+def test_a_dead_attempts_temporary_directory_is_removed_and_a_live_ones_kept(rendered, stores, storage):
+    _, _, scene, settings, _ = rendered
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # its pid now names no process (the kernel does not reuse it at once)
+    dead = tempfile.mkdtemp(prefix=f"tilecommit-{JOB}-{gone.pid}-")
+    with open(os.path.join(dead, "level2.tif"), "wb") as leftover:
+        leftover.write(b"\0" * 4096)
+    live = tempfile.mkdtemp(prefix=f"tilecommit-{JOB}-{os.getpid()}-")  # as a concurrent attempt's
+    try:
+        assert assemble(scene, settings, stores, storage).outcome == "written"
+        assert not os.path.exists(dead)
+        assert os.path.isdir(live)
+    finally:
+        os.rmdir(live)
+
+
+def test_two_assemblies_started_together_commit_one_mosaic_and_neither_waits(rendered, stores, storage, monkeypatch):
+    spec, _, scene, settings, _ = rendered
+    monkeypatch.setattr(mosaic_module, "STREAM_BLOCK_BYTES", BLOCK)
+    started = time.perf_counter()
+    solo = assemble(scene, settings, stores, storage)
+    solo_s = time.perf_counter() - started
+    assert solo.outcome == "written"
+    for name in (solo.mosaic, solo.stac, solo.quicklook):
+        stores["output"].delete_blob(name)
+
+    log = RequestLog()
+    hooked = hooked_stores(storage, stores, log)
+    refused = counter_total("ConditionalWritePreconditionFailed", gate="blob-create")
+    barrier = threading.Barrier(2)
+    results: dict[int, tuple] = {}
+
+    def run(n: int) -> None:
+        barrier.wait()
+        began = time.perf_counter()
+        try:
+            results[n] = ("ok", assemble(scene, settings, hooked, storage), time.perf_counter() - began)
+        except Exception as exc:  # noqa: BLE001 - reported below
+            results[n] = ("raised", exc, time.perf_counter() - began)
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    assert all(r[0] == "ok" for r in results.values()), results
+    outcomes = sorted(r[1].outcome for r in results.values())
+    print(
+        f"\none assembly alone {solo_s:.2f} s; two started together: "
+        + ", ".join(f"{r[1].outcome} ({r[1].method}) {r[2]:.2f} s" for r in results.values())
+    )
+    assert outcomes == ["already-present", "written"]
+    name = jobs.mosaic_blob_name(JOB)
+    blob = stores["output"].get_blob_client(name)
+    # Committed once: one attempt's blocks; the other's commit, if it got that far, was refused
+    # and counted (with the refused creates of the companions, which both attempts write), never raised.
+    commits = log.put_block_lists(name)
+    assert 1 <= len(commits) <= 2
+    assert counter_total("ConditionalWritePreconditionFailed", gate="blob-create") - refused >= len(commits) - 1
+    assert len({b[:4] for b in block_ids(blob, "committed")}) == 1
+    assert_same_pixels(committed_pixels(stores, name), read_scene(spec))
+    written = next(r[1] for r in results.values() if r[1].outcome == "written")
+    assert blob.get_blob_properties().metadata[gates.SHA256_METADATA_KEY] == written.sha256 == solo.sha256
+    # Neither waited for the other: no claim, nothing to wait on ("seconds, not minutes").
+    assert max(r[2] for r in results.values()) < 60
+
+
+def test_an_attempt_stops_streaming_when_another_commits_the_mosaic(rendered, stores, storage, monkeypatch):
+    """The other attempt's commit is made from this test while this attempt streams (at its
+    third Put Block); this attempt sees the blob at its next check, stages nothing more, commits
+    nothing and returns already-present."""
+    spec, _, scene, settings, _ = rendered
+    monkeypatch.setattr(mosaic_module, "STREAM_BLOCK_BYTES", BLOCK)
+    monkeypatch.setattr(mosaic_module, "COMMITTED_ELSEWHERE_CHECK_S", 0.0)
+    name = jobs.mosaic_blob_name(JOB)
+    first = assemble(scene, settings, stores, storage)
+    body = stores["output"].download_blob(name).readall()
+    for leftover in (first.mosaic, first.stac, first.quicklook):
+        stores["output"].delete_blob(leftover)
+    total_blocks = -(-len(body) // BLOCK)
+    assert total_blocks > 6
+
+    log = RequestLog()
+    other = threading.Event()
+
+    def commit_by_the_other_attempt(request) -> None:
+        log(request)
+        if len(log.put_blocks(name)) == 3 and not other.is_set():
+            other.set()
+            # The other attempt commits as attempts do: its own staged blocks, one create-only list.
+            # (Not one Put Blob: Azurite refuses a Put Blob with If-None-Match: * while the name
+            # has uncommitted blocks, with 409 BlobAlreadyExists, although no blob exists.)
+            sink = mosaic_module.StagedBlockSink(stores["output"].get_blob_client(name))
+            sink.write(body)
+            assert (
+                mosaic_module.commit_staged_blob(
+                    stores["output"],
+                    name,
+                    sink.close(),
+                    sha256=first.sha256,
+                    content_type=mosaic_module.COG_CONTENT_TYPE,
+                    job_id=JOB,
+                    metadata={mosaic_module.OVERVIEW_LEVELS_METADATA_KEY: str(first.overview_levels)},
+                )
+                is gates.Outcome.WRITTEN
+            )
+
+    hooked = hooked_stores(storage, stores, commit_by_the_other_attempt)
+    result = assemble(scene, settings, hooked, storage)
+    assert other.is_set()
+    assert result.outcome == "already-present" and result.sha256 == first.sha256
+    staged = log.put_blocks(name)
+    assert len(staged) <= 3 + mosaic_module.STAGE_IN_FLIGHT < total_blocks
+    assert log.put_block_lists(name) == []
+    tags = {base64.b64decode(r[2]["blockid"]).decode()[:4] for r in staged}
+    assert len(tags) == 1
+    # The companions are written from the committed mosaic, as after any already-present.
+    assert sorted(b.name for b in stores["output"].list_blobs()) == sorted([first.mosaic, first.stac, first.quicklook])
+    assert_same_pixels(committed_pixels(stores, name), read_scene(spec))
