@@ -12,40 +12,30 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import numpy as np
 import pytest
-import rasterio
-from rasterio.io import MemoryFile
 
 from devhost.cli import process_file
-from devhost.scenes import SceneSpec, write_scene
 from tilecommit import settings as names
 from tilecommit.gates import count_manifest
-from tilecommit.grid import plan_windows
-from tilecommit.jobs import job_id_for
 
-from .app_jobs import WINDOW, AppEnv, download, local_host
+from .app_jobs import (
+    ROOT,
+    AppEnv,
+    check_outputs,
+    download,
+    local_host,
+    make_scene,
+    serve,
+    serve_until_finished,
+    upload,
+    wait_for_state,
+)
 from .hostile import MARKER, local_vectors, make_secret_raw, make_secret_tif, network_vectors, vrt, write
 from .storage_proxy import RecordingProxy, TrapServer
 
-ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
-
-
-def make_scene(path: Path, width: int, height: int) -> Path:
-    """A deterministic 3-band uint16 scene in 256-pixel blocks (the shared generator)."""
-    return Path(write_scene(str(path), SceneSpec(width, height, blocksize=WINDOW)))
-
-
-def read_pixels(path_or_bytes: Path | bytes) -> np.ndarray:
-    if isinstance(path_or_bytes, bytes):
-        with MemoryFile(path_or_bytes) as memory, memory.open() as src:
-            return src.read()
-    with rasterio.open(path_or_bytes) as src:
-        return src.read()
 
 
 def tile_hashes(storage, app_env: AppEnv, job_id: str) -> dict[str, tuple[str, str]]:
@@ -54,17 +44,6 @@ def tile_hashes(storage, app_env: AppEnv, job_id: str) -> dict[str, tuple[str, s
         b.name: (b.etag, b.metadata.get("sha256"))
         for b in container.list_blobs(name_starts_with=f"tiles/{job_id}/", include=["metadata"])
     }
-
-
-def check_outputs(storage, app_env: AppEnv, summary: dict, scene: Path) -> None:
-    assert summary["status"] == "completed", summary
-    windows = len(plan_windows(*read_pixels(scene).shape[:0:-1], WINDOW))
-    assert summary["windows"] == windows
-    manifest = count_manifest(storage.table_service().get_table_client(app_env.manifest), summary["job_id"])
-    assert manifest.rows == windows
-    mosaic = download(storage, app_env.output, f"mosaics/{summary['job_id']}/mosaic.tif")
-    np.testing.assert_array_equal(read_pixels(mosaic), read_pixels(scene))
-    assert json.loads(download(storage, app_env.output, f"mosaics/{summary['job_id']}/item.json"))["type"] == "Feature"
 
 
 def test_upload_becomes_tiles_manifest_and_a_mosaic_equal_to_the_source(storage, app_env, tmp_path):
@@ -167,59 +146,6 @@ def test_a_scene_with_more_batches_than_a_group_runs_through_groups(storage, app
 
 
 # ---------------------------------------------------------------------- crash and resume
-
-
-def serve(app_env: AppEnv, log: Path, *extra: str) -> subprocess.Popen:
-    """``python -m devhost serve`` in its own process; returns once it watches the container."""
-    env = {**os.environ, **app_env.env}
-    with log.open("ab") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "devhost", "serve", "--timer-scale", "0.01", "--hub", app_env.hub, *extra],
-            cwd=ROOT,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    deadline = time.monotonic() + 60
-    while b"devhost: watching" not in log.read_bytes():
-        if process.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"devhost serve did not start:\n{log.read_text()}")
-        time.sleep(0.1)
-    return process
-
-
-def upload(storage, app_env: AppEnv, scene: Path) -> str:
-    blob = storage.blob_service().get_blob_client(app_env.input, scene.name)
-    with scene.open("rb") as data:
-        etag = blob.upload_blob(data, overwrite=True)["etag"]
-    return job_id_for(blob.url, etag)
-
-
-def wait_for_state(storage, app_env: AppEnv, job_id: str, predicate, timeout: float = 180) -> dict:
-    from devhost.store import HistoryStore
-
-    store = HistoryStore(storage.blob_service(), storage.table_service(), app_env.hub)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        state = store.read_state(job_id)
-        try:
-            if state is not None and predicate(state):
-                return state
-        except KeyError:
-            pass
-        time.sleep(0.2)
-    raise TimeoutError(f"job {job_id}: condition not reached; last state {state}")
-
-
-def serve_until_finished(storage, app_env: AppEnv, log: Path, job_id: str) -> dict:
-    """Start a fresh host (as after a crash), wait until the job is finished, stop the host."""
-    host = serve(app_env, log)
-    try:
-        return wait_for_state(storage, app_env, job_id, lambda s: s["status"] in ("Completed", "Failed"))
-    finally:
-        os.killpg(host.pid, signal.SIGTERM)
-        host.wait(timeout=60)
 
 
 def test_killed_between_tile_commit_and_manifest_row_resumes_to_identical_outputs(storage, app_env, tmp_path):

@@ -11,8 +11,7 @@ import pytest
 
 from devhost.azurite import Azurite
 from devhost.session import job_summary, process_file
-from tests.app_jobs import AppEnv, local_host
-from tests.test_end_to_end import make_scene
+from tests.app_jobs import AppEnv, local_host, make_scene
 from tilecommit import settings as names
 from tilecommit.gates import count_manifest
 from tilecommit.jobs import job_id_for
