@@ -21,6 +21,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+from .limits import CONSUMPTION_INSTANCE_MB
 from .session import UsageError, job_summary, process_file
 
 __all__ = ["main", "process_file", "job_summary", "UsageError"]
@@ -54,6 +55,14 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--hub", help="task hub name (default: host.json's hubName)")
         p.add_argument("--timer-scale", type=float, default=1.0, help=argparse.SUPPRESS)
         p.add_argument("--function-timeout", type=float, default=None, help=argparse.SUPPRESS)
+        p.add_argument(
+            "--instance-memory-mb",
+            type=float,
+            default=CONSUMPTION_INSTANCE_MB,
+            metavar="MB",
+            help=f"recycle the process past this resident memory, as the plan recycles an instance "
+            f"(default {CONSUMPTION_INSTANCE_MB}, Consumption's; 0: no limit)",
+        )
         p.add_argument("--crash-before-manifest", type=int, default=0, metavar="N", help=argparse.SUPPRESS)
 
     serve = sub.add_parser("serve", help="watch the input container and process uploads until stopped")
@@ -127,6 +136,7 @@ def _host(args: argparse.Namespace):
             timer_scale=args.timer_scale,
             hub=args.hub,
             function_timeout=args.function_timeout,
+            instance_memory_mb=args.instance_memory_mb or None,
         )
     )
 

@@ -14,6 +14,7 @@ from tilecommit.storage import StorageConnection
 
 from .engine import Engine
 from .functions import FunctionIndex
+from .limits import MemoryWatchdog
 from .rpc import DurableHttpApi
 from .store import HistoryStore, events_table_name
 from .watcher import BlobEventWatcher
@@ -65,6 +66,9 @@ class HostOptions:
     #: Fail an orchestrator whose replayed actions differ in inputs or ids too (the real host
     #: compares only kind and name).
     strict_determinism: bool = False
+    #: Recycle this process (SIGKILL) when its resident memory passes this many MB, as the
+    #: platform recycles an instance over its memory. None: no limit (tests share one process).
+    instance_memory_mb: float | None = None
 
 
 def close_durable_client_session() -> None:
@@ -133,6 +137,7 @@ class LocalHost:
             poison_threshold=self.poison_threshold,
         )
         self._decision_log = _DecisionLog()
+        self.memory: MemoryWatchdog | None = None
 
     def ensure_storage(self) -> None:
         """Create the containers and tables the app and the host use (infra does this in Azure)."""
@@ -158,11 +163,15 @@ class LocalHost:
         self.ensure_storage()
         self.api.start()
         self.engine.start()
+        if self.options.instance_memory_mb:
+            self.memory = MemoryWatchdog(self.options.instance_memory_mb).start()
         if watch:
             self.watcher.start()
         return self
 
     def stop(self) -> None:
+        if self.memory is not None:
+            self.memory.stop()
         self.watcher.stop()
         self.engine.stop()
         self.api.stop()
