@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from devhost.cli import process_file
+from devhost.metrics import max_overlap, slot_use
 from tilecommit import settings as names
 from tilecommit.gates import count_manifest
 
@@ -132,6 +133,19 @@ def test_corrupt_upload_fails_its_job_writes_nothing_and_the_next_upload_works(s
     table = storage.table_service().get_table_client(app_env.manifest)
     assert count_manifest(table, failed["job_id"]).rows == 0
     check_outputs(storage, app_env, ok, good)
+
+
+def test_tiling_keeps_every_activity_slot_busy_on_the_extensions_replay_order(storage, app_env, tmp_path):
+    """8 batches of 4 windows: every batch is started at once, so the 4 slots stay busy from the
+    first tile to the last (a sliding window of batches left them idle at every batch's tail)."""
+    scene = make_scene(tmp_path / "scene.tif", 1300, 1100)  # 6 x 5 = 30 windows
+    with local_host(app_env) as host:
+        summary = process_file(host, scene, timeout=180)
+        renders = [e for e in host.engine.executions if e.name == "render_tile"]
+        slots = host.engine.max_activities
+    check_outputs(storage, app_env, summary, scene)
+    assert len(renders) == 30 and max_overlap(renders) == slots == 4
+    assert slot_use(renders, slots) > 0.85
 
 
 def test_a_scene_with_more_batches_than_a_group_runs_through_groups(storage, app_env, tmp_path, monkeypatch):
