@@ -120,10 +120,12 @@ class Engine:
         episode_linger: float = 0.01,
         function_timeout: float | None = None,
         strict_determinism: bool = False,
+        max_orchestrators: int = 1,
     ):
         self.index = index
         self.store = store
         self.max_activities = max_activities
+        self.max_orchestrators = max_orchestrators
         self.duplicate_activities = duplicate_activities
         self.timer_scale = timer_scale
         self.episode_linger = episode_linger
@@ -139,6 +141,8 @@ class Engine:
         self._starts: deque[StartMessage] = deque()
         #: Instances backing off after a fault of the host's storage: not before this monotonic time.
         self._resting: dict[str, float] = {}
+        #: Instances a dispatcher holds (one episode or start at a time per instance).
+        self._busy: set[str] = set()
         self._timers: list[tuple[float, int, Callable[[], None]]] = []
         self._timer_seq = itertools.count()
         self._pool = ThreadPoolExecutor(max_activities, thread_name_prefix="activity")
@@ -151,7 +155,8 @@ class Engine:
     def start(self) -> Engine:
         self.backoff.call("ensure the task hub", self.store.ensure, lambda: self._stopping)
         self.recover()
-        for target, name in ((self._orchestrator_loop, "orchestrator"), (self._timer_loop, "timers")):
+        loops = [(self._orchestrator_loop, f"orchestrator-{n}") for n in range(self.max_orchestrators)]
+        for target, name in [*loops, (self._timer_loop, "timers")]:
             thread = threading.Thread(target=target, name=f"devhost-{name}", daemon=True)
             thread.start()
             self._threads.append(thread)
@@ -327,6 +332,8 @@ class Engine:
     # ------------------------------------------------------------------ orchestrations
 
     def _orchestrator_loop(self) -> None:
+        """One of ``max_orchestrators`` dispatchers (host.json's maxConcurrentOrchestratorFunctions):
+        each takes the next start or episode of an instance no other dispatcher holds."""
         while True:
             with self._lock:
                 while not self._ready and not self._starts and not self._stopping:
@@ -337,30 +344,50 @@ class Engine:
                 time.sleep(self.episode_linger)  # let results that are about to land join this episode
             with self._lock:
                 if self._starts:
-                    self._run_start(self._starts.popleft())
-                    continue
-                if not self._ready:
-                    continue
-                instance_id = self._ready.popleft()
-                inst = self._instances.get(instance_id)
-                if inst is None or inst.status in TERMINAL:
-                    continue
-                if self._resting.get(instance_id, 0.0) > time.monotonic():
-                    continue  # backing off after a storage fault; ``later`` makes it ready again
-                events, inst.pending = inst.pending, []
+                    message = self._starts.popleft()
+                    if message.instance_id in self._busy:
+                        self._starts.append(message)  # after the episode that holds the instance
+                        continue
+                    self._busy.add(message.instance_id)
+                    work: Callable[[], None] = lambda message=message: self._run_start(message)  # noqa: E731
+                    held = message.instance_id
+                else:
+                    if not self._ready:
+                        continue
+                    instance_id = self._ready.popleft()
+                    inst = self._instances.get(instance_id)
+                    if inst is None or inst.status in TERMINAL or instance_id in self._busy:
+                        continue  # a held instance is made ready again when its episode ends
+                    if self._resting.get(instance_id, 0.0) > time.monotonic():
+                        continue  # backing off after a storage fault; ``later`` makes it ready again
+                    events, inst.pending = inst.pending, []
+                    self._busy.add(instance_id)
+                    work = lambda inst=inst, events=events: self._try_episode(inst, events)  # noqa: E731
+                    held = instance_id
             try:
-                self._run_episode(inst, events)
-                self.backoff.succeeded(instance_id)
-            except Exception:  # the host's own storage failed: the work item stays, as in DTFx
-                delay = self.backoff.failed(instance_id)
-                logger.warning(
-                    "episode of %s failed in the host; trying again in %.1f s", instance_id, delay, exc_info=True
-                )
+                work()
+            finally:
                 with self._lock:
-                    self.stats.episode_retries += 1
-                    inst.pending = events + inst.pending
-                    self._resting[instance_id] = time.monotonic() + delay
-                self.later(delay, lambda instance_id=instance_id: self._ready_again(instance_id))
+                    self._busy.discard(held)
+                    inst = self._instances.get(held)
+                    if inst is not None and inst.pending and inst.status not in TERMINAL:
+                        self._mark_ready(held)
+
+    def _try_episode(self, inst: Instance, events: list[dict]) -> None:
+        instance_id = inst.id
+        try:
+            self._run_episode(inst, events)
+            self.backoff.succeeded(instance_id)
+        except Exception:  # the host's own storage failed: the work item stays, as in DTFx
+            delay = self.backoff.failed(instance_id)
+            logger.warning(
+                "episode of %s failed in the host; trying again in %.1f s", instance_id, delay, exc_info=True
+            )
+            with self._lock:
+                self.stats.episode_retries += 1
+                inst.pending = events + inst.pending
+                self._resting[instance_id] = time.monotonic() + delay
+            self.later(delay, lambda: self._ready_again(instance_id))
 
     def _run_start(self, message: StartMessage) -> None:
         try:
@@ -469,7 +496,7 @@ class Engine:
             )
         appended.append(event(ORCHESTRATOR_COMPLETED, moment))
 
-        # The instance's fields are written only by this thread, so the new state can be built and
+        # Only the dispatcher holding this instance writes its fields, so the new state can be built and
         # committed without the engine lock (deliveries keep flowing during the transaction).
         new_state = {
             **inst.state(),

@@ -125,6 +125,7 @@ class LocalHost:
             timer_scale=self.options.timer_scale,
             function_timeout=function_timeout,
             strict_determinism=self.options.strict_determinism,
+            max_orchestrators=durable.get("maxConcurrentOrchestratorFunctions", 10),
         )
         self.blobs, self.tables = blobs, tables
         self.api = DurableHttpApi(self.engine, self.hub)
