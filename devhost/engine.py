@@ -476,24 +476,12 @@ class Engine:
         appended = plan.appended
         if error is not None:
             status = FAILED
-            appended.append(
-                event(
-                    EXECUTION_COMPLETED,
-                    moment,
-                    OrchestrationStatus=ORCHESTRATION_STATUS_CODE[FAILED],
-                    Result=json.dumps(error),
-                )
-            )
         elif state.get("isDone"):
             status, output = COMPLETED, state.get("output")
-            appended.append(
-                event(
-                    EXECUTION_COMPLETED,
-                    moment,
-                    OrchestrationStatus=ORCHESTRATION_STATUS_CODE[COMPLETED],
-                    Result=json.dumps(output),
-                )
-            )
+        if status in TERMINAL:
+            result = json.dumps(error if status == FAILED else output)
+            code = ORCHESTRATION_STATUS_CODE[status]
+            appended.append(event(EXECUTION_COMPLETED, moment, OrchestrationStatus=code, Result=result))
         appended.append(event(ORCHESTRATOR_COMPLETED, moment))
 
         # Only the dispatcher holding this instance writes its fields, so the new state can be built and

@@ -31,6 +31,7 @@ from .app_jobs import (
     serve,
     serve_until_finished,
     upload,
+    upload_until_killed,
     wait_for_state,
 )
 from .hostile import MARKER, local_vectors, make_secret_raw, make_secret_tif, network_vectors, vrt, write
@@ -165,13 +166,7 @@ def test_a_scene_with_more_batches_than_a_group_runs_through_groups(storage, app
 def test_killed_between_tile_commit_and_manifest_row_resumes_to_identical_outputs(storage, app_env, tmp_path):
     scene = make_scene(tmp_path / "scene.tif", 1100, 800)  # 5 x 4 = 20 windows
     log = tmp_path / "serve.log"
-    crashed = serve(app_env, log, "--crash-before-manifest", "6")
-    try:
-        job_id = upload(storage, app_env, scene)
-        assert crashed.wait(timeout=180) == -signal.SIGKILL
-    finally:
-        if crashed.poll() is None:
-            os.killpg(crashed.pid, signal.SIGKILL)
+    job_id = upload_until_killed(storage, app_env, scene, log, "--crash-before-manifest", "6")
     tiles_at_crash = tile_hashes(storage, app_env, job_id)
     table = storage.table_service().get_table_client(app_env.manifest)
     rows_at_crash = count_manifest(table, job_id).rows

@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from devhost.limits import MemoryWatchdog, resident_mb
-from tests.app_jobs import check_outputs, make_scene, serve, serve_until_finished, upload
+from tests.app_jobs import check_outputs, make_scene, serve, serve_until_finished, upload_until_killed
 
 
 def test_the_watchdog_sees_this_process_pass_its_limit():
@@ -36,13 +36,7 @@ def test_a_host_over_its_instance_memory_is_recycled_and_the_job_resumes_on_the_
     probe.wait(timeout=60)
 
     # A limit the host passes as soon as it does real work: it is killed as the platform would.
-    small = serve(app_env, log, "--instance-memory-mb", str(round(baseline + 20)))
-    try:
-        job_id = upload(storage, app_env, scene)
-        assert small.wait(timeout=180) == -signal.SIGKILL
-    finally:
-        if small.poll() is None:
-            os.killpg(small.pid, signal.SIGKILL)
+    job_id = upload_until_killed(storage, app_env, scene, log, "--instance-memory-mb", str(round(baseline + 20)))
     assert b"over the limit" in log.read_bytes()
 
     state = serve_until_finished(storage, app_env, log, job_id)  # a fresh instance, default limit
