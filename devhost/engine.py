@@ -37,12 +37,10 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from datetime import datetime, timedelta
 from typing import Any
 
 from . import shim
+from .episode import EpisodePlan, order_new_events, plan_episode
 from .functions import FunctionIndex
 from .history import (  # noqa: F401  (flatten_actions and the errors are part of this module's API)
     CALL_ACTIVITY,
@@ -91,21 +89,6 @@ logger = logging.getLogger(__name__)
 MAX_EXECUTION_RECORDS = 200_000
 
 
-class NonDeterminismError(Exception):
-    pass
-
-
-@dataclass
-class _EpisodePlan:
-    """What one episode appends and schedules, before it is committed."""
-
-    appended: list[dict]
-    scheduled: dict[int, dict]
-    new_leaves: list[dict]
-    finished: list[int]
-    next_id: int
-
-
 class Engine:
     """Runs orchestrations and activities of one app against one task hub."""
 
@@ -145,8 +128,17 @@ class Engine:
         self._busy: set[str] = set()
         self._timers: list[tuple[float, int, Callable[[], None]]] = []
         self._timer_seq = itertools.count()
-        self._pool = ThreadPoolExecutor(max_activities, thread_name_prefix="activity")
-        self.activities = ActivityRunner(self, function_timeout)
+        self.activities = ActivityRunner(
+            max_activities,
+            function_timeout,
+            invoke=lambda name, data: self.index.invoke_activity(name, data),
+            deliver=self.deliver,
+            later=self.later,
+            record=self._record_activity,
+            stopping=lambda: self._stopping,
+        )
+        #: The activity slots (tests wait on it: ``_pool.shutdown(wait=True)``).
+        self._pool = self.activities.pool
         self._stopping = False
         self._threads: list[threading.Thread] = []
 
@@ -293,6 +285,17 @@ class Engine:
             inst.pending.append(item)
             self._mark_ready(instance_id)
 
+    def _record_activity(self, execution: ActivityExecution | None, timed_out: bool) -> None:
+        with self._lock:
+            if execution is not None:
+                self.stats.activity_executions += 1
+                self.stats.activity_failures += execution.error is not None
+                self.executions.append(execution)
+            elif timed_out:
+                self.stats.activity_timeouts += 1
+            else:
+                self.stats.duplicate_completions_dropped += 1
+
     def later(self, delay: float, callback: Callable[[], None]) -> None:
         """Run ``callback`` on the timer thread after ``delay`` seconds."""
         with self._lock:
@@ -411,25 +414,10 @@ class Engine:
             self._resting.pop(instance_id, None)
             self._mark_ready(instance_id)
 
-    def _order_new_events(self, inst: Instance, events: list[dict]) -> tuple[list[dict], list[dict], list[dict]]:
-        retry_failures, retry_timers, rest = [], [], []
-        for item in events:
-            meta = inst.scheduled.get(completion_task_id(item), {})
-            if item["EventType"] in (TASK_FAILED, SUB_ORCHESTRATION_FAILED) and meta.get("retry"):
-                retry_failures.append(item)
-            elif (
-                item["EventType"] == TIMER_FIRED
-                and meta.get("retry_of")
-                and (meta["retry_of"]["attempt"] < meta["retry_of"]["retry"]["maxNumberOfAttempts"])
-            ):
-                retry_timers.append(item)
-            else:
-                rest.append(item)
-        return retry_failures, retry_timers, rest
-
     def _run_episode(self, inst: Instance, events: list[dict]) -> None:
         moment = now()
-        retry_failures, retry_timers, rest = self._order_new_events(inst, events)
+        ordered = order_new_events(inst, events)
+        retry_failures, retry_timers, rest = ordered
         new_events: list[dict] = [event(ORCHESTRATOR_STARTED, moment)]
         if not inst.history:
             new_events.append(
@@ -463,14 +451,19 @@ class Engine:
         too_big = shim.custom_status_error(custom_status)
         if too_big:
             # The extension rejects it in SetCustomStatus, before it replays any action.
-            plan = _EpisodePlan([], {}, [], [], inst.next_id)
+            plan = EpisodePlan([], {}, [], [], inst.next_id)
             error, custom_status = shim.orchestrator_failure(inst.name, too_big), inst.custom_status
         else:
-            plan, nondeterminism = self._plan(
-                inst, moment, retry_failures, retry_timers, rest, top_level_actions(state)
+            plan = plan_episode(
+                inst,
+                moment,
+                ordered,
+                top_level_actions(state),
+                timer_scale=self.timer_scale,
+                strict=self.strict_determinism,
             )
-            if nondeterminism:  # DTFx fails the instance during replay: nothing new is scheduled
-                error = shim.orchestrator_failure(inst.name, nondeterminism)
+            if plan.nondeterminism:  # DTFx fails the instance during replay: nothing new is scheduled
+                error = shim.orchestrator_failure(inst.name, plan.nondeterminism)
 
         status, output = RUNNING, None
         appended = plan.appended
@@ -532,87 +525,6 @@ class Engine:
         landed = {completion_task_id(e) for e in committed.events} - {None}
         with self._lock:
             inst.pending = [e for e in events if completion_task_id(e) not in landed] + inst.pending
-
-    def _plan(
-        self,
-        inst: Instance,
-        moment: datetime,
-        retry_failures: list[dict],
-        retry_timers: list[dict],
-        rest: list[dict],
-        top_level: list[dict],
-    ) -> tuple[_EpisodePlan, str | None]:
-        """Retry timers and attempts first, then what the shim reaches; and DTFx's complaint if
-        replay disagreed with history (then nothing is scheduled)."""
-        scheduled: dict[int, dict] = {}
-        appended: list[dict] = []
-        finished: list[int] = []
-        ids = itertools.count(inst.next_id)  # committed to the instance only with the episode
-        for item in retry_failures:
-            meta = inst.scheduled[completion_task_id(item)]
-            delay = shim.retry_delay(meta["retry"], meta["attempt"], parse_iso(meta["first_attempt_at"]), moment)
-            if delay is None:  # the retry timeout has passed: the failure is final, no timer
-                finished.append(meta["leaf"])
-                continue
-            timer_id = next(ids)
-            fire_at = moment + timedelta(seconds=delay.total_seconds() * self.timer_scale)
-            appended.append(event(TIMER_CREATED, moment, EventId=timer_id, FireAt=iso(fire_at)))
-            scheduled[timer_id] = {"kind": "timer", "fire_at": iso(fire_at), "retry_of": meta, "leaf": meta["leaf"]}
-        for item in retry_timers:
-            meta = inst.scheduled[completion_task_id(item)]["retry_of"]
-            task_id = next(ids)
-            again = {**meta, "attempt": meta["attempt"] + 1}
-            appended.append(self._scheduled_event(task_id, again, moment))
-            scheduled[task_id] = again
-        for item in rest:
-            meta = inst.scheduled.get(completion_task_id(item), {})
-            if "leaf" in meta:
-                finished.append(meta["leaf"])
-        done = inst.finished_leaves | set(finished)
-        walk = shim.replay_actions(top_level, inst.leaves, done.__contains__, strict=self.strict_determinism)
-        if walk.nondeterminism:
-            return _EpisodePlan([], {}, [], [], inst.next_id), walk.nondeterminism
-        for offset, action in enumerate(walk.new_leaves):
-            task_id = next(ids)
-            meta = self._meta_for_action(inst, action, task_id, len(inst.leaves) + offset, moment)
-            appended.append(self._scheduled_event(task_id, meta, moment))
-            scheduled[task_id] = meta
-        return _EpisodePlan(appended, scheduled, walk.new_leaves, finished, next(ids)), None
-
-    def _meta_for_action(self, inst: Instance, action: dict, task_id: int, leaf: int, moment: datetime) -> dict:
-        kind = action["actionType"]
-        retry = action.get("retryOptions")
-        common = {"leaf": leaf, "retry": retry, "attempt": 1, "first_attempt_at": iso(moment)}
-        if kind in (CALL_ACTIVITY, CALL_ACTIVITY_WITH_RETRY):
-            return {"kind": "activity", "name": action["functionName"], "input": action.get("input"), **common}
-        if kind in (CALL_SUB_ORCHESTRATOR, CALL_SUB_ORCHESTRATOR_WITH_RETRY):
-            child = action.get("instanceId") or f"{inst.id}:{task_id:04d}"
-            check_instance_id(child)
-            return {
-                "kind": "suborchestration",
-                "name": action["functionName"],
-                "input": action.get("input"),
-                "instance_id": child,
-                **common,
-            }
-        if kind == CREATE_TIMER:
-            return {"kind": "timer", "fire_at": action["fireAt"], "leaf": leaf}
-        raise NonDeterminismError(f"the local host does not support action type {kind}: {action}")
-
-    @staticmethod
-    def _scheduled_event(task_id: int, meta: dict, moment: datetime) -> dict:
-        if meta["kind"] == "activity":
-            return event(TASK_SCHEDULED, moment, EventId=task_id, Name=meta["name"], Input=meta["input"])
-        if meta["kind"] == "suborchestration":
-            return event(
-                SUB_ORCHESTRATION_CREATED,
-                moment,
-                EventId=task_id,
-                Name=meta["name"],
-                InstanceId=meta["instance_id"],
-                Input=meta["input"],
-            )
-        return event(TIMER_CREATED, moment, EventId=task_id, FireAt=meta["fire_at"])
 
     def _report_to_parent(self, inst: Instance) -> None:
         """DTFx sends a finished sub-orchestration's outcome to its parent's execution."""

@@ -9,15 +9,13 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 from . import shim
 from .history import TASK_COMPLETED, TASK_FAILED, event, now
 from .instance import ActivityExecution
-
-if TYPE_CHECKING:
-    from .engine import Engine
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -77,7 +75,7 @@ def format_timeout(seconds: float) -> str:
 
 
 class ActivityRunner:
-    """Runs activities in the engine's bounded pool (host.json's maxConcurrentActivityFunctions).
+    """Runs activities in a bounded pool (host.json's maxConcurrentActivityFunctions).
 
     With a function timeout (host.json's ``functionTimeout``), an execution past it fails as on
     the real host: TaskActivityShim turns the host's FunctionTimeoutError into ``Activity function
@@ -85,29 +83,44 @@ class ActivityRunner:
     retried per its RetryOptions. The real host also restarts the worker process that ran it; a
     thread cannot be killed, so here the late execution runs to its end and its result is
     dropped as a duplicate completion.
+
+    It knows the engine only through the callables it is given: ``invoke(name, input)`` runs the
+    function, ``deliver(instance, execution, event)`` hands back its completion, ``later(delay,
+    callback)`` schedules the timeout, ``record(execution, timed_out)`` keeps the bookkeeping,
+    ``stopping()`` says the host is shutting down.
     """
 
-    def __init__(self, engine: Engine, function_timeout: float | None):
-        self.engine = engine
+    def __init__(
+        self,
+        slots: int,
+        function_timeout: float | None,
+        *,
+        invoke: Callable[[str, str | None], str],
+        deliver: Callable[[str, str, dict], None],
+        later: Callable[[float, Callable[[], None]], None],
+        record: Callable[[ActivityExecution | None, bool], None],
+        stopping: Callable[[], bool],
+    ):
+        self.pool = ThreadPoolExecutor(slots, thread_name_prefix="activity")
         self.function_timeout = function_timeout
+        self.invoke, self.deliver, self.later, self.record, self.stopping = invoke, deliver, later, record, stopping
 
     def submit(self, instance_id: str, execution_id: str, task_id: int, name: str, input_json: str | None) -> None:
-        self.engine._pool.submit(self._run, instance_id, execution_id, task_id, name, input_json)
+        self.pool.submit(self._run, instance_id, execution_id, task_id, name, input_json)
 
     def _run(self, instance_id: str, execution_id: str, task_id: int, name: str, input_json: str | None) -> None:
-        engine = self.engine
-        if engine._stopping:
+        if self.stopping():
             return
         started = time.monotonic()
-        outcome = {"settled": False}
+        settled = threading.Event()
         lock = threading.Lock()
 
         def settle(item: dict) -> bool:
             with lock:
-                if outcome["settled"]:
+                if settled.is_set():
                     return False
-                outcome["settled"] = True
-            engine.deliver(instance_id, execution_id, item)
+                settled.set()
+            self.deliver(instance_id, execution_id, item)
             return True
 
         if self.function_timeout is not None:
@@ -115,55 +128,37 @@ class ActivityRunner:
             reason = shim.activity_failure_reason(
                 name, f"Timeout value of {limit} was exceeded by function: Functions.{name}"
             )
+            details = json.dumps({"$type": "FunctionTimeoutException"})
 
             def timed_out() -> None:
-                if settle(
-                    event(
-                        TASK_FAILED,
-                        now(),
-                        TaskScheduledId=task_id,
-                        Reason=reason,
-                        Details=json.dumps({"$type": "FunctionTimeoutException"}),
-                    )
-                ):
+                if settle(event(TASK_FAILED, now(), TaskScheduledId=task_id, Reason=reason, Details=details)):
                     logger.warning(
                         "activity %s (%s #%d) passed the function timeout %s", name, instance_id, task_id, limit
                     )
-                    with engine._lock:
-                        engine.stats.activity_timeouts += 1
+                    self.record(None, True)
 
-            engine.later(self.function_timeout, timed_out)
+            self.later(self.function_timeout, timed_out)
 
         result = error = None
         try:
-            result = engine.index.invoke_activity(name, input_json)
+            result = self.invoke(name, input_json)
             item = event(TASK_COMPLETED, now(), TaskScheduledId=task_id, Result=result)
         except Exception as exc:
             error = shim.activity_failure_reason(name, f"{type(exc).__name__}: {exc}")
             logger.warning("activity %s (%s #%d) failed: %s", name, instance_id, task_id, error)
-            item = event(
-                TASK_FAILED,
-                now(),
-                TaskScheduledId=task_id,
-                Reason=error,
-                Details=shim.activity_failure_details(exc) + "\n" + traceback.format_exc(),
-            )
-        seconds = time.monotonic() - started
-        with engine._lock:
-            engine.stats.activity_executions += 1
-            engine.stats.activity_failures += error is not None
-            engine.executions.append(
-                ActivityExecution(
-                    instance_id,
-                    task_id,
-                    name,
-                    json.loads(input_json) if input_json else None,
-                    json.loads(result) if result else None,
-                    error,
-                    seconds,
-                    started,
-                )
-            )
+            details = shim.activity_failure_details(exc) + "\n" + traceback.format_exc()
+            item = event(TASK_FAILED, now(), TaskScheduledId=task_id, Reason=error, Details=details)
+        value = json.loads(input_json) if input_json else None
+        execution = ActivityExecution(
+            instance_id,
+            task_id,
+            name,
+            value,
+            json.loads(result) if result else None,
+            error,
+            time.monotonic() - started,
+            started,
+        )
+        self.record(execution, False)
         if not settle(item):
-            with engine._lock:
-                engine.stats.duplicate_completions_dropped += 1
+            self.record(None, False)  # a late result after the timeout: a duplicate completion
