@@ -149,8 +149,7 @@ class LocalHost:
                 self.blobs.create_container(name)
             except ResourceExistsError:
                 pass
-        for name in (self.settings.manifest_table, self.settings.claims_table):
-            self.tables.create_table_if_not_exists(name)
+        self.tables.create_table_if_not_exists(self.settings.manifest_table)
 
     @property
     def decisions(self) -> list[dict]:
