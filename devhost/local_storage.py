@@ -15,6 +15,7 @@ import contextlib
 import fcntl
 import json
 import os
+import signal
 import socket
 import time
 from collections.abc import Iterator
@@ -126,8 +127,9 @@ def embedded_azurite(start_timeout: float = 30.0) -> Iterator[StorageChoice]:
             os.environ[STORAGE_CONNECTION] = _connection_string(key, ports)
             yield StorageChoice(f"the embedded Azurite another devhost command runs ({folder})", _blob(ports))
             return
-        running.unlink(missing_ok=True)
         data = folder / "data"
+        _stop_leftover(running, data)
+        running.unlink(missing_ok=True)
         data.mkdir(exist_ok=True)
         azurite = Azurite(in_memory=False, workdir=str(data), log_path=str(folder / "azurite.log"), key=key)
         try:
@@ -138,12 +140,36 @@ def embedded_azurite(start_timeout: float = 30.0) -> Iterator[StorageChoice]:
             ) from None
         try:
             ports = {"blob": azurite.blob_port, "queue": azurite.queue_port, "table": azurite.table_port}
-            running.write_text(json.dumps({"pid": os.getpid(), **ports}))
+            running.write_text(json.dumps({"pid": os.getpid(), "azurite_pid": azurite.process.pid, **ports}))
             os.environ[STORAGE_CONNECTION] = azurite.connection_string
             yield StorageChoice(f"the embedded Azurite ({folder})", azurite.blob_endpoint)
         finally:
             running.unlink(missing_ok=True)
             azurite.stop()
+
+
+def _stop_leftover(running: Path, data: Path, timeout: float = 10.0) -> None:
+    """Stop an Azurite that a killed command left running on ``data`` (SIGKILL skips the command's
+    cleanup; the memory watchdog recycles with SIGKILL): two on the same files would corrupt them."""
+    try:
+        pid = int(json.loads(running.read_text())["azurite_pid"])
+    except (OSError, ValueError, KeyError):
+        return
+    if not _runs_on(pid, data):  # gone, or the pid reused by something else
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGTERM)  # Azurite runs in a session of its own: its pid is its group
+    deadline = time.monotonic() + timeout
+    while _runs_on(pid, data) and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def _runs_on(pid: int, data: Path) -> bool:
+    """Whether process ``pid`` is alive with ``data`` on its command line (a zombie has none)."""
+    try:
+        return str(data).encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
 
 
 def _blob(ports: dict[str, int]) -> str:

@@ -106,6 +106,23 @@ def test_serve_on_the_embedded_azurite_shares_it_and_stops_it_on_ctrl_c(no_stora
     assert azurites_using(state) == []
 
 
+def test_an_azurite_left_by_a_killed_command_is_stopped_by_the_next(no_storage_configured, tmp_path):
+    env, state = no_storage_configured
+    scene = make_scene(tmp_path / "scene.tif", 300, 260)
+    # The memory watchdog recycles the process with SIGKILL, as the platform does: no cleanup runs.
+    killed = run_cli(env, "process", str(scene), "--instance-memory-mb", "1")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    left = azurites_using(state)
+    try:
+        assert left, "the killed command's Azurite is not running: nothing to show"
+        listed = run_cli(env, "status")
+        assert listed.returncode == 0, listed.stderr
+        assert azurites_using(state) == []
+    finally:
+        for process in azurites_using(state):  # only when the test failed: leave no process behind
+            process.kill()
+
+
 def test_a_missing_file_is_one_line_and_exit_2_before_any_connection(no_storage_configured, tmp_path):
     env, state = no_storage_configured
     began = time.monotonic()
