@@ -22,7 +22,6 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from .limits import CONSUMPTION_INSTANCE_MB
@@ -228,7 +227,10 @@ def process(args: argparse.Namespace, storage) -> int:
     summaries: list[dict | None] = [None] * len(args.paths)
 
     def run(slot: int, path: Path) -> None:
-        summary = process_file(host, path, name=args.name, timeout=args.timeout, progress=board.updater(slot))
+        try:
+            summary = process_file(host, path, name=args.name, timeout=args.timeout, progress=board.updater(slot))
+        except Exception as exc:  # this upload's line says so; the other uploads go on
+            summary = {"job_id": None, "status": "failed", "error": f"{path}: {exc}".splitlines()[0]}
         if args.output is not None and summary["status"] == "completed":
             folder = args.output if len(args.paths) == 1 else args.output / path.stem
             summary["saved"] = save_outputs(host, summary, folder)
@@ -237,12 +239,14 @@ def process(args: argparse.Namespace, storage) -> int:
         board.print(json.dumps(summary))
 
     with host:
-        if len(args.paths) == 1:
-            run(0, args.paths[0])
-        else:
-            with ThreadPoolExecutor(len(args.paths), thread_name_prefix="process") as pool:
-                for future in [pool.submit(run, slot, path) for slot, path in enumerate(args.paths)]:
-                    future.result()
+        # Daemon threads, joined in short waits: Ctrl-C reaches this thread and ends the command
+        # (stopping the host and an embedded Azurite) without waiting for the jobs.
+        workers = [threading.Thread(target=run, args=(slot, path), daemon=True) for slot, path in enumerate(args.paths)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            while worker.is_alive():
+                worker.join(0.2)
     board.close()
     return EXIT_COMPLETED if all(s and s["status"] == "completed" for s in summaries) else EXIT_FAILED
 
