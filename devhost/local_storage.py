@@ -54,7 +54,11 @@ def configured_source(root: Path = PROJECT_ROOT) -> str | None:
     if names_storage({k: v for k, v in os.environ.items() if v.strip()}):
         return f"{STORAGE_CONNECTION} from the environment"
     local = root / "local.settings.json"
-    if local.exists() and names_storage(json.loads(local.read_text()).get("Values", {})):
+    try:
+        values = json.loads(local.read_text()).get("Values", {}) if local.exists() else {}
+    except ValueError as exc:
+        raise StorageUnavailable(f"{local}: not valid JSON ({exc}); fix it or remove it") from None
+    if names_storage(values):
         return f"{STORAGE_CONNECTION} from {local.name}"
     return None
 
