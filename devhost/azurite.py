@@ -1,7 +1,8 @@
 """Start and stop an Azurite storage emulator on free 127.0.0.1 ports.
 
 Used by the tests (a session fixture) and by ``make demo``. Each instance gets its own account
-and a freshly generated key (``AZURITE_ACCOUNTS``), so no key is written down anywhere.
+and a freshly generated key (``AZURITE_ACCOUNTS``), or the key it is given (the CLI's embedded
+Azurite keeps one next to its data), so no key is written down in the repository.
 """
 
 from __future__ import annotations
@@ -27,6 +28,11 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def new_account_key() -> str:
+    """A random account key in Azure's form (64 bytes, base64)."""
+    return base64.b64encode(secrets.token_bytes(64)).decode("ascii")
+
+
 def azurite_executable() -> str:
     local = PROJECT_ROOT / "node_modules" / ".bin" / "azurite"
     if local.exists():
@@ -40,12 +46,19 @@ def azurite_executable() -> str:
 class Azurite:
     """An Azurite process with blob, queue and table services; use as a context manager."""
 
-    def __init__(self, *, in_memory: bool = True, workdir: str | None = None, log_path: str | None = None):
+    def __init__(
+        self,
+        *,
+        in_memory: bool = True,
+        workdir: str | None = None,
+        log_path: str | None = None,
+        key: str | None = None,
+    ):
         self.in_memory = in_memory
         self.workdir = workdir
         self.log_path = log_path
         self.account = ACCOUNT_NAME
-        self.key = base64.b64encode(secrets.token_bytes(64)).decode("ascii")
+        self.key = key or new_account_key()
         self.blob_port = self.queue_port = self.table_port = 0
         self.process: subprocess.Popen | None = None
         self._tmpdir: tempfile.TemporaryDirectory | None = None

@@ -6,12 +6,9 @@ are real GeoTIFFs. Each test gets its own containers, tables and task hub.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,7 +19,6 @@ from tilecommit import settings as names
 from tilecommit.gates import count_manifest
 
 from .app_jobs import (
-    ROOT,
     AppEnv,
     check_outputs,
     download,
@@ -281,46 +277,3 @@ def test_hostile_and_damaged_uploads_fail_their_job_with_no_request_no_tile_no_l
     for blob in service.get_container_client(app_env.input).list_blobs():
         assert MARKER not in download(storage, app_env.input, blob.name)
     assert MARKER.decode() not in caplog.text
-
-
-def run_cli(app_env: AppEnv, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
-    env = {**os.environ, **app_env.env}
-    return subprocess.run(
-        [sys.executable, "-m", "devhost", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
-    )
-
-
-def test_cli_process_status_and_exit_codes(storage, app_env, tmp_path):
-    scene = make_scene(tmp_path / "cli.tif", 300, 260)
-    done = run_cli(app_env, "process", str(scene), "--hub", app_env.hub, "--deliveries", "2")
-    assert done.returncode == 0, done.stderr
-    summary = json.loads(done.stdout)
-    assert summary["status"] == "completed" and summary["windows"] == 4 and summary["written"] == 4
-    assert set(summary) >= {
-        "job_id",
-        "status",
-        "windows",
-        "written",
-        "already_present",
-        "mosaic_url",
-        "stac_url",
-        "elapsed_s",
-    }
-    starts = summary["host"]["starts"]  # racing starters: both may succeed, as on Azure Storage
-    assert len(starts) == 2 and "started" in starts and set(starts) <= {"started", "duplicate"}
-
-    status = run_cli(app_env, "status", summary["job_id"], "--hub", app_env.hub)
-    assert status.returncode == 0, status.stderr
-    reported = json.loads(status.stdout)
-    assert reported["runtime_status"] == "Completed" and reported["windows"] == 4
-    assert reported["progress"]["windows_done"] == 4 and reported["mosaic_url"] == summary["mosaic_url"]
-    unknown = run_cli(app_env, "status", "0000000000000000", "--hub", app_env.hub)
-    assert unknown.returncode == 1 and json.loads(unknown.stdout)["status"] == "not-found"
-    corrupt = tmp_path / "corrupt.tif"
-    corrupt.write_bytes(b"II*\x00" + b"\x00" * 100)
-    failed = run_cli(app_env, "process", str(corrupt), "--hub", app_env.hub)
-    assert failed.returncode == 1
-    assert json.loads(failed.stdout)["status"] == "failed" and "corrupt.tif" in json.loads(failed.stdout)["error"]
-    usage = run_cli(app_env, "process", str(tmp_path / "missing.tif"), "--hub", app_env.hub)
-    assert usage.returncode == 2 and "no such file" in usage.stderr
-    assert run_cli(app_env, "frobnicate").returncode == 2
