@@ -104,7 +104,6 @@ var inputContainerName = 'raster-uploads' // INPUT_CONTAINER
 var tilesContainerName = 'raster-tiles' // TILES_CONTAINER
 var outputContainerName = 'raster-mosaics' // OUTPUT_CONTAINER
 var manifestTableName = 'tilemanifest' // MANIFEST_TABLE
-var claimsTableName = 'tileclaims' // CLAIMS_TABLE
 var triggerFunctionName = 'raster_uploaded' // TRIGGER_FUNCTION
 
 // Infrastructure only. Flex Consumption keeps its deployment packages in this container; on
@@ -153,7 +152,6 @@ module storage 'modules/storage.bicep' = {
     ]
     tableNames: [
       manifestTableName
-      claimsTableName
     ]
   }
 }
@@ -308,10 +306,6 @@ resource functionApp 'Microsoft.Web/sites@2024-04-01' = {
           value: manifestTableName
         }
         {
-          name: 'TILECOMMIT_CLAIMS_TABLE'
-          value: claimsTableName
-        }
-        {
           name: 'TILECOMMIT_WINDOW_SIZE'
           value: string(windowSize)
         }
@@ -442,7 +436,6 @@ output outputContainer string = outputContainerName
 output packageContainer string = packageContainerName
 output packageBlob string = packageBlobName
 output manifestTable string = manifestTableName
-output claimsTable string = claimsTableName
 output applicationInsightsName string = monitoring.outputs.applicationInsightsName
 output logAnalyticsName string = monitoring.outputs.logAnalyticsName
 output identityName string = identity.name

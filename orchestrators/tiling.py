@@ -22,15 +22,11 @@ from .retries import ACTIVITY_RETRY_OPTIONS
 #: orchestrators/retries.py); errors that are not retryable never reach a retry, because
 #: activities return them as a value.
 ACTIVITY_RETRY = ACTIVITY_RETRY_OPTIONS
-#: Batches in flight at once: enough to keep every activity slot of the host busy, few enough
-#: that progress is reported in order and each instance's history stays small.
-PARALLEL_BATCHES = 4
 #: Above this many batches, batches are grouped under ``render_group`` sub-orchestrations, so
 #: the job's own history grows with the number of groups, not with the scene: every instance
 #: replays at most ~GROUP_BATCHES children (measured: one flat level of 157 batches made the
 #: parent's replay grow quadratically, 0.06 s -> 4.7 s from 1,000 to 10,000 windows).
 GROUP_BATCHES = 16
-PARALLEL_GROUPS = 2
 
 
 class BadInputFailure(Exception):
@@ -97,24 +93,21 @@ def add_summary(total: dict, part: dict) -> None:
 
 
 def fan_out(
-    context: df.DurableOrchestrationContext,
-    name: str,
-    children: list[tuple[str, Any]],
-    in_flight: int,
-    on_done: Callable[[dict], None],
+    context: df.DurableOrchestrationContext, name: str, children: list[tuple[str, Any]], on_done: Callable[[dict], None]
 ) -> Generator[Any, Any, None]:
-    """Run sub-orchestrations ``(instance id, input)``, at most ``in_flight`` at once (``yield from`` it).
+    """Run sub-orchestrations ``(instance id, input)`` and hand each summary to ``on_done`` as it
+    lands, so progress moves after each one (``yield from`` it). A failed child raises its error.
 
-    ``on_done`` gets each finished child's summary as it lands, so progress is reported after
-    each one. A failed child raises its error.
+    Every child is started at once: the first ``task_any`` holds them all in one compound action,
+    and the extension's shim invokes all of a compound action's children before it awaits it.
+    Later ``task_any`` calls are over children already scheduled, so they add no action, and
+    nothing new ever queues behind the shim's in-order await of top-level actions (a sliding
+    window would: its n-th new child is not even scheduled until the one before it finished).
+    How many activities run at once is the host's to bound (host.json's
+    maxConcurrentActivityFunctions); the work-item queue keeps every slot busy.
     """
-    pending: list = []
-    next_child = 0
-    while next_child < len(children) or pending:
-        while next_child < len(children) and len(pending) < in_flight:
-            instance_id, child_input = children[next_child]
-            pending.append(context.call_sub_orchestrator(name, child_input, instance_id))
-            next_child += 1
+    pending = [context.call_sub_orchestrator(name, child_input, instance_id) for instance_id, child_input in children]
+    while pending:
         finished = yield context.task_any(pending)
         pending.remove(finished)
         if isinstance(finished.result, Exception):  # task_any hands back a failed child instead of raising
@@ -160,7 +153,7 @@ def tile_scene(context: df.DurableOrchestrationContext) -> Generator[Any, Any, d
             (batch_instance_id(job_id, i), {"job": job, "windows": [w.to_dict() for w in batch]})
             for i, batch in enumerate(batches)
         ]
-        fanned_out = fan_out(context, names.RENDER_BATCH, children, PARALLEL_BATCHES, finished)
+        fanned_out = fan_out(context, names.RENDER_BATCH, children, finished)
     else:
         children = [
             (
@@ -174,7 +167,7 @@ def tile_scene(context: df.DurableOrchestrationContext) -> Generator[Any, Any, d
             )
             for g, first in enumerate(range(0, len(batches), GROUP_BATCHES))
         ]
-        fanned_out = fan_out(context, names.RENDER_GROUP, children, PARALLEL_GROUPS, finished)
+        fanned_out = fan_out(context, names.RENDER_GROUP, children, finished)
     try:
         yield from fanned_out
     except BadInputFailure:
@@ -220,7 +213,7 @@ def render_group(context: df.DurableOrchestrationContext) -> Generator[Any, Any,
         add_summary(total, summary)
         total["batches"] += summary["batches"]
 
-    yield from fan_out(context, names.RENDER_BATCH, children, PARALLEL_BATCHES, finished)
+    yield from fan_out(context, names.RENDER_BATCH, children, finished)
     return total
 
 

@@ -84,18 +84,23 @@ def test_plans_windows_and_fans_out_batches_as_sub_orchestrations():
     }
 
 
-def test_no_more_than_the_parallel_limit_of_batches_in_flight():
+def test_every_batch_is_started_in_one_compound_action_and_later_episodes_add_none():
+    """On the extension's shim a top-level action is awaited before the next one is invoked, so
+    all batches go out in the one WhenAny action; taking them as they finish adds no action."""
     job = {**JOB, "batch_size": 1}  # 6 batches of one window
     state = run(tiling.tile_scene, validated_history(job))
-    assert len(leaf_actions(state)) - 1 == tiling.PARALLEL_BATCHES
-    # One batch finishes: exactly one more is scheduled, and progress is reported.
+    top = state["actions"][0]
+    assert [a["actionType"] for a in top] == [12, 11]  # WhenAll(validate with retry), WhenAny(batches)
+    assert [a["instanceId"] for a in top[1]["compoundActions"]] == [
+        tiling.batch_instance_id(job["job_id"], i) for i in range(6)
+    ]
+    # One batch finishes: nothing new is scheduled, and progress is reported.
     history = validated_history(job)
-    for i in range(tiling.PARALLEL_BATCHES):
+    for i in range(6):
         history.sub_created(i + 1, names.RENDER_BATCH, tiling.batch_instance_id(job["job_id"], i))
     history.episode().sub_completed(2, batch_summary(1, 1, 0, 100))
     state = run(tiling.tile_scene, history)
-    new = leaf_actions(state)[1 + tiling.PARALLEL_BATCHES :]
-    assert [a["instanceId"] for a in new] == [tiling.batch_instance_id(job["job_id"], tiling.PARALLEL_BATCHES)]
+    assert len(state["actions"][0]) == 2 and len(leaf_actions(state)) == 7
     assert state["customStatus"]["windows_done"] == 1 and state["customStatus"]["batches_done"] == 1
 
 
@@ -250,7 +255,6 @@ BIG_SCENE = {"width": 2048, "height": 1536}  # 8 x 6 = 48 windows, 24 batches of
 def test_large_scenes_fan_out_groups_of_batches_so_the_job_history_stays_bounded():
     state = run(tiling.tile_scene, validated_history(BIG_JOB, BIG_SCENE))
     groups = leaf_actions(state)[1:]
-    assert len(groups) == tiling.PARALLEL_GROUPS
     assert [a["functionName"] for a in groups] == [names.RENDER_GROUP] * 2
     assert [a["instanceId"] for a in groups] == ["0123456789abcdef-group-0000", "0123456789abcdef-group-0001"]
     inputs = [json.loads(a["input"]) for a in groups]
@@ -270,20 +274,17 @@ def test_render_group_runs_its_own_batches_and_sums_them():
     history = History(names.RENDER_GROUP, group, "g1")
     state = run(tiling.render_group, history)
     actions = leaf_actions(state)
-    assert [a["instanceId"] for a in actions] == [tiling.batch_instance_id(JOB["job_id"], i) for i in range(16, 20)]
+    assert [a["instanceId"] for a in actions] == [tiling.batch_instance_id(JOB["job_id"], i) for i in range(16, 24)]
     first = json.loads(actions[0]["input"])["windows"]
     # Batch 16 holds windows 32 and 33 of the row-major plan: row 4, columns 0 and 1.
     assert [(w["row"], w["col"]) for w in first] == [(4, 0), (4, 1)]
-    for i in range(4):
+    for i in range(8):
         history.sub_created(i, names.RENDER_BATCH, actions[i]["instanceId"])
     history.episode()
     for i in range(4):
         history.sub_completed(i, batch_summary(2, 1, 1, 10))
     state = run(tiling.render_group, history)
-    more = leaf_actions(state)[4:]
-    assert [a["instanceId"] for a in more] == [tiling.batch_instance_id(JOB["job_id"], i) for i in range(20, 24)]
-    for i in range(4, 8):
-        history.sub_created(i, names.RENDER_BATCH, more[i - 4]["instanceId"])
+    assert len(leaf_actions(state)) == 8 and not state["isDone"]
     history.episode()
     for i in range(4, 8):
         history.sub_completed(i, batch_summary(2, 2, 0, 20))

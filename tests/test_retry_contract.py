@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from devhost.cli import job_summary, process_file
+from devhost.session import job_summary, process_file
 from devhost.host import HostOptions, LocalHost
 from orchestrators import names
 from tilecommit import retries

@@ -14,7 +14,7 @@ param tags object = {}
 @description('Blob containers to create (the app\'s input, tiles and output containers and the code package container).')
 param containerNames array
 
-@description('Tables to create (the manifest and the claims tables).')
+@description('Tables to create (the manifest table).')
 param tableNames array
 
 @description('Redundancy. LRS: three copies in one datacenter, cheapest; tiles and mosaics can be made again from the inputs.')

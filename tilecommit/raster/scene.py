@@ -146,9 +146,25 @@ def read_failure(exc: RasterioIOError, what: str, invalid: str, messages: list[s
     exception itself only says "Read failed").
     """
     fault = transport_fault([str(exc), *(messages or [])])
+    if fault is None and _short_read(exc):
+        fault = "a block read got 0 bytes"
     if fault is not None:
         return StorageFaultError(f"reading {what} failed: storage did not deliver the bytes ({fault}): {exc}")
     return InvalidRasterError(invalid)
+
+
+def _short_read(exc: BaseException) -> bool:
+    """GDAL's /vsiaz/ reports storage that stopped answering mid-read as a block read that
+    "got 0 bytes" (deeper in the exception chain, under "Read failed"), also when its network
+    messages were logged from another thread than the one recorded. A file whose blocks really
+    are missing reads short on every attempt too, so it still fails, after its retries, as a
+    storage fault instead of bad input."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if "got 0 bytes" in str(exc):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
 
 
 def read_classified(read: Callable[[], T], what: str, invalid: Callable[[Exception], str]) -> T:
