@@ -8,8 +8,8 @@ from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
 
-from devhost.session import process_file
 from devhost.host import HostOptions, LocalHost
+from devhost.session import process_file
 from tilecommit import settings as setting_names
 
 from .app_jobs import AppEnv

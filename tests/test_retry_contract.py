@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from devhost.session import job_summary, process_file
 from devhost.host import HostOptions, LocalHost
+from devhost.session import job_summary, process_file
 from orchestrators import names
 from tilecommit import retries
 
