@@ -243,6 +243,7 @@ def job_summary(state: dict, *, elapsed: float | None = None) -> dict:
 
 
 def process(args: argparse.Namespace) -> int:
+    reader = _job_counter_reader()
     host = _host(args)
     show = args.progress == "always" or (args.progress == "auto" and sys.stderr.isatty())
     with host:
@@ -256,8 +257,29 @@ def process(args: argparse.Namespace) -> int:
             "episodes": stats.episodes,
             "replay_s": round(stats.replay_seconds, 3),
         }
+    if reader is not None and summary.get("job_id"):
+        from tilecommit.monitoring import job_counters
+
+        summary["counters"] = job_counters(reader.get_metrics_data(), summary["job_id"])
     print(json.dumps(summary))
     return EXIT_COMPLETED if summary["status"] == "completed" else EXIT_FAILED
+
+
+def _job_counter_reader():
+    """An in-memory reader of the app's counters, beside any OTEL_*_EXPORTER the environment asks for.
+
+    Installed before the app is loaded (its own call to configure telemetry then leaves it be);
+    None when something else configured the process first.
+    """
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from tilecommit.monitoring import configure_telemetry
+
+    from .host import apply_settings, load_local_settings
+
+    apply_settings(load_local_settings())  # as the host will: a connection string may come from there
+    reader = InMemoryMetricReader()
+    return reader if configure_telemetry(metric_readers=[reader]) not in ("none", "already-configured") else None
 
 
 def status(args: argparse.Namespace) -> int:

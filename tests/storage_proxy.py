@@ -19,6 +19,8 @@ class RecordingProxy:
         parts = urlsplit(target)
         self.target_host, self.target_port = parts.hostname, parts.port
         self.requests: list[tuple[str, str]] = []
+        #: (method, path, status) of every answer passed back.
+        self.answers: list[tuple[str, str, int]] = []
         self._lock = threading.Lock()
         proxy = self
 
@@ -36,6 +38,8 @@ class RecordingProxy:
                     upstream.request(self.command, self.path, body=body, headers=headers)
                     response = upstream.getresponse()
                     payload = response.read()
+                    with proxy._lock:
+                        proxy.answers.append((self.command, self.path, response.status))
                     self.send_response(response.status, response.reason)
                     for key, value in response.getheaders():
                         if key.lower() not in _HOP_BY_HOP and key.lower() != "content-length":
