@@ -10,7 +10,11 @@ actually answered (409/412) are the truth the refusal counters are compared with
 from __future__ import annotations
 
 import collections
+import json
 import logging
+import os
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +32,7 @@ from tilecommit.raster import inspect_source
 from tilecommit.settings import Settings
 
 from . import appinsights_tables
-from .app_jobs import AppEnv, local_host, make_scene
+from .app_jobs import ROOT, AppEnv, local_host, make_scene
 from .conftest import METRIC_READER, SPANS, app_env_for
 from .storage_proxy import RecordingProxy
 
@@ -236,3 +240,24 @@ def test_the_workbook_queries_give_the_jobs_true_figures(local_run):
     decisions = {(r["action"], r["reason"], r["job_id"]): r["decisions"] for r in query("start-decisions")}
     truth = collections.Counter((d["action"], d["reason"], d["job_id"] or "none") for d in local_run.decisions)
     assert decisions == {key: n for key, n in truth.items() if key[2] in (good["job_id"], bad["job_id"])}
+
+
+def test_devhost_process_prints_the_jobs_counters_and_a_console_exporter_writes_to_stderr(app_env, tmp_path):
+    scene = make_scene(tmp_path / "cli.tif", 300, 260)  # 2 x 2 windows
+    env = {**os.environ, **app_env.env, "OTEL_TRACES_EXPORTER": "console"}
+    done = subprocess.run(
+        [sys.executable, "-m", "devhost", "process", str(scene), "--hub", app_env.hub, "--deliveries", "2"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)  # stdout is the summary alone: the spans went to stderr
+    counters = summary["counters"]
+    assert counters["tileswritten"] == summary["windows"] == 4
+    assert counters["startdecisions"] == {"started": 1, "duplicate": 1}
+    assert counters["jobsfinished"] == {"completed": 1}
+    assert counters["activityduration"]["render_tile"]["count"] == 4
+    assert f'"job_id": "{summary["job_id"]}"' in done.stderr and '"name": "render_tile"' in done.stderr
