@@ -18,7 +18,13 @@ import azurefunctions.extensions.bindings.blob as blob
 from activities import tiling as activities
 from orchestrators import names, starter
 from orchestrators import tiling as orchestrators
+from tilecommit import monitoring, telemetry
+from tilecommit.observed import observed_activity, observed_job
 from tilecommit.settings import SETTING_INPUT_CONTAINER, STORAGE_CONNECTION, Settings
+
+# Application Insights (with the app's identity) when it is configured, OTEL_*_EXPORTER locally,
+# else nothing: see tilecommit/monitoring.py for what the host exports and what this process does.
+monitoring.configure_telemetry()
 
 
 def tiling_functions(activity_functions=activities) -> df.Blueprint:
@@ -28,14 +34,23 @@ def tiling_functions(activity_functions=activities) -> df.Blueprint:
     the real ones for this app; bench/null_app.py passes stand-ins that do no raster work, so
     the benchmark runs the same orchestrators with the same bindings. A fresh blueprint on each
     call: the SDK wraps each function as it registers it, and an app indexes its functions once.
+    Each activity execution and each job's end is recorded (:mod:`tilecommit.observed`).
     """
     bp = df.Blueprint()
-    bp.orchestration_trigger(context_name="context", orchestration=names.TILE_SCENE)(orchestrators.tile_scene)
+    bp.orchestration_trigger(context_name="context", orchestration=names.TILE_SCENE)(
+        observed_job(orchestrators.tile_scene)
+    )
     bp.orchestration_trigger(context_name="context", orchestration=names.RENDER_GROUP)(orchestrators.render_group)
     bp.orchestration_trigger(context_name="context", orchestration=names.RENDER_BATCH)(orchestrators.render_batch)
-    bp.activity_trigger(input_name="job", activity=names.VALIDATE_SOURCE)(activity_functions.validate_source)
-    bp.activity_trigger(input_name="payload", activity=names.RENDER_TILE)(activity_functions.render_tile)
-    bp.activity_trigger(input_name="payload", activity=names.ASSEMBLE_MOSAIC)(activity_functions.assemble_mosaic)
+    bp.activity_trigger(input_name="job", activity=names.VALIDATE_SOURCE)(
+        observed_activity(names.VALIDATE_SOURCE, activity_functions.validate_source)
+    )
+    bp.activity_trigger(input_name="payload", activity=names.RENDER_TILE)(
+        observed_activity(names.RENDER_TILE, activity_functions.render_tile, on_result=telemetry.count_tile)
+    )
+    bp.activity_trigger(input_name="payload", activity=names.ASSEMBLE_MOSAIC)(
+        observed_activity(names.ASSEMBLE_MOSAIC, activity_functions.assemble_mosaic)
+    )
     return bp
 
 

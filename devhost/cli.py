@@ -221,6 +221,7 @@ def serve(args: argparse.Namespace, storage) -> int:
 def process(args: argparse.Namespace, storage) -> int:
     from .session import ProgressBoard, process_summary, save_outputs
 
+    reader = _job_counter_reader()
     host = _host(args)
     show = args.progress == "always" or (args.progress == "auto" and sys.stderr.isatty())
     board = ProgressBoard(show, len(args.paths))
@@ -235,6 +236,10 @@ def process(args: argparse.Namespace, storage) -> int:
             folder = args.output if len(args.paths) == 1 else args.output / path.stem
             summary["saved"] = save_outputs(host, summary, folder)
         summary = process_summary(host, summary, args.name or path.name, deliveries=args.deliveries)
+        if reader is not None and summary.get("job_id"):
+            from tilecommit.monitoring import job_counters
+
+            summary["counters"] = job_counters(reader.get_metrics_data(), summary["job_id"])
         summaries[slot] = summary
         board.print(json.dumps(summary))
 
@@ -249,6 +254,23 @@ def process(args: argparse.Namespace, storage) -> int:
                 worker.join(0.2)
     board.close()
     return EXIT_COMPLETED if all(s and s["status"] == "completed" for s in summaries) else EXIT_FAILED
+
+
+def _job_counter_reader():
+    """An in-memory reader of the app's counters, beside any OTEL_*_EXPORTER the environment asks for.
+
+    Installed before the app is loaded (its own call to configure telemetry then leaves it be);
+    None when something else configured the process first.
+    """
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from tilecommit.monitoring import configure_telemetry
+
+    from .host import apply_settings, load_local_settings
+
+    apply_settings(load_local_settings())  # as the host will: a connection string may come from there
+    reader = InMemoryMetricReader()
+    return reader if configure_telemetry(metric_readers=[reader]) not in ("none", "already-configured") else None
 
 
 def status(args: argparse.Namespace, storage) -> int:

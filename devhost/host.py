@@ -85,16 +85,19 @@ def close_durable_client_session() -> None:
 
 
 class _DecisionLog(logging.Handler):
-    """Collects the starter's structured ``start_decision`` log fields (what App Insights would show)."""
+    """Collects the starter's structured ``start_*`` log fields (what App Insights would show)."""
 
     def __init__(self) -> None:
         super().__init__(level=logging.DEBUG)
         self.decisions: list[dict] = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        decision = getattr(record, "start_decision", None)
-        if decision is not None:
-            self.decisions.append(decision)
+        action = getattr(record, "start_action", None)
+        if action is not None:
+            job_id = record.job_id if record.job_id != "none" else None
+            self.decisions.append(
+                {"action": action, "blob": record.start_blob, "job_id": job_id, "reason": record.start_reason}
+            )
 
 
 class LocalHost:

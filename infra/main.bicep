@@ -288,6 +288,13 @@ resource functionApp 'Microsoft.Web/sites@2024-04-01' = {
           name: 'APPLICATIONINSIGHTS_AUTHENTICATION_STRING'
           value: 'ClientId=${identity.properties.clientId};Authorization=AAD'
         }
+        {
+          // The worker streams its own OpenTelemetry (function_app.py configures the Azure Monitor
+          // distro with the identity), so the host stops forwarding the worker's logs: each once.
+          // Not PYTHON_APPLICATIONINSIGHTS_ENABLE_TELEMETRY: the worker would configure the distro itself.
+          name: 'PYTHON_ENABLE_OPENTELEMETRY'
+          value: 'true'
+        }
         // What the code reads (tilecommit/settings.py APP_SETTINGS), with its defaults.
         {
           name: 'TILECOMMIT_INPUT_CONTAINER'

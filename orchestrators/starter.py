@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import azure.durable_functions as df
 from azure.storage.blob import BlobClient
 
+from tilecommit import telemetry
 from tilecommit.errors import InvalidNameError
 from tilecommit.jobs import check_upload_name, job_id_for
 from tilecommit.records import Record
@@ -42,8 +43,20 @@ class StartDecision(Record):
 
 
 def _decided(decision: StartDecision, level: int, message: str, *args) -> StartDecision:
-    """Log the decision; ``start_decision`` rides along as a structured field (custom dimension)."""
-    logger.log(level, message, *args, extra={"start_decision": decision.to_dict()})
+    """Log and count the decision; its fields ride along flat (custom dimensions in Application Insights)."""
+    fields = decision.to_dict()
+    logger.log(
+        level,
+        message,
+        *args,
+        extra={
+            "job_id": decision.job_id or telemetry.NO_JOB,
+            "start_action": decision.action,
+            "start_reason": decision.reason,
+            "start_blob": decision.blob,
+        },
+    )
+    telemetry.record_start_decision(fields)
     return decision
 
 

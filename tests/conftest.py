@@ -1,5 +1,5 @@
 """Shared fixtures: a real Azurite per test session, fresh containers and tables per test,
-and an in-memory OpenTelemetry reader so tests can read the gate counters back."""
+and in-memory OpenTelemetry readers so tests can read the counters and spans back."""
 
 from __future__ import annotations
 
@@ -7,9 +7,12 @@ import hashlib
 import re
 
 import pytest
-from opentelemetry import metrics
+from opentelemetry import metrics, trace
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from devhost.azurite import Azurite
 from devhost.scenes import SceneSpec, write_scene
@@ -24,6 +27,11 @@ from .raster_jobs import render_all
 # Installed before any test touches tilecommit.telemetry's counters (the API proxies them).
 METRIC_READER = InMemoryMetricReader()
 metrics.set_meter_provider(MeterProvider(metric_readers=[METRIC_READER]))
+#: Every span the app makes in this test process (the activity spans of tilecommit.observed).
+SPANS = InMemorySpanExporter()
+_tracer_provider = TracerProvider()
+_tracer_provider.add_span_processor(SimpleSpanProcessor(SPANS))
+trace.set_tracer_provider(_tracer_provider)
 
 
 def counter_total(name: str, **attributes: str) -> int:
@@ -130,7 +138,12 @@ def stores(tiles, output, manifest):
 
 @pytest.fixture
 def app_env(storage, azurite, monkeypatch, request) -> AppEnv:
-    suffix = hashlib.sha256(request.node.nodeid.encode()).hexdigest()[:10]
+    return app_env_for(azurite, monkeypatch, request.node.nodeid)
+
+
+def app_env_for(azurite, monkeypatch, node_id: str) -> AppEnv:
+    """App settings of one test (or module): its own containers, tables and task hub, set in the environment."""
+    suffix = hashlib.sha256(node_id.encode()).hexdigest()[:10]
     env = {
         names.STORAGE_CONNECTION: azurite.connection_string,
         names.SETTING_INPUT_CONTAINER: f"in-{suffix}",

@@ -225,7 +225,7 @@ def test_second_commit_leaves_etag_last_modified_size_and_content_unchanged(cont
     before = snapshot(container, name)
     time.sleep(1.1)  # Last-Modified has a one-second resolution: an overwrite now would show.
 
-    counters = Counters("blob-create")
+    counters = Counters("blob")
     other = b"a longer, different body" * 100
     assert gates.commit_blob(container, name, other, metadata={"extra": "1"}) is Outcome.ALREADY_PRESENT
     assert gates.commit_blob(container, name, first) is Outcome.ALREADY_PRESENT
@@ -242,7 +242,7 @@ def test_other_bytes_under_a_taken_key_warn_and_count_a_mismatch(container, capl
     assert gates.commit_blob(container, name, ours, job_id="aaaaaaaaaaaaaaaa") is Outcome.WRITTEN
     caplog.clear()
 
-    counters = Counters("blob-create")
+    counters = Counters("blob")
     assert gates.commit_blob(container, name, theirs, job_id="bbbbbbbbbbbbbbbb") is Outcome.ALREADY_PRESENT
     assert counters.delta() == {
         "rejected": 1,
@@ -261,7 +261,7 @@ def test_other_bytes_under_a_taken_key_warn_and_count_a_mismatch(container, capl
 
     # The same bytes again: a rejection (logged at INFO with its job id), no warning, no mismatch.
     caplog.clear()
-    counters = Counters("blob-create")
+    counters = Counters("blob")
     assert gates.commit_blob(container, name, ours, job_id="cccccccccccccccc") is Outcome.ALREADY_PRESENT
     assert counters.delta()["rejected"] == 1 and counters.delta()["mismatch"] == 0
     assert [r.levelno for r in caplog.records] == [logging.INFO]
@@ -280,7 +280,7 @@ def test_32_writers_20_rounds_exactly_one_winner_each(storage, container, record
         for _ in range(writers)
     ]
     barrier = threading.Barrier(writers, timeout=60)
-    counters = Counters("blob-create")
+    counters = Counters("blob")
 
     def write(i: int, name: str, body: bytes) -> Outcome:
         barrier.wait()  # all 32 leave together
@@ -428,7 +428,7 @@ def test_a_412_condition_not_met_is_already_present_too(storage, container):
 
     recorder = Recorder()
     client = container_client(storage, container, recorder, raw_request_hook=to_stale_if_match)
-    counters = Counters("blob-create")
+    counters = Counters("blob")
     assert gates.commit_blob(client, name, b"v3", job_id=JOB) is Outcome.ALREADY_PRESENT
     assert len(rewritten) == 1 and recorder.puts()[0].headers["if-match"] == old
     assert counters.delta()["rejected_412"] == 1 and counters.delta()["rejected"] == 1
@@ -510,7 +510,7 @@ def test_a_conflict_of_another_code_is_a_storage_fault_not_a_rejection(storage, 
 
     recorder = Recorder()
     client = container_client(storage, container, recorder, raw_request_hook=drop_condition)
-    counters = Counters("blob-create")
+    counters = Counters("blob")
     with pytest.raises(StorageFaultError) as info:
         gates.commit_blob(client, name, b"new bytes", job_id=JOB)
     assert "409" in str(info.value) and "BlobArchived" in str(info.value)
@@ -538,7 +538,7 @@ def test_lost_response_sdk_retry_gets_409_and_the_evidence_says_identical(storag
     body = b"rendered once" * 50
     lose = LoseResponses("PUT", times=1)
     client = container_client(storage, container, lose, **FAST_SDK_RETRY)
-    counters = Counters("blob-create")
+    counters = Counters("blob")
 
     outcome = gates.commit_blob(client, name, body, job_id=JOB)
 
@@ -560,7 +560,7 @@ def test_lost_201_without_sdk_retries_is_resolved_as_written_from_the_sha256(sto
     body = b"mine" * 100
     lose = LoseResponses("PUT", times=1)
     client = container_client(storage, container, lose, **NO_SDK_RETRY)
-    counters = Counters("blob-create")
+    counters = Counters("blob")
 
     assert gates.commit_blob(client, name, body, job_id=JOB) is Outcome.WRITTEN
     assert lose.lost == [201]
@@ -606,7 +606,7 @@ def test_another_writers_bytes_after_a_lost_response_are_already_present_with_a_
     other_writer = ContainerClient.from_connection_string(storage.connection_string, container.container_name)
     lose = LoseResponses("PUT", times=1, before=lambda: gates.commit_blob(other_writer, name, theirs))
     client = container_client(storage, container, lose, **NO_SDK_RETRY)
-    counters = Counters("blob-create")
+    counters = Counters("blob")
 
     assert gates.commit_blob(client, name, ours, job_id=JOB) is Outcome.ALREADY_PRESENT
     assert lose.lost == [409]

@@ -199,3 +199,41 @@ def test_deploy_script_reads_only_outputs_the_template_has() -> None:
     }
     assert passed - set(MAIN.params) == set()
     assert "main.parameters.json" in script and (INFRA / "main.parameters.json").is_file()
+
+
+@pytest.mark.parametrize("plan", PLANS)
+def test_telemetry_goes_to_application_insights_with_the_identity_and_once(plan: str) -> None:
+    from tilecommit import monitoring
+
+    deployed = app_settings(plan)
+    stand_ins = {
+        "monitoring.outputs.connectionString": "InstrumentationKey=00000000-0000-0000-0000-000000000002",
+        "identity.properties.clientId": "00000000-0000-0000-0000-000000000001",
+    }
+    environ = {}
+    for name, value in deployed.items():
+        if isinstance(value, Unresolved):
+            value = stand_ins.get(value.text, str(value))
+        environ[name] = str(value)
+    authentication = environ[monitoring.AUTHENTICATION_STRING]
+    environ[monitoring.AUTHENTICATION_STRING] = authentication.replace(
+        "{identity.properties.clientId}", stand_ins["identity.properties.clientId"]
+    )
+    plan_ = monitoring.plan_telemetry(environ)
+    assert plan_.kind == "azure-monitor"
+    assert plan_.managed_identity_client_id == stand_ins["identity.properties.clientId"]
+    # The worker streams its own telemetry (the host stops forwarding its logs) and does not
+    # configure the distro a second time: function_app.py does, with the credential.
+    assert deployed["PYTHON_ENABLE_OPENTELEMETRY"] == "true"
+    assert "PYTHON_APPLICATIONINSIGHTS_ENABLE_TELEMETRY" not in deployed
+    host = json.loads((INFRA.parent / "host.json").read_text())
+    assert host["telemetryMode"] == "OpenTelemetry"
+
+
+def test_the_workbook_shows_every_query_in_the_repository_once() -> None:
+    source = (INFRA / "modules" / "monitoring.bicep").read_text()
+    loaded = re.findall(r"loadTextContent\('\.\./workbook/([^']+\.kql)'\)", source)
+    on_disk = sorted(p.name for p in (INFRA / "workbook").glob("*.kql"))
+    assert sorted(loaded) == on_disk and len(set(loaded)) == len(loaded)
+    workbooks = Bicep(INFRA / "modules" / "monitoring.bicep").resources_of_type("Microsoft.Insights/workbooks")
+    assert len(workbooks) == 1

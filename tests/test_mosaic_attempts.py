@@ -93,7 +93,7 @@ def test_two_assemblies_started_together_commit_one_mosaic_and_neither_waits(ren
 
     log = RequestLog()
     hooked = hooked_stores(storage, stores, log)
-    refused = counter_total("ConditionalWritePreconditionFailed", gate="blob-create")
+    refused = counter_total("ConditionalWritePreconditionFailed", gate="mosaic")
     barrier = threading.Barrier(2)
     results: dict[int, tuple] = {}
 
@@ -123,7 +123,7 @@ def test_two_assemblies_started_together_commit_one_mosaic_and_neither_waits(ren
     # and counted (with the refused creates of the companions, which both attempts write), never raised.
     commits = log.put_block_lists(name)
     assert 1 <= len(commits) <= 2
-    assert counter_total("ConditionalWritePreconditionFailed", gate="blob-create") - refused >= len(commits) - 1
+    assert counter_total("ConditionalWritePreconditionFailed", gate="mosaic") - refused >= len(commits) - 1
     assert len({b[:4] for b in block_ids(blob, "committed")}) == 1
     assert_same_pixels(committed_pixels(stores, name), read_scene(spec))
     written = next(r[1] for r in results.values() if r[1].outcome == "written")

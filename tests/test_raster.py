@@ -573,8 +573,8 @@ def test_commit_staged_blob_is_create_only(output):
     assert props.size == len(body) and props.metadata[gates.SHA256_METADATA_KEY] == digest
     assert output.download_blob("m.tif").readall() == body
 
-    rejected = counter_total("ConditionalWritePreconditionFailed", gate="blob-create")
-    mismatched = counter_total("ConditionalWriteContentMismatch", gate="blob-create")
+    rejected = counter_total("ConditionalWritePreconditionFailed", gate="blob")
+    mismatched = counter_total("ConditionalWriteContentMismatch", gate="blob")
     again = _stream(output, "m.tif", body)
     assert (
         commit_staged_blob(output, "m.tif", again, sha256=digest, content_type="image/tiff", job_id=JOB)
@@ -589,8 +589,8 @@ def test_commit_staged_blob_is_create_only(output):
     after = output.get_blob_client("m.tif").get_blob_properties()
     assert (after.etag, after.size, after.metadata) == (props.etag, props.size, props.metadata)
     assert output.download_blob("m.tif").readall() == body
-    assert counter_total("ConditionalWritePreconditionFailed", gate="blob-create") == rejected + 2
-    assert counter_total("ConditionalWriteContentMismatch", gate="blob-create") == mismatched + 1
+    assert counter_total("ConditionalWritePreconditionFailed", gate="blob") == rejected + 2
+    assert counter_total("ConditionalWriteContentMismatch", gate="blob") == mismatched + 1
 
 
 def test_commit_block_list_if_missing_sends_if_none_match_and_etag_star_is_an_sdk_trap(storage, output):

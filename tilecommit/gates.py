@@ -27,7 +27,7 @@ from azure.core.exceptions import (
 from azure.data.tables import EdmType, EntityProperty, TableClient
 from azure.storage.blob import BlobClient, ContainerClient, ContentSettings
 
-from . import telemetry
+from . import jobs, telemetry
 from .errors import BodyTooLargeError, ConfigurationError, StorageFaultError
 from .grid import Window
 
@@ -112,7 +112,7 @@ def count_rejection(gate: str, status: int | None, job_id: str, key: str, what: 
         key,
         status,
     )
-    telemetry.precondition_failed.add(1, {"gate": gate, "status": str(status)})
+    telemetry.precondition_failed.add(1, telemetry.job_attributes(job_id, gate=gate, status=str(status)))
 
 
 def count_mismatch(gate: str, job_id: str, key: str, ours: str, stored: str | None) -> None:
@@ -126,7 +126,7 @@ def count_mismatch(gate: str, job_id: str, key: str, ours: str, stored: str | No
         ours,
         stored,
     )
-    telemetry.content_mismatch.add(1, {"gate": gate})
+    telemetry.content_mismatch.add(1, telemetry.job_attributes(job_id, gate=gate))
 
 
 # --------------------------------------------------------------------------- blobs
@@ -195,7 +195,7 @@ def create_once(
     *,
     digest: str,
     job_id: str = "",
-    gate: str = "blob-create",
+    gate: str | None = None,
 ) -> Outcome:
     """Run ``put``, one create-only request for ``blob`` (``If-None-Match: *``), and classify it.
 
@@ -206,8 +206,17 @@ def create_once(
     logged at INFO and counted, the stored sha256 compared with ``digest`` (a difference logged at
     WARNING and counted). A transport fault with an unknown outcome is resolved from the stored
     sha256: ours means written, absent means the same conditional request again, never without
-    its condition. Anything else raises :class:`StorageFaultError`.
+    its condition. Anything else raises :class:`StorageFaultError`. ``gate`` labels the counters:
+    by default what the blob's name says it is (:func:`tilecommit.jobs.blob_gate`).
     """
+    name = blob.blob_name
+    gate = gate or jobs.blob_gate(name)
+    outcome = _create_once(blob, put, digest=digest, job_id=job_id, gate=gate)
+    telemetry.count_write(gate, outcome, job_id)
+    return outcome
+
+
+def _create_once(blob: BlobClient, put: Callable[[], Any], *, digest: str, job_id: str, gate: str) -> Outcome:
     name = blob.blob_name
     for _ in range(UNKNOWN_OUTCOME_ATTEMPTS):
         try:
@@ -230,7 +239,7 @@ def create_once(
                     exc,
                 )
                 continue
-            telemetry.unknown_outcome_resolved.add(1, {"gate": gate})
+            telemetry.unknown_outcome_resolved.add(1, telemetry.job_attributes(job_id, gate=gate))
             if stored == digest:
                 logger.info("create of %r had no answer (%s); the stored sha256 is ours: written", name, exc)
                 return Outcome.WRITTEN
@@ -284,6 +293,12 @@ def repair_blob(
     ``WRITTEN`` when it replaced that version; ``SUPERSEDED`` on 412 or 404 (something newer
     landed, or the blob is gone): the newer state is left untouched.
     """
+    outcome = _repair_blob(container, name, body, expect_etag, content_type, metadata, job_id)
+    telemetry.count_write("blob-repair", outcome, job_id)
+    return outcome
+
+
+def _repair_blob(container, name, body, expect_etag, content_type, metadata, job_id) -> Outcome:
     body = bytes(body)
     digest = sha256_hex(body)
     blob = _single_put_client(container, name, len(body))
@@ -320,7 +335,7 @@ def repair_blob(
                     "repair of %r had no answer (%s); the old version is still there: trying again", name, exc
                 )
                 continue
-            telemetry.unknown_outcome_resolved.add(1, {"gate": "blob-repair"})
+            telemetry.unknown_outcome_resolved.add(1, telemetry.job_attributes(job_id, gate="blob-repair"))
             if stored == digest:
                 return Outcome.WRITTEN
             count_rejection("blob-repair", None, job_id, name, "superseded, found after a lost response")
@@ -394,6 +409,14 @@ def create_entity_once(
     ``evidence_field`` names a property that identifies the content (a sha256): on a refusal it
     is compared with the stored row, and after a transport fault it tells ours from theirs.
     """
+    outcome = _create_entity_once(table, entity, gate=gate, job_id=job_id, evidence_field=evidence_field)
+    telemetry.count_write(gate, outcome, job_id)
+    return outcome
+
+
+def _create_entity_once(
+    table: TableClient, entity: dict, *, gate: str, job_id: str, evidence_field: str | None
+) -> Outcome:
     key = f"{entity['PartitionKey']}/{entity['RowKey']}"
     for _ in range(UNKNOWN_OUTCOME_ATTEMPTS):
         try:
@@ -413,7 +436,7 @@ def create_entity_once(
             if stored is None:
                 logger.warning("insert of %s had no answer (%s) and nothing is stored: trying again", key, exc)
                 continue
-            telemetry.unknown_outcome_resolved.add(1, {"gate": gate})
+            telemetry.unknown_outcome_resolved.add(1, telemetry.job_attributes(job_id, gate=gate))
             if evidence_field and stored.get(evidence_field) == entity[evidence_field]:
                 return Outcome.WRITTEN
             count_rejection(gate, None, job_id, key, "already present, found after a lost response")

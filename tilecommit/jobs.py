@@ -110,6 +110,24 @@ def quicklook_blob_name(job_id: str) -> str:
     return f"mosaics/{check_job_id(job_id)}/quicklook.png"
 
 
+#: The gate a job's blob is written through, by the name the functions above give it.
+_GATES = (
+    (re.compile(r"^tiles/[0-9a-f]{16}/[^/]+\.tif$"), "tile"),
+    (re.compile(r"^mosaics/[0-9a-f]{16}/mosaic\.tif$"), "mosaic"),
+    (re.compile(r"^mosaics/[0-9a-f]{16}/item\.json$"), "stac"),
+    (re.compile(r"^mosaics/[0-9a-f]{16}/quicklook\.png$"), "quicklook"),
+)
+
+
+def blob_gate(name: str) -> str:
+    """``tile``, ``mosaic``, ``stac`` or ``quicklook`` for a job's output blob, else ``blob``.
+
+    The counters of refused writes are labelled with it, so the label follows from the key and
+    no caller has to pass it along.
+    """
+    return next((gate for pattern, gate in _GATES if pattern.match(name)), "blob")
+
+
 def check_upload_name(name: str) -> str:
     """Validate the name of an uploaded blob (data from outside, never a path).
 

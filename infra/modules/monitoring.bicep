@@ -69,6 +69,83 @@ resource telemetryPublisher 'Microsoft.Authorization/roleAssignments@2022-04-01'
   }
 }
 
+// The operators' workbook: its queries are the .kql files beside the templates (the same files
+// tests/test_telemetry.py runs over a local run's records), each shown as one item.
+var workbookQueries = [
+  {
+    title: 'Duplicates storage refused, by gate and job'
+    query: loadTextContent('../workbook/refused-duplicates-by-gate.kql')
+    visualization: 'table'
+  }
+  {
+    title: 'Jobs started, completed and failed'
+    query: loadTextContent('../workbook/jobs-over-time.kql')
+    visualization: 'timechart'
+  }
+  {
+    title: 'Windows per minute'
+    query: loadTextContent('../workbook/windows-per-minute.kql')
+    visualization: 'timechart'
+  }
+  {
+    title: 'Slowest jobs'
+    query: loadTextContent('../workbook/slowest-jobs.kql')
+    visualization: 'table'
+  }
+  {
+    title: 'Where the time went (activity executions)'
+    query: loadTextContent('../workbook/where-time-went.kql')
+    visualization: 'table'
+  }
+  {
+    title: 'Errors by type'
+    query: loadTextContent('../workbook/errors-by-type.kql')
+    visualization: 'barchart'
+  }
+  {
+    title: 'Start decisions'
+    query: loadTextContent('../workbook/start-decisions.kql')
+    visualization: 'table'
+  }
+]
+
+var workbookContent = {
+  version: 'Notebook/1.0'
+  items: [for (item, i) in workbookQueries: {
+    type: 3
+    name: 'query-${i}'
+    content: {
+      version: 'KqlItem/1.0'
+      title: item.title
+      query: item.query
+      size: 0
+      queryType: 0
+      resourceType: 'microsoft.insights/components'
+      visualization: item.visualization
+      timeContext: {
+        durationMs: 86400000
+      }
+    }
+  }]
+  fallbackResourceIds: [
+    applicationInsights.id
+  ]
+  '$schema': 'https://github.com/Microsoft/Application-Insights-Workbooks/blob/master/schema/workbook.json'
+}
+
+resource workbook 'Microsoft.Insights/workbooks@2023-06-01' = {
+  name: guid(applicationInsights.id, 'tilecommit-workbook')
+  location: location
+  tags: tags
+  kind: 'shared'
+  properties: {
+    displayName: 'tilecommit: jobs, refusals, time'
+    category: 'workbook'
+    sourceId: applicationInsights.id
+    serializedData: string(workbookContent)
+  }
+}
+
 output applicationInsightsName string = applicationInsights.name
 output applicationInsightsId string = applicationInsights.id
 output connectionString string = applicationInsights.properties.ConnectionString
