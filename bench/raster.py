@@ -2,8 +2,9 @@
 
 - tiling: every window rendered by ``WORKERS`` worker processes at once (``bench.workers
   render``), reading the uploaded scene through /vsiaz/ as that many Function instances would;
-- assembly: ``assemble_mosaic`` in a fresh process for each method, block copy and the tuned
-  VRT -> COG path, each into its own job (the manifest rows copied, so every method builds its
+- assembly: ``assemble_mosaic`` in a fresh process for each method, side by side: the storage
+  service's block copy (``server``, Put Block From URL), block copy through the process
+  (``blocks``) and the tuned VRT -> COG path, each into its own job (the manifest rows copied, so every method builds its
   mosaic from the same tiles).
 
 Wall time, peak RSS and CPU seconds of each process come from :func:`bench.common.run_measured`.
@@ -21,7 +22,7 @@ from .e2e import KeptRun
 from .workers import copy_manifest
 
 WORKERS = 2
-METHODS = ("blocks", "vrt")
+METHODS = ("server", "blocks", "vrt")
 
 
 def measure(ctx: Context, size: int, kept: dict, methods: tuple[str, ...] = METHODS) -> dict:
@@ -74,6 +75,7 @@ def measure(ctx: Context, size: int, kept: dict, methods: tuple[str, ...] = METH
             "nbytes": mosaic["nbytes"],
             "overview_levels": mosaic["overview_levels"],
             "method": mosaic["method"],
+            "transfer": mosaic.get("transfer", {}),
             "timings": {k: round(v, 2) for k, v in mosaic["timings"].items()},
         }
     return {
@@ -111,13 +113,17 @@ def print_report(r: dict) -> None:
             ]
         )
         for method, a in e["assembly"].items():
+            sent = a.get("transfer", {}).get("sent_from_instance")
+            through = f"{100 * sent / a['nbytes']:.1f} %" if sent is not None and a["nbytes"] else ""
             rows.append(
                 [
                     f"{size}²",
                     f"assembly ({method}), {a['overview_levels']} overview levels",
                     f"{a['wall_s']:.1f}",
                     f"{a['peak_rss_mb']:.0f}",
+                    f"{a['nbytes'] / 2**20:.0f}",
+                    through,
                 ]
             )
-        rows.append([f"{size}²", "tiling + first method's assembly", f"{e['pipeline_wall_s']:.1f}", ""])
-    print(table(rows, ["scene", "step", "wall s", "peak RSS MiB"]))
+        rows.append([f"{size}²", "tiling + first method's assembly", f"{e['pipeline_wall_s']:.1f}", "", "", ""])
+    print(table(rows, ["scene", "step", "wall s", "peak RSS MiB", "mosaic MiB", "mosaic bytes sent from the instance"]))

@@ -56,7 +56,7 @@ def render(job_id: str, source: str, window_ids: list[str], width: int, height: 
 
 
 def assemble(job_id: str, scene_json: str, method: str) -> dict:
-    """``assemble_mosaic`` of a job whose manifest is complete, by ``method`` ("auto", "blocks", "vrt")."""
+    """``assemble_mosaic`` of a job whose manifest is complete, by ``method`` ("auto", "server", "blocks", "vrt")."""
     from tilecommit.raster import SceneInfo, assemble_mosaic
 
     connection, settings, blobs, tables = _clients()

@@ -32,7 +32,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-import rasterio
 from azure.data.tables import TableClient
 from azure.storage.blob import ContainerClient
 
@@ -40,7 +39,6 @@ from .. import gates, jobs
 from ..errors import IncompatibleTilesError, MosaicCheckError, StorageFaultError
 from ..records import Record
 from ..settings import Settings
-from ..storage import vsiaz_path
 from . import attempt
 from .block_copy import build_mosaic_blocks, prepare_block_copy
 from .block_sources import FETCH_THREADS
@@ -49,16 +47,13 @@ from .checks import (
     check_manifest,
     check_mosaic_file,
     check_planned_mosaic,
-    remote_gdal_options,
     verify_committed_mosaic,
 )
 from .copy_plan import CopyRange, plan_copy
-from .env import gdal_env
-from .gdal_errors import gdal_step
 from .pyramid import mosaic_overview_levels
 from .scene import SceneInfo
 from .server_copy import CopyFromUrlUnsupported, ServerSideStager, copy_source_for
-from .stac import mosaic_footprint, quicklook_png, stac_item_bytes
+from .sidecars import write_sidecars
 from .staging import STAGE_IN_FLIGHT, CommittedElsewhere, StagedBlockSink, commit_file, commit_staged_blob
 from .vrt import build_mosaic_vrt, estimate_vrt_temp_bytes
 
@@ -88,64 +83,6 @@ class MosaicResult(Record):
     transfer: dict[str, int] = field(default_factory=dict)
 
     JSON_IN = {"timings": lambda timings: dict(timings or {}), "transfer": lambda counts: dict(counts or {})}
-
-
-def _write_sidecars(
-    job_id: str,
-    scene: SceneInfo,
-    *,
-    output: ContainerClient,
-    settings: Settings,
-    gdal_options: dict | None,
-    source_name: str,
-    timings: dict[str, float],
-) -> int:
-    """Quicklook, then STAC item (which names both), each create-only; skipped when already there.
-
-    Both are read from the committed mosaic through /vsiaz/ (the quicklook from its smallest
-    overview: a few blocks), never from a local copy: there is none for a streamed mosaic, and a
-    crash between the commits leaves the next call (which finds the mosaic present) the same
-    source, so it writes the same bytes.
-    """
-    mosaic_name, stac_name, quicklook_name = (
-        jobs.mosaic_blob_name(job_id),
-        jobs.stac_blob_name(job_id),
-        jobs.quicklook_blob_name(job_id),
-    )
-    props = blob_properties(output, mosaic_name)
-    if props is None:
-        raise StorageFaultError(f"{mosaic_name} vanished after it was committed")
-    sha = (props.metadata or {}).get(gates.SHA256_METADATA_KEY, "")
-    remote = vsiaz_path(output.container_name, mosaic_name)
-    with gdal_env(settings, remote_gdal_options(gdal_options, remote)):
-        started = time.perf_counter()
-        if blob_properties(output, quicklook_name) is None:
-            with gdal_step(f"making the quicklook of {mosaic_name}", window="smallest overview"):
-                quicklook = quicklook_png(remote)
-            gates.commit_blob(output, quicklook_name, quicklook, content_type="image/png", job_id=job_id)
-        timings["quicklook"] = time.perf_counter() - started
-        started = time.perf_counter()
-        if blob_properties(output, stac_name) is None:
-            with (
-                gdal_step(f"reading the overview levels of {mosaic_name} for its STAC item"),
-                rasterio.open(remote) as src,
-            ):
-                levels = len(src.overviews(1))
-            body = stac_item_bytes(
-                job_id=job_id,
-                scene=scene,
-                mosaic_href="./" + mosaic_name.rsplit("/", 1)[-1],
-                quicklook_href="./" + quicklook_name.rsplit("/", 1)[-1],
-                mosaic_nbytes=int(props.size),
-                mosaic_sha256=sha,
-                overview_levels=levels,
-                created=props.creation_time or props.last_modified,
-                footprint=mosaic_footprint(remote, scene.crs),
-                source_name=source_name,
-            )
-            gates.commit_blob(output, stac_name, body, content_type="application/geo+json", job_id=job_id)
-        timings["stac"] = time.perf_counter() - started
-    return int(props.size)
 
 
 def _server_side(
@@ -247,7 +184,7 @@ def assemble_mosaic(
         # Its companions are written if a crash left them out.
         levels = int((existing.metadata or {}).get(OVERVIEW_LEVELS_METADATA_KEY, -1))
         if blob_properties(output, names["stac"]) is None or blob_properties(output, names["quicklook"]) is None:
-            _write_sidecars(job_id, scene, **sidecars)
+            write_sidecars(job_id, scene, **sidecars)
         return MosaicResult(
             outcome=str(gates.Outcome.ALREADY_PRESENT),
             nbytes=int(existing.size),
@@ -417,7 +354,7 @@ def assemble_mosaic(
             counts = {"sent_from_instance": nbytes}
             os.remove(out_path)
 
-        _write_sidecars(job_id, scene, **sidecars)
+        write_sidecars(job_id, scene, **sidecars)
     except CommittedElsewhere:
         if sink is not None:
             sink.abort()
