@@ -67,7 +67,7 @@ def measure(ctx: Context, size: int, kept: dict, methods: tuple[str, ...] = METH
             copy_manifest(connection.table_service(), settings.manifest_table, job, assembly_job)
         measured = run_measured(
             [PYTHON, "-m", "bench.workers", "assemble", assembly_job, json.dumps(scene.to_dict()), method],
-            env=pipeline_run.child_env,
+            env={**pipeline_run.child_env, "CPL_VSIL_NETWORK_STATS_ENABLED": "YES"},
         )
         mosaic = measured.json()
         assembly[method] = {
@@ -76,6 +76,7 @@ def measure(ctx: Context, size: int, kept: dict, methods: tuple[str, ...] = METH
             "overview_levels": mosaic["overview_levels"],
             "method": mosaic["method"],
             "transfer": mosaic.get("transfer", {}),
+            "http_bodies": mosaic.get("http_bodies", {}),
             "timings": {k: round(v, 2) for k, v in mosaic["timings"].items()},
         }
     return {
@@ -113,8 +114,9 @@ def print_report(r: dict) -> None:
             ]
         )
         for method, a in e["assembly"].items():
-            sent = a.get("transfer", {}).get("sent_from_instance")
-            through = f"{100 * sent / a['nbytes']:.1f} %" if sent is not None and a["nbytes"] else ""
+            bodies = a.get("http_bodies") or {}
+            moved = sum(part.get("sent", 0) + part.get("received", 0) for part in bodies.values())
+            through = f"{100 * moved / a['nbytes']:.1f} %" if bodies and a["nbytes"] else ""
             rows.append(
                 [
                     f"{size}²",
@@ -126,4 +128,4 @@ def print_report(r: dict) -> None:
                 ]
             )
         rows.append([f"{size}²", "tiling + first method's assembly", f"{e['pipeline_wall_s']:.1f}", "", "", ""])
-    print(table(rows, ["scene", "step", "wall s", "peak RSS MiB", "mosaic MiB", "mosaic bytes sent from the instance"]))
+    print(table(rows, ["scene", "step", "wall s", "peak RSS MiB", "mosaic MiB", "HTTP bodies in+out / mosaic"]))
