@@ -111,6 +111,8 @@ def print_report(r: dict) -> None:
                 f"tiling, {e['windows']} windows of {e['window_size']}², {t['workers']} workers",
                 f"{t['wall_s']:.1f}",
                 rss,
+                f"{t['tiles_nbytes'] / 2**20:.0f} (tiles)",
+                "",
             ]
         )
         for method, a in e["assembly"].items():
