@@ -67,7 +67,9 @@ class HttpBodies:
         self.sent += int(request.http_request.headers.get("Content-Length") or 0)
 
     def _response(self, response) -> None:
-        self.received += int(response.http_response.headers.get("Content-Length") or 0)
+        # A HEAD's Content-Length is the blob's size, but no body follows it.
+        if response.http_request.method != "HEAD":
+            self.received += int(response.http_response.headers.get("Content-Length") or 0)
 
     def hooks(self) -> dict:
         return {"raw_request_hook": self._request, "raw_response_hook": self._response}
