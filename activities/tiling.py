@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from azure.core.exceptions import ResourceNotFoundError
 
 from tilecommit import raster
-from tilecommit.errors import BadInputError, MosaicCheckError
+from tilecommit.errors import CorruptTileError, InvalidRasterError, SourceChangedError, error_value, is_retryable
 from tilecommit.grid import Window
 from tilecommit.storage import vsiaz_path
 
@@ -16,8 +17,8 @@ from .context import ActivityContext, activity_context
 logger = logging.getLogger(__name__)
 
 
-def _source_changed(ctx: ActivityContext, job: dict) -> str | None:
-    """Why the job's source can no longer be read as the version it was started for, or None.
+def _check_source(ctx: ActivityContext, job: dict) -> None:
+    """Raise :class:`SourceChangedError` when the job's source is no longer the version it was started for.
 
     The job id names one version (URL + ETag) of the upload; GDAL cannot pin an ETag, so each
     reader checks it first. An overwritten upload has a job of its own.
@@ -25,39 +26,56 @@ def _source_changed(ctx: ActivityContext, job: dict) -> str | None:
     try:
         props = ctx.input.get_blob_client(job["blob"]).get_blob_properties()
     except ResourceNotFoundError:
-        return f"the upload {job['blob']!r} was deleted"
+        raise SourceChangedError(f"the upload {job['blob']!r} was deleted") from None
     if props.etag.strip('"') != job["etag"].strip('"'):
-        return f"the upload {job['blob']!r} was overwritten (ETag {props.etag}, job started for {job['etag']})"
-    return None
+        raise SourceChangedError(
+            f"the upload {job['blob']!r} was overwritten (ETag {props.etag}, job started for {job['etag']})"
+        )
+
+
+def run_activity(name: str, job: dict, work: Callable[[], dict], *, window: str | None = None) -> dict:
+    """``work()``'s result, or its non-retryable error as ``{"error": error_value(...)}``.
+
+    The one contract of every activity: a retryable fault is raised (the orchestrator's retry
+    policy repeats the activity); anything else comes back as a value and fails the job once,
+    with its message, without burning a retry.
+    """
+    try:
+        return work()
+    except Exception as exc:
+        if is_retryable(exc):
+            logger.warning(
+                "job %s: %s%s: retryable fault: %s", job["job_id"], name, f" {window}" if window else "", exc
+            )
+            raise
+        logger.warning("job %s: %s%s failed for good: %s", job["job_id"], name, f" {window}" if window else "", exc)
+        return {"error": error_value(exc, window=window)}
 
 
 def validate_source(job: dict) -> dict:
-    """Inspect the upload; ``{"ok": True, "scene": ...}`` or ``{"ok": False, "error": ...}``."""
+    """Inspect the upload; ``{"scene": ...}`` or ``{"error": {"type", "message", "window"}}``."""
     ctx = activity_context()
-    changed = _source_changed(ctx, job)
-    if changed:
-        return {"ok": False, "error": changed, "error_type": "SourceChanged"}
-    try:
+
+    def work() -> dict:
+        _check_source(ctx, job)
         scene = raster.inspect_source(
             vsiaz_path(ctx.settings.input_container, job["blob"]),
             settings=ctx.settings,
             gdal_options=ctx.connection.gdal_options(),
         )
-    except BadInputError as exc:
-        logger.warning("job %s: refusing %r: %s", job["job_id"], job["blob"], exc)
-        return {"ok": False, "error": str(exc), "error_type": type(exc).__name__}
-    return {"ok": True, "scene": scene.to_dict()}
+        return {"scene": scene.to_dict()}
+
+    return run_activity("validate_source", job, work)
 
 
 def render_tile(payload: dict) -> dict:
-    """Render, commit and record one window; returns its outcome (never pixel data)."""
+    """Render, commit and record one window; returns its outcome (never pixel data) or its error."""
     job, window = payload["job"], Window.from_dict(payload["window"])
     ctx = activity_context()
-    changed = _source_changed(ctx, job)
-    if changed:
-        return {"window": window.id, "error": changed, "error_type": "SourceChanged"}
-    try:
-        result = raster.render_tile(
+
+    def work() -> dict:
+        _check_source(ctx, job)
+        return raster.render_tile(
             vsiaz_path(ctx.settings.input_container, job["blob"]),
             window,
             job_id=job["job_id"],
@@ -65,45 +83,49 @@ def render_tile(payload: dict) -> dict:
             manifest=ctx.manifest,
             settings=ctx.settings,
             gdal_options=ctx.connection.gdal_options(),
-        )
-    except BadInputError as exc:
-        return {"window": window.id, "error": str(exc), "error_type": type(exc).__name__}
-    return result.to_dict()
+        ).to_dict()
+
+    result = run_activity("render_tile", job, work, window=window.id)
+    return {"window": window.id, **result}
 
 
 def assemble_mosaic(payload: dict) -> dict:
-    """Assemble the job's mosaic from its manifest; returns the outputs' URLs.
+    """Assemble the job's mosaic from its manifest; returns the outputs' URLs or the error.
 
     Activities run at least once, so another execution may be assembling the same mosaic, or
     may have died half-way. Neither is waited for: each execution assembles, the first commit
     wins and the others return ``already-present`` (see :mod:`tilecommit.raster.attempt`).
+    A mosaic that fails its own checks (a bug that repeating cannot fix) comes back as an error.
     """
     job, scene = payload["job"], raster.SceneInfo.from_dict(payload["scene"])
     ctx = activity_context()
-    try:
-        result = raster.assemble_mosaic(
-            job["job_id"],
-            scene,
-            tiles=ctx.tiles,
-            output=ctx.output,
-            manifest=ctx.manifest,
-            settings=ctx.settings,
-            gdal_options=ctx.connection.gdal_options(),
-            source_name=job["blob"],
+
+    def work() -> dict:
+        try:
+            result = raster.assemble_mosaic(
+                job["job_id"],
+                scene,
+                tiles=ctx.tiles,
+                output=ctx.output,
+                manifest=ctx.manifest,
+                settings=ctx.settings,
+                gdal_options=ctx.connection.gdal_options(),
+                source_name=job["blob"],
+            )
+        except InvalidRasterError as exc:
+            # The tiles are this job's own output, checked when written: one that cannot be read
+            # back is storage's fault (a short or damaged read), never the upload's.
+            raise CorruptTileError(f"job {job['job_id']}: a tile cannot be read back as written: {exc}") from exc
+        summary = result.to_dict()
+
+        def url(name: str) -> str:
+            return ctx.output.get_blob_client(name).url
+
+        summary.update(
+            mosaic_url=url(result.mosaic),
+            stac_url=url(result.stac),
+            quicklook_url=url(result.quicklook),
         )
-    except MosaicCheckError as exc:
-        # A mosaic that fails its own checks is a bug that repeating cannot fix; and once
-        # committed, a retry would only find it present. Fail the job loudly instead.
-        logger.error("job %s: mosaic check failed: %s", job["job_id"], exc)
-        return {"error": f"mosaic check failed: {exc}", "error_type": type(exc).__name__}
-    summary = result.to_dict()
+        return summary
 
-    def url(name: str) -> str:
-        return ctx.output.get_blob_client(name).url
-
-    summary.update(
-        mosaic_url=url(result.mosaic),
-        stac_url=url(result.stac),
-        quicklook_url=url(result.quicklook),
-    )
-    return summary
+    return run_activity("assemble_mosaic", job, work)

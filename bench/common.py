@@ -278,7 +278,6 @@ class BenchStorage:
             names.SETTING_TILES_CONTAINER: f"tiles-{suffix}",
             names.SETTING_OUTPUT_CONTAINER: f"out-{suffix}",
             names.SETTING_MANIFEST_TABLE: f"manifest{suffix}",
-            names.SETTING_CLAIMS_TABLE: f"claims{suffix}",
             names.SETTING_WINDOW_SIZE: str(window_size),
             names.SETTING_BATCH_SIZE: str(batch_size),
             "BENCH_HUB": f"Bench{suffix}",
@@ -295,8 +294,7 @@ class BenchStorage:
                 blobs.create_container(env[key])
             except ResourceExistsError:
                 pass
-        for key in (names.SETTING_MANIFEST_TABLE, names.SETTING_CLAIMS_TABLE):
-            tables.create_table_if_not_exists(env[key])
+        tables.create_table_if_not_exists(env[names.SETTING_MANIFEST_TABLE])
 
     def drop(self, env: dict) -> None:
         """Delete one run's containers and tables (the bench Azurite lives on disk)."""
@@ -314,9 +312,7 @@ class BenchStorage:
                 blobs.delete_container(f"{hub.lower()}-largemessages")
             except Exception:
                 pass
-        for name in [env.get(names.SETTING_MANIFEST_TABLE), env.get(names.SETTING_CLAIMS_TABLE)] + (
-            [f"{hub}History", f"{hub}Events"] if hub else []
-        ):
+        for name in [env.get(names.SETTING_MANIFEST_TABLE)] + ([f"{hub}History", f"{hub}Events"] if hub else []):
             try:
                 tables.delete_table(name)
             except Exception:

@@ -100,7 +100,7 @@ def instrument(host: Any) -> tuple[TimedIndex, MethodTimer]:
     host.engine.index = index
     timer = MethodTimer()
     timer.wrap(host.engine, "_run_episode", "episode")
-    for method in ("commit_episode", "write_state", "read_state"):
+    for method in ("commit_episode", "write_new_state", "read_state"):
         timer.wrap(host.store, method, f"store.{method}")
     return index, timer
 

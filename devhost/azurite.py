@@ -1,7 +1,8 @@
 """Start and stop an Azurite storage emulator on free 127.0.0.1 ports.
 
 Used by the tests (a session fixture) and by ``make demo``. Each instance gets its own account
-and a freshly generated key (``AZURITE_ACCOUNTS``), so no key is written down anywhere.
+and a freshly generated key (``AZURITE_ACCOUNTS``), or the key it is given (the CLI's embedded
+Azurite keeps one next to its data), so no key is written down in the repository.
 """
 
 from __future__ import annotations
@@ -26,6 +27,11 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def new_account_key() -> str:
+    """A random account key in Azure's form (64 bytes, base64)."""
+    return base64.b64encode(secrets.token_bytes(64)).decode("ascii")
+
+
 def azurite_command() -> list[str]:
     """How to run the project's Azurite: its script on the Node 22 that npm installed beside it.
 
@@ -42,12 +48,19 @@ def azurite_command() -> list[str]:
 class Azurite:
     """An Azurite process with blob, queue and table services; use as a context manager."""
 
-    def __init__(self, *, in_memory: bool = True, workdir: str | None = None, log_path: str | None = None):
+    def __init__(
+        self,
+        *,
+        in_memory: bool = True,
+        workdir: str | None = None,
+        log_path: str | None = None,
+        key: str | None = None,
+    ):
         self.in_memory = in_memory
         self.workdir = workdir
         self.log_path = log_path
         self.account = ACCOUNT_NAME
-        self.key = base64.b64encode(secrets.token_bytes(64)).decode("ascii")
+        self.key = key or new_account_key()
         self.blob_port = self.queue_port = self.table_port = 0
         self.process: subprocess.Popen | None = None
         self._tmpdir: tempfile.TemporaryDirectory | None = None
@@ -77,7 +90,8 @@ class Azurite:
         if self.workdir is None and not self.in_memory:
             self._tmpdir = tempfile.TemporaryDirectory(prefix="azurite-")
             self.workdir = self._tmpdir.name
-        self.blob_port, self.queue_port, self.table_port = _free_port(), _free_port(), _free_port()
+        if not self.blob_port:  # started again after an outage: same ports, same folder, same key
+            self.blob_port, self.queue_port, self.table_port = _free_port(), _free_port(), _free_port()
         args = [
             *azurite_command(),
             "--blobHost",
@@ -124,6 +138,19 @@ class Azurite:
                 return True
         except OSError:
             return False
+
+    def outage(self, sig: int = signal.SIGTERM) -> None:
+        """Stop the emulator process only, as a storage outage: :meth:`start` brings it back on
+        the same ports, folder and key. SIGTERM, because Azurite keeps its metadata in LokiJS
+        databases it saves every 5 s: a SIGKILL loses writes it had already acknowledged, which
+        Azure Storage never does. SIGTERM makes it save and exit."""
+        if self.in_memory:
+            raise RuntimeError("an outage needs a workdir (in_memory=False): memory does not survive it")
+        if self.process and self.process.poll() is None:
+            os.killpg(self.process.pid, sig)
+            self.process.wait(timeout=30)
+        if self._log not in (None, subprocess.DEVNULL):
+            self._log.close()
 
     def stop(self) -> None:
         if self.process and self.process.poll() is None:

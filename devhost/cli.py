@@ -1,13 +1,16 @@
 """``python -m devhost``: run the Functions app locally, without the Functions host.
 
     python -m devhost serve                       watch the input container and process uploads
-    python -m devhost process PATH [--deliveries N] [--duplicate-activities]
-                                                  upload PATH, process it, print the job summary
-    python -m devhost status JOB_ID               a job's state and progress
+    python -m devhost process PATH... [--output DIR] [--deliveries N] [--duplicate-activities]
+                                                  upload each PATH, process them at once, print
+                                                  one JSON summary line per job
+    python -m devhost status [JOB_ID]             a job's state and progress, or the recent jobs
     python -m devhost demo                        Azurite + a sample scene + process, end to end
 
 Storage is the ``AzureWebJobsStorage`` setting from the environment, else from
-``local.settings.json``, else Azurite's development storage on its default ports.
+``local.settings.json``; with neither, the embedded Azurite (see ``local_storage``).
+Arguments and files are checked before any connection; usage and storage errors are one line
+on stderr and exit 2.
 """
 
 from __future__ import annotations
@@ -18,16 +21,14 @@ import logging
 import signal
 import sys
 import threading
-import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
+from .limits import CONSUMPTION_INSTANCE_MB
+from .session import UsageError, job_summary, process_file
+
+__all__ = ["main", "process_file", "job_summary", "UsageError"]
 EXIT_COMPLETED, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-
-
-class UsageError(Exception):
-    pass
 
 
 class _Parser(argparse.ArgumentParser):
@@ -56,14 +57,29 @@ def build_parser() -> argparse.ArgumentParser:
         )
         p.add_argument("--hub", help="task hub name (default: host.json's hubName)")
         p.add_argument("--timer-scale", type=float, default=1.0, help=argparse.SUPPRESS)
+        p.add_argument("--function-timeout", type=float, default=None, help=argparse.SUPPRESS)
+        p.add_argument(
+            "--instance-memory-mb",
+            type=float,
+            default=CONSUMPTION_INSTANCE_MB,
+            metavar="MB",
+            help=f"recycle the process past this resident memory, as the plan recycles an instance "
+            f"(default {CONSUMPTION_INSTANCE_MB}, Consumption's; 0: no limit)",
+        )
         p.add_argument("--crash-before-manifest", type=int, default=0, metavar="N", help=argparse.SUPPRESS)
 
     serve = sub.add_parser("serve", help="watch the input container and process uploads until stopped")
     host_options(serve)
 
     process = sub.add_parser("process", help="upload a raster, process it, print the job summary as JSON")
-    process.add_argument("path", type=Path, help="a raster file (GeoTIFF)")
-    process.add_argument("--name", help="blob name in the input container (default: the file name)")
+    process.add_argument("paths", type=Path, nargs="+", metavar="PATH", help="raster files (GeoTIFF)")
+    process.add_argument("--name", help="blob name in the input container, for one file (default: its name)")
+    process.add_argument(
+        "--output",
+        type=Path,
+        metavar="DIR",
+        help="save each completed job's mosaic, STAC item and quicklook here (in DIR/<file stem>/ for several)",
+    )
     process.add_argument("--timeout", type=float, default=3600, help="seconds to wait for the job (default 3600)")
     process.add_argument(
         "--progress",
@@ -74,14 +90,24 @@ def build_parser() -> argparse.ArgumentParser:
     host_options(process)
 
     status = sub.add_parser("status", help="print a job's state and progress")
-    status.add_argument("job_id")
+    status.add_argument("job_id", nargs="?", help="a job id (default: list the recent jobs)")
     status.add_argument("--hub", help="task hub name (default: host.json's hubName)")
+    status.add_argument("--limit", type=int, default=20, help="how many recent jobs to list (default 20)")
 
     demo = sub.add_parser("demo", help="start Azurite, make a sample scene, process it, stop Azurite")
     demo.add_argument("--size", type=int, default=8192, help="sample scene width and height in pixels (default 8192)")
     demo.add_argument("--window-size", type=int, default=512, help="window size for the demo (default 512)")
     demo.add_argument("--output", type=Path, default=Path("demo-output"), help="where to save the outputs")
     return parser
+
+
+class _NotAboutTheJob(logging.Filter):
+    """Drops azure-functions' warning that a function app without HTTP functions has no auth level
+    to apply: it is logged on the root logger each time the app's functions are read, and says
+    nothing about the user's job."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.name == "root" and str(record.msg).startswith("Auth level is not applied"))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -96,28 +122,71 @@ def main(argv: Sequence[str] | None = None) -> int:
     level = {0: logging.WARNING, 1: logging.INFO}.get(args.verbose, logging.DEBUG)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     logging.getLogger("azure").setLevel(logging.WARNING)
+    for handler in logging.getLogger().handlers:
+        # The host lowers some loggers to INFO to collect the starter's decisions: not for stderr.
+        handler.setLevel(level)
+    if not args.verbose:
+        logging.getLogger().addFilter(_NotAboutTheJob())
+    # SIGTERM ends the command as Ctrl-C does, so an Azurite it started is stopped too.
+    signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
-        if args.command == "serve":
-            return serve(args)
-        if args.command == "process":
-            return process(args)
-        if args.command == "status":
-            return status(args)
         if args.command == "demo":
             from .demo import run_demo
 
             return run_demo(args)
+        check_usage(args)
+        from azure.core.exceptions import AzureError
+
+        from .local_storage import StorageUnavailable, storage_for_command
+
+        try:
+            with storage_for_command() as storage:
+                logging.getLogger(__name__).info("storage: %s at %s", storage.source, storage.blob_endpoint)
+                return COMMANDS[args.command](args, storage)
+        except StorageUnavailable as exc:
+            raise UsageError(str(exc)) from None
+        except AzureError as exc:  # e.g. a wrong key: one line, not the SDK's traceback
+            raise UsageError(f"storage error: {str(exc).splitlines()[0]}") from None
     except UsageError as exc:
         print(f"python -m devhost {args.command}: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(f"python -m devhost {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+def _raise_interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
+
+
+def check_usage(args: argparse.Namespace) -> None:
+    """Everything about the arguments and files that can be wrong, before any connection."""
+    if getattr(args, "deliveries", 1) < 1:
+        raise UsageError("--deliveries must be at least 1")
+    if args.command == "status" and args.limit < 1:
+        raise UsageError("--limit must be at least 1")
+    if args.command != "process":
+        return
+    for path in args.paths:
+        if not path.exists():
+            raise UsageError(f"{path}: no such file")
+        if not path.is_file():
+            raise UsageError(f"{path}: not a file")
+    if args.name and len(args.paths) > 1:
+        raise UsageError("--name names one upload: give one file with it")
+    names = [args.name or path.name for path in args.paths]
+    if len(set(names)) < len(names):
+        raise UsageError("two files have the same name; they would be the same upload")
+    if args.output is not None and args.output.exists() and not args.output.is_dir():
+        raise UsageError(f"--output {args.output}: not a folder")
+    stems = [path.stem for path in args.paths]
+    if args.output is not None and len(set(stems)) < len(stems):
+        raise UsageError("--output saves by file stem: two files share one")
 
 
 def _host(args: argparse.Namespace):
     from .host import HostOptions, LocalHost
 
-    if args.deliveries < 1:
-        raise UsageError("--deliveries must be at least 1")
     if args.crash_before_manifest:
         from .faults import crash_before_manifest_entry
 
@@ -128,139 +197,61 @@ def _host(args: argparse.Namespace):
             duplicate_activities=args.duplicate_activities,
             timer_scale=args.timer_scale,
             hub=args.hub,
+            function_timeout=args.function_timeout,
+            instance_memory_mb=args.instance_memory_mb or None,
         )
     )
 
 
-def serve(args: argparse.Namespace) -> int:
+def serve(args: argparse.Namespace, storage) -> int:
     host = _host(args)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     with host:
         print(
-            f"devhost: watching container {host.settings.input_container!r} (task hub {host.hub}); Ctrl-C stops",
+            f"devhost: watching container {host.settings.input_container!r} (task hub {host.hub}) "
+            f"on {storage.source}, blob endpoint {storage.blob_endpoint}; Ctrl-C stops",
             file=sys.stderr,
         )
         stop.wait()
     return EXIT_COMPLETED
 
 
-class ProgressBar:
-    """Progress on stderr: a redrawn bar on a terminal, a line per tenth of the job elsewhere."""
+def process(args: argparse.Namespace, storage) -> int:
+    from .session import ProgressBoard, process_summary, save_outputs
 
-    def __init__(self, enabled: bool, stream=sys.stderr):
-        self.enabled = enabled
-        self.stream = stream
-        self.tty = stream.isatty()
-        self.last = ""
-        self.last_step: tuple = ()
-
-    def update(self, state: dict) -> None:
-        if not self.enabled:
-            return
-        status = state.get("custom_status") or {}
-        done, total = status.get("windows_done") or 0, status.get("windows_total")
-        stage = status.get("stage", state["status"].lower())
-        if total:
-            width = 30
-            filled = int(width * done / total)
-            line = f"{state['id']}: [{'#' * filled}{'.' * (width - filled)}] {done}/{total} windows, {stage}"
-        else:
-            line = f"{state['id']}: {stage}"
-        if self.tty:
-            if line != self.last:
-                self.stream.write("\r" + line.ljust(len(self.last)))
-                self.stream.flush()
-                self.last = line
-            return
-        step = (stage, 10 * done // total if total else 0)
-        if step != self.last_step:
-            self.stream.write(line + "\n")
-            self.stream.flush()
-            self.last_step = step
-
-    def close(self) -> None:
-        if self.enabled and self.tty and self.last:
-            self.stream.write("\n")
-            self.stream.flush()
-
-
-def process_file(host, path: Path, *, name: str | None = None, timeout: float = 3600, progress: bool = False) -> dict:
-    """Upload ``path``, let the watcher deliver its event, wait for the job; the summary as a dict."""
-    from tilecommit.jobs import job_id_for
-
-    if not path.is_file():
-        raise UsageError(f"{path}: no such file")
-    started = time.perf_counter()
-    blob = host.blobs.get_blob_client(host.settings.input_container, name or path.name)
-    with path.open("rb") as data:
-        uploaded = blob.upload_blob(data, overwrite=True, max_concurrency=4)
-    job_id = job_id_for(blob.url, uploaded["etag"])
-    bar = ProgressBar(progress)
-    deadline = time.monotonic() + timeout
-    # The watcher delivers the event; the starter may also decide to ignore the upload.
-    while host.engine.status(job_id) is None:
-        ignored = [d for d in host.decisions if d["blob"] == blob.blob_name and d["action"] == "ignored"]
-        if ignored:
-            return {
-                "job_id": None,
-                "status": "failed",
-                "error": f"upload ignored: {ignored[0]['reason']}",
-                "elapsed_s": round(time.perf_counter() - started, 3),
-            }
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"no job started for {blob.blob_name!r} within {timeout} s")
-        time.sleep(0.05)
-    try:
-        state = host.engine.wait_for(job_id, timeout=max(1.0, deadline - time.monotonic()), progress=bar.update)
-    finally:
-        bar.close()
-    return job_summary(state, elapsed=time.perf_counter() - started)
-
-
-def job_summary(state: dict, *, elapsed: float | None = None) -> dict:
-    output = state.get("output") if state["status"] == "Completed" else None
-    status = state.get("custom_status") or {}
-    summary: dict[str, Any] = {
-        "job_id": state["id"],
-        "status": "completed" if state["status"] == "Completed" else state["status"].lower(),
-        "windows": (output or {}).get("windows", status.get("windows_total")),
-        "written": (output or {}).get("written"),
-        "already_present": (output or {}).get("already_present"),
-        "skipped": (output or {}).get("skipped"),
-        "bytes": (output or {}).get("bytes"),
-        "mosaic_outcome": (output or {}).get("mosaic_outcome"),
-        "mosaic_url": (output or {}).get("mosaic_url"),
-        "stac_url": (output or {}).get("stac_url"),
-        "quicklook_url": (output or {}).get("quicklook_url"),
-    }
-    if elapsed is not None:
-        summary["elapsed_s"] = round(elapsed, 3)
-    if state["status"] != "Completed":
-        summary["error"] = state.get("error") or f"job is {state['status']}"
-    return summary
-
-
-def process(args: argparse.Namespace) -> int:
     host = _host(args)
     show = args.progress == "always" or (args.progress == "auto" and sys.stderr.isatty())
+    board = ProgressBoard(show, len(args.paths))
+    summaries: list[dict | None] = [None] * len(args.paths)
+
+    def run(slot: int, path: Path) -> None:
+        try:
+            summary = process_file(host, path, name=args.name, timeout=args.timeout, progress=board.updater(slot))
+        except Exception as exc:  # this upload's line says so; the other uploads go on
+            summary = {"job_id": None, "status": "failed", "error": f"{path}: {exc}".splitlines()[0]}
+        if args.output is not None and summary["status"] == "completed":
+            folder = args.output if len(args.paths) == 1 else args.output / path.stem
+            summary["saved"] = save_outputs(host, summary, folder)
+        summary = process_summary(host, summary, args.name or path.name, deliveries=args.deliveries)
+        summaries[slot] = summary
+        board.print(json.dumps(summary))
+
     with host:
-        summary = process_file(host, args.path, name=args.name, timeout=args.timeout, progress=show)
-        stats = host.engine.stats
-        summary["host"] = {
-            "deliveries": args.deliveries,
-            "starts": [d["action"] for d in host.decisions],
-            "activity_executions": stats.activity_executions,
-            "activity_failures": stats.activity_failures,
-            "episodes": stats.episodes,
-            "replay_s": round(stats.replay_seconds, 3),
-        }
-    print(json.dumps(summary))
-    return EXIT_COMPLETED if summary["status"] == "completed" else EXIT_FAILED
+        # Daemon threads, joined in short waits: Ctrl-C reaches this thread and ends the command
+        # (stopping the host and an embedded Azurite) without waiting for the jobs.
+        workers = [threading.Thread(target=run, args=(slot, path), daemon=True) for slot, path in enumerate(args.paths)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            while worker.is_alive():
+                worker.join(0.2)
+    board.close()
+    return EXIT_COMPLETED if all(s and s["status"] == "completed" for s in summaries) else EXIT_FAILED
 
 
-def status(args: argparse.Namespace) -> int:
+def status(args: argparse.Namespace, storage) -> int:
     from tilecommit.settings import TASK_HUB
     from tilecommit.storage import StorageConnection
 
@@ -271,6 +262,8 @@ def status(args: argparse.Namespace) -> int:
     hub = args.hub or read_host_json().get("extensions", {}).get("durableTask", {}).get("hubName", TASK_HUB)
     connection = StorageConnection.from_env()
     store = HistoryStore(connection.blob_service(), connection.table_service(), hub)
+    if args.job_id is None:
+        return list_jobs(store, args.limit)
     state = store.read_state(args.job_id)
     if state is None:
         print(json.dumps({"job_id": args.job_id, "status": "not-found"}))
@@ -280,3 +273,31 @@ def status(args: argparse.Namespace) -> int:
     summary["runtime_status"] = state["status"]
     print(json.dumps(summary))
     return EXIT_COMPLETED if state["status"] in ("Completed", "Running", "Pending") else EXIT_FAILED
+
+
+def list_jobs(store, limit: int) -> int:
+    """The most recent jobs (not their sub-orchestrations), newest first, as a table."""
+    from azure.core.exceptions import ResourceNotFoundError
+
+    from .history import now
+    from .session import format_age, job_row
+
+    try:
+        states = [s for s in store.instances() if not s.get("parent")]
+    except ResourceNotFoundError:  # no job has ever run in this task hub
+        states = []
+    moment = now()
+    rows = [job_row(s, moment) for s in sorted(states, key=lambda s: s["created"], reverse=True)[:limit]]
+    if not rows:
+        print(f"no jobs in task hub {store.hub}", file=sys.stderr)
+        return EXIT_COMPLETED
+    table = [("JOB", "STATE", "PROGRESS", "AGE", "UPLOAD")] + [
+        (r["job_id"], r["state"], r["progress"], format_age(r["age_s"]), r["upload"] or "-") for r in rows
+    ]
+    widths = [max(len(line[i]) for line in table) for i in range(4)]
+    for line in table:
+        print("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=False)) + "  " + line[4])
+    return EXIT_COMPLETED
+
+
+COMMANDS = {"serve": serve, "process": process, "status": status}

@@ -22,8 +22,8 @@ def run_demo(args: argparse.Namespace) -> int:
     from tilecommit.settings import SETTING_WINDOW_SIZE, STORAGE_CONNECTION
 
     from .azurite import Azurite
-    from .cli import process_file
     from .host import HostOptions, LocalHost
+    from .session import process_file, process_summary, save_outputs
 
     output: Path = args.output
     output.mkdir(parents=True, exist_ok=True)
@@ -44,26 +44,9 @@ def run_demo(args: argparse.Namespace) -> int:
             windows = math.ceil(args.size / args.window_size) ** 2
             say(f"processing {scene.name}: {windows} windows of {args.window_size} px through the local host ...")
             summary = process_file(host, scene, timeout=3600, progress=True)
-            summary["host"] = {
-                "activity_executions": host.engine.stats.activity_executions,
-                "episodes": host.engine.stats.episodes,
-                "replay_s": round(host.engine.stats.replay_seconds, 3),
-            }
+            summary = process_summary(host, summary, scene.name)
             if summary["status"] == "completed":
-                saved = {}
-                for key, filename in (
-                    ("mosaic_url", "mosaic.tif"),
-                    ("stac_url", "item.json"),
-                    ("quicklook_url", "quicklook.png"),
-                ):
-                    blob = host.blobs.get_blob_client(
-                        host.settings.output_container, summary[key].split(f"/{host.settings.output_container}/", 1)[1]
-                    )
-                    target = output / filename
-                    with target.open("wb") as handle:
-                        blob.download_blob().readinto(handle)
-                    saved[filename] = str(target)
-                summary["saved"] = saved
+                summary["saved"] = save_outputs(host, summary, output)
     print(json.dumps(summary, indent=2))
     if summary["status"] != "completed":
         say(f"job failed: {summary.get('error')}")

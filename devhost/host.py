@@ -14,8 +14,9 @@ from tilecommit.storage import StorageConnection
 
 from .engine import Engine
 from .functions import FunctionIndex
+from .limits import MemoryWatchdog
 from .rpc import DurableHttpApi
-from .store import HistoryStore
+from .store import HistoryStore, events_table_name
 from .watcher import BlobEventWatcher
 
 logger = logging.getLogger(__name__)
@@ -44,6 +45,13 @@ def read_host_json(root: Path = PROJECT_ROOT) -> dict:
     return json.loads((root / "host.json").read_text())
 
 
+def parse_timespan(value: str) -> float:
+    """host.json's ``functionTimeout`` ("hh:mm:ss", optionally "d.hh:mm:ss") in seconds."""
+    days, _, clock = value.rpartition(".") if value.count(":") == 2 and "." in value.split(":")[0] else ("", "", value)
+    hours, minutes, seconds = clock.split(":")
+    return (int(days or 0) * 24 + int(hours)) * 3600 + int(minutes) * 60 + float(seconds)
+
+
 @dataclass
 class HostOptions:
     deliveries: int = 1
@@ -53,6 +61,14 @@ class HostOptions:
     max_activities: int | None = None
     #: Task hub name; host.json's ``hubName`` when not given.
     hub: str | None = None
+    #: Seconds an activity may run; host.json's ``functionTimeout`` when not given.
+    function_timeout: float | None = None
+    #: Fail an orchestrator whose replayed actions differ in inputs or ids too (the real host
+    #: compares only kind and name).
+    strict_determinism: bool = False
+    #: Recycle this process (SIGKILL) when its resident memory passes this many MB, as the
+    #: platform recycles an instance over its memory. None: no limit (tests share one process).
+    instance_memory_mb: float | None = None
 
 
 def close_durable_client_session() -> None:
@@ -91,6 +107,9 @@ class LocalHost:
         durable = host_json.get("extensions", {}).get("durableTask", {})
         self.hub = self.options.hub or durable.get("hubName", TASK_HUB)
         max_activities = self.options.max_activities or durable.get("maxConcurrentActivityFunctions", 10)
+        function_timeout = self.options.function_timeout
+        if function_timeout is None and host_json.get("functionTimeout"):
+            function_timeout = parse_timespan(host_json["functionTimeout"])
         self.poison_threshold = host_json.get("extensions", {}).get("blobs", {}).get("poisonBlobThreshold", 5)
         self.settings = Settings.from_env()
         self.connection = StorageConnection.from_env()
@@ -104,11 +123,22 @@ class LocalHost:
             max_activities=max_activities,
             duplicate_activities=self.options.duplicate_activities,
             timer_scale=self.options.timer_scale,
+            function_timeout=function_timeout,
+            strict_determinism=self.options.strict_determinism,
+            max_orchestrators=durable.get("maxConcurrentOrchestratorFunctions", 10),
         )
         self.blobs, self.tables = blobs, tables
         self.api = DurableHttpApi(self.engine, self.hub)
-        self.watcher = BlobEventWatcher(self, deliveries=self.options.deliveries, interval=self.options.watch_interval)
+        self.watcher = BlobEventWatcher(
+            blobs.get_container_client(self.settings.input_container),
+            tables.get_table_client(events_table_name(self.hub)),
+            self.deliver_blob_created,
+            deliveries=self.options.deliveries,
+            interval=self.options.watch_interval,
+            poison_threshold=self.poison_threshold,
+        )
         self._decision_log = _DecisionLog()
+        self.memory: MemoryWatchdog | None = None
 
     def ensure_storage(self) -> None:
         """Create the containers and tables the app and the host use (infra does this in Azure)."""
@@ -119,8 +149,7 @@ class LocalHost:
                 self.blobs.create_container(name)
             except ResourceExistsError:
                 pass
-        for name in (self.settings.manifest_table, self.settings.claims_table):
-            self.tables.create_table_if_not_exists(name)
+        self.tables.create_table_if_not_exists(self.settings.manifest_table)
 
     @property
     def decisions(self) -> list[dict]:
@@ -134,11 +163,15 @@ class LocalHost:
         self.ensure_storage()
         self.api.start()
         self.engine.start()
+        if self.options.instance_memory_mb:
+            self.memory = MemoryWatchdog(self.options.instance_memory_mb).start()
         if watch:
             self.watcher.start()
         return self
 
     def stop(self) -> None:
+        if self.memory is not None:
+            self.memory.stop()
         self.watcher.stop()
         self.engine.stop()
         self.api.stop()

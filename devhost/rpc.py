@@ -12,7 +12,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote, urlsplit
 
-from .engine import COMPLETED, FAILED, PENDING, RUNNING, Engine, InstanceAlreadyExists, InvalidInstanceId
+from .engine import FAILED, PENDING, RUNNING, Engine, InstanceAlreadyExists, InvalidInstanceId
 from .functions import FunctionNotFound
 
 _START = re.compile(r"^/runtime/webhooks/durabletask/orchestrators/([^/]+)(?:/([^/]+))?$")
@@ -56,13 +56,19 @@ class DurableHttpApi:
                 return self._reply(202, {"id": instance_id, **api.management_urls(instance_id)})
 
             def do_GET(self):
-                match = _STATUS.match(urlsplit(self.path).path)
+                url = urlsplit(self.path)
+                match = _STATUS.match(url.path)
                 if not match:
                     return self._reply(404, None)
                 state = api.engine.status(unquote(match.group(1)))
                 if state is None:
                     return self._reply(404, None)  # the real extension answers 404 with no body
-                code = {COMPLETED: 200, RUNNING: 202, PENDING: 202, FAILED: 500}.get(state["status"], 400)
+                # HttpApiHandler: 202 while it runs; a finished one 200, also Failed unless the
+                # caller asked for returnInternalServerErrorOnFailure=true.
+                failure_is_500 = "returninternalservererroronfailure=true" in url.query.lower()
+                code = 202 if state["status"] in (PENDING, RUNNING) else 200
+                if state["status"] == FAILED and failure_is_500:
+                    code = 500
                 return self._reply(code, api.status_json(state))
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)

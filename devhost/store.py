@@ -1,4 +1,8 @@
-"""Instance state and history kept in Azure Storage, like the Durable Azure Storage provider.
+"""Instance state and history kept in Azure Storage, like the Durable Azure Storage provider,
+under names of the local host's own: the real provider's ``{hub}History``, ``{hub}Instances``,
+``{hub}-largemessages``, ``{hub}-leases``, ``{hub}-control-NN`` and ``{hub}-workitems``
+(Azure/durabletask, src/DurableTask.AzureStorage) are never touched, so this host and
+``func start`` on the same storage and hub cannot read each other's state.
 
 One table per task hub; one partition per instance:
 - RowKey ``state``: name, status, input, output, custom status, parent link, counters;
@@ -12,23 +16,37 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from azure.core.exceptions import ResourceExistsError, ResourceNotFoundError
-from azure.data.tables import TableServiceClient, UpdateMode
+from azure.core import MatchConditions
+from azure.core.exceptions import HttpResponseError, ResourceExistsError, ResourceNotFoundError
+from azure.data.tables import TableServiceClient, TableTransactionError, UpdateMode
 from azure.storage.blob import BlobServiceClient
 
 #: Table string properties hold 32K UTF-16 characters; stay well below.
 MAX_INLINE_CHARS = 30_000
 
 
-def _hub_table_name(hub: str) -> str:
-    return f"{hub}History"
+#: Every table, container and queue name of the local host starts with this.
+LOCAL_PREFIX = "DevHost"
 
 
-def _hub_container_name(hub: str) -> str:
-    return f"{hub.lower()}-largemessages"
+def history_table_name(hub: str) -> str:
+    return f"{LOCAL_PREFIX}{hub}History"
+
+
+def events_table_name(hub: str) -> str:
+    """Acknowledged BlobCreated events (the watcher's)."""
+    return f"{LOCAL_PREFIX}{hub}Events"
+
+
+def payload_container_name(hub: str) -> str:
+    return f"{LOCAL_PREFIX.lower()}-{hub.lower()}-payloads"
+
+
+class EpisodeAlreadyCommitted(Exception):
+    """The episode's row exists: an earlier attempt was committed although its answer was lost."""
 
 
 @dataclass
@@ -36,14 +54,18 @@ class Episode:
     number: int
     events: list[dict]
     scheduled: dict[str, dict]
+    #: Leaf actions the shim invoked for the first time in this episode.
     actions: list[dict]
+    #: Leaf positions whose task finished in this episode.
+    finished: list[int] = field(default_factory=list)
+    execution_id: str | None = None
 
 
 class HistoryStore:
     def __init__(self, blobs: BlobServiceClient, tables: TableServiceClient, hub: str):
         self.hub = hub
-        self.table = tables.get_table_client(_hub_table_name(hub))
-        self.large = blobs.get_container_client(_hub_container_name(hub))
+        self.table = tables.get_table_client(history_table_name(hub))
+        self.large = blobs.get_container_client(payload_container_name(hub))
         self.large_messages = 0
 
     def ensure(self) -> None:
@@ -81,16 +103,33 @@ class HistoryStore:
     # ------------------------------------------------------------------ instances
 
     def read_state(self, instance_id: str) -> dict | None:
+        return self.read_state_and_etag(instance_id)[0]
+
+    def read_state_and_etag(self, instance_id: str) -> tuple[dict | None, str | None]:
         try:
             entity = self.table.get_entity(instance_id, "state")
         except ResourceNotFoundError:
-            return None
-        return self._unpack(entity, "state")
+            return None, None
+        return self._unpack(entity, "state"), entity.metadata["etag"]
 
-    def write_state(self, instance_id: str, state: dict) -> None:
+    def write_new_state(self, instance_id: str, state: dict, etag: str | None) -> bool:
+        """The client's instance row for a new execution, as AzureTableTrackingStore.SetNewExecutionAsync
+        writes it: insert for a new id, replace-if-unchanged for a finished one; a conflict (a
+        concurrent starter, or the host already further) is ignored. True if written."""
         entity = {"PartitionKey": instance_id, "RowKey": "state", "status": state["status"]}
-        entity.update(self._pack(instance_id, "state", state, f"state-{state.get('episodes', 0):06d}"))
-        self.table.upsert_entity(entity, mode=UpdateMode.REPLACE)
+        entity.update(self._pack(instance_id, "state", state, f"state-{state['execution_id']}"))
+        try:
+            if etag is None:
+                self.table.create_entity(entity)
+            else:
+                self.table.update_entity(
+                    entity, mode=UpdateMode.REPLACE, etag=etag, match_condition=MatchConditions.IfNotModified
+                )
+        except HttpResponseError as exc:
+            if exc.status_code in (404, 409, 412):  # 404: the host already cleared the earlier execution
+                return False
+            raise
+        return True
 
     def commit_episode(self, instance_id: str, episode: Episode, state: dict) -> None:
         """Append one episode and the new state atomically."""
@@ -100,32 +139,66 @@ class HistoryStore:
             self._pack(
                 instance_id,
                 "episode",
-                {"events": episode.events, "scheduled": episode.scheduled, "actions": episode.actions},
+                {
+                    "events": episode.events,
+                    "scheduled": episode.scheduled,
+                    "actions": episode.actions,
+                    "finished": episode.finished,
+                    "execution_id": episode.execution_id,
+                },
                 suffix,
             )
         )
         state_row = {"PartitionKey": instance_id, "RowKey": "state", "status": state["status"]}
         state_row.update(self._pack(instance_id, "state", state, f"state-{episode.number:06d}"))
-        self.table.submit_transaction([("create", row), ("upsert", state_row, {"mode": UpdateMode.REPLACE})])
+        try:
+            self.table.submit_transaction([("create", row), ("upsert", state_row, {"mode": UpdateMode.REPLACE})])
+        except TableTransactionError as exc:
+            if exc.status_code == 409:  # the batch rolled back: the row was there already
+                raise EpisodeAlreadyCommitted(f"{instance_id} episode {episode.number}") from exc
+            raise
+
+    def read_episode(self, instance_id: str, number: int) -> Episode:
+        row = self.table.get_entity(instance_id, f"ep-{number:06d}")
+        return self._episode(row)
+
+    @classmethod
+    def _episode_from(cls, number: int, data: dict) -> Episode:
+        return Episode(
+            number,
+            data["events"],
+            data["scheduled"],
+            data["actions"],
+            data.get("finished", []),
+            data.get("execution_id"),
+        )
+
+    def _episode(self, row: dict) -> Episode:
+        return self._episode_from(int(row["RowKey"][3:]), self._unpack(row, "episode"))
 
     def episodes(self, instance_id: str) -> Iterator[Episode]:
         rows = self.table.query_entities(
             "PartitionKey eq @id and RowKey ge 'ep-' and RowKey lt 'ep.'", parameters={"id": instance_id}
         )
         for row in sorted(rows, key=lambda r: r["RowKey"]):
-            data = self._unpack(row, "episode")
-            yield Episode(int(row["RowKey"][3:]), data["events"], data["scheduled"], data["actions"])
+            yield self._episode(row)
 
-    def purge(self, instance_id: str) -> None:
-        """Delete an instance's history (a finished instance started again is overwritten)."""
+    def purge_history(self, instance_id: str, keep_execution: str | None = None) -> None:
+        """Delete an earlier execution's history (a finished instance started again is overwritten);
+        the instance row stays, unless it belongs to an execution other than ``keep_execution``."""
         rows = list(self.table.query_entities("PartitionKey eq @id", parameters={"id": instance_id}, select=["RowKey"]))
+        if keep_execution is not None:
+            state = self.read_state(instance_id)
+            if state is not None and state.get("execution_id") == keep_execution:
+                rows = [r for r in rows if r["RowKey"] != "state"]
         for start in range(0, len(rows), 100):
             batch = [
                 ("delete", {"PartitionKey": instance_id, "RowKey": r["RowKey"]}) for r in rows[start : start + 100]
             ]
             self.table.submit_transaction(batch)
         for blob in self.large.list_blobs(name_starts_with=f"{instance_id}/"):
-            self.large.delete_blob(blob.name)
+            if keep_execution is None or keep_execution not in blob.name:
+                self.large.delete_blob(blob.name)
 
     def instances(self, status: str | None = None) -> list[dict]:
         query = "RowKey eq 'state'" + (" and status eq @status" if status else "")

@@ -10,24 +10,35 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
 
 from azure.core.exceptions import ResourceExistsError
-
-if TYPE_CHECKING:
-    from .host import LocalHost
+from azure.data.tables import TableClient
+from azure.storage.blob import ContainerClient
 
 logger = logging.getLogger(__name__)
 
 
 class BlobEventWatcher:
-    def __init__(self, host: LocalHost, *, deliveries: int = 1, interval: float = 0.5):
-        self.host = host
+    """Polls ``container``; ``deliver(blob name)`` is one BlobCreated delivery to the triggers."""
+
+    def __init__(
+        self,
+        container: ContainerClient,
+        acks: TableClient,
+        deliver: Callable[[str], object],
+        *,
+        deliveries: int = 1,
+        interval: float = 0.5,
+        poison_threshold: int = 5,
+    ):
+        self.deliver_event = deliver
         self.deliveries = deliveries
         self.interval = interval
-        self.acks = host.tables.get_table_client(f"{host.hub}Events")
-        self.container = host.blobs.get_container_client(host.settings.input_container)
+        self.poison_threshold = poison_threshold
+        self.acks = acks
+        self.container = container
         self.failures: dict[str, int] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="devhost-watcher", daemon=True)
@@ -59,14 +70,14 @@ class BlobEventWatcher:
             key = self.event_key(blob.name, blob.etag)
             if key in self._acked:
                 continue
-            if self.failures.get(key, 0) >= self.host.poison_threshold:
+            if self.failures.get(key, 0) >= self.poison_threshold:
                 continue
             self.deliver(blob.name, key)
             delivered += 1
         return delivered
 
     def deliver(self, blob_name: str, key: str) -> None:
-        futures = [self._pool.submit(self.host.deliver_blob_created, blob_name) for _ in range(self.deliveries)]
+        futures = [self._pool.submit(self.deliver_event, blob_name) for _ in range(self.deliveries)]
         errors = []
         for future in futures:
             try:
@@ -75,10 +86,8 @@ class BlobEventWatcher:
                 errors.append(exc)
         if errors:
             count = self.failures[key] = self.failures.get(key, 0) + 1
-            level = logging.ERROR if count >= self.host.poison_threshold else logging.WARNING
-            logger.log(
-                level, "BlobCreated %r failed (%d/%d): %s", blob_name, count, self.host.poison_threshold, errors[0]
-            )
+            level = logging.ERROR if count >= self.poison_threshold else logging.WARNING
+            logger.log(level, "BlobCreated %r failed (%d/%d): %s", blob_name, count, self.poison_threshold, errors[0])
             return
         self.acks.upsert_entity({"PartitionKey": "ack", "RowKey": key, "blob": blob_name})
         self._acked.add(key)

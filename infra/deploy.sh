@@ -7,6 +7,12 @@ SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_ROOT="$(cd "${SCRIPT_DIR}/.." && pwd)"
 readonly SCRIPT_DIR REPO_ROOT
 readonly TEMPLATE="${SCRIPT_DIR}/main.bicep"
+# Step 3 deploys the subscription alone: redeploying main.bicep would update the site (and may
+# restart it) right before Event Grid's validation handshake with that same site.
+readonly SUBSCRIPTION_TEMPLATE="${SCRIPT_DIR}/modules/event-subscription.bicep"
+# Seconds to wait before each new try of the subscription (Event Grid validates the webhook when
+# the subscription is created; a cold or restarting host can miss that handshake).
+readonly SUBSCRIBE_BACKOFF=(30 60 120 240)
 readonly PARAMETERS="${SCRIPT_DIR}/main.parameters.json"
 readonly DEPLOYMENT_NAME="tilecommit"
 readonly MIN_AZ_VERSION="2.60.0"
@@ -29,8 +35,9 @@ Deploys tilecommit in three steps, each safe to repeat:
                        requirements.txt on the platform);
      Consumption:      the package with its dependencies as Linux x86-64 wheels for
                        Python 3.11, uploaded to the package container; restart;
-  3. waits for the blob trigger's webhook key, then deploys again with
-     deployEventSubscription=true to subscribe the trigger to blob-created events.
+  3. waits for the blob trigger's webhook key, then deploys the Event Grid subscription
+     alone (infra/modules/event-subscription.bicep; what main.bicep deploys with
+     deployEventSubscription=true), retried with backoff, without touching the app.
 
 Options:
   -g, --resource-group NAME  resource group (created if it does not exist)
@@ -317,9 +324,11 @@ say "3/3 Subscribing the blob trigger to blob-created events"
 note "waiting for the host to create the blob extension's webhook key (up to 10 minutes)"
 key_ready=false
 for attempt in $(seq 1 40); do
-  # Asks only whether the key exists: the key itself is never printed or stored here.
+  # Asks only whether the key exists: the key itself is never printed or stored here. In
+  # JMESPath the null literal is `null` in backticks (a bare null is a field named "null").
+  # shellcheck disable=SC2016  # the backticks are JMESPath's, not a command substitution
   has_key="$("${AZ}" functionapp keys list --resource-group "${resource_group}" --name "${app_name}" \
-    --query 'systemKeys.blobs_extension != null' --output tsv 2>/dev/null || true)"
+    --query 'systemKeys.blobs_extension != `null`' --output tsv 2>/dev/null || true)"
   if [[ "${has_key}" == "true" ]]; then
     key_ready=true
     break
@@ -329,19 +338,34 @@ done
 if [[ "${key_ready}" != true ]]; then
   die "no blobs_extension key after 10 minutes: check the app's logs (Application Insights) and run this script again"
 fi
-# Event Grid validates the webhook when the subscription is created; a cold or restarting host can
-# miss that handshake, so one more try after a minute.
-if ! deploy true; then
-  warn "subscription deployment failed; retrying in 60 s"
-  sleep 60
-  deploy true
-fi
+subscribe() {
+  "${AZ}" deployment group create \
+    --resource-group "${resource_group}" \
+    --name "${DEPLOYMENT_NAME}-event-subscription" \
+    --template-file "${SUBSCRIPTION_TEMPLATE}" \
+    --parameters name="$(output eventSubscriptionName)" systemTopicName="$(output systemTopicName)" \
+    functionAppName="${app_name}" triggerFunctionName="$(output triggerFunctionName)" \
+    inputContainerName="$(output inputContainer)" \
+    --output none
+}
+subscribed=false
+for delay in "${SUBSCRIBE_BACKOFF[@]}" 0; do
+  if subscribe; then
+    subscribed=true
+    break
+  fi
+  [[ "${delay}" -gt 0 ]] || break
+  warn "subscription deployment failed (the host may have missed Event Grid's handshake); retrying in ${delay} s"
+  sleep "${delay}"
+done
+[[ "${subscribed}" == true ]] \
+  || die "could not create the Event Grid subscription: check the app's logs and run this script again"
 
 say "Done"
 note "function app:          ${app_name} (https://$(output functionAppHostName))"
 note "storage account:       ${storage_account}"
 note "containers:            $(output inputContainer) (uploads), $(output tilesContainer), $(output outputContainer)"
-note "tables:                $(output manifestTable), $(output claimsTable)"
+note "table:                 $(output manifestTable)"
 note "application insights:  $(output applicationInsightsName)"
 note "event subscription:    $(output eventSubscriptionName) on $(output systemTopicName)"
 note "try it:  az storage blob upload --auth-mode login --account-name ${storage_account} \\"

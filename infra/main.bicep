@@ -35,8 +35,11 @@ param hostingPlan string = 'FlexConsumption'
 ])
 param instanceMemoryMB int = 2048
 
+// Flex Consumption's bounds for the maximum instance count are 1 to 1000 (the preview's lowest was
+// 40); it applies to each per-function scale group (MicrosoftDocs/azure-docs,
+// articles/azure-functions/event-driven-scaling.md, "Limit scale-out").
 @description('Flex Consumption only: most instances the app scales out to (bounds the cost of an upload storm).')
-@minValue(40)
+@minValue(1)
 @maxValue(1000)
 param maximumInstanceCount int = 40
 
@@ -101,7 +104,6 @@ var inputContainerName = 'raster-uploads' // INPUT_CONTAINER
 var tilesContainerName = 'raster-tiles' // TILES_CONTAINER
 var outputContainerName = 'raster-mosaics' // OUTPUT_CONTAINER
 var manifestTableName = 'tilemanifest' // MANIFEST_TABLE
-var claimsTableName = 'tileclaims' // CLAIMS_TABLE
 var triggerFunctionName = 'raster_uploaded' // TRIGGER_FUNCTION
 
 // Infrastructure only. Flex Consumption keeps its deployment packages in this container; on
@@ -150,7 +152,6 @@ module storage 'modules/storage.bicep' = {
     ]
     tableNames: [
       manifestTableName
-      claimsTableName
     ]
   }
 }
@@ -305,10 +306,6 @@ resource functionApp 'Microsoft.Web/sites@2024-04-01' = {
           value: manifestTableName
         }
         {
-          name: 'TILECOMMIT_CLAIMS_TABLE'
-          value: claimsTableName
-        }
-        {
           name: 'TILECOMMIT_WINDOW_SIZE'
           value: string(windowSize)
         }
@@ -439,9 +436,9 @@ output outputContainer string = outputContainerName
 output packageContainer string = packageContainerName
 output packageBlob string = packageBlobName
 output manifestTable string = manifestTableName
-output claimsTable string = claimsTableName
 output applicationInsightsName string = monitoring.outputs.applicationInsightsName
 output logAnalyticsName string = monitoring.outputs.logAnalyticsName
 output identityName string = identity.name
 output systemTopicName string = events.outputs.name
 output eventSubscriptionName string = eventSubscriptionName
+output triggerFunctionName string = triggerFunctionName

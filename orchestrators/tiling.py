@@ -13,29 +13,55 @@ from typing import Any
 import azure.durable_functions as df
 
 from tilecommit.grid import Window, plan_windows
+from tilecommit.retries import ACTIVITY_RETRY as RETRY_POLICY
 
 from . import names
+from .retries import ACTIVITY_RETRY_OPTIONS
 
-#: Genuine faults (storage hiccups, a worker that died) are retried; bad input never reaches a retry
-#: because activities return it as a value. 4 attempts, 5 s apart: ~15 s of patience per activity.
-ACTIVITY_RETRY = df.RetryOptions(first_retry_interval_in_milliseconds=5000, max_number_of_attempts=4)
-#: Batches in flight at once: enough to keep every activity slot of the host busy, few enough
-#: that progress is reported in order and each instance's history stays small.
-PARALLEL_BATCHES = 4
+#: Genuine faults (throttling, an outage, a worker that died) are retried with backoff (see
+#: orchestrators/retries.py); errors that are not retryable never reach a retry, because
+#: activities return them as a value.
+ACTIVITY_RETRY = ACTIVITY_RETRY_OPTIONS
 #: Above this many batches, batches are grouped under ``render_group`` sub-orchestrations, so
 #: the job's own history grows with the number of groups, not with the scene: every instance
 #: replays at most ~GROUP_BATCHES children (measured: one flat level of 157 batches made the
 #: parent's replay grow quadratically, 0.06 s -> 4.7 s from 1,000 to 10,000 windows).
 GROUP_BATCHES = 16
-PARALLEL_GROUPS = 2
 
 
 class BadInputFailure(Exception):
-    """The job's input is wrong: fail the orchestration at once with the message."""
+    """An activity returned an error that is not retryable: fail the orchestration once with it."""
 
 
-class MosaicFailure(Exception):
+class MosaicFailure(BadInputFailure):
     """The assembled mosaic failed its checks: a bug, not worth a retry."""
+
+
+class RetriesExhaustedFailure(Exception):
+    """A retryable fault outlasted the retry policy: storage stayed unavailable too long."""
+
+
+def describe_error(error: dict) -> str:
+    """An activity's error value (type, message, window) as one line."""
+    where = f"window {error['window']}: " if error.get("window") else ""
+    return f"{where}{error['message']} ({error['type']})"
+
+
+def failure_for(job: dict, error: dict) -> BadInputFailure:
+    """The failure of a job whose activity returned ``error``, worded by what is to blame."""
+    if error["type"] == "MosaicCheckError":
+        return MosaicFailure(f"job {job['job_id']}: mosaic check failed: {describe_error(error)}")
+    if error["type"] in ("InvalidRasterError", "UnsupportedRasterError", "InvalidNameError", "SourceChangedError"):
+        return BadInputFailure(f"job {job['job_id']}: bad input {job['blob']!r}: {describe_error(error)}")
+    return BadInputFailure(f"job {job['job_id']}: failed, not retryable: {describe_error(error)}")
+
+
+def exhausted(job: dict, stage: str, exc: Exception) -> RetriesExhaustedFailure:
+    return RetriesExhaustedFailure(
+        f"job {job['job_id']}: {stage} still failed after {RETRY_POLICY.max_attempts} attempts over "
+        f"{RETRY_POLICY.patience_s():.0f} s of retries: storage stayed unavailable or throttled longer than "
+        f"the retry policy waits; deliver the upload again to resume: {exc}"
+    )
 
 
 def batch_instance_id(job_id: str, index: int) -> str:
@@ -67,24 +93,21 @@ def add_summary(total: dict, part: dict) -> None:
 
 
 def fan_out(
-    context: df.DurableOrchestrationContext,
-    name: str,
-    children: list[tuple[str, Any]],
-    in_flight: int,
-    on_done: Callable[[dict], None],
+    context: df.DurableOrchestrationContext, name: str, children: list[tuple[str, Any]], on_done: Callable[[dict], None]
 ) -> Generator[Any, Any, None]:
-    """Run sub-orchestrations ``(instance id, input)``, at most ``in_flight`` at once (``yield from`` it).
+    """Run sub-orchestrations ``(instance id, input)`` and hand each summary to ``on_done`` as it
+    lands, so progress moves after each one (``yield from`` it). A failed child raises its error.
 
-    ``on_done`` gets each finished child's summary as it lands, so progress is reported after
-    each one. A failed child raises its error.
+    Every child is started at once: the first ``task_any`` holds them all in one compound action,
+    and the extension's shim invokes all of a compound action's children before it awaits it.
+    Later ``task_any`` calls are over children already scheduled, so they add no action, and
+    nothing new ever queues behind the shim's in-order await of top-level actions (a sliding
+    window would: its n-th new child is not even scheduled until the one before it finished).
+    How many activities run at once is the host's to bound (host.json's
+    maxConcurrentActivityFunctions); the work-item queue keeps every slot busy.
     """
-    pending: list = []
-    next_child = 0
-    while next_child < len(children) or pending:
-        while next_child < len(children) and len(pending) < in_flight:
-            instance_id, child_input = children[next_child]
-            pending.append(context.call_sub_orchestrator(name, child_input, instance_id))
-            next_child += 1
+    pending = [context.call_sub_orchestrator(name, child_input, instance_id) for instance_id, child_input in children]
+    while pending:
         finished = yield context.task_any(pending)
         pending.remove(finished)
         if isinstance(finished.result, Exception):  # task_any hands back a failed child instead of raising
@@ -98,9 +121,12 @@ def tile_scene(context: df.DurableOrchestrationContext) -> Generator[Any, Any, d
     job_id = job["job_id"]
     context.set_custom_status({"stage": "validating", "windows_done": 0, "windows_total": None})
 
-    validated = yield context.call_activity_with_retry(names.VALIDATE_SOURCE, ACTIVITY_RETRY, job)
-    if not validated["ok"]:
-        raise BadInputFailure(f"job {job_id}: bad input {job['blob']!r}: {validated['error']}")
+    try:
+        validated = yield context.call_activity_with_retry(names.VALIDATE_SOURCE, ACTIVITY_RETRY, job)
+    except Exception as exc:
+        raise exhausted(job, "validating the upload", exc) from exc
+    if validated.get("error"):
+        raise failure_for(job, validated["error"])
     scene = validated["scene"]
 
     batches = plan_batches(job, scene)
@@ -117,7 +143,7 @@ def tile_scene(context: df.DurableOrchestrationContext) -> Generator[Any, Any, d
 
     def finished(summary: dict) -> None:
         if summary["errors"]:
-            raise BadInputFailure(f"job {job_id}: bad input {job['blob']!r}: {summary['errors'][0]}")
+            raise failure_for(job, summary["errors"][0])
         add_summary(totals, summary)
         status.update(windows_done=totals["windows"], batches_done=status["batches_done"] + summary["batches"])
         context.set_custom_status(status)
@@ -127,7 +153,7 @@ def tile_scene(context: df.DurableOrchestrationContext) -> Generator[Any, Any, d
             (batch_instance_id(job_id, i), {"job": job, "windows": [w.to_dict() for w in batch]})
             for i, batch in enumerate(batches)
         ]
-        yield from fan_out(context, names.RENDER_BATCH, children, PARALLEL_BATCHES, finished)
+        fanned_out = fan_out(context, names.RENDER_BATCH, children, finished)
     else:
         children = [
             (
@@ -141,12 +167,23 @@ def tile_scene(context: df.DurableOrchestrationContext) -> Generator[Any, Any, d
             )
             for g, first in enumerate(range(0, len(batches), GROUP_BATCHES))
         ]
-        yield from fan_out(context, names.RENDER_GROUP, children, PARALLEL_GROUPS, finished)
+        fanned_out = fan_out(context, names.RENDER_GROUP, children, finished)
+    try:
+        yield from fanned_out
+    except BadInputFailure:
+        raise
+    except Exception as exc:  # a tile's retries ran out (the failure of its batch, or group)
+        raise exhausted(job, "rendering the tiles", exc) from exc
 
     context.set_custom_status({**status, "stage": "assembling"})
-    mosaic = yield context.call_activity_with_retry(names.ASSEMBLE_MOSAIC, ACTIVITY_RETRY, {"job": job, "scene": scene})
+    try:
+        mosaic = yield context.call_activity_with_retry(
+            names.ASSEMBLE_MOSAIC, ACTIVITY_RETRY, {"job": job, "scene": scene}
+        )
+    except Exception as exc:
+        raise exhausted(job, "assembling the mosaic", exc) from exc
     if mosaic.get("error"):
-        raise MosaicFailure(f"job {job_id}: {mosaic['error']}")
+        raise failure_for(job, mosaic["error"])
     context.set_custom_status({**status, "stage": "done"})
     totals.pop("errors")
     return {
@@ -176,7 +213,7 @@ def render_group(context: df.DurableOrchestrationContext) -> Generator[Any, Any,
         add_summary(total, summary)
         total["batches"] += summary["batches"]
 
-    yield from fan_out(context, names.RENDER_BATCH, children, PARALLEL_BATCHES, finished)
+    yield from fan_out(context, names.RENDER_BATCH, children, finished)
     return total
 
 
@@ -192,7 +229,7 @@ def render_batch(context: df.DurableOrchestrationContext) -> Generator[Any, Any,
     summary = {**empty_summary(), "windows": len(results), "batches": 1}
     for result in results:
         if result.get("error"):
-            summary["errors"].append(f"window {result['window']}: {result['error']}")
+            summary["errors"].append(result["error"])
             continue
         if result["outcome"] == "written":
             summary["written"] += 1

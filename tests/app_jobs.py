@@ -39,7 +39,8 @@ class AppEnv:
 
 
 def local_host(app_env: AppEnv, **options) -> LocalHost:
-    return LocalHost(HostOptions(hub=app_env.hub, timer_scale=0.01, watch_interval=0.1, **options))
+    options = {"timer_scale": 0.01, "watch_interval": 0.1, **options}
+    return LocalHost(HostOptions(hub=app_env.hub, **options))
 
 
 def download(storage, container: str, name: str) -> bytes:
@@ -98,6 +99,18 @@ def upload(storage, app_env: AppEnv, scene: Path) -> str:
     with scene.open("rb") as data:
         etag = blob.upload_blob(data, overwrite=True)["etag"]
     return job_id_for(blob.url, etag)
+
+
+def upload_until_killed(storage, app_env: AppEnv, scene: Path, log: Path, *extra: str) -> str:
+    """Serve with ``extra`` options, upload ``scene``, and wait for that host to die by SIGKILL."""
+    host = serve(app_env, log, *extra)
+    try:
+        job_id = upload(storage, app_env, scene)
+        assert host.wait(timeout=180) == -signal.SIGKILL
+    finally:
+        if host.poll() is None:
+            os.killpg(host.pid, signal.SIGKILL)
+    return job_id
 
 
 def wait_for_state(storage, app_env: AppEnv, job_id: str, predicate, timeout: float = 180) -> dict:

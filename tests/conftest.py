@@ -137,7 +137,6 @@ def app_env(storage, azurite, monkeypatch, request) -> AppEnv:
         names.SETTING_TILES_CONTAINER: f"tiles-{suffix}",
         names.SETTING_OUTPUT_CONTAINER: f"out-{suffix}",
         names.SETTING_MANIFEST_TABLE: f"manifest{suffix}",
-        names.SETTING_CLAIMS_TABLE: f"claims{suffix}",
         names.SETTING_WINDOW_SIZE: str(WINDOW),
         names.SETTING_BATCH_SIZE: "4",
     }

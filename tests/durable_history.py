@@ -53,6 +53,9 @@ class History:
     def sub_completed(self, event_id: int, result: Any) -> History:
         return self._add(8, TaskScheduledId=event_id, Result=json.dumps(result))
 
+    def sub_failed(self, event_id: int, reason: str) -> History:
+        return self._add(9, TaskScheduledId=event_id, Reason=reason, Details="Traceback ...")
+
     def timer_created(self, event_id: int) -> History:
         return self._add(10, event_id, FireAt=self.clock.strftime("%Y-%m-%dT%H:%M:%S.%fZ"))
 

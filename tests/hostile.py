@@ -24,11 +24,16 @@ def make_secret_raw(tmp_path: Path) -> Path:
 def make_secret_tif(tmp_path: Path) -> Path:
     """A GeoTIFF on the instance's disk whose pixels spell the marker."""
     path = tmp_path / "instance-secret.tif"
-    pixels = np.frombuffer((MARKER * 100)[: 40 * 60], dtype="uint8").reshape(1, 40, 60)
+    _write_small(path, "GTiff", np.frombuffer((MARKER * 100)[: 40 * 60], dtype="uint8").reshape(1, 40, 60))
+    return path
+
+
+def _write_small(path, driver: str, pixels: np.ndarray) -> None:
+    """A 60 x 40 one-band uint8 raster in EPSG:4326, in the given format."""
     with rasterio.open(
         path,
         "w",
-        driver="GTiff",
+        driver=driver,
         width=60,
         height=40,
         count=1,
@@ -37,7 +42,6 @@ def make_secret_tif(tmp_path: Path) -> Path:
         transform=from_origin(0, 40, 1, 1),
     ) as dst:
         dst.write(pixels)
-    return path
 
 
 def vrt(source: str, *, kind: str = "SimpleSource") -> str:
@@ -87,18 +91,7 @@ def wms(url: str) -> str:
 
 def hfa(tmp_path) -> str:
     path = tmp_path / "imagine.img"
-    with rasterio.open(
-        path,
-        "w",
-        driver="HFA",
-        width=60,
-        height=40,
-        count=1,
-        dtype="uint8",
-        crs="EPSG:4326",
-        transform=from_origin(0, 40, 1, 1),
-    ) as dst:
-        dst.write(np.ones((1, 40, 60), dtype="uint8"))
+    _write_small(path, "HFA", np.ones((1, 40, 60), dtype="uint8"))
     return str(path)
 
 

@@ -52,7 +52,6 @@ def test_both_hosting_plans_are_offered_flex_first() -> None:
         ("tilesContainerName", settings.TILES_CONTAINER),
         ("outputContainerName", settings.OUTPUT_CONTAINER),
         ("manifestTableName", settings.MANIFEST_TABLE),
-        ("claimsTableName", settings.CLAIMS_TABLE),
         ("triggerFunctionName", settings.TRIGGER_FUNCTION),
     ],
 )
@@ -67,8 +66,7 @@ def test_storage_creates_the_codes_containers_and_tables(plan: str) -> None:
     tables = params["tableNames"]
     for name in (settings.INPUT_CONTAINER, settings.TILES_CONTAINER, settings.OUTPUT_CONTAINER):
         assert name in containers
-    for name in (settings.MANIFEST_TABLE, settings.CLAIMS_TABLE):
-        assert name in tables
+    assert settings.MANIFEST_TABLE in tables
     # ... and the module really makes one container / table per name it is given.
     (container_resource,) = STORAGE.resources_of_type("Microsoft.Storage/storageAccounts/blobServices/containers")
     (table_resource,) = STORAGE.resources_of_type("Microsoft.Storage/storageAccounts/tableServices/tables")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import subprocess
 import sys
 import zipfile
@@ -57,7 +58,7 @@ def test_help_explains_the_steps_and_options() -> None:
         "flex",
         "consumption",
         "az login",
-        "deployEventSubscription=true",
+        "event-subscription.bicep",
         "config-zip",
         "--package-only",
     ):
@@ -128,3 +129,20 @@ def test_package_holds_the_app_and_its_linux_dependencies(tmp_path: Path) -> Non
             imported.add(node.module.split(".")[0])
     for module in sorted(imported - set(sys.stdlib_module_names)):
         assert module in tops or any(n.startswith(f"{site}{module}/") for n in names), module
+
+
+def test_jmespath_queries_spell_null_as_the_literal() -> None:
+    """A bare ``null`` in JMESPath is a field named "null" (which compares equal to a missing
+    key only by accident); the null literal is written with backticks."""
+    queries = [q for q in re.findall(r"--query '([^']*)'", SCRIPT.read_text()) if "null" in q]
+    assert queries, "the script no longer asks whether the blobs_extension key exists"
+    for query in queries:
+        assert re.sub(r"`null`", "", query).count("null") == 0, query
+
+
+def test_the_subscription_step_deploys_the_subscription_alone_with_backoff() -> None:
+    text = SCRIPT.read_text()
+    step3 = text[text.index("# 3. Event Grid subscription") :]
+    assert "deploy true" not in step3, "step 3 must not redeploy main.bicep (and the site) before the handshake"
+    assert '--template-file "${SUBSCRIPTION_TEMPLATE}"' in step3
+    assert "SUBSCRIBE_BACKOFF=(30 60 120 240)" in text

@@ -22,6 +22,11 @@ JOB = {
 SCENE = {"width": 2500, "height": 1800}  # 3 x 2 windows of 1024
 
 
+def error(kind: str, message: str, window: str | None = None) -> dict:
+    """An activity's error value (tilecommit.errors.error_value's shape)."""
+    return {"type": kind, "message": message, "window": window}
+
+
 def run(fn, history: History) -> dict:
     return json.loads(df.Orchestrator.create(fn)(history.context()))
 
@@ -38,14 +43,19 @@ def test_first_episode_validates_with_retry_and_reports_stage():
     assert action["actionType"] == 1  # CallActivityWithRetry
     assert action["functionName"] == names.VALIDATE_SOURCE
     assert json.loads(action["input"]) == JOB
-    assert action["retryOptions"] == {"firstRetryIntervalInMilliseconds": 5000, "maxNumberOfAttempts": 4}
+    assert action["retryOptions"] == {
+        "firstRetryIntervalInMilliseconds": 5000,
+        "maxNumberOfAttempts": 6,
+        "backoffCoefficient": 2.0,
+        "maxRetryIntervalInMilliseconds": 60000,
+    }
     assert state["customStatus"]["stage"] == "validating"
     assert state["isDone"] is False
 
 
 def validated_history(job=JOB, scene=SCENE) -> History:
     history = History(names.TILE_SCENE, job).scheduled(0, names.VALIDATE_SOURCE).episode()
-    return history.completed(0, {"ok": True, "scene": scene})
+    return history.completed(0, {"scene": scene})
 
 
 def test_plans_windows_and_fans_out_batches_as_sub_orchestrations():
@@ -74,18 +84,23 @@ def test_plans_windows_and_fans_out_batches_as_sub_orchestrations():
     }
 
 
-def test_no_more_than_the_parallel_limit_of_batches_in_flight():
+def test_every_batch_is_started_in_one_compound_action_and_later_episodes_add_none():
+    """On the extension's shim a top-level action is awaited before the next one is invoked, so
+    all batches go out in the one WhenAny action; taking them as they finish adds no action."""
     job = {**JOB, "batch_size": 1}  # 6 batches of one window
     state = run(tiling.tile_scene, validated_history(job))
-    assert len(leaf_actions(state)) - 1 == tiling.PARALLEL_BATCHES
-    # One batch finishes: exactly one more is scheduled, and progress is reported.
+    top = state["actions"][0]
+    assert [a["actionType"] for a in top] == [12, 11]  # WhenAll(validate with retry), WhenAny(batches)
+    assert [a["instanceId"] for a in top[1]["compoundActions"]] == [
+        tiling.batch_instance_id(job["job_id"], i) for i in range(6)
+    ]
+    # One batch finishes: nothing new is scheduled, and progress is reported.
     history = validated_history(job)
-    for i in range(tiling.PARALLEL_BATCHES):
+    for i in range(6):
         history.sub_created(i + 1, names.RENDER_BATCH, tiling.batch_instance_id(job["job_id"], i))
     history.episode().sub_completed(2, batch_summary(1, 1, 0, 100))
     state = run(tiling.tile_scene, history)
-    new = leaf_actions(state)[1 + tiling.PARALLEL_BATCHES :]
-    assert [a["instanceId"] for a in new] == [tiling.batch_instance_id(job["job_id"], tiling.PARALLEL_BATCHES)]
+    assert len(state["actions"][0]) == 2 and len(leaf_actions(state)) == 7
     assert state["customStatus"]["windows_done"] == 1 and state["customStatus"]["batches_done"] == 1
 
 
@@ -134,9 +149,9 @@ def test_fan_in_then_assembly_then_summary():
 
 def test_bad_input_fails_the_job_at_once_with_the_message():
     history = History(names.TILE_SCENE, JOB).scheduled(0, names.VALIDATE_SOURCE).episode()
-    history.completed(0, {"ok": False, "error": "not a raster: zero bytes", "error_type": "InvalidRasterError"})
+    history.completed(0, {"error": error("InvalidRasterError", "not a raster: zero bytes")})
     message = run_failing(tiling.tile_scene, history)
-    assert "bad input 'scene.tif': not a raster: zero bytes" in message
+    assert "bad input 'scene.tif': not a raster: zero bytes (InvalidRasterError)" in message
     state = json.loads(message.split("$OutOfProcData$:")[1])
     assert leaf_actions(state)[1:] == []  # nothing scheduled after the refusal
 
@@ -144,9 +159,19 @@ def test_bad_input_fails_the_job_at_once_with_the_message():
 def test_bad_window_in_a_batch_fails_the_job():
     history = validated_history()
     history.sub_created(1, names.RENDER_BATCH, "a").sub_created(2, names.RENDER_BATCH, "b").episode()
-    history.sub_completed(1, {**batch_summary(4, 3, 0, 300), "errors": ["window 0000_0001: truncated TIFF"]})
+    bad = error("InvalidRasterError", "truncated TIFF", "0000_0001")
+    history.sub_completed(1, {**batch_summary(4, 3, 0, 300), "errors": [bad]})
     message = run_failing(tiling.tile_scene, history)
-    assert "truncated TIFF" in message
+    assert "bad input 'scene.tif': window 0000_0001: truncated TIFF (InvalidRasterError)" in message
+
+
+def test_a_batch_whose_tile_ran_out_of_retries_fails_the_job_saying_storage_stayed_unavailable():
+    history = validated_history()
+    history.sub_created(1, names.RENDER_BATCH, "a").sub_created(2, names.RENDER_BATCH, "b").episode()
+    history.sub_failed(1, "StorageFaultError: creating blob 'tiles/x/0000_0001.tif' failed (status 503)")
+    message = run_failing(tiling.tile_scene, history)
+    assert "rendering the tiles still failed after 6 attempts over 135 s of retries" in message
+    assert "status 503" in message and "bad input" not in message
 
 
 def test_render_batch_fans_out_one_activity_per_window_and_sums():
@@ -177,21 +202,36 @@ def test_render_batch_fans_out_one_activity_per_window_and_sums():
 def test_failed_activity_is_retried_then_fails_the_batch_after_the_last_timer():
     window = {"row": 0, "col": 0, "row_off": 0, "col_off": 0, "height": 8, "width": 8}
     history = History(names.RENDER_BATCH, {"job": JOB, "windows": [window]}, "b").scheduled(0, names.RENDER_TILE)
+    attempts = tiling.RETRY_POLICY.max_attempts
     # Attempt k: TaskFailed -> the host's TimerCreated/TimerFired -> a new TaskScheduled.
     task_id, next_id = 0, 1
-    for attempt in range(1, 5):
+    for attempt in range(1, attempts + 1):
         history.episode().failed(task_id, f"ServiceResponseError attempt {attempt}")
         state = run(tiling.render_batch, history)
         assert state["isDone"] is False  # still waiting for the retry timer
         history.timer_created(next_id).episode().timer_fired(next_id)
-        if attempt < 4:
+        if attempt < attempts:
             state = run(tiling.render_batch, history)
             assert state["isDone"] is False
             task_id = next_id + 1
             history.scheduled(task_id, names.RENDER_TILE)
             next_id += 2
     message = run_failing(tiling.render_batch, history)
-    assert "ServiceResponseError attempt 4" in message
+    assert f"ServiceResponseError attempt {attempts}" in message
+
+
+def test_a_validation_that_exhausts_its_retries_fails_the_job_saying_storage_stayed_unavailable():
+    history = History(names.TILE_SCENE, JOB).scheduled(0, names.VALIDATE_SOURCE)
+    task_id, next_id = 0, 1
+    for attempt in range(1, tiling.RETRY_POLICY.max_attempts + 1):
+        history.episode().failed(task_id, f"503 ServerBusy attempt {attempt}")
+        history.timer_created(next_id).episode().timer_fired(next_id)
+        task_id, next_id = next_id + 1, next_id + 2
+        if attempt < tiling.RETRY_POLICY.max_attempts:
+            history.scheduled(task_id, names.VALIDATE_SOURCE)
+    message = run_failing(tiling.tile_scene, history)
+    assert "validating the upload still failed after 6 attempts over 135 s of retries" in message
+    assert "storage stayed unavailable or throttled" in message and "503 ServerBusy attempt 6" in message
 
 
 def test_replaying_the_same_history_gives_the_same_actions():
@@ -204,7 +244,7 @@ def test_a_mosaic_that_fails_its_checks_fails_the_job():
     history.sub_created(1, names.RENDER_BATCH, "a").sub_created(2, names.RENDER_BATCH, "b").episode()
     history.sub_completed(1, batch_summary(4, 4, 0, 400)).sub_completed(2, batch_summary(2, 2, 0, 200))
     history.scheduled(3, names.ASSEMBLE_MOSAIC).episode()
-    history.completed(3, {"error": "mosaic check failed: 2 levels, 3 expected", "error_type": "MosaicCheckError"})
+    history.completed(3, {"error": error("MosaicCheckError", "2 levels, 3 expected")})
     assert "mosaic check failed: 2 levels, 3 expected" in run_failing(tiling.tile_scene, history)
 
 
@@ -215,7 +255,6 @@ BIG_SCENE = {"width": 2048, "height": 1536}  # 8 x 6 = 48 windows, 24 batches of
 def test_large_scenes_fan_out_groups_of_batches_so_the_job_history_stays_bounded():
     state = run(tiling.tile_scene, validated_history(BIG_JOB, BIG_SCENE))
     groups = leaf_actions(state)[1:]
-    assert len(groups) == tiling.PARALLEL_GROUPS
     assert [a["functionName"] for a in groups] == [names.RENDER_GROUP] * 2
     assert [a["instanceId"] for a in groups] == ["0123456789abcdef-group-0000", "0123456789abcdef-group-0001"]
     inputs = [json.loads(a["input"]) for a in groups]
@@ -235,20 +274,17 @@ def test_render_group_runs_its_own_batches_and_sums_them():
     history = History(names.RENDER_GROUP, group, "g1")
     state = run(tiling.render_group, history)
     actions = leaf_actions(state)
-    assert [a["instanceId"] for a in actions] == [tiling.batch_instance_id(JOB["job_id"], i) for i in range(16, 20)]
+    assert [a["instanceId"] for a in actions] == [tiling.batch_instance_id(JOB["job_id"], i) for i in range(16, 24)]
     first = json.loads(actions[0]["input"])["windows"]
     # Batch 16 holds windows 32 and 33 of the row-major plan: row 4, columns 0 and 1.
     assert [(w["row"], w["col"]) for w in first] == [(4, 0), (4, 1)]
-    for i in range(4):
+    for i in range(8):
         history.sub_created(i, names.RENDER_BATCH, actions[i]["instanceId"])
     history.episode()
     for i in range(4):
         history.sub_completed(i, batch_summary(2, 1, 1, 10))
     state = run(tiling.render_group, history)
-    more = leaf_actions(state)[4:]
-    assert [a["instanceId"] for a in more] == [tiling.batch_instance_id(JOB["job_id"], i) for i in range(20, 24)]
-    for i in range(4, 8):
-        history.sub_created(i, names.RENDER_BATCH, more[i - 4]["instanceId"])
+    assert len(leaf_actions(state)) == 8 and not state["isDone"]
     history.episode()
     for i in range(4, 8):
         history.sub_completed(i, batch_summary(2, 2, 0, 20))

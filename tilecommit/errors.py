@@ -1,8 +1,11 @@
-"""The project's exception family.
+"""The project's exception family, and the one contract for what is retried.
 
-Two branches matter to a caller: :class:`BadInputError` (the input or configuration is wrong;
-retrying can never help, so fail the job at once with the message) and :class:`StorageFaultError`
-(a genuine fault; retry). A rejected conditional write is neither: it is an outcome
+Every error says whether repeating the same call may succeed (``retryable``; :func:`is_retryable`
+for any exception). Activities raise only retryable faults, which the orchestrator's retry policy
+repeats; every other error comes back as a value of one shape (:func:`error_value`) and fails
+the job once with its message. :class:`BadInputError` (the input or configuration is wrong) is
+never retryable; :class:`StorageFaultError` (transport, throttling, 5xx) is, unless storage
+answered a plain 4xx. A rejected conditional write is neither: it is an outcome
 (:class:`tilecommit.gates.Outcome`), not an exception.
 """
 
@@ -38,10 +41,23 @@ class ConfigurationError(BadInputError):
     """A setting with a value the code cannot use."""
 
 
-class StorageFaultError(TileCommitError, IOError):
-    """A genuine storage fault (transport, throttling, 5xx): retry."""
+class SourceChangedError(BadInputError):
+    """The upload was overwritten or deleted after its job started (the new version has a job of its own)."""
 
-    retryable = True
+
+class StorageFaultError(TileCommitError, IOError):
+    """A genuine storage fault (transport, throttling, 5xx): retry. ``status``: the HTTP status
+    storage answered, when it answered; a plain 4xx will fail the same way again."""
+
+    def __init__(self, message: str, *, status: int | None = None):
+        super().__init__(message)
+        self.status = status
+        self.retryable = retryable_status(status)
+
+
+class CorruptTileError(StorageFaultError):
+    """A tile this job wrote cannot be read back as written (short or undecodable bytes): the
+    upload is not to blame; a re-read may succeed, so retry."""
 
 
 class IncompleteManifestError(TileCommitError):
@@ -76,3 +92,32 @@ class GdalStepError(TileCommitError):
 
 class IncompatibleTilesError(TileCommitError):
     """The tiles cannot be block-copied (layout differs); the VRT path can still assemble them."""
+
+
+def retryable_status(status: int | None) -> bool:
+    """Whether an HTTP status (None: no answer at all) may go away on a retry."""
+    return status is None or status >= 500 or status in (408, 429)
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """Whether repeating the call that raised ``exc`` may succeed.
+
+    The project's errors say so themselves; an SDK error with a status follows the status; any
+    other exception (a transport error, a worker that died, an error nobody foresaw) is given the
+    retries, which are bounded, rather than failing the job at once for the wrong reason.
+    """
+    if isinstance(exc, TileCommitError):
+        return bool(exc.retryable)
+    status = getattr(exc, "status_code", None)
+    if isinstance(status, int):
+        return retryable_status(status)
+    return True
+
+
+def error_value(exc: BaseException, *, window: str | None = None) -> dict:
+    """The one shape in which an activity returns a non-retryable error: type, message, window."""
+    return {
+        "type": type(exc).__name__,
+        "message": str(exc),
+        "window": window if window is not None else getattr(exc, "window", None),
+    }

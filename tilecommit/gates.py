@@ -99,10 +99,7 @@ def is_create_rejection(exc: HttpResponseError) -> bool:
 def storage_fault(action: str, key: str, exc: Exception) -> StorageFaultError:
     """The :class:`StorageFaultError` for a failed storage call (retryable unless a plain 4xx)."""
     status = getattr(exc, "status_code", None)
-    error = StorageFaultError(f"{action} {key!r} failed: {type(exc).__name__} (status {status}): {exc}")
-    # 4xx other than timeout/throttling will fail the same way again.
-    error.retryable = status is None or status >= 500 or status in (408, 429)
-    return error
+    return StorageFaultError(f"{action} {key!r} failed: {type(exc).__name__} (status {status}): {exc}", status=status)
 
 
 def count_rejection(gate: str, status: int | None, job_id: str, key: str, what: str) -> None:

@@ -24,9 +24,6 @@ TILES_CONTAINER = "raster-tiles"
 OUTPUT_CONTAINER = "raster-mosaics"
 #: The create-only manifest: PartitionKey job id, RowKey window id.
 MANIFEST_TABLE = "tilemanifest"
-#: A table for create-only claims. No code uses it since mosaic assembly takes no claim; the
-#: templates and the local host still create it.
-CLAIMS_TABLE = "tileclaims"
 
 #: The Durable task hub name (host.json ``extensions.durableTask.hubName``).
 TASK_HUB = "TileCommitHub"
@@ -38,7 +35,6 @@ SETTING_INPUT_CONTAINER = "TILECOMMIT_INPUT_CONTAINER"
 SETTING_TILES_CONTAINER = "TILECOMMIT_TILES_CONTAINER"
 SETTING_OUTPUT_CONTAINER = "TILECOMMIT_OUTPUT_CONTAINER"
 SETTING_MANIFEST_TABLE = "TILECOMMIT_MANIFEST_TABLE"
-SETTING_CLAIMS_TABLE = "TILECOMMIT_CLAIMS_TABLE"
 SETTING_WINDOW_SIZE = "TILECOMMIT_WINDOW_SIZE"
 SETTING_BATCH_SIZE = "TILECOMMIT_BATCH_SIZE"
 SETTING_MAX_PIXELS = "TILECOMMIT_MAX_PIXELS"
@@ -49,7 +45,6 @@ APP_SETTINGS = (
     SETTING_TILES_CONTAINER,
     SETTING_OUTPUT_CONTAINER,
     SETTING_MANIFEST_TABLE,
-    SETTING_CLAIMS_TABLE,
     SETTING_WINDOW_SIZE,
     SETTING_BATCH_SIZE,
     SETTING_MAX_PIXELS,
@@ -96,7 +91,6 @@ class Settings:
     tiles_container: str = TILES_CONTAINER
     output_container: str = OUTPUT_CONTAINER
     manifest_table: str = MANIFEST_TABLE
-    claims_table: str = CLAIMS_TABLE
     window_size: int = DEFAULT_WINDOW_SIZE
     batch_size: int = DEFAULT_BATCH_SIZE
     max_pixels: int = DEFAULT_MAX_PIXELS
@@ -133,7 +127,6 @@ class Settings:
             tiles_container=env.get(SETTING_TILES_CONTAINER) or TILES_CONTAINER,
             output_container=env.get(SETTING_OUTPUT_CONTAINER) or OUTPUT_CONTAINER,
             manifest_table=env.get(SETTING_MANIFEST_TABLE) or MANIFEST_TABLE,
-            claims_table=env.get(SETTING_CLAIMS_TABLE) or CLAIMS_TABLE,
             window_size=integer(SETTING_WINDOW_SIZE, DEFAULT_WINDOW_SIZE),
             batch_size=integer(SETTING_BATCH_SIZE, DEFAULT_BATCH_SIZE),
             max_pixels=integer(SETTING_MAX_PIXELS, DEFAULT_MAX_PIXELS),

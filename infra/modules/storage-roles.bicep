@@ -109,7 +109,7 @@ resource appQueueContributor 'Microsoft.Authorization/roleAssignments@2022-04-01
 }
 
 // Storage Table Data Contributor: Durable's instance and history tables, the host's diagnostic
-// events, and the code's create-only manifest and claims tables.
+// events, and the code's create-only manifest table.
 resource appTableContributor 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
   name: guid(storageAccount.id, appPrincipalId, storageTableDataContributorRoleId)
   scope: storageAccount
@@ -117,7 +117,7 @@ resource appTableContributor 'Microsoft.Authorization/roleAssignments@2022-04-01
     roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', storageTableDataContributorRoleId)
     principalId: appPrincipalId
     principalType: 'ServicePrincipal'
-    description: 'Durable Functions tables, host diagnostic events, the manifest and claims tables.'
+    description: 'Durable Functions tables, host diagnostic events, the manifest table.'
   }
 }
 

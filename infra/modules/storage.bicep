@@ -14,7 +14,7 @@ param tags object = {}
 @description('Blob containers to create (the app\'s input, tiles and output containers and the code package container).')
 param containerNames array
 
-@description('Tables to create (the manifest and the claims tables).')
+@description('Tables to create (the manifest table).')
 param tableNames array
 
 @description('Redundancy. LRS: three copies in one datacenter, cheapest; tiles and mosaics can be made again from the inputs.')
@@ -50,7 +50,7 @@ resource storageAccount 'Microsoft.Storage/storageAccounts@2023-05-01' = {
     allowCrossTenantReplication: false
     minimumTlsVersion: 'TLS1_2'
     supportsHttpsTrafficOnly: true
-    // Public endpoint, Entra-only (see infra/checkov-skips.yaml, CKV_AZURE_35): Event Grid and
+    // Public endpoint, Entra-only (see infra/checkov-skips.toml, CKV_AZURE_35): Event Grid and
     // the Consumption-plan workers reach the account over its public endpoint.
     publicNetworkAccess: 'Enabled'
     networkAcls: {

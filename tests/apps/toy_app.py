@@ -78,3 +78,123 @@ def uses_clock(context: df.DurableOrchestrationContext):
     yield context.call_activity("square", {"n": int(time.time() * 1000)})
     yield context.call_activity("square", {"n": int(time.time() * 1000)})
     return "done"
+
+
+# ---------------------------------------------------------------------- shapes of fan-out
+
+
+@app.activity_trigger(input_name="payload")
+def nap(payload: dict) -> dict:
+    import time
+
+    time.sleep(payload["seconds"])
+    return {"i": payload["i"]}
+
+
+@app.orchestration_trigger(context_name="context")
+def sliding_window(context: df.DurableOrchestrationContext):
+    """A window of ``window`` naps in flight, topped up by one as each finishes (task_any over a
+    list that gains one new child at a time)."""
+    job = context.get_input()
+    naps = [{"i": i, "seconds": job["seconds"]} for i in range(job["count"])]
+    pending, started, done = [], 0, 0
+    while started < len(naps) or pending:
+        while started < len(naps) and len(pending) < job["window"]:
+            pending.append(context.call_activity("nap", naps[started]))
+            started += 1
+        finished = yield context.task_any(pending)
+        pending.remove(finished)
+        done += 1
+    return done
+
+
+@app.orchestration_trigger(context_name="context")
+def all_at_once(context: df.DurableOrchestrationContext):
+    """Every nap scheduled in one compound action; taken as they finish (progress after each)."""
+    job = context.get_input()
+    pending = [context.call_activity("nap", {"i": i, "seconds": job["seconds"]}) for i in range(job["count"])]
+    done = 0
+    while pending:
+        finished = yield context.task_any(pending)
+        pending.remove(finished)
+        done += 1
+        context.set_custom_status({"done": done})
+    return done
+
+
+# ---------------------------------------------------------------------- host behaviours
+
+
+class BackoffRetry(df.RetryOptions):
+    """RetryOptions with the fields the extension's RetryOptionsConverter also reads."""
+
+    def __init__(self, first_ms: int, attempts: int, backoff: float, max_ms: int):
+        super().__init__(first_ms, attempts)
+        self.backoff, self.max_ms = backoff, max_ms
+
+    def to_json(self) -> dict:
+        return {**super().to_json(), "backoffCoefficient": self.backoff, "maxRetryIntervalInMilliseconds": self.max_ms}
+
+
+@app.orchestration_trigger(context_name="context")
+def backoff_retry(context: df.DurableOrchestrationContext):
+    job = context.get_input()
+    retry = BackoffRetry(job["first_ms"], job["attempts"], job["backoff"], job["max_ms"])
+    result = yield context.call_activity_with_retry("flaky", retry, {"key": job["key"]})
+    return result["ok"]
+
+
+@app.orchestration_trigger(context_name="context")
+def big_status(context: df.DurableOrchestrationContext):
+    context.set_custom_status("x" * context.get_input()["chars"])
+    yield context.call_activity("square", {"n": 1})
+    return "done"
+
+
+@app.orchestration_trigger(context_name="context")
+def changes_its_mind(context: df.DurableOrchestrationContext):
+    """Non-deterministic on purpose: a different activity name when replaying."""
+    yield context.call_activity("flaky" if context.is_replaying else "square", {"n": 2, "key": "none"})
+    yield context.call_activity("square", {"n": 3})
+    return "done"
+
+
+@app.orchestration_trigger(context_name="context")
+def parent_of_slow_child(context: df.DurableOrchestrationContext):
+    """A child that naps; with ``fail``, a flaky activity beside it fails the parent first."""
+    job = context.get_input()
+    child = context.call_sub_orchestrator(
+        "nap_once", {"seconds": job["seconds"], "i": job["run"]}, f"{context.instance_id}-child-{job['child']}"
+    )
+    tasks = [child]
+    if job["fail"]:
+        tasks.append(context.call_activity("flaky", {"key": job["key"]}))
+    results = yield context.task_all(tasks)
+    return results[0]
+
+
+@app.orchestration_trigger(context_name="context")
+def nap_once(context: df.DurableOrchestrationContext):
+    result = yield context.call_activity("nap", context.get_input())
+    return result["i"]
+
+
+@app.activity_trigger(input_name="payload")
+def slow_first_time(payload: dict) -> dict:
+    """Naps ``seconds`` the first time per key (past the function timeout), then answers at once."""
+    import time
+
+    with _lock:
+        first = _failures_left.get(payload["key"], 0) > 0
+        _failures_left[payload["key"]] = 0
+    if first:
+        time.sleep(payload["seconds"])
+    return {"key": payload["key"], "slow": first}
+
+
+@app.orchestration_trigger(context_name="context")
+def times_out_once(context: df.DurableOrchestrationContext):
+    job = context.get_input()
+    retry = df.RetryOptions(job["first_ms"], job["attempts"])
+    result = yield context.call_activity_with_retry("slow_first_time", retry, job)
+    return result

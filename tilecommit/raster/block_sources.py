@@ -12,7 +12,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from azure.core.exceptions import HttpResponseError, ResourceNotFoundError, ServiceRequestError, ServiceResponseError
 from azure.storage.blob import ContainerClient
 
-from ..errors import IncompleteManifestError, InvalidRasterError, StorageFaultError
+from ..errors import CorruptTileError, IncompleteManifestError, StorageFaultError
 from ..grid import Window
 from . import tiff
 from .env import BLOCK_SIZE
@@ -45,7 +45,9 @@ class BlobRangeSource:
                 f"tile {self.name} is in the manifest but not in storage", mismatched=[self.name]
             ) from exc
         except (HttpResponseError, *_TRANSPORT_FAULTS) as exc:
-            raise StorageFaultError(f"reading the head of {self.name} failed: {exc}") from exc
+            raise StorageFaultError(
+                f"reading the head of {self.name} failed: {exc}", status=getattr(exc, "status_code", None)
+            ) from exc
         # For a ranged read, properties.size is the range's length; the blob's is after the "/".
         content_range = downloader.properties.content_range or ""
         total = content_range.rsplit("/", 1)[-1]
@@ -55,7 +57,10 @@ class BlobRangeSource:
         try:
             return self.container.download_blob(self.name, offset=offset, length=length, max_concurrency=1).readall()
         except (HttpResponseError, *_TRANSPORT_FAULTS) as exc:
-            raise StorageFaultError(f"reading {length} bytes at {offset} of {self.name} failed: {exc}") from exc
+            raise StorageFaultError(
+                f"reading {length} bytes at {offset} of {self.name} failed: {exc}",
+                status=getattr(exc, "status_code", None),
+            ) from exc
 
     def __repr__(self) -> str:
         return f"blob:{self.name}"
@@ -132,7 +137,7 @@ class BlockFetcher:
                 for position, ref in run:
                     piece = data[ref.offset - start : ref.offset - start + ref.length]
                     if len(piece) != ref.length:
-                        raise InvalidRasterError(f"{self.sources[ref.source]!r} is shorter than its directory says")
+                        raise CorruptTileError(f"{self.sources[ref.source]!r} is shorter than its directory says")
                     out[position] = piece
             yield from out
 

@@ -47,7 +47,9 @@ def check_manifest(job_id: str, scene: SceneInfo, *, tiles: ContainerClient, man
     try:
         sizes = {b.name: int(b.size) for b in tiles.list_blobs(name_starts_with=prefix)}
     except (HttpResponseError, *_TRANSPORT_FAULTS) as exc:
-        raise StorageFaultError(f"listing the sizes of {prefix} failed: {exc}") from exc
+        raise StorageFaultError(
+            f"listing the sizes of {prefix} failed: {exc}", status=getattr(exc, "status_code", None)
+        ) from exc
     mismatched = []
     details = []
     for window in windows:
@@ -149,7 +151,9 @@ def blob_properties(container: ContainerClient, name: str):
     except ResourceNotFoundError:
         return None
     except (HttpResponseError, *_TRANSPORT_FAULTS) as exc:
-        raise StorageFaultError(f"reading the properties of {name} failed: {exc}") from exc
+        raise StorageFaultError(
+            f"reading the properties of {name} failed: {exc}", status=getattr(exc, "status_code", None)
+        ) from exc
 
 
 def verify_committed_mosaic(

@@ -12,6 +12,7 @@ from typing import Any
 
 import rasterio
 
+from ..retries import gdal_http_options
 from ..settings import Settings
 
 #: Datasets GDAL keeps open at once (a VRT over hundreds of tiles would otherwise open them all).
@@ -47,9 +48,9 @@ def gdal_config(
         # raw file named in it; uploads are never opened as VRT at all (upload.py).
         "GDAL_VRT_ENABLE_PYTHON": "NO",
         "GDAL_VRT_ENABLE_RAWRASTERBAND": "NO",
-        # GDAL retries a throttled or failed range read itself before reporting an error.
-        "GDAL_HTTP_MAX_RETRY": 3,
-        "GDAL_HTTP_RETRY_DELAY": 1,
+        # GDAL retries a throttled or failed range read itself before reporting an error, as
+        # many times as fit one storage call's budget (tilecommit/retries.py).
+        **gdal_http_options(),
         # No .aux.xml read beside an input (its georeferencing or nodata would override the
         # file's own) nor written beside an output (a non-deterministic extra write).
         "GDAL_PAM_ENABLED": "NO",

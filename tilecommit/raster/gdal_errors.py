@@ -26,8 +26,10 @@ from rasterio.errors import RasterioError
 
 from ..errors import GdalStepError, TileCommitError
 
-#: rasterio logs every message of GDAL's error handler here ("GDAL signalled an error: ...").
+#: rasterio logs GDAL's messages on these loggers: failures ("GDAL signalled an error: ...") and
+#: warnings, among them those of GDAL's network layer ("HTTP error code: 503 ... Retrying").
 GDAL_LOGGER = "rasterio._env"
+GDAL_LOGGERS = (GDAL_LOGGER, "rasterio._err")
 #: Messages kept per step (the last ones: those nearest the failure).
 MAX_MESSAGES = 5
 _MESSAGE = re.compile(r"msg='?(.*?)'?$", re.S)
@@ -36,19 +38,20 @@ _MESSAGE = re.compile(r"msg='?(.*?)'?$", re.S)
 #: suppressed on the transform object"), so the text that explains a silent failure can belong
 #: to an earlier step, or to an earlier attempt of the same activity in this worker.
 _recent: deque[str] = deque(maxlen=MAX_MESSAGES)
+#: thread id -> (its messages, how many recordings are open in it: a step may run inside another).
+_buffers: dict[int, tuple[list[str], int]] = {}
 
 
 class _Recorder(logging.Filter):
     """Copies GDAL's messages into the buffer of the thread's running step; passes on what it did before."""
 
-    def __init__(self, passthrough_level: int):
+    def __init__(self, passthrough_level: int, saved_level: int):
         super().__init__()
         self.passthrough_level = passthrough_level
-        #: thread id -> (its messages, how many steps are open in it: a step may run inside another).
-        self.buffers: dict[int, tuple[list[str], int]] = {}
+        self.saved_level = saved_level
 
     def filter(self, record: logging.LogRecord) -> bool:
-        buffer = self.buffers.get(record.thread or 0, (None, 0))[0]
+        buffer = _buffers.get(record.thread or 0, (None, 0))[0]
         if buffer is not None and record.levelno >= logging.INFO:
             text = record.getMessage()
             found = _MESSAGE.search(text) if "GDAL signalled" in text else None
@@ -58,37 +61,71 @@ class _Recorder(logging.Filter):
 
 
 _lock = threading.Lock()
-_recorder: _Recorder | None = None
-_saved_level = logging.NOTSET
+_recorders: dict[str, _Recorder] = {}
 
 
 def _start(thread: int) -> list[str]:
-    global _recorder, _saved_level
     with _lock:
-        logger = logging.getLogger(GDAL_LOGGER)
-        if _recorder is None:
-            _saved_level = logger.level
-            _recorder = _Recorder(logger.getEffectiveLevel())
-            logger.addFilter(_recorder)
-            logger.setLevel(min(logger.getEffectiveLevel(), logging.INFO))
-        buffer, depth = _recorder.buffers.get(thread, ([], 0))
-        _recorder.buffers[thread] = (buffer, depth + 1)
+        if not _recorders:
+            for name in GDAL_LOGGERS:
+                logger = logging.getLogger(name)
+                recorder = _Recorder(logger.getEffectiveLevel(), logger.level)
+                logger.addFilter(recorder)
+                logger.setLevel(min(logger.getEffectiveLevel(), logging.INFO))
+                _recorders[name] = recorder
+        buffer, depth = _buffers.get(thread, ([], 0))
+        _buffers[thread] = (buffer, depth + 1)
         return buffer
 
 
 def _stop(thread: int) -> None:
-    global _recorder
     with _lock:
-        if _recorder is None:
+        if not _recorders:
             return
-        buffer, depth = _recorder.buffers.pop(thread, ([], 1))
+        buffer, depth = _buffers.pop(thread, ([], 1))
         if depth > 1:
-            _recorder.buffers[thread] = (buffer, depth - 1)
-        if not _recorder.buffers:
-            logger = logging.getLogger(GDAL_LOGGER)
-            logger.removeFilter(_recorder)
-            logger.setLevel(_saved_level)
-            _recorder = None
+            _buffers[thread] = (buffer, depth - 1)
+        if not _buffers:
+            for name, recorder in _recorders.items():
+                logger = logging.getLogger(name)
+                logger.removeFilter(recorder)
+                logger.setLevel(recorder.saved_level)
+            _recorders.clear()
+
+
+@contextmanager
+def recording() -> Iterator[list[str]]:
+    """GDAL's messages sent by this thread while the block runs (shared with an enclosing step)."""
+    thread = threading.get_ident()
+    buffer = _start(thread)
+    start = len(buffer)
+    mine: list[str] = []
+    try:
+        yield mine
+    finally:
+        mine.extend(buffer[start:])
+        _stop(thread)
+
+
+#: GDAL's words when storage did not deliver: an HTTP status or curl error from its network layer
+#: (logged while it retries, GDAL_HTTP_MAX_RETRY, and when it gives up). A short read alone
+#: ("got N bytes, expected M") is not one: a local or truncated file reads short too.
+_TRANSPORT = re.compile(
+    r"HTTP error code|response_code=|HTTP response code|curl|connection (reset|refused|timed out)|"
+    r"timed out|timeout|ssl|could not resolve",
+    re.I,
+)
+
+
+def is_transport_message(message: str) -> bool:
+    """Whether one of GDAL's messages says storage did not deliver bytes (a fault to retry),
+    as opposed to bytes that arrived and could not be decoded."""
+    return bool(_TRANSPORT.search(message))
+
+
+def transport_fault(messages: list[str]) -> str | None:
+    """The first message among ``messages`` that names a transport fault, or None."""
+    return next((m for m in messages if is_transport_message(m)), None)
 
 
 def describe(messages: list[str]) -> str:
@@ -135,6 +172,9 @@ def gdal_step(step: str, *, window: str | None = None) -> Iterator[None]:
             message += f"; GDAL's messages before the failure: {before}"
         elif not before and _recent:
             message += f"; GDAL said nothing during this step; its last messages in this process were: {describe(list(_recent))}"
-        raise GdalStepError(message, step=step, window=window, gdal_messages=list(buffer)) from exc
+        error = GdalStepError(message, step=step, window=window, gdal_messages=list(buffer))
+        # GDAL failed because storage did not deliver (after GDAL's own retries): retry the step.
+        error.retryable = transport_fault([said, *buffer]) is not None
+        raise error from exc
     finally:
         _stop(thread)

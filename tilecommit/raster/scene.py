@@ -8,8 +8,9 @@ accepted, so a job fails at once instead of retrying an input that can never wor
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from rasterio.crs import CRS
@@ -23,6 +24,7 @@ from ..records import Record
 from ..settings import Settings
 from . import vsi
 from .env import gdal_env
+from .gdal_errors import recording, transport_fault
 from .upload import ACCEPTED_FORMATS, HEADER_BYTES, check_upload_content, open_upload, upload_gdal_options
 
 #: Sample types a tile COG, the mosaic and the quicklook handle (PREDICTOR 2 or 3 applies to all).
@@ -44,6 +46,8 @@ MAX_BLOCKS = 262_144
 #: reads it.
 FULL_DECODE_MAX_FILE_BYTES = 64 * 1024 * 1024
 FULL_DECODE_MAX_DECODED_BYTES = 512 * 1024 * 1024
+
+T = TypeVar("T")
 
 
 def _nodata_to_json(value: float | None) -> float | str | None:
@@ -133,28 +137,64 @@ def crs_label(value: str | CRS) -> str:
     return f"{name!r} (WKT, no equivalent EPSG code)"
 
 
-def is_fault_message(message: str) -> bool:
-    """GDAL's words for a transport problem (retry), as opposed to bad bytes (refuse)."""
-    lowered = message.lower()
-    return any(word in lowered for word in ("http", "curl", "connection", "timed out", "timeout", "ssl"))
-
-
-def read_failure(exc: RasterioIOError, what: str, invalid: str) -> Exception:
+def read_failure(exc: RasterioIOError, what: str, invalid: str, messages: list[str] | None = None) -> Exception:
     """The error for a failed GDAL read: a transport fault (retry) or bytes that cannot be decoded.
 
     ``what`` names what was being read (for the fault's message); ``invalid`` is the refusal's
-    message, saying what is wrong and what would be accepted.
+    message, saying what is wrong and what would be accepted; ``messages`` are what GDAL said
+    during the read (its network layer reports HTTP errors and short reads there, while the
+    exception itself only says "Read failed").
     """
-    if is_fault_message(str(exc)):
-        return StorageFaultError(f"reading {what} failed: {exc}")
+    fault = transport_fault([str(exc), *(messages or [])])
+    if fault is None and _short_read(exc):
+        fault = "a block read got 0 bytes"
+    if fault is not None:
+        return StorageFaultError(f"reading {what} failed: storage did not deliver the bytes ({fault}): {exc}")
     return InvalidRasterError(invalid)
 
 
-def _explain_open_failure(path: str, size: int | None, exc: RasterioIOError) -> Exception:
+def _short_read(exc: BaseException) -> bool:
+    """GDAL's /vsiaz/ reports storage that stopped answering mid-read as a block read that
+    "got 0 bytes" (deeper in the exception chain, under "Read failed"), also when its network
+    messages were logged from another thread than the one recorded. A file whose blocks really
+    are missing reads short on every attempt too, so it still fails, after its retries, as a
+    storage fault instead of bad input."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if "got 0 bytes" in str(exc):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
+
+
+def read_classified(read: Callable[[], T], what: str, invalid: Callable[[Exception], str]) -> T:
+    """``read()``, with a failure called corrupt only when storage delivered every byte asked for.
+
+    GDAL's exception says only "Read failed"; what its network layer said while the read ran
+    tells a refused or cut transfer (an HTTP status, ``response_code=0``, a curl error, a
+    time-out, each after GDAL's own retries) from bytes that arrived and did not decode. The
+    first is a retryable :class:`StorageFaultError`; only the second is
+    :class:`InvalidRasterError` (``invalid(exc)`` is its message). The read is not repeated on
+    the same dataset to find out: GDAL can return a block on a second read after failing to
+    decode it (measured on the fuzz corpus: LZW "Not enough data", then a read that succeeded,
+    then one that failed again), so a repeat's success proves nothing.
+    """
+    with recording() as messages:
+        try:
+            return read()
+        except RasterioIOError as exc:
+            failed = exc
+    raise read_failure(failed, what, invalid(failed), messages) from failed
+
+
+def _explain_open_failure(
+    path: str, size: int | None, exc: RasterioIOError, messages: list[str] | None = None
+) -> Exception:
     """Why a file that starts like a TIFF could not be opened: a storage fault, or damaged bytes."""
     message = str(exc)
-    if is_fault_message(message):
-        return StorageFaultError(f"reading {path} failed: {message}")
+    fault = transport_fault([message, *(messages or [])])
+    if fault is not None:
+        return StorageFaultError(f"reading {path} failed: storage did not deliver the bytes ({fault}): {message}")
     return InvalidRasterError(
         f"{path} starts like a TIFF but its header or directories cannot be read ({size} bytes): "
         f"the file is truncated or corrupt ({message}); upload the complete file"
@@ -163,17 +203,25 @@ def _explain_open_failure(path: str, size: int | None, exc: RasterioIOError) -> 
 
 def _read_header(path: str) -> tuple[bytes, int | None]:
     """The first bytes and the size of ``path`` as GDAL's file layer sees it, before any driver runs."""
-    found = vsi.probe(path, HEADER_BYTES)
+    with recording() as messages:
+        found = vsi.probe(path, HEADER_BYTES)
     if found is None:
         raise RuntimeError("GDAL's file API cannot be reached through rasterio: the rasterio install is broken")
     if found.exists:
+        if found.size is not None and len(found.head) < min(HEADER_BYTES, found.size):
+            # Fewer bytes than the file has: storage did not deliver them (a refused or cut GET
+            # after an answered HEAD), which says nothing about the upload's content.
+            fault = transport_fault(messages) or f"got {len(found.head)} of its first {HEADER_BYTES} bytes"
+            raise StorageFaultError(f"reading the first bytes of {path} failed: {fault}")
         return found.head, found.size
     # The file layer could not open it: missing, or storage did not answer. GTiff alone says which.
     try:
-        open_upload(path).close()
+        with recording() as more:
+            open_upload(path).close()
     except RasterioIOError as exc:
-        if is_fault_message(str(exc)):
-            raise StorageFaultError(f"reading {path} failed: {exc}") from exc
+        fault = transport_fault([str(exc), *messages, *more])
+        if fault is not None:
+            raise StorageFaultError(f"reading {path} failed: {fault}: {exc}") from exc
         raise InvalidRasterError(f"{path} does not exist or cannot be read: {exc}") from exc
     raise StorageFaultError(f"reading {path} failed: GDAL could not open it, then could")
 
@@ -273,15 +321,14 @@ def _block_window(src, bx: int, by: int) -> RioWindow:
 
 
 def _decode(path: str, src, window: RioWindow) -> None:
-    try:
-        src.read(window=window)
-    except RasterioIOError as exc:
-        raise read_failure(
-            exc,
-            path,
+    read_classified(
+        lambda: src.read(window=window),
+        path,
+        lambda exc: (
             f"{path} is corrupt: its pixels at column {int(window.col_off)}, row {int(window.row_off)} "
-            f"({int(window.width)} x {int(window.height)}) cannot be decoded ({exc}); upload an intact file",
-        ) from exc
+            f"({int(window.width)} x {int(window.height)}) cannot be decoded ({exc}); upload an intact file"
+        ),
+    )
 
 
 def _check_blocks_present(path: str, src, size: int | None, window_size: int) -> None:
@@ -358,9 +405,10 @@ def inspect_source(path: str, *, settings: Settings, gdal_options: dict | None =
         head, size = _read_header(path)
         check_upload_content(path, head, size)
         try:
-            src = open_upload(path)
+            with recording() as messages:
+                src = open_upload(path)
         except RasterioIOError as exc:
-            raise _explain_open_failure(path, size, exc) from exc
+            raise _explain_open_failure(path, size, exc, messages) from exc
         with src:
             if src.count == 0:
                 raise InvalidRasterError(f"{path} has no raster bands; {ACCEPTED}")

@@ -208,14 +208,17 @@ class ServerSideStager:
                     mismatched=[piece.source],
                 ) from exc
             raise StorageFaultError(
-                f"staging {piece.length} bytes of {self.uris[piece.source]} into {self.blob.blob_name} failed: {exc}"
+                f"staging {piece.length} bytes of {self.uris[piece.source]} into {self.blob.blob_name} failed: {exc}",
+                status=exc.status_code,
             ) from exc
 
     def _put_local(self, block_id: str, chunk: bytes) -> None:
         try:
             self.blob.stage_block(block_id, chunk, length=len(chunk))
         except HttpResponseError as exc:
-            raise StorageFaultError(f"staging {len(chunk)} bytes of {self.blob.blob_name} failed: {exc}") from exc
+            raise StorageFaultError(
+                f"staging {len(chunk)} bytes of {self.blob.blob_name} failed: {exc}", status=exc.status_code
+            ) from exc
         self.local_bytes_sent += len(chunk)
 
     def _send(self, index: int, request: Callable[[str], None], what: str) -> None:

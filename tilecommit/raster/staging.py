@@ -151,7 +151,8 @@ class StagedBlockSink:
                 return
             except HttpResponseError as exc:
                 raise StorageFaultError(
-                    f"staging block {index} ({chunk.nbytes} bytes) of {name} failed: {exc}"
+                    f"staging block {index} ({chunk.nbytes} bytes) of {name} failed: {exc}",
+                    status=exc.status_code,
                 ) from exc
             except _TRANSPORT_FAULTS as exc:
                 # Staging our own id with the same bytes again is harmless: the later one replaces it.

@@ -27,8 +27,8 @@ from ..grid import Window
 from ..records import Record
 from ..settings import Settings
 from .env import BLOCK_SIZE, NUM_THREADS, gdal_env
-from .gdal_errors import gdal_step
-from .scene import has_colormap, overview_resampling_for, read_failure
+from .gdal_errors import gdal_step, recording
+from .scene import has_colormap, overview_resampling_for, read_classified, read_failure
 from .upload import open_upload, upload_gdal_options
 
 logger = logging.getLogger(__name__)
@@ -96,16 +96,14 @@ def encode_tile(
     if isinstance(window, Window):
         window = RioWindow(window.col_off, window.row_off, window.width, window.height)
     started = time.perf_counter()
-    try:
-        data = src.read(window=window)
-        mask = src.dataset_mask(window=window) if _per_dataset_mask(src) else None
-    except RasterioIOError as exc:
-        raise read_failure(
-            exc,
-            f"window {window} of {src.name}",
+    data, mask = read_classified(
+        lambda: (src.read(window=window), src.dataset_mask(window=window) if _per_dataset_mask(src) else None),
+        f"window {window} of {src.name}",
+        lambda exc: (
             f"{src.name}: the pixels of window col={int(window.col_off)} row={int(window.row_off)} "
-            f"{int(window.width)}x{int(window.height)} cannot be decoded ({exc}): the file is truncated or corrupt",
-        ) from exc
+            f"{int(window.width)}x{int(window.height)} cannot be decoded ({exc}): the file is corrupt"
+        ),
+    )
     read_s = time.perf_counter() - started
 
     started = time.perf_counter()
@@ -201,10 +199,11 @@ def render_tile(
     with gdal_env(settings, {**(gdal_options or {}), **upload_gdal_options(source_path)}, num_threads=num_threads):
         try:
             # The GTiff driver alone: validate_source checked the content of this same version.
-            src = open_upload(source_path)
+            with recording() as messages:
+                src = open_upload(source_path)
         except RasterioIOError as exc:
             raise read_failure(
-                exc, source_path, f"{source_path} cannot be opened to render window {window.id}: {exc}"
+                exc, source_path, f"{source_path} cannot be opened to render window {window.id}: {exc}", messages
             ) from exc
         with src:
             if window.col_off + window.width > src.width or window.row_off + window.height > src.height:

@@ -110,8 +110,13 @@ def upload_gdal_options(path: str) -> dict[str, str]:
     name but ``CPL_VSIL_CURL_ALLOWED_FILENAME`` when it is set (``IsAllowedFilename`` in GDAL's
     ``port/cpl_vsil_curl.cpp``); set to the upload's own path, any other URL or blob a file could
     name fails without a request. For a local path it blocks the network altogether.
+
+    ``CPL_VSIL_CURL_NON_CACHED`` drops what GDAL cached about the file when it is closed: without
+    it, an open that failed during a storage outage leaves "does not exist" cached in the worker,
+    and every later attempt of the activity would call the upload missing (measured with GDAL
+    3.10 behind a proxy answering 503: the file stayed missing after the outage ended).
     """
-    return {"CPL_VSIL_CURL_ALLOWED_FILENAME": path}
+    return {"CPL_VSIL_CURL_ALLOWED_FILENAME": path, "CPL_VSIL_CURL_NON_CACHED": path}
 
 
 def open_upload(path: str) -> rasterio.DatasetReader:

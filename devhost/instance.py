@@ -1,0 +1,123 @@
+"""One orchestration instance as the local host keeps it in memory, and the host's counters."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from .history import PENDING, completion_task_id, iso, now
+
+
+def new_execution_id() -> str:
+    """Each start of an instance id is a new execution (DurableTask.Core's ExecutionId, a GUID)."""
+    return uuid.uuid4().hex
+
+
+@dataclass
+class Instance:
+    id: str
+    name: str
+    input: str | None
+    #: ``{"id": parent id, "task_id": event id in the parent, "execution_id": the parent's execution}``
+    parent: dict | None = None
+    execution_id: str = field(default_factory=new_execution_id)
+    status: str = PENDING
+    created: str = field(default_factory=lambda: iso(now()))
+    updated: str = field(default_factory=lambda: iso(now()))
+    output: Any = None
+    error: str | None = None
+    custom_status: Any = None
+    history: list[dict] = field(default_factory=list)
+    next_id: int = 0
+    episodes: int = 0
+    #: Leaf actions the shim has invoked, in invocation order (what history recorded).
+    leaves: list[dict] = field(default_factory=list)
+    #: Positions in ``leaves`` whose task has finished (for a retried task: its final outcome).
+    finished_leaves: set[int] = field(default_factory=set)
+    scheduled: dict[int, dict] = field(default_factory=dict)  # event id -> what was scheduled
+    open: set[int] = field(default_factory=set)  # scheduled, no completion in history yet
+    delivered: set[int] = field(default_factory=set)  # completion pending or in history
+    pending: list[dict] = field(default_factory=list)  # completions waiting for the next episode
+
+    def state(self) -> dict:
+        return {
+            "id": self.id,
+            "name": self.name,
+            "input": self.input,
+            "parent": self.parent,
+            "execution_id": self.execution_id,
+            "status": self.status,
+            "created": self.created,
+            "updated": self.updated,
+            "output": self.output,
+            "error": self.error,
+            "custom_status": self.custom_status,
+            "next_id": self.next_id,
+            "episodes": self.episodes,
+        }
+
+    @classmethod
+    def from_state(cls, state: dict) -> Instance:
+        return cls(
+            id=state["id"],
+            name=state["name"],
+            input=state["input"],
+            parent=state.get("parent"),
+            execution_id=state.get("execution_id") or new_execution_id(),
+            status=state["status"],
+            created=state["created"],
+            updated=state["updated"],
+            output=state.get("output"),
+            error=state.get("error"),
+            custom_status=state.get("custom_status"),
+            next_id=state.get("next_id", 0),
+            episodes=state.get("episodes", 0),
+        )
+
+    def apply(self, events: list[dict], scheduled: dict, leaves: list[dict], finished: list[int]) -> None:
+        """Apply one committed episode."""
+        for item in events:
+            item["IsPlayed"] = True
+            self.history.append(item)
+            task_id = completion_task_id(item)
+            if task_id is not None:
+                self.open.discard(task_id)
+                self.delivered.add(task_id)
+        for key, meta in scheduled.items():
+            self.scheduled[int(key)] = meta
+            self.open.add(int(key))
+        self.leaves.extend(leaves)
+        self.finished_leaves.update(finished)
+
+
+@dataclass
+class ActivityExecution:
+    """One execution of an activity (there may be several per scheduled task)."""
+
+    instance_id: str
+    task_id: int
+    name: str
+    input: Any
+    result: Any
+    error: str | None
+    seconds: float
+    #: time.monotonic() when it started, so slot use over time can be measured.
+    started: float = 0.0
+
+
+@dataclass
+class EngineStats:
+    episodes: int = 0
+    replay_seconds: float = 0.0
+    history_events: int = 0
+    activity_executions: int = 0
+    activity_failures: int = 0
+    activity_timeouts: int = 0
+    duplicate_completions_dropped: int = 0
+    #: DurableTask.Core's "Duplicate start event": a second ExecutionStarted for a started instance.
+    duplicate_starts_dropped: int = 0
+    #: DurableTask.Core's "ExecutionId of event does not match current executionId".
+    execution_id_mismatches_dropped: int = 0
+    #: Episodes the host could not commit (its own storage failed) and tried again later.
+    episode_retries: int = 0

@@ -1,0 +1,210 @@
+"""One upload through a running local host: upload, wait, progress, summary.
+
+Shared by the CLI and ``make demo``; it knows the host only through its public attributes.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+
+class UsageError(Exception):
+    pass
+
+
+class ProgressBoard:
+    """Progress on stderr, one line per job: redrawn in place on a terminal, elsewhere a line per
+    tenth of a job. Jobs running at once update it from their own threads."""
+
+    def __init__(self, enabled: bool, jobs: int = 1, stream=sys.stderr):
+        self.enabled = enabled
+        self.stream = stream
+        self.tty = stream.isatty()
+        self.lines = [""] * jobs
+        self.drawn = 0
+        self.last_step: dict[int, tuple] = {}
+        self.lock = threading.Lock()
+
+    def updater(self, slot: int) -> Callable[[dict], None]:
+        return lambda state: self.update(slot, state)
+
+    def update(self, slot: int, state: dict) -> None:
+        if not self.enabled:
+            return
+        status = state.get("custom_status") or {}
+        done, total = status.get("windows_done") or 0, status.get("windows_total")
+        stage = status.get("stage", state["status"].lower())
+        if total:
+            width = 30
+            filled = int(width * done / total)
+            line = f"{state['id']}: [{'#' * filled}{'.' * (width - filled)}] {done}/{total} windows, {stage}"
+        else:
+            line = f"{state['id']}: {stage}"
+        with self.lock:
+            if self.tty:
+                if line != self.lines[slot]:
+                    self.lines[slot] = line
+                    self._redraw()
+                return
+            step = (stage, 10 * done // total if total else 0)
+            if step != self.last_step.get(slot):
+                self.stream.write(line + "\n")
+                self.stream.flush()
+                self.last_step[slot] = step
+
+    def _redraw(self, above: str = "", out=None) -> None:
+        """Back to the block's first line, clear to the end of the screen, ``above`` on ``out``
+        (stdout may be the same terminal), then the block again."""
+        if self.drawn:
+            self.stream.write(f"\x1b[{self.drawn}F\x1b[J")
+        if above:
+            self.stream.flush()
+            out.write(above)
+            out.flush()
+        self.stream.write("".join(f"{text}\n" for text in self.lines))
+        self.stream.flush()
+        self.drawn = len(self.lines)
+
+    def print(self, text: str, out=sys.stdout) -> None:
+        """A line on ``out`` that does not tear the block of progress lines."""
+        with self.lock:
+            if self.enabled and self.tty and self.drawn:
+                self._redraw(text + "\n", out)
+            else:
+                out.write(text + "\n")
+                out.flush()
+
+    def close(self) -> None:
+        pass  # every line ends with a newline: nothing left to finish
+
+
+def process_file(
+    host,
+    path: Path,
+    *,
+    name: str | None = None,
+    timeout: float = 3600,
+    progress: bool | Callable[[dict], None] = False,
+) -> dict:
+    """Upload ``path``, let the watcher deliver its event, wait for the job; the summary as a dict.
+    ``progress``: a progress bar on stderr, or a callable that gets the job's state as it changes."""
+    from tilecommit.jobs import job_id_for
+
+    if not path.is_file():
+        raise UsageError(f"{path}: no such file")
+    started = time.perf_counter()
+    blob = host.blobs.get_blob_client(host.settings.input_container, name or path.name)
+    with path.open("rb") as data:
+        uploaded = blob.upload_blob(data, overwrite=True, max_concurrency=4)
+    job_id = job_id_for(blob.url, uploaded["etag"])
+    board = None if callable(progress) else ProgressBoard(progress)
+    update = progress if callable(progress) else board.updater(0)
+    deadline = time.monotonic() + timeout
+    # The watcher delivers the event; the starter may also decide to ignore the upload.
+    while host.engine.status(job_id) is None:
+        ignored = [d for d in host.decisions if d["blob"] == blob.blob_name and d["action"] == "ignored"]
+        if ignored:
+            return {
+                "job_id": None,
+                "status": "failed",
+                "error": f"upload ignored: {ignored[0]['reason']}",
+                "elapsed_s": round(time.perf_counter() - started, 3),
+            }
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no job started for {blob.blob_name!r} within {timeout} s")
+        time.sleep(0.05)
+    try:
+        state = host.engine.wait_for(job_id, timeout=max(1.0, deadline - time.monotonic()), progress=update)
+        update(state)  # the last word: done, or failed
+    finally:
+        if board is not None:
+            board.close()
+    return job_summary(state, elapsed=time.perf_counter() - started)
+
+
+def job_summary(state: dict, *, elapsed: float | None = None) -> dict:
+    output = state.get("output") if state["status"] == "Completed" else None
+    status = state.get("custom_status") or {}
+    summary: dict[str, Any] = {
+        "job_id": state["id"],
+        "status": "completed" if state["status"] == "Completed" else state["status"].lower(),
+        "windows": (output or {}).get("windows", status.get("windows_total")),
+        "written": (output or {}).get("written"),
+        "already_present": (output or {}).get("already_present"),
+        "skipped": (output or {}).get("skipped"),
+        "bytes": (output or {}).get("bytes"),
+        "mosaic_outcome": (output or {}).get("mosaic_outcome"),
+        "mosaic_url": (output or {}).get("mosaic_url"),
+        "stac_url": (output or {}).get("stac_url"),
+        "quicklook_url": (output or {}).get("quicklook_url"),
+    }
+    if elapsed is not None:
+        summary["elapsed_s"] = round(elapsed, 3)
+    if state["status"] != "Completed":
+        summary["error"] = state.get("error") or f"job is {state['status']}"
+    return summary
+
+
+def process_summary(host, summary: dict, blob_name: str, *, deliveries: int = 1) -> dict:
+    """What ``process`` and ``make demo`` print for one job: its summary and what the host did.
+    The host's counters are the whole command's (several jobs at once share one host)."""
+    stats = host.engine.stats
+    summary["host"] = {
+        "deliveries": deliveries,
+        "starts": [d["action"] for d in host.decisions if d["blob"] == blob_name],
+        "activity_executions": stats.activity_executions,
+        "activity_failures": stats.activity_failures,
+        "episodes": stats.episodes,
+        "replay_s": round(stats.replay_seconds, 3),
+    }
+    return summary
+
+
+#: What ``--output`` and ``make demo`` save: the job output's URL key, the file name.
+SAVED_OUTPUTS = (("mosaic_url", "mosaic.tif"), ("stac_url", "item.json"), ("quicklook_url", "quicklook.png"))
+
+
+def save_outputs(host, summary: dict, folder: Path) -> dict[str, str]:
+    """Download a completed job's mosaic, STAC item and quicklook into ``folder``; their paths by file name."""
+    folder.mkdir(parents=True, exist_ok=True)
+    container = host.settings.output_container
+    saved = {}
+    for key, filename in SAVED_OUTPUTS:
+        blob_name = summary[key].split(f"/{container}/", 1)[1]
+        target = folder / filename
+        with target.open("wb") as handle:
+            host.blobs.get_blob_client(container, blob_name).download_blob().readinto(handle)
+        saved[filename] = str(target)
+    return saved
+
+
+def job_row(state: dict, now: datetime) -> dict:
+    """One line of the job list: id, upload, state, progress and age."""
+    from .history import parse_iso
+
+    status = state.get("custom_status") or {}
+    done, total = status.get("windows_done"), status.get("windows_total")
+    job = json.loads(state["input"]) if isinstance(state.get("input"), str) else state.get("input") or {}
+    return {
+        "job_id": state["id"],
+        "upload": job.get("blob"),
+        "state": state["status"],
+        "progress": f"{done or 0}/{total} windows" + (f", {status['stage']}" if status.get("stage") else "")
+        if total
+        else status.get("stage", "-"),
+        "age_s": round((now - parse_iso(state["created"])).total_seconds()),
+    }
+
+
+def format_age(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{int(seconds)}s"

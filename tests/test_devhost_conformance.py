@@ -1,0 +1,179 @@
+"""The local host behaves as the Durable extension and the Durable Task Framework do.
+
+Each test names the behaviour; docs/local-host.md cites the real host's source for it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from devhost.engine import InstanceAlreadyExists
+from devhost.history import EXECUTION_STARTED, TIMER_CREATED, parse_iso
+from devhost.metrics import max_overlap, slot_use
+from tests.apps import toy_app
+from tests.test_devhost_engine import hub_store, make_engine
+
+NAP = 0.4
+
+
+@pytest.fixture
+def store(storage, request):
+    return hub_store(storage, request)
+
+
+def executions(engine, name):
+    return sorted((e for e in engine.executions if e.name == name), key=lambda e: e.started)
+
+
+def test_a_sliding_task_any_window_runs_one_new_child_at_a_time_on_the_real_shim(store):
+    """12 naps, a window of 4: the shim awaits each top-level WhenAny before invoking the next, so
+    after the first wave the naps run one after another (about 9 naps long, not 3)."""
+    with make_engine(store, max_activities=4, timer_scale=1.0) as engine:
+        started = time.monotonic()
+        engine.start_new("sliding_window", "slide", {"count": 12, "window": 4, "seconds": NAP})
+        state = engine.wait_for("slide", timeout=60)
+        elapsed = time.monotonic() - started
+        naps = executions(engine, "nap")
+    assert state["status"] == "Completed" and state["output"] == 12
+    assert max_overlap(naps[:4]) == 4
+    assert max_overlap(naps[4:]) == 1  # never two of the later naps at once
+    assert elapsed > 8 * NAP  # first wave + 8 in a row = 9 naps; parallel would be 3
+
+
+def test_children_started_in_one_compound_action_keep_every_slot_busy(store):
+    with make_engine(store, max_activities=4, timer_scale=1.0) as engine:
+        started = time.monotonic()
+        engine.start_new("all_at_once", "burst", {"count": 12, "seconds": NAP})
+        state = engine.wait_for("burst", timeout=60)
+        elapsed = time.monotonic() - started
+        naps = executions(engine, "nap")
+    assert state["status"] == "Completed" and state["custom_status"] == {"done": 12}
+    assert max_overlap(naps) == 4
+    assert slot_use(naps, 4) > 0.9
+    assert elapsed < 6 * NAP  # 3 naps long, with room for a slow machine
+
+
+def test_retry_delays_grow_by_the_backoff_coefficient_up_to_the_max_interval(store):
+    toy_app.set_failures("backoff", 3)
+    job = {"key": "backoff", "first_ms": 200, "attempts": 4, "backoff": 2.0, "max_ms": 300}
+    with make_engine(store, timer_scale=1.0) as engine:
+        engine.start_new("backoff_retry", "retry-1", job)
+        state = engine.wait_for("retry-1", timeout=60)
+    assert state["status"] == "Completed" and state["output"] is True
+    timers = [e for ep in store.episodes("retry-1") for e in ep.events if e["EventType"] == TIMER_CREATED]
+    delays = [round((parse_iso(t["FireAt"]) - parse_iso(t["Timestamp"])).total_seconds(), 3) for t in timers]
+    assert delays == [0.2, 0.3, 0.3]  # 200 ms, 400 ms capped at 300, 800 ms capped at 300
+
+
+def test_after_the_last_attempt_the_timer_is_due_at_once_and_the_failure_has_the_hosts_wording(store):
+    toy_app.set_failures("always-2", 99)
+    with make_engine(store, timer_scale=1.0) as engine:
+        engine.start_new("retry_then_fail", "retry-2", {"key": "always-2"})
+        state = engine.wait_for("retry-2", timeout=60)
+    events = [e for ep in store.episodes("retry-2") for e in ep.events]
+    timers = [e for e in events if e["EventType"] == TIMER_CREATED]
+    delays = [(parse_iso(t["FireAt"]) - parse_iso(t["Timestamp"])).total_seconds() for t in timers]
+    assert delays == [1.0, 1.0, 0.0]  # RETRY: 1 s, 3 attempts; then DTFx's immediate timer
+    failures = [e for e in events if e["EventType"] == 6]
+    assert failures[0]["Reason"] == "Activity function 'flaky' failed: RuntimeError: transient fault, 99 left"
+    assert state["status"] == "Failed"
+    assert state["error"].startswith("Orchestrator function 'retry_then_fail' failed: Activity function 'flaky' failed")
+
+
+def test_custom_status_limit_is_16_kb_of_utf16(store):
+    with make_engine(store) as engine:
+        engine.start_new("big_status", "status-ok", {"chars": 8000})  # 16,004 bytes of UTF-16: 15 KB
+        fits = engine.wait_for("status-ok", timeout=60)
+        engine.start_new("big_status", "status-big", {"chars": 9000})  # 18,004 bytes: 17 KB (UTF-8: 9 KB)
+        too_big = engine.wait_for("status-big", timeout=60)
+    assert fits["status"] == "Completed" and len(fits["custom_status"]) == 8000
+    assert too_big["status"] == "Failed"
+    assert "UTF-16 size of the JSON-serialized payload must not exceed 16 KB" in too_big["error"]
+
+
+def test_concurrent_starts_of_a_new_id_all_succeed_or_see_it_and_it_runs_once(store):
+    outcomes: list[str] = []
+    barrier = threading.Barrier(3)
+    with make_engine(store) as engine:
+
+        def start() -> None:
+            barrier.wait()
+            try:
+                engine.start_new("batch", "raced", {"numbers": list(range(10))})
+                outcomes.append("started")
+            except InstanceAlreadyExists:
+                outcomes.append("already exists")
+
+        threads = [threading.Thread(target=start) for _ in range(3)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        state = engine.wait_for("raced", timeout=60)
+        dropped = engine.stats.duplicate_starts_dropped
+        squares = len(executions(engine, "square"))
+    assert state["status"] == "Completed" and state["output"] == sum(n * n for n in range(10))
+    assert "started" in outcomes and len(outcomes) == 3
+    assert dropped == outcomes.count("started") - 1  # every later ExecutionStarted was dropped
+    started_events = [e for ep in store.episodes("raced") for e in ep.events if e["EventType"] == EXECUTION_STARTED]
+    assert len(started_events) == 1 and squares == 10
+
+
+def test_an_old_childs_completion_is_dropped_by_the_rerun_parent(store):
+    """The first run fails while its child naps; the re-run (same id) gets a new ExecutionId, so
+    the old child's completion, for the same task id, never reaches it."""
+    toy_app.set_failures("parent-fails", 1)
+    with make_engine(store, timer_scale=1.0) as engine:
+        engine.start_new(
+            "parent_of_slow_child",
+            "rerun",
+            {"seconds": 1.0, "run": 1, "child": "a", "fail": True, "key": "parent-fails"},
+        )
+        first = engine.wait_for("rerun", timeout=60)
+        engine.start_new(
+            "parent_of_slow_child", "rerun", {"seconds": 2.0, "run": 2, "child": "b", "fail": False, "key": "none"}
+        )
+        second = engine.wait_for("rerun", timeout=60)
+        dropped = engine.stats.execution_id_mismatches_dropped
+    assert first["status"] == "Failed"
+    assert second["status"] == "Completed" and second["output"] == 2
+    assert dropped == 1
+
+
+def test_a_failed_instance_started_again_reruns_its_recorded_children_and_completes(store):
+    toy_app.set_failures("fan-rerun", 3)  # the retried activity fails all 3 attempts: the job fails
+    job = {"count": 12, "batch": 4, "flaky_key": "fan-rerun"}
+    with make_engine(store) as engine:
+        engine.start_new("fan", "again", job)
+        failed = engine.wait_for("again", timeout=60)
+        children = {s["id"]: s["status"] for s in store.instances() if s["id"].startswith("again-b")}
+        engine.start_new("fan", "again", job)
+        state = engine.wait_for("again", timeout=60)
+    assert failed["status"] == "Failed" and children == {f"again-b{i:03d}": "Completed" for i in range(3)}
+    assert state["status"] == "Completed" and state["output"] == {"total": sum(n * n for n in range(12)), "flaky": True}
+    assert len(executions(engine, "square")) == 24  # every child ran again for the new execution
+
+
+def test_an_activity_past_the_function_timeout_fails_and_is_retried(store):
+    toy_app.set_failures("slow-key", 1)
+    job = {"key": "slow-key", "seconds": 2.5, "first_ms": 100, "attempts": 2}
+    with make_engine(store, timer_scale=1.0, function_timeout=1.0) as engine:
+        engine.start_new("times_out_once", "timeout", job)
+        state = engine.wait_for("timeout", timeout=60)
+        timeouts = engine.stats.activity_timeouts
+    assert state["status"] == "Completed" and state["output"] == {"key": "slow-key", "slow": False}
+    assert timeouts == 1
+    failures = [e for ep in store.episodes("timeout") for e in ep.events if e["EventType"] == 6]
+    assert [f["Reason"] for f in failures] == [
+        "Activity function 'slow_first_time' failed: Timeout value of 00:00:01 was exceeded by function: "
+        "Functions.slow_first_time"
+    ]
+
+
+def test_task_hub_names_are_the_local_hosts_own(store):
+    real_provider = {f"{store.hub}History", f"{store.hub}Instances"}
+    assert store.table.table_name not in real_provider and store.table.table_name.startswith("DevHost")
+    assert store.large.container_name != f"{store.hub.lower()}-largemessages"

@@ -1,0 +1,153 @@
+"""How long the app waits for storage, in one place, derived from host.json's ``functionTimeout``.
+
+Three layers retry a storage fault, each sized here (pure arithmetic, no I/O):
+
+1. Inside one storage call: the SDK clients' retry policies (:func:`blob_client_options`,
+   :func:`table_client_options`) and GDAL's HTTP retries for ``/vsiaz/`` reads
+   (:func:`gdal_http_options`). All of them run inside an activity, so their worst case times
+   the serial storage calls of one activity must fit the function's timeout: each call gets
+   :data:`CALL_BUDGET_S`, and each layer takes as many retries as fit in it.
+2. Across activity attempts: the orchestrator's retry policy (``orchestrators/retries.py``),
+   which waits with durable timers outside any function, so its patience is not bounded by the
+   timeout. It is sized so that a storage outage or throttling episode of :data:`OUTAGE_SURVIVED_S`
+   costs time and never fails the job.
+3. Nothing else waits: the mosaic takes no claim and waits for no other assembler.
+
+``tests/test_retries.py`` fails when host.json's timeout and :data:`FUNCTION_TIMEOUT_S` disagree
+or when any worst case below would not fit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: host.json ``functionTimeout`` (Consumption's maximum), in seconds.
+FUNCTION_TIMEOUT_S = 600
+#: Storage calls one activity attempt makes one after the other, at most (render_tile: the source's
+#: properties, the manifest point read, GDAL's open and window read, the tile's put, the manifest
+#: row; assembly makes more but each of its tile reads is a call of the same budget in a pool).
+ACTIVITY_SERIAL_CALLS = 6
+#: Share of the function's time storage retries may take, the rest being the work itself.
+RETRY_SHARE = 0.5
+#: What one storage call may cost at worst, every retry and one hung request included.
+CALL_BUDGET_S = FUNCTION_TIMEOUT_S * RETRY_SHARE / ACTIVITY_SERIAL_CALLS
+
+#: The longest storage outage or throttling episode a job survives (it costs time, not the job).
+OUTAGE_SURVIVED_S = 60
+
+# -- SDK clients -----------------------------------------------------------------------------
+#: Seconds to open a connection, and to wait for the next bytes of an answer (per request).
+CONNECTION_TIMEOUT_S = 5
+READ_TIMEOUT_S = 20
+#: azure-storage-blob's ExponentialRetry sleeps ``initial + base ** n`` (n = 1, 2, ...) +- jitter.
+BLOB_INITIAL_BACKOFF_S = 1
+BLOB_INCREMENT_BASE = 2
+BLOB_JITTER_S = 1
+#: azure-data-tables (azure-core's RetryPolicy) sleeps ``factor * 2 ** (n - 1)`` from the second
+#: retry on, at most ``max``, or what the answer's Retry-After says.
+TABLE_BACKOFF_FACTOR_S = 1.0
+TABLE_BACKOFF_MAX_S = 10
+
+# -- GDAL ------------------------------------------------------------------------------------
+#: GDAL's first retry delay; each next one is about 2 to 2.5 times the previous (GDAL 3.10,
+#: ``CPLHTTPGetNewRetryDelay`` in ``port/cpl_http.cpp``; measured 0.5 s then 1.1-1.2 s).
+GDAL_RETRY_DELAY_S = 1
+GDAL_DELAY_GROWTH = 2.5
+#: Seconds GDAL waits for a connection, and for a whole request.
+GDAL_CONNECT_TIMEOUT_S = 5
+GDAL_HTTP_TIMEOUT_S = 20
+
+
+def blob_sleeps(retries: int) -> list[float]:
+    """The blob client's longest sleeps before each of ``retries`` retries."""
+    return [BLOB_INITIAL_BACKOFF_S + BLOB_INCREMENT_BASE**n + BLOB_JITTER_S for n in range(1, retries + 1)]
+
+
+def table_sleeps(retries: int) -> list[float]:
+    return [0.0] + [min(TABLE_BACKOFF_FACTOR_S * 2 ** (n - 1), TABLE_BACKOFF_MAX_S) for n in range(1, retries)]
+
+
+def gdal_sleeps(retries: int) -> list[float]:
+    return [GDAL_RETRY_DELAY_S * GDAL_DELAY_GROWTH**n for n in range(retries)]
+
+
+def worst_call_s(sleeps: list[float], request_timeout_s: float) -> float:
+    """One call's worst case: every retry's sleep, and one request that hangs until its timeout
+    (requests refused at once, as in an outage or under throttling, cost their sleeps only)."""
+    return sum(sleeps) + request_timeout_s
+
+
+def most_retries(sleeps, request_timeout_s: float, budget_s: float = CALL_BUDGET_S) -> int:
+    """The most retries whose worst case fits ``budget_s`` (``sleeps(n)`` gives their sleeps)."""
+    n = 0
+    while worst_call_s(sleeps(n + 1), request_timeout_s) <= budget_s:
+        n += 1
+    return n
+
+
+BLOB_RETRIES = most_retries(blob_sleeps, CONNECTION_TIMEOUT_S + READ_TIMEOUT_S)
+TABLE_RETRIES = most_retries(table_sleeps, CONNECTION_TIMEOUT_S + READ_TIMEOUT_S)
+GDAL_RETRIES = most_retries(gdal_sleeps, GDAL_CONNECT_TIMEOUT_S + GDAL_HTTP_TIMEOUT_S)
+
+
+@dataclass(frozen=True)
+class ActivityRetry:
+    """The orchestrator's retry policy for activities (Durable's RetryOptions fields)."""
+
+    first_interval_s: float = 5
+    backoff_coefficient: float = 2.0
+    max_interval_s: float = 60
+    max_attempts: int = 6
+
+    def waits(self) -> list[float]:
+        """The timers between attempts: first, first * coefficient, ..., capped at the max."""
+        return [
+            min(self.first_interval_s * self.backoff_coefficient**n, self.max_interval_s)
+            for n in range(self.max_attempts - 1)
+        ]
+
+    def patience_s(self) -> float:
+        """From the first attempt's failure to the start of the last: what an outage must outlast
+        to fail the job even when every attempt fails at once."""
+        return sum(self.waits())
+
+
+ACTIVITY_RETRY = ActivityRetry()
+
+
+def blob_client_options() -> dict:
+    """Keyword arguments for ``BlobServiceClient`` (retry policy and timeouts)."""
+    from azure.storage.blob import ExponentialRetry
+
+    return {
+        "retry_policy": ExponentialRetry(
+            initial_backoff=BLOB_INITIAL_BACKOFF_S,
+            increment_base=BLOB_INCREMENT_BASE,
+            retry_total=BLOB_RETRIES,
+            random_jitter_range=BLOB_JITTER_S,
+        ),
+        "connection_timeout": CONNECTION_TIMEOUT_S,
+        "read_timeout": READ_TIMEOUT_S,
+    }
+
+
+def table_client_options() -> dict:
+    """Keyword arguments for ``TableServiceClient`` (azure-core retry settings and timeouts)."""
+    return {
+        "retry_total": TABLE_RETRIES,
+        "retry_backoff_factor": TABLE_BACKOFF_FACTOR_S,
+        "retry_backoff_max": TABLE_BACKOFF_MAX_S,
+        "connection_timeout": CONNECTION_TIMEOUT_S,
+        "read_timeout": READ_TIMEOUT_S,
+    }
+
+
+def gdal_http_options() -> dict[str, str]:
+    """GDAL's HTTP settings for ``/vsiaz/`` reads: retries (GDAL retries 429, 500, 502, 503, 504
+    and transport errors such as a reset connection) and timeouts."""
+    return {
+        "GDAL_HTTP_MAX_RETRY": str(GDAL_RETRIES),
+        "GDAL_HTTP_RETRY_DELAY": str(GDAL_RETRY_DELAY_S),
+        "GDAL_HTTP_CONNECTTIMEOUT": str(GDAL_CONNECT_TIMEOUT_S),
+        "GDAL_HTTP_TIMEOUT": str(GDAL_HTTP_TIMEOUT_S),
+    }
