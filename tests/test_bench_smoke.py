@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from bench import breakdown, contention, duplicates, e2e, memory, orchestration, raster
+from bench import breakdown, contention, duplicates, e2e, memory, orchestration, raster, s2s
 from bench.__main__ import targets
 from bench.common import BenchStorage, Context, tiny_scene
+from bench.terrain import write_terrain
 
 WINDOW = 256
 
@@ -107,7 +108,7 @@ def test_e2e_and_memory_on_a_tiny_scene(ctx, tmp_path):
     mem = memory.run(ctx, [512], keep, report, tile_windows=2)
     entry = mem["sizes"]["512"]
     assert entry["windows"] == 4 and entry["tile_worker"]["windows_rendered"] == 2
-    assert entry["assembly"]["method"] in ("blocks", "vrt")
+    assert entry["assembly"]["method"] in ("server", "blocks", "vrt")
     # Each figure is rounded to 0.1 MiB: the sum can be off by half a unit per rounded term.
     assert entry["tiling_instance_mb"] == pytest.approx(
         entry["baseline"]["peak_rss_mb"] + entry["concurrency"] * entry["tile_increment_mb"],
@@ -119,5 +120,18 @@ def test_e2e_and_memory_on_a_tiny_scene(ctx, tmp_path):
     assert set(half["assembly"]) == set(raster.METHODS)
     assert {a["method"] for a in half["assembly"].values()} == set(raster.METHODS)
     assert all(a["peak_rss_mb"] > 0 and a["overview_levels"] >= 1 for a in half["assembly"].values())
+    server = half["assembly"]["server"]
+    assert server["transfer"]["copied_by_service"] + server["transfer"]["sent_from_instance"] == server["nbytes"]
+    assert server["http_bodies"]["sdk"]["requests"] > 0 and server["http_bodies"]["gdal"]["received"] > 0
     for kept in keep.values():
         ctx.storage.drop(kept["env"])
+
+
+@pytest.mark.slow
+def test_storage_to_storage_on_a_tiny_terrain(ctx, tmp_path):
+    scene = write_terrain(tmp_path / "terrain.tif", 512)
+    entry = s2s.measure(ctx, "terrain", scene, 512)
+    assert set(entry["rio_storage"]) == {"download", "vsiaz"}
+    assert all(r["nbytes"] > 0 and r["wall_s"] > 0 for r in entry["rio_storage"].values())
+    assert entry["ours"]["mosaic_bytes"] > 0 and entry["ours"]["upload_to_mosaic_s"] >= 0
+    assert entry["ratio_file_to_file"] > 0 and entry["raw_bytes"] == 512 * 512 * 3 * 2

@@ -14,7 +14,7 @@ from rasterio.io import MemoryFile
 
 from devhost.scenes import read_scene
 from tilecommit import gates, jobs
-from tilecommit.raster import attempt
+from tilecommit.raster import attempt, staging
 from tilecommit.raster import mosaic as mosaic_module
 
 from .conftest import counter_total
@@ -49,14 +49,14 @@ def test_blocks_a_dead_attempt_staged_never_reach_the_committed_mosaic(rendered,
     other bytes; the next attempt commits a pixel-exact mosaic of its own blocks only, and its
     commit discards every block it did not list."""
     spec, _, scene, settings, _ = rendered
-    monkeypatch.setattr(mosaic_module, "STREAM_BLOCK_BYTES", BLOCK)
+    monkeypatch.setattr(staging, "STREAM_BLOCK_BYTES", BLOCK)
     blob = stores["output"].get_blob_client(jobs.mosaic_blob_name(JOB))
     dead = [f"{i:08d}" for i in range(6)] + [f"zzzz{i:04x}" for i in range(6)]
     for block in dead:
         blob.stage_block(block, os.urandom(BLOCK))
     assert sorted(block_ids(blob, "uncommitted")) == sorted(dead)
 
-    result = assemble(scene, settings, stores, storage)
+    result = assemble(scene, settings, stores, storage, method="blocks")
     assert (result.outcome, result.method) == ("written", "blocks")
     committed = block_ids(blob, "committed")
     assert len(committed) > 2 and not set(committed) & set(dead)
@@ -74,7 +74,7 @@ def test_a_dead_attempts_temporary_directory_is_removed_and_a_live_ones_kept(ren
         leftover.write(b"\0" * 4096)
     live = tempfile.mkdtemp(prefix=f"tilecommit-{JOB}-{os.getpid()}-")  # as a concurrent attempt's
     try:
-        assert assemble(scene, settings, stores, storage).outcome == "written"
+        assert assemble(scene, settings, stores, storage, method="blocks").outcome == "written"
         assert not os.path.exists(dead)
         assert os.path.isdir(live)
     finally:
@@ -83,9 +83,9 @@ def test_a_dead_attempts_temporary_directory_is_removed_and_a_live_ones_kept(ren
 
 def test_two_assemblies_started_together_commit_one_mosaic_and_neither_waits(rendered, stores, storage, monkeypatch):
     spec, _, scene, settings, _ = rendered
-    monkeypatch.setattr(mosaic_module, "STREAM_BLOCK_BYTES", BLOCK)
+    monkeypatch.setattr(staging, "STREAM_BLOCK_BYTES", BLOCK)
     started = time.perf_counter()
-    solo = assemble(scene, settings, stores, storage)
+    solo = assemble(scene, settings, stores, storage, method="blocks")
     solo_s = time.perf_counter() - started
     assert solo.outcome == "written"
     for name in (solo.mosaic, solo.stac, solo.quicklook):
@@ -101,7 +101,11 @@ def test_two_assemblies_started_together_commit_one_mosaic_and_neither_waits(ren
         barrier.wait()
         began = time.perf_counter()
         try:
-            results[n] = ("ok", assemble(scene, settings, hooked, storage), time.perf_counter() - began)
+            results[n] = (
+                "ok",
+                assemble(scene, settings, hooked, storage, method="blocks"),
+                time.perf_counter() - began,
+            )
         except Exception as exc:  # noqa: BLE001 - reported below
             results[n] = ("raised", exc, time.perf_counter() - began)
 
@@ -137,10 +141,10 @@ def test_an_attempt_stops_streaming_when_another_commits_the_mosaic(rendered, st
     third Put Block); this attempt sees the blob at its next check, stages nothing more, commits
     nothing and returns already-present."""
     spec, _, scene, settings, _ = rendered
-    monkeypatch.setattr(mosaic_module, "STREAM_BLOCK_BYTES", BLOCK)
-    monkeypatch.setattr(mosaic_module, "COMMITTED_ELSEWHERE_CHECK_S", 0.0)
+    monkeypatch.setattr(staging, "STREAM_BLOCK_BYTES", BLOCK)
+    monkeypatch.setattr(staging, "COMMITTED_ELSEWHERE_CHECK_S", 0.0)
     name = jobs.mosaic_blob_name(JOB)
-    first = assemble(scene, settings, stores, storage)
+    first = assemble(scene, settings, stores, storage, method="blocks")
     body = stores["output"].download_blob(name).readall()
     for leftover in (first.mosaic, first.stac, first.quicklook):
         stores["output"].delete_blob(leftover)
@@ -173,7 +177,7 @@ def test_an_attempt_stops_streaming_when_another_commits_the_mosaic(rendered, st
             )
 
     hooked = hooked_stores(storage, stores, commit_by_the_other_attempt)
-    result = assemble(scene, settings, hooked, storage)
+    result = assemble(scene, settings, hooked, storage, method="blocks")
     assert other.is_set()
     assert result.outcome == "already-present" and result.sha256 == first.sha256
     staged = log.put_blocks(name)

@@ -212,7 +212,7 @@ def test_real_raster_becomes_an_exact_cog_mosaic(name, stores, storage, tmp_path
     settings = Settings(window_size=window_size_for(REAL / name))
     scene, result = run_library_job(source, settings, stores, storage)
     assert result.outcome == "written"
-    assert result.method == "blocks"  # every real file assembles by block copy, masks included
+    assert result.method == "server"  # every real file assembles by block copy, masks included
     with rasterio.open(source) as src:
         assert same_crs(scene.crs, src.crs)
     mosaic_path = download(stores["output"], result.mosaic, tmp_path / "mosaic.tif")
@@ -261,7 +261,7 @@ def test_big_endian_uint16_with_alpha(stores, storage, tmp_path):
     with open(path, "rb") as f:
         assert f.read(2) == b"MM"
     _, result = run_library_job(path, Settings(window_size=256), stores, storage)
-    assert result.method == "blocks"
+    assert result.method == "server"
     check_mosaic(path, download(stores["output"], result.mosaic, tmp_path / "mosaic.tif"), result.overview_levels)
 
 
@@ -282,7 +282,7 @@ def test_sixteen_bands(stores, storage, tmp_path):
 
     path = derived(tmp_path, "RGBA.uint16.tif", build)
     scene, result = run_library_job(path, Settings(window_size=256), stores, storage)
-    assert scene.count == 16 and result.method == "blocks"
+    assert scene.count == 16 and result.method == "server"
     check_mosaic(path, download(stores["output"], result.mosaic, tmp_path / "mosaic.tif"), result.overview_levels)
 
 

@@ -31,8 +31,9 @@ MOSAIC = {
     "nbytes": 7,
     "overview_levels": 3,
     "timings": {"stream": 1.0},
-    "method": "blocks",
-    "sha256": "cd",
+    "method": "server",
+    "sha256": "",
+    "transfer": {"copied_by_service": 5, "sent_from_instance": 2, "staged_blocks": 3},
 }
 SCENE = {
     "width": 300,

@@ -155,8 +155,8 @@ def _single_put_client(container: ContainerClient, name: str, size: int) -> Blob
     return blob
 
 
-def stored_blob_sha256(blob: BlobClient) -> tuple[str | None, str | None]:
-    """(sha256 from the blob's metadata, etag), or (None, None) when there is no blob."""
+def stored_blob_sha256(blob: BlobClient, digest_key: str = SHA256_METADATA_KEY) -> tuple[str | None, str | None]:
+    """(sha256 from the blob's metadata (``digest_key``), etag), or (None, None) when there is no blob."""
     try:
         props = blob.get_blob_properties()
     except ResourceNotFoundError:
@@ -165,7 +165,7 @@ def stored_blob_sha256(blob: BlobClient) -> tuple[str | None, str | None]:
         raise storage_fault("reading the properties of", blob.blob_name, exc) from exc
     except _TRANSPORT_FAULTS as exc:
         raise storage_fault("reading the properties of", blob.blob_name, exc) from exc
-    return (props.metadata or {}).get(SHA256_METADATA_KEY), props.etag
+    return (props.metadata or {}).get(digest_key), props.etag
 
 
 def _put(
@@ -176,10 +176,10 @@ def _put(
     content_type: str,
     metadata: dict[str, str] | None,
     **conditions: Any,
-) -> None:
+) -> dict[str, Any]:
     meta = dict(metadata or {})
     meta[SHA256_METADATA_KEY] = digest
-    blob.upload_blob(
+    return blob.upload_blob(
         body,
         length=len(body),
         metadata=meta,
@@ -196,6 +196,7 @@ def create_once(
     digest: str,
     job_id: str = "",
     gate: str | None = None,
+    digest_key: str = SHA256_METADATA_KEY,
 ) -> Outcome:
     """Run ``put``, one create-only request for ``blob`` (``If-None-Match: *``), and classify it.
 
@@ -207,16 +208,19 @@ def create_once(
     WARNING and counted). A transport fault with an unknown outcome is resolved from the stored
     sha256: ours means written, absent means the same conditional request again, never without
     its condition. Anything else raises :class:`StorageFaultError`. ``gate`` labels the counters:
-    by default what the blob's name says it is (:func:`tilecommit.jobs.blob_gate`).
+    by default what the blob's name says it is (:func:`tilecommit.jobs.blob_gate`). ``digest_key``:
+    the metadata key holding the evidence (a mosaic the storage service copied stores its plan's digest).
     """
     name = blob.blob_name
     gate = gate or jobs.blob_gate(name)
-    outcome = _create_once(blob, put, digest=digest, job_id=job_id, gate=gate)
+    outcome = _create_once(blob, put, digest=digest, job_id=job_id, gate=gate, digest_key=digest_key)
     telemetry.count_write(gate, outcome, job_id)
     return outcome
 
 
-def _create_once(blob: BlobClient, put: Callable[[], Any], *, digest: str, job_id: str, gate: str) -> Outcome:
+def _create_once(
+    blob: BlobClient, put: Callable[[], Any], *, digest: str, job_id: str, gate: str, digest_key: str
+) -> Outcome:
     name = blob.blob_name
     for _ in range(UNKNOWN_OUTCOME_ATTEMPTS):
         try:
@@ -226,12 +230,12 @@ def _create_once(blob: BlobClient, put: Callable[[], Any], *, digest: str, job_i
             if not is_create_rejection(exc):
                 raise storage_fault("creating blob", name, exc) from exc
             count_rejection(gate, exc.status_code, job_id, name, "already present")
-            stored, _ = stored_blob_sha256(blob)
+            stored, _ = stored_blob_sha256(blob, digest_key)
             if stored != digest:
                 count_mismatch(gate, job_id, name, digest, stored)
             return Outcome.ALREADY_PRESENT
         except _TRANSPORT_FAULTS as exc:
-            stored, _ = stored_blob_sha256(blob)
+            stored, _ = stored_blob_sha256(blob, digest_key)
             if stored is None:
                 logger.warning(
                     "create of %r had no answer (%s) and nothing is stored: sending the same conditional request again",
@@ -265,17 +269,49 @@ def commit_blob(
     Outcomes and evidence as :func:`create_once`. The body never goes up as staged blocks, whose
     Put Block requests carry no condition, whatever its size.
     """
+    return _commit_blob(container, name, body, content_type=content_type, metadata=metadata, job_id=job_id)[0]
+
+
+def commit_blob_versioned(
+    container: ContainerClient,
+    name: str,
+    body: bytes,
+    *,
+    content_type: str = "image/tiff",
+    metadata: dict[str, str] | None = None,
+    job_id: str = "",
+) -> tuple[Outcome, str | None]:
+    """:func:`commit_blob`, plus the ETag of the version that holds the key afterwards: from the
+    Put Blob's answer when it wrote, else read from the stored blob (one HEAD more)."""
+    outcome, answer, blob = _commit_blob(
+        container, name, body, content_type=content_type, metadata=metadata, job_id=job_id
+    )
+    etag = answer.get("etag")
+    if etag is None:
+        _, etag = stored_blob_sha256(blob)
+    return outcome, etag
+
+
+def _commit_blob(
+    container: ContainerClient,
+    name: str,
+    body: bytes,
+    *,
+    content_type: str,
+    metadata: dict[str, str] | None,
+    job_id: str,
+) -> tuple[Outcome, dict[str, Any], BlobClient]:
     body = bytes(body)
     digest = sha256_hex(body)
     blob = _single_put_client(container, name, len(body))
-    # overwrite=False makes the SDK send If-None-Match: *. (Passing etag="*" with
-    # MatchConditions.IfMissing raises TypeError in the SDK: docs/design.md, 'Storage semantics'.)
-    return create_once(
-        blob,
-        lambda: _put(blob, body, digest=digest, content_type=content_type, metadata=metadata, overwrite=False),
-        digest=digest,
-        job_id=job_id,
-    )
+    answer: dict[str, Any] = {}
+
+    def put() -> None:
+        # overwrite=False makes the SDK send If-None-Match: *. (Passing etag="*" with
+        # MatchConditions.IfMissing raises TypeError in the SDK: docs/design.md, 'Storage semantics'.)
+        answer.update(_put(blob, body, digest=digest, content_type=content_type, metadata=metadata, overwrite=False))
+
+    return create_once(blob, put, digest=digest, job_id=job_id), answer, blob
 
 
 def repair_blob(
@@ -352,6 +388,8 @@ class ManifestEntry:
     uri: str
     nbytes: int
     sha256: str
+    #: The tile's ETag from its commit (None in rows written before ETags were recorded).
+    etag: str | None = None
 
 
 @dataclass(frozen=True)
@@ -384,6 +422,7 @@ def _manifest_entry(entity: dict) -> ManifestEntry:
         uri=entity["uri"],
         nbytes=int(_entity_value(entity["bytes"])),
         sha256=entity["sha256"],
+        etag=entity.get("etag") or None,
     )
 
 
@@ -458,8 +497,10 @@ def record_manifest_entry(
     uri: str,
     nbytes: int,
     sha256: str,
+    etag: str | None = None,
 ) -> Outcome:
-    """Create-only manifest row: PartitionKey job id, RowKey window id."""
+    """Create-only manifest row: PartitionKey job id, RowKey window id; ``etag`` is the tile
+    version its commit produced, which assembly pins when the service copies from the tile."""
     entity = {
         "PartitionKey": job_id,
         "RowKey": _window_id(window),
@@ -467,6 +508,8 @@ def record_manifest_entry(
         "bytes": EntityProperty(int(nbytes), EdmType.INT64),
         "sha256": sha256,
     }
+    if etag:
+        entity["etag"] = etag
     return create_entity_once(table, entity, gate="manifest", job_id=job_id, evidence_field="sha256")
 
 
@@ -483,7 +526,7 @@ def count_manifest(table: TableClient, job_id: str) -> ManifestSummary:
         pages: Iterable[dict] = table.query_entities(
             "PartitionKey eq @job",
             parameters={"job": job_id},
-            select=["RowKey", "uri", "bytes", "sha256"],
+            select=["RowKey", "uri", "bytes", "sha256", "etag"],
         )
         for entity in pages:
             entry = _manifest_entry(entity)
@@ -499,6 +542,7 @@ __all__ = [
     "ManifestEntry",
     "ManifestSummary",
     "commit_blob",
+    "commit_blob_versioned",
     "create_once",
     "repair_blob",
     "record_manifest_entry",

@@ -78,7 +78,10 @@ resource packageContainer 'Microsoft.Storage/storageAccounts/blobServices/contai
 
 // Storage Blob Data Owner: the Functions host's own minimum (its key store and coordination blobs,
 // containers it creates), blob receipts of the blob trigger, Durable's leases and large messages;
-// then the code: read uploads, write tiles and mosaics with conditional puts. The Flex Consumption
+// then the code: read uploads, write tiles and mosaics with conditional puts, and authorise the
+// service to read the tiles as the copy source of the mosaic's Put Block From URL (OAuth copy-source
+// authorisation with this identity's token: blob read on the tiles, write on the mosaic; no key and
+// no user delegation SAS, so no generateUserDelegationKey is needed). The Flex Consumption
 // host also reads the code package from the deployment container, the Consumption host from the
 // package container (WEBSITE_RUN_FROM_PACKAGE_BLOB_MI_RESOURCE_ID).
 resource appBlobOwner 'Microsoft.Authorization/roleAssignments@2022-04-01' = {

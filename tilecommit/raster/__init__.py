@@ -2,7 +2,9 @@
 
 - :mod:`.scene`: :class:`SceneInfo` and :func:`inspect_source` (the bad-input gate).
 - :mod:`.tiles`: :func:`render_tile` and the tile encoding (:func:`encode_tile`).
-- :mod:`.mosaic`: :func:`assemble_mosaic` (block copy, or VRT -> COG), the checks.
+- :mod:`.mosaic`: :func:`assemble_mosaic`; its parts: :mod:`.pyramid`, :mod:`.block_sources`,
+  :mod:`.block_copy`, :mod:`.copy_plan` and :mod:`.server_copy` (the service copies the tiles' blocks),
+  :mod:`.staging` (Put Block, create-only commits), :mod:`.checks`, :mod:`.vrt`, :mod:`.sidecars`.
 - :mod:`.attempt`: what one assembly attempt owns (its block ids, its temporary directory).
 - :mod:`.tiff`: the few TIFF structures block copying needs.
 - :mod:`.stac`: STAC item and quicklook.

@@ -121,7 +121,10 @@ def stac_item_bytes(
             for _ in range(scene.count)
         ]
     )
-    FileExtension.ext(mosaic, add_if_missing=True).apply(size=mosaic_nbytes, checksum="1220" + mosaic_sha256)
+    # A mosaic the storage service assembled has no sha256 (no one reads its bytes): size only.
+    FileExtension.ext(mosaic, add_if_missing=True).apply(
+        size=mosaic_nbytes, checksum="1220" + mosaic_sha256 if mosaic_sha256 else None
+    )
     item.add_asset(
         "thumbnail",
         pystac.Asset(

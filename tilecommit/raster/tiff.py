@@ -481,6 +481,29 @@ class TiffWriter:
         placed, total, bigtiff = self.plan(directories, force_bigtiff=force_bigtiff)
         return self._head_bytes(placed, bigtiff), total
 
+    def block_order(
+        self, directories: list[OutputDirectory], *, force_bigtiff: bool = False
+    ) -> tuple[bytes, list[tuple[BlockRef, int]], int]:
+        """What :meth:`write` writes, as references: (the head, every non-empty block in file order
+        with its planned data offset, the file's size).
+
+        A block's bytes in the file are its leader (4 bytes, when ``leaders``), its data at the
+        planned offset, and its trailer (4 bytes, when ``trailers``), with nothing between one
+        block's trailer and the next block's leader. The server-side copy stages the file from
+        this list without holding a block.
+        """
+        placed, total, bigtiff = self.plan(directories, force_bigtiff=force_bigtiff)
+        by_directory = {id(item.directory): item for item in placed}
+        order: list[tuple[BlockRef, int]] = []
+        for index in range(len(directories) - 1, -1, -1):
+            image = by_directory[id(directories[index])]
+            mask = by_directory[id(directories[index].mask)] if directories[index].mask is not None else None
+            for i in range(len(image.directory.blocks)):
+                for item in (image, mask):
+                    if item is not None and item.directory.blocks[i].length:
+                        order.append((item.directory.blocks[i], item.data_offsets[i]))
+        return self._head_bytes(placed, bigtiff), order, total
+
     def write(
         self,
         out: BinaryIO,

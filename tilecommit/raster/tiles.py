@@ -220,11 +220,13 @@ def render_tile(
     digest = hashlib.sha256(body).hexdigest()
 
     started = time.perf_counter()
-    outcome = gates.commit_blob(tiles, name, body, job_id=job_id)
+    outcome, etag = gates.commit_blob_versioned(tiles, name, body, job_id=job_id)
     timings["commit"] = time.perf_counter() - started
 
     started = time.perf_counter()
-    gates.record_manifest_entry(manifest, job_id=job_id, window=window, uri=name, nbytes=len(body), sha256=digest)
+    gates.record_manifest_entry(
+        manifest, job_id=job_id, window=window, uri=name, nbytes=len(body), sha256=digest, etag=etag
+    )
     timings["manifest"] = time.perf_counter() - started
     logger.info("tile %s of job %s: %s, %d bytes", window.id, job_id, outcome, len(body))
     return TileResult(

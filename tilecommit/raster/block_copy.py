@@ -1,0 +1,213 @@
+"""Block copy: the mosaic laid out from the tiles' own compressed blocks.
+
+Windows are a multiple of the 256-pixel block, so every tile block is a mosaic block: the
+mosaic's full resolution and the overview levels the tiles carry are the tiles' blocks in a new
+TIFF layout (:mod:`tilecommit.raster.tiff`, :func:`pyramid.plan_tile_levels`). Only the coarser
+levels are computed, by GDAL, from a local copy of the last reused level.
+
+:func:`prepare_block_copy` does the part both ways of writing share (tile heads, the planned
+directories, the coarse levels); then either :func:`build_mosaic_blocks` writes the file through
+this process (a local file, or a stream of Put Block), or :mod:`.server_copy` has the storage
+service stage the tiles' byte ranges itself.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import BinaryIO
+
+import rasterio
+from azure.storage.blob import ContainerClient
+from rasterio.enums import Resampling
+from rasterio.errors import NotGeoreferencedWarning
+
+from ..errors import IncompatibleTilesError, MosaicCheckError
+from ..grid import Window
+from ..settings import Settings
+from . import tiff
+from .block_sources import FETCH_THREADS, TILE_HEAD_BYTES, BlockFetcher, FileRangeSource, read_tile_heads
+from .env import BLOCK_SIZE, gdal_env
+from .gdal_errors import gdal_step
+from .pyramid import halve_ceil, levels_to_fit, plan_tile_levels
+from .scene import SceneInfo
+from .tiles import predictor_for
+
+
+def build_coarse_levels(
+    scene: SceneInfo,
+    base_directory: tiff.OutputDirectory,
+    nodata_tag: tiff.Tag | None,
+    byte_order: str,
+    first_level: int,
+    fetch: BlockFetcher,
+    workdir: str,
+    settings: Settings,
+) -> tuple[list[tiff.OutputDirectory], FileRangeSource]:
+    """The levels below ``first_level``, computed by GDAL from a copy of level ``first_level``.
+
+    The copy is written block for block like the mosaic; GDAL then builds its internal overviews
+    (bounded by GDAL_CACHEMAX and GDAL_OVR_CHUNK_MAX_SIZE) and their directories become the
+    mosaic's coarse levels. A level with an internal mask is copied with it; GDAL then builds the
+    mask's overviews too (after the image's, in the copy) and each is paired with its image by size.
+    """
+    base_path = os.path.join(workdir, f"level{first_level}.tif")
+    tags = dict(base_directory.tags)
+    tags.pop(tiff.NEW_SUBFILE_TYPE, None)
+    if nodata_tag is not None:
+        tags[tiff.GDAL_NODATA] = nodata_tag
+    base = tiff.OutputDirectory(
+        tags=tags, blocks=base_directory.blocks, width=base_directory.width, height=base_directory.height
+    )
+    if base_directory.mask is not None:
+        mask = base_directory.mask
+        subfile = tiff.pack_tag(tiff.NEW_SUBFILE_TYPE, tiff.TYPE_LONG, [tiff.SUBFILE_MASK], byte_order)
+        mask_tags = {**mask.tags, subfile.code: subfile}
+        base.mask = tiff.OutputDirectory(tags=mask_tags, blocks=mask.blocks, width=mask.width, height=mask.height)
+    with open(base_path, "wb") as out:
+        tiff.TiffWriter(byte_order).write(out, [base], fetch)
+    factors = [2**j for j in range(1, levels_to_fit(base.width, base.height, halve_ceil) + 1)]
+    with gdal_env(settings, {"PREDICTOR_OVERVIEW": predictor_for(scene.dtype)}), warnings.catch_warnings():
+        # The level copy carries no georeferencing on purpose: only its blocks are reused.
+        warnings.simplefilter("ignore", NotGeoreferencedWarning)
+        step = f"computing the mosaic's overview levels below level {first_level}"
+        with (
+            gdal_step(step, window=f"level {first_level}, {base.width}x{base.height}"),
+            rasterio.open(base_path, "r+") as dst,
+        ):
+            dst.build_overviews(factors, Resampling[scene.overview_resampling])
+    source = FileRangeSource(base_path)
+    with open(base_path, "rb") as f:
+        layout = tiff.read_layout(f.read(TILE_HEAD_BYTES), source.read, max_directories=2 * len(factors) + 4)
+
+    def coarse(d: tiff.Directory, subfile_type: int, what: str) -> tiff.OutputDirectory:
+        if d.tile_width != BLOCK_SIZE or d.tile_height != BLOCK_SIZE or d.planar_config != 1:
+            raise MosaicCheckError(f"computed {what} has blocks of {d.tile_width}x{d.tile_height}")
+        blocks = [tiff.BlockRef("coarse", o, c) for o, c in zip(d.block_offsets, d.block_byte_counts, strict=True)]
+        tags = tiff.copyable_tags(d, width=d.width, height=d.height, subfile_type=subfile_type)
+        return tiff.OutputDirectory(tags=tags, blocks=blocks, width=d.width, height=d.height)
+
+    reduced = [d for d in layout.directories if d.subfile_type == tiff.SUBFILE_REDUCED]
+    masks = {
+        (d.width, d.height): d for d in layout.directories if d.subfile_type == tiff.SUBFILE_REDUCED | tiff.SUBFILE_MASK
+    }
+    out_dirs = []
+    for j, d in enumerate(reduced, start=1):
+        image = coarse(d, tiff.SUBFILE_REDUCED, f"level {first_level + j}")
+        if base.mask is not None:
+            mask = masks.get((d.width, d.height))
+            if mask is None:
+                raise MosaicCheckError(f"GDAL built no mask for computed level {first_level + j}")
+            image.mask = coarse(mask, tiff.SUBFILE_REDUCED | tiff.SUBFILE_MASK, f"level {first_level + j} mask")
+        out_dirs.append(image)
+    if len(out_dirs) != len(factors):
+        raise MosaicCheckError(f"GDAL built {len(out_dirs)} coarse levels, {len(factors)} were asked for")
+    return out_dirs, source
+
+
+@dataclass
+class BlockCopyLayout:
+    """A planned block-copy mosaic: its directories (full resolution first), the writer that lays
+    them out, and where each block's bytes are (``sources``: tile keys and ``"coarse"``)."""
+
+    directories: list[tiff.OutputDirectory]
+    writer: tiff.TiffWriter
+    sources: dict
+    fetch: BlockFetcher
+    coarse_source: FileRangeSource | None
+
+    @property
+    def levels(self) -> int:
+        return len(self.directories) - 1
+
+    def close(self) -> None:
+        if self.coarse_source is not None:
+            self.coarse_source.close()
+
+
+def prepare_block_copy(
+    scene: SceneInfo,
+    windows: list[Window],
+    summary,
+    *,
+    tiles: ContainerClient,
+    settings: Settings,
+    workdir: str,
+    timings: dict[str, float],
+    executor: ThreadPoolExecutor,
+) -> BlockCopyLayout:
+    """Read the tiles' heads, plan the mosaic's directories and compute its coarse levels.
+
+    Raises :class:`IncompatibleTilesError` when the tiles cannot be block-copied. The only bytes
+    of pixel data read here are those of the last reused level (1/16 of the pixels with
+    1024-pixel windows), from which GDAL computes the coarse levels into ``workdir``.
+    """
+    started = time.perf_counter()
+    sources, heads = read_tile_heads(windows, summary, tiles, executor)
+    timings["tile_heads"] = time.perf_counter() - started
+    reference = heads[0].layout
+    for head in heads:
+        framing = (head.layout.block_leaders, head.layout.block_trailers)
+        if framing != (reference.block_leaders, reference.block_trailers):
+            raise IncompatibleTilesError(f"tile {head.window.id} frames its blocks differently from tile 0000_0000")
+
+    started = time.perf_counter()
+    directories = plan_tile_levels(scene, heads, settings)
+    fetch = BlockFetcher(sources, executor)
+    coarse_source = None
+    if directories[-1].width > BLOCK_SIZE or directories[-1].height > BLOCK_SIZE:
+        nodata = reference.directories[0].tags.get(tiff.GDAL_NODATA)
+        coarse, coarse_source = build_coarse_levels(
+            scene, directories[-1], nodata, reference.byte_order, len(directories) - 1, fetch, workdir, settings
+        )
+        sources["coarse"] = coarse_source
+        directories.extend(coarse)
+    timings["coarse_levels"] = time.perf_counter() - started
+    writer = tiff.TiffWriter(
+        reference.byte_order,
+        ghost=reference.ghost,
+        leaders=reference.block_leaders,
+        trailers=reference.block_trailers,
+    )
+    return BlockCopyLayout(directories, writer, sources, fetch, coarse_source)
+
+
+def build_mosaic_blocks(
+    job_id: str,
+    scene: SceneInfo,
+    windows: list[Window],
+    summary,
+    out: BinaryIO,
+    *,
+    tiles: ContainerClient,
+    settings: Settings,
+    workdir: str,
+    timings: dict[str, float],
+    check_head: Callable[[bytes, int], None] | None = None,
+) -> tuple[tiff.WrittenTiff, int]:
+    """Lay the mosaic out from the tiles' directories and write it, front to back, into ``out``.
+
+    ``out`` needs only ``write``: a :class:`staging.StagedBlockSink` (the bytes pass through this
+    process into the output blob) or a local file. ``check_head(head, levels)`` sees the planned
+    header and directories before the first byte goes to ``out``; it raises to stop the build.
+    """
+    with ThreadPoolExecutor(max_workers=FETCH_THREADS, thread_name_prefix="tilefetch") as executor:
+        layout = prepare_block_copy(
+            scene, windows, summary, tiles=tiles, settings=settings, workdir=workdir, timings=timings, executor=executor
+        )
+        try:
+            if check_head is not None:
+                started = time.perf_counter()
+                head, _ = layout.writer.head(layout.directories)
+                check_head(head, layout.levels)
+                timings["check"] = time.perf_counter() - started
+            started = time.perf_counter()
+            written = layout.writer.write(out, layout.directories, layout.fetch)
+            timings["write"] = time.perf_counter() - started
+        finally:
+            layout.close()
+    return written, layout.levels

@@ -1,0 +1,161 @@
+"""Where the mosaic's block bytes come from when they pass through this process: ranged reads of
+tile blobs and of the local coarse-level file, and the fetcher that yields a directory's blocks
+in order. (The server-side path reads only the tiles' heads through here.)
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from azure.core.exceptions import HttpResponseError, ResourceNotFoundError, ServiceRequestError, ServiceResponseError
+from azure.storage.blob import ContainerClient
+
+from ..errors import CorruptTileError, IncompleteManifestError, StorageFaultError
+from ..grid import Window
+from . import tiff
+from .env import BLOCK_SIZE
+from .pyramid import TileHead
+
+_TRANSPORT_FAULTS = (ServiceRequestError, ServiceResponseError)
+
+#: Bytes read from the start of each tile: a tile COG's directories and block arrays fit.
+TILE_HEAD_BYTES = 16 * 1024
+#: Concurrent ranged reads of tile blobs while copying blocks.
+FETCH_THREADS = 8
+#: Two block runs of one tile closer than this are fetched in one ranged read (leaders/trailers lie between).
+MERGE_GAP_BYTES = 4096
+
+
+class BlobRangeSource:
+    """Ranged reads of one blob (a tile), checked against the size its manifest row recorded."""
+
+    def __init__(self, container: ContainerClient, name: str, expected_size: int | None = None):
+        self.container = container
+        self.name = name
+        self.expected_size = expected_size
+
+    def head(self, length: int) -> tuple[bytes, int]:
+        try:
+            downloader = self.container.download_blob(self.name, offset=0, length=length, max_concurrency=1)
+            data = downloader.readall()
+        except ResourceNotFoundError as exc:
+            raise IncompleteManifestError(
+                f"tile {self.name} is in the manifest but not in storage", mismatched=[self.name]
+            ) from exc
+        except (HttpResponseError, *_TRANSPORT_FAULTS) as exc:
+            raise StorageFaultError(
+                f"reading the head of {self.name} failed: {exc}", status=getattr(exc, "status_code", None)
+            ) from exc
+        # For a ranged read, properties.size is the range's length; the blob's is after the "/".
+        content_range = downloader.properties.content_range or ""
+        total = content_range.rsplit("/", 1)[-1]
+        return data, int(total) if total.isdigit() else int(downloader.properties.size)
+
+    def read(self, offset: int, length: int) -> bytes:
+        try:
+            return self.container.download_blob(self.name, offset=offset, length=length, max_concurrency=1).readall()
+        except (HttpResponseError, *_TRANSPORT_FAULTS) as exc:
+            raise StorageFaultError(
+                f"reading {length} bytes at {offset} of {self.name} failed: {exc}",
+                status=getattr(exc, "status_code", None),
+            ) from exc
+
+    def __repr__(self) -> str:
+        return f"blob:{self.name}"
+
+
+class FileRangeSource:
+    """Ranged reads of a local file (os.pread: safe from the fetcher's threads)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._fd: int | None = os.open(path, os.O_RDONLY)
+
+    def read(self, offset: int, length: int) -> bytes:
+        if self._fd is None:
+            raise ValueError(f"{self.path} is closed")
+        return os.pread(self._fd, length, offset)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __repr__(self) -> str:
+        return f"file:{self.path}"
+
+
+class BlockFetcher:
+    """Yields a directory's blocks in order, reading each block row's runs concurrently.
+
+    Blocks of one tile in one block row are stored next to each other (COG row-major order), so a
+    row costs one ranged read per tile; the next row is fetched while the current one is written.
+    Memory: two block rows of compressed data.
+    """
+
+    def __init__(self, sources: dict, executor: ThreadPoolExecutor, block_size: int = BLOCK_SIZE):
+        self.sources = sources
+        self.executor = executor
+        self.block_size = block_size
+
+    def _row_futures(self, refs: list[tiff.BlockRef]) -> list[tuple[Future, int, list[tuple[int, tiff.BlockRef]]]]:
+        by_source: dict = {}
+        for position, ref in enumerate(refs):
+            if ref.length:
+                by_source.setdefault(ref.source, []).append((position, ref))
+        runs = []
+        for key, items in by_source.items():
+            items.sort(key=lambda item: item[1].offset)
+            run: list[tuple[int, tiff.BlockRef]] = [items[0]]
+            for item in items[1:]:
+                last = run[-1][1]
+                if item[1].offset - (last.offset + last.length) <= MERGE_GAP_BYTES:
+                    run.append(item)
+                else:
+                    runs.append((key, run))
+                    run = [item]
+            runs.append((key, run))
+        futures = []
+        for key, run in runs:
+            start = run[0][1].offset
+            end = max(ref.offset + ref.length for _, ref in run)
+            futures.append((self.executor.submit(self.sources[key].read, start, end - start), start, run))
+        return futures
+
+    def __call__(self, index: int, directory: tiff.OutputDirectory) -> Iterator[bytes]:
+        across = -(-directory.width // self.block_size)
+        rows = [directory.blocks[i : i + across] for i in range(0, len(directory.blocks), across)]
+        pending = self._row_futures(rows[0]) if rows else []
+        for r, row in enumerate(rows):
+            current = pending
+            pending = self._row_futures(rows[r + 1]) if r + 1 < len(rows) else []
+            out: list[bytes] = [b""] * len(row)
+            for future, start, run in current:
+                data = future.result()
+                for position, ref in run:
+                    piece = data[ref.offset - start : ref.offset - start + ref.length]
+                    if len(piece) != ref.length:
+                        raise CorruptTileError(f"{self.sources[ref.source]!r} is shorter than its directory says")
+                    out[position] = piece
+            yield from out
+
+
+def read_tile_heads(windows: list[Window], summary, tiles: ContainerClient, executor) -> tuple[dict, list[TileHead]]:
+    sources = {}
+    for window in windows:
+        entry = summary.entries[window.id]
+        sources[window.id] = BlobRangeSource(tiles, entry.uri, entry.nbytes)
+
+    def one(window: Window) -> TileHead:
+        source = sources[window.id]
+        head, size = source.head(TILE_HEAD_BYTES)
+        if size != source.expected_size:
+            raise IncompleteManifestError(
+                f"tile {source.name} has {size} bytes, its manifest row says {source.expected_size}",
+                mismatched=[window.id],
+            )
+        return TileHead(window, window.id, tiff.read_layout(head, source.read))
+
+    return sources, list(executor.map(one, windows))

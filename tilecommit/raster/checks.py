@@ -1,0 +1,203 @@
+"""The checks around assembly: the manifest is complete and matches storage, and a mosaic (planned,
+or committed) has the shape, georeferencing and complete pyramid the scene asks for.
+"""
+
+from __future__ import annotations
+
+import math
+
+import rasterio
+from azure.core.exceptions import HttpResponseError, ResourceNotFoundError, ServiceRequestError, ServiceResponseError
+from azure.data.tables import TableClient
+from azure.storage.blob import ContainerClient
+from rasterio.enums import MaskFlags
+from rasterio.io import MemoryFile
+
+from .. import gates
+from ..errors import IncompleteManifestError, MosaicCheckError, StorageFaultError
+from ..grid import plan_windows
+from ..settings import Settings
+from ..storage import vsiaz_path
+from .env import BLOCK_SIZE, gdal_env
+from .gdal_errors import gdal_step
+from .pyramid import pyramid_problems
+from .scene import SceneInfo, crs_label, same_crs
+
+_TRANSPORT_FAULTS = (ServiceRequestError, ServiceResponseError)
+
+
+def check_manifest(job_id: str, scene: SceneInfo, *, tiles: ContainerClient, manifest: TableClient, settings: Settings):
+    """The planned windows and their manifest rows, or :class:`IncompleteManifestError`.
+
+    Completeness comes from the manifest (never from listing the tiles); each row's byte count is
+    then compared with its blob's stored size. The listing below only reads sizes, one request
+    per 5,000 tiles instead of one HEAD per tile; a row naming a blob the listing lacks counts
+    as a mismatch.
+    """
+    windows = plan_windows(scene.width, scene.height, settings.window_size)
+    summary = gates.count_manifest(manifest, job_id)
+    missing = [w.id for w in windows if w.id not in summary.entries]
+    if missing:
+        shown = ", ".join(missing[:20]) + (f" and {len(missing) - 20} more" if len(missing) > 20 else "")
+        raise IncompleteManifestError(
+            f"job {job_id}: {len(missing)} of {len(windows)} planned windows have no manifest row: {shown}",
+            missing=missing,
+        )
+    prefix = f"tiles/{job_id}/"
+    try:
+        sizes = {b.name: int(b.size) for b in tiles.list_blobs(name_starts_with=prefix)}
+    except (HttpResponseError, *_TRANSPORT_FAULTS) as exc:
+        raise StorageFaultError(
+            f"listing the sizes of {prefix} failed: {exc}", status=getattr(exc, "status_code", None)
+        ) from exc
+    mismatched = []
+    details = []
+    for window in windows:
+        entry = summary.entries[window.id]
+        stored = sizes.get(entry.uri)
+        if stored is None and not entry.uri.startswith(prefix):
+            try:
+                stored = int(tiles.get_blob_client(entry.uri).get_blob_properties().size)
+            except ResourceNotFoundError:
+                stored = None
+        if stored != entry.nbytes:
+            mismatched.append(window.id)
+            details.append(f"{window.id} ({entry.uri}: manifest {entry.nbytes} bytes, stored {stored})")
+    if mismatched:
+        raise IncompleteManifestError(
+            f"job {job_id}: {len(mismatched)} tiles differ in size from their manifest rows: "
+            + ", ".join(details[:20]),
+            mismatched=mismatched,
+        )
+    return windows, summary
+
+
+def check_mosaic_file(
+    path: str,
+    scene: SceneInfo,
+    levels: int,
+    *,
+    settings: Settings,
+    gdal_options: dict | None = None,
+    label: str | None = None,
+) -> None:
+    """Refuse a mosaic whose shape, georeferencing or overview levels are not what was planned.
+
+    ``path`` is anything GDAL opens: the VRT path's temporary file, the planned head of a
+    block-copy mosaic (``/vsimem/``), or the committed blob (``/vsiaz/``, with ``gdal_options``).
+    Only directories are read, never a block. GDAL's COG validator passes a file with missing
+    overview levels (docs/design.md, 'GDAL settings and raster figures'), so the levels are counted here, and their sizes checked.
+    """
+    with (
+        gdal_env(settings, gdal_options),
+        gdal_step(f"checking {label or path}"),
+        rasterio.open(path) as src,
+    ):
+        problems = []
+        if (src.width, src.height, src.count) != (scene.width, scene.height, scene.count):
+            problems.append(f"size {src.width}x{src.height}x{src.count}")
+        if src.dtypes[0] != scene.dtype:
+            problems.append(f"dtype {src.dtypes[0]}")
+        if not src.transform.almost_equals(scene.affine, precision=1e-9):
+            problems.append(f"transform {tuple(src.transform)[:6]}")
+        if not same_crs(src.crs, scene.crs):
+            found = "none" if src.crs is None else crs_label(src.crs)
+            problems.append(f"crs {found} is not equivalent to the source's {crs_label(scene.crs)}")
+        if (src.nodata is None) != (scene.nodata is None) or (
+            scene.nodata is not None
+            and not (math.isnan(scene.nodata) and math.isnan(src.nodata))
+            and src.nodata != scene.nodata
+        ):
+            problems.append(f"nodata {src.nodata}")
+        if scene.mask == "per-dataset" and not all(MaskFlags.per_dataset in flags for flags in src.mask_flag_enums):
+            problems.append("no internal mask, while the source has one")
+        if scene.colorinterp and [ci.name for ci in src.colorinterp] != scene.colorinterp:
+            problems.append(
+                f"colour interpretation {[ci.name for ci in src.colorinterp]} instead of {scene.colorinterp}"
+            )
+        factors = src.overviews(1)
+        if len(factors) != levels:
+            problems.append(f"{len(factors)} overview levels instead of {levels}")
+        sizes = [(src.width, src.height)]
+        for level in range(len(factors)):
+            with rasterio.open(path, overview_level=level) as overview:
+                sizes.append((overview.width, overview.height))
+        problems += pyramid_problems(sizes)
+        if src.block_shapes[0] != (BLOCK_SIZE, BLOCK_SIZE) and (src.width > BLOCK_SIZE or src.height > BLOCK_SIZE):
+            problems.append(f"blocks {src.block_shapes[0]}")
+        if problems:
+            raise MosaicCheckError(f"{label or f'assembled mosaic {path}'} is wrong: " + "; ".join(problems))
+
+
+def check_planned_mosaic(head: bytes, scene: SceneInfo, levels: int, *, settings: Settings, job_id: str = "") -> None:
+    """:func:`check_mosaic_file` on the planned header and directories of a block-copy mosaic.
+
+    Everything the check reads lives in the directories, which are complete before the first
+    block is fetched, so a wrong shape, dtype, CRS, transform, nodata or pyramid is refused here
+    without a byte sent (the head is a few tens of KB, held in /vsimem/).
+    """
+    with MemoryFile(head, ext=".tif") as memory:
+        check_mosaic_file(memory.name, scene, levels, settings=settings, label=f"planned mosaic of job {job_id}")
+
+
+def remote_gdal_options(gdal_options: dict | None, remote: str) -> dict:
+    """GDAL options for reading a just-committed blob: never from a cache filled before it existed."""
+    return {**(gdal_options or {}), "CPL_VSIL_CURL_NON_CACHED": remote}
+
+
+def blob_properties(container: ContainerClient, name: str):
+    try:
+        return container.get_blob_client(name).get_blob_properties()
+    except ResourceNotFoundError:
+        return None
+    except (HttpResponseError, *_TRANSPORT_FAULTS) as exc:
+        raise StorageFaultError(
+            f"reading the properties of {name} failed: {exc}", status=getattr(exc, "status_code", None)
+        ) from exc
+
+
+def verify_committed_mosaic(
+    output: ContainerClient,
+    name: str,
+    scene: SceneInfo,
+    levels: int,
+    *,
+    settings: Settings,
+    gdal_options: dict | None,
+    nbytes: int | None = None,
+    evidence: tuple[str, str] | None = None,
+    head: bytes | None = None,
+) -> None:
+    """The checks of :func:`check_mosaic_file`, on the committed blob through /vsiaz/ (directories only).
+
+    When this call committed it: the stored size must be ``nbytes``, the metadata ``evidence``
+    (key, value: the streamed sha256, or a server-side plan's digest) ours, and the blob must
+    begin with ``head`` (the planned header and directories: one ranged read). Raises
+    :class:`MosaicCheckError`.
+    """
+    props = blob_properties(output, name)
+    if props is None:
+        raise StorageFaultError(f"{name} vanished after it was committed")
+    problems = []
+    if nbytes is not None and int(props.size) != nbytes:
+        problems.append(f"{props.size} bytes, {nbytes} were planned")
+    if evidence is not None and (props.metadata or {}).get(evidence[0]) != evidence[1]:
+        problems.append(f"{evidence[0]} {(props.metadata or {}).get(evidence[0])}, ours is {evidence[1]}")
+    if head is not None:
+        try:
+            stored_head = output.download_blob(name, offset=0, length=len(head), max_concurrency=1).readall()
+        except (HttpResponseError, *_TRANSPORT_FAULTS) as exc:
+            raise StorageFaultError(f"reading the head of {name} failed: {exc}") from exc
+        if stored_head != head:
+            problems.append("its head differs from the planned header and directories")
+    if problems:
+        raise MosaicCheckError(f"committed mosaic {name}: " + "; ".join(problems))
+    remote = vsiaz_path(output.container_name, name)
+    check_mosaic_file(
+        remote,
+        scene,
+        levels,
+        settings=settings,
+        gdal_options=remote_gdal_options(gdal_options, remote),
+        label=f"committed mosaic {name}",
+    )

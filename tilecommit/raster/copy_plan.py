@@ -1,0 +1,140 @@
+"""Which staged blocks make the mosaic blob when the storage service copies the tiles' bytes itself.
+
+Pure: from the writer's block order (:meth:`tiff.TiffWriter.block_order`) to a list of pieces in
+file order, each one staged block of the output blob:
+
+- :class:`CopyRange`: a byte range of one tile blob, staged by the service (Put Block From URL).
+  A block's leader and trailer are copied with it: the tiles frame their blocks as the mosaic
+  does (checked when the layout is prepared), so the 4 bytes before a block in the tile are its
+  leader and the 4 after it its trailer. Consecutive blocks that are also consecutive in one
+  tile (a tile's block row, masks interleaved) become one range.
+- :class:`LocalRun`: bytes this process supplies (the head: header, ghost area, directories;
+  and the computed coarse levels), cut into blocks of at most ``local_block_bytes``.
+
+The service commits at most :data:`MAX_COMMITTED_BLOCKS` blocks a blob; :func:`plan_copy`
+refuses a plan above that before anything is staged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+from ..errors import MosaicCheckError
+from . import tiff
+
+#: Blocks one blob may commit (Azure Blob Storage's limit for block blobs).
+MAX_COMMITTED_BLOCKS = 50_000
+#: Largest range one Put Block From URL stages here. The service allows 4000 MiB a block; a
+#: tile's block row is a few MiB, so this only bounds one request's duration.
+MAX_RANGE_BYTES = 256 * 1024 * 1024
+#: Local bytes (head, coarse levels) staged per Put Block.
+LOCAL_BLOCK_BYTES = 8 * 1024 * 1024
+
+
+@dataclass
+class CopyRange:
+    """``length`` bytes of the tile ``source`` (a window id) from ``offset``."""
+
+    source: str
+    offset: int
+    length: int
+
+
+@dataclass
+class LocalRun:
+    """Bytes from this process: literal ``data`` first, then ``blocks`` (each framed) read locally."""
+
+    data: bytes = b""
+    blocks: list[tiff.BlockRef] = field(default_factory=list)
+    nbytes: int = 0
+
+
+@dataclass
+class CopyPlan:
+    pieces: list[CopyRange | LocalRun]
+    total: int
+    head: bytes
+
+    @property
+    def copied_bytes(self) -> int:
+        return sum(p.length for p in self.pieces if isinstance(p, CopyRange))
+
+    @property
+    def local_bytes(self) -> int:
+        return sum(p.nbytes for p in self.pieces if isinstance(p, LocalRun))
+
+    def staged_blocks(self, local_block_bytes: int = LOCAL_BLOCK_BYTES) -> int:
+        return sum(1 if isinstance(p, CopyRange) else -(-p.nbytes // local_block_bytes) for p in self.pieces)
+
+    def digest(self, versions: dict[str, str]) -> str:
+        """A sha256 naming this mosaic's content without reading it: the head, the local blocks'
+        places, and each range with the version (ETag) of the tile it comes from.
+
+        It is the evidence the create-only commit stores and compares (two attempts over the same
+        tile versions plan the same mosaic); it is not the file's sha256, which no one computes.
+        """
+        digest = hashlib.sha256(self.head)
+        for piece in self.pieces:
+            if isinstance(piece, CopyRange):
+                text = f"range {piece.source} {versions.get(piece.source, '')} {piece.offset} {piece.length}\n"
+            else:
+                text = f"local {len(piece.data)} " + " ".join(f"{b.offset}+{b.length}" for b in piece.blocks) + "\n"
+            digest.update(text.encode())
+        return digest.hexdigest()
+
+
+def plan_copy(
+    head: bytes,
+    order: list[tuple[tiff.BlockRef, int]],
+    total: int,
+    *,
+    leaders: bool,
+    trailers: bool,
+    local_sources: frozenset = frozenset({"coarse"}),
+    max_range_bytes: int = MAX_RANGE_BYTES,
+    local_block_bytes: int = LOCAL_BLOCK_BYTES,
+) -> CopyPlan:
+    """The staged blocks of a file laid out as ``head`` then the framed blocks of ``order``.
+
+    Raises :class:`MosaicCheckError` when the blocks do not follow each other without gaps (the
+    writer's plan and this one disagree) or when the plan needs more blocks than a blob commits.
+    """
+    lead, trail = (4 if leaders else 0), (4 if trailers else 0)
+    pieces: list[CopyRange | LocalRun] = [LocalRun(data=head, nbytes=len(head))]
+    position = len(head)
+    for ref, offset in order:
+        if offset - lead != position:
+            raise MosaicCheckError(f"block of {ref.source!r} planned at {offset}, the file is at {position + lead}")
+        framed = lead + ref.length + trail
+        position += framed
+        last = pieces[-1]
+        if ref.source in local_sources:
+            if isinstance(last, LocalRun):
+                last.blocks.append(ref)
+                last.nbytes += framed
+            else:
+                pieces.append(LocalRun(blocks=[ref], nbytes=framed))
+            continue
+        start = ref.offset - lead
+        if (
+            isinstance(last, CopyRange)
+            and last.source == ref.source
+            and last.offset + last.length == start
+            and last.length + framed <= max_range_bytes
+        ):
+            last.length += framed
+        else:
+            pieces.append(CopyRange(str(ref.source), start, framed))
+    if position != total:
+        raise MosaicCheckError(f"the planned blocks end at {position}, the file's planned size is {total}")
+    plan = CopyPlan(pieces=pieces, total=total, head=head)
+    blocks = plan.staged_blocks(local_block_bytes)
+    if blocks > MAX_COMMITTED_BLOCKS:
+        raise MosaicCheckError(
+            f"the mosaic would be {blocks} staged blocks, more than the {MAX_COMMITTED_BLOCKS} a blob commits"
+        )
+    return plan
+
+
+__all__ = ["MAX_COMMITTED_BLOCKS", "CopyPlan", "CopyRange", "LocalRun", "plan_copy"]

@@ -1,0 +1,174 @@
+"""The mosaic's pyramid: how big each overview level is, whether a pyramid is complete, and
+which of the tiles' own levels become the mosaic's (all pure: directories in, directories out).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import IncompatibleTilesError
+from ..grid import Window
+from ..settings import Settings
+from . import tiff
+from .env import BLOCK_SIZE
+from .scene import SceneInfo
+from .tiles import tile_overview_count
+
+
+def halve_floor(n: int) -> int:
+    """How GDAL's COG driver sizes an overview: half, rounded down, at least 1 (999 -> 499)."""
+    return max(1, n // 2)
+
+
+def halve_ceil(n: int) -> int:
+    """How GDAL sizes overviews it builds into an existing GeoTIFF: half, rounded up (999 -> 500)."""
+    return -(-n // 2)
+
+
+def levels_to_fit(width: int, height: int, halve=halve_floor, block_size: int = BLOCK_SIZE) -> int:
+    """Overview levels until the image fits in one block: what a complete pyramid has."""
+    levels = 0
+    while width > block_size or height > block_size:
+        width, height = halve(width), halve(height)
+        levels += 1
+    return levels
+
+
+def mosaic_overview_levels(width: int, height: int, block_size: int = BLOCK_SIZE) -> int:
+    """Overview levels a complete mosaic of ``width`` x ``height`` has (COG driver's rounding)."""
+    return levels_to_fit(width, height, halve_floor, block_size)
+
+
+def pyramid_problems(sizes: list[tuple[int, int]], block_size: int = BLOCK_SIZE) -> list[str]:
+    """What is wrong with a pyramid (full resolution first): every level about half the previous
+    one, the last fitting in one block and the one before it not (no level missing, none extra).
+
+    A count alone is not enough to call a pyramid complete, and GDAL's COG validator checks
+    neither (docs/design.md, 'GDAL settings and raster figures'), so this is checked on every mosaic before upload.
+    """
+    problems = []
+    for k in range(1, len(sizes)):
+        (pw, ph), (w, h) = sizes[k - 1], sizes[k]
+        if not (halve_floor(pw) <= w <= halve_ceil(pw) + 1 and halve_floor(ph) <= h <= halve_ceil(ph) + 1):
+            problems.append(f"level {k} is {w}x{h}, not half of {pw}x{ph}")
+    w, h = sizes[-1]
+    if w > block_size or h > block_size:
+        problems.append(f"the smallest level, {w}x{h}, is larger than one {block_size}-pixel block: levels are missing")
+    if len(sizes) > 1 and max(sizes[-2]) <= block_size:
+        problems.append(f"level {len(sizes) - 1} is superfluous: the level before it already fits one block")
+    return problems
+
+
+@dataclass
+class TileHead:
+    """A tile's window, its source key and its parsed directories."""
+
+    window: Window
+    key: str
+    layout: tiff.TiffLayout
+
+
+def _tile_level_size(n: int, level: int) -> int:
+    for _ in range(level):
+        n = halve_floor(n)
+    return n
+
+
+def tile_levels(layout: tiff.TiffLayout) -> list[tuple[tiff.Directory, tiff.Directory | None]]:
+    """A tile's levels, full resolution first: (image directory, its internal mask's directory or None).
+
+    The COG driver writes the full resolution's mask (subfile type 4) after its image, and the
+    overviews' masks (type 5) after all the overviews; a mask belongs to the image of its size.
+    """
+    images = [d for d in layout.directories if not d.subfile_type & tiff.SUBFILE_MASK]
+    masks = {
+        (d.width, d.height, d.subfile_type & tiff.SUBFILE_REDUCED): d
+        for d in layout.directories
+        if d.subfile_type & tiff.SUBFILE_MASK
+    }
+    levels = [(d, masks.pop((d.width, d.height, d.subfile_type & tiff.SUBFILE_REDUCED), None)) for d in images]
+    if masks:
+        raise IncompatibleTilesError(f"mask directories without an image of their size: {sorted(masks)}")
+    return levels
+
+
+def _check_tile_directory(head: TileHead, d: tiff.Directory, key: tuple, expected: tuple[int, int], what: str) -> None:
+    if (d.width, d.height) != expected:
+        raise IncompatibleTilesError(f"tile {head.window.id} {what} is {d.width}x{d.height}, expected {expected}")
+    if d.encoding_key() != key or d.tile_width != BLOCK_SIZE or d.tile_height != BLOCK_SIZE or d.planar_config != 1:
+        raise IncompatibleTilesError(f"tile {head.window.id} {what} is encoded differently from tile 0000_0000")
+    if len(d.block_offsets) != d.blocks_across * d.blocks_down or len(d.block_byte_counts) != len(d.block_offsets):
+        raise IncompatibleTilesError(f"tile {head.window.id} {what} has an unexpected number of blocks")
+
+
+def plan_tile_levels(scene: SceneInfo, heads: list[TileHead], settings: Settings) -> list[tiff.OutputDirectory]:
+    """The mosaic's directories 0..K taken from the tiles' directories 0..K, or IncompatibleTilesError.
+
+    Level k of the mosaic is the tiles' level k side by side: interior tiles contribute exactly
+    window/2^k pixels (a whole number of blocks), edge tiles what the COG driver made of them.
+    Stops at the first level that fits in one block, or at the tiles' last block-aligned level.
+    Tiles with an internal mask give every level its mask, copied the same way (a 1-bit mask
+    block covers the same 256 x 256 pixels as the image block beside it).
+    """
+    window_size = settings.window_size
+    available = tile_overview_count(window_size)
+    reference = heads[0].layout
+    if heads[0].window.id != "0000_0000":
+        raise IncompatibleTilesError("the first planned window is not 0000_0000")
+    levels = {h.window.id: tile_levels(h.layout) for h in heads}
+    reference_levels = levels["0000_0000"]
+    masked = reference_levels[0][1] is not None
+    grid = {(h.window.row, h.window.col): h for h in heads}
+    rows = 1 + max(h.window.row for h in heads)
+    cols = 1 + max(h.window.col for h in heads)
+    out: list[tiff.OutputDirectory] = []
+    for k in range(available + 1):
+        if k >= len(reference_levels):
+            raise IncompatibleTilesError(f"tile 0000_0000 has no overview level {k}")
+        ref_dir, ref_mask = reference_levels[k]
+        per_tile = window_size // 2**k // BLOCK_SIZE
+        width = sum(_tile_level_size(grid[(0, c)].window.width, k) for c in range(cols))
+        height = sum(_tile_level_size(grid[(r, 0)].window.height, k) for r in range(rows))
+        for head in heads:
+            tile = levels[head.window.id]
+            if head.layout.byte_order != reference.byte_order:
+                raise IncompatibleTilesError(f"tile {head.window.id} has another byte order")
+            if len(tile) <= k:
+                raise IncompatibleTilesError(f"tile {head.window.id} has no overview level {k}")
+            if (tile[k][1] is not None) != masked:
+                raise IncompatibleTilesError(
+                    f"tile {head.window.id} level {k} {'lacks' if masked else 'has'} an internal mask"
+                )
+            expected = (_tile_level_size(head.window.width, k), _tile_level_size(head.window.height, k))
+            _check_tile_directory(head, tile[k][0], ref_dir.encoding_key(), expected, f"level {k}")
+            if masked:
+                _check_tile_directory(head, tile[k][1], ref_mask.encoding_key(), expected, f"level {k} mask")
+
+        def copied(
+            which: int,
+            reference_dir: tiff.Directory,
+            subfile_type: int,
+            *,
+            k: int = k,
+            width: int = width,
+            height: int = height,
+            per_tile: int = per_tile,
+        ) -> tiff.OutputDirectory:
+            blocks = []
+            for by in range(-(-height // BLOCK_SIZE)):
+                for bx in range(-(-width // BLOCK_SIZE)):
+                    head = grid[(by // per_tile, bx // per_tile)]
+                    d = levels[head.window.id][k][which]
+                    index = (by % per_tile) * d.blocks_across + (bx % per_tile)
+                    blocks.append(tiff.BlockRef(head.key, d.block_offsets[index], d.block_byte_counts[index]))
+            tags = tiff.copyable_tags(reference_dir, width=width, height=height, subfile_type=subfile_type)
+            return tiff.OutputDirectory(tags=tags, blocks=blocks, width=width, height=height)
+
+        reduced = tiff.SUBFILE_REDUCED if k else 0
+        image = copied(0, ref_dir, reduced)
+        if masked:
+            image.mask = copied(1, ref_mask, reduced | tiff.SUBFILE_MASK)
+        out.append(image)
+        if width <= BLOCK_SIZE and height <= BLOCK_SIZE:
+            break
+    return out

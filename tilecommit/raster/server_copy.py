@@ -1,0 +1,275 @@
+"""Server-side assembly: the storage service stages the mosaic from byte ranges of the tiles.
+
+Each :class:`copy_plan.CopyRange` is one Put Block From URL (``x-ms-copy-source`` the tile's URL,
+``x-ms-source-range``), conditioned on the tile version its manifest row recorded
+(``x-ms-source-if-match``): a tile replaced since then answers 412 and the assembly fails naming
+the window, before anything is committed. The head and the coarse levels are ordinary Put
+Blocks from this process. Every block is staged under this attempt's own ids
+(:mod:`.attempt`), and the caller commits the list once, create-only.
+
+How the service may read the tiles (:func:`copy_source_for`), from the credential the tiles'
+client already has:
+
+- an account key (the local development account): a blob SAS, read-only, valid for
+  :data:`SAS_LIFETIME`, signed locally for each tile;
+- a token credential (the managed identity in Azure): OAuth copy-source authorisation, the
+  identity's bearer token in ``x-ms-copy-source-authorization``. The identity needs read access
+  to the tiles, which its Storage Blob Data role on the account gives; no key, no SAS.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
+
+from azure.core.exceptions import HttpResponseError, ServiceRequestError, ServiceResponseError
+from azure.storage.blob import BlobClient, BlobSasPermissions, ContainerClient, generate_blob_sas
+
+# Private import, on purpose: the public stage_block_from_url has no keyword for the source's
+# If-Match, but hands ``source_modified_access_conditions`` to the generated layer, whose model
+# lives only here (azure-storage-blob 12.x). It is the one way to send x-ms-source-if-match.
+from azure.storage.blob._generated.models import SourceModifiedAccessConditions
+
+from .. import gates
+from ..errors import ConfigurationError, IncompleteManifestError, StorageFaultError
+from . import attempt, tiff
+from .copy_plan import LOCAL_BLOCK_BYTES, CopyPlan, CopyRange, LocalRun
+from .staging import COMMITTED_ELSEWHERE_CHECK_S, CommittedElsewhere
+
+logger = logging.getLogger(__name__)
+
+_TRANSPORT_FAULTS = (ServiceRequestError, ServiceResponseError)
+
+#: How long a tile's SAS stays valid: longer than one assembly may run (the 10-minute limit).
+SAS_LIFETIME = timedelta(minutes=30)
+#: The scope of a token for Azure Storage (the copy source is read with it).
+STORAGE_SCOPE = "https://storage.azure.com/.default"
+#: A bearer token is fetched again when it has less than this left.
+TOKEN_MARGIN_S = 300
+#: Put Block (From URL) requests in flight at once (within the SDK's pool of 10 connections). The service moves the bytes, so these wait
+#: on the service, not on this process's network.
+COPY_IN_FLIGHT = 8
+
+
+class CopyFromUrlUnsupported(Exception):
+    """The service does not implement Put Block From URL (501: an emulator older than 3.37)."""
+
+
+class SasCopySource:
+    """The tile's URL with a short-lived, read-only blob SAS signed with the account key."""
+
+    def __init__(self, account_name: str, account_key: str, lifetime: timedelta = SAS_LIFETIME):
+        self.account_name = account_name
+        self.account_key = account_key
+        self.lifetime = lifetime
+
+    def authorise(self, blob: BlobClient) -> tuple[str, dict]:
+        now = datetime.now(UTC)
+        sas = generate_blob_sas(
+            self.account_name,
+            blob.container_name,
+            blob.blob_name,
+            account_key=self.account_key,
+            permission=BlobSasPermissions(read=True),
+            start=now - timedelta(minutes=5),  # clock skew between this host and the service
+            expiry=now + self.lifetime,
+        )
+        return f"{blob.url}?{sas}", {}
+
+
+class BearerCopySource:
+    """The tile's plain URL, read by the service with this identity's token (OAuth source authorisation)."""
+
+    def __init__(self, credential):
+        self.credential = credential
+        self._token = None
+
+    def authorise(self, blob: BlobClient) -> tuple[str, dict]:
+        if self._token is None or self._token.expires_on - time.time() < TOKEN_MARGIN_S:
+            self._token = self.credential.get_token(STORAGE_SCOPE)
+        return blob.url, {"source_authorization": f"Bearer {self._token.token}"}
+
+
+def copy_source_for(container: ContainerClient):
+    """The copy-source authorisation for tiles read through ``container``'s own credential."""
+    credential = container.credential
+    key = getattr(credential, "account_key", None)
+    if key:
+        return SasCopySource(credential.account_name, key)
+    if hasattr(credential, "get_token"):
+        return BearerCopySource(credential)
+    raise ConfigurationError(
+        "the tiles' client has neither an account key nor a token credential: the storage service "
+        "cannot be authorised to read the tiles for the server-side copy"
+    )
+
+
+class ServerSideStager:
+    """Stages a :class:`CopyPlan` into ``blob``; returns the block ids in order for one commit.
+
+    ``uris`` and ``etags`` map a range's source (a window id) to its tile blob and the ETag its
+    manifest row recorded; ``read_local(ref)`` returns a local block's bytes (the coarse levels).
+    ``committed_elsewhere`` is asked at most every ``check_every_s`` seconds: when another attempt
+    has committed the mosaic meanwhile, staging stops with :class:`CommittedElsewhere`.
+    """
+
+    def __init__(
+        self,
+        blob: BlobClient,
+        tiles: ContainerClient,
+        *,
+        uris: dict[str, str],
+        etags: dict[str, str | None],
+        copy_source,
+        read_local: Callable[[tiff.BlockRef], bytes],
+        leaders: bool,
+        trailers: bool,
+        committed_elsewhere: Callable[[], bool] | None = None,
+        check_every_s: float = COMMITTED_ELSEWHERE_CHECK_S,
+        in_flight: int = COPY_IN_FLIGHT,
+        local_block_bytes: int = LOCAL_BLOCK_BYTES,
+    ):
+        self.blob = blob
+        self.tiles = tiles
+        self.uris = uris
+        self.etags = etags
+        self.copy_source = copy_source
+        self.read_local = read_local
+        self.leaders = leaders
+        self.trailers = trailers
+        self.committed_elsewhere = committed_elsewhere
+        self.check_every_s = check_every_s
+        self.in_flight = in_flight
+        self.local_block_bytes = local_block_bytes
+        self.tag = attempt.new_attempt_tag()
+        self.local_bytes_sent = 0
+        self._checked_at: float | None = None
+
+    # ------------------------------------------------------------------ pieces to requests
+
+    def _local_chunks(self, run: LocalRun) -> Iterator[bytes]:
+        buffer = bytearray(run.data)
+        for ref in run.blocks:
+            data = self.read_local(ref)
+            if len(data) != ref.length:
+                raise StorageFaultError(f"local block at {ref.offset} has {len(data)} bytes, not {ref.length}")
+            if self.leaders:
+                buffer += ref.length.to_bytes(4, "little")  # GDAL writes the leader little-endian
+            buffer += data
+            if self.trailers:
+                buffer += (b"\0\0\0\0" + data)[-4:]
+            while len(buffer) >= self.local_block_bytes:
+                yield bytes(buffer[: self.local_block_bytes])
+                del buffer[: self.local_block_bytes]
+        if buffer:
+            yield bytes(buffer)
+
+    def _requests(self, plan: CopyPlan) -> Iterator[tuple[Callable[[str], None], str]]:
+        for piece in plan.pieces:
+            if isinstance(piece, CopyRange):
+                yield (lambda block_id, piece=piece: self._copy_range(block_id, piece)), f"range of {piece.source}"
+            else:
+                for chunk in self._local_chunks(piece):
+                    yield (lambda block_id, chunk=chunk: self._put_local(block_id, chunk)), "local bytes"
+
+    def _copy_range(self, block_id: str, piece: CopyRange) -> None:
+        tile = self.tiles.get_blob_client(self.uris[piece.source])
+        url, auth = self.copy_source.authorise(tile)
+        etag = self.etags.get(piece.source)
+        conditions = SourceModifiedAccessConditions(source_if_match=etag) if etag else None
+        try:
+            self.blob.stage_block_from_url(
+                block_id,
+                url,
+                source_offset=piece.offset,
+                source_length=piece.length,
+                source_modified_access_conditions=conditions,
+                **auth,
+            )
+        except HttpResponseError as exc:
+            code = getattr(exc, "error_code", None) or ""
+            if exc.status_code == 501:
+                raise CopyFromUrlUnsupported(f"Put Block From URL: {exc.reason}") from exc
+            if exc.status_code == 412 or code == "SourceConditionNotMet":
+                raise IncompleteManifestError(
+                    f"window {piece.source}: tile {self.uris[piece.source]} changed after its manifest row was "
+                    f"written (recorded ETag {etag}; the service refused to copy from it: {code or exc.status_code}); "
+                    "nothing was committed. Render the window again (delete its tile and manifest row) and re-run",
+                    mismatched=[piece.source],
+                ) from exc
+            if exc.status_code == 404 or code in ("BlobNotFound", "CannotVerifyCopySource"):
+                raise IncompleteManifestError(
+                    f"window {piece.source}: tile {self.uris[piece.source]} cannot be read as a copy source "
+                    f"({code or exc.status_code}); nothing was committed",
+                    mismatched=[piece.source],
+                ) from exc
+            raise StorageFaultError(
+                f"staging {piece.length} bytes of {self.uris[piece.source]} into {self.blob.blob_name} failed: {exc}",
+                status=exc.status_code,
+            ) from exc
+
+    def _put_local(self, block_id: str, chunk: bytes) -> None:
+        try:
+            self.blob.stage_block(block_id, chunk, length=len(chunk))
+        except HttpResponseError as exc:
+            raise StorageFaultError(
+                f"staging {len(chunk)} bytes of {self.blob.blob_name} failed: {exc}", status=exc.status_code
+            ) from exc
+        self.local_bytes_sent += len(chunk)
+
+    def _send(self, index: int, request: Callable[[str], None], what: str) -> None:
+        block_id = attempt.block_id(self.tag, index)
+        for _ in range(gates.UNKNOWN_OUTCOME_ATTEMPTS):
+            try:
+                request(block_id)
+                return
+            except _TRANSPORT_FAULTS as exc:
+                # Staging our own id again with the same bytes is harmless: the later one replaces it.
+                logger.warning(
+                    "block %d of %s (%s) had no answer (%s): staging it again", index, self.blob.blob_name, what, exc
+                )
+        raise StorageFaultError(
+            f"staging block {index} of {self.blob.blob_name}: no answer after {gates.UNKNOWN_OUTCOME_ATTEMPTS} attempts"
+        )
+
+    def _check_committed_elsewhere(self) -> None:
+        if self.committed_elsewhere is None:
+            return
+        now = time.monotonic()
+        if self._checked_at is not None and now - self._checked_at < self.check_every_s:
+            return
+        self._checked_at = now
+        if self.committed_elsewhere():
+            raise CommittedElsewhere(f"{self.blob.blob_name} was committed by another attempt")
+
+    def stage(self, plan: CopyPlan) -> list[str]:
+        block_ids: list[str] = []
+        pending: deque[Future] = deque()
+        with ThreadPoolExecutor(max_workers=self.in_flight, thread_name_prefix="copyblock") as executor:
+            try:
+                for index, (request, what) in enumerate(self._requests(plan)):
+                    self._check_committed_elsewhere()
+                    while len(pending) >= self.in_flight:
+                        pending.popleft().result()
+                    block_ids.append(attempt.block_id(self.tag, index))
+                    pending.append(executor.submit(self._send, index, request, what))
+                while pending:
+                    pending.popleft().result()
+            except BaseException:
+                for future in pending:
+                    future.cancel()
+                raise
+        return block_ids
+
+
+__all__ = [
+    "BearerCopySource",
+    "CopyFromUrlUnsupported",
+    "SasCopySource",
+    "ServerSideStager",
+    "copy_source_for",
+]
