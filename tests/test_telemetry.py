@@ -167,10 +167,11 @@ def test_the_counters_equal_what_the_job_did_and_storage_answered(local_run, sto
     assert total(points, "ConditionalWrites", gate="tile", outcome="written") == windows
     assert total(points, "ConditionalWrites", gate="manifest", outcome="written") == windows
 
-    # The starter's decisions: one start, the other deliveries duplicates.
+    # The starter's decisions, as counted: three deliveries, at least one start (concurrent starters
+    # of one new job may all "start" on the Azure Storage provider, which drops the later ones).
     decided = collections.Counter(d["action"] for d in local_run.decisions if d["job_id"] == job_id)
-    assert decided["started"] == 1 and decided["duplicate"] == 2
-    assert total(points, "StartDecisions", action="started") == 1
+    assert decided["started"] >= 1 and decided["started"] + decided["duplicate"] == 3
+    assert total(points, "StartDecisions", action="started") == decided["started"]
     assert total(points, "StartDecisions", action="duplicate") == decided["duplicate"]
     assert total(points, "JobsFinished", status="completed") == 1
     assert total(points, "ActivityDuration", activity="render_tile") == tile_runs
@@ -257,7 +258,8 @@ def test_devhost_process_prints_the_jobs_counters_and_a_console_exporter_writes_
     summary = json.loads(done.stdout)  # stdout is the summary alone: the spans went to stderr
     counters = summary["counters"]
     assert counters["tileswritten"] == summary["windows"] == 4
-    assert counters["startdecisions"] == {"started": 1, "duplicate": 1}
+    starts = counters["startdecisions"]  # two deliveries: one start and a duplicate, or two starts (a race)
+    assert starts.get("started", 0) >= 1 and sum(starts.values()) == 2, starts
     assert counters["jobsfinished"] == {"completed": 1}
     assert counters["activityduration"]["render_tile"]["count"] == 4
     assert f'"job_id": "{summary["job_id"]}"' in done.stderr and '"name": "render_tile"' in done.stderr

@@ -58,7 +58,7 @@ def observed_activity(name: str, function: Callable[[Any], Any], on_result: Call
                 result = function(*args, **kwargs)
                 error_type = _returned_error_type(result)
                 if error_type:
-                    span.set_status(Status(StatusCode.ERROR, str(result.get("error"))[:200]))
+                    span.set_status(Status(StatusCode.ERROR, str(result["error"].get("message"))[:200]))
                     span.set_attribute("error_type", error_type)
         except Exception as exc:
             outcome = {"outcome": "raised", "error_type": type(exc).__name__}
@@ -76,10 +76,10 @@ def observed_activity(name: str, function: Callable[[Any], Any], on_result: Call
 
 
 def _returned_error_type(result: Any) -> str:
-    """Activities return bad input as a value (``error``, ``error_type``), never raise it."""
-    if isinstance(result, dict) and result.get("error"):
-        return str(result.get("error_type") or "Error")
-    return ""
+    """Activities return a non-retryable error as a value, ``{"error": {"type", "message", "window"}}``
+    (:func:`tilecommit.errors.error_value`), never raise it."""
+    error = result.get("error") if isinstance(result, dict) else None
+    return str(error.get("type") or "Error") if isinstance(error, dict) else ""
 
 
 def observed_job(orchestrator: Callable[[Any], Generator]):
