@@ -87,7 +87,7 @@ def probe_endpoints(source: str) -> StorageChoice:
             reason = exc.strerror or type(exc).__name__  # a timeout has no strerror
             raise StorageUnavailable(
                 f"{service} storage at {url} ({source}) is not reachable: connecting to {host}:{port} "
-                f"failed ({reason}); start it (Azurite: npx azurite --skipApiVersionCheck --loose), fix "
+                f"failed ({reason}); start it (Azurite: node_modules/.bin/node node_modules/.bin/azurite --skipApiVersionCheck --loose), fix "
                 f"{STORAGE_CONNECTION}, or unset it and remove local.settings.json to use the embedded Azurite"
             ) from None
     return StorageChoice(source, connection.blob_endpoint)
