@@ -38,7 +38,7 @@ from .. import gates
 from ..errors import ConfigurationError, IncompleteManifestError, StorageFaultError
 from . import attempt, tiff
 from .copy_plan import LOCAL_BLOCK_BYTES, CopyPlan, CopyRange, LocalRun
-from .staging import COMMITTED_ELSEWHERE_CHECK_S, CommittedElsewhere
+from .staging import COMMITTED_ELSEWHERE_CHECK_S, CommitWatch
 
 logger = logging.getLogger(__name__)
 
@@ -141,13 +141,11 @@ class ServerSideStager:
         self.read_local = read_local
         self.leaders = leaders
         self.trailers = trailers
-        self.committed_elsewhere = committed_elsewhere
-        self.check_every_s = check_every_s
+        self._watch = CommitWatch(blob.blob_name, committed_elsewhere, check_every_s)
         self.in_flight = in_flight
         self.local_block_bytes = local_block_bytes
         self.tag = attempt.new_attempt_tag()
         self.local_bytes_sent = 0
-        self._checked_at: float | None = None
 
     # ------------------------------------------------------------------ pieces to requests
 
@@ -236,23 +234,13 @@ class ServerSideStager:
             f"staging block {index} of {self.blob.blob_name}: no answer after {gates.UNKNOWN_OUTCOME_ATTEMPTS} attempts"
         )
 
-    def _check_committed_elsewhere(self) -> None:
-        if self.committed_elsewhere is None:
-            return
-        now = time.monotonic()
-        if self._checked_at is not None and now - self._checked_at < self.check_every_s:
-            return
-        self._checked_at = now
-        if self.committed_elsewhere():
-            raise CommittedElsewhere(f"{self.blob.blob_name} was committed by another attempt")
-
     def stage(self, plan: CopyPlan) -> list[str]:
         block_ids: list[str] = []
         pending: deque[Future] = deque()
         with ThreadPoolExecutor(max_workers=self.in_flight, thread_name_prefix="copyblock") as executor:
             try:
                 for index, (request, what) in enumerate(self._requests(plan)):
-                    self._check_committed_elsewhere()
+                    self._watch.check()
                     while len(pending) >= self.in_flight:
                         pending.popleft().result()
                     block_ids.append(attempt.block_id(self.tag, index))

@@ -40,6 +40,27 @@ class CommittedElsewhere(Exception):
     """Raised inside a stream when another attempt committed the blob meanwhile: stop, nothing to do."""
 
 
+class CommitWatch:
+    """Asks ``committed_elsewhere`` at most every ``every_s`` seconds whether another attempt has
+    committed ``blob_name``, and stops this one with :class:`CommittedElsewhere` when it has."""
+
+    def __init__(self, blob_name: str, committed_elsewhere: Callable[[], bool] | None, every_s: float):
+        self.blob_name = blob_name
+        self.committed_elsewhere = committed_elsewhere
+        self.every_s = every_s
+        self._checked_at: float | None = None
+
+    def check(self) -> None:
+        if self.committed_elsewhere is None:
+            return
+        now = time.monotonic()
+        if self._checked_at is not None and now - self._checked_at < self.every_s:
+            return
+        self._checked_at = now
+        if self.committed_elsewhere():
+            raise CommittedElsewhere(f"{self.blob_name} was committed by another attempt")
+
+
 class StagedBlockSink:
     """A write-only file that streams into a block blob: every ``block_bytes`` become one Put Block.
 
@@ -76,9 +97,9 @@ class StagedBlockSink:
         if self.block_bytes <= 0 or self.in_flight <= 0:
             raise ValueError("block_bytes and in_flight must be positive")
         self.tag = attempt.new_attempt_tag()
-        self.committed_elsewhere = committed_elsewhere
-        self.check_every_s = COMMITTED_ELSEWHERE_CHECK_S if check_every_s is None else check_every_s
-        self._checked_at: float | None = None
+        self._watch = CommitWatch(
+            blob.blob_name, committed_elsewhere, COMMITTED_ELSEWHERE_CHECK_S if check_every_s is None else check_every_s
+        )
         self.nbytes = 0
         self.block_ids: list[str] = []
         self._free: list[bytearray] = []
@@ -122,18 +143,8 @@ class StagedBlockSink:
             self._wait_oldest()
         return self._free.pop()
 
-    def _check_committed_elsewhere(self) -> None:
-        if self.committed_elsewhere is None:
-            return
-        now = time.monotonic()
-        if self._checked_at is not None and now - self._checked_at < self.check_every_s:
-            return
-        self._checked_at = now
-        if self.committed_elsewhere():
-            raise CommittedElsewhere(f"{self.blob.blob_name} was committed by another attempt")
-
     def _stage(self, buffer: bytearray, length: int) -> None:
-        self._check_committed_elsewhere()
+        self._watch.check()
         while len(self._pending) >= self.in_flight:
             self._wait_oldest()
         if self._executor is None:
