@@ -581,4 +581,10 @@ class Engine:
                     self._changed.wait(timeout=min(wait, 0.5))
                     continue
                 heapq.heappop(self._timers)
-            callback()
+            try:
+                callback()
+            except Exception:  # noqa: BLE001 - one timer's failure must not end the timer thread
+                # An exception here used to end the thread, and with it every later timer (retry
+                # delays, backoffs): the job stalled. The work is tried again shortly instead.
+                logger.warning("timer callback failed; trying it again in 0.5 s", exc_info=True)
+                self.later(0.5, callback)
