@@ -120,7 +120,7 @@ def duplicate_activities(ctx: Context, first: dict, *, host_options: dict | None
         before = _counts(inst)
         summary = process(inst, scene)
         started = time.perf_counter()
-        inst.host.engine._pool.shutdown(wait=True)  # let the second copies finish before counting
+        inst.host.engine.activities.drain()  # let the second copies finish before counting
         drain = time.perf_counter() - started
         delta = _delta(_counts(inst), before)
         tiles = [e for e in list(inst.host.engine.executions) if e.name == "render_tile"]

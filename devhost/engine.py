@@ -18,7 +18,8 @@ Rules of the real host it imitates (docs/local-host.md has the sources, row by r
 - a fault of the host's own storage costs time, never the instance: the episode is retried with
   backoff until storage answers, from what was committed;
 - an activity past ``function_timeout`` fails with the host's timeout message (and is retried
-  per its RetryOptions); instance ids, custom status and failure wording as the extension's.
+  per its RetryOptions); one still running 2 s later has its worker restarted, and the other
+  executions in that worker lose their results and fail at their own timeouts; instance ids, custom status and failure wording as the extension's.
 
 Sequence numbers: the SDK numbers tasks in the order it meets them while replaying. Retry
 timers and rescheduled attempts get their numbers while the SDK processes the failure or timer
@@ -135,10 +136,9 @@ class Engine:
             deliver=self.deliver,
             later=self.later,
             record=self._record_activity,
+            count=self._count,
             stopping=lambda: self._stopping,
         )
-        #: The activity slots (tests wait on it: ``_pool.shutdown(wait=True)``).
-        self._pool = self.activities.pool
         self._stopping = False
         self._threads: list[threading.Thread] = []
 
@@ -160,7 +160,7 @@ class Engine:
             self._changed.notify_all()
         for thread in self._threads:
             thread.join(timeout=10)
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        self.activities.shutdown()
 
     def __enter__(self) -> Engine:
         return self.start()
@@ -285,16 +285,15 @@ class Engine:
             inst.pending.append(item)
             self._mark_ready(instance_id)
 
-    def _record_activity(self, execution: ActivityExecution | None, timed_out: bool) -> None:
+    def _record_activity(self, execution: ActivityExecution) -> None:
         with self._lock:
-            if execution is not None:
-                self.stats.activity_executions += 1
-                self.stats.activity_failures += execution.error is not None
-                self.executions.append(execution)
-            elif timed_out:
-                self.stats.activity_timeouts += 1
-            else:
-                self.stats.duplicate_completions_dropped += 1
+            self.stats.activity_executions += 1
+            self.stats.activity_failures += execution.error is not None
+            self.executions.append(execution)
+
+    def _count(self, stat: str) -> None:
+        with self._lock:
+            setattr(self.stats, stat, getattr(self.stats, stat) + 1)
 
     def later(self, delay: float, callback: Callable[[], None]) -> None:
         """Run ``callback`` on the timer thread after ``delay`` seconds."""
@@ -504,6 +503,8 @@ class Engine:
             # An earlier attempt was committed although its answer was lost: carry on from storage.
             episode, new_state = self.store.read_episode(inst.id, episode.number), self.store.read_state(inst.id)
             self._requeue_undelivered(inst, events, episode)
+            with self._lock:
+                self.stats.episodes_found_committed += 1
         with self._lock:
             inst.episodes, inst.next_id = new_state["episodes"], new_state["next_id"]
             inst.status, inst.output, inst.error = new_state["status"], new_state["output"], new_state["error"]

@@ -114,6 +114,10 @@ class EngineStats:
     activity_executions: int = 0
     activity_failures: int = 0
     activity_timeouts: int = 0
+    #: Worker processes restarted because a function passed its timeout and did not end.
+    worker_restarts: int = 0
+    #: Results of executions whose worker was restarted under them: the host never hears them.
+    results_lost_with_worker: int = 0
     duplicate_completions_dropped: int = 0
     #: DurableTask.Core's "Duplicate start event": a second ExecutionStarted for a started instance.
     duplicate_starts_dropped: int = 0
@@ -121,3 +125,5 @@ class EngineStats:
     execution_id_mismatches_dropped: int = 0
     #: Episodes the host could not commit (its own storage failed) and tried again later.
     episode_retries: int = 0
+    #: Episodes whose commit had landed although its answer was lost: carried on from storage.
+    episodes_found_committed: int = 0

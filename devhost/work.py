@@ -8,9 +8,9 @@ import logging
 import threading
 import time
 import traceback
+from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from . import shim
@@ -74,20 +74,64 @@ def format_timeout(seconds: float) -> str:
     return f"{text}.{fraction:07d}" if fraction else text
 
 
-class ActivityRunner:
-    """Runs activities in a bounded pool (host.json's maxConcurrentActivityFunctions).
+#: Seconds the host waits, after a function passed its timeout, for it to end before it restarts
+#: the worker process running it: TimeoutAttribute's GracePeriod, 2 s unless set (azure-webjobs-sdk
+#: ``src/Microsoft.Azure.WebJobs/TimeoutAttribute.cs``), which WebScriptHostExceptionHandler waits.
+TIMEOUT_GRACE_S = 2.0
 
-    With a function timeout (host.json's ``functionTimeout``), an execution past it fails as on
-    the real host: TaskActivityShim turns the host's FunctionTimeoutError into ``Activity function
-    'X' failed: Timeout value of ... was exceeded by function: Functions.X``, and the task is
-    retried per its RetryOptions. The real host also restarts the worker process that ran it; a
-    thread cannot be killed, so here the late execution runs to its end and its result is
-    dropped as a duplicate completion.
+
+@dataclass
+class Worker:
+    """The language worker process activities run in (one per instance, as
+    FUNCTIONS_WORKER_PROCESS_COUNT's default of 1 has it). A function timeout restarts it."""
+
+    number: int
+    restarted: bool = False
+    #: Executions running in it.
+    executing: set = field(default_factory=set)
+
+
+@dataclass(eq=False)
+class Execution:
+    """One execution of one activity task, from the slot it takes to the result the host hears."""
+
+    instance_id: str
+    execution_id: str
+    task_id: int
+    name: str
+    input_json: str | None
+    worker: Worker
+    started: float = field(default_factory=time.monotonic)
+    #: The host has its outcome (a result, a failure or the timeout): its slot is free again.
+    settled: bool = False
+    #: The function's code has returned (or raised).
+    ended: bool = False
+
+
+class ActivityRunner:
+    """Runs activities in host.json's ``maxConcurrentActivityFunctions`` slots, as the extension's
+    work-item dispatcher does: a slot is taken when an execution starts and given back when the
+    host has its outcome.
+
+    With a function timeout (host.json's ``functionTimeout``) an execution past it fails as on the
+    real host: the WebJobs executor throws ``FunctionTimeoutException`` ("Timeout value of
+    hh:mm:ss was exceeded by function: Functions.X", azure-webjobs-sdk ``FunctionExecutor.cs``,
+    ``TryHandleTimeoutAsync``); TaskActivityShim makes it ``Activity function 'X' failed: ...``
+    and the task is retried per its RetryOptions. Its slot is free from that moment.
+
+    If the function has not ended ``grace`` seconds later, the host restarts the worker process
+    running it (azure-functions-host ``WebScriptHostExceptionHandler.OnTimeoutExceptionAsync``,
+    ``RpcFunctionInvocationDispatcher.RestartWorkerWithInvocationIdAsync``). The other executions
+    in that worker are removed without a result (``GrpcWorkerChannel.Dispose``): each keeps its
+    slot and fails when its own timeout passes. Here the worker is a generation number: a Python
+    thread cannot be killed, so the code of a restarted worker's executions runs on, and whatever
+    it returns is dropped, as the dead process's answer would never arrive. Its side effects are
+    ones a killed process could also have left (it may be killed just after any write).
 
     It knows the engine only through the callables it is given: ``invoke(name, input)`` runs the
-    function, ``deliver(instance, execution, event)`` hands back its completion, ``later(delay,
-    callback)`` schedules the timeout, ``record(execution, timed_out)`` keeps the bookkeeping,
-    ``stopping()`` says the host is shutting down.
+    function, ``deliver(instance, execution, event)`` hands back its outcome, ``later(delay,
+    callback)`` schedules the timeout, ``record(execution)`` keeps each execution's record,
+    ``count(stat)`` counts one of the host's events, ``stopping()`` says the host is shutting down.
     """
 
     def __init__(
@@ -98,67 +142,124 @@ class ActivityRunner:
         invoke: Callable[[str, str | None], str],
         deliver: Callable[[str, str, dict], None],
         later: Callable[[float, Callable[[], None]], None],
-        record: Callable[[ActivityExecution | None, bool], None],
+        record: Callable[[ActivityExecution], None],
+        count: Callable[[str], None],
         stopping: Callable[[], bool],
+        grace: float = TIMEOUT_GRACE_S,
     ):
-        self.pool = ThreadPoolExecutor(slots, thread_name_prefix="activity")
+        self.slots = slots
         self.function_timeout = function_timeout
-        self.invoke, self.deliver, self.later, self.record, self.stopping = invoke, deliver, later, record, stopping
+        self.grace = grace
+        self.invoke, self.deliver, self.later = invoke, deliver, later
+        self.record, self.count, self.stopping = record, count, stopping
+        self.worker = Worker(1)
+        #: time.monotonic() of each worker restart.
+        self.restarts: list[float] = []
+        self._free = slots
+        self._queue: deque[tuple[str, str, int, str, str | None]] = deque()
+        self._running = 0  # threads running function code, of any worker
+        self._lock = threading.Lock()
+        self._ended = threading.Condition(self._lock)
 
     def submit(self, instance_id: str, execution_id: str, task_id: int, name: str, input_json: str | None) -> None:
-        self.pool.submit(self._run, instance_id, execution_id, task_id, name, input_json)
+        with self._lock:
+            self._queue.append((instance_id, execution_id, task_id, name, input_json))
+        self._pump()
 
-    def _run(self, instance_id: str, execution_id: str, task_id: int, name: str, input_json: str | None) -> None:
-        if self.stopping():
-            return
-        started = time.monotonic()
-        settled = threading.Event()
-        lock = threading.Lock()
+    def _pump(self) -> None:
+        """Start queued executions while slots are free."""
+        while True:
+            with self._lock:
+                if self.stopping() or not self._free or not self._queue:
+                    return
+                self._free -= 1
+                self._running += 1
+                run = Execution(*self._queue.popleft(), worker=self.worker)
+                run.worker.executing.add(run)
+            threading.Thread(target=self._run, args=(run,), name=f"activity-{run.name}", daemon=True).start()
 
-        def settle(item: dict) -> bool:
-            with lock:
-                if settled.is_set():
-                    return False
-                settled.set()
-            self.deliver(instance_id, execution_id, item)
-            return True
+    def _settle(self, run: Execution, item: dict) -> bool:
+        """Hand the host the execution's outcome, once; its slot is free again."""
+        with self._lock:
+            if run.settled:
+                return False
+            run.settled = True
+            self._free += 1
+        self.deliver(run.instance_id, run.execution_id, item)
+        self._pump()
+        return True
 
+    def _run(self, run: Execution) -> None:
         if self.function_timeout is not None:
-            limit = format_timeout(self.function_timeout)
-            reason = shim.activity_failure_reason(
-                name, f"Timeout value of {limit} was exceeded by function: Functions.{name}"
-            )
-            details = json.dumps({"$type": "FunctionTimeoutException"})
-
-            def timed_out() -> None:
-                if settle(event(TASK_FAILED, now(), TaskScheduledId=task_id, Reason=reason, Details=details)):
-                    logger.warning(
-                        "activity %s (%s #%d) passed the function timeout %s", name, instance_id, task_id, limit
-                    )
-                    self.record(None, True)
-
-            self.later(self.function_timeout, timed_out)
-
+            self.later(self.function_timeout, lambda: self._timed_out(run))
         result = error = None
         try:
-            result = self.invoke(name, input_json)
-            item = event(TASK_COMPLETED, now(), TaskScheduledId=task_id, Result=result)
+            result = self.invoke(run.name, run.input_json)
+            item = event(TASK_COMPLETED, now(), TaskScheduledId=run.task_id, Result=result)
         except Exception as exc:
-            error = shim.activity_failure_reason(name, f"{type(exc).__name__}: {exc}")
-            logger.warning("activity %s (%s #%d) failed: %s", name, instance_id, task_id, error)
+            error = shim.activity_failure_reason(run.name, f"{type(exc).__name__}: {exc}")
+            logger.warning("activity %s (%s #%d) failed: %s", run.name, run.instance_id, run.task_id, error)
             details = shim.activity_failure_details(exc) + "\n" + traceback.format_exc()
-            item = event(TASK_FAILED, now(), TaskScheduledId=task_id, Reason=error, Details=details)
-        value = json.loads(input_json) if input_json else None
-        execution = ActivityExecution(
-            instance_id,
-            task_id,
-            name,
-            value,
-            json.loads(result) if result else None,
-            error,
-            time.monotonic() - started,
-            started,
+            item = event(TASK_FAILED, now(), TaskScheduledId=run.task_id, Reason=error, Details=details)
+        finally:
+            with self._lock:
+                run.ended = True
+                run.worker.executing.discard(run)
+                self._running -= 1
+                self._ended.notify_all()
+                # Decided with the end: a restart after it no longer concerns this execution.
+                lost_with_worker = run.worker.restarted
+        value = json.loads(run.input_json) if run.input_json else None
+        output = json.loads(result) if result else None
+        seconds = time.monotonic() - run.started
+        self.record(
+            ActivityExecution(run.instance_id, run.task_id, run.name, value, output, error, seconds, run.started)
         )
-        self.record(execution, False)
-        if not settle(item):
-            self.record(None, False)  # a late result after the timeout: a duplicate completion
+        if lost_with_worker:
+            # Its worker process was restarted under it: the host never hears this answer.
+            self.count("results_lost_with_worker")
+        elif not self._settle(run, item):
+            self.count("duplicate_completions_dropped")  # a late result after the timeout
+
+    def _timed_out(self, run: Execution) -> None:
+        limit = format_timeout(self.function_timeout)
+        reason = shim.activity_failure_reason(
+            run.name, f"Timeout value of {limit} was exceeded by function: Functions.{run.name}"
+        )
+        details = json.dumps({"$type": "FunctionTimeoutException"})
+        if self._settle(run, event(TASK_FAILED, now(), TaskScheduledId=run.task_id, Reason=reason, Details=details)):
+            logger.warning(
+                "activity %s (%s #%d) passed the function timeout %s", run.name, run.instance_id, run.task_id, limit
+            )
+            self.count("activity_timeouts")
+            self.later(self.grace, lambda: self._restart_worker(run))
+
+    def _restart_worker(self, run: Execution) -> None:
+        """The timed-out execution has not ended within the grace period: restart its worker."""
+        with self._lock:
+            if run.ended or run.worker.restarted:
+                return  # it ended in time, or its worker is already gone: nothing to do
+            run.worker.restarted = True
+            lost = sorted(f"{r.name} #{r.task_id}" for r in run.worker.executing if r is not run)
+            self.worker = Worker(run.worker.number + 1)
+            self.restarts.append(time.monotonic())
+        logger.warning(
+            "A function timeout has occurred. Restarting worker process executing %s (%s #%d); "
+            "also running there, now without a result until their own timeout: %s",
+            run.name,
+            run.instance_id,
+            run.task_id,
+            ", ".join(lost) or "nothing",
+        )
+        self.count("worker_restarts")
+
+    def drain(self, timeout: float | None = None) -> bool:
+        """Wait until no function code is running (a restarted worker's too). True if none is."""
+        with self._lock:
+            return self._ended.wait_for(lambda: self._running == 0, timeout)
+
+    def shutdown(self) -> None:
+        """Start nothing more; wait for the current worker's executions to end."""
+        with self._lock:
+            self._queue.clear()
+            self._ended.wait_for(lambda: not self.worker.executing)

@@ -163,14 +163,50 @@ def test_an_activity_past_the_function_timeout_fails_and_is_retried(store):
     with make_engine(store, timer_scale=1.0, function_timeout=1.0) as engine:
         engine.start_new("times_out_once", "timeout", job)
         state = engine.wait_for("timeout", timeout=60)
-        timeouts = engine.stats.activity_timeouts
+        assert engine.activities.drain(timeout=30)
+        stats = engine.stats
     assert state["status"] == "Completed" and state["output"] == {"key": "slow-key", "slow": False}
-    assert timeouts == 1
+    assert stats.activity_timeouts == 1
+    # It ended 1.5 s after its timeout, inside the host's 2 s grace: no restart, and its late
+    # result is dropped as a duplicate completion.
+    assert stats.worker_restarts == 0 and stats.duplicate_completions_dropped == 1
     failures = [e for ep in store.episodes("timeout") for e in ep.events if e["EventType"] == 6]
     assert [f["Reason"] for f in failures] == [
         "Activity function 'slow_first_time' failed: Timeout value of 00:00:01 was exceeded by function: "
         "Functions.slow_first_time"
     ]
+
+
+def test_a_function_still_running_after_the_grace_period_restarts_its_worker_and_its_neighbours_fail(store):
+    """The host restarts the worker 2 s after the timeout; executions running there never report,
+    keep their slots and fail at their own timeouts; every failed task is retried and the job
+    completes."""
+    toy_app.set_failures("stuck", 1)
+    job = {"key": "stuck", "stuck_s": 8.0, "naps": 60, "nap_s": 0.5, "first_ms": 100, "attempts": 3}
+    with make_engine(store, max_activities=4, timer_scale=1.0, function_timeout=3.0) as engine:
+        engine.start_new("busy_worker_times_out", "restart", job)
+        state = engine.wait_for("restart", timeout=120)
+        assert engine.activities.drain(timeout=30)
+        stats, restarts = engine.stats, list(engine.activities.restarts)
+        naps = executions(engine, "nap")
+    assert state["status"] == "Completed", state
+    assert state["output"] == {"stuck": {"key": "stuck", "slow": False}, "naps": 60}
+    assert stats.worker_restarts == 1 and len(restarts) == 1
+    failures = [e for ep in store.episodes("restart") for e in ep.events if e["EventType"] == 6]
+    reasons = sorted({f["Reason"] for f in failures})
+    assert reasons == [
+        "Activity function 'nap' failed: Timeout value of 00:00:03 was exceeded by function: Functions.nap",
+        "Activity function 'slow_first_time' failed: Timeout value of 00:00:03 was exceeded by function: "
+        "Functions.slow_first_time",
+    ]
+    lost = [n for n in naps if n.started < restarts[0] < n.started + n.seconds]
+    assert lost, "no nap was running in the worker when it restarted"
+    # The stuck function's result and those of the naps in the old worker never reached the host.
+    assert stats.results_lost_with_worker == len(lost) + 1
+    assert stats.activity_timeouts == len(lost) + 1 == len(failures)
+    # Their slots stayed taken until their own timeouts: no nap started in the meantime.
+    freed = min(n.started for n in lost) + 3.0
+    assert not [n for n in naps if restarts[0] < n.started < freed - 0.1]
 
 
 def test_task_hub_names_are_the_local_hosts_own(store):

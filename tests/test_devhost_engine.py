@@ -57,7 +57,7 @@ def test_every_activity_twice_still_one_result_each(store):
         engine.start_new("batch", "job-3", {"numbers": list(range(20))})
         state = engine.wait_for("job-3", timeout=60)
         # Wait for the second copies too, then count.
-        engine._pool.shutdown(wait=True)
+        engine.activities.drain()
     assert state["status"] == "Completed" and state["output"] == sum(n * n for n in range(20))
     assert len([e for e in engine.executions if e.name == "square"]) == 40
     assert engine.stats.duplicate_completions_dropped == 20

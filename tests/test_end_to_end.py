@@ -78,7 +78,7 @@ def test_every_activity_twice_yields_one_written_per_tile(storage, app_env, tmp_
     scene = make_scene(tmp_path / "scene.tif", 700, 520)
     with local_host(app_env, duplicate_activities=True) as host:
         summary = process_file(host, scene, timeout=120)
-        host.engine._pool.shutdown(wait=True)  # let the second copies finish before counting
+        host.engine.activities.drain()  # let the second copies finish before counting
         executions = [e for e in host.engine.executions if e.name == "render_tile"]
         failed = host.engine.stats.activity_failures
     check_outputs(storage, app_env, summary, scene)

@@ -198,3 +198,17 @@ def times_out_once(context: df.DurableOrchestrationContext):
     retry = df.RetryOptions(job["first_ms"], job["attempts"])
     result = yield context.call_activity_with_retry("slow_first_time", retry, job)
     return result
+
+
+@app.orchestration_trigger(context_name="context")
+def busy_worker_times_out(context: df.DurableOrchestrationContext):
+    """One activity stuck past the function timeout while naps keep the other slots busy."""
+    job = context.get_input()
+    retry = df.RetryOptions(job["first_ms"], job["attempts"])
+    stuck = {"key": job["key"], "seconds": job["stuck_s"]}
+    tasks = [context.call_activity_with_retry("slow_first_time", retry, stuck)]
+    tasks += [
+        context.call_activity_with_retry("nap", retry, {"i": i, "seconds": job["nap_s"]}) for i in range(job["naps"])
+    ]
+    results = yield context.task_all(tasks)
+    return {"stuck": results[0], "naps": len(results) - 1}
