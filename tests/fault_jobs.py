@@ -45,9 +45,21 @@ def app_behind_proxy(azurite, monkeypatch, plan: FaultPlan):
 
 
 def run_job(
-    app_env: AppEnv, azurite, monkeypatch, scene: Path, name: str, plan: FaultPlan, *, timer_scale: float, during=None
+    app_env: AppEnv,
+    azurite,
+    monkeypatch,
+    scene: Path,
+    name: str,
+    plan: FaultPlan,
+    *,
+    timer_scale: float,
+    during=None,
+    inspect=None,
 ):
-    """One job of ``scene`` uploaded as ``name``; the summary, the proxies and the attempts per activity."""
+    """One job of ``scene`` uploaded as ``name``; the summary, the proxies and the attempts per activity.
+
+    ``during(blobs)`` runs in a thread while the job runs; ``inspect(host)`` after it, before the
+    host stops."""
     with app_behind_proxy(azurite, monkeypatch, plan) as (blobs, tables):
         host = LocalHost(HostOptions(hub=app_env.hub, timer_scale=timer_scale, watch_interval=0.1))
         host.start()
@@ -56,6 +68,8 @@ def run_job(
             watcher.start()
         try:
             summary = process_file(host, scene, name=name, timeout=300)
+            if inspect:
+                inspect(host)
         finally:
             host.stop()
         mine = [e for e in host.engine.executions if e.instance_id.startswith(summary["job_id"])]

@@ -47,7 +47,8 @@ class FaultPlan:
     ``busy``: fraction answered 503 ServerBusy with ``Retry-After: retry_after`` seconds (or
     another refusal: ``status`` and ``code``, e.g. 403 AuthorizationPermissionMismatch).
     ``reset``: fraction whose connection is reset, half of them before storage sees the request
-    and half after storage has carried it out (the answer is lost).
+    and half after storage has carried it out (the answer is lost); ``reset_when`` "before" or
+    "after" makes it all one kind.
     ``reset_uploads``: the first PUT of each path is reset half-way through its body.
     ``delay``: seconds added before forwarding each selected request.
     ``outage``: (start, end) in ``time.monotonic()`` seconds: every selected request inside it
@@ -56,6 +57,7 @@ class FaultPlan:
 
     busy: float = 0.0
     reset: float = 0.0
+    reset_when: str = "either"
     reset_uploads: bool = False
     delay: float = 0.0
     retry_after: int = 1
@@ -204,7 +206,9 @@ class FaultProxy(RecordingProxy):
             if draw < plan.busy:
                 return "busy"
             if draw < plan.busy + plan.reset:
-                return "reset-before" if self._random.random() < 0.5 else "reset-after"
+                if plan.reset_when == "either":
+                    return "reset-before" if self._random.random() < 0.5 else "reset-after"
+                return f"reset-{plan.reset_when}"
         return None
 
     def _busy(self, request: http.server.BaseHTTPRequestHandler) -> None:

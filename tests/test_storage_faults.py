@@ -121,3 +121,24 @@ def test_connections_reset_mid_upload_and_lost_answers_cost_time_not_the_job(
     check_faulty_run(storage, app_env, scene, reference, summary, blobs, tables, attempts, failed, "resets")
     assert blobs.injected["reset-mid-upload"] >= summary["windows"]
     assert blobs.injected["reset-after"] + tables.injected["reset-after"] > 0
+
+
+def test_lost_answers_to_the_hosts_own_commits_cost_nothing(storage, app_env, azurite, monkeypatch, scene, reference):
+    """Half of the local host's episode commits (its table transactions) are carried out by
+    storage and then their connection is reset: the answer is lost, the host tries again, finds
+    the episode committed and carries on from what storage holds. Nothing runs or is written
+    twice."""
+    plan = FaultPlan(reset=0.5, reset_when="after", applies=lambda method, path: method == "POST" and "$batch" in path)
+    seen = {}
+
+    def inspect(host) -> None:
+        seen["found_committed"] = host.engine.stats.episodes_found_committed
+
+    summary, blobs, tables, attempts, failed = run_job(
+        app_env, azurite, monkeypatch, scene, "lost-commits.tif", plan, timer_scale=0.01, inspect=inspect
+    )
+    check_faulty_run(storage, app_env, scene, reference, summary, blobs, tables, attempts, failed, "lost commits")
+    assert tables.injected["reset-after"] > 0 and tables.injected["reset-before"] == 0
+    assert seen["found_committed"] > 0
+    # Every activity ran once: no episode's decisions were sent twice.
+    assert not failed and attempts[names.RENDER_TILE] == summary["windows"]

@@ -5,6 +5,7 @@ same folder while the local host tiles. The outputs equal a fault-free run's, by
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 
 import pytest
@@ -67,7 +68,26 @@ STAGES = {
 }
 
 
-@pytest.mark.parametrize("stage", sorted(STAGES))
+def stop_inside_a_commit(host, emulator: Azurite, job_prefix: list[str], which: int = 3) -> threading.Event:
+    """Stop Azurite from inside the local host's ``which``-th episode commit of the job, just
+    before its transaction is sent: the commit meets a stopped storage. The event is set then."""
+    stopped = threading.Event()
+    commit = host.engine.store.commit_episode
+    seen = []
+
+    def commit_episode(instance_id, episode, state):
+        if job_prefix and instance_id.startswith(job_prefix[0]) and not stopped.is_set():
+            seen.append(episode.number)
+            if len(seen) == which:
+                emulator.outage()
+                stopped.set()
+        return commit(instance_id, episode, state)
+
+    host.engine.store.commit_episode = commit_episode
+    return stopped
+
+
+@pytest.mark.parametrize("stage", [*sorted(STAGES), "episode commit"])
 def test_azurite_stopped_for_10_s_costs_time_not_the_job(durable_azurite, app_env, tmp_path, stage):
     scene = make_scene(tmp_path / "scene.tif", 1300, 1100)  # 6 x 5 = 30 windows, 8 batches of 4
     reference = tmp_path / "reference.tif"
@@ -80,12 +100,19 @@ def test_azurite_stopped_for_10_s_costs_time_not_the_job(durable_azurite, app_en
         assert baseline["status"] == "completed", baseline
         executions_before = len(host.engine.executions)
 
+        job_prefix: list[str] = []
+        in_commit = stop_inside_a_commit(host, durable_azurite, job_prefix) if stage == "episode commit" else None
         blob = host.blobs.get_blob_client(host.settings.input_container, scene.name)
         with scene.open("rb") as data:
             job_id = job_id_for(blob.url, blob.upload_blob(data, overwrite=True)["etag"])
-        wait_until(lambda: STAGES[stage](progress(host, job_id)))
-        durable_azurite.outage()
-        during = host.engine.status(job_id)
+        job_prefix.append(job_id)
+        if in_commit is not None:
+            assert in_commit.wait(120), "the job made no third commit"
+            during = {"status": "Running"}  # stopped inside one of its commits
+        else:
+            wait_until(lambda: STAGES[stage](progress(host, job_id)))
+            durable_azurite.outage()
+            during = host.engine.status(job_id)
         stopped = time.monotonic()
         time.sleep(OUTAGE_S)
         durable_azurite.start()
@@ -97,6 +124,8 @@ def test_azurite_stopped_for_10_s_costs_time_not_the_job(durable_azurite, app_en
         retries = host.engine.stats.episode_retries
 
     assert outage_s >= OUTAGE_S
+    if stage == "episode commit":
+        assert retries > 0, "the commit that met the stopped storage was not tried again"
     # The outage began while the job ran (how many of the host's commits met it depends on the
     # machine's speed: on a loaded one every activity may still be waiting on storage).
     assert during["status"] in ("Running", "Pending"), during
