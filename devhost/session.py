@@ -161,6 +161,8 @@ def process_summary(host, summary: dict, blob_name: str, *, deliveries: int = 1)
         "starts": [d["action"] for d in host.decisions if d["blob"] == blob_name],
         "activity_executions": stats.activity_executions,
         "activity_failures": stats.activity_failures,
+        "activity_timeouts": stats.activity_timeouts,
+        "worker_restarts": stats.worker_restarts,
         "episodes": stats.episodes,
         "replay_s": round(stats.replay_seconds, 3),
     }

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from devhost.engine import Engine, InstanceAlreadyExists, InvalidInstanceId
@@ -135,3 +137,29 @@ def test_the_real_durable_client_talks_to_the_local_http_api(store):
             assert status.output == sum(n * n for n in range(300))
         finally:
             api.stop()
+
+
+def test_a_new_instance_found_ready_by_another_dispatcher_while_its_start_is_held_still_runs(store):
+    """A start marks its new instance ready while its dispatcher still holds it; an idle
+    dispatcher that wakes then finds it held and passes it by. The start's dispatcher is slowed
+    after that point (as a busy machine can), so the other one always gets there first: the
+    instance must run once released, not wait forever as Pending."""
+    engine = make_engine(store, max_orchestrators=2, episode_linger=0.0)
+    process_start = engine._process_start
+    passed_by = []
+
+    def slow_start(message):
+        process_start(message)  # the instance is ready from here on, and still held
+        deadline = time.monotonic() + 5
+        while not passed_by and time.monotonic() < deadline:
+            with engine._lock:
+                if message.instance_id in engine._ready_when_released:
+                    passed_by.append(message.instance_id)
+            time.sleep(0.01)
+
+    engine._process_start = slow_start
+    with engine:
+        engine.start_new("nap_once", "held-start", {"i": 7, "seconds": 0.0})
+        state = engine.wait_for("held-start", timeout=30)
+    assert passed_by == ["held-start"], "the other dispatcher never found the held instance ready"
+    assert state["status"] == "Completed" and state["output"] == 7
