@@ -19,7 +19,8 @@ Rules of the real host it imitates (docs/local-host.md has the sources, row by r
   backoff until storage answers, from what was committed;
 - an activity past ``function_timeout`` fails with the host's timeout message (and is retried
   per its RetryOptions); one still running 2 s later has its worker restarted, and the other
-  executions in that worker lose their results and fail at their own timeouts; instance ids, custom status and failure wording as the extension's.
+  executions in that worker lose their results and fail at their own timeouts;
+- instance ids, custom status and failure wording as the extension's.
 
 Sequence numbers: the SDK numbers tasks in the order it meets them while replaying. Retry
 timers and rescheduled attempts get their numbers while the SDK processes the failure or timer

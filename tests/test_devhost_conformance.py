@@ -159,7 +159,7 @@ def test_a_failed_instance_started_again_reruns_its_recorded_children_and_comple
 
 def test_an_activity_past_the_function_timeout_fails_and_is_retried(store):
     toy_app.set_failures("slow-key", 1)
-    job = {"key": "slow-key", "seconds": 2.5, "first_ms": 100, "attempts": 2}
+    job = {"key": "slow-key", "seconds": 2.0, "first_ms": 100, "attempts": 2}
     with make_engine(store, timer_scale=1.0, function_timeout=1.0) as engine:
         engine.start_new("times_out_once", "timeout", job)
         state = engine.wait_for("timeout", timeout=60)
@@ -167,7 +167,7 @@ def test_an_activity_past_the_function_timeout_fails_and_is_retried(store):
         stats = engine.stats
     assert state["status"] == "Completed" and state["output"] == {"key": "slow-key", "slow": False}
     assert stats.activity_timeouts == 1
-    # It ended 1.5 s after its timeout, inside the host's 2 s grace: no restart, and its late
+    # It ended 1 s after its timeout, inside the host's 2 s grace: no restart, and its late
     # result is dropped as a duplicate completion.
     assert stats.worker_restarts == 0 and stats.duplicate_completions_dropped == 1
     failures = [e for ep in store.episodes("timeout") for e in ep.events if e["EventType"] == 6]

@@ -5,6 +5,7 @@ same folder while the local host tiles. The outputs equal a fault-free run's, by
 from __future__ import annotations
 
 import hashlib
+import itertools
 import threading
 import time
 
@@ -73,14 +74,15 @@ def stop_inside_a_commit(host, emulator: Azurite, job_prefix: list[str], which: 
     before its transaction is sent: the commit meets a stopped storage. The event is set then."""
     stopped = threading.Event()
     commit = host.engine.store.commit_episode
-    seen = []
+    seen = itertools.count(1)
+    lock = threading.Lock()  # dispatchers commit concurrently (the job and its sub-orchestrations)
 
     def commit_episode(instance_id, episode, state):
-        if job_prefix and instance_id.startswith(job_prefix[0]) and not stopped.is_set():
-            seen.append(episode.number)
-            if len(seen) == which:
-                emulator.outage()
-                stopped.set()
+        if job_prefix and instance_id.startswith(job_prefix[0]):
+            with lock:
+                if not stopped.is_set() and next(seen) == which:
+                    emulator.outage()
+                    stopped.set()
         return commit(instance_id, episode, state)
 
     host.engine.store.commit_episode = commit_episode
