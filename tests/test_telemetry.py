@@ -86,6 +86,7 @@ def local_run(azurite, storage, tmp_path_factory):
             with local_host(app_env, deliveries=3, duplicate_activities=True) as host:
                 good = process_file(host, scene, timeout=180)
                 decisions = list(host.decisions)
+                assert host.engine.activities.drain(timeout=60)  # the second copies may still run
                 good_executions = host.engine.stats.activity_executions
             with local_host(app_env) as host:
                 bad = process_file(host, not_a_tiff, timeout=60)
