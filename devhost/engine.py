@@ -128,9 +128,6 @@ class Engine:
         self._resting: dict[str, float] = {}
         #: Instances a dispatcher holds (one episode or start at a time per instance).
         self._busy: set[str] = set()
-        #: Held instances another dispatcher found ready (a start marks its new instance ready
-        #: while it still holds it): ready again once released, or the first episode never runs.
-        self._ready_when_released: set[str] = set()
         self._timers: list[tuple[float, int, Callable[[], None]]] = []
         self._timer_seq = itertools.count()
         self.activities = ActivityRunner(
@@ -362,11 +359,8 @@ class Engine:
                         continue
                     instance_id = self._ready.popleft()
                     inst = self._instances.get(instance_id)
-                    if inst is None or inst.status in TERMINAL:
-                        continue
-                    if instance_id in self._busy:
-                        self._ready_when_released.add(instance_id)  # made ready again when released
-                        continue
+                    if inst is None or inst.status in TERMINAL or instance_id in self._busy:
+                        continue  # a held instance is made ready again when it is released
                     if self._resting.get(instance_id, 0.0) > time.monotonic():
                         continue  # backing off after a storage fault; ``later`` makes it ready again
                     events, inst.pending = inst.pending, []
@@ -379,11 +373,10 @@ class Engine:
                 with self._lock:
                     self._busy.discard(held)
                     inst = self._instances.get(held)
-                    # New results wait in ``pending``; a started instance that has not run its
-                    # first episode has none, and was ready when another dispatcher looked.
-                    unstarted = held in self._ready_when_released and inst is not None and not inst.history
-                    self._ready_when_released.discard(held)
-                    if inst is not None and (inst.pending or unstarted) and inst.status not in TERMINAL:
+                    # Ready again if results wait in ``pending``, or if it has not run its first
+                    # episode: a start marks its new instance ready while still holding it, and a
+                    # dispatcher that looked then passed it by.
+                    if inst is not None and (inst.pending or not inst.history) and inst.status not in TERMINAL:
                         self._mark_ready(held)
 
     def _try_episode(self, inst: Instance, events: list[dict]) -> None:

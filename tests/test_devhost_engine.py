@@ -152,8 +152,8 @@ def test_a_new_instance_found_ready_by_another_dispatcher_while_its_start_is_hel
         process_start(message)  # the instance is ready from here on, and still held
         deadline = time.monotonic() + 5
         while not passed_by and time.monotonic() < deadline:
-            with engine._lock:
-                if message.instance_id in engine._ready_when_released:
+            with engine._lock:  # popped from the ready queue while held: passed by
+                if message.instance_id not in engine._ready and message.instance_id in engine._busy:
                     passed_by.append(message.instance_id)
             time.sleep(0.01)
 
