@@ -86,9 +86,9 @@ class Worker:
     FUNCTIONS_WORKER_PROCESS_COUNT's default of 1 has it). A function timeout restarts it."""
 
     number: int
+    #: time.monotonic() when it started (the first, or the restart that replaced the one before).
+    started: float = field(default_factory=time.monotonic)
     restarted: bool = False
-    #: Executions running in it.
-    executing: set = field(default_factory=set)
 
 
 @dataclass(eq=False)
@@ -153,11 +153,10 @@ class ActivityRunner:
         self.invoke, self.deliver, self.later = invoke, deliver, later
         self.record, self.count, self.stopping = record, count, stopping
         self.worker = Worker(1)
-        #: time.monotonic() of each worker restart.
-        self.restarts: list[float] = []
         self._free = slots
         self._queue: deque[tuple[str, str, int, str, str | None]] = deque()
-        self._running = 0  # threads running function code, of any worker
+        #: Executions whose function code is running, in any worker (a restarted one's too).
+        self._running: set[Execution] = set()
         self._lock = threading.Lock()
         self._ended = threading.Condition(self._lock)
 
@@ -173,9 +172,8 @@ class ActivityRunner:
                 if self.stopping() or not self._free or not self._queue:
                     return
                 self._free -= 1
-                self._running += 1
                 run = Execution(*self._queue.popleft(), worker=self.worker)
-                run.worker.executing.add(run)
+                self._running.add(run)
             threading.Thread(target=self._run, args=(run,), name=f"activity-{run.name}", daemon=True).start()
 
     def _settle(self, run: Execution, item: dict) -> bool:
@@ -204,8 +202,7 @@ class ActivityRunner:
         finally:
             with self._lock:
                 run.ended = True
-                run.worker.executing.discard(run)
-                self._running -= 1
+                self._running.discard(run)
                 self._ended.notify_all()
                 # Decided with the end: a restart after it no longer concerns this execution.
                 lost_with_worker = run.worker.restarted
@@ -240,9 +237,8 @@ class ActivityRunner:
             if run.ended or run.worker.restarted:
                 return  # it ended in time, or its worker is already gone: nothing to do
             run.worker.restarted = True
-            lost = sorted(f"{r.name} #{r.task_id}" for r in run.worker.executing if r is not run)
+            lost = sorted(f"{r.name} #{r.task_id}" for r in self._running if r.worker is run.worker and r is not run)
             self.worker = Worker(run.worker.number + 1)
-            self.restarts.append(time.monotonic())
         logger.warning(
             "A function timeout has occurred. Restarting worker process executing %s (%s #%d); "
             "also running there, now without a result until their own timeout: %s",
@@ -256,10 +252,10 @@ class ActivityRunner:
     def drain(self, timeout: float | None = None) -> bool:
         """Wait until no function code is running (a restarted worker's too). True if none is."""
         with self._lock:
-            return self._ended.wait_for(lambda: self._running == 0, timeout)
+            return self._ended.wait_for(lambda: not self._running, timeout)
 
     def shutdown(self) -> None:
         """Start nothing more; wait for the current worker's executions to end."""
         with self._lock:
             self._queue.clear()
-            self._ended.wait_for(lambda: not self.worker.executing)
+            self._ended.wait_for(lambda: not any(r.worker is self.worker for r in self._running))
