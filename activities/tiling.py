@@ -5,10 +5,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from azure.core.exceptions import ResourceNotFoundError
-
 from tilecommit import raster
-from tilecommit.errors import CorruptTileError, InvalidRasterError, SourceChangedError, error_value, is_retryable
+from tilecommit.errors import CorruptTileError, InvalidRasterError, error_value, is_retryable
 from tilecommit.grid import Window
 from tilecommit.storage import vsiaz_path
 
@@ -17,20 +15,15 @@ from .context import ActivityContext, activity_context
 logger = logging.getLogger(__name__)
 
 
-def _check_source(ctx: ActivityContext, job: dict) -> None:
-    """Raise :class:`SourceChangedError` when the job's source is no longer the version it was started for.
+def _pinned_upload(ctx: ActivityContext, job: dict) -> raster.PinnedBlob:
+    """The job's upload at the job's version: every read of it carries ``If-Match`` with the job's ETag.
 
-    The job id names one version (URL + ETag) of the upload; GDAL cannot pin an ETag, so each
-    reader checks it first. An overwritten upload has a job of its own.
+    The job id names one version (URL + ETag) of the upload; the service refuses to serve any
+    other (:class:`~tilecommit.errors.SourceChangedError`, naming both ETags). An overwritten
+    upload has a job of its own.
     """
-    try:
-        props = ctx.input.get_blob_client(job["blob"]).get_blob_properties()
-    except ResourceNotFoundError:
-        raise SourceChangedError(f"the upload {job['blob']!r} was deleted") from None
-    if props.etag.strip('"') != job["etag"].strip('"'):
-        raise SourceChangedError(
-            f"the upload {job['blob']!r} was overwritten (ETag {props.etag}, job started for {job['etag']})"
-        )
+    vsiaz_path(ctx.settings.input_container, job["blob"])  # refuses names with '.'/'..' segments
+    return raster.PinnedBlob(ctx.input.get_blob_client(job["blob"]), job["etag"])
 
 
 def run_activity(name: str, job: dict, work: Callable[[], dict], *, window: str | None = None) -> dict:
@@ -57,12 +50,7 @@ def validate_source(job: dict) -> dict:
     ctx = activity_context()
 
     def work() -> dict:
-        _check_source(ctx, job)
-        scene = raster.inspect_source(
-            vsiaz_path(ctx.settings.input_container, job["blob"]),
-            settings=ctx.settings,
-            gdal_options=ctx.connection.gdal_options(),
-        )
+        scene = raster.inspect_source(_pinned_upload(ctx, job), settings=ctx.settings)
         return {"scene": scene.to_dict()}
 
     return run_activity("validate_source", job, work)
@@ -74,15 +62,13 @@ def render_tile(payload: dict) -> dict:
     ctx = activity_context()
 
     def work() -> dict:
-        _check_source(ctx, job)
         return raster.render_tile(
-            vsiaz_path(ctx.settings.input_container, job["blob"]),
+            _pinned_upload(ctx, job),
             window,
             job_id=job["job_id"],
             tiles=ctx.tiles,
             manifest=ctx.manifest,
             settings=ctx.settings,
-            gdal_options=ctx.connection.gdal_options(),
         ).to_dict()
 
     result = run_activity("render_tile", job, work, window=window.id)

@@ -49,6 +49,9 @@ class FaultPlan:
     ``reset``: fraction whose connection is reset, half of them before storage sees the request
     and half after storage has carried it out (the answer is lost); ``reset_when`` "before" or
     "after" makes it all one kind.
+    ``cut``: fraction whose answer is cut half-way through its body (storage carried the request
+    out; the status line and headers, with the full Content-Length, arrive, then half the bytes,
+    then a reset), as a connection lost mid-transfer looks.
     ``reset_uploads``: the first PUT of each path is reset half-way through its body.
     ``delay``: seconds added before forwarding each selected request.
     ``outage``: (start, end) in ``time.monotonic()`` seconds: every selected request inside it
@@ -58,6 +61,7 @@ class FaultPlan:
     busy: float = 0.0
     reset: float = 0.0
     reset_when: str = "either"
+    cut: float = 0.0
     reset_uploads: bool = False
     delay: float = 0.0
     retry_after: int = 1
@@ -209,6 +213,8 @@ class FaultProxy(RecordingProxy):
                 if plan.reset_when == "either":
                     return "reset-before" if self._random.random() < 0.5 else "reset-after"
                 return f"reset-{plan.reset_when}"
+            if draw < plan.busy + plan.reset + plan.cut and request.command == "GET":
+                return "cut"
         return None
 
     def _busy(self, request: http.server.BaseHTTPRequestHandler) -> None:
@@ -222,6 +228,18 @@ class FaultProxy(RecordingProxy):
         request.end_headers()
         if request.command != "HEAD":
             request.wfile.write(body)
+
+    def _cut(self, request: http.server.BaseHTTPRequestHandler, body: bytes | None) -> None:
+        status, reason, headers, payload = self.send_upstream(request, body)
+        request.send_response(status, reason)
+        for key, value in headers:
+            if key.lower() not in _HOP_BY_HOP and key.lower() != "content-length":
+                request.send_header(key, value)
+        request.send_header("Content-Length", str(len(payload)))
+        request.end_headers()
+        request.wfile.write(payload[: len(payload) // 2])
+        request.wfile.flush()
+        _reset(request)
 
     def handle(self, request: http.server.BaseHTTPRequestHandler) -> None:
         fault = self._choose(request)
@@ -243,6 +261,8 @@ class FaultProxy(RecordingProxy):
         elif fault == "reset-after":
             self.send_upstream(request, body)
             _reset(request)
+        elif fault == "cut":
+            self._cut(request, body)
         else:
             self.forward(request, body)
 

@@ -33,8 +33,8 @@ from tilecommit.raster import (
     inspect_source,
     render_tile,
 )
+from tilecommit.raster.source import PinnedBlob, open_upload
 from tilecommit.settings import Settings
-from tilecommit.storage import vsiaz_path
 
 from .raster_jobs import (
     JOB,
@@ -285,22 +285,22 @@ def test_render_after_a_crash_between_blob_and_manifest_row_completes_the_row(sm
     assert entry is not None and entry.sha256 == result.sha256 and entry.nbytes == len(body)
 
 
-def test_windows_read_through_vsiaz_equal_the_local_file(small_scene, stores, storage, tmp_path):
+def test_windows_read_from_the_pinned_blob_equal_the_local_file(small_scene, stores, tmp_path):
     spec, path = small_scene
     upload = stores["output"]
     with open(path, "rb") as f:
-        upload.upload_blob("uploads/scene one.tif", f)
-    remote = vsiaz_path(upload.container_name, "uploads/scene one.tif")
-    options = storage.gdal_options()
+        etag = upload.upload_blob("uploads/scene one.tif", f).get_blob_properties().etag
+    remote = PinnedBlob(upload.get_blob_client("uploads/scene one.tif"), etag)
     settings = Settings(window_size=256)
     local_scene = inspect_source(path, settings=settings)
-    remote_scene = inspect_source(remote, settings=settings, gdal_options=options)
+    remote_scene = inspect_source(remote, settings=settings)
     assert remote_scene == local_scene
-    with rasterio.Env(**options), rasterio.open(remote) as src:
+    with open_upload(remote) as src:
         assert_same_pixels(src.read(), read_scene(spec))
     local = render_all(path, local_scene, settings, stores, job_id="aaaaaaaaaaaaaaaa")
-    remote_results = render_all(remote, remote_scene, settings, stores, job_id="bbbbbbbbbbbbbbbb", gdal_options=options)
+    remote_results = render_all(remote, remote_scene, settings, stores, job_id="bbbbbbbbbbbbbbbb")
     assert [r.sha256 for r in remote_results] == [r.sha256 for r in local]
+    assert remote.faults == [] and remote.requests > 0
 
 
 def _damage_first_block(tmp_path) -> str:

@@ -1,85 +1,144 @@
-"""A read that failed is not bad input until it is proven so.
+"""A read that failed is not bad input, and a read that was not answered in full never makes a tile.
 
-GDAL reports a window it could not read as "Read failed" whatever the cause. When storage
-refused the bytes (503 ServerBusy, a reset connection), GDAL's network layer said so while the
-read ran, and the failure is a retryable storage fault; only a failure that repeats on bytes
-that did arrive is a corrupt upload. Storage is Azurite behind the fault-injecting proxy.
+The upload is read through the app's own reader (tilecommit/raster/source.py): every range GET
+pinned to the job's ETag with If-Match, every answer counted. Storage is Azurite behind the
+fault-injecting proxy (503 ServerBusy, reset connections, answers cut half-way), with the SDK's
+retries shortened so a refused read fails here in about a second.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
+import rasterio
+from azure.storage.blob import ExponentialRetry
 from rasterio.windows import Window as RioWindow
 
 from devhost.scenes import SceneSpec, write_scene
-from tilecommit.errors import InvalidRasterError, StorageFaultError, is_retryable
+from tilecommit.errors import InvalidRasterError, SourceChangedError, StorageFaultError, is_retryable
 from tilecommit.raster import inspect_source
 from tilecommit.raster.env import gdal_env
+from tilecommit.raster.source import LocalFile, PinnedBlob, open_upload
 from tilecommit.raster.tiles import encode_tile
-from tilecommit.raster.upload import open_upload, upload_gdal_options
 from tilecommit.settings import Settings
-from tilecommit.storage import StorageConnection, vsiaz_path
+from tilecommit.storage import StorageConnection
 
 from .storage_proxy import FaultPlan, FaultProxy
 
 SETTINGS = Settings(window_size=256)
-#: GDAL's own retries, shortened so a refused read fails in about a second here.
-QUICK_GDAL_RETRIES = {"GDAL_HTTP_MAX_RETRY": "1", "GDAL_HTTP_RETRY_DELAY": "0.2"}
+WINDOW = RioWindow(256, 0, 256, 256)
 
 
-def proxied(azurite, proxy: FaultProxy) -> StorageConnection:
-    return StorageConnection.from_connection_string(
-        azurite.connection_string.replace(f":{azurite.blob_port}/", f":{proxy.port}/")
-    )
+def quick_client(azurite, proxy: FaultProxy):
+    """Blob clients that send through ``proxy`` and give up after one quick retry."""
+    connection_string = azurite.connection_string.replace(f":{azurite.blob_port}/", f":{proxy.port}/")
+    retry = ExponentialRetry(initial_backoff=0, increment_base=1, retry_total=1, random_jitter_range=0)
+    return StorageConnection.from_connection_string(connection_string).blob_service(retry_policy=retry)
 
 
 @pytest.fixture
-def uploaded(container, tmp_path) -> str:
-    scene = write_scene(str(tmp_path / "scene.tif"), SceneSpec(512, 512, blocksize=256))
+def scene(tmp_path) -> str:
+    return write_scene(str(tmp_path / "scene.tif"), SceneSpec(512, 512, blocksize=256))
+
+
+@pytest.fixture
+def uploaded(container, scene) -> tuple[str, str]:
     with open(scene, "rb") as data:
-        container.upload_blob("scene.tif", data)
-    return vsiaz_path(container.container_name, "scene.tif")
+        etag = container.upload_blob("scene.tif", data).get_blob_properties().etag
+    return "scene.tif", etag
 
 
-@pytest.mark.parametrize("fault", ["busy", "reset"])
-def test_a_window_read_storage_refused_is_a_retryable_fault_and_the_same_handle_recovers(azurite, uploaded, fault):
-    plan = FaultPlan()
+def pinned_through(proxy: FaultProxy, azurite, container, name: str, etag: str) -> PinnedBlob:
+    blobs = quick_client(azurite, proxy)
+    return PinnedBlob(blobs.get_container_client(container.container_name).get_blob_client(name), etag)
+
+
+def local_window(path: str) -> np.ndarray:
+    with rasterio.open(path) as src:
+        return src.read(window=WINDOW)
+
+
+@pytest.mark.parametrize("fault", ["busy", "reset", "cut"])
+def test_a_window_read_storage_did_not_answer_in_full_is_a_retryable_fault_then_recovers(
+    azurite, container, uploaded, scene, fault
+):
+    plan = FaultPlan(applies=lambda method, path: method == "GET")
     with FaultProxy(f"http://127.0.0.1:{azurite.blob_port}", plan) as proxy:
-        options = {**proxied(azurite, proxy).gdal_options(), **upload_gdal_options(uploaded), **QUICK_GDAL_RETRIES}
-        window = RioWindow(256, 0, 256, 256)
-        with gdal_env(SETTINGS, options), open_upload(uploaded) as src:
+        source = pinned_through(proxy, azurite, container, *uploaded)
+        with gdal_env(SETTINGS), open_upload(source) as src:
             setattr(plan, fault, 1.0)
             with pytest.raises(StorageFaultError) as caught:
-                encode_tile(src, window, window_size=256)
+                encode_tile(src, WINDOW, window_size=256)
             setattr(plan, fault, 0.0)
-            body, _ = encode_tile(src, window, window_size=256)
-    assert is_retryable(caught.value)
-    assert "storage did not deliver the bytes" in str(caught.value)
-    assert "corrupt" not in str(caught.value)
-    assert proxy.injected[fault if fault == "busy" else "reset-before"] >= 1
-    assert body[:4] == b"II*\x00"
+            body, _ = encode_tile(src, WINDOW, window_size=256)
+    assert is_retryable(caught.value) and not isinstance(caught.value, InvalidRasterError)
+    assert "storage did not deliver bytes" in str(caught.value) and "corrupt" not in str(caught.value)
+    assert proxy.injected[fault if fault != "reset" else "reset-before"] + proxy.injected["reset-after"] >= 1
+    with rasterio.MemoryFile(body) as memory, memory.open() as tile:
+        np.testing.assert_array_equal(tile.read(), local_window(scene))
 
 
-def test_an_open_during_an_outage_is_a_fault_and_the_next_attempt_in_the_same_worker_succeeds(azurite, uploaded):
-    """GDAL caches "does not exist" for a file it could not open; the upload's options drop that
-    cache, so the activity's retry in the same process is not told the upload is missing."""
+def test_an_open_during_an_outage_is_a_fault_and_the_next_attempt_succeeds(azurite, container, uploaded):
     plan = FaultPlan(busy=1.0)
     with FaultProxy(f"http://127.0.0.1:{azurite.blob_port}", plan) as proxy:
-        options = {**proxied(azurite, proxy).gdal_options(), **QUICK_GDAL_RETRIES}
         with pytest.raises(StorageFaultError) as caught:
-            inspect_source(uploaded, settings=SETTINGS, gdal_options=options)
+            inspect_source(pinned_through(proxy, azurite, container, *uploaded), settings=SETTINGS)
         plan.busy = 0.0
-        scene = inspect_source(uploaded, settings=SETTINGS, gdal_options=options)
-    assert is_retryable(caught.value) and "503" in str(caught.value)
+        scene = inspect_source(pinned_through(proxy, azurite, container, *uploaded), settings=SETTINGS)
+    assert is_retryable(caught.value) and "corrupt" not in str(caught.value)
     assert (scene.width, scene.height) == (512, 512)
+
+
+def test_an_upload_overwritten_while_it_is_read_fails_once_naming_both_versions(container, uploaded, tmp_path):
+    name, etag = uploaded
+    source = PinnedBlob(container.get_blob_client(name), etag)
+    other = write_scene(str(tmp_path / "other.tif"), SceneSpec(512, 512, blocksize=256, seed=99))
+    with gdal_env(SETTINGS), open_upload(source) as src:
+        with open(other, "rb") as data:
+            new_etag = container.upload_blob(name, data, overwrite=True).get_blob_properties().etag
+        with pytest.raises(SourceChangedError) as caught:
+            encode_tile(src, WINDOW, window_size=256)
+    message = str(caught.value)
+    assert etag.strip('"') in message and new_etag.strip('"') in message, message
+    assert not is_retryable(caught.value)
+
+
+def test_an_upload_overwritten_before_it_is_opened_is_refused_by_the_service(container, uploaded, scene):
+    name, etag = uploaded
+    with open(scene, "rb") as data:
+        container.upload_blob(name, data, overwrite=True)  # same bytes, a new version
+    with pytest.raises(SourceChangedError, match="overwritten"):
+        inspect_source(PinnedBlob(container.get_blob_client(name), etag), settings=SETTINGS)
+
+
+def test_a_recorded_read_failure_fails_the_call_even_when_gdal_returned_pixels(scene):
+    """The contract itself, with a test double of the one fault that cannot be caused on demand:
+    GDAL accepting a short read and returning pixels (seen with its own /vsiaz/ reader during an
+    outage, under load). A range the reader could not fetch is recorded; GDAL's next read of the
+    window succeeds; the call still fails as a storage fault, and its pixels are never used."""
+
+    class FailsOnce(LocalFile):
+        failed = False
+
+        def _get(self, offset: int, length: int) -> bytes:
+            if offset > 0 and not self.failed:
+                self.failed = True
+                raise ConnectionResetError("connection reset by peer")
+            return super()._get(offset, length)
+
+    source = FailsOnce(scene)
+    refused = pytest.raises(StorageFaultError, match="connection reset")
+    with gdal_env(SETTINGS), open_upload(source) as src, refused, source.checked():
+        with pytest.raises(OSError):
+            source.fetch(10_000, 100)  # what a plugin read swallows: GDAL sees a short read
+        pixels = src.read(window=WINDOW)
+    np.testing.assert_array_equal(pixels, local_window(scene))  # GDAL's result was fine, and still refused
 
 
 def damage_block(path: Path, bx: int, by: int) -> None:
     """Overwrite one compressed block with bytes that do not inflate."""
-    import rasterio
-
     with rasterio.open(path) as src:
         offset = int(src.get_tag_item(f"BLOCK_OFFSET_{bx}_{by}", "TIFF", bidx=1))
         size = int(src.get_tag_item(f"BLOCK_SIZE_{bx}_{by}", "TIFF", bidx=1))
@@ -88,13 +147,20 @@ def damage_block(path: Path, bx: int, by: int) -> None:
         f.write(b"\xff" * size)
 
 
-def test_bytes_that_arrived_and_do_not_decode_are_corrupt_input(tmp_path):
+@pytest.mark.parametrize("where", ["local", "blob"])
+def test_bytes_that_arrived_and_do_not_decode_are_corrupt_input(tmp_path, container, where):
     path = Path(write_scene(str(tmp_path / "damaged.tif"), SceneSpec(512, 512, blocksize=256)))
     damage_block(path, 1, 0)
-    with gdal_env(SETTINGS, upload_gdal_options(str(path))), open_upload(str(path)) as src:
+    if where == "blob":
+        with path.open("rb") as data:
+            etag = container.upload_blob("damaged.tif", data).get_blob_properties().etag
+        source = PinnedBlob(container.get_blob_client("damaged.tif"), etag)
+    else:
+        source = LocalFile(str(path))
+    with gdal_env(SETTINGS), open_upload(source) as src:
         with pytest.raises(InvalidRasterError) as caught:
-            encode_tile(src, RioWindow(256, 0, 256, 256), window_size=256)
+            encode_tile(src, WINDOW, window_size=256)
         intact, _ = encode_tile(src, RioWindow(0, 0, 256, 256), window_size=256)
-    assert not is_retryable(caught.value)
+    assert not is_retryable(caught.value) and source.faults == []
     assert "col=256 row=0" in str(caught.value) and "corrupt" in str(caught.value)
     assert intact[:4] == b"II*\x00"

@@ -22,6 +22,7 @@ from rasterio.errors import RasterioIOError
 from tilecommit.errors import BadInputError, InvalidNameError, UnsupportedRasterError
 from tilecommit.raster import inspect_source
 from tilecommit.raster.scene import same_crs
+from tilecommit.raster.source import PinnedBlob
 from tilecommit.raster.upload import check_upload_content, describe_header
 from tilecommit.settings import Settings
 from tilecommit.storage import StorageConnection, vsiaz_path
@@ -70,7 +71,13 @@ def open_as_gdal_would(path: str):
             return None
 
 
-def assert_refused(path: str, gdal_options: dict | None = None) -> str:
+def pinned(container, name: str) -> PinnedBlob:
+    """The blob as the app reads an upload: at its current ETag, every read conditional."""
+    blob = container.get_blob_client(name)
+    return PinnedBlob(blob, blob.get_blob_properties().etag)
+
+
+def assert_refused(path, gdal_options: dict | None = None) -> str:
     with pytest.raises(BadInputError) as caught:
         inspect_source(path, settings=SETTINGS, gdal_options=gdal_options)
     message = str(caught.value)
@@ -145,7 +152,7 @@ def upload(container, name: str, path: str) -> None:
 
 
 def test_on_storage_sidecars_and_other_blobs_are_never_requested(tmp_path, new_container, azurite, trap):
-    """Through /vsiaz/, behind a recording proxy: the only blob GDAL asks for is the upload."""
+    """Through the pinned reader, behind a recording proxy: the only blob read is the upload."""
     uploads, other = new_container("up-"), new_container("secret-")
     upload(other, "secret.tif", geotiff(tmp_path / "secret.tif"))
     georeferenced = geotiff(tmp_path / "geo.tif")
@@ -157,7 +164,9 @@ def test_on_storage_sidecars_and_other_blobs_are_never_requested(tmp_path, new_c
 
     with RecordingProxy(azurite.blob_endpoint.rsplit("/", 1)[0]) as proxy:
         proxied = azurite.connection_string.replace(f":{azurite.blob_port}/", f":{proxy.port}/")
-        options = StorageConnection.from_connection_string(proxied).gdal_options()
+        connection = StorageConnection.from_connection_string(proxied)
+        options = connection.gdal_options()
+        through_proxy = connection.blob_service().get_container_client(uploads.container_name)
         steal = vsiaz_path(uploads.container_name, "scenes/steal.vrt")
 
         with rasterio.Env(**options):  # the control: GDAL left alone reads the other container's blob
@@ -165,13 +174,11 @@ def test_on_storage_sidecars_and_other_blobs_are_never_requested(tmp_path, new_c
         assert any(other.container_name in p for p in proxy.paths()), proxy.paths()
         del proxy.requests[:]
 
-        scene = inspect_source(
-            vsiaz_path(uploads.container_name, "scenes/geo.tif"), settings=SETTINGS, gdal_options=options
-        )
+        scene = inspect_source(pinned(through_proxy, "scenes/geo.tif"), settings=SETTINGS, gdal_options=options)
         assert scene.nodata is None and scene.mask == "none" and same_crs(scene.crs, "EPSG:32633")
-        message = assert_refused(steal, options)
+        message = assert_refused(pinned(through_proxy, "scenes/steal.vrt"), options)
         assert "GDAL VRT" in message
-        assert_refused(vsiaz_path(uploads.container_name, "scenes/fetch.tif"), options)
+        assert_refused(pinned(through_proxy, "scenes/fetch.tif"), options)
         asked = proxy.paths()
     assert asked and all("/scenes/" in p for p in asked), asked
     assert not [p for p in asked if any(s in p for s in (".aux.xml", ".tfw", ".msk", ".ovr"))], asked

@@ -20,9 +20,13 @@ from .mosaic import (
     mosaic_overview_levels,
 )
 from .scene import SUPPORTED_DTYPES, SceneInfo, inspect_source
+from .source import LocalFile, PinnedBlob, Source
 from .tiles import TileResult, encode_tile, render_tile, tile_overview_count
 
 __all__ = [
+    "LocalFile",
+    "PinnedBlob",
+    "Source",
     "BLOCK_SIZE",
     "SUPPORTED_DTYPES",
     "MosaicCheckError",

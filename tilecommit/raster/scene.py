@@ -8,7 +8,9 @@ accepted, so a job fails at once instead of retrying an input that can never wor
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -18,14 +20,13 @@ from rasterio.enums import MaskFlags
 from rasterio.errors import RasterioIOError
 from rasterio.windows import Window as RioWindow
 
-from ..errors import InvalidRasterError, StorageFaultError, UnsupportedRasterError
+from ..errors import InvalidRasterError, UnsupportedRasterError
 from ..grid import plan_windows
 from ..records import Record
 from ..settings import Settings
-from . import vsi
 from .env import gdal_env
-from .gdal_errors import recording, transport_fault
-from .upload import ACCEPTED_FORMATS, HEADER_BYTES, check_upload_content, open_upload, upload_gdal_options
+from .source import Source, as_source, open_upload, prefetch_window, source_of
+from .upload import ACCEPTED_FORMATS, HEADER_BYTES, check_upload_content, upload_gdal_options
 
 #: Sample types a tile COG, the mosaic and the quicklook handle (PREDICTOR 2 or 3 applies to all).
 SUPPORTED_DTYPES = ("uint8", "int8", "uint16", "int16", "uint32", "int32", "float32", "float64")
@@ -137,93 +138,35 @@ def crs_label(value: str | CRS) -> str:
     return f"{name!r} (WKT, no equivalent EPSG code)"
 
 
-def read_failure(exc: RasterioIOError, what: str, invalid: str, messages: list[str] | None = None) -> Exception:
-    """The error for a failed GDAL read: a transport fault (retry) or bytes that cannot be decoded.
+def read_classified(src, read: Callable[[], T], what: str, invalid: Callable[[Exception], str]) -> T:
+    """``read()`` on the open upload ``src``, with a failure called corrupt only when every byte arrived.
 
-    ``what`` names what was being read (for the fault's message); ``invalid`` is the refusal's
-    message, saying what is wrong and what would be accepted; ``messages`` are what GDAL said
-    during the read (its network layer reports HTTP errors and short reads there, while the
-    exception itself only says "Read failed").
+    The upload's reader records every read storage did not answer in full
+    (:mod:`.source`); when one failed during ``read()`` the result is a retryable
+    :class:`StorageFaultError` (or :class:`SourceChangedError`), whether GDAL raised or returned
+    pixels. Only a GDAL failure with no such record is :class:`InvalidRasterError`
+    (``invalid(exc)`` is its message): the bytes arrived and did not decode. The read is not
+    repeated on the same dataset to find out: GDAL can return a block on a second read after
+    failing to decode it (measured on the fuzz corpus: LZW "Not enough data", then a read that
+    succeeded, then one that failed again), so a repeat's success proves nothing.
     """
-    fault = transport_fault([str(exc), *(messages or [])])
-    if fault is None and _short_read(exc):
-        fault = "a block read got 0 bytes"
-    if fault is not None:
-        return StorageFaultError(f"reading {what} failed: storage did not deliver the bytes ({fault}): {exc}")
-    return InvalidRasterError(invalid)
-
-
-def _short_read(exc: BaseException) -> bool:
-    """GDAL's /vsiaz/ reports storage that stopped answering mid-read as a block read that
-    "got 0 bytes" (deeper in the exception chain, under "Read failed"), also when its network
-    messages were logged from another thread than the one recorded. A file whose blocks really
-    are missing reads short on every attempt too, so it still fails, after its retries, as a
-    storage fault instead of bad input."""
-    seen = 0
-    while exc is not None and seen < 8:
-        if "got 0 bytes" in str(exc):
-            return True
-        exc, seen = exc.__cause__ or exc.__context__, seen + 1
-    return False
-
-
-def read_classified(read: Callable[[], T], what: str, invalid: Callable[[Exception], str]) -> T:
-    """``read()``, with a failure called corrupt only when storage delivered every byte asked for.
-
-    GDAL's exception says only "Read failed"; what its network layer said while the read ran
-    tells a refused or cut transfer (an HTTP status, ``response_code=0``, a curl error, a
-    time-out, each after GDAL's own retries) from bytes that arrived and did not decode. The
-    first is a retryable :class:`StorageFaultError`; only the second is
-    :class:`InvalidRasterError` (``invalid(exc)`` is its message). The read is not repeated on
-    the same dataset to find out: GDAL can return a block on a second read after failing to
-    decode it (measured on the fuzz corpus: LZW "Not enough data", then a read that succeeded,
-    then one that failed again), so a repeat's success proves nothing.
-    """
-    with recording() as messages:
+    source = source_of(src)
+    # A dataset opened otherwise (a local file a test or benchmark opened itself) has no reader
+    # of ours to ask; the job's uploads are always opened with open_upload.
+    with source.checked() if source is not None else nullcontext():
         try:
             return read()
         except RasterioIOError as exc:
             failed = exc
-    raise read_failure(failed, what, invalid(failed), messages) from failed
+    raise InvalidRasterError(invalid(failed)) from failed
 
 
-def _explain_open_failure(
-    path: str, size: int | None, exc: RasterioIOError, messages: list[str] | None = None
-) -> Exception:
-    """Why a file that starts like a TIFF could not be opened: a storage fault, or damaged bytes."""
-    message = str(exc)
-    fault = transport_fault([message, *(messages or [])])
-    if fault is not None:
-        return StorageFaultError(f"reading {path} failed: storage did not deliver the bytes ({fault}): {message}")
-    return InvalidRasterError(
-        f"{path} starts like a TIFF but its header or directories cannot be read ({size} bytes): "
-        f"the file is truncated or corrupt ({message}); upload the complete file"
-    )
-
-
-def _read_header(path: str) -> tuple[bytes, int | None]:
-    """The first bytes and the size of ``path`` as GDAL's file layer sees it, before any driver runs."""
-    with recording() as messages:
-        found = vsi.probe(path, HEADER_BYTES)
-    if found is None:
-        raise RuntimeError("GDAL's file API cannot be reached through rasterio: the rasterio install is broken")
-    if found.exists:
-        if found.size is not None and len(found.head) < min(HEADER_BYTES, found.size):
-            # Fewer bytes than the file has: storage did not deliver them (a refused or cut GET
-            # after an answered HEAD), which says nothing about the upload's content.
-            fault = transport_fault(messages) or f"got {len(found.head)} of its first {HEADER_BYTES} bytes"
-            raise StorageFaultError(f"reading the first bytes of {path} failed: {fault}")
-        return found.head, found.size
-    # The file layer could not open it: missing, or storage did not answer. GTiff alone says which.
-    try:
-        with recording() as more:
-            open_upload(path).close()
-    except RasterioIOError as exc:
-        fault = transport_fault([str(exc), *messages, *more])
-        if fault is not None:
-            raise StorageFaultError(f"reading {path} failed: {fault}: {exc}") from exc
-        raise InvalidRasterError(f"{path} does not exist or cannot be read: {exc}") from exc
-    raise StorageFaultError(f"reading {path} failed: GDAL could not open it, then could")
+def _read_header(source: Source) -> tuple[bytes, int]:
+    """The first bytes and the size of the upload, read before any GDAL driver sees it."""
+    size = source.file_size
+    with source.checked():
+        head = source.read_at(0, HEADER_BYTES)
+    return head, size
 
 
 def _mask_kind(src) -> str:
@@ -322,7 +265,8 @@ def _block_window(src, bx: int, by: int) -> RioWindow:
 
 def _decode(path: str, src, window: RioWindow) -> None:
     read_classified(
-        lambda: src.read(window=window),
+        src,
+        lambda: (prefetch_window(src, window), src.read(window=window)),
         path,
         lambda exc: (
             f"{path} is corrupt: its pixels at column {int(window.col_off)}, row {int(window.row_off)} "
@@ -390,26 +334,34 @@ def scene_from_dataset(src, *, nbytes: int | None = None) -> SceneInfo:
     )
 
 
-def inspect_source(path: str, *, settings: Settings, gdal_options: dict | None = None) -> SceneInfo:
-    """Check that ``path`` (local or ``/vsiaz/{container}/{blob}``) is an upload this pipeline
-    accepts, and describe it.
+def inspect_source(
+    upload: str | os.PathLike | Source, *, settings: Settings, gdal_options: dict | None = None
+) -> SceneInfo:
+    """Check that ``upload`` (a local path, or a :class:`~.source.PinnedBlob`: one version of a
+    blob) is an upload this pipeline accepts, and describe it.
 
     The first bytes decide, before any GDAL driver parses the file, that it is a TIFF (see
-    :mod:`.upload`); it is then opened by the GTiff driver alone, with the network limited to
-    this one file. Raises :class:`InvalidRasterError` (not a TIFF; empty, truncated or corrupt)
-    or :class:`UnsupportedRasterError` (another format; no or rotated georeferencing, too many
-    pixels, absurd blocks, a sample type or band layout this pipeline does not handle), both
-    :class:`BadInputError`; :class:`StorageFaultError` when storage could not be read (retry).
+    :mod:`.upload`); it is then opened by the GTiff driver alone, every byte read through the
+    upload's counted reader (:mod:`.source`). Raises :class:`InvalidRasterError` (not a TIFF;
+    empty, truncated or corrupt) or :class:`UnsupportedRasterError` (another format; no or
+    rotated georeferencing, too many pixels, absurd blocks, a sample type or band layout this
+    pipeline does not handle), both :class:`BadInputError`; :class:`StorageFaultError` when
+    storage did not deliver every byte asked for (retry); :class:`SourceChangedError` when the
+    upload is no longer the version the job was started for.
     """
-    with gdal_env(settings, {**(gdal_options or {}), **upload_gdal_options(path)}):
-        head, size = _read_header(path)
+    source = as_source(upload)
+    path = source.name
+    with gdal_env(settings, {**(gdal_options or {}), **upload_gdal_options(source.path)}):
+        head, size = _read_header(source)
         check_upload_content(path, head, size)
         try:
-            with recording() as messages:
-                src = open_upload(path)
+            src = open_upload(source)
         except RasterioIOError as exc:
-            raise _explain_open_failure(path, size, exc, messages) from exc
-        with src:
+            raise InvalidRasterError(
+                f"{path} starts like a TIFF but its header or directories cannot be read ({size} bytes): "
+                f"the file is truncated or corrupt ({exc}); upload the complete file"
+            ) from exc
+        with src, source.checked():
             if src.count == 0:
                 raise InvalidRasterError(f"{path} has no raster bands; {ACCEPTED}")
             if src.width * src.height > settings.max_pixels:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -27,9 +28,10 @@ from ..grid import Window
 from ..records import Record
 from ..settings import Settings
 from .env import BLOCK_SIZE, NUM_THREADS, gdal_env
-from .gdal_errors import gdal_step, recording
-from .scene import has_colormap, overview_resampling_for, read_classified, read_failure
-from .upload import open_upload, upload_gdal_options
+from .gdal_errors import gdal_step
+from .scene import has_colormap, overview_resampling_for, read_classified
+from .source import Source, as_source, open_upload, prefetch_window
+from .upload import upload_gdal_options
 
 logger = logging.getLogger(__name__)
 
@@ -97,7 +99,12 @@ def encode_tile(
         window = RioWindow(window.col_off, window.row_off, window.width, window.height)
     started = time.perf_counter()
     data, mask = read_classified(
-        lambda: (src.read(window=window), src.dataset_mask(window=window) if _per_dataset_mask(src) else None),
+        src,
+        lambda: (
+            prefetch_window(src, window),
+            src.read(window=window),
+            src.dataset_mask(window=window) if _per_dataset_mask(src) else None,
+        )[1:],
         f"window {window} of {src.name}",
         lambda exc: (
             f"{src.name}: the pixels of window col={int(window.col_off)} row={int(window.row_off)} "
@@ -161,7 +168,7 @@ class TileResult(Record):
 
 
 def render_tile(
-    source_path: str,
+    upload: str | os.PathLike | Source,
     window: Window,
     *,
     job_id: str,
@@ -196,26 +203,26 @@ def render_tile(
         )
 
     name = jobs.tile_blob_name(job_id, window)
-    with gdal_env(settings, {**(gdal_options or {}), **upload_gdal_options(source_path)}, num_threads=num_threads):
+    source = as_source(upload)
+    with gdal_env(settings, {**(gdal_options or {}), **upload_gdal_options(source.path)}, num_threads=num_threads):
         try:
             # The GTiff driver alone: validate_source checked the content of this same version.
-            with recording() as messages:
-                src = open_upload(source_path)
+            src = open_upload(source)
         except RasterioIOError as exc:
-            raise read_failure(
-                exc, source_path, f"{source_path} cannot be opened to render window {window.id}: {exc}", messages
-            ) from exc
-        with src:
+            raise InvalidRasterError(f"{source.name} cannot be opened to render window {window.id}: {exc}") from exc
+        with src, source.checked():
             if window.col_off + window.width > src.width or window.row_off + window.height > src.height:
                 raise InvalidRasterError(
                     f"window {window.id} ({window.col_off},{window.row_off} {window.width}x{window.height}) lies "
                     f"outside the {src.width}x{src.height} source: the source changed since it was planned"
                 )
             where = f"col={window.col_off} row={window.row_off} {window.width}x{window.height}"
-            with gdal_step(f"rendering tile {window.id} of {source_path}", window=where):
+            with gdal_step(f"rendering tile {window.id} of {source.name}", window=where):
                 body, encode_timings = encode_tile(
                     src, window, window_size=settings.window_size, num_threads=num_threads
                 )
+    # Every read of this window was answered in full at the job's version (checked() above
+    # raised otherwise): only now may its tile be committed, once and for good.
     timings.update(encode_timings)
     digest = hashlib.sha256(body).hexdigest()
 

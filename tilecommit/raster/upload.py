@@ -15,8 +15,6 @@ docs/uploads.md for the whole list and the tests that show each.
 
 from __future__ import annotations
 
-import rasterio
-
 from ..errors import InvalidRasterError, UnsupportedRasterError
 
 #: How many leading bytes decide what a file is (enough for every signature below).
@@ -117,9 +115,3 @@ def upload_gdal_options(path: str) -> dict[str, str]:
     3.10 behind a proxy answering 503: the file stayed missing after the outage ended).
     """
     return {"CPL_VSIL_CURL_ALLOWED_FILENAME": path, "CPL_VSIL_CURL_NON_CACHED": path}
-
-
-def open_upload(path: str) -> rasterio.DatasetReader:
-    """Open an upload for reading with the GTiff driver alone (call inside :func:`gdal_env` with
-    :func:`upload_gdal_options`, after :func:`check_upload_content`)."""
-    return rasterio.open(path, driver=UPLOAD_DRIVER, **UPLOAD_OPEN_OPTIONS)

@@ -1,0 +1,409 @@
+"""The upload as GDAL reads it: one version of one blob, every byte fetched at that version and counted.
+
+GDAL's own ``/vsiaz/`` reader cannot pin a version, and when storage fails part-way through a
+read it does not always say so: during an outage a window read could come back all zeros with
+no error reaching rasterio, and that tile was then committed create-only, for good. So GDAL
+never talks to storage for an upload. It reads through rasterio's ``opener`` (a GDAL virtual
+file system plugin whose reads call Python), and every read it makes lands here:
+
+- each ranged GET carries ``If-Match`` with the job's ETag, so the service itself refuses bytes
+  of any other version (412: "the upload changed", never mixed into a tile of the old one);
+- each answer must hold every byte asked for (up to the end of the blob); a short, cut, refused
+  or failed read is a fault, **recorded here, by the reader**, whatever GDAL does with it next;
+- after every GDAL call on the source, :meth:`Source.checked` raises the first fault recorded
+  during that call, whether GDAL failed or returned pixels. Only a failure with no recorded
+  fault is the file's own: every byte arrived and did not decode.
+
+No log is parsed to tell a storage fault from a corrupt file, so one job's messages can never
+decide another job's fate. A local file (tests, benchmarks, the CLI) goes through the same
+plugin with the same counting (:class:`LocalFile`), so there is one read path.
+
+The plugin interface is rasterio's (``rasterio.abc.FileContainer``, rasterio 1.4's
+``_vsiopener.pyx``): GDAL stats and opens the path, makes small sequential reads for the
+header and directories, then reads block by block. Two facts of that bridge shape the code: an exception raised from
+``read`` is printed and becomes a 0-byte read, so ``read`` records and returns short, never
+raises; and nothing in it tells GDAL's caller that a read came back short, so the check after
+the call (:meth:`Source.checked`) is what makes a failed read fail.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import threading
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import rasterio
+from azure.core import MatchConditions
+from azure.core.exceptions import HttpResponseError, ResourceModifiedError, ResourceNotFoundError
+from rasterio.abc import FileContainer
+
+from ..errors import InvalidRasterError, SourceChangedError, StorageFaultError
+from .upload import UPLOAD_DRIVER, UPLOAD_OPEN_OPTIONS
+
+#: Small reads (GDAL walking the header and directories) are served from chunks of this size,
+#: so a TIFF's header costs a request or two instead of one per field.
+READ_AHEAD = 64 * 1024
+#: Bytes of fetched spans kept per source: a window's blocks, prefetched, and the directories.
+MAX_CACHED_BYTES = 64 * 1024 * 1024
+#: Prefetched ranges closer than this are fetched as one GET (the gap is discarded):
+#: a window's blocks in a row of blocks are neighbours in a COG, the next row is far away.
+MERGE_GAP = 64 * 1024
+#: GDAL threads that decode the upload's blocks: one, the caller's. GDAL's worker threads are a
+#: pool shared by every dataset in the process; one reading the upload calls back into Python
+#: and needs the GIL, while another Python thread can hold the GIL inside a GDAL call waiting
+#: for that pool: four concurrent render_tile activities deadlocked so (seen in gdb: pool
+#: workers in pyopener_seek waiting for the GIL, the activities in CPLJobQueue::WaitCompletion).
+#: Encoding the tile keeps its threads: it writes to /vsimem/ and never calls Python.
+UPLOAD_READ_THREADS = 1
+#: The largest single GET; larger spans are fetched in parts.
+MAX_GET = 32 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ReadFault:
+    """A read storage did not answer in full: which bytes, and why."""
+
+    name: str
+    offset: int
+    length: int
+    reason: str
+    #: "fault" (retry), "changed" (another version answered 412) or "missing" (404).
+    kind: str = "fault"
+
+
+class Source(FileContainer):
+    """One file for GDAL, served from :meth:`fetch`; every failed fetch kept in :attr:`faults`.
+
+    Subclasses say where the bytes come from (:meth:`_get`, :meth:`_size`) and what a recorded
+    fault means (:meth:`error_for`).
+    """
+
+    def __init__(self, name: str):
+        #: What messages call the file (the blob's container/name, or the local path).
+        self.name = name
+        #: The path rasterio registers the plugin for; GDAL sees it under a /vsiriopener_*/ prefix.
+        self.path = name.lstrip("/") or "source"
+        self.faults: list[ReadFault] = []
+        self.requests = 0
+        self._lock = threading.Lock()
+        #: Fetched byte spans ``(start, bytes)``, oldest first, at most MAX_CACHED_BYTES in all.
+        self._spans: list[tuple[int, bytes]] = []
+        self._known_size: int | None = None
+
+    # -- where the bytes come from ----------------------------------------------------------
+    def _size(self) -> int:
+        raise NotImplementedError
+
+    def _get(self, offset: int, length: int) -> bytes:
+        """Bytes ``offset`` .. ``offset + length`` (already clipped to the file); raise on any failure."""
+        raise NotImplementedError
+
+    def _fault_for(self, exc: BaseException, offset: int, length: int) -> ReadFault:
+        return ReadFault(self.name, offset, length, f"{type(exc).__name__}: {exc}".strip())
+
+    def error_for(self, fault: ReadFault) -> Exception:
+        return StorageFaultError(
+            f"reading {self.name} failed: storage did not deliver bytes {fault.offset}-"
+            f"{fault.offset + fault.length - 1} ({fault.reason}); the read is retried"
+        )
+
+    # -- counted reads -----------------------------------------------------------------------
+    @property
+    def file_size(self) -> int:
+        if self._known_size is None:
+            self._known_size = self._size()
+        return self._known_size
+
+    def fetch(self, offset: int, length: int) -> bytes:
+        """Exactly the bytes ``offset .. offset + length`` that exist (fewer only past the end).
+
+        Any failure, or fewer bytes than the file holds there, is recorded and raised as an
+        ``OSError``: the caller (GDAL, through the plugin) cannot be trusted to notice.
+        """
+        expected = max(0, min(length, self.file_size - offset))
+        if expected == 0:
+            return b""
+        try:
+            self.requests += 1
+            data = self._get(offset, expected)
+            if len(data) != expected:
+                raise OSError(f"got {len(data)} of {expected} bytes")
+        except Exception as exc:
+            fault = self._fault_for(exc, offset, expected)
+            with self._lock:
+                self.faults.append(fault)
+            raise OSError(fault.reason) from exc
+        return data
+
+    def _cached(self, offset: int, length: int) -> bytes | None:
+        with self._lock:
+            for start, data in reversed(self._spans):
+                if start <= offset and offset + length <= start + len(data):
+                    return data[offset - start : offset - start + length]
+        return None
+
+    def _keep(self, start: int, data: bytes) -> None:
+        with self._lock:
+            self._spans.append((start, data))
+            while len(self._spans) > 1 and sum(len(d) for _, d in self._spans) > MAX_CACHED_BYTES:
+                self._spans.pop(0)
+
+    def read_at(self, offset: int, length: int) -> bytes:
+        """Bytes for one of GDAL's reads: from a prefetched span, else fetched (small reads a chunk at a time)."""
+        length = max(0, min(length, self.file_size - offset))
+        if length == 0:
+            return b""
+        hit = self._cached(offset, length)
+        if hit is not None:
+            return hit
+        if length > READ_AHEAD:
+            return self.fetch(offset, length)
+        start = offset - offset % READ_AHEAD
+        data = self.fetch(start, max(READ_AHEAD, offset + length - start))
+        self._keep(start, data)
+        return data[offset - start : offset - start + length]
+
+    def prefetch(self, ranges: list[tuple[int, int]]) -> None:
+        """Fetch ``(offset, size)`` ranges GDAL is about to read (a window's blocks), neighbours
+        merged into one GET each, so its block-by-block reads are served without a request.
+
+        GDAL's own multi-range read is not offered to it: on a COG whose blocks are sparse it
+        returned other pixels than its plain reads of the same file (GDAL 3.10, the
+        ``cog_strile_arrays_zeroified_when_possible.tif`` fixture: band 1 all 255 instead of 0).
+        """
+        spans: list[list[int]] = []
+        for offset, size in sorted(r for r in ranges if r[1] > 0):
+            if spans and offset <= spans[-1][1] + MERGE_GAP and offset + size - spans[-1][0] <= MAX_GET:
+                spans[-1][1] = max(spans[-1][1], offset + size)
+            else:
+                spans.append([offset, offset + size])
+        for start, end in spans:
+            if self._cached(start, min(end, self.file_size) - start) is None:
+                self._keep(start, self.fetch(start, end - start))
+
+    # -- what a GDAL call may trust ----------------------------------------------------------
+    def raise_faults(self, since: int = 0, cause: BaseException | None = None) -> None:
+        """Raise the error for the first fault recorded since ``since`` (a :attr:`faults` length)."""
+        with self._lock:
+            recorded = self.faults[since:]
+        if not recorded:
+            return
+        changed = next((f for f in recorded if f.kind != "fault"), None)
+        error = self.error_for(changed or recorded[0])
+        if len(recorded) > 1:
+            error.args = (f"{error.args[0]} ({len(recorded)} reads failed)",)
+        raise error from cause
+
+    @contextmanager
+    def checked(self) -> Iterator[None]:
+        """Run GDAL calls on this source; a read that failed during them fails them, whatever GDAL returned."""
+        mark = len(self.faults)
+        try:
+            yield
+        except Exception as exc:
+            self.raise_faults(mark, cause=exc)
+            raise
+        self.raise_faults(mark)
+
+    # -- rasterio's plugin interface -------------------------------------------------------------
+    def _is_mine(self, path: str) -> bool:
+        # GDAL looks for companions (.ovr, .msk, .aux.xml) beside a file it opens; only the file
+        # itself exists here, so none is ever read.
+        return path.rstrip("/").endswith(self.path)
+
+    def open(self, path: str, mode: str = "rb", **kwds) -> SourceFile:
+        if "r" not in mode or any(m in mode for m in "wa+") or not self._is_mine(path):
+            raise FileNotFoundError(path)
+        return SourceFile(self)
+
+    def isfile(self, path: str) -> bool:
+        return self._is_mine(path)
+
+    def isdir(self, path: str) -> bool:
+        return False
+
+    def ls(self, path: str) -> list[str]:
+        return []
+
+    def mtime(self, path: str) -> int:
+        return 0
+
+    def rm(self, path: str) -> None:
+        raise PermissionError(f"{self.name} is read-only")
+
+    def size(self, path: str) -> int:
+        if not self._is_mine(path):
+            raise FileNotFoundError(path)
+        return self.file_size
+
+
+class SourceFile(io.RawIOBase):
+    """One open handle GDAL holds on a :class:`Source` (it may hold several, each with its position)."""
+
+    def __init__(self, source: Source):
+        super().__init__()
+        self._source = source
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: self._source.file_size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def read(self, size: int = -1) -> bytes:
+        if size is None or size < 0:
+            size = max(0, self._source.file_size - self._pos)
+        try:
+            data = self._source.read_at(self._pos, size)
+        except OSError:
+            return b""  # recorded by the source; raising here would only print and read 0 bytes
+        self._pos += len(data)
+        return data
+
+
+class LocalFile(Source):
+    """A file on this machine's disk, read through the same counted path as a blob."""
+
+    def __init__(self, path: str):
+        super().__init__(os.fspath(path))
+        self._local = os.fspath(path)
+
+    def _size(self) -> int:
+        try:
+            return os.path.getsize(self._local)
+        except FileNotFoundError:
+            raise InvalidRasterError(f"{self._local} does not exist") from None
+
+    def _get(self, offset: int, length: int) -> bytes:
+        with open(self._local, "rb") as f:
+            f.seek(offset)
+            return f.read(length)
+
+
+class PinnedBlob(Source):
+    """One version of a blob: its size read with ``If-Match``, every range GET with ``If-Match``.
+
+    ``etag`` is the version the job was started for. The service answers 412 to a request for
+    any other version, so bytes of a newer upload can never reach a tile of this job; the
+    first 412 fails the read with :class:`SourceChangedError` naming both versions.
+    """
+
+    def __init__(self, blob, etag: str):
+        super().__init__(f"{blob.container_name}/{blob.blob_name}")
+        self.blob = blob
+        self.etag = etag.strip('"')
+
+    def _condition(self) -> dict:
+        return {"etag": f'"{self.etag}"', "match_condition": MatchConditions.IfNotModified}
+
+    def _size(self) -> int:
+        try:
+            self.requests += 1
+            return int(self.blob.get_blob_properties(**self._condition()).size)
+        except (ResourceModifiedError, ResourceNotFoundError) as exc:
+            raise self.error_for(self._fault_for(exc, 0, 0)) from exc
+        except HttpResponseError as exc:
+            if exc.status_code in (404, 412):
+                raise self.error_for(self._fault_for(exc, 0, 0)) from exc
+            raise StorageFaultError(
+                f"reading the properties of {self.name} failed: {exc.reason or exc}", status=exc.status_code
+            ) from exc
+
+    def _get(self, offset: int, length: int) -> bytes:
+        stream = self.blob.download_blob(offset=offset, length=length, max_concurrency=1, **self._condition())
+        return stream.readall()
+
+    def _fault_for(self, exc: BaseException, offset: int, length: int) -> ReadFault:
+        status = getattr(exc, "status_code", None) or getattr(getattr(exc, "__cause__", None), "status_code", None)
+        if status == 412:
+            return ReadFault(self.name, offset, length, "the service refused it: another version is stored", "changed")
+        if status == 404 or isinstance(exc, ResourceNotFoundError):
+            return ReadFault(self.name, offset, length, "the blob no longer exists", "missing")
+        return super()._fault_for(exc, offset, length)
+
+    def current_etag(self) -> str | None:
+        """The ETag storage holds now (for a message only); None when it cannot be read."""
+        try:
+            return self.blob.get_blob_properties().etag.strip('"')
+        except Exception:  # noqa: BLE001 - the message says "unknown" instead
+            return None
+
+    def error_for(self, fault: ReadFault) -> Exception:
+        if fault.kind == "missing":
+            return SourceChangedError(
+                f"the upload {self.name!r} was deleted (the job was started for ETag {self.etag})"
+            )
+        if fault.kind == "changed":
+            now = self.current_etag() or "unknown"
+            return SourceChangedError(
+                f"the upload {self.name!r} was overwritten: the job was started for ETag {self.etag}, storage now "
+                f"holds ETag {now}; the new version is a job of its own, and nothing of it went into this one"
+            )
+        return super().error_for(fault)
+
+
+#: The source behind each open dataset (a dataset is a Python object; the plugin's files are not).
+_SOURCES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def as_source(path_or_source: str | os.PathLike | Source) -> Source:
+    return path_or_source if isinstance(path_or_source, Source) else LocalFile(path_or_source)
+
+
+def open_upload(path_or_source: str | os.PathLike | Source) -> rasterio.DatasetReader:
+    """Open an upload with the GTiff driver alone, every byte read through its :class:`Source`.
+
+    Call inside :func:`~tilecommit.raster.env.gdal_env` with
+    :func:`~tilecommit.raster.upload.upload_gdal_options`, after the content check. The open
+    itself runs under :meth:`Source.checked`: a directory read that failed is a fault, not a
+    corrupt file.
+    """
+    source = as_source(path_or_source)
+    source.file_size  # noqa: B018 - the version check and size, raised as ours before GDAL stats the file
+    with source.checked():
+        dataset = rasterio.open(
+            source.path, driver=UPLOAD_DRIVER, opener=source, **UPLOAD_OPEN_OPTIONS, NUM_THREADS=UPLOAD_READ_THREADS
+        )
+    _SOURCES[dataset] = source
+    return dataset
+
+
+def source_of(dataset) -> Source | None:
+    """The :class:`Source` an open dataset reads through (None for one opened otherwise)."""
+    return _SOURCES.get(dataset)
+
+
+def window_ranges(src, col_off: int, row_off: int, width: int, height: int) -> list[tuple[int, int]]:
+    """``(offset, size)`` of every full-resolution block a window of ``src`` touches, from its own tags."""
+    block_h, block_w = src.block_shapes[0]
+    bands = range(1, src.count + 1) if src.interleaving is not None and src.interleaving.name == "BAND" else (1,)
+    ranges = []
+    for band in bands:
+        for by in range(row_off // block_h, -(-(row_off + height) // block_h)):
+            for bx in range(col_off // block_w, -(-(col_off + width) // block_w)):
+                offset = src.get_tag_item(f"BLOCK_OFFSET_{bx}_{by}", "TIFF", bidx=band)
+                size = src.get_tag_item(f"BLOCK_SIZE_{bx}_{by}", "TIFF", bidx=band)
+                if offset is not None and size is not None:
+                    ranges.append((int(offset), int(size)))
+    return ranges
+
+
+def prefetch_window(src, window) -> None:
+    """Fetch the blocks a window read of an upload opened with :func:`open_upload` will ask for."""
+    source = source_of(src)
+    if source is not None:
+        col, row = int(window.col_off), int(window.row_off)
+        source.prefetch(window_ranges(src, col, row, int(window.width), int(window.height)))
