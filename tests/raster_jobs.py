@@ -37,8 +37,7 @@ def assemble(scene, settings, stores, storage, job_id: str = JOB, **kwargs):
         output=stores["output"],
         manifest=stores["manifest"],
         settings=settings,
-        gdal_options=storage.gdal_options(),
-        **kwargs,
+        **{"gdal_options": storage.gdal_options(), **kwargs},
     )
 
 

@@ -171,7 +171,10 @@ def test_an_attempt_stops_streaming_when_another_commits_the_mosaic(rendered, st
                     sha256=first.sha256,
                     content_type=mosaic_module.COG_CONTENT_TYPE,
                     job_id=JOB,
-                    metadata={mosaic_module.OVERVIEW_LEVELS_METADATA_KEY: str(first.overview_levels)},
+                    metadata={
+                        mosaic_module.OVERVIEW_LEVELS_METADATA_KEY: str(first.overview_levels),
+                        mosaic_module.METHOD_METADATA_KEY: "blocks",
+                    },
                 )
                 is gates.Outcome.WRITTEN
             )

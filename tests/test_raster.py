@@ -660,7 +660,9 @@ def test_a_lost_commit_response_is_resolved_from_the_stored_sha256(output, monke
 
 def test_a_committed_mosaic_that_fails_its_check_raises(rendered, stores, storage, monkeypatch):
     """The committed blob is checked again through /vsiaz/: bytes that differ from the checked plan (here the
-    georeferencing, altered on its way to storage) raise MosaicCheckError after the commit."""
+    georeferencing, altered on its way to storage) raise MosaicCheckError after the commit: the stored head
+    is not the planned one (a streamed mosaic's head is compared as a server-side one's is), and the message
+    says how to repair it."""
     import struct
 
     from tilecommit.raster import mosaic as mosaic_module
@@ -677,7 +679,7 @@ def test_a_committed_mosaic_that_fails_its_check_raises(rendered, stores, storag
         return original_write(self, data)
 
     monkeypatch.setattr(mosaic_module.StagedBlockSink, "write", corrupting_write)
-    with pytest.raises(MosaicCheckError, match="committed mosaic .* is wrong: transform"):
+    with pytest.raises(MosaicCheckError, match="committed mosaic .*: its head differs from the planned.*--repair"):
         assemble(scene, settings, stores, storage, method="blocks")
     # Left in place to be examined (a bug, not a fault).
     assert blob_names(stores["output"]) == [jobs.mosaic_blob_name(JOB)]

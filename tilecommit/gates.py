@@ -168,6 +168,49 @@ def stored_blob_sha256(blob: BlobClient, digest_key: str = SHA256_METADATA_KEY) 
     return (props.metadata or {}).get(digest_key), props.etag
 
 
+@dataclass(frozen=True)
+class StoredBlob:
+    """One stored version of a blob, as a record of it must describe it: ETag, size, sha256 of its bytes."""
+
+    etag: str
+    nbytes: int
+    sha256: str
+
+
+def content_sha256(blob: BlobClient, etag: str | None = None) -> str:
+    """The sha256 of the blob's bytes, read in full (pinned to ``etag`` when given: ``If-Match``).
+
+    A version replaced while it is read (412) is a :class:`StorageFaultError` to retry: the next
+    attempt reads whichever version is stored then.
+    """
+    digest = hashlib.sha256()
+    conditions = {"etag": etag, "match_condition": MatchConditions.IfNotModified} if etag else {}
+    try:
+        for chunk in blob.download_blob(max_concurrency=1, **conditions).chunks():
+            digest.update(chunk)
+    except HttpResponseError as exc:
+        if exc.status_code == 412:
+            raise StorageFaultError(f"{blob.blob_name!r} was replaced while its bytes were read (was {etag})") from exc
+        raise storage_fault("reading the bytes of", blob.blob_name, exc) from exc
+    except _TRANSPORT_FAULTS as exc:
+        raise storage_fault("reading the bytes of", blob.blob_name, exc) from exc
+    return digest.hexdigest()
+
+
+def stored_blob(blob: BlobClient) -> StoredBlob | None:
+    """What storage holds under ``blob``'s key (None: nothing). The sha256 is the one the gates
+    store in the blob's metadata; a blob written without one (by another writer) has its bytes
+    read, pinned to the ETag of the same HEAD, and hashed."""
+    try:
+        props = blob.get_blob_properties()
+    except ResourceNotFoundError:
+        return None
+    except (HttpResponseError, *_TRANSPORT_FAULTS) as exc:
+        raise storage_fault("reading the properties of", blob.blob_name, exc) from exc
+    digest = (props.metadata or {}).get(SHA256_METADATA_KEY) or content_sha256(blob, props.etag)
+    return StoredBlob(etag=props.etag, nbytes=int(props.size), sha256=digest)
+
+
 def _put(
     blob: BlobClient,
     body: bytes,
@@ -280,16 +323,37 @@ def commit_blob_versioned(
     content_type: str = "image/tiff",
     metadata: dict[str, str] | None = None,
     job_id: str = "",
-) -> tuple[Outcome, str | None]:
-    """:func:`commit_blob`, plus the ETag of the version that holds the key afterwards: from the
-    Put Blob's answer when it wrote, else read from the stored blob (one HEAD more)."""
-    outcome, answer, blob = _commit_blob(
+) -> tuple[Outcome, StoredBlob]:
+    """:func:`commit_blob`, plus the version that holds the key afterwards (:class:`StoredBlob`).
+
+    When this call wrote, that is our body with the ETag of the Put Blob's answer. Otherwise it
+    is the stored version (:func:`stored_blob`), whatever we encoded: a record of the blob (a
+    manifest row, which assembly pins to its ETag and checks by size) must describe the bytes
+    storage holds, not ours. Where they differ (an encoder that changed between the two writes,
+    or another writer) the refusal was already logged and counted as a content mismatch by
+    :func:`create_once`; it is not an error by itself.
+    """
+    outcome, answer, blob, digest = _commit_blob(
         container, name, body, content_type=content_type, metadata=metadata, job_id=job_id
     )
-    etag = answer.get("etag")
-    if etag is None:
-        _, etag = stored_blob_sha256(blob)
-    return outcome, etag
+    if outcome is Outcome.WRITTEN and answer.get("etag"):
+        return outcome, StoredBlob(etag=answer["etag"], nbytes=len(body), sha256=digest)
+    held = stored_blob(blob)
+    if held is None:
+        raise StorageFaultError(f"{name!r} vanished right after its create was answered ({outcome})")
+    if held.sha256 != digest:
+        logger.warning(
+            "%r holds other bytes than ours (job_id=%s): recording the stored version (%d bytes, sha256 %s, etag %s), "
+            "not ours (%d bytes, sha256 %s)",
+            name,
+            job_id or "-",
+            held.nbytes,
+            held.sha256,
+            held.etag,
+            len(body),
+            digest,
+        )
+    return outcome, held
 
 
 def _commit_blob(
@@ -300,7 +364,7 @@ def _commit_blob(
     content_type: str,
     metadata: dict[str, str] | None,
     job_id: str,
-) -> tuple[Outcome, dict[str, Any], BlobClient]:
+) -> tuple[Outcome, dict[str, Any], BlobClient, str]:
     body = bytes(body)
     digest = sha256_hex(body)
     blob = _single_put_client(container, name, len(body))
@@ -311,7 +375,7 @@ def _commit_blob(
         # MatchConditions.IfMissing raises TypeError in the SDK: docs/design.md, 'Storage semantics'.)
         answer.update(_put(blob, body, digest=digest, content_type=content_type, metadata=metadata, overwrite=False))
 
-    return create_once(blob, put, digest=digest, job_id=job_id), answer, blob
+    return create_once(blob, put, digest=digest, job_id=job_id), answer, blob, digest
 
 
 def repair_blob(
@@ -551,6 +615,9 @@ __all__ = [
     "create_entity_once",
     "is_create_rejection",
     "stored_blob_sha256",
+    "stored_blob",
+    "StoredBlob",
+    "content_sha256",
     "sha256_hex",
     "SHA256_METADATA_KEY",
     "MAX_PUT_BLOB_BYTES",

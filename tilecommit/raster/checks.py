@@ -19,7 +19,7 @@ from ..grid import plan_windows
 from ..settings import Settings
 from ..storage import vsiaz_path
 from .env import BLOCK_SIZE, gdal_env
-from .gdal_errors import gdal_step
+from .gdal_errors import gdal_step, recording, transport_fault
 from .pyramid import pyramid_problems
 from .scene import SceneInfo, crs_label, same_crs
 
@@ -88,45 +88,58 @@ def check_mosaic_file(
     Only directories are read, never a block. GDAL's COG validator passes a file with missing
     overview levels (docs/design.md, 'GDAL settings and raster figures'), so the levels are counted here, and their sizes checked.
     """
+    # GDAL's messages are kept: a problem seen while storage failed to deliver bytes (a directory
+    # read that was refused can look like a missing level) proves nothing about the file.
     with (
+        recording() as messages,
         gdal_env(settings, gdal_options),
         gdal_step(f"checking {label or path}"),
         rasterio.open(path) as src,
     ):
-        problems = []
-        if (src.width, src.height, src.count) != (scene.width, scene.height, scene.count):
-            problems.append(f"size {src.width}x{src.height}x{src.count}")
-        if src.dtypes[0] != scene.dtype:
-            problems.append(f"dtype {src.dtypes[0]}")
-        if not src.transform.almost_equals(scene.affine, precision=1e-9):
-            problems.append(f"transform {tuple(src.transform)[:6]}")
-        if not same_crs(src.crs, scene.crs):
-            found = "none" if src.crs is None else crs_label(src.crs)
-            problems.append(f"crs {found} is not equivalent to the source's {crs_label(scene.crs)}")
-        if (src.nodata is None) != (scene.nodata is None) or (
-            scene.nodata is not None
-            and not (math.isnan(scene.nodata) and math.isnan(src.nodata))
-            and src.nodata != scene.nodata
-        ):
-            problems.append(f"nodata {src.nodata}")
-        if scene.mask == "per-dataset" and not all(MaskFlags.per_dataset in flags for flags in src.mask_flag_enums):
-            problems.append("no internal mask, while the source has one")
-        if scene.colorinterp and [ci.name for ci in src.colorinterp] != scene.colorinterp:
-            problems.append(
-                f"colour interpretation {[ci.name for ci in src.colorinterp]} instead of {scene.colorinterp}"
+        problems = _mosaic_problems(src, path, scene, levels)
+    if problems:
+        what = label or f"assembled mosaic {path}"
+        fault = transport_fault(messages)
+        if fault is not None:
+            raise StorageFaultError(
+                f"checking {what} could not finish: storage did not deliver the bytes ({fault}); "
+                "what was read said: " + "; ".join(problems)
             )
-        factors = src.overviews(1)
-        if len(factors) != levels:
-            problems.append(f"{len(factors)} overview levels instead of {levels}")
-        sizes = [(src.width, src.height)]
-        for level in range(len(factors)):
-            with rasterio.open(path, overview_level=level) as overview:
-                sizes.append((overview.width, overview.height))
-        problems += pyramid_problems(sizes)
-        if src.block_shapes[0] != (BLOCK_SIZE, BLOCK_SIZE) and (src.width > BLOCK_SIZE or src.height > BLOCK_SIZE):
-            problems.append(f"blocks {src.block_shapes[0]}")
-        if problems:
-            raise MosaicCheckError(f"{label or f'assembled mosaic {path}'} is wrong: " + "; ".join(problems))
+        raise MosaicCheckError(f"{what} is wrong: " + "; ".join(problems))
+
+
+def _mosaic_problems(src, path: str, scene: SceneInfo, levels: int) -> list[str]:
+    problems = []
+    if (src.width, src.height, src.count) != (scene.width, scene.height, scene.count):
+        problems.append(f"size {src.width}x{src.height}x{src.count}")
+    if src.dtypes[0] != scene.dtype:
+        problems.append(f"dtype {src.dtypes[0]}")
+    if not src.transform.almost_equals(scene.affine, precision=1e-9):
+        problems.append(f"transform {tuple(src.transform)[:6]}")
+    if not same_crs(src.crs, scene.crs):
+        found = "none" if src.crs is None else crs_label(src.crs)
+        problems.append(f"crs {found} is not equivalent to the source's {crs_label(scene.crs)}")
+    if (src.nodata is None) != (scene.nodata is None) or (
+        scene.nodata is not None
+        and not (math.isnan(scene.nodata) and math.isnan(src.nodata))
+        and src.nodata != scene.nodata
+    ):
+        problems.append(f"nodata {src.nodata}")
+    if scene.mask == "per-dataset" and not all(MaskFlags.per_dataset in flags for flags in src.mask_flag_enums):
+        problems.append("no internal mask, while the source has one")
+    if scene.colorinterp and [ci.name for ci in src.colorinterp] != scene.colorinterp:
+        problems.append(f"colour interpretation {[ci.name for ci in src.colorinterp]} instead of {scene.colorinterp}")
+    factors = src.overviews(1)
+    if len(factors) != levels:
+        problems.append(f"{len(factors)} overview levels instead of {levels}")
+    sizes = [(src.width, src.height)]
+    for level in range(len(factors)):
+        with rasterio.open(path, overview_level=level) as overview:
+            sizes.append((overview.width, overview.height))
+    problems += pyramid_problems(sizes)
+    if src.block_shapes[0] != (BLOCK_SIZE, BLOCK_SIZE) and (src.width > BLOCK_SIZE or src.height > BLOCK_SIZE):
+        problems.append(f"blocks {src.block_shapes[0]}")
+    return problems
 
 
 def check_planned_mosaic(head: bytes, scene: SceneInfo, levels: int, *, settings: Settings, job_id: str = "") -> None:
@@ -156,6 +169,15 @@ def blob_properties(container: ContainerClient, name: str):
         ) from exc
 
 
+def repair_instruction(job_id: str) -> str:
+    """What the operator does about a committed output known bad: no re-run can complete over it
+    (every assembly verifies the existing mosaic first), so it has to be repaired."""
+    return (
+        f"job {job_id} cannot complete over it: repair it with `python -m devhost verify {job_id} --repair` "
+        "(local host) or the `verify_scene` orchestration (Azure)"
+    )
+
+
 def verify_committed_mosaic(
     output: ContainerClient,
     name: str,
@@ -165,24 +187,38 @@ def verify_committed_mosaic(
     settings: Settings,
     gdal_options: dict | None,
     nbytes: int | None = None,
-    evidence: tuple[str, str] | None = None,
+    metadata: dict[str, str | None] | None = None,
     head: bytes | None = None,
+    hash_content_from: str | None = None,
 ) -> None:
-    """The checks of :func:`check_mosaic_file`, on the committed blob through /vsiaz/ (directories only).
+    """The checks of :func:`check_mosaic_file`, on the committed blob through /vsiaz/ (directories only),
+    after those of what the assembly planned:
 
-    When this call committed it: the stored size must be ``nbytes``, the metadata ``evidence``
-    (key, value: the streamed sha256, or a server-side plan's digest) ours, and the blob must
-    begin with ``head`` (the planned header and directories: one ranged read). Raises
-    :class:`MosaicCheckError`.
+    - ``nbytes``: the stored size;
+    - ``metadata``: what the blob's metadata must hold, key by key (the level count, the method,
+      the evidence: a streamed sha256 or a server-side plan's digest); None for a value this
+      call cannot know, which must then be present;
+    - ``head``: the planned header and directories the blob must begin with (one ranged read);
+    - ``hash_content_from``: a metadata key holding a sha256 the stored bytes must hash to (one
+      full read, pinned to the version checked), for a streamed mosaic whose sha256 this call
+      cannot know.
+
+    Raises :class:`MosaicCheckError` when the mosaic is known bad, and a retryable
+    :class:`StorageFaultError` (or :class:`GdalStepError`) when reading it back failed: a check
+    that could not finish never passes.
     """
     props = blob_properties(output, name)
     if props is None:
         raise StorageFaultError(f"{name} vanished after it was committed")
     problems = []
+    stored = props.metadata or {}
     if nbytes is not None and int(props.size) != nbytes:
         problems.append(f"{props.size} bytes, {nbytes} were planned")
-    if evidence is not None and (props.metadata or {}).get(evidence[0]) != evidence[1]:
-        problems.append(f"{evidence[0]} {(props.metadata or {}).get(evidence[0])}, ours is {evidence[1]}")
+    for key, value in (metadata or {}).items():
+        if not stored.get(key):
+            problems.append(f"no {key} in its metadata")
+        elif value is not None and stored[key] != value:
+            problems.append(f"{key} {stored[key]}, ours is {value}")
     if head is not None:
         try:
             stored_head = output.download_blob(name, offset=0, length=len(head), max_concurrency=1).readall()
@@ -190,6 +226,11 @@ def verify_committed_mosaic(
             raise StorageFaultError(f"reading the head of {name} failed: {exc}") from exc
         if stored_head != head:
             problems.append("its head differs from the planned header and directories")
+    if hash_content_from and not problems:
+        recorded = stored.get(hash_content_from)
+        found = gates.content_sha256(output.get_blob_client(name), props.etag)
+        if found != recorded:
+            problems.append(f"its bytes hash to {found}, its {hash_content_from} says {recorded}")
     if problems:
         raise MosaicCheckError(f"committed mosaic {name}: " + "; ".join(problems))
     remote = vsiaz_path(output.container_name, name)

@@ -19,6 +19,9 @@ cannot be block-copied.
 Either way the planned or written mosaic is checked (:mod:`.checks`: size, bands,
 georeferencing, every overview level) before it is committed, with one Put Block List (or Put
 Blob) carrying ``If-None-Match: *``, and the committed blob is checked again through /vsiaz/.
+A mosaic that is already there, whoever committed it, is verified the same way against what the
+tiles make before anyone calls it done (:func:`_verify_mosaic`); one known bad fails the
+assembly, every time, saying how to repair it.
 No claim: each attempt stages under block ids of its own (:mod:`.attempt`).
 """
 
@@ -29,6 +32,7 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -47,6 +51,7 @@ from .checks import (
     check_manifest,
     check_mosaic_file,
     check_planned_mosaic,
+    repair_instruction,
     verify_committed_mosaic,
 )
 from .copy_plan import CopyRange, plan_copy
@@ -64,8 +69,28 @@ OVERVIEW_LEVELS_METADATA_KEY = "overview_levels"
 #: Blob metadata key of a server-side mosaic's evidence: the sha256 of its plan (head, ranges and
 #: the tile versions they come from), since no one reads its bytes to hash them.
 PLAN_SHA256_METADATA_KEY = "plan_sha256"
+#: Blob metadata key naming the path that made the mosaic: one of :data:`COMMITTED_METHODS`.
+METHOD_METADATA_KEY = "method"
 COG_CONTENT_TYPE = "image/tiff; application=geotiff; profile=cloud-optimized"
 METHODS = ("auto", "server", "blocks", "vrt")
+COMMITTED_METHODS = ("server", "blocks", "vrt")
+
+
+@dataclass(frozen=True)
+class PlannedMosaic:
+    """What an assembly knows its mosaic must be, to verify a committed one against.
+
+    ``method`` is the path that planned it; ``evidence`` the metadata (key, value) its commit
+    carries: a streamed sha256, or a server-side plan's digest. ``nbytes`` is its planned size
+    and ``head`` its planned header and directories (block copy only: a VRT mosaic has no head
+    before GDAL has written the whole file).
+    """
+
+    method: str
+    levels: int
+    evidence: tuple[str, str]
+    nbytes: int | None = None
+    head: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -85,6 +110,42 @@ class MosaicResult(Record):
     JSON_IN = {"timings": lambda timings: dict(timings or {}), "transfer": lambda counts: dict(counts or {})}
 
 
+def _plan_copy(job_id: str, scene: SceneInfo, layout, windows, summary, settings: Settings):
+    """The block-copy mosaic's head (checked: :func:`check_planned_mosaic`), size and copy plan,
+    and the tile versions (ETags from the manifest rows) its ranges are pinned to."""
+    head, order, total = layout.writer.block_order(layout.directories)
+    check_planned_mosaic(head, scene, layout.levels, settings=settings, job_id=job_id)
+    plan = plan_copy(head, order, total, leaders=layout.writer.leaders, trailers=layout.writer.trailers)
+    versions = {w.id: summary.entries[w.id].etag for w in windows}
+    return head, total, plan, versions
+
+
+def _plan_block_copy(
+    job_id: str,
+    scene: SceneInfo,
+    windows,
+    summary,
+    *,
+    tiles: ContainerClient,
+    settings: Settings,
+    workdir: str,
+    timings: dict[str, float],
+) -> PlannedMosaic:
+    """The block-copy mosaic these tiles make, planned (tile heads, coarse levels) and not staged:
+    what an existing block-copied mosaic must be. Raises :class:`IncompatibleTilesError`."""
+    with ThreadPoolExecutor(max_workers=FETCH_THREADS, thread_name_prefix="tilefetch") as executor:
+        layout = prepare_block_copy(
+            scene, windows, summary, tiles=tiles, settings=settings, workdir=workdir, timings=timings, executor=executor
+        )
+        try:
+            head, total, plan, versions = _plan_copy(job_id, scene, layout, windows, summary, settings)
+        finally:
+            layout.close()
+    return PlannedMosaic(
+        "server", layout.levels, (PLAN_SHA256_METADATA_KEY, plan.digest(versions)), nbytes=total, head=head
+    )
+
+
 def _server_side(
     job_id: str,
     scene: SceneInfo,
@@ -96,10 +157,10 @@ def _server_side(
     settings: Settings,
     workdir: str,
     timings: dict[str, float],
-) -> tuple[list[str], int, int, str, bytes, dict]:
+) -> tuple[list[str], PlannedMosaic, dict]:
     """Plan the block-copy mosaic, check its head, and have the service stage it (:mod:`.server_copy`).
 
-    Returns (block ids, levels, planned size, plan digest, head, byte counts). Nothing is committed.
+    Returns (block ids, the planned mosaic, byte counts). Nothing is committed.
     """
     mosaic_name = jobs.mosaic_blob_name(job_id)
     with ThreadPoolExecutor(max_workers=FETCH_THREADS, thread_name_prefix="tilefetch") as executor:
@@ -108,12 +169,9 @@ def _server_side(
         )
         try:
             started = time.perf_counter()
-            head, order, total = layout.writer.block_order(layout.directories)
-            check_planned_mosaic(head, scene, layout.levels, settings=settings, job_id=job_id)
-            plan = plan_copy(head, order, total, leaders=layout.writer.leaders, trailers=layout.writer.trailers)
+            head, total, plan, versions = _plan_copy(job_id, scene, layout, windows, summary, settings)
             timings["check"] = time.perf_counter() - started
             entries = summary.entries
-            versions = {w.id: entries[w.id].etag for w in windows}
             unpinned = [w for w, etag in versions.items() if not etag]
             if unpinned:
                 logger.warning(
@@ -144,7 +202,76 @@ def _server_side(
         "staged_blocks": len(block_ids),
         "copy_ranges": sum(isinstance(p, CopyRange) for p in plan.pieces),
     }
-    return block_ids, layout.levels, total, plan.digest(versions), head, counts
+    planned = PlannedMosaic(
+        "server", layout.levels, (PLAN_SHA256_METADATA_KEY, plan.digest(versions)), nbytes=total, head=head
+    )
+    return block_ids, planned, counts
+
+
+def _verify_mosaic(
+    job_id: str,
+    scene: SceneInfo,
+    planned: PlannedMosaic | None,
+    plan_block_copy: Callable[[], PlannedMosaic],
+    *,
+    output: ContainerClient,
+    settings: Settings,
+    gdal_options: dict | None,
+    timings: dict[str, float],
+):
+    """Verify the committed mosaic before it counts as done, whoever committed it; its properties.
+
+    It must be what these tiles make, as far as that is known without building it again:
+    committed by an assembly (its metadata names the method, the level count and the evidence);
+    a block-copied one (``server``, ``blocks``) of the planned size, beginning with the planned
+    header and directories, its evidence ours where the methods agree (``plan_block_copy`` plans
+    it when this attempt has no block-copy plan: tile heads and coarse levels, nothing staged);
+    a streamed sha256 this attempt cannot know, matched by the stored bytes (one full read); and
+    every check of a fresh mosaic (:func:`verify_committed_mosaic`, :func:`check_mosaic_file`).
+
+    A mosaic known bad raises :class:`MosaicCheckError` saying how to repair it (a re-run would
+    meet the same mosaic); a check that storage kept from finishing raises a retryable fault.
+    """
+    name = jobs.mosaic_blob_name(job_id)
+    started = time.perf_counter()
+    props = blob_properties(output, name)
+    if props is None:
+        raise StorageFaultError(f"{name} vanished after it was committed")
+    method = (props.metadata or {}).get(METHOD_METADATA_KEY, "")
+    try:
+        if method not in COMMITTED_METHODS:
+            raise MosaicCheckError(
+                f"committed mosaic {name}: no {METHOD_METADATA_KEY} in its metadata ({props.metadata}): "
+                "no assembly committed it"
+            )
+        if method == "vrt":
+            planned = planned if planned is not None and planned.method == "vrt" else None
+        elif planned is None or planned.method == "vrt":
+            try:
+                planned = plan_block_copy()
+            except IncompatibleTilesError as exc:
+                raise MosaicCheckError(
+                    f"committed mosaic {name} says it was block-copied ({method}), but its tiles cannot be: {exc}"
+                ) from exc
+        levels = planned.levels if planned is not None else mosaic_overview_levels(scene.width, scene.height)
+        key = PLAN_SHA256_METADATA_KEY if method == "server" else gates.SHA256_METADATA_KEY
+        ours = planned.evidence[1] if planned is not None and planned.evidence[0] == key else None
+        verify_committed_mosaic(
+            output,
+            name,
+            scene,
+            levels,
+            settings=settings,
+            gdal_options=gdal_options,
+            nbytes=planned.nbytes if planned is not None else None,
+            metadata={OVERVIEW_LEVELS_METADATA_KEY: str(levels), key: ours},
+            head=planned.head if planned is not None else None,
+            hash_content_from=key if ours is None and key == gates.SHA256_METADATA_KEY else None,
+        )
+    except MosaicCheckError as exc:
+        raise MosaicCheckError(f"{exc}; {repair_instruction(job_id)}") from exc
+    timings["verify"] = time.perf_counter() - started
+    return props
 
 
 def assemble_mosaic(
@@ -180,27 +307,10 @@ def assemble_mosaic(
         output=output, settings=settings, gdal_options=gdal_options, source_name=source_name, timings=timings
     )
 
-    def already_present(existing) -> MosaicResult:
-        # Its companions are written if a crash left them out.
-        levels = int((existing.metadata or {}).get(OVERVIEW_LEVELS_METADATA_KEY, -1))
-        if blob_properties(output, names["stac"]) is None or blob_properties(output, names["quicklook"]) is None:
-            write_sidecars(job_id, scene, **sidecars)
-        return MosaicResult(
-            outcome=str(gates.Outcome.ALREADY_PRESENT),
-            nbytes=int(existing.size),
-            overview_levels=levels,
-            timings=timings,
-            method="none",
-            sha256=(existing.metadata or {}).get(gates.SHA256_METADATA_KEY, ""),
-            **names,
-        )
-
-    # 1. Cheap check first: a mosaic already there means nothing is rebuilt.
+    # 1. Cheap check first: a mosaic already there is not rebuilt (but verified, below).
     started = time.perf_counter()
     existing = blob_properties(output, mosaic_name)
     timings["exists_check"] = time.perf_counter() - started
-    if existing is not None:
-        return already_present(existing)
 
     # 2. The manifest says every window is done, with the stored sizes (and ETags) it recorded.
     started = time.perf_counter()
@@ -213,16 +323,49 @@ def assemble_mosaic(
     if own_workdir:
         attempt.sweep_dead_workdirs()
         workdir = attempt.new_workdir(job_id)
+
+    def verify(planned: PlannedMosaic | None):
+        return _verify_mosaic(
+            job_id,
+            scene,
+            planned,
+            lambda: _plan_block_copy(
+                job_id, scene, windows, summary, tiles=tiles, settings=settings, workdir=workdir, timings=timings
+            ),
+            output=output,
+            settings=settings,
+            gdal_options=gdal_options,
+            timings=timings,
+        )
+
+    def already_present(planned: PlannedMosaic | None) -> MosaicResult:
+        # Whoever committed it (an earlier execution, a duplicate, anything with write access),
+        # it is verified before it counts as done; its companions are written if a crash left
+        # them out, and verified if not.
+        stored = verify(planned)
+        write_sidecars(job_id, scene, **sidecars)
+        metadata = stored.metadata or {}
+        return MosaicResult(
+            outcome=str(gates.Outcome.ALREADY_PRESENT),
+            nbytes=int(stored.size),
+            overview_levels=int(metadata.get(OVERVIEW_LEVELS_METADATA_KEY, -1)),
+            timings=timings,
+            method="none",
+            sha256=metadata.get(gates.SHA256_METADATA_KEY, ""),
+            **names,
+        )
+
     sink: StagedBlockSink | None = None
     used = method
     sha256 = ""
     counts: dict = {}
     try:
-        metadata = {}
+        if existing is not None:
+            return already_present(None)
         if method in ("auto", "server"):
             # 4a. The service stages the mosaic from the tiles; the planned head was checked first.
             try:
-                block_ids, levels, nbytes, plan_sha, head, counts = _server_side(
+                block_ids, planned, counts = _server_side(
                     job_id,
                     scene,
                     windows,
@@ -251,9 +394,11 @@ def assemble_mosaic(
                 output.get_blob_client(mosaic_name),
                 committed_elsewhere=lambda: blob_properties(output, mosaic_name) is not None,
             )
+            planned_head: list[bytes] = []
 
             def check_head(head: bytes, planned_levels: int) -> None:
                 check_planned_mosaic(head, scene, planned_levels, settings=settings, job_id=job_id)
+                planned_head.append(head)
 
             try:
                 written, levels = build_mosaic_blocks(
@@ -279,48 +424,31 @@ def assemble_mosaic(
                 block_ids = sink.close()
                 if sink.nbytes != written.nbytes:
                     raise AssertionError(f"streamed {sink.nbytes} bytes, the writer wrote {written.nbytes}")
-                nbytes, sha256 = written.nbytes, written.sha256
+                sha256 = written.sha256
+                planned = PlannedMosaic(
+                    "blocks",
+                    levels,
+                    (gates.SHA256_METADATA_KEY, sha256),
+                    nbytes=written.nbytes,
+                    head=planned_head[0],
+                )
                 counts = {"sent_from_instance": written.nbytes, "staged_blocks": len(block_ids)}
 
         if used in ("server", "blocks"):
             # 5. One create-only Put Block List. A server-side mosaic's evidence is its plan's
             #    digest (the tile versions included), since its bytes never pass through here.
-            evidence = (gates.SHA256_METADATA_KEY, sha256) if used == "blocks" else (PLAN_SHA256_METADATA_KEY, plan_sha)
-            metadata = {OVERVIEW_LEVELS_METADATA_KEY: str(levels), "method": used}
             started = time.perf_counter()
             outcome = commit_staged_blob(
                 output,
                 mosaic_name,
                 block_ids,
                 sha256=sha256,
-                evidence=evidence,
+                evidence=planned.evidence,
                 content_type=COG_CONTENT_TYPE,
                 job_id=job_id,
-                metadata=metadata,
+                metadata={OVERVIEW_LEVELS_METADATA_KEY: str(planned.levels), METHOD_METADATA_KEY: used},
             )
             timings["upload"] = time.perf_counter() - started
-            # 6. The committed blob, checked again through /vsiaz/ with the same function, after the
-            #    commit because there is no file to check before: the bytes went straight to storage.
-            #    The layout was checked before staging, the bytes are a deterministic function of
-            #    the tiles (server-side: of the very tile versions the manifest recorded), and the
-            #    list committed names only this attempt's blocks. A failure here is a bug (the
-            #    writer or the service did not produce what was planned) that repeating would not
-            #    fix, so it is raised loudly (MosaicCheckError, not retryable) and the blob is left
-            #    in place to be examined.
-            started = time.perf_counter()
-            ours = outcome is gates.Outcome.WRITTEN
-            verify_committed_mosaic(
-                output,
-                mosaic_name,
-                scene,
-                levels,
-                settings=settings,
-                gdal_options=gdal_options,
-                nbytes=nbytes if ours else None,
-                evidence=evidence if ours else None,
-                head=head if ours and used == "server" else None,
-            )
-            timings["verify"] = time.perf_counter() - started
         else:
             # The VRT path: GDAL's COG driver writes a file (whose size build_mosaic_vrt estimates
             # and warns about), checked before its create-only upload.
@@ -340,6 +468,7 @@ def assemble_mosaic(
             started = time.perf_counter()
             check_mosaic_file(out_path, scene, levels, settings=settings)
             timings["check"] = time.perf_counter() - started
+            planned = PlannedMosaic("vrt", levels, (gates.SHA256_METADATA_KEY, sha256), nbytes=nbytes)
             started = time.perf_counter()
             outcome = commit_file(
                 output,
@@ -348,21 +477,29 @@ def assemble_mosaic(
                 sha256=sha256,
                 content_type=COG_CONTENT_TYPE,
                 job_id=job_id,
-                metadata={OVERVIEW_LEVELS_METADATA_KEY: str(levels), "method": used},
+                metadata={OVERVIEW_LEVELS_METADATA_KEY: str(levels), METHOD_METADATA_KEY: used},
             )
             timings["upload"] = time.perf_counter() - started
             counts = {"sent_from_instance": nbytes}
             os.remove(out_path)
 
+        if outcome is gates.Outcome.ALREADY_PRESENT:
+            return already_present(planned)
+        # 6. The committed blob, checked again through /vsiaz/ with the same function, after the
+        #    commit because there is no file to check before: the bytes went straight to storage.
+        #    The layout was checked before staging, the bytes are a deterministic function of
+        #    the tiles (server-side: of the very tile versions the manifest recorded), and the
+        #    list committed names only this attempt's blocks. A failure here is a bug (the
+        #    writer or the service did not produce what was planned) that repeating would not
+        #    fix, so it is raised loudly (MosaicCheckError, not retryable) and the blob is left
+        #    in place to be examined; every later assembly verifies it again and fails the same way.
+        verify(planned)
         write_sidecars(job_id, scene, **sidecars)
     except CommittedElsewhere:
         if sink is not None:
             sink.abort()
         logger.info("job %s: another attempt committed the mosaic while this one staged; stopped", job_id)
-        existing = blob_properties(output, mosaic_name)
-        if existing is None:
-            raise StorageFaultError(f"{mosaic_name} vanished after another attempt committed it") from None
-        return already_present(existing)
+        return already_present(None)
     except BaseException:
         if sink is not None:
             sink.abort()
@@ -375,15 +512,15 @@ def assemble_mosaic(
         job_id,
         outcome,
         used,
-        nbytes,
-        levels,
+        planned.nbytes,
+        planned.levels,
         counts,
         {k: round(v, 3) for k, v in timings.items()},
     )
     return MosaicResult(
         outcome=str(outcome),
-        nbytes=nbytes,
-        overview_levels=levels,
+        nbytes=planned.nbytes,
+        overview_levels=planned.levels,
         timings=timings,
         method=used,
         sha256=sha256,

@@ -10,10 +10,10 @@ import rasterio
 from azure.storage.blob import ContainerClient
 
 from .. import gates, jobs
-from ..errors import StorageFaultError
+from ..errors import MosaicCheckError, StorageFaultError
 from ..settings import Settings
 from ..storage import vsiaz_path
-from .checks import blob_properties, remote_gdal_options
+from .checks import blob_properties, remote_gdal_options, repair_instruction
 from .env import gdal_env
 from .gdal_errors import gdal_step
 from .scene import SceneInfo
@@ -30,12 +30,13 @@ def write_sidecars(
     source_name: str,
     timings: dict[str, float],
 ) -> int:
-    """Quicklook, then STAC item (which names both), each create-only; skipped when already there.
+    """Quicklook, then STAC item (which names both), each create-only, or verified when already there.
 
     Both are read from the committed mosaic through /vsiaz/ (the quicklook from its smallest
     overview: a few blocks), never from a local copy: there is none for a streamed mosaic, and a
     crash between the commits leaves the next call (which finds the mosaic present) the same
-    source, so it writes the same bytes.
+    source, so it writes the same bytes. For the same reason an existing one must hold exactly
+    those bytes (:func:`_commit_or_verify`).
     """
     mosaic_name, stac_name, quicklook_name = (
         jobs.mosaic_blob_name(job_id),
@@ -49,30 +50,51 @@ def write_sidecars(
     remote = vsiaz_path(output.container_name, mosaic_name)
     with gdal_env(settings, remote_gdal_options(gdal_options, remote)):
         started = time.perf_counter()
-        if blob_properties(output, quicklook_name) is None:
-            with gdal_step(f"making the quicklook of {mosaic_name}", window="smallest overview"):
-                quicklook = quicklook_png(remote)
-            gates.commit_blob(output, quicklook_name, quicklook, content_type="image/png", job_id=job_id)
+        with gdal_step(f"making the quicklook of {mosaic_name}", window="smallest overview"):
+            quicklook = quicklook_png(remote)
+        _commit_or_verify(output, quicklook_name, quicklook, content_type="image/png", job_id=job_id)
         timings["quicklook"] = time.perf_counter() - started
         started = time.perf_counter()
-        if blob_properties(output, stac_name) is None:
-            with (
-                gdal_step(f"reading the overview levels of {mosaic_name} for its STAC item"),
-                rasterio.open(remote) as src,
-            ):
-                levels = len(src.overviews(1))
-            body = stac_item_bytes(
-                job_id=job_id,
-                scene=scene,
-                mosaic_href="./" + mosaic_name.rsplit("/", 1)[-1],
-                quicklook_href="./" + quicklook_name.rsplit("/", 1)[-1],
-                mosaic_nbytes=int(props.size),
-                mosaic_sha256=sha,
-                overview_levels=levels,
-                created=props.creation_time or props.last_modified,
-                footprint=mosaic_footprint(remote, scene.crs),
-                source_name=source_name,
-            )
-            gates.commit_blob(output, stac_name, body, content_type="application/geo+json", job_id=job_id)
+        with (
+            gdal_step(f"reading the overview levels of {mosaic_name} for its STAC item"),
+            rasterio.open(remote) as src,
+        ):
+            levels = len(src.overviews(1))
+        body = stac_item_bytes(
+            job_id=job_id,
+            scene=scene,
+            mosaic_href="./" + mosaic_name.rsplit("/", 1)[-1],
+            quicklook_href="./" + quicklook_name.rsplit("/", 1)[-1],
+            mosaic_nbytes=int(props.size),
+            mosaic_sha256=sha,
+            overview_levels=levels,
+            created=props.creation_time or props.last_modified,
+            footprint=mosaic_footprint(remote, scene.crs),
+            source_name=source_name,
+        )
+        _commit_or_verify(output, stac_name, body, content_type="application/geo+json", job_id=job_id)
         timings["stac"] = time.perf_counter() - started
     return int(props.size)
+
+
+def _commit_or_verify(output: ContainerClient, name: str, body: bytes, *, content_type: str, job_id: str) -> None:
+    """Create ``name`` with ``body``, or check that what holds the key is ``body``.
+
+    A companion is a pure function of the committed mosaic, so one with other bytes describes
+    another mosaic (or a fault that was baked into it, such as a missing footprint): it is known
+    bad, a :class:`MosaicCheckError` saying how to repair it. The bytes are read and hashed, not
+    the sha256 in the metadata trusted: a writer that replaced the blob may have copied that.
+    """
+    absent = blob_properties(output, name) is None
+    if (
+        absent
+        and gates.commit_blob(output, name, body, content_type=content_type, job_id=job_id) is gates.Outcome.WRITTEN
+    ):
+        return
+    found = gates.content_sha256(output.get_blob_client(name))
+    ours = gates.sha256_hex(body)
+    if found != ours:
+        raise MosaicCheckError(
+            f"{name} is not what the committed mosaic gives (stored sha256 {found}, from the mosaic {ours}); "
+            + repair_instruction(job_id)
+        )

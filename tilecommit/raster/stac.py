@@ -27,6 +27,7 @@ from rasterio.errors import NotGeoreferencedWarning
 from rasterio.io import MemoryFile
 
 from .footprint import Footprint, footprint
+from .gdal_errors import gdal_step
 from .scene import SceneInfo, as_crs, same_crs
 
 COG_MEDIA_TYPE = "image/tiff; application=geotiff; profile=cloud-optimized"
@@ -44,15 +45,20 @@ def native_bbox(scene: SceneInfo) -> list[float]:
 def mosaic_footprint(mosaic_path: str, crs: str) -> Footprint:
     """The footprint of the mosaic's valid pixels, from the mask of its smallest overview.
 
-    Never raises: a footprint that cannot be computed is a missing geometry with a note saying
-    why (logged), not a failed job after every tile has been written.
+    Reading the mask is a GDAL step like any other: a read that storage did not deliver raises a
+    retryable :class:`~tilecommit.errors.GdalStepError`, so the item is written by the retry
+    rather than committed, create-only and for good, without a geometry. Only a footprint that
+    cannot be computed from the mask that was read is a missing geometry with a note saying why
+    (logged), not a failed job after every tile has been written.
     """
-    try:
+    with gdal_step(f"reading the valid-pixel mask of {mosaic_path} for its footprint", window="smallest overview"):
         with rasterio.open(mosaic_path) as src:
             levels = len(src.overviews(1))
         open_options = {"overview_level": levels - 1} if levels else {}
         with rasterio.open(mosaic_path, **open_options) as src:
-            return footprint(as_crs(crs), src.dataset_mask(), src.transform)
+            mask, transform = src.dataset_mask(), src.transform
+    try:
+        return footprint(as_crs(crs), mask, transform)
     except Exception as exc:  # noqa: BLE001 - documented fallback: geometry null, the reason in the item
         logger.warning("no footprint for %s: %s", mosaic_path, exc)
         return Footprint(None, None, f"none: the footprint could not be computed ({exc})")

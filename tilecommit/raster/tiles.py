@@ -8,7 +8,6 @@ mosaic (:func:`tile_overview_count`), for edge windows too.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import time
@@ -224,24 +223,24 @@ def render_tile(
     # Every read of this window was answered in full at the job's version (checked() above
     # raised otherwise): only now may its tile be committed, once and for good.
     timings.update(encode_timings)
-    digest = hashlib.sha256(body).hexdigest()
 
     started = time.perf_counter()
-    outcome, etag = gates.commit_blob_versioned(tiles, name, body, job_id=job_id)
+    outcome, stored = gates.commit_blob_versioned(tiles, name, body, job_id=job_id)
     timings["commit"] = time.perf_counter() - started
 
+    # The row describes the tile storage holds (ours, or an already-present one with other bytes).
     started = time.perf_counter()
     gates.record_manifest_entry(
-        manifest, job_id=job_id, window=window, uri=name, nbytes=len(body), sha256=digest, etag=etag
+        manifest, job_id=job_id, window=window, uri=name, nbytes=stored.nbytes, sha256=stored.sha256, etag=stored.etag
     )
     timings["manifest"] = time.perf_counter() - started
-    logger.info("tile %s of job %s: %s, %d bytes", window.id, job_id, outcome, len(body))
+    logger.info("tile %s of job %s: %s, %d bytes", window.id, job_id, outcome, stored.nbytes)
     return TileResult(
         window=window.id,
         outcome=str(outcome),
         skipped=False,
-        nbytes=len(body),
-        sha256=digest,
+        nbytes=stored.nbytes,
+        sha256=stored.sha256,
         uri=name,
         timings=timings,
     )
