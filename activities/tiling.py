@@ -1,4 +1,9 @@
-"""The job's activities: validate the source, render one window, assemble the mosaic."""
+"""The job's activities: validate the source, render one window, assemble the mosaic.
+
+Each reads what decides its outputs (the window grid, the block size, the profile) from the
+job's output spec, never from the app settings (see :mod:`tilecommit.spec`); the settings give
+it the containers, the table and GDAL's limits.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ from azure.core.exceptions import ResourceNotFoundError
 from tilecommit import raster
 from tilecommit.errors import CorruptTileError, InvalidRasterError, SourceChangedError, error_value, is_retryable
 from tilecommit.grid import Window
+from tilecommit.spec import spec_of
 from tilecommit.storage import vsiaz_path
 
 from .context import ActivityContext, activity_context
@@ -61,6 +67,7 @@ def validate_source(job: dict) -> dict:
         scene = raster.inspect_source(
             vsiaz_path(ctx.settings.input_container, job["blob"]),
             settings=ctx.settings,
+            spec=spec_of(job),
             gdal_options=ctx.connection.gdal_options(),
         )
         return {"scene": scene.to_dict()}
@@ -82,6 +89,7 @@ def render_tile(payload: dict) -> dict:
             tiles=ctx.tiles,
             manifest=ctx.manifest,
             settings=ctx.settings,
+            spec=spec_of(job),
             gdal_options=ctx.connection.gdal_options(),
         ).to_dict()
 
@@ -109,6 +117,7 @@ def assemble_mosaic(payload: dict) -> dict:
                 output=ctx.output,
                 manifest=ctx.manifest,
                 settings=ctx.settings,
+                spec=spec_of(job),
                 gdal_options=ctx.connection.gdal_options(),
                 source_name=job["blob"],
             )

@@ -20,6 +20,7 @@ from tilecommit.raster.env import gdal_env
 from tilecommit.raster.tiles import encode_tile
 from tilecommit.raster.upload import open_upload, upload_gdal_options
 from tilecommit.settings import Settings
+from tilecommit.spec import OutputSpec
 from tilecommit.storage import StorageConnection, vsiaz_path
 
 from .storage_proxy import FaultPlan, FaultProxy
@@ -52,9 +53,9 @@ def test_a_window_read_storage_refused_is_a_retryable_fault_and_the_same_handle_
         with gdal_env(SETTINGS, options), open_upload(uploaded) as src:
             setattr(plan, fault, 1.0)
             with pytest.raises(StorageFaultError) as caught:
-                encode_tile(src, window, window_size=256)
+                encode_tile(src, window, spec=OutputSpec(window_size=256))
             setattr(plan, fault, 0.0)
-            body, _ = encode_tile(src, window, window_size=256)
+            body, _ = encode_tile(src, window, spec=OutputSpec(window_size=256))
     assert is_retryable(caught.value)
     assert "storage did not deliver the bytes" in str(caught.value)
     assert "corrupt" not in str(caught.value)
@@ -69,9 +70,11 @@ def test_an_open_during_an_outage_is_a_fault_and_the_next_attempt_in_the_same_wo
     with FaultProxy(f"http://127.0.0.1:{azurite.blob_port}", plan) as proxy:
         options = {**proxied(azurite, proxy).gdal_options(), **QUICK_GDAL_RETRIES}
         with pytest.raises(StorageFaultError) as caught:
-            inspect_source(uploaded, settings=SETTINGS, gdal_options=options)
+            inspect_source(uploaded, settings=SETTINGS, spec=OutputSpec.from_settings(SETTINGS), gdal_options=options)
         plan.busy = 0.0
-        scene = inspect_source(uploaded, settings=SETTINGS, gdal_options=options)
+        scene = inspect_source(
+            uploaded, settings=SETTINGS, spec=OutputSpec.from_settings(SETTINGS), gdal_options=options
+        )
     assert is_retryable(caught.value) and "503" in str(caught.value)
     assert (scene.width, scene.height) == (512, 512)
 
@@ -93,8 +96,8 @@ def test_bytes_that_arrived_and_do_not_decode_are_corrupt_input(tmp_path):
     damage_block(path, 1, 0)
     with gdal_env(SETTINGS, upload_gdal_options(str(path))), open_upload(str(path)) as src:
         with pytest.raises(InvalidRasterError) as caught:
-            encode_tile(src, RioWindow(256, 0, 256, 256), window_size=256)
-        intact, _ = encode_tile(src, RioWindow(0, 0, 256, 256), window_size=256)
+            encode_tile(src, RioWindow(256, 0, 256, 256), spec=OutputSpec(window_size=256))
+        intact, _ = encode_tile(src, RioWindow(0, 0, 256, 256), spec=OutputSpec(window_size=256))
     assert not is_retryable(caught.value)
     assert "col=256 row=0" in str(caught.value) and "corrupt" in str(caught.value)
     assert intact[:4] == b"II*\x00"
