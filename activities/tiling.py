@@ -1,4 +1,9 @@
-"""The job's activities: validate the source, render one window, assemble the mosaic."""
+"""The job's activities: validate the source, render one window, assemble the mosaic.
+
+Each reads what decides its outputs (the window grid, the block size, the profile) from the
+job's output spec, never from the app settings (see :mod:`tilecommit.spec`); the settings give
+it the containers, the table and GDAL's limits.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ from collections.abc import Callable
 from tilecommit import raster
 from tilecommit.errors import CorruptTileError, InvalidRasterError, error_value, is_retryable
 from tilecommit.grid import Window
+from tilecommit.spec import spec_of
 from tilecommit.storage import vsiaz_path
 
 from .context import ActivityContext, activity_context
@@ -50,7 +56,7 @@ def validate_source(job: dict) -> dict:
     ctx = activity_context()
 
     def work() -> dict:
-        scene = raster.inspect_source(_pinned_upload(ctx, job), settings=ctx.settings)
+        scene = raster.inspect_source(_pinned_upload(ctx, job), settings=ctx.settings, spec=spec_of(job))
         return {"scene": scene.to_dict()}
 
     return run_activity("validate_source", job, work)
@@ -69,6 +75,7 @@ def render_tile(payload: dict) -> dict:
             tiles=ctx.tiles,
             manifest=ctx.manifest,
             settings=ctx.settings,
+            spec=spec_of(job),
         ).to_dict()
 
     result = run_activity("render_tile", job, work, window=window.id)
@@ -95,6 +102,7 @@ def assemble_mosaic(payload: dict) -> dict:
                 output=ctx.output,
                 manifest=ctx.manifest,
                 settings=ctx.settings,
+                spec=spec_of(job),
                 gdal_options=ctx.connection.gdal_options(),
                 source_name=job["blob"],
             )

@@ -132,12 +132,18 @@ class KeptRun:
         from tilecommit.grid import plan_windows
         from tilecommit.raster import inspect_source
         from tilecommit.settings import Settings
+        from tilecommit.spec import OutputSpec
         from tilecommit.storage import vsiaz_path
 
         env = kept["env"]
         settings = Settings.from_env(env)
         source = vsiaz_path(settings.input_container, kept["blob"])
-        scene = inspect_source(source, settings=settings, gdal_options=ctx.storage.connection.gdal_options())
+        scene = inspect_source(
+            source,
+            settings=settings,
+            spec=OutputSpec.from_settings(settings),
+            gdal_options=ctx.storage.connection.gdal_options(),
+        )
         return cls(
             settings=settings,
             source=source,

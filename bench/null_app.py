@@ -12,6 +12,7 @@ import azure.durable_functions as df
 
 from function_app import tiling_functions
 from tilecommit.grid import Window
+from tilecommit.spec import OutputSpec
 
 
 class NullActivities:
@@ -58,7 +59,7 @@ def job_input(job_id: str, windows: int, *, window_size: int = 1024, batch_size:
         "url": f"http://127.0.0.1/null/{job_id}.tif",
         "etag": "0x0",
         "size": 1,
-        "window_size": window_size,
+        "spec": OutputSpec(window_size=window_size).to_dict(),
         "batch_size": batch_size,
         "scene_width": cols * window_size,
         "scene_height": rows * window_size,

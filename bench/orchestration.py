@@ -27,6 +27,7 @@ def one_run(ctx: Context, windows: int, *, batch_size: int = 64, max_activities:
     from devhost.functions import FunctionIndex
     from devhost.store import HistoryStore
     from orchestrators import names
+    from tilecommit.spec import spec_of
 
     from . import null_app
 
@@ -40,7 +41,8 @@ def one_run(ctx: Context, windows: int, *, batch_size: int = 64, max_activities:
     timer.wrap(engine, "_run_episode", "episode")
     timer.wrap(store, "commit_episode", "store.commit_episode")
     job = null_app.job_input(f"{windows:08x}{time.time_ns() % 16**8:08x}", windows, batch_size=batch_size)
-    planned = (job["scene_width"] // job["window_size"]) * (job["scene_height"] // job["window_size"])
+    window_size = spec_of(job).window_size
+    planned = (job["scene_width"] // window_size) * (job["scene_height"] // window_size)
     with engine:
         started = time.perf_counter()
         engine.start_new(names.TILE_SCENE, job["job_id"], job)

@@ -37,17 +37,27 @@ def render(job_id: str, source: str, window_ids: list[str], width: int, height: 
     from tilecommit.gates import SINGLE_PUT_CLIENT_OPTIONS
     from tilecommit.grid import window_for_id
     from tilecommit.raster import render_tile
+    from tilecommit.spec import OutputSpec
 
     connection, settings, _, tables = _clients()
     tiles = connection.blob_service(**SINGLE_PUT_CLIENT_OPTIONS).get_container_client(settings.tiles_container)
     manifest = tables.get_table_client(settings.manifest_table)
     options = connection.gdal_options()
+    # The bench's jobs are made to the spec of its app settings, as the starter would make them.
+    spec = OutputSpec.from_settings(settings)
     totals: dict[str, float] = {}
     nbytes = 0
     for window_id in window_ids:
-        window = window_for_id(window_id, width, height, settings.window_size)
+        window = window_for_id(window_id, width, height, spec.window_size)
         result = render_tile(
-            source, window, job_id=job_id, tiles=tiles, manifest=manifest, settings=settings, gdal_options=options
+            source,
+            window,
+            job_id=job_id,
+            tiles=tiles,
+            manifest=manifest,
+            settings=settings,
+            spec=spec,
+            gdal_options=options,
         )
         nbytes += result.nbytes
         for key, value in result.timings.items():
@@ -101,6 +111,7 @@ def assemble(job_id: str, scene_json: str, method: str) -> dict:
     "blocks", "vrt"), with the HTTP body bytes this process moved (SDK and GDAL)."""
     from tilecommit.raster import SceneInfo, assemble_mosaic
     from tilecommit.settings import Settings
+    from tilecommit.spec import OutputSpec
     from tilecommit.storage import StorageConnection
 
     connection, settings = StorageConnection.from_env(), Settings.from_env()
@@ -113,6 +124,7 @@ def assemble(job_id: str, scene_json: str, method: str) -> dict:
         output=blobs.get_container_client(settings.output_container),
         manifest=tables.get_table_client(settings.manifest_table),
         settings=settings,
+        spec=OutputSpec.from_settings(settings),
         gdal_options=connection.gdal_options(),
         method=method,
     )

@@ -96,6 +96,7 @@ def process_file(
     """Upload ``path``, let the watcher deliver its event, wait for the job; the summary as a dict.
     ``progress``: a progress bar on stderr, or a callable that gets the job's state as it changes."""
     from tilecommit.jobs import job_id_for
+    from tilecommit.spec import OutputSpec
 
     if not path.is_file():
         raise UsageError(f"{path}: no such file")
@@ -103,7 +104,8 @@ def process_file(
     blob = host.blobs.get_blob_client(host.settings.input_container, name or path.name)
     with path.open("rb") as data:
         uploaded = blob.upload_blob(data, overwrite=True, max_concurrency=4)
-    job_id = job_id_for(blob.url, uploaded["etag"])
+    # The starter gives the job the spec of this host's settings, and hashes it into the id.
+    job_id = job_id_for(blob.url, uploaded["etag"], OutputSpec.from_settings(host.settings))
     board = None if callable(progress) else ProgressBoard(progress)
     update = progress if callable(progress) else board.updater(0)
     deadline = time.monotonic() + timeout
@@ -140,6 +142,7 @@ def job_summary(state: dict, *, elapsed: float | None = None) -> dict:
         "already_present": (output or {}).get("already_present"),
         "skipped": (output or {}).get("skipped"),
         "bytes": (output or {}).get("bytes"),
+        "spec": (output or {}).get("spec"),
         "mosaic_outcome": (output or {}).get("mosaic_outcome"),
         "mosaic_url": (output or {}).get("mosaic_url"),
         "stac_url": (output or {}).get("stac_url"),

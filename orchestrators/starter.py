@@ -18,6 +18,7 @@ from tilecommit.errors import InvalidNameError
 from tilecommit.jobs import check_upload_name, job_id_for
 from tilecommit.records import Record
 from tilecommit.settings import SIDECAR_SUFFIXES, Settings
+from tilecommit.spec import OutputSpec
 
 from . import names
 
@@ -60,6 +61,25 @@ def _decided(decision: StartDecision, level: int, message: str, *args) -> StartD
     return decision
 
 
+def job_input(name: str, url: str, etag: str, size: int, settings: Settings) -> dict:
+    """The payload of the job for one upload version: its id, its source and its output spec.
+
+    The spec comes from the settings of the instance that starts the job and is then the job's:
+    the orchestrator and every activity read it from here, so a change of the app settings
+    while a job runs cannot give it tiles of two grids.
+    """
+    spec = OutputSpec.from_settings(settings)
+    return {
+        "job_id": job_id_for(url, etag, spec),
+        "blob": name,
+        "url": url,
+        "etag": etag.strip('"'),
+        "size": size,
+        "spec": spec.to_dict(),
+        "batch_size": settings.batch_size,
+    }
+
+
 async def start_job(source: BlobClient, client: df.DurableOrchestrationClient, settings: Settings) -> StartDecision:
     """Start the job for this upload unless it already exists; never fails on a duplicate."""
     name = source.blob_name
@@ -92,7 +112,8 @@ async def start_job(source: BlobClient, client: df.DurableOrchestrationClient, s
             props.etag,
         )
 
-    job_id = job_id_for(source.url, props.etag)
+    job = job_input(name, source.url, props.etag, props.size, settings)
+    job_id = job["job_id"]
     status = await client.get_status(job_id)
     if status.runtime_status in _LIVE_OR_DONE:
         return _decided(
@@ -104,15 +125,6 @@ async def start_job(source: BlobClient, client: df.DurableOrchestrationClient, s
             status.runtime_status.value,
         )
 
-    job = {
-        "job_id": job_id,
-        "blob": name,
-        "url": source.url,
-        "etag": props.etag.strip('"'),
-        "size": props.size,
-        "window_size": settings.window_size,
-        "batch_size": settings.batch_size,
-    }
     try:
         await client.start_new(names.TILE_SCENE, job_id, job)
     except Exception as exc:  # the SDK raises a bare Exception carrying the host's message

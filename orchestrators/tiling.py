@@ -2,7 +2,7 @@
 
 Orchestrator code is replayed from history many times, so everything here is deterministic:
 no clock, no random, no I/O. The window plan is a pure function of the validated scene size
-and the window size the starter put in the input.
+and the window size of the output spec the starter put in the input (never the app settings).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import azure.durable_functions as df
 
 from tilecommit.grid import Window, plan_windows
 from tilecommit.retries import ACTIVITY_RETRY as RETRY_POLICY
+from tilecommit.spec import spec_of
 
 from . import names
 from .retries import ACTIVITY_RETRY_OPTIONS
@@ -79,7 +80,7 @@ def chunk(items: list, size: int) -> list[list]:
 
 def plan_batches(job: dict, scene: dict) -> list[list[Window]]:
     """The job's windows in batches: a pure function of the scene size and the job's sizes."""
-    return chunk(plan_windows(scene["width"], scene["height"], job["window_size"]), job["batch_size"])
+    return chunk(plan_windows(scene["width"], scene["height"], spec_of(job).window_size), job["batch_size"])
 
 
 def empty_summary() -> dict:
@@ -189,6 +190,7 @@ def tile_scene(context: df.DurableOrchestrationContext) -> Generator[Any, Any, d
     return {
         "job_id": job_id,
         "source": job["blob"],
+        "spec": spec_of(job).to_dict(),
         **totals,
         "mosaic_outcome": mosaic["outcome"],
         "mosaic_url": mosaic["mosaic_url"],

@@ -21,6 +21,8 @@ from devhost.scenes import SceneSpec, write_scene
 from tilecommit.gates import count_manifest
 from tilecommit.grid import plan_windows
 from tilecommit.jobs import job_id_for
+from tilecommit.settings import Settings
+from tilecommit.spec import OutputSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -60,9 +62,9 @@ def read_pixels(path_or_bytes: Path | bytes) -> np.ndarray:
         return src.read()
 
 
-def check_outputs(storage, app_env: AppEnv, summary: dict, scene: Path) -> None:
+def check_outputs(storage, app_env: AppEnv, summary: dict, scene: Path, window: int = WINDOW) -> None:
     assert summary["status"] == "completed", summary
-    windows = len(plan_windows(*read_pixels(scene).shape[:0:-1], WINDOW))
+    windows = len(plan_windows(*read_pixels(scene).shape[:0:-1], window))
     assert summary["windows"] == windows
     manifest = count_manifest(storage.table_service().get_table_client(app_env.manifest), summary["job_id"])
     assert manifest.rows == windows
@@ -98,7 +100,7 @@ def upload(storage, app_env: AppEnv, scene: Path) -> str:
     blob = storage.blob_service().get_blob_client(app_env.input, scene.name)
     with scene.open("rb") as data:
         etag = blob.upload_blob(data, overwrite=True)["etag"]
-    return job_id_for(blob.url, etag)
+    return job_id_for(blob.url, etag, OutputSpec.from_settings(Settings.from_env()))
 
 
 def upload_until_killed(storage, app_env: AppEnv, scene: Path, log: Path, *extra: str) -> str:

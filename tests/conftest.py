@@ -19,6 +19,7 @@ from devhost.scenes import SceneSpec, write_scene
 from tilecommit import settings as names
 from tilecommit.raster import inspect_source
 from tilecommit.settings import Settings
+from tilecommit.spec import OutputSpec
 from tilecommit.storage import StorageConnection
 
 from .app_jobs import WINDOW, AppEnv
@@ -175,6 +176,6 @@ def small_scene(tmp_path):
 def rendered(small_scene, stores):
     spec, path = small_scene
     settings = Settings(window_size=256)
-    scene = inspect_source(path, settings=settings)
+    scene = inspect_source(path, settings=settings, spec=OutputSpec.from_settings(settings))
     results = render_all(path, scene, settings, stores)
     return spec, path, scene, settings, results

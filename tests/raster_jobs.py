@@ -10,6 +10,7 @@ import rasterio
 from tilecommit.grid import plan_windows
 from tilecommit.raster import SceneInfo, assemble_mosaic, render_tile
 from tilecommit.settings import Settings
+from tilecommit.spec import OutputSpec
 
 JOB = "0123456789abcdef"
 
@@ -23,6 +24,7 @@ def render_all(path, scene: SceneInfo, settings: Settings, stores, job_id: str =
             tiles=stores["tiles"],
             manifest=stores["manifest"],
             settings=settings,
+            spec=OutputSpec.from_settings(settings),
             gdal_options=gdal_options,
         )
         for window in plan_windows(scene.width, scene.height, settings.window_size)
@@ -37,6 +39,7 @@ def assemble(scene, settings, stores, storage, job_id: str = JOB, **kwargs):
         output=stores["output"],
         manifest=stores["manifest"],
         settings=settings,
+        spec=OutputSpec.from_settings(settings),
         **{"gdal_options": storage.gdal_options(), **kwargs},
     )
 

@@ -6,17 +6,25 @@ are real GeoTIFFs. Each test gets its own containers, tables and task hub.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
 from pathlib import Path
 
 import pytest
+from rasterio.io import MemoryFile
 
 from devhost.cli import process_file
 from devhost.metrics import max_overlap, slot_use
+from devhost.session import job_summary
+from orchestrators import names as orchestrator_names
+from orchestrators.starter import job_input
 from tilecommit import settings as names
 from tilecommit.gates import count_manifest
+from tilecommit.jobs import job_id_for
+from tilecommit.settings import Settings
+from tilecommit.spec import OutputSpec
 
 from .app_jobs import (
     AppEnv,
@@ -154,6 +162,60 @@ def test_a_scene_with_more_batches_than_a_group_runs_through_groups(storage, app
     check_outputs(storage, app_env, summary, scene)
     assert {i for i in ids if "-group-" in i} == {f"{summary['job_id']}-group-0000", f"{summary['job_id']}-group-0001"}
     assert len([i for i in ids if "-batch-" in i]) == 30 and summary["written"] == 30
+
+
+def tile_shapes(storage, app_env: AppEnv, job_id: str) -> dict[str, tuple[int, int, int]]:
+    """Each tile of the job: (width, height, internal overview levels), by window id."""
+    container = storage.blob_service().get_container_client(app_env.tiles)
+    shapes = {}
+    for blob in container.list_blobs(name_starts_with=f"tiles/{job_id}/"):
+        with MemoryFile(download(storage, app_env.tiles, blob.name)) as memory, memory.open() as tile:
+            shapes[blob.name.rsplit("/", 1)[1].removesuffix(".tif")] = (
+                tile.width,
+                tile.height,
+                len(tile.overviews(1)),
+            )
+    return shapes
+
+
+def test_a_job_keeps_the_window_size_it_started_with_and_another_size_is_another_job(storage, app_env, tmp_path):
+    """The workers' TILECOMMIT_WINDOW_SIZE says 256 throughout. The upload delivered there is a job
+    of 256-px windows; the same upload started with 512 (the payload a starter whose settings said
+    512 makes) is another job, with its own id and keys, and renders 512-px windows on the same
+    workers; neither reuses a manifest row of the other."""
+    scene = make_scene(tmp_path / "scene.tif", 1000, 700)  # 4 x 3 windows of 256, 2 x 2 of 512
+    with local_host(app_env) as host:
+        at_256 = process_file(host, scene, timeout=120)
+        blob = host.blobs.get_blob_client(app_env.input, scene.name)
+        props = blob.get_blob_properties()
+        job = job_input(scene.name, blob.url, props.etag, props.size, Settings(window_size=512))
+        host.engine.start_new(orchestrator_names.TILE_SCENE, job["job_id"], job)
+        state = host.engine.wait_for(job["job_id"], timeout=120)
+    at_512 = job_summary(state)
+    assert os.environ[names.SETTING_WINDOW_SIZE] == "256"
+    assert at_512["job_id"] == job_id_for(blob.url, props.etag, OutputSpec(window_size=512)) != at_256["job_id"]
+    assert (at_256["status"], at_512["status"]) == ("completed", "completed"), (at_256, at_512)
+    assert at_256["spec"]["window_size"] == 256 and at_512["spec"]["window_size"] == 512
+    assert (at_256["written"], at_512["written"]) == (12, 4) and at_512["already_present"] == 0
+    # A 512-px window keeps one overview level the mosaic reuses (256 px); a 256-px one none.
+    assert tile_shapes(storage, app_env, at_512["job_id"]) == {
+        "0000_0000": (512, 512, 1),
+        "0000_0001": (488, 512, 1),
+        "0001_0000": (512, 188, 1),
+        "0001_0001": (488, 188, 1),
+    }
+    assert set(tile_shapes(storage, app_env, at_256["job_id"]).values()) == {
+        (256, 256, 0),
+        (232, 256, 0),
+        (256, 188, 0),
+        (232, 188, 0),
+    }
+    table = storage.table_service().get_table_client(app_env.manifest)
+    assert count_manifest(table, at_256["job_id"]).rows == 12 and count_manifest(table, at_512["job_id"]).rows == 4
+    for summary in (at_256, at_512):
+        check_outputs(storage, app_env, summary, scene, window=summary["spec"]["window_size"])
+        item = json.loads(download(storage, app_env.output, f"mosaics/{summary['job_id']}/item.json"))
+        assert item["properties"]["tilecommit:spec"] == summary["spec"]
 
 
 # ---------------------------------------------------------------------- crash and resume

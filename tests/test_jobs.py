@@ -8,6 +8,7 @@ as they arrive (percent-encoded or raw, with SAS tokens, quoted ETags).
 
 from __future__ import annotations
 
+import json
 import re
 import string
 import unicodedata
@@ -17,7 +18,8 @@ import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from tilecommit.errors import BadInputError, InvalidNameError
+from orchestrators.starter import job_input
+from tilecommit.errors import BadInputError, ConfigurationError, InvalidNameError
 from tilecommit.grid import Window
 from tilecommit.jobs import (
     MAX_BLOB_NAME_CHARS,
@@ -31,12 +33,15 @@ from tilecommit.jobs import (
     stac_blob_name,
     tile_blob_name,
 )
+from tilecommit.settings import DEFAULT_WINDOW_SIZE, Settings
+from tilecommit.spec import OutputSpec, spec_of
 
 JOB_ID = re.compile(r"[0-9a-f]{16}")  # used with fullmatch only
 ACCOUNT_URL = "https://tilecommitprod.blob.core.windows.net"
 AZURITE_URL = "http://127.0.0.1:10000/devstoreaccount1"
 CONTAINER = "raster-uploads"
 ETAG = '"0x8DC5B1C2D3E4F50"'
+SPEC = OutputSpec()
 
 # Deterministic and CPU-light: the machine is shared.
 PROPS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -101,7 +106,7 @@ def raw_url(name: str, base: str = ACCOUNT_URL, container: str = CONTAINER) -> s
 def id_or_invalid(url, etag):
     """job_id_for's result, or the InvalidNameError it raised; any other exception propagates."""
     try:
-        return job_id_for(url, etag)
+        return job_id_for(url, etag, SPEC)
     except InvalidNameError as exc:
         return exc
 
@@ -124,9 +129,9 @@ long_names = st.text(
 @example(name=" ")
 def test_job_id_is_16_lowercase_hex_and_deterministic(name):
     url = encoded_url(name)
-    first = job_id_for(url, ETAG)
+    first = job_id_for(url, ETAG, SPEC)
     assert JOB_ID.fullmatch(first), first
-    assert job_id_for(url, ETAG) == first
+    assert job_id_for(url, ETAG, SPEC) == first
     assert check_job_id(first) == first
 
 
@@ -162,13 +167,13 @@ def test_job_id_for_url_like_text_is_an_id_or_invalid_name(url_prefix, rest):
 @pytest.mark.parametrize("url", [None, 42, b"https://h/c/b", "   "])
 def test_job_id_for_non_text_url_is_invalid_name(url):
     with pytest.raises(InvalidNameError):
-        job_id_for(url, ETAG)
+        job_id_for(url, ETAG, SPEC)
 
 
 @pytest.mark.parametrize("etag", [None, 7, b"0x1", "", "   ", '""', 'W/""'])
 def test_job_id_for_missing_etag_is_invalid_name(etag):
     with pytest.raises(InvalidNameError):
-        job_id_for(encoded_url("a.tif"), etag)
+        job_id_for(encoded_url("a.tif"), etag, SPEC)
 
 
 @PROPS
@@ -181,7 +186,7 @@ def test_job_id_for_missing_etag_is_invalid_name(etag):
 def test_percent_encoded_and_raw_path_name_the_same_blob(name, base):
     """The blob trigger, Event Grid and a user may spell the same blob's URL raw or encoded."""
     assume(check_upload_name_ok(name))
-    assert job_id_for(raw_url(name, base), ETAG) == job_id_for(encoded_url(name, base), ETAG)
+    assert job_id_for(raw_url(name, base), ETAG, SPEC) == job_id_for(encoded_url(name, base), ETAG, SPEC)
 
 
 @PROPS
@@ -198,17 +203,17 @@ def test_percent_encoded_and_raw_path_name_the_same_blob(name, base):
 )
 def test_query_string_and_fragment_are_ignored(name, query, fragment):
     url = encoded_url(name)
-    assert job_id_for(url + query + fragment, ETAG) == job_id_for(url, ETAG)
+    assert job_id_for(url + query + fragment, ETAG, SPEC) == job_id_for(url, ETAG, SPEC)
 
 
 @PROPS
 @given(name=names(), etag=st.text(alphabet="0123456789ABCDEFx", min_size=1, max_size=20))
 def test_quotes_and_weak_marker_around_the_etag_are_ignored(name, etag):
     url = encoded_url(name)
-    bare = job_id_for(url, etag)
-    assert job_id_for(url, f'"{etag}"') == bare
-    assert job_id_for(url, f'W/"{etag}"') == bare
-    assert job_id_for(url, f' "{etag}" ') == bare
+    bare = job_id_for(url, etag, SPEC)
+    assert job_id_for(url, f'"{etag}"', SPEC) == bare
+    assert job_id_for(url, f'W/"{etag}"', SPEC) == bare
+    assert job_id_for(url, f' "{etag}" ', SPEC) == bare
 
 
 @PROPS
@@ -218,7 +223,7 @@ def test_quotes_and_weak_marker_around_the_etag_are_ignored(name, etag):
 )
 def test_a_different_etag_gives_a_different_job(name, etags):
     url = encoded_url(name)
-    assert job_id_for(url, "0x" + etags[0]) != job_id_for(url, "0x" + etags[1])
+    assert job_id_for(url, "0x" + etags[0], SPEC) != job_id_for(url, "0x" + etags[1], SPEC)
 
 
 @PROPS
@@ -235,23 +240,25 @@ def test_a_different_etag_gives_a_different_job(name, etags):
 def test_different_blobs_get_different_jobs(names_):
     """Two blob names Azure keeps apart never share a job id, even with the same ETag."""
     a, b = names_
-    assert job_id_for(encoded_url(a), ETAG) != job_id_for(encoded_url(b), ETAG)
+    assert job_id_for(encoded_url(a), ETAG, SPEC) != job_id_for(encoded_url(b), ETAG, SPEC)
 
 
 def test_same_name_in_another_container_or_account_is_another_job():
     url = encoded_url("scene.tif")
-    assert job_id_for(url, ETAG) != job_id_for(encoded_url("scene.tif", container="other"), ETAG)
-    assert job_id_for(url, ETAG) != job_id_for(
-        encoded_url("scene.tif", base="https://otheraccount.blob.core.windows.net"), ETAG
+    assert job_id_for(url, ETAG, SPEC) != job_id_for(encoded_url("scene.tif", container="other"), ETAG, SPEC)
+    assert job_id_for(url, ETAG, SPEC) != job_id_for(
+        encoded_url("scene.tif", base="https://otheraccount.blob.core.windows.net"), ETAG, SPEC
     )
 
 
 def test_scheme_host_case_and_default_port_are_normalised():
     url = encoded_url("scene.tif")
-    assert job_id_for(url.replace("https://tilecommitprod", "HTTPS://TileCommitProd"), ETAG) == job_id_for(url, ETAG)
-    assert job_id_for(url.replace(".net/", ".net:443/"), ETAG) == job_id_for(url, ETAG)
+    assert job_id_for(url.replace("https://tilecommitprod", "HTTPS://TileCommitProd"), ETAG, SPEC) == job_id_for(
+        url, ETAG, SPEC
+    )
+    assert job_id_for(url.replace(".net/", ".net:443/"), ETAG, SPEC) == job_id_for(url, ETAG, SPEC)
     # The container and blob name are case-sensitive in Azure: they are kept as they are.
-    assert job_id_for(encoded_url("Scene.tif"), ETAG) != job_id_for(url, ETAG)
+    assert job_id_for(encoded_url("Scene.tif"), ETAG, SPEC) != job_id_for(url, ETAG, SPEC)
 
 
 def test_normalised_url_drops_query_and_encodes_one_way():
@@ -322,11 +329,63 @@ def test_tile_blob_name_refuses_negative_grid_positions(row, col):
 
 
 def test_output_names_of_a_job():
-    job = job_id_for(encoded_url("scene.tif"), ETAG)
+    job = job_id_for(encoded_url("scene.tif"), ETAG, SPEC)
     assert mosaic_blob_name(job) == f"mosaics/{job}/mosaic.tif"
     assert stac_blob_name(job) == f"mosaics/{job}/item.json"
     assert quicklook_blob_name(job) == f"mosaics/{job}/quicklook.png"
     assert tile_blob_name(job, Window(3, 12, 3072, 12288, 1024, 1024)) == f"tiles/{job}/0003_0012.tif"
+
+
+# ----------------------------------------------------------------------------- the output spec
+
+
+def test_another_window_size_is_another_job_with_other_keys():
+    url = encoded_url("scene.tif")
+    ids = {size: job_id_for(url, ETAG, OutputSpec(window_size=size)) for size in (256, 512, 768, 1024, 2048)}
+    assert len(set(ids.values())) == len(ids), ids
+    window = Window(0, 0, 0, 0, 256, 256)
+    assert tile_blob_name(ids[512], window) != tile_blob_name(ids[1024], window)
+    assert mosaic_blob_name(ids[512]) != mosaic_blob_name(ids[1024])
+
+
+def test_the_job_id_depends_on_the_specs_values_only():
+    url = encoded_url("scene.tif")
+    spec = OutputSpec(window_size=512)
+    again = OutputSpec.from_dict(json.loads(json.dumps(spec.to_dict())))
+    assert again == spec
+    assert job_id_for(url, ETAG, again) == job_id_for(url, ETAG, spec)
+    assert job_id_for(url, ETAG, OutputSpec()) == job_id_for(url, ETAG, OutputSpec(window_size=DEFAULT_WINDOW_SIZE))
+    assert spec.canonical() == '{"block_size":256,"profile":"default","window_size":512}'
+
+
+def test_a_job_id_needs_a_spec():
+    with pytest.raises(TypeError, match="OutputSpec"):
+        job_id_for(encoded_url("scene.tif"), ETAG, {"window_size": 1024})
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"window_size": 300}, "multiple of 256"),
+        ({"window_size": 0}, "multiple of 256"),
+        ({"window_size": -256}, "multiple of 256"),
+        ({"block_size": 512}, "blocks of (256,) pixels only"),
+        ({"profile": "web"}, "expected one of default"),
+    ],
+)
+def test_a_spec_this_build_cannot_make_is_refused(fields, message):
+    with pytest.raises(ConfigurationError, match=re.escape(message)):
+        OutputSpec(**fields)
+
+
+def test_the_starter_puts_the_spec_of_its_settings_in_the_payload_and_the_id():
+    url = encoded_url("scene.tif")
+    job = job_input("scene.tif", url, ETAG, 10, Settings(window_size=512))
+    assert job["spec"] == {"window_size": 512, "block_size": 256, "profile": "default"}
+    assert spec_of(job) == OutputSpec(window_size=512)
+    assert job["job_id"] == job_id_for(url, ETAG, OutputSpec(window_size=512))
+    assert job_input("scene.tif", url, ETAG, 10, Settings())["job_id"] == job_id_for(url, ETAG, OutputSpec())
+    assert "window_size" not in job, "one place for the window size: the spec"
 
 
 # ----------------------------------------------------------------------------- check_upload_name
@@ -376,4 +435,4 @@ def test_check_upload_name_refuses_non_text(name):
 def test_every_accepted_upload_name_has_a_job_id(name):
     """A name check_upload_name accepts always yields a job id from its (encoded) URL."""
     assume(check_upload_name_ok(name))
-    assert JOB_ID.fullmatch(job_id_for(encoded_url(check_upload_name(name)), ETAG))
+    assert JOB_ID.fullmatch(job_id_for(encoded_url(check_upload_name(name)), ETAG, SPEC))

@@ -9,6 +9,7 @@ import pytest
 
 from orchestrators import names, tiling
 from tests.durable_history import History, leaf_actions
+from tilecommit.spec import OutputSpec
 
 JOB = {
     "job_id": "0123456789abcdef",
@@ -16,7 +17,7 @@ JOB = {
     "url": "http://x/acct/in/scene.tif",
     "etag": "0x1",
     "size": 10,
-    "window_size": 1024,
+    "spec": OutputSpec(window_size=1024).to_dict(),
     "batch_size": 4,
 }
 SCENE = {"width": 2500, "height": 1800}  # 3 x 2 windows of 1024
@@ -84,6 +85,24 @@ def test_plans_windows_and_fans_out_batches_as_sub_orchestrations():
     }
 
 
+def planned_window_ids(job: dict) -> list[str]:
+    actions = leaf_actions(run(tiling.tile_scene, validated_history(job)))[1:]
+    return [f"{w['row']:04d}_{w['col']:04d}" for a in actions for w in json.loads(a["input"])["windows"]]
+
+
+def test_the_plan_is_made_to_the_jobs_window_size():
+    """The window size comes from the job's spec (the orchestrator reads no settings): 1024 makes
+    3 x 2 windows of the 2500 x 1800 scene, 512 makes 5 x 4."""
+    assert len(planned_window_ids(JOB)) == 6
+    assert len(planned_window_ids({**JOB, "spec": OutputSpec(window_size=512).to_dict()})) == 20
+
+
+def test_a_job_payload_from_before_the_spec_plans_with_its_own_window_size():
+    legacy = {k: v for k, v in JOB.items() if k != "spec"}
+    assert planned_window_ids({**legacy, "window_size": 1024}) == planned_window_ids(JOB)
+    assert len(planned_window_ids({**legacy, "window_size": 512})) == 20
+
+
 def test_every_batch_is_started_in_one_compound_action_and_later_episodes_add_none():
     """On the extension's shim a top-level action is awaited before the next one is invoked, so
     all batches go out in the one WhenAny action; taking them as they finish adds no action."""
@@ -134,6 +153,7 @@ def test_fan_in_then_assembly_then_summary():
     assert state["output"] == {
         "job_id": JOB["job_id"],
         "source": "scene.tif",
+        "spec": {"window_size": 1024, "block_size": 256, "profile": "default"},
         "windows": 6,
         "written": 5,
         "already_present": 1,
@@ -248,7 +268,7 @@ def test_a_mosaic_that_fails_its_checks_fails_the_job():
     assert "mosaic check failed: 2 levels, 3 expected" in run_failing(tiling.tile_scene, history)
 
 
-BIG_JOB = {**JOB, "window_size": 256, "batch_size": 2}
+BIG_JOB = {**JOB, "spec": OutputSpec(window_size=256).to_dict(), "batch_size": 2}
 BIG_SCENE = {"width": 2048, "height": 1536}  # 8 x 6 = 48 windows, 24 batches of 2: more than one group
 
 

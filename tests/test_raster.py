@@ -35,6 +35,7 @@ from tilecommit.raster import (
 )
 from tilecommit.raster.source import PinnedBlob, open_upload
 from tilecommit.settings import Settings
+from tilecommit.spec import OutputSpec
 
 from .raster_jobs import (
     JOB,
@@ -77,7 +78,7 @@ def scene_case(request, tmp_path):
 def test_tiles_and_mosaic_reproduce_the_source(scene_case, stores, storage, tmp_path):
     spec, path, settings = scene_case
     expected = read_scene(spec)
-    scene = inspect_source(path, settings=settings)
+    scene = inspect_source(path, settings=settings, spec=OutputSpec.from_settings(settings))
     assert (scene.width, scene.height, scene.count, scene.dtype) == (spec.width, spec.height, spec.count, spec.dtype)
     assert SceneInfo.from_dict(json.loads(json.dumps(scene.to_dict(), allow_nan=False))).to_dict() == scene.to_dict()
 
@@ -166,7 +167,7 @@ def test_vrt_assembly_matches_block_assembly_pixels(stores, storage, tmp_path):
     spec = SceneSpec(900, 700, 3, "uint16", nodata=0)
     path = write_scene(str(tmp_path / "scene.tif"), spec)
     settings = Settings(window_size=512)
-    scene = inspect_source(path, settings=settings)
+    scene = inspect_source(path, settings=settings, spec=OutputSpec.from_settings(settings))
     render_all(path, scene, settings, stores)
     result = assemble(scene, settings, stores, storage, method="vrt")
     assert result.method == "vrt" and result.outcome == "written"
@@ -210,7 +211,7 @@ def test_internal_mask_survives_tiles_and_mosaic(method, window_size, stores, st
         dst.write(data)
         dst.write_mask(mask)
     settings = Settings(window_size=window_size)
-    scene = inspect_source(path, settings=settings)
+    scene = inspect_source(path, settings=settings, spec=OutputSpec.from_settings(settings))
     assert scene.mask == "per-dataset"
     render_all(path, scene, settings, stores)
     result = assemble(scene, settings, stores, storage, method=method)
@@ -240,10 +241,10 @@ def test_encoding_the_same_window_twice_gives_identical_bytes(small_scene):
     _, path = small_scene
     window = plan_windows(600, 520, 512)[1]  # an edge window: 88 x 512
     with rasterio.open(path) as src:
-        first, _ = encode_tile(src, window, window_size=512)
-        second, _ = encode_tile(src, window, window_size=512)
+        first, _ = encode_tile(src, window, spec=OutputSpec(window_size=512))
+        second, _ = encode_tile(src, window, spec=OutputSpec(window_size=512))
     with rasterio.open(path) as src:
-        third, _ = encode_tile(src, window, window_size=512, num_threads=1)
+        third, _ = encode_tile(src, window, spec=OutputSpec(window_size=512), num_threads=1)
     assert first == second == third
     assert first[:4] == b"II*\x00"
 
@@ -252,13 +253,27 @@ def test_second_render_of_a_window_is_skipped_without_reading(small_scene, store
     _, path = small_scene
     settings = Settings(window_size=512)
     window = plan_windows(600, 520, 512)[0]
-    first = render_tile(path, window, job_id=JOB, tiles=stores["tiles"], manifest=stores["manifest"], settings=settings)
+    first = render_tile(
+        path,
+        window,
+        job_id=JOB,
+        tiles=stores["tiles"],
+        manifest=stores["manifest"],
+        settings=settings,
+        spec=OutputSpec.from_settings(settings),
+    )
     assert first.outcome == "written" and not first.skipped
     etag = stores["tiles"].get_blob_client(first.uri).get_blob_properties().etag
     # Without the source, a render that read anything would fail: the skip must come before the read.
     os.rename(path, str(tmp_path / "gone.tif"))
     second = render_tile(
-        path, window, job_id=JOB, tiles=stores["tiles"], manifest=stores["manifest"], settings=settings
+        path,
+        window,
+        job_id=JOB,
+        tiles=stores["tiles"],
+        manifest=stores["manifest"],
+        settings=settings,
+        spec=OutputSpec.from_settings(settings),
     )
     assert second.outcome == "already-present" and second.skipped
     assert (second.nbytes, second.sha256, second.uri) == (first.nbytes, first.sha256, first.uri)
@@ -273,11 +288,17 @@ def test_render_after_a_crash_between_blob_and_manifest_row_completes_the_row(sm
     settings = Settings(window_size=512)
     window = plan_windows(600, 520, 512)[3]
     with rasterio.open(path) as src:
-        body, _ = encode_tile(src, window, window_size=512)
+        body, _ = encode_tile(src, window, spec=OutputSpec(window_size=512))
     name = jobs.tile_blob_name(JOB, window)
     assert gates.commit_blob(stores["tiles"], name, body, job_id=JOB) == gates.Outcome.WRITTEN
     result = render_tile(
-        path, window, job_id=JOB, tiles=stores["tiles"], manifest=stores["manifest"], settings=settings
+        path,
+        window,
+        job_id=JOB,
+        tiles=stores["tiles"],
+        manifest=stores["manifest"],
+        settings=settings,
+        spec=OutputSpec.from_settings(settings),
     )
     assert result.outcome == "already-present" and not result.skipped
     assert result.sha256 == hashlib.sha256(body).hexdigest()
@@ -292,8 +313,8 @@ def test_windows_read_from_the_pinned_blob_equal_the_local_file(small_scene, sto
         etag = upload.upload_blob("uploads/scene one.tif", f).get_blob_properties().etag
     remote = PinnedBlob(upload.get_blob_client("uploads/scene one.tif"), etag)
     settings = Settings(window_size=256)
-    local_scene = inspect_source(path, settings=settings)
-    remote_scene = inspect_source(remote, settings=settings)
+    local_scene = inspect_source(path, settings=settings, spec=OutputSpec.from_settings(settings))
+    remote_scene = inspect_source(remote, settings=settings, spec=OutputSpec.from_settings(settings))
     assert remote_scene == local_scene
     with open_upload(remote) as src:
         assert_same_pixels(src.read(), read_scene(spec))
@@ -319,7 +340,7 @@ def test_a_damaged_block_of_a_small_source_is_refused_by_inspection(tmp_path):
     """A source within the full-decode budget is decoded whole before any tile is written."""
     path = _damage_first_block(tmp_path)
     with pytest.raises(InvalidRasterError, match="pixels at column 0, row 0 .* cannot be decoded"):
-        inspect_source(path, settings=Settings(window_size=256))
+        inspect_source(path, settings=Settings(), spec=OutputSpec(window_size=256))
 
 
 def test_a_block_that_cannot_be_decoded_fails_its_window_and_writes_nothing(tmp_path, stores, monkeypatch):
@@ -331,10 +352,20 @@ def test_a_block_that_cannot_be_decoded_fails_its_window_and_writes_nothing(tmp_
     monkeypatch.setattr(scene_module, "FULL_DECODE_MAX_FILE_BYTES", 0)
     path = _damage_first_block(tmp_path)
     settings = Settings(window_size=256)
-    inspect_source(path, settings=settings)  # the damage is not where inspection looks
+    inspect_source(
+        path, settings=settings, spec=OutputSpec.from_settings(settings)
+    )  # the damage is not where inspection looks
     window = plan_windows(1024, 512, 256)[0]
     with pytest.raises(InvalidRasterError, match="window col=0 row=0 256x256 cannot be decoded"):
-        render_tile(path, window, job_id=JOB, tiles=stores["tiles"], manifest=stores["manifest"], settings=settings)
+        render_tile(
+            path,
+            window,
+            job_id=JOB,
+            tiles=stores["tiles"],
+            manifest=stores["manifest"],
+            settings=settings,
+            spec=OutputSpec.from_settings(settings),
+        )
     assert blob_names(stores["tiles"]) == []
     assert manifest_rows(stores["manifest"]) == []
 
@@ -419,7 +450,9 @@ def test_a_failed_assembly_leaves_nothing_and_the_next_one_succeeds(rendered, st
 
 def test_scene_info_round_trips_through_json_with_nan_nodata(tmp_path):
     spec = SceneSpec(300, 200, 1, "float32", "EPSG:4326", origin=(0.0, 1.0), resolution=0.001, nodata=float("nan"))
-    scene = inspect_source(write_scene(str(tmp_path / "nan.tif"), spec), settings=Settings(window_size=256))
+    scene = inspect_source(
+        write_scene(str(tmp_path / "nan.tif"), spec), settings=Settings(), spec=OutputSpec(window_size=256)
+    )
     text = json.dumps(scene.to_dict(), allow_nan=False)  # strict JSON: Durable payloads must parse anywhere
     again = SceneInfo.from_dict(json.loads(text))
     assert math.isnan(again.nodata)
@@ -435,7 +468,7 @@ def test_tiff_block_copy_round_trips_a_cog(small_scene, tmp_path, bigtiff):
     spec, path = small_scene
     window = plan_windows(spec.width, spec.height, 512)[0]
     with rasterio.open(path) as src:
-        body, _ = encode_tile(src, window, window_size=512)
+        body, _ = encode_tile(src, window, spec=OutputSpec(window_size=512))
     layout = tiff.read_layout(body[:4096], lambda offset, length: body[offset : offset + length])
     assert [d.subfile_type for d in layout.directories] == [0, 1]
     directories = [
@@ -696,7 +729,7 @@ def test_assembly_writes_no_full_size_temporary_file(stores, storage, tmp_path):
     spec = SceneSpec(2048, 2048, 3, "uint16", nodata=0)
     path = write_scene(str(tmp_path / "scene.tif"), spec)
     settings = Settings(window_size=1024)
-    scene = inspect_source(path, settings=settings)
+    scene = inspect_source(path, settings=settings, spec=OutputSpec.from_settings(settings))
     render_all(path, scene, settings, stores)
     workdir = tmp_path / "work"
     workdir.mkdir()
@@ -739,10 +772,10 @@ def test_vrt_path_warns_when_its_temporary_file_may_exceed_the_budget(stores, st
     spec = SceneSpec(1024, 768, 3, "uint16", nodata=0)
     path = write_scene(str(tmp_path / "scene.tif"), spec)
     settings = Settings(window_size=512)
-    scene = inspect_source(path, settings=settings)
+    scene = inspect_source(path, settings=settings, spec=OutputSpec.from_settings(settings))
     render_all(path, scene, settings, stores)
     summary = gates.count_manifest(stores["manifest"], JOB)
-    estimate = mosaic_module.estimate_vrt_temp_bytes(scene, summary, settings)
+    estimate = mosaic_module.estimate_vrt_temp_bytes(scene, summary, OutputSpec.from_settings(settings))
     monkeypatch.setattr(vrt_module, "TEMP_BUDGET_BYTES", estimate - 1)
     with caplog.at_level(logging.WARNING, logger=vrt_module.logger.name):
         result = assemble(scene, settings, stores, storage, method="vrt")

@@ -8,21 +8,25 @@ import pytest
 import rasterio
 from rasterio.control import GroundControlPoint
 from rasterio.transform import Affine, from_origin
+from rasterio.windows import Window
 
 from devhost.scenes import SceneSpec, write_scene
 from tilecommit.errors import BadInputError, InvalidRasterError, UnsupportedRasterError
 from tilecommit.raster import inspect_source
+from tilecommit.raster.scene import MAX_WINDOW_BYTES
 from tilecommit.settings import Settings
+from tilecommit.spec import OutputSpec
 from tilecommit.storage import vsiaz_path
 
 from .raster_jobs import blob_names, manifest_rows, render_all
+from .tiff_fuzz import write_window_budget_files
 
 SETTINGS = Settings(window_size=256)
 
 
 def run_job(path: str, stores, gdal_options=None, settings: Settings = SETTINGS) -> None:
     """What the orchestration does with an upload: inspect it, then render every window."""
-    scene = inspect_source(path, settings=settings, gdal_options=gdal_options)
+    scene = inspect_source(path, settings=settings, spec=OutputSpec.from_settings(settings), gdal_options=gdal_options)
     render_all(path, scene, settings, stores, gdal_options=gdal_options)
 
 
@@ -124,6 +128,32 @@ def make_complex(tmp_path):
     return write_raster(tmp_path / "complex.tif", dtype="complex64")
 
 
+def sparse_raster(path, *, count: int, dtype: str, width: int = 1024, height: int = 1024) -> str:
+    """A GeoTIFF whose blocks were never written (GDAL reads them as zeros): header only."""
+    with rasterio.open(
+        path,
+        "w",
+        driver="GTiff",
+        width=width,
+        height=height,
+        count=count,
+        dtype=dtype,
+        crs="EPSG:32633",
+        transform=NORTH_UP,
+        tiled=True,
+        blockxsize=256,
+        blockysize=256,
+        sparse_ok=True,
+    ):
+        pass
+    return str(path)
+
+
+def make_too_many_bands(tmp_path):
+    # 200 float64 bands: a 256 x 256 window needs 100 MiB.
+    return sparse_raster(tmp_path / "bands.tif", count=200, dtype="float64", width=512, height=512)
+
+
 BAD_INPUTS = {
     # id: (maker, error type, message fragments, settings)
     "not-a-raster": (make_not_a_raster, InvalidRasterError, ["is not a TIFF", "accepted: a self-contained GeoTIFF"]),
@@ -144,6 +174,16 @@ BAD_INPUTS = {
     "rotated": (make_rotated, UnsupportedRasterError, ["rotated or sheared", "north-up grids only"]),
     "too-many-pixels": (make_too_many_pixels, UnsupportedRasterError, ["60000 pixels", "more than the 50000 allowed"]),
     "complex-dtype": (make_complex, UnsupportedRasterError, ["sample type complex64", "accepted: uint8"]),
+    "too-many-bands": (
+        make_too_many_bands,
+        UnsupportedRasterError,
+        [
+            "200 bands of float64: one 256 x 256 window of it needs 104857600 bytes",
+            f"more than the {MAX_WINDOW_BYTES} bytes",
+            "at most 96 bands of float64 per file",
+            "a smaller window would not do",
+        ],
+    ),
 }
 
 
@@ -177,3 +217,28 @@ def test_bad_blob_on_azurite_is_refused_through_vsiaz(case, tmp_path, stores, st
         assert fragment in str(caught.value), str(caught.value)
     assert blob_names(stores["tiles"]) == []
     assert manifest_rows(stores["manifest"]) == []
+
+
+def test_the_window_budget_is_measured_in_the_jobs_window(tmp_path):
+    """24 uint16 bands of 1024² fill the budget exactly; a 25th is refused at 1024-px windows and
+    accepted at 512 (where the message says it would fit)."""
+    at_budget = sparse_raster(tmp_path / "24.tif", count=24, dtype="uint16")
+    assert MAX_WINDOW_BYTES == 24 * 1024 * 1024 * 2
+    assert inspect_source(at_budget, settings=SETTINGS, spec=OutputSpec(window_size=1024)).count == 24
+    over = sparse_raster(tmp_path / "25.tif", count=25, dtype="uint16")
+    with pytest.raises(UnsupportedRasterError) as caught:
+        inspect_source(over, settings=SETTINGS, spec=OutputSpec(window_size=1024))
+    message = str(caught.value)
+    assert f"needs {25 * 1024 * 1024 * 2} bytes" in message and f"the {MAX_WINDOW_BYTES} bytes" in message, message
+    assert "at most 24 bands of uint16 per file" in message and "TILECOMMIT_WINDOW_SIZE=768 fits 25 bands" in message
+    assert inspect_source(over, settings=SETTINGS, spec=OutputSpec(window_size=768)).count == 25
+
+
+def test_a_file_over_the_window_budget_is_refused_before_any_block_is_read(tmp_path):
+    """The 65,535-band file of the fuzz corpus declares its strips past its end: any pixel read
+    fails, so a refusal for the budget (not as truncated or corrupt) shows none was made."""
+    path = str(next(p for p in write_window_budget_files(tmp_path) if "65535" in p.name))
+    with rasterio.open(path) as src, pytest.raises(rasterio.errors.RasterioIOError):
+        src.read(1, window=Window(0, 0, 1, 1))
+    with pytest.raises(UnsupportedRasterError, match="65535 bands of uint8: one 64 x 64 window of it needs 268431360"):
+        inspect_source(path, settings=SETTINGS, spec=OutputSpec(window_size=256))

@@ -23,11 +23,13 @@ from tilecommit.raster.env import gdal_env
 from tilecommit.raster.source import LocalFile, PinnedBlob, open_upload
 from tilecommit.raster.tiles import encode_tile
 from tilecommit.settings import Settings
+from tilecommit.spec import OutputSpec
 from tilecommit.storage import StorageConnection
 
 from .storage_proxy import FaultPlan, FaultProxy
 
 SETTINGS = Settings(window_size=256)
+SPEC = OutputSpec.from_settings(SETTINGS)
 WINDOW = RioWindow(256, 0, 256, 256)
 
 
@@ -70,9 +72,9 @@ def test_a_window_read_storage_did_not_answer_in_full_is_a_retryable_fault_then_
         with gdal_env(SETTINGS), open_upload(source) as src:
             setattr(plan, fault, 1.0)
             with pytest.raises(StorageFaultError) as caught:
-                encode_tile(src, WINDOW, window_size=256)
+                encode_tile(src, WINDOW, spec=SPEC)
             setattr(plan, fault, 0.0)
-            body, _ = encode_tile(src, WINDOW, window_size=256)
+            body, _ = encode_tile(src, WINDOW, spec=SPEC)
     assert is_retryable(caught.value) and not isinstance(caught.value, InvalidRasterError)
     assert "storage did not deliver bytes" in str(caught.value) and "corrupt" not in str(caught.value)
     assert proxy.injected[fault if fault != "reset" else "reset-before"] + proxy.injected["reset-after"] >= 1
@@ -84,9 +86,9 @@ def test_an_open_during_an_outage_is_a_fault_and_the_next_attempt_succeeds(azuri
     plan = FaultPlan(busy=1.0)
     with FaultProxy(f"http://127.0.0.1:{azurite.blob_port}", plan) as proxy:
         with pytest.raises(StorageFaultError) as caught:
-            inspect_source(pinned_through(proxy, azurite, container, *uploaded), settings=SETTINGS)
+            inspect_source(pinned_through(proxy, azurite, container, *uploaded), settings=SETTINGS, spec=SPEC)
         plan.busy = 0.0
-        scene = inspect_source(pinned_through(proxy, azurite, container, *uploaded), settings=SETTINGS)
+        scene = inspect_source(pinned_through(proxy, azurite, container, *uploaded), settings=SETTINGS, spec=SPEC)
     assert is_retryable(caught.value) and "corrupt" not in str(caught.value)
     assert (scene.width, scene.height) == (512, 512)
 
@@ -99,7 +101,7 @@ def test_an_upload_overwritten_while_it_is_read_fails_once_naming_both_versions(
         with open(other, "rb") as data:
             new_etag = container.upload_blob(name, data, overwrite=True).get_blob_properties().etag
         with pytest.raises(SourceChangedError) as caught:
-            encode_tile(src, WINDOW, window_size=256)
+            encode_tile(src, WINDOW, spec=SPEC)
     message = str(caught.value)
     assert etag.strip('"') in message and new_etag.strip('"') in message, message
     assert not is_retryable(caught.value)
@@ -110,7 +112,7 @@ def test_an_upload_overwritten_before_it_is_opened_is_refused_by_the_service(con
     with open(scene, "rb") as data:
         container.upload_blob(name, data, overwrite=True)  # same bytes, a new version
     with pytest.raises(SourceChangedError, match="overwritten"):
-        inspect_source(PinnedBlob(container.get_blob_client(name), etag), settings=SETTINGS)
+        inspect_source(PinnedBlob(container.get_blob_client(name), etag), settings=SETTINGS, spec=SPEC)
 
 
 def test_a_recorded_read_failure_fails_the_call_even_when_gdal_returned_pixels(scene):
@@ -159,8 +161,8 @@ def test_bytes_that_arrived_and_do_not_decode_are_corrupt_input(tmp_path, contai
         source = LocalFile(str(path))
     with gdal_env(SETTINGS), open_upload(source) as src:
         with pytest.raises(InvalidRasterError) as caught:
-            encode_tile(src, WINDOW, window_size=256)
-        intact, _ = encode_tile(src, RioWindow(0, 0, 256, 256), window_size=256)
+            encode_tile(src, WINDOW, spec=SPEC)
+        intact, _ = encode_tile(src, RioWindow(0, 0, 256, 256), spec=SPEC)
     assert not is_retryable(caught.value) and source.faults == []
     assert "col=256 row=0" in str(caught.value) and "corrupt" in str(caught.value)
     assert intact[:4] == b"II*\x00"

@@ -27,6 +27,7 @@ from tilecommit.raster import SceneInfo, inspect_source
 from tilecommit.raster.mosaic import mosaic_overview_levels
 from tilecommit.raster.scene import same_crs
 from tilecommit.settings import Settings
+from tilecommit.spec import OutputSpec
 
 from .app_jobs import download as download_blob
 from .app_jobs import local_host
@@ -100,7 +101,7 @@ def test_the_corpus_is_what_its_readme_lists():
 
 
 def run_library_job(path: str, settings: Settings, stores, storage):
-    scene = inspect_source(path, settings=settings)
+    scene = inspect_source(path, settings=settings, spec=OutputSpec.from_settings(settings))
     assert SceneInfo.from_dict(json.loads(json.dumps(scene.to_dict(), allow_nan=False))).to_dict() == scene.to_dict()
     results = render_all(path, scene, settings, stores)
     assert [r.outcome for r in results] == ["written"] * len(
@@ -225,7 +226,7 @@ def test_real_raster_is_refused_before_any_tile(name, stores):
     error, fragments = REFUSED[name]
     path = str(REAL / name)
     with pytest.raises(error) as caught:
-        inspect_source(path, settings=Settings(window_size=256))
+        inspect_source(path, settings=Settings(), spec=OutputSpec(window_size=256))
     assert isinstance(caught.value, BadInputError)
     for fragment in fragments:
         assert fragment in str(caught.value), str(caught.value)

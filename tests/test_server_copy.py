@@ -27,6 +27,7 @@ from tilecommit.raster.server_copy import (
 )
 from tilecommit.raster.tiles import encode_tile
 from tilecommit.settings import Settings
+from tilecommit.spec import OutputSpec
 
 from .raster_jobs import JOB, assemble, assert_same_pixels, download, render_all
 
@@ -38,7 +39,7 @@ def test_a_tile_changed_after_its_manifest_row_fails_the_assembly_naming_the_win
     spec = SceneSpec(700, 520, 3, "uint16", nodata=0)
     path = write_scene(str(tmp_path / "scene.tif"), spec)
     settings = Settings(window_size=256)
-    scene = inspect_source(path, settings=settings)
+    scene = inspect_source(path, settings=settings, spec=OutputSpec.from_settings(settings))
     render_all(path, scene, settings, stores)
     changed = "0001_0002"
     row = gates.get_manifest_entry(stores["manifest"], JOB, changed)
@@ -58,7 +59,15 @@ def test_a_tile_changed_after_its_manifest_row_fails_the_assembly_naming_the_win
     tile.delete_blob()
     stores["manifest"].delete_entity(JOB, changed)
     window = next(w for w in plan_windows(scene.width, scene.height, settings.window_size) if w.id == changed)
-    render_tile(path, window, job_id=JOB, tiles=stores["tiles"], manifest=stores["manifest"], settings=settings)
+    render_tile(
+        path,
+        window,
+        job_id=JOB,
+        tiles=stores["tiles"],
+        manifest=stores["manifest"],
+        settings=settings,
+        spec=OutputSpec.from_settings(settings),
+    )
     result = assemble(scene, settings, stores, storage)
     assert (result.outcome, result.method) == ("written", "server")
     with rasterio.open(download(stores["output"], result.mosaic, tmp_path / "mosaic.tif")) as mosaic:
@@ -144,13 +153,13 @@ def _planned_40960(tmp_path, window_size: int) -> tuple[int, int]:
     directories repeated over every window (no pixel data of the scene is made)."""
     spec = SceneSpec(window_size, window_size, 3, "uint16", nodata=0)
     path = write_scene(str(tmp_path / f"tile{window_size}.tif"), spec)
-    settings = Settings(window_size=window_size)
+    output_spec = OutputSpec(window_size=window_size)
     with rasterio.open(path) as src:
-        body, _ = encode_tile(src, plan_windows(window_size, window_size, window_size)[0], window_size=window_size)
+        body, _ = encode_tile(src, plan_windows(window_size, window_size, window_size)[0], spec=output_spec)
     layout = tiff.read_layout(body, None)
     windows = plan_windows(40960, 40960, window_size)
     heads = [TileHead(w, w.id, layout) for w in windows]
-    directories = plan_tile_levels(None, heads, settings)
+    directories = plan_tile_levels(None, heads, output_spec)
     # The coarse levels are computed locally; counted here at their uncompressed size (a bound).
     width, height, bytes_per_block = directories[-1].width, directories[-1].height, 256 * 256 * 3 * 2
     while width > 256 or height > 256:

@@ -17,6 +17,7 @@ from tests.app_jobs import AppEnv, local_host, make_scene
 from tilecommit import settings as names
 from tilecommit.gates import count_manifest
 from tilecommit.jobs import job_id_for
+from tilecommit.spec import OutputSpec
 from tilecommit.storage import StorageConnection
 
 pytestmark = pytest.mark.slow
@@ -106,7 +107,8 @@ def test_azurite_stopped_for_10_s_costs_time_not_the_job(durable_azurite, app_en
         in_commit = stop_inside_a_commit(host, durable_azurite, job_prefix) if stage == "episode commit" else None
         blob = host.blobs.get_blob_client(host.settings.input_container, scene.name)
         with scene.open("rb") as data:
-            job_id = job_id_for(blob.url, blob.upload_blob(data, overwrite=True)["etag"])
+            etag = blob.upload_blob(data, overwrite=True)["etag"]
+        job_id = job_id_for(blob.url, etag, OutputSpec.from_settings(host.settings))
         job_prefix.append(job_id)
         if in_commit is not None:
             assert in_commit.wait(120), "the job made no third commit"

@@ -30,6 +30,7 @@ from tilecommit.errors import BadInputError
 from tilecommit.gates import count_manifest
 from tilecommit.raster import inspect_source
 from tilecommit.settings import Settings
+from tilecommit.spec import OutputSpec
 
 from . import appinsights_tables
 from .app_jobs import ROOT, AppEnv, local_host, make_scene
@@ -62,7 +63,7 @@ def local_run(azurite, storage, tmp_path_factory):
     not_a_tiff = tmp / "notes.tif"
     not_a_tiff.write_bytes(b"these are notes, not a raster\n" * 10)
     try:
-        inspect_source(str(not_a_tiff), settings=Settings())
+        inspect_source(str(not_a_tiff), settings=Settings(), spec=OutputSpec())
     except BadInputError as exc:
         bad_error_type = type(exc).__name__
     logs = InMemoryLogRecordExporter()

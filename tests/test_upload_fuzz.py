@@ -21,7 +21,12 @@ from pathlib import Path
 
 import pytest
 
-from .tiff_fuzz import make_corpus
+from devhost.cli import process_file
+from tilecommit.gates import count_manifest
+from tilecommit.raster.scene import MAX_WINDOW_BYTES
+
+from .app_jobs import WINDOW, local_host
+from .tiff_fuzz import make_corpus, write_window_budget_files
 
 ROOT = Path(__file__).resolve().parent.parent
 #: A file must be decided within this many seconds...
@@ -112,8 +117,46 @@ def test_damaged_geotiffs_are_refused_or_processed_never_crash_or_hang(tmp_path,
     unexpected = {name: r for name, r in results.items() if r["outcome"] not in ("refused", "processed")}
     assert unexpected == {}, "\n".join(f"{n}: {r}" for n, r in unexpected.items())
     assert all(results[p.name]["outcome"] == "processed" for p, family in corpus if family == "intact")
+    over_budget = [results[p.name] for p, family in corpus if family == "window-budget"]
+    assert len(over_budget) == 2
+    for result in over_budget:
+        assert result["error_type"] == "UnsupportedRasterError", result
+        assert f"more than the {MAX_WINDOW_BYTES} bytes" in result["message"], result
     refusals = [r for r in results.values() if r["outcome"] == "refused"]
     assert all(r["error_type"] in ("InvalidRasterError", "UnsupportedRasterError") for r in refusals)
     assert all(r["message"].startswith(str(tmp_path)) for r in refusals), "a refusal names the upload"
     assert slowest["seconds"] < MAX_SECONDS, slowest
     assert peak < MAX_RSS_BYTES, peak
+
+
+#: Decoded bytes of one window of each window-budget file at the end-to-end tests' window size.
+OVER_BUDGET = {
+    "window-budget-65535-bands-uint8.tif": 65535 * 64 * 64 * 1,  # the 64 x 64 scene is one window
+    "window-budget-200-bands-float64.tif": 200 * WINDOW * WINDOW * 8,
+}
+
+
+@pytest.mark.slow
+def test_files_over_the_window_budget_fail_their_job_at_validation_with_no_tile(storage, app_env, tmp_path, capsys):
+    """Each job runs its validation once on Azurite (a BadInputError is never retried) and fails
+    naming the bytes one window needs, the budget and what to do; nothing is written."""
+    files = write_window_budget_files(tmp_path)
+    with local_host(app_env) as host:
+        summaries = {path.name: process_file(host, path, timeout=120) for path in files}
+        validations = [e for e in host.engine.executions if e.name == "validate_source"]
+        others = [e.name for e in host.engine.executions if e.name != "validate_source"]
+    tiles = storage.blob_service().get_container_client(app_env.tiles)
+    table = storage.table_service().get_table_client(app_env.manifest)
+    for name, summary in summaries.items():
+        assert summary["status"] == "failed", (name, summary)
+        error = summary["error"]
+        assert f"bad input {name!r}" in error and "(UnsupportedRasterError)" in error, error
+        assert f"needs {OVER_BUDGET[name]} bytes" in error, error
+        assert f"more than the {MAX_WINDOW_BYTES} bytes" in error, error
+        assert "split the bands into several files" in error, error
+        assert list(tiles.list_blobs(name_starts_with=f"tiles/{summary['job_id']}/")) == []
+        assert count_manifest(table, summary["job_id"]).rows == 0
+    assert len(validations) == len(files) and others == []
+    with capsys.disabled():
+        for execution in validations:
+            print(f"\nwindow budget: {execution.input['blob']} refused by validate_source in {execution.seconds:.3f} s")

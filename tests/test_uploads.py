@@ -25,6 +25,7 @@ from tilecommit.raster.scene import same_crs
 from tilecommit.raster.source import PinnedBlob
 from tilecommit.raster.upload import check_upload_content, describe_header
 from tilecommit.settings import Settings
+from tilecommit.spec import OutputSpec
 from tilecommit.storage import StorageConnection, vsiaz_path
 
 from .hostile import (
@@ -79,7 +80,7 @@ def pinned(container, name: str) -> PinnedBlob:
 
 def assert_refused(path, gdal_options: dict | None = None) -> str:
     with pytest.raises(BadInputError) as caught:
-        inspect_source(path, settings=SETTINGS, gdal_options=gdal_options)
+        inspect_source(path, settings=SETTINGS, spec=OutputSpec.from_settings(SETTINGS), gdal_options=gdal_options)
     message = str(caught.value)
     assert "accepted: a self-contained GeoTIFF" in message, message
     assert not caught.value.retryable
@@ -121,7 +122,7 @@ def test_other_formats_are_refused_by_content_with_what_is_accepted(tmp_path):
     (tmp_path / "a.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\x00" * 60)
     for name, (path, what) in cases.items():
         with pytest.raises(UnsupportedRasterError) as caught:
-            inspect_source(path, settings=SETTINGS)
+            inspect_source(path, settings=SETTINGS, spec=OutputSpec.from_settings(SETTINGS))
         assert what in str(caught.value) and "accepted" not in what, (name, str(caught.value))
         assert "accepted: a self-contained GeoTIFF" in str(caught.value)
 
@@ -138,11 +139,11 @@ def test_sidecars_beside_a_local_upload_are_never_read(tmp_path):
     with rasterio.open(plain) as src:  # the control: GDAL left alone takes the sidecars' word
         assert src.crs is not None and src.nodata == 7 and src.overviews(1)
     with pytest.raises(UnsupportedRasterError, match="has no georeferencing"):
-        inspect_source(plain, settings=SETTINGS)
+        inspect_source(plain, settings=SETTINGS, spec=OutputSpec.from_settings(SETTINGS))
 
     georeferenced = geotiff(tmp_path / "geo.tif")
     add_sidecars(georeferenced)
-    scene = inspect_source(georeferenced, settings=SETTINGS)
+    scene = inspect_source(georeferenced, settings=SETTINGS, spec=OutputSpec.from_settings(SETTINGS))
     assert scene.nodata is None and scene.mask == "none" and same_crs(scene.crs, "EPSG:32633")
 
 
@@ -174,7 +175,12 @@ def test_on_storage_sidecars_and_other_blobs_are_never_requested(tmp_path, new_c
         assert any(other.container_name in p for p in proxy.paths()), proxy.paths()
         del proxy.requests[:]
 
-        scene = inspect_source(pinned(through_proxy, "scenes/geo.tif"), settings=SETTINGS, gdal_options=options)
+        scene = inspect_source(
+            pinned(through_proxy, "scenes/geo.tif"),
+            settings=SETTINGS,
+            spec=OutputSpec.from_settings(SETTINGS),
+            gdal_options=options,
+        )
         assert scene.nodata is None and scene.mask == "none" and same_crs(scene.crs, "EPSG:32633")
         message = assert_refused(pinned(through_proxy, "scenes/steal.vrt"), options)
         assert "GDAL VRT" in message

@@ -4,7 +4,9 @@ The corpus starts from a few intact GeoTIFFs made by rasterio (tiled and striped
 raw, classic and BigTIFF, little- and big-endian, a COG with overviews) and damages them the ways
 real uploads get damaged, or hostile ones are made: truncations, flipped bytes, directory fields
 and block offsets/byte counts pointing anywhere, directory loops, absurd dimensions, block sizes
-and sample counts, broken compression streams, and tiny files that declare huge images.
+and sample counts, broken compression streams, and tiny files that declare huge images; and
+two small files whose windows would need more memory than validation allows (65,535 bands;
+200 float64 bands).
 
 The worker (``python -m tests.tiff_fuzz DIR``) runs in its own process, so a crash of GDAL or a
 hang cannot take the test runner with it: for each file it prints one JSON line saying how the
@@ -285,12 +287,54 @@ def write_bases(directory: Path) -> list[Path]:
     return bases
 
 
+def write_window_budget_files(directory: Path) -> list[Path]:
+    """Small files declaring more bands than one window may hold decoded (validation's budget).
+
+    - 65,535 uint8 bands (TIFF's most), pixel-interleaved strips, 64 x 64 pixels: 256 MiB in
+      one window; 394 KB of header, nearly all the per-band BitsPerSample, SampleFormat and
+      ExtraSamples arrays. Its strips are declared past the end of the file, so any read of a
+      pixel before the budget's refusal would fail as a truncated file instead.
+    - 200 float64 bands, band-interleaved strips, 512 x 512 pixels: 100 MiB in one 256-px window;
+      sparse (no strip written), 309 KB.
+
+    Fewer pixels than that would not do: a 1 x 1 file of 65,535 bands needs 64 KiB a window.
+    """
+    import rasterio
+    from rasterio.transform import from_origin
+
+    common = dict(driver="GTiff", crs="EPSG:32633", transform=from_origin(500000, 4600000, 10, 10), sparse_ok=True)
+    specs = {
+        "window-budget-65535-bands-uint8.tif": dict(
+            width=64, height=64, count=65535, dtype="uint8", interleave="pixel"
+        ),
+        "window-budget-200-bands-float64.tif": dict(
+            width=512, height=512, count=200, dtype="float64", interleave="band"
+        ),
+    }
+    paths = []
+    for name, spec in specs.items():
+        path = directory / name
+        with rasterio.open(path, "w", **common, **spec):
+            pass  # nothing written: every strip sparse
+        paths.append(path)
+    data = bytearray(paths[0].read_bytes())
+    layout = parse(bytes(data))
+    offsets, counts = _block_entries(layout)
+    strip = 64 * 65535
+    for i in range(offsets.count):
+        _set_value(data, layout, offsets, len(data) + i * strip, i)
+        _set_value(data, layout, counts, strip, i)
+    paths[0].write_bytes(bytes(data))
+    return paths
+
+
 def make_corpus(directory: Path, seed: int = 20261130) -> list[tuple[Path, str]]:
     """At least 300 damaged files (plus the intact bases), named after their mutation; seeded."""
     directory.mkdir(parents=True, exist_ok=True)
     bases = write_bases(directory)
     rng = random.Random(seed)
     corpus = [(base, "intact") for base in bases]
+    corpus += [(path, "window-budget") for path in write_window_budget_files(directory)]
     for family, (mutate, count) in MUTATIONS.items():
         for i in range(count):
             base = bases[i % len(bases)]
@@ -319,9 +363,10 @@ def check_file(path: str, settings) -> dict:
     from tilecommit.raster import encode_tile, gdal_env, inspect_source
     from tilecommit.raster.source import open_upload
     from tilecommit.raster.upload import upload_gdal_options
+    from tilecommit.spec import OutputSpec
 
     try:
-        scene = inspect_source(path, settings=settings)
+        scene = inspect_source(path, settings=settings, spec=OutputSpec.from_settings(settings))
     except BadInputError as exc:
         return {"outcome": "refused", "error_type": type(exc).__name__, "message": str(exc)[:300]}
     windows = plan_windows(scene.width, scene.height, settings.window_size)
@@ -329,7 +374,7 @@ def check_file(path: str, settings) -> dict:
     with gdal_env(settings, upload_gdal_options(path)), open_upload(path) as src:
         for window in checked:
             try:
-                body, _ = encode_tile(src, window, window_size=settings.window_size)
+                body, _ = encode_tile(src, window, spec=OutputSpec(window_size=settings.window_size))
             except BadInputError as exc:
                 # Inspection accepted the file, then a window was refused: tiles of other
                 # windows could already have been written for an upload that is refused.

@@ -1,7 +1,8 @@
 """Job identity and output keys: pure functions, no uuid, clock, host or attempt in them.
 
-The same upload (URL + ETag) always maps to the same job id, and a job's tile keys are a pure
-function of that id and the window; that is what lets storage refuse the second copy.
+The same upload (URL + ETag) made to the same output spec (window size, block size, profile)
+always maps to the same job id, and a job's tile keys are a pure function of that id and the
+window; that is what lets storage refuse the second copy.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 from .errors import InvalidNameError
 from .grid import Window
+from .spec import OutputSpec
 
 _JOB_ID = re.compile(r"[0-9a-f]{16}")
 #: Azure's limit for a blob name, in characters (1024) when URL-decoded.
@@ -74,13 +76,17 @@ def normalise_etag(etag: str) -> str:
     return value
 
 
-def job_id_for(blob_url: str, etag: str) -> str:
-    """Deterministic job id: 16 lowercase hex characters from the normalised URL and the ETag.
+def job_id_for(blob_url: str, etag: str, spec: OutputSpec) -> str:
+    """Deterministic job id: 16 lowercase hex characters from the normalised URL, the ETag and
+    the output spec.
 
-    Same inputs, same id; a new ETag (the blob was overwritten) gives a new job. The id is a
-    valid Durable instance id, table key and blob-name segment whatever the upload was called.
+    Same inputs, same id; a new ETag (the blob was overwritten) or another spec (another window
+    size: another grid of tiles) gives a new job, whose tiles and manifest rows are its own. The
+    id is a valid Durable instance id, table key and blob-name segment whatever the upload was called.
     """
-    material = f"{normalise_blob_url(blob_url)}\n{normalise_etag(etag)}".encode()
+    if not isinstance(spec, OutputSpec):
+        raise TypeError(f"spec must be an OutputSpec, got {type(spec).__name__}")
+    material = f"{normalise_blob_url(blob_url)}\n{normalise_etag(etag)}\n{spec.canonical()}".encode()
     return hashlib.sha256(material).hexdigest()[:16]
 
 

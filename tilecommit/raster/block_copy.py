@@ -29,6 +29,7 @@ from rasterio.errors import NotGeoreferencedWarning
 from ..errors import IncompatibleTilesError, MosaicCheckError
 from ..grid import Window
 from ..settings import Settings
+from ..spec import OutputSpec
 from . import tiff
 from .block_sources import FETCH_THREADS, TILE_HEAD_BYTES, BlockFetcher, FileRangeSource, read_tile_heads
 from .env import BLOCK_SIZE, gdal_env
@@ -85,6 +86,7 @@ def build_coarse_levels(
         layout = tiff.read_layout(f.read(TILE_HEAD_BYTES), source.read, max_directories=2 * len(factors) + 4)
 
     def coarse(d: tiff.Directory, subfile_type: int, what: str) -> tiff.OutputDirectory:
+        # GDAL builds them in blocks of GDAL_TIFF_OVR_BLOCKSIZE (env.py), the one block size a spec may name.
         if d.tile_width != BLOCK_SIZE or d.tile_height != BLOCK_SIZE or d.planar_config != 1:
             raise MosaicCheckError(f"computed {what} has blocks of {d.tile_width}x{d.tile_height}")
         blocks = [tiff.BlockRef("coarse", o, c) for o, c in zip(d.block_offsets, d.block_byte_counts, strict=True)]
@@ -136,6 +138,7 @@ def prepare_block_copy(
     *,
     tiles: ContainerClient,
     settings: Settings,
+    spec: OutputSpec,
     workdir: str,
     timings: dict[str, float],
     executor: ThreadPoolExecutor,
@@ -156,10 +159,10 @@ def prepare_block_copy(
             raise IncompatibleTilesError(f"tile {head.window.id} frames its blocks differently from tile 0000_0000")
 
     started = time.perf_counter()
-    directories = plan_tile_levels(scene, heads, settings)
-    fetch = BlockFetcher(sources, executor)
+    directories = plan_tile_levels(scene, heads, spec)
+    fetch = BlockFetcher(sources, executor, spec.block_size)
     coarse_source = None
-    if directories[-1].width > BLOCK_SIZE or directories[-1].height > BLOCK_SIZE:
+    if directories[-1].width > spec.block_size or directories[-1].height > spec.block_size:
         nodata = reference.directories[0].tags.get(tiff.GDAL_NODATA)
         coarse, coarse_source = build_coarse_levels(
             scene, directories[-1], nodata, reference.byte_order, len(directories) - 1, fetch, workdir, settings
@@ -185,6 +188,7 @@ def build_mosaic_blocks(
     *,
     tiles: ContainerClient,
     settings: Settings,
+    spec: OutputSpec,
     workdir: str,
     timings: dict[str, float],
     check_head: Callable[[bytes, int], None] | None = None,
@@ -197,7 +201,15 @@ def build_mosaic_blocks(
     """
     with ThreadPoolExecutor(max_workers=FETCH_THREADS, thread_name_prefix="tilefetch") as executor:
         layout = prepare_block_copy(
-            scene, windows, summary, tiles=tiles, settings=settings, workdir=workdir, timings=timings, executor=executor
+            scene,
+            windows,
+            summary,
+            tiles=tiles,
+            settings=settings,
+            spec=spec,
+            workdir=workdir,
+            timings=timings,
+            executor=executor,
         )
         try:
             if check_head is not None:

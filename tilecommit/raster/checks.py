@@ -17,6 +17,7 @@ from .. import gates
 from ..errors import IncompleteManifestError, MosaicCheckError, StorageFaultError
 from ..grid import plan_windows
 from ..settings import Settings
+from ..spec import OutputSpec
 from ..storage import vsiaz_path
 from .env import BLOCK_SIZE, gdal_env
 from .gdal_errors import gdal_step, recording, transport_fault
@@ -26,7 +27,7 @@ from .scene import SceneInfo, crs_label, same_crs
 _TRANSPORT_FAULTS = (ServiceRequestError, ServiceResponseError)
 
 
-def check_manifest(job_id: str, scene: SceneInfo, *, tiles: ContainerClient, manifest: TableClient, settings: Settings):
+def check_manifest(job_id: str, scene: SceneInfo, *, tiles: ContainerClient, manifest: TableClient, spec: OutputSpec):
     """The planned windows and their manifest rows, or :class:`IncompleteManifestError`.
 
     Completeness comes from the manifest (never from listing the tiles); each row's byte count is
@@ -34,7 +35,7 @@ def check_manifest(job_id: str, scene: SceneInfo, *, tiles: ContainerClient, man
     per 5,000 tiles instead of one HEAD per tile; a row naming a blob the listing lacks counts
     as a mismatch.
     """
-    windows = plan_windows(scene.width, scene.height, settings.window_size)
+    windows = plan_windows(scene.width, scene.height, spec.window_size)
     summary = gates.count_manifest(manifest, job_id)
     missing = [w.id for w in windows if w.id not in summary.entries]
     if missing:

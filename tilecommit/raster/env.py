@@ -14,6 +14,7 @@ import rasterio
 
 from ..retries import gdal_http_options
 from ..settings import Settings
+from ..spec import DEFAULT_BLOCK_SIZE
 
 #: Datasets GDAL keeps open at once (a VRT over hundreds of tiles would otherwise open them all).
 MAX_DATASET_POOL_SIZE = 20
@@ -24,8 +25,9 @@ OVR_CHUNK_MAX_SIZE = 4 * 1024 * 1024
 #: Compression threads (libtiff compresses blocks independently, so output bytes do not depend
 #: on it). Two: the Consumption plan's instance has about one vCPU, a dev box two cores.
 NUM_THREADS = 2
-#: Edge of the mosaic's (and each tile's) internal blocks; Settings requires windows to be a multiple.
-BLOCK_SIZE = 256
+#: Edge of the mosaic's (and each tile's) internal blocks: the one block size an output spec may
+#: name (tilecommit/spec.py); a job's own value travels in its spec.
+BLOCK_SIZE = DEFAULT_BLOCK_SIZE
 
 
 def gdal_config(

@@ -43,6 +43,7 @@ from .. import gates, jobs
 from ..errors import IncompatibleTilesError, MosaicCheckError, StorageFaultError
 from ..records import Record
 from ..settings import Settings
+from ..spec import OutputSpec
 from . import attempt
 from .block_copy import build_mosaic_blocks, prepare_block_copy
 from .block_sources import FETCH_THREADS
@@ -155,6 +156,7 @@ def _server_side(
     tiles: ContainerClient,
     output: ContainerClient,
     settings: Settings,
+    spec: OutputSpec,
     workdir: str,
     timings: dict[str, float],
 ) -> tuple[list[str], PlannedMosaic, dict]:
@@ -165,7 +167,15 @@ def _server_side(
     mosaic_name = jobs.mosaic_blob_name(job_id)
     with ThreadPoolExecutor(max_workers=FETCH_THREADS, thread_name_prefix="tilefetch") as executor:
         layout = prepare_block_copy(
-            scene, windows, summary, tiles=tiles, settings=settings, workdir=workdir, timings=timings, executor=executor
+            scene,
+            windows,
+            summary,
+            tiles=tiles,
+            settings=settings,
+            spec=spec,
+            workdir=workdir,
+            timings=timings,
+            executor=executor,
         )
         try:
             started = time.perf_counter()
@@ -282,6 +292,7 @@ def assemble_mosaic(
     output: ContainerClient,
     manifest: TableClient,
     settings: Settings,
+    spec: OutputSpec,
     gdal_options: dict | None = None,
     source_name: str = "",
     method: str = "auto",
@@ -297,6 +308,8 @@ def assemble_mosaic(
     its own, the create-only commit lets one mosaic through and the other attempts return
     ``already-present`` (see :mod:`tilecommit.raster.attempt`). ``workdir`` (default: a private
     temporary directory, removed afterwards) holds the coarse-level copy, or the VRT path's files.
+    ``spec`` is the job's output spec: the windows planned and the blocks laid out are its; the
+    STAC item records it.
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, not {method!r}")
@@ -304,7 +317,12 @@ def assemble_mosaic(
     names = dict(mosaic=mosaic_name, stac=jobs.stac_blob_name(job_id), quicklook=jobs.quicklook_blob_name(job_id))
     timings: dict[str, float] = {}
     sidecars = dict(
-        output=output, settings=settings, gdal_options=gdal_options, source_name=source_name, timings=timings
+        output=output,
+        settings=settings,
+        spec=spec,
+        gdal_options=gdal_options,
+        source_name=source_name,
+        timings=timings,
     )
 
     # 1. Cheap check first: a mosaic already there is not rebuilt (but verified, below).
@@ -314,7 +332,7 @@ def assemble_mosaic(
 
     # 2. The manifest says every window is done, with the stored sizes (and ETags) it recorded.
     started = time.perf_counter()
-    windows, summary = check_manifest(job_id, scene, tiles=tiles, manifest=manifest, settings=settings)
+    windows, summary = check_manifest(job_id, scene, tiles=tiles, manifest=manifest, spec=spec)
     timings["manifest"] = time.perf_counter() - started
 
     # 3. No claim: a dead attempt's temporary directories are removed, its staged blocks are
@@ -373,6 +391,7 @@ def assemble_mosaic(
                     tiles=tiles,
                     output=output,
                     settings=settings,
+                    spec=spec,
                     workdir=workdir,
                     timings=timings,
                 )
@@ -409,6 +428,7 @@ def assemble_mosaic(
                     sink,
                     tiles=tiles,
                     settings=settings,
+                    spec=spec,
                     workdir=workdir,
                     timings=timings,
                     check_head=check_head,
@@ -460,6 +480,7 @@ def assemble_mosaic(
                 out_path,
                 tiles=tiles,
                 settings=settings,
+                spec=spec,
                 gdal_options=gdal_options,
                 workdir=workdir,
                 timings=timings,

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from ..errors import IncompatibleTilesError
 from ..grid import Window
-from ..settings import Settings
+from ..spec import OutputSpec
 from . import tiff
 from .env import BLOCK_SIZE
 from .scene import SceneInfo
@@ -92,16 +92,18 @@ def tile_levels(layout: tiff.TiffLayout) -> list[tuple[tiff.Directory, tiff.Dire
     return levels
 
 
-def _check_tile_directory(head: TileHead, d: tiff.Directory, key: tuple, expected: tuple[int, int], what: str) -> None:
+def _check_tile_directory(
+    head: TileHead, d: tiff.Directory, key: tuple, expected: tuple[int, int], what: str, block_size: int
+) -> None:
     if (d.width, d.height) != expected:
         raise IncompatibleTilesError(f"tile {head.window.id} {what} is {d.width}x{d.height}, expected {expected}")
-    if d.encoding_key() != key or d.tile_width != BLOCK_SIZE or d.tile_height != BLOCK_SIZE or d.planar_config != 1:
+    if d.encoding_key() != key or d.tile_width != block_size or d.tile_height != block_size or d.planar_config != 1:
         raise IncompatibleTilesError(f"tile {head.window.id} {what} is encoded differently from tile 0000_0000")
     if len(d.block_offsets) != d.blocks_across * d.blocks_down or len(d.block_byte_counts) != len(d.block_offsets):
         raise IncompatibleTilesError(f"tile {head.window.id} {what} has an unexpected number of blocks")
 
 
-def plan_tile_levels(scene: SceneInfo, heads: list[TileHead], settings: Settings) -> list[tiff.OutputDirectory]:
+def plan_tile_levels(scene: SceneInfo, heads: list[TileHead], spec: OutputSpec) -> list[tiff.OutputDirectory]:
     """The mosaic's directories 0..K taken from the tiles' directories 0..K, or IncompatibleTilesError.
 
     Level k of the mosaic is the tiles' level k side by side: interior tiles contribute exactly
@@ -110,8 +112,8 @@ def plan_tile_levels(scene: SceneInfo, heads: list[TileHead], settings: Settings
     Tiles with an internal mask give every level its mask, copied the same way (a 1-bit mask
     block covers the same 256 x 256 pixels as the image block beside it).
     """
-    window_size = settings.window_size
-    available = tile_overview_count(window_size)
+    window_size, block_size = spec.window_size, spec.block_size
+    available = tile_overview_count(window_size, block_size)
     reference = heads[0].layout
     if heads[0].window.id != "0000_0000":
         raise IncompatibleTilesError("the first planned window is not 0000_0000")
@@ -126,7 +128,7 @@ def plan_tile_levels(scene: SceneInfo, heads: list[TileHead], settings: Settings
         if k >= len(reference_levels):
             raise IncompatibleTilesError(f"tile 0000_0000 has no overview level {k}")
         ref_dir, ref_mask = reference_levels[k]
-        per_tile = window_size // 2**k // BLOCK_SIZE
+        per_tile = window_size // 2**k // block_size
         width = sum(_tile_level_size(grid[(0, c)].window.width, k) for c in range(cols))
         height = sum(_tile_level_size(grid[(r, 0)].window.height, k) for r in range(rows))
         for head in heads:
@@ -140,9 +142,11 @@ def plan_tile_levels(scene: SceneInfo, heads: list[TileHead], settings: Settings
                     f"tile {head.window.id} level {k} {'lacks' if masked else 'has'} an internal mask"
                 )
             expected = (_tile_level_size(head.window.width, k), _tile_level_size(head.window.height, k))
-            _check_tile_directory(head, tile[k][0], ref_dir.encoding_key(), expected, f"level {k}")
+            _check_tile_directory(head, tile[k][0], ref_dir.encoding_key(), expected, f"level {k}", block_size)
             if masked:
-                _check_tile_directory(head, tile[k][1], ref_mask.encoding_key(), expected, f"level {k} mask")
+                _check_tile_directory(
+                    head, tile[k][1], ref_mask.encoding_key(), expected, f"level {k} mask", block_size
+                )
 
         def copied(
             which: int,
@@ -155,8 +159,8 @@ def plan_tile_levels(scene: SceneInfo, heads: list[TileHead], settings: Settings
             per_tile: int = per_tile,
         ) -> tiff.OutputDirectory:
             blocks = []
-            for by in range(-(-height // BLOCK_SIZE)):
-                for bx in range(-(-width // BLOCK_SIZE)):
+            for by in range(-(-height // block_size)):
+                for bx in range(-(-width // block_size)):
                     head = grid[(by // per_tile, bx // per_tile)]
                     d = levels[head.window.id][k][which]
                     index = (by % per_tile) * d.blocks_across + (bx % per_tile)
@@ -169,6 +173,6 @@ def plan_tile_levels(scene: SceneInfo, heads: list[TileHead], settings: Settings
         if masked:
             image.mask = copied(1, ref_mask, reduced | tiff.SUBFILE_MASK)
         out.append(image)
-        if width <= BLOCK_SIZE and height <= BLOCK_SIZE:
+        if width <= block_size and height <= block_size:
             break
     return out

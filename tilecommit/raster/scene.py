@@ -24,6 +24,7 @@ from ..errors import InvalidRasterError, UnsupportedRasterError
 from ..grid import plan_windows
 from ..records import Record
 from ..settings import Settings
+from ..spec import OutputSpec
 from .env import gdal_env
 from .source import Source, as_source, open_upload, prefetch_window, source_of
 from .upload import ACCEPTED_FORMATS, HEADER_BYTES, check_upload_content, upload_gdal_options
@@ -47,6 +48,15 @@ MAX_BLOCKS = 262_144
 #: reads it.
 FULL_DECODE_MAX_FILE_BYTES = 64 * 1024 * 1024
 FULL_DECODE_MAX_DECODED_BYTES = 512 * 1024 * 1024
+#: Most bytes one window of the job may take decoded: bands x width x height x sample size, the
+#: window clipped to the scene. Rendering a window peaks at about 6 times that (the array read,
+#: the COG driver's working copy and overviews, the tile in memory and its bytes read out, GDAL's
+#: block cache): +289 MiB for a 48 MiB window (1024² x 24 uint16, incompressible pixels), +59 MiB
+#: for the 6 MiB of today's 1024² x 3 uint16 (docs/design.md, 'GDAL settings and raster
+#: figures'). host.json runs up to 4 activities on one instance: 90 MiB of baseline + 4 x 289 MiB
+#: = 1246 MiB, under the Consumption plan's 1536 MiB with ~290 MiB left for an assembly beside
+#: the last tiles (+103 to +157 MiB measured). 64 MiB would not fit: 90 + 4 x 6 x 64 = 1626 MiB.
+MAX_WINDOW_BYTES = 48 * 1024 * 1024
 
 T = TypeVar("T")
 
@@ -193,6 +203,46 @@ def overview_resampling_for(src) -> str:
     return "nearest" if has_colormap(src) else "average"
 
 
+def window_bytes(src, window_size: int) -> int:
+    """Decoded bytes of the largest window of ``src`` at ``window_size`` (clipped to the scene)."""
+    width, height = min(window_size, src.width), min(window_size, src.height)
+    return src.count * width * height * np.dtype(src.dtypes[0]).itemsize
+
+
+def _check_window_budget(path: str, src, spec: OutputSpec) -> None:
+    """Refuse a scene one of whose windows would need more than :data:`MAX_WINDOW_BYTES` decoded.
+
+    Only the header's numbers are used (band count, sample type, size), never a pixel, so a
+    small file declaring tens of thousands of bands is refused at once, before any block is read.
+    """
+    needed = window_bytes(src, spec.window_size)
+    if needed <= MAX_WINDOW_BYTES:
+        return
+    width, height = min(spec.window_size, src.width), min(spec.window_size, src.height)
+    per_band = needed // src.count
+    fits = range(spec.window_size - spec.block_size, 0, -spec.block_size)
+    smaller = next((size for size in fits if window_bytes(src, size) <= MAX_WINDOW_BYTES), None)
+    remedies = []
+    if per_band <= MAX_WINDOW_BYTES:
+        remedies.append(
+            f"at most {MAX_WINDOW_BYTES // per_band} bands of {src.dtypes[0]} per file at this window size "
+            "(split the bands into several files)"
+        )
+    if smaller is not None:
+        remedies.append(f"a smaller window (TILECOMMIT_WINDOW_SIZE={smaller} fits {src.count} bands)")
+    elif remedies:
+        remedies[-1] += (
+            f"; a smaller window would not do: the smallest, {spec.block_size} px, needs "
+            f"{window_bytes(src, spec.block_size)} bytes"
+        )
+    remedy = "accepted: " + (" or ".join(remedies) or "fewer bands per file and a smaller window")
+    raise UnsupportedRasterError(
+        f"{path} has {src.count} bands of {src.dtypes[0]}: one {width} x {height} window of it needs "
+        f"{needed} bytes ({needed / 2**20:.1f} MiB) decoded, more than the {MAX_WINDOW_BYTES} bytes "
+        f"({MAX_WINDOW_BYTES // 2**20} MiB) a window may use; {remedy}"
+    )
+
+
 def _check_georeferencing(path: str, src) -> None:
     transform = src.transform
     if src.crs is None or transform.is_identity:
@@ -335,7 +385,7 @@ def scene_from_dataset(src, *, nbytes: int | None = None) -> SceneInfo:
 
 
 def inspect_source(
-    upload: str | os.PathLike | Source, *, settings: Settings, gdal_options: dict | None = None
+    upload: str | os.PathLike | Source, *, settings: Settings, spec: OutputSpec, gdal_options: dict | None = None
 ) -> SceneInfo:
     """Check that ``upload`` (a local path, or a :class:`~.source.PinnedBlob`: one version of a
     blob) is an upload this pipeline accepts, and describe it.
@@ -347,7 +397,8 @@ def inspect_source(
     rotated georeferencing, too many pixels, absurd blocks, a sample type or band layout this
     pipeline does not handle), both :class:`BadInputError`; :class:`StorageFaultError` when
     storage did not deliver every byte asked for (retry); :class:`SourceChangedError` when the
-    upload is no longer the version the job was started for.
+    upload is no longer the version the job was started for. ``spec`` is the job's output spec:
+    its windows are what a window's memory and the decoding check are measured by.
     """
     source = as_source(upload)
     path = source.name
@@ -371,7 +422,8 @@ def inspect_source(
                     "pixels: split the scene, or raise the limit if the plan's time and memory allow"
                 )
             _check_samples(path, src)
+            _check_window_budget(path, src, spec)
             _check_georeferencing(path, src)
             _check_block_layout(path, src)
-            _check_blocks_present(path, src, size, settings.window_size)
+            _check_blocks_present(path, src, size, spec.window_size)
             return scene_from_dataset(src, nbytes=size)

@@ -12,6 +12,7 @@ from azure.storage.blob import ContainerClient
 from .. import gates, jobs
 from ..errors import MosaicCheckError, StorageFaultError
 from ..settings import Settings
+from ..spec import OutputSpec
 from ..storage import vsiaz_path
 from .checks import blob_properties, remote_gdal_options, repair_instruction
 from .env import gdal_env
@@ -26,6 +27,7 @@ def write_sidecars(
     *,
     output: ContainerClient,
     settings: Settings,
+    spec: OutputSpec,
     gdal_options: dict | None,
     source_name: str,
     timings: dict[str, float],
@@ -71,6 +73,7 @@ def write_sidecars(
             created=props.creation_time or props.last_modified,
             footprint=mosaic_footprint(remote, scene.crs),
             source_name=source_name,
+            spec=spec,
         )
         _commit_or_verify(output, stac_name, body, content_type="application/geo+json", job_id=job_id)
         timings["stac"] = time.perf_counter() - started

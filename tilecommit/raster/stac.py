@@ -26,6 +26,7 @@ from rasterio.crs import CRS
 from rasterio.errors import NotGeoreferencedWarning
 from rasterio.io import MemoryFile
 
+from ..spec import OutputSpec
 from .footprint import Footprint, footprint
 from .gdal_errors import gdal_step
 from .scene import SceneInfo, as_crs, same_crs
@@ -88,18 +89,21 @@ def stac_item_bytes(
     overview_levels: int,
     created: datetime,
     footprint: Footprint,
+    spec: OutputSpec,
     source_name: str = "",
 ) -> bytes:
     """A STAC 1.x item describing the mosaic, as canonical JSON bytes (sorted keys).
 
     ``footprint`` (:func:`mosaic_footprint`) gives the geometry and bbox; when it has none the
     item has ``geometry: null`` and no bbox, and ``tilecommit:footprint`` says why.
+    ``tilecommit:spec`` is the job's output spec (window size, block size, profile).
     """
     properties = {
         "created": pystac.utils.datetime_to_str(created),
         "tilecommit:job_id": job_id,
         "tilecommit:overview_levels": overview_levels,
         "tilecommit:footprint": footprint.note,
+        "tilecommit:spec": spec.to_dict(),
     }
     if source_name:
         properties["tilecommit:source"] = source_name

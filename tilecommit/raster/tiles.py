@@ -26,6 +26,7 @@ from ..errors import InvalidRasterError
 from ..grid import Window
 from ..records import Record
 from ..settings import Settings
+from ..spec import OutputSpec
 from .env import BLOCK_SIZE, NUM_THREADS, gdal_env
 from .gdal_errors import gdal_step
 from .scene import has_colormap, overview_resampling_for, read_classified
@@ -57,7 +58,9 @@ def tile_overview_count(window_size: int, block_size: int = BLOCK_SIZE) -> int:
     return levels
 
 
-def cog_creation_options(dtype: str, *, overview_count: int, resampling: str, num_threads: int = NUM_THREADS) -> dict:
+def cog_creation_options(
+    dtype: str, *, block_size: int, overview_count: int, resampling: str, num_threads: int = NUM_THREADS
+) -> dict:
     """COG driver options for a tile. Nothing in them varies between runs, so neither do the bytes.
 
     No overviews is said with OVERVIEWS=NONE: GDAL 3.10's COG driver fails with an unnamed error
@@ -65,7 +68,7 @@ def cog_creation_options(dtype: str, *, overview_count: int, resampling: str, nu
     """
     overviews = {"OVERVIEW_COUNT": overview_count} if overview_count else {"OVERVIEWS": "NONE"}
     return {
-        "BLOCKSIZE": BLOCK_SIZE,
+        "BLOCKSIZE": block_size,
         "COMPRESS": "DEFLATE",
         "LEVEL": DEFLATE_LEVEL,
         "PREDICTOR": predictor_for(dtype),
@@ -86,9 +89,10 @@ def _per_dataset_mask(src) -> bool:
 
 
 def encode_tile(
-    src, window: RioWindow | Window, *, window_size: int, num_threads: int = NUM_THREADS
+    src, window: RioWindow | Window, *, spec: OutputSpec, num_threads: int = NUM_THREADS
 ) -> tuple[bytes, dict]:
-    """Read exactly ``window`` of the open dataset ``src`` and encode it as an in-memory COG.
+    """Read exactly ``window`` of the open dataset ``src`` and encode it as an in-memory COG
+    made to the job's output ``spec`` (its block size, and the overview levels its window size allows).
 
     Returns the COG's bytes and the seconds spent reading and encoding. The same window of the
     same source always gives the same bytes: GDAL writes no timestamp or software tag into a
@@ -115,7 +119,8 @@ def encode_tile(
     started = time.perf_counter()
     options = cog_creation_options(
         src.dtypes[0],
-        overview_count=tile_overview_count(window_size),
+        block_size=spec.block_size,
+        overview_count=tile_overview_count(spec.window_size, spec.block_size),
         resampling=overview_resampling_for(src),
         num_threads=num_threads,
     )
@@ -174,10 +179,12 @@ def render_tile(
     tiles: ContainerClient,
     manifest: TableClient,
     settings: Settings,
+    spec: OutputSpec,
     gdal_options: dict | None = None,
     num_threads: int = NUM_THREADS,
 ) -> TileResult:
-    """Render one window of ``source_path`` into the tiles container, at most once in effect.
+    """Render one window of ``source_path`` into the tiles container, at most once in effect,
+    made to the job's output ``spec`` (``settings`` give GDAL's limits only).
 
     1. A point read of the manifest: a row means the tile is done; nothing is read or encoded.
     2. Read exactly this window, encode a COG in memory.
@@ -217,9 +224,7 @@ def render_tile(
                 )
             where = f"col={window.col_off} row={window.row_off} {window.width}x{window.height}"
             with gdal_step(f"rendering tile {window.id} of {source.name}", window=where):
-                body, encode_timings = encode_tile(
-                    src, window, window_size=settings.window_size, num_threads=num_threads
-                )
+                body, encode_timings = encode_tile(src, window, spec=spec, num_threads=num_threads)
     # Every read of this window was answered in full at the job's version (checked() above
     # raised otherwise): only now may its tile be committed, once and for good.
     timings.update(encode_timings)

@@ -17,8 +17,9 @@ from azure.storage.blob import ContainerClient
 
 from ..grid import Window
 from ..settings import Settings
+from ..spec import OutputSpec
 from ..storage import vsiaz_path
-from .env import BLOCK_SIZE, NUM_THREADS, gdal_env
+from .env import NUM_THREADS, gdal_env
 from .gdal_errors import gdal_step
 from .pyramid import mosaic_overview_levels
 from .scene import SceneInfo, as_crs
@@ -31,7 +32,7 @@ logger = logging.getLogger(__name__)
 TEMP_BUDGET_BYTES = 400 * 1000 * 1000
 
 
-def _vrt_xml(scene: SceneInfo, windows: list[Window], summary, tiles_container: str) -> str:
+def _vrt_xml(scene: SceneInfo, windows: list[Window], summary, tiles_container: str, block_size: int) -> str:
     crs = as_crs(scene.crs).to_wkt(version="WKT2_2019")
     a, b, c, d, e, f = scene.transform[:6]
     gdal_type = {
@@ -57,7 +58,7 @@ def _vrt_xml(scene: SceneInfo, windows: list[Window], summary, tiles_container: 
             out.append(
                 f'    <SimpleSource><SourceFilename relativeToVRT="0">{escape(path)}</SourceFilename>'
                 f"<SourceBand>{band}</SourceBand>"
-                f'<SourceProperties RasterXSize="{w.width}" RasterYSize="{w.height}" DataType="{gdal_type}" BlockXSize="{BLOCK_SIZE}" BlockYSize="{BLOCK_SIZE}"/>'
+                f'<SourceProperties RasterXSize="{w.width}" RasterYSize="{w.height}" DataType="{gdal_type}" BlockXSize="{block_size}" BlockYSize="{block_size}"/>'
                 f'<SrcRect xOff="0" yOff="0" xSize="{w.width}" ySize="{w.height}"/>'
                 f'<DstRect xOff="{w.col_off}" yOff="{w.row_off}" xSize="{w.width}" ySize="{w.height}"/></SimpleSource>'
             )
@@ -91,7 +92,7 @@ def _pyramid_share(levels: int) -> float:
 VRT_OVR_TMP_FACTOR = 2.4
 
 
-def estimate_vrt_temp_bytes(scene: SceneInfo, summary, settings: Settings) -> int:
+def estimate_vrt_temp_bytes(scene: SceneInfo, summary, spec: OutputSpec) -> int:
     """Temporary disk the VRT path needs at its peak, from the tiles' stored sizes.
 
     The mosaic compresses about as its tiles do: their bytes, less the share of their own
@@ -100,8 +101,8 @@ def estimate_vrt_temp_bytes(scene: SceneInfo, summary, settings: Settings) -> in
     the output (CPL_TMPDIR = workdir), larger than they end up. Measured peaks: 1.59 and 1.60
     times the mosaic (2048², 4096²); this estimate came within 1 % of both.
     """
-    full = summary.total_bytes / _pyramid_share(tile_overview_count(settings.window_size))
-    pyramid = _pyramid_share(mosaic_overview_levels(scene.width, scene.height))
+    full = summary.total_bytes / _pyramid_share(tile_overview_count(spec.window_size, spec.block_size))
+    pyramid = _pyramid_share(mosaic_overview_levels(scene.width, scene.height, spec.block_size))
     return int(full * pyramid + full * (pyramid - 1) * VRT_OVR_TMP_FACTOR)
 
 
@@ -113,13 +114,14 @@ def build_mosaic_vrt(
     *,
     tiles: ContainerClient,
     settings: Settings,
+    spec: OutputSpec,
     gdal_options: dict | None,
     workdir: str,
     timings: dict[str, float],
     num_threads: int = NUM_THREADS,
 ) -> tuple[int, int]:
-    levels = mosaic_overview_levels(scene.width, scene.height)
-    estimate = estimate_vrt_temp_bytes(scene, summary, settings)
+    levels = mosaic_overview_levels(scene.width, scene.height, spec.block_size)
+    estimate = estimate_vrt_temp_bytes(scene, summary, spec)
     if estimate > TEMP_BUDGET_BYTES:
         logger.warning(
             "VRT assembly of a %dx%dx%d %s mosaic needs about %d MB of temporary disk in %s (the COG driver's "
@@ -135,9 +137,13 @@ def build_mosaic_vrt(
         )
     vrt_path = os.path.join(workdir, "mosaic.vrt")
     with open(vrt_path, "w", encoding="utf-8") as f:
-        f.write(_vrt_xml(scene, windows, summary, tiles.container_name))
+        f.write(_vrt_xml(scene, windows, summary, tiles.container_name, spec.block_size))
     options = cog_creation_options(
-        scene.dtype, overview_count=levels, resampling=scene.overview_resampling, num_threads=num_threads
+        scene.dtype,
+        block_size=spec.block_size,
+        overview_count=levels,
+        resampling=scene.overview_resampling,
+        num_threads=num_threads,
     )
     if levels:
         # A VRT over tiles lends their overviews; the COG driver would then copy those (2 of 5
