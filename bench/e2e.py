@@ -130,19 +130,19 @@ class KeptRun:
     def of(cls, ctx: Context, kept: dict) -> KeptRun:
         """From an entry of ``run(...)["keep"]``: ``{"env", "job_id", "blob"}``."""
         from tilecommit.grid import plan_windows
-        from tilecommit.raster import inspect_source
+        from tilecommit.raster import PinnedBlob, inspect_source
         from tilecommit.settings import Settings
         from tilecommit.spec import OutputSpec
-        from tilecommit.storage import vsiaz_path
 
         env = kept["env"]
         settings = Settings.from_env(env)
-        source = vsiaz_path(settings.input_container, kept["blob"])
+        # The upload's blob name: the workers read it as the app does (bench.workers.pinned_upload).
+        source = kept["blob"]
+        blob = ctx.storage.connection.blob_service().get_blob_client(settings.input_container, source)
         scene = inspect_source(
-            source,
+            PinnedBlob(blob, blob.get_blob_properties().etag),
             settings=settings,
             spec=OutputSpec.from_settings(settings),
-            gdal_options=ctx.storage.connection.gdal_options(),
         )
         return cls(
             settings=settings,

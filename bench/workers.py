@@ -33,16 +33,18 @@ def imports_only() -> dict:
 
 
 def render(job_id: str, source: str, window_ids: list[str], width: int, height: int) -> dict:
-    """Render these windows of ``source`` one after the other, as one tile activity would."""
+    """Render these windows of the upload ``source`` (a blob name of the input container) one
+    after the other, as one tile activity would: each window reads it through its own pinned reader."""
     from tilecommit.gates import SINGLE_PUT_CLIENT_OPTIONS
     from tilecommit.grid import window_for_id
-    from tilecommit.raster import render_tile
+    from tilecommit.raster import PinnedBlob, render_tile
     from tilecommit.spec import OutputSpec
 
     connection, settings, _, tables = _clients()
     tiles = connection.blob_service(**SINGLE_PUT_CLIENT_OPTIONS).get_container_client(settings.tiles_container)
     manifest = tables.get_table_client(settings.manifest_table)
-    options = connection.gdal_options()
+    upload = connection.blob_service().get_blob_client(settings.input_container, source)
+    etag = upload.get_blob_properties().etag
     # The bench's jobs are made to the spec of its app settings, as the starter would make them.
     spec = OutputSpec.from_settings(settings)
     totals: dict[str, float] = {}
@@ -50,14 +52,13 @@ def render(job_id: str, source: str, window_ids: list[str], width: int, height: 
     for window_id in window_ids:
         window = window_for_id(window_id, width, height, spec.window_size)
         result = render_tile(
-            source,
+            PinnedBlob(upload, etag),
             window,
             job_id=job_id,
             tiles=tiles,
             manifest=manifest,
             settings=settings,
             spec=spec,
-            gdal_options=options,
         )
         nbytes += result.nbytes
         for key, value in result.timings.items():

@@ -34,6 +34,7 @@ from tilecommit.raster import tiles as tiles_module
 from tilecommit.raster.env import gdal_env
 from tilecommit.raster.pyramid import mosaic_overview_levels
 from tilecommit.settings import Settings
+from tilecommit.spec import OutputSpec
 from tilecommit.storage import vsiaz_path
 
 from .app_jobs import download as app_download
@@ -233,16 +234,25 @@ def test_an_already_present_tile_with_other_bytes_is_recorded_as_stored_and_the_
     upload (no metadata: the sha256 is computed from its bytes). Their rows record the stored
     size, sha256 and ETag, the mismatch is counted, and the server-side assembly, which pins each
     copy to its row's ETag and checks each size, builds a mosaic equal to the source."""
-    spec, path = small_scene
+    scene_spec, path = small_scene
     settings = Settings(window_size=256)
+    output_spec = OutputSpec.from_settings(settings)
     from tilecommit.raster import inspect_source, render_tile
 
-    scene = inspect_source(path, settings=settings)
+    scene = inspect_source(path, settings=settings, spec=output_spec)
     windows = plan_windows(scene.width, scene.height, settings.window_size)
     drifted, plain = windows[0], windows[4]
     monkeypatch.setattr(tiles_module, "DEFLATE_LEVEL", 1)
     for window in (drifted, plain):
-        render_tile(path, window, job_id=JOB, tiles=stores["tiles"], manifest=stores["manifest"], settings=settings)
+        render_tile(
+            path,
+            window,
+            job_id=JOB,
+            tiles=stores["tiles"],
+            manifest=stores["manifest"],
+            settings=settings,
+            spec=output_spec,
+        )
         stores["manifest"].delete_entity(JOB, window.id)
     plain_name = jobs.tile_blob_name(JOB, plain)
     plain_body = stores["tiles"].download_blob(plain_name).readall()
@@ -272,7 +282,7 @@ def test_an_already_present_tile_with_other_bytes_is_recorded_as_stored_and_the_
     assert (result.outcome, result.method) == ("written", "server")
     mosaic = stores["output"].download_blob(result.mosaic).readall()
     with MemoryFile(mosaic) as memory, memory.open() as src:
-        assert_same_pixels(src.read(), read_scene(spec))
+        assert_same_pixels(src.read(), read_scene(scene_spec))
     assert mosaic_overview_levels(scene.width, scene.height) == result.overview_levels
 
 

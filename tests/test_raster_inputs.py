@@ -14,9 +14,9 @@ from devhost.scenes import SceneSpec, write_scene
 from tilecommit.errors import BadInputError, InvalidRasterError, UnsupportedRasterError
 from tilecommit.raster import inspect_source
 from tilecommit.raster.scene import MAX_WINDOW_BYTES
+from tilecommit.raster.source import PinnedBlob
 from tilecommit.settings import Settings
 from tilecommit.spec import OutputSpec
-from tilecommit.storage import vsiaz_path
 
 from .raster_jobs import blob_names, manifest_rows, render_all
 from .tiff_fuzz import write_window_budget_files
@@ -204,15 +204,15 @@ def test_bad_input_is_refused_before_any_tile(case, tmp_path, stores):
 
 
 @pytest.mark.parametrize("case", ["zero-bytes", "not-a-raster", "truncated-data"])
-def test_bad_blob_on_azurite_is_refused_through_vsiaz(case, tmp_path, stores, storage):
-    """The same refusals for a blob read through /vsiaz/ (Event Grid delivers zero-byte creates)."""
+def test_bad_blob_on_azurite_is_refused_through_the_pinned_reader(case, tmp_path, stores):
+    """The same refusals for a blob read as the app reads an upload (Event Grid delivers zero-byte creates)."""
     maker, error, fragments = BAD_INPUTS[case]
     local = maker(tmp_path)
     with open(local, "rb") as f:
-        stores["output"].upload_blob(f"uploads/{case}.tif", f)
-    remote = vsiaz_path(stores["output"].container_name, f"uploads/{case}.tif")
+        blob = stores["output"].upload_blob(f"uploads/{case}.tif", f)
+    remote = PinnedBlob(blob, blob.get_blob_properties().etag)
     with pytest.raises(error) as caught:
-        run_job(remote, stores, gdal_options=storage.gdal_options())
+        run_job(remote, stores)
     for fragment in fragments:
         assert fragment in str(caught.value), str(caught.value)
     assert blob_names(stores["tiles"]) == []

@@ -129,6 +129,7 @@ def _plan_block_copy(
     *,
     tiles: ContainerClient,
     settings: Settings,
+    spec: OutputSpec,
     workdir: str,
     timings: dict[str, float],
 ) -> PlannedMosaic:
@@ -136,7 +137,15 @@ def _plan_block_copy(
     what an existing block-copied mosaic must be. Raises :class:`IncompatibleTilesError`."""
     with ThreadPoolExecutor(max_workers=FETCH_THREADS, thread_name_prefix="tilefetch") as executor:
         layout = prepare_block_copy(
-            scene, windows, summary, tiles=tiles, settings=settings, workdir=workdir, timings=timings, executor=executor
+            scene,
+            windows,
+            summary,
+            tiles=tiles,
+            settings=settings,
+            spec=spec,
+            workdir=workdir,
+            timings=timings,
+            executor=executor,
         )
         try:
             head, total, plan, versions = _plan_copy(job_id, scene, layout, windows, summary, settings)
@@ -348,7 +357,15 @@ def assemble_mosaic(
             scene,
             planned,
             lambda: _plan_block_copy(
-                job_id, scene, windows, summary, tiles=tiles, settings=settings, workdir=workdir, timings=timings
+                job_id,
+                scene,
+                windows,
+                summary,
+                tiles=tiles,
+                settings=settings,
+                spec=spec,
+                workdir=workdir,
+                timings=timings,
             ),
             output=output,
             settings=settings,
