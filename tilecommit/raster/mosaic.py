@@ -96,6 +96,7 @@ def _server_side(
     settings: Settings,
     workdir: str,
     timings: dict[str, float],
+    committed_elsewhere,
 ) -> tuple[list[str], int, int, str, bytes, dict]:
     """Plan the block-copy mosaic, check its head, and have the service stage it (:mod:`.server_copy`).
 
@@ -131,7 +132,7 @@ def _server_side(
                 read_local=lambda ref: layout.sources[ref.source].read(ref.offset, ref.length),
                 leaders=layout.writer.leaders,
                 trailers=layout.writer.trailers,
-                committed_elsewhere=lambda: blob_properties(output, mosaic_name) is not None,
+                committed_elsewhere=committed_elsewhere,
             )
             started = time.perf_counter()
             block_ids = stager.stage(plan)
@@ -159,6 +160,7 @@ def assemble_mosaic(
     source_name: str = "",
     method: str = "auto",
     workdir: str | None = None,
+    replace: dict[str, str | None] | None = None,
 ) -> MosaicResult:
     """Assemble the job's tiles into ``jobs.mosaic_blob_name(job_id)`` once, plus STAC item and quicklook.
 
@@ -170,6 +172,12 @@ def assemble_mosaic(
     its own, the create-only commit lets one mosaic through and the other attempts return
     ``already-present`` (see :mod:`tilecommit.raster.attempt`). ``workdir`` (default: a private
     temporary directory, removed afterwards) holds the coarse-level copy, or the VRT path's files.
+
+    ``replace`` (a rebuild after a repair): ``{"mosaic": etag, "stac": etag, "quicklook": etag}``,
+    the versions inspected before it (None: absent). The mosaic is then assembled whatever is
+    there and committed with ``If-Match`` on its inspected ETag in the same one Put Block List
+    (create-only where it was None), then its companions likewise (:func:`write_sidecars`);
+    ``superseded`` (companions untouched) when something newer landed first.
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, not {method!r}")
@@ -195,12 +203,27 @@ def assemble_mosaic(
             **names,
         )
 
-    # 1. Cheap check first: a mosaic already there means nothing is rebuilt.
+    def superseded() -> MosaicResult:
+        logger.info("job %s: the mosaic changed since it was inspected for a rebuild; left as it is", job_id)
+        return MosaicResult(
+            outcome=str(gates.Outcome.SUPERSEDED), nbytes=0, overview_levels=-1, timings=timings, **names
+        )
+
+    def committed_elsewhere() -> bool:
+        props = blob_properties(output, mosaic_name)
+        if replace is None:
+            return props is not None
+        return (props.etag if props is not None else None) != replace.get("mosaic")
+
+    # 1. Cheap check first: a mosaic already there means nothing is rebuilt (unless asked to).
     started = time.perf_counter()
     existing = blob_properties(output, mosaic_name)
     timings["exists_check"] = time.perf_counter() - started
-    if existing is not None:
+    if existing is not None and replace is None:
         return already_present(existing)
+    if replace is not None and committed_elsewhere():
+        return superseded()
+    expect_etag = (replace or {}).get("mosaic")
 
     # 2. The manifest says every window is done, with the stored sizes (and ETags) it recorded.
     started = time.perf_counter()
@@ -232,6 +255,7 @@ def assemble_mosaic(
                     settings=settings,
                     workdir=workdir,
                     timings=timings,
+                    committed_elsewhere=committed_elsewhere,
                 )
                 used = "server"
             except CopyFromUrlUnsupported as exc:
@@ -247,10 +271,7 @@ def assemble_mosaic(
         if used == "blocks":
             # 4b. Block copy through this process: the planned head is checked, then the file goes
             #     front to back into staged blocks of the output blob.
-            sink = StagedBlockSink(
-                output.get_blob_client(mosaic_name),
-                committed_elsewhere=lambda: blob_properties(output, mosaic_name) is not None,
-            )
+            sink = StagedBlockSink(output.get_blob_client(mosaic_name), committed_elsewhere=committed_elsewhere)
 
             def check_head(head: bytes, planned_levels: int) -> None:
                 check_planned_mosaic(head, scene, planned_levels, settings=settings, job_id=job_id)
@@ -297,6 +318,7 @@ def assemble_mosaic(
                 content_type=COG_CONTENT_TYPE,
                 job_id=job_id,
                 metadata=metadata,
+                expect_etag=expect_etag,
             )
             timings["upload"] = time.perf_counter() - started
             # 6. The committed blob, checked again through /vsiaz/ with the same function, after the
@@ -349,15 +371,21 @@ def assemble_mosaic(
                 content_type=COG_CONTENT_TYPE,
                 job_id=job_id,
                 metadata={OVERVIEW_LEVELS_METADATA_KEY: str(levels), "method": used},
+                expect_etag=expect_etag,
             )
             timings["upload"] = time.perf_counter() - started
             counts = {"sent_from_instance": nbytes}
             os.remove(out_path)
 
-        write_sidecars(job_id, scene, **sidecars)
+        if replace is None:
+            write_sidecars(job_id, scene, **sidecars)
+        elif outcome is gates.Outcome.WRITTEN:  # a superseded rebuild leaves the newer companions be
+            write_sidecars(job_id, scene, **sidecars, replace=replace)
     except CommittedElsewhere:
         if sink is not None:
             sink.abort()
+        if replace is not None:
+            return superseded()
         logger.info("job %s: another attempt committed the mosaic while this one staged; stopped", job_id)
         existing = blob_properties(output, mosaic_name)
         if existing is None:

@@ -29,8 +29,13 @@ def write_sidecars(
     gdal_options: dict | None,
     source_name: str,
     timings: dict[str, float],
+    replace: dict[str, str | None] | None = None,
 ) -> int:
     """Quicklook, then STAC item (which names both), each create-only; skipped when already there.
+
+    ``replace`` (a rebuild of the mosaic): ``{"quicklook": etag, "stac": etag}``, the versions
+    inspected before the rebuild; each is then written whatever is there, with ``If-Match`` on
+    that ETag (create-only where it was None), so a newer companion is never overwritten.
 
     Both are read from the committed mosaic through /vsiaz/ (the quicklook from its smallest
     overview: a few blocks), never from a local copy: there is none for a streamed mosaic, and a
@@ -49,13 +54,13 @@ def write_sidecars(
     remote = vsiaz_path(output.container_name, mosaic_name)
     with gdal_env(settings, remote_gdal_options(gdal_options, remote)):
         started = time.perf_counter()
-        if blob_properties(output, quicklook_name) is None:
+        if replace is not None or blob_properties(output, quicklook_name) is None:
             with gdal_step(f"making the quicklook of {mosaic_name}", window="smallest overview"):
                 quicklook = quicklook_png(remote)
-            gates.commit_blob(output, quicklook_name, quicklook, content_type="image/png", job_id=job_id)
+            _commit(output, quicklook_name, quicklook, "image/png", job_id, replace, "quicklook")
         timings["quicklook"] = time.perf_counter() - started
         started = time.perf_counter()
-        if blob_properties(output, stac_name) is None:
+        if replace is not None or blob_properties(output, stac_name) is None:
             with (
                 gdal_step(f"reading the overview levels of {mosaic_name} for its STAC item"),
                 rasterio.open(remote) as src,
@@ -73,6 +78,14 @@ def write_sidecars(
                 footprint=mosaic_footprint(remote, scene.crs),
                 source_name=source_name,
             )
-            gates.commit_blob(output, stac_name, body, content_type="application/geo+json", job_id=job_id)
+            _commit(output, stac_name, body, "application/geo+json", job_id, replace, "stac")
         timings["stac"] = time.perf_counter() - started
     return int(props.size)
+
+
+def _commit(output, name: str, body: bytes, content_type: str, job_id: str, replace, key: str) -> gates.Outcome:
+    """Create-only, or (a rebuild) If-Match on the version ``replace[key]`` inspected before it."""
+    expect = (replace or {}).get(key)
+    if expect is None:
+        return gates.commit_blob(output, name, body, content_type=content_type, job_id=job_id)
+    return gates.repair_blob(output, name, body, expect_etag=expect, content_type=content_type, job_id=job_id)
