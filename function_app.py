@@ -4,6 +4,7 @@ A blob upload (Event Grid source) starts one Durable job per upload version; the
 one activity per window through batch sub-orchestrations and fans in to the mosaic assembly.
 """
 
+import json
 import os
 
 # PROJ fetches a grid file over the network when a CRS names one and PROJ_NETWORK is on; a CRS
@@ -16,8 +17,10 @@ import azure.functions as func
 import azurefunctions.extensions.bindings.blob as blob
 
 from activities import tiling as activities
-from orchestrators import names, starter
+from activities import verify as verify_activities
+from orchestrators import names, starter, verify_start
 from orchestrators import tiling as orchestrators
+from orchestrators import verify as verify_orchestrators
 from tilecommit import monitoring, telemetry
 from tilecommit.observed import observed_activity, observed_job
 from tilecommit.settings import SETTING_INPUT_CONTAINER, STORAGE_CONNECTION, Settings
@@ -54,8 +57,45 @@ def tiling_functions(activity_functions=activities) -> df.Blueprint:
     return bp
 
 
+def verify_functions() -> df.Blueprint:
+    """The scrub: verify_scene and its batches, verifying (and repairing) one window per activity."""
+    bp = df.Blueprint()
+    bp.orchestration_trigger(context_name="context", orchestration=names.VERIFY_SCENE)(
+        verify_orchestrators.verify_scene
+    )
+    bp.orchestration_trigger(context_name="context", orchestration=names.VERIFY_GROUP)(
+        verify_orchestrators.verify_group
+    )
+    bp.orchestration_trigger(context_name="context", orchestration=names.VERIFY_BATCH)(
+        verify_orchestrators.verify_batch
+    )
+    bp.activity_trigger(input_name="payload", activity=names.VERIFY_WINDOW)(
+        observed_activity(names.VERIFY_WINDOW, verify_activities.verify_window)
+    )
+    bp.activity_trigger(input_name="payload", activity=names.REBUILD_MOSAIC)(
+        observed_activity(names.REBUILD_MOSAIC, verify_activities.rebuild_mosaic)
+    )
+    return bp
+
+
 app = df.DFApp(http_auth_level=func.AuthLevel.FUNCTION)
 app.register_functions(tiling_functions())
+app.register_functions(verify_functions())
+
+
+@app.function_name(names.VERIFY_ROUTE)
+@app.route(route="jobs/{job_id}/verify", methods=["POST"], auth_level=func.AuthLevel.FUNCTION)
+@app.durable_client_input(client_name="client")
+async def verify_job(req: func.HttpRequest, client: df.DurableOrchestrationClient) -> func.HttpResponse:
+    """POST /api/jobs/{job_id}/verify[?repair=true]: start a scrub of a completed job; 202 with its id."""
+    job_id = req.route_params["job_id"]
+    repair = req.params.get("repair", "").lower() in ("true", "1", "yes")
+    try:
+        instance_id = await verify_start.start_verify(client, job_id, repair=repair)
+    except verify_start.JobNotVerifiable as exc:
+        return func.HttpResponse(json.dumps({"error": str(exc)}), status_code=404, mimetype="application/json")
+    body = {"id": instance_id, "job_id": job_id, "repair": repair, **client.create_http_management_payload(instance_id)}
+    return func.HttpResponse(json.dumps(body), status_code=202, mimetype="application/json")
 
 
 @app.function_name(names.STARTER)

@@ -21,7 +21,7 @@ from .context import ActivityContext, activity_context
 logger = logging.getLogger(__name__)
 
 
-def _pinned_upload(ctx: ActivityContext, job: dict) -> raster.PinnedBlob:
+def pinned_upload(ctx: ActivityContext, job: dict) -> raster.PinnedBlob:
     """The job's upload at the job's version: every read of it carries ``If-Match`` with the job's ETag.
 
     The job id names one version (URL + ETag) of the upload; the service refuses to serve any
@@ -56,7 +56,7 @@ def validate_source(job: dict) -> dict:
     ctx = activity_context()
 
     def work() -> dict:
-        scene = raster.inspect_source(_pinned_upload(ctx, job), settings=ctx.settings, spec=spec_of(job))
+        scene = raster.inspect_source(pinned_upload(ctx, job), settings=ctx.settings, spec=spec_of(job))
         return {"scene": scene.to_dict()}
 
     return run_activity("validate_source", job, work)
@@ -69,7 +69,7 @@ def render_tile(payload: dict) -> dict:
 
     def work() -> dict:
         return raster.render_tile(
-            _pinned_upload(ctx, job),
+            pinned_upload(ctx, job),
             window,
             job_id=job["job_id"],
             tiles=ctx.tiles,

@@ -5,6 +5,8 @@
                                                   upload each PATH, process them at once, print
                                                   one JSON summary line per job
     python -m devhost status [JOB_ID]             a job's state and progress, or the recent jobs
+    python -m devhost verify JOB_ID [--repair]    compare a completed job's tiles with its source;
+                                                  --repair rewrites what differs, then the mosaic
     python -m devhost demo                        Azurite + a sample scene + process, end to end
 
 Storage is the ``AzureWebJobsStorage`` setting from the environment, else from
@@ -93,6 +95,18 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("job_id", nargs="?", help="a job id (default: list the recent jobs)")
     status.add_argument("--hub", help="task hub name (default: host.json's hubName)")
     status.add_argument("--limit", type=int, default=20, help="how many recent jobs to list (default 20)")
+
+    verify = sub.add_parser(
+        "verify", help="compare a completed job's tiles with its source window by window; print the differences"
+    )
+    verify.add_argument("job_id", help="a completed job's id")
+    verify.add_argument(
+        "--repair",
+        action="store_true",
+        help="rewrite each differing tile and its manifest row, then rebuild the mosaic (each write conditional)",
+    )
+    verify.add_argument("--timeout", type=float, default=3600, help="seconds to wait (default 3600)")
+    host_options(verify)
 
     demo = sub.add_parser("demo", help="start Azurite, make a sample scene, process it, stop Azurite")
     demo.add_argument("--size", type=int, default=8192, help="sample scene width and height in pixels (default 8192)")
@@ -322,4 +336,23 @@ def list_jobs(store, limit: int) -> int:
     return EXIT_COMPLETED
 
 
-COMMANDS = {"serve": serve, "process": process, "status": status}
+def verify(args: argparse.Namespace, storage) -> int:
+    """Exit 0: no differences, or all of them repaired by this run or a concurrent one; 1 otherwise."""
+    from .verify import JobNotVerifiable, verify_job
+
+    host = _host(args)
+    host.start(watch=False)  # a scrub reads finished jobs; new uploads are left to serve/process
+    try:
+        summary = verify_job(host, args.job_id, repair=args.repair, timeout=args.timeout)
+    except JobNotVerifiable as exc:
+        print(json.dumps({"job_id": args.job_id, "status": "not-verifiable", "error": str(exc)}))
+        return EXIT_FAILED
+    finally:
+        host.stop()
+    print(json.dumps(summary))
+    if summary["status"] != "completed":
+        return EXIT_FAILED
+    return EXIT_COMPLETED if args.repair or not summary["windows_differing"] else EXIT_FAILED
+
+
+COMMANDS = {"serve": serve, "process": process, "status": status, "verify": verify}

@@ -65,6 +65,9 @@ class FunctionIndex:
     orchestrators: dict[str, Callable] = field(default_factory=dict)
     activities: dict[str, tuple[Callable, str]] = field(default_factory=dict)
     blob_triggers: dict[str, BlobTriggerFunction] = field(default_factory=dict)
+    #: HTTP-triggered functions, indexed as the worker reports them; the local host serves no
+    #: HTTP routes, so only a caller (a test) invokes them, with a request it builds.
+    http_functions: dict[str, Callable] = field(default_factory=dict)
     raw_bindings: dict[str, list[dict]] = field(default_factory=dict)
 
     @classmethod
@@ -97,6 +100,8 @@ class FunctionIndex:
                 index.orchestrators[name] = func
             elif trigger["type"] == "activityTrigger":
                 index.activities[name] = (func, trigger["name"])
+            elif trigger["type"] == "httpTrigger":
+                index.http_functions[name] = func
             elif trigger["type"] == "blobTrigger":
                 client = next((b for b in bindings if b["type"] == "durableClient"), None)
                 original = getattr(func, "client_function", func)

@@ -14,3 +14,12 @@ RENDER_GROUP = "render_group"
 VALIDATE_SOURCE = "validate_source"
 RENDER_TILE = "render_tile"
 ASSEMBLE_MOSAIC = "assemble_mosaic"
+
+#: A scrub of one finished job: verify every window against its source, repair on request.
+VERIFY_SCENE = "verify_scene"
+VERIFY_GROUP = "verify_group"
+VERIFY_BATCH = "verify_batch"
+VERIFY_WINDOW = "verify_window"
+REBUILD_MOSAIC = "rebuild_mosaic"
+#: The HTTP route that starts a scrub: POST /api/jobs/{job_id}/verify[?repair=true].
+VERIFY_ROUTE = "verify_job"

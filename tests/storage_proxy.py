@@ -88,6 +88,8 @@ class RecordingProxy:
         parts = urlsplit(target)
         self.target_host, self.target_port = parts.hostname, parts.port
         self.requests: list[tuple[str, str]] = []
+        #: (method, path, headers) of every request, for tests that check what a request carried.
+        self.sent: list[tuple[str, str, dict[str, str]]] = []
         #: (method, path, status) of every request storage carried out, whether or not its answer
         #: reached the client.
         self.carried_out: list[tuple[str, str, int]] = []
@@ -100,6 +102,7 @@ class RecordingProxy:
             def _handle(self) -> None:
                 with proxy._lock:
                     proxy.requests.append((self.command, self.path))
+                    proxy.sent.append((self.command, self.path, {k.lower(): v for k, v in self.headers.items()}))
                 proxy.handle(self)
 
             do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = do_PATCH = do_MERGE = _handle
@@ -274,6 +277,8 @@ class TrapServer:
     def __init__(self):
         trap = self
         self.requests: list[tuple[str, str]] = []
+        #: (method, path, headers) of every request, for tests that check what a request carried.
+        self.sent: list[tuple[str, str, dict[str, str]]] = []
 
         class Handler(http.server.BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"

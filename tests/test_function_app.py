@@ -20,9 +20,32 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_functions_and_raw_bindings_as_the_worker_sends_them():
     index = FunctionIndex.load("function_app")
-    assert set(index.orchestrators) == {names.TILE_SCENE, names.RENDER_GROUP, names.RENDER_BATCH}
-    assert set(index.activities) == {names.VALIDATE_SOURCE, names.RENDER_TILE, names.ASSEMBLE_MOSAIC}
+    assert set(index.orchestrators) == {
+        names.TILE_SCENE,
+        names.RENDER_GROUP,
+        names.RENDER_BATCH,
+        names.VERIFY_SCENE,
+        names.VERIFY_GROUP,
+        names.VERIFY_BATCH,
+    }
+    assert set(index.activities) == {
+        names.VALIDATE_SOURCE,
+        names.RENDER_TILE,
+        names.ASSEMBLE_MOSAIC,
+        names.VERIFY_WINDOW,
+        names.REBUILD_MOSAIC,
+    }
     assert set(index.blob_triggers) == {names.STARTER} == {settings.TRIGGER_FUNCTION}
+    # The scrub's route: function-key auth, POST only.
+    route = next(b for b in index.raw_bindings[names.VERIFY_ROUTE] if b["type"] == "httpTrigger")
+    assert route == {
+        "direction": "IN",
+        "type": "httpTrigger",
+        "name": "req",
+        "methods": ["POST"],
+        "authLevel": "FUNCTION",
+        "route": "jobs/{job_id}/verify",
+    }
 
     starter = sorted(index.raw_bindings[names.STARTER], key=lambda b: b["type"])
     assert starter == [

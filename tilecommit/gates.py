@@ -24,7 +24,7 @@ from azure.core.exceptions import (
     ServiceRequestError,
     ServiceResponseError,
 )
-from azure.data.tables import EdmType, EntityProperty, TableClient
+from azure.data.tables import EdmType, EntityProperty, TableClient, UpdateMode
 from azure.storage.blob import BlobClient, ContainerClient, ContentSettings
 
 from . import jobs, telemetry
@@ -393,17 +393,29 @@ def repair_blob(
     ``WRITTEN`` when it replaced that version; ``SUPERSEDED`` on 412 or 404 (something newer
     landed, or the blob is gone): the newer state is left untouched.
     """
-    outcome = _repair_blob(container, name, body, expect_etag, content_type, metadata, job_id)
-    telemetry.count_write("blob-repair", outcome, job_id)
-    return outcome
+    return repair_blob_versioned(
+        container, name, body, expect_etag=expect_etag, content_type=content_type, metadata=metadata, job_id=job_id
+    )[0]
 
 
-def _repair_blob(container, name, body, expect_etag, content_type, metadata, job_id) -> Outcome:
+def repair_blob_versioned(
+    container: ContainerClient,
+    name: str,
+    body: bytes,
+    *,
+    expect_etag: str,
+    content_type: str = "image/tiff",
+    metadata: dict[str, str] | None = None,
+    job_id: str = "",
+) -> tuple[Outcome, str | None]:
+    """:func:`repair_blob`, plus the ETag of the version it wrote (None unless ``WRITTEN``)."""
     body = bytes(body)
     digest = sha256_hex(body)
     blob = _single_put_client(container, name, len(body))
-    for _ in range(UNKNOWN_OUTCOME_ATTEMPTS):
-        try:
+    answer: dict[str, Any] = {}
+
+    def put() -> None:
+        answer.update(
             _put(
                 blob,
                 body,
@@ -414,6 +426,55 @@ def _repair_blob(container, name, body, expect_etag, content_type, metadata, job
                 etag=expect_etag,
                 match_condition=MatchConditions.IfNotModified,
             )
+        )
+
+    outcome = replace_once(blob, put, expect_etag=expect_etag, digest=digest, job_id=job_id)
+    etag = answer.get("etag") if outcome is Outcome.WRITTEN else None
+    if outcome is Outcome.WRITTEN and etag is None:  # written, found after a lost response
+        _, etag = stored_blob_sha256(blob)
+    return outcome, etag
+
+
+#: The gate every If-Match replacement of a blob is counted under (tile, mosaic or sidecar).
+REPAIR_GATE = "blob-repair"
+
+
+def replace_once(
+    blob: BlobClient,
+    put: Callable[[], Any],
+    *,
+    expect_etag: str,
+    digest: str,
+    job_id: str = "",
+    gate: str = REPAIR_GATE,
+    digest_key: str = SHA256_METADATA_KEY,
+) -> Outcome:
+    """Run ``put``, one request replacing exactly the version ``expect_etag`` of ``blob``
+    (``If-Match``), and classify it: the counterpart of :func:`create_once` for repairs.
+
+    ``put`` is a single Put Blob or the Put Block List of blocks already staged; either way the
+    condition and the evidence (``digest`` under ``digest_key`` in the metadata) travel in the
+    request that replaces the blob, so a reader sees the old version or the new one, never a mix.
+    ``WRITTEN`` when it replaced that version; ``SUPERSEDED`` on 412 ConditionNotMet or 404
+    BlobNotFound (something newer landed, or the blob is gone), logged at INFO and counted: the
+    newer state is left untouched. A transport fault with an unknown outcome is resolved from
+    what is stored: the old version still there means the same conditional request again; our
+    evidence means written; anything else is superseded.
+    """
+    outcome = _replace_once(
+        blob, put, expect_etag=expect_etag, digest=digest, job_id=job_id, gate=gate, digest_key=digest_key
+    )
+    telemetry.count_write(gate, outcome, job_id)
+    return outcome
+
+
+def _replace_once(
+    blob: BlobClient, put: Callable[[], Any], *, expect_etag: str, digest: str, job_id: str, gate: str, digest_key: str
+) -> Outcome:
+    name = blob.blob_name
+    for _ in range(UNKNOWN_OUTCOME_ATTEMPTS):
+        try:
+            put()
             return Outcome.WRITTEN
         except HttpResponseError as exc:
             # A 412 about a lease (LeaseIdMissing ...) is not a newer version: only ConditionNotMet is.
@@ -426,19 +487,19 @@ def _repair_blob(container, name, body, expect_etag, content_type, metadata, job
             )
             if not superseded:
                 raise storage_fault("repairing blob", name, exc) from exc
-            count_rejection("blob-repair", exc.status_code, job_id, name, "superseded")
+            count_rejection(gate, exc.status_code, job_id, name, "superseded")
             return Outcome.SUPERSEDED
         except _TRANSPORT_FAULTS as exc:
-            stored, etag = stored_blob_sha256(blob)
+            stored, etag = stored_blob_sha256(blob, digest_key)
             if etag == expect_etag:
                 logger.warning(
                     "repair of %r had no answer (%s); the old version is still there: trying again", name, exc
                 )
                 continue
-            telemetry.unknown_outcome_resolved.add(1, telemetry.job_attributes(job_id, gate="blob-repair"))
+            telemetry.unknown_outcome_resolved.add(1, telemetry.job_attributes(job_id, gate=gate))
             if stored == digest:
                 return Outcome.WRITTEN
-            count_rejection("blob-repair", None, job_id, name, "superseded, found after a lost response")
+            count_rejection(gate, None, job_id, name, "superseded, found after a lost response")
             return Outcome.SUPERSEDED
     raise StorageFaultError(f"repairing blob {name!r}: no answer after {UNKNOWN_OUTCOME_ATTEMPTS} attempts")
 
@@ -583,6 +644,86 @@ def get_manifest_entry(table: TableClient, job_id: str, window: Window | str) ->
     return None if entity is None else _manifest_entry(entity)
 
 
+def _manifest_entity(job_id: str, window: Window | str, uri: str, nbytes: int, sha256: str, etag: str | None) -> dict:
+    entity = {
+        "PartitionKey": job_id,
+        "RowKey": _window_id(window),
+        "uri": uri,
+        "bytes": EntityProperty(int(nbytes), EdmType.INT64),
+        "sha256": sha256,
+    }
+    if etag:
+        entity["etag"] = etag
+    return entity
+
+
+def get_manifest_row(table: TableClient, job_id: str, window: Window | str) -> tuple[ManifestEntry, str] | None:
+    """The window's manifest row and the row's own ETag (what a repair's If-Match names), or None."""
+    try:
+        entity = table.get_entity(job_id, _window_id(window))
+    except ResourceNotFoundError:
+        return None
+    except (HttpResponseError, *_TRANSPORT_FAULTS) as exc:
+        raise storage_fault("reading entity", f"{job_id}/{_window_id(window)}", exc) from exc
+    return _manifest_entry(dict(entity)), entity.metadata["etag"]
+
+
+def repair_manifest_entry(
+    table: TableClient,
+    *,
+    job_id: str,
+    window: Window | str,
+    uri: str,
+    nbytes: int,
+    sha256: str,
+    etag: str | None,
+    expect_row_etag: str,
+) -> Outcome:
+    """Replace exactly the version ``expect_row_etag`` of the window's row (Update Entity with
+    ``If-Match``), so that it names the tile as stored now (``etag``: the tile blob's ETag).
+
+    ``WRITTEN`` when it replaced that version; ``SUPERSEDED`` on 412 or 404 (a newer row, or
+    none): left untouched, counted and logged like a refused create. A transport fault is
+    resolved from the stored row: the old version means the same request again, our sha256 and
+    tile ETag mean written, anything else superseded.
+    """
+    entity = _manifest_entity(job_id, window, uri, nbytes, sha256, etag)
+    outcome = _repair_entity(table, entity, expect_row_etag, job_id=job_id)
+    telemetry.count_write(MANIFEST_REPAIR_GATE, outcome, job_id)
+    return outcome
+
+
+#: The gate an If-Match replacement of a manifest row is counted under.
+MANIFEST_REPAIR_GATE = "manifest-repair"
+
+
+def _repair_entity(table: TableClient, entity: dict, expect_row_etag: str, *, job_id: str) -> Outcome:
+    key = f"{entity['PartitionKey']}/{entity['RowKey']}"
+    gate = MANIFEST_REPAIR_GATE
+    for _ in range(UNKNOWN_OUTCOME_ATTEMPTS):
+        try:
+            table.update_entity(
+                entity, mode=UpdateMode.REPLACE, etag=expect_row_etag, match_condition=MatchConditions.IfNotModified
+            )
+            return Outcome.WRITTEN
+        except HttpResponseError as exc:
+            if exc.status_code not in (404, 412):
+                raise storage_fault("repairing entity", key, exc) from exc
+            count_rejection(gate, exc.status_code, job_id, key, "superseded")
+            return Outcome.SUPERSEDED
+        except _TRANSPORT_FAULTS as exc:
+            stored = get_manifest_row(table, entity["PartitionKey"], entity["RowKey"])
+            if stored is not None and stored[1] == expect_row_etag:
+                logger.warning("repair of %s had no answer (%s); the old row is still there: trying again", key, exc)
+                continue
+            telemetry.unknown_outcome_resolved.add(1, telemetry.job_attributes(job_id, gate=gate))
+            if stored is not None and (stored[0].sha256, stored[0].etag) == (entity["sha256"], entity.get("etag")):
+                return Outcome.WRITTEN
+            count_rejection(gate, None, job_id, key, "superseded, found after a lost response")
+            return Outcome.SUPERSEDED
+    raise StorageFaultError(f"repairing entity {key}: no answer after {UNKNOWN_OUTCOME_ATTEMPTS} attempts")
+
+
 def count_manifest(table: TableClient, job_id: str) -> ManifestSummary:
     """All manifest rows of ``job_id``, every page read. Assembly trusts this, never a listing."""
     entries: dict[str, ManifestEntry] = {}
@@ -609,6 +750,10 @@ __all__ = [
     "commit_blob_versioned",
     "create_once",
     "repair_blob",
+    "repair_blob_versioned",
+    "replace_once",
+    "get_manifest_row",
+    "repair_manifest_entry",
     "record_manifest_entry",
     "get_manifest_entry",
     "count_manifest",

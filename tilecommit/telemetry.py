@@ -81,6 +81,9 @@ tiles_skipped = _meter.create_counter(
 )
 tile_bytes = _meter.create_counter("TileBytes", unit="By", description="Bytes of tiles this execution wrote")
 
+verify_differences = _meter.create_counter(
+    "VerifyDifferences", unit="1", description="Differences a scrub found between a tile and its source window"
+)
 activity_duration = _meter.create_histogram(
     "ActivityDuration", unit="s", description="Wall time of one activity execution"
 )
@@ -101,6 +104,11 @@ def job_attributes(job_id: str | None, **more: str) -> dict[str, str]:
 
 def count_write(gate: str, outcome: str, job_id: str) -> None:
     conditional_writes.add(1, job_attributes(job_id, gate=gate, outcome=str(outcome)))
+
+
+def count_difference(job_id: str, kind: str) -> None:
+    """Count one difference a scrub found (``kind``: missing-row, missing-tile, tile-changed, other-pixels)."""
+    verify_differences.add(1, job_attributes(job_id, kind=kind))
 
 
 def count_tile(job_id: str, result: dict) -> None:

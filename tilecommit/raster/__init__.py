@@ -6,6 +6,7 @@
   :mod:`.block_copy`, :mod:`.copy_plan` and :mod:`.server_copy` (the service copies the tiles' blocks),
   :mod:`.staging` (Put Block, create-only commits), :mod:`.checks`, :mod:`.vrt`, :mod:`.sidecars`.
 - :mod:`.attempt`: what one assembly attempt owns (its block ids, its temporary directory).
+- :mod:`.scrub`: verify a finished job's tiles against its source and repair them (If-Match).
 - :mod:`.tiff`: the few TIFF structures block copying needs.
 - :mod:`.stac`: STAC item and quicklook.
 - :mod:`.env`: the GDAL settings that bound memory.

@@ -168,6 +168,7 @@ def _server_side(
     spec: OutputSpec,
     workdir: str,
     timings: dict[str, float],
+    committed_elsewhere,
 ) -> tuple[list[str], PlannedMosaic, dict]:
     """Plan the block-copy mosaic, check its head, and have the service stage it (:mod:`.server_copy`).
 
@@ -208,7 +209,7 @@ def _server_side(
                 read_local=lambda ref: layout.sources[ref.source].read(ref.offset, ref.length),
                 leaders=layout.writer.leaders,
                 trailers=layout.writer.trailers,
-                committed_elsewhere=lambda: blob_properties(output, mosaic_name) is not None,
+                committed_elsewhere=committed_elsewhere,
             )
             started = time.perf_counter()
             block_ids = stager.stage(plan)
@@ -306,6 +307,7 @@ def assemble_mosaic(
     source_name: str = "",
     method: str = "auto",
     workdir: str | None = None,
+    replace: dict[str, str | None] | None = None,
 ) -> MosaicResult:
     """Assemble the job's tiles into ``jobs.mosaic_blob_name(job_id)`` once, plus STAC item and quicklook.
 
@@ -319,6 +321,12 @@ def assemble_mosaic(
     temporary directory, removed afterwards) holds the coarse-level copy, or the VRT path's files.
     ``spec`` is the job's output spec: the windows planned and the blocks laid out are its; the
     STAC item records it.
+
+    ``replace`` (a rebuild after a repair): ``{"mosaic": etag, "stac": etag, "quicklook": etag}``,
+    the versions inspected before it (None: absent). The mosaic is then assembled whatever is
+    there and committed with ``If-Match`` on its inspected ETag in the same one Put Block List
+    (create-only where it was None), then its companions likewise (:func:`write_sidecars`);
+    ``superseded`` (companions untouched) when something newer landed first.
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, not {method!r}")
@@ -334,10 +342,27 @@ def assemble_mosaic(
         timings=timings,
     )
 
-    # 1. Cheap check first: a mosaic already there is not rebuilt (but verified, below).
+    def superseded() -> MosaicResult:
+        logger.info("job %s: the mosaic changed since it was inspected for a rebuild; left as it is", job_id)
+        return MosaicResult(
+            outcome=str(gates.Outcome.SUPERSEDED), nbytes=0, overview_levels=-1, timings=timings, **names
+        )
+
+    def committed_elsewhere() -> bool:
+        # A rebuild (replace) was overtaken when the mosaic is no longer the version it inspected.
+        props = blob_properties(output, mosaic_name)
+        if replace is None:
+            return props is not None
+        return (props.etag if props is not None else None) != replace.get("mosaic")
+
+    # 1. Cheap check first: a mosaic already there is not rebuilt (but verified, below), unless
+    #    this is a rebuild of the version that was inspected.
     started = time.perf_counter()
     existing = blob_properties(output, mosaic_name)
     timings["exists_check"] = time.perf_counter() - started
+    if replace is not None and committed_elsewhere():
+        return superseded()
+    expect_etag = (replace or {}).get("mosaic")
 
     # 2. The manifest says every window is done, with the stored sizes (and ETags) it recorded.
     started = time.perf_counter()
@@ -395,7 +420,7 @@ def assemble_mosaic(
     sha256 = ""
     counts: dict = {}
     try:
-        if existing is not None:
+        if existing is not None and replace is None:
             return already_present(None)
         if method in ("auto", "server"):
             # 4a. The service stages the mosaic from the tiles; the planned head was checked first.
@@ -411,6 +436,7 @@ def assemble_mosaic(
                     spec=spec,
                     workdir=workdir,
                     timings=timings,
+                    committed_elsewhere=committed_elsewhere,
                 )
                 used = "server"
             except CopyFromUrlUnsupported as exc:
@@ -426,10 +452,7 @@ def assemble_mosaic(
         if used == "blocks":
             # 4b. Block copy through this process: the planned head is checked, then the file goes
             #     front to back into staged blocks of the output blob.
-            sink = StagedBlockSink(
-                output.get_blob_client(mosaic_name),
-                committed_elsewhere=lambda: blob_properties(output, mosaic_name) is not None,
-            )
+            sink = StagedBlockSink(output.get_blob_client(mosaic_name), committed_elsewhere=committed_elsewhere)
             planned_head: list[bytes] = []
 
             def check_head(head: bytes, planned_levels: int) -> None:
@@ -484,6 +507,7 @@ def assemble_mosaic(
                 content_type=COG_CONTENT_TYPE,
                 job_id=job_id,
                 metadata={OVERVIEW_LEVELS_METADATA_KEY: str(planned.levels), METHOD_METADATA_KEY: used},
+                expect_etag=expect_etag,
             )
             timings["upload"] = time.perf_counter() - started
         else:
@@ -516,11 +540,14 @@ def assemble_mosaic(
                 content_type=COG_CONTENT_TYPE,
                 job_id=job_id,
                 metadata={OVERVIEW_LEVELS_METADATA_KEY: str(levels), METHOD_METADATA_KEY: used},
+                expect_etag=expect_etag,
             )
             timings["upload"] = time.perf_counter() - started
             counts = {"sent_from_instance": nbytes}
             os.remove(out_path)
 
+        if outcome is gates.Outcome.SUPERSEDED:
+            return superseded()
         if outcome is gates.Outcome.ALREADY_PRESENT:
             return already_present(planned)
         # 6. The committed blob, checked again through /vsiaz/ with the same function, after the
@@ -532,10 +559,12 @@ def assemble_mosaic(
         #    fix, so it is raised loudly (MosaicCheckError, not retryable) and the blob is left
         #    in place to be examined; every later assembly verifies it again and fails the same way.
         verify(planned)
-        write_sidecars(job_id, scene, **sidecars)
+        write_sidecars(job_id, scene, **sidecars, replace=replace)
     except CommittedElsewhere:
         if sink is not None:
             sink.abort()
+        if replace is not None:
+            return superseded()
         logger.info("job %s: another attempt committed the mosaic while this one staged; stopped", job_id)
         return already_present(None)
     except BaseException:

@@ -31,8 +31,13 @@ def write_sidecars(
     gdal_options: dict | None,
     source_name: str,
     timings: dict[str, float],
+    replace: dict[str, str | None] | None = None,
 ) -> int:
     """Quicklook, then STAC item (which names both), each create-only, or verified when already there.
+
+    ``replace`` (a rebuild of the mosaic): ``{"quicklook": etag, "stac": etag}``, the versions
+    inspected before the rebuild; each is then written whatever is there, with ``If-Match`` on
+    that ETag (create-only where it was None), so a newer companion is never overwritten.
 
     Both are read from the committed mosaic through /vsiaz/ (the quicklook from its smallest
     overview: a few blocks), never from a local copy: there is none for a streamed mosaic, and a
@@ -54,7 +59,9 @@ def write_sidecars(
         started = time.perf_counter()
         with gdal_step(f"making the quicklook of {mosaic_name}", window="smallest overview"):
             quicklook = quicklook_png(remote)
-        _commit_or_verify(output, quicklook_name, quicklook, content_type="image/png", job_id=job_id)
+        _commit_or_verify(
+            output, quicklook_name, quicklook, content_type="image/png", job_id=job_id, replace=replace, key="quicklook"
+        )
         timings["quicklook"] = time.perf_counter() - started
         started = time.perf_counter()
         with (
@@ -75,25 +82,44 @@ def write_sidecars(
             source_name=source_name,
             spec=spec,
         )
-        _commit_or_verify(output, stac_name, body, content_type="application/geo+json", job_id=job_id)
+        _commit_or_verify(
+            output, stac_name, body, content_type="application/geo+json", job_id=job_id, replace=replace, key="stac"
+        )
         timings["stac"] = time.perf_counter() - started
     return int(props.size)
 
 
-def _commit_or_verify(output: ContainerClient, name: str, body: bytes, *, content_type: str, job_id: str) -> None:
-    """Create ``name`` with ``body``, or check that what holds the key is ``body``.
+def _commit_or_verify(
+    output: ContainerClient,
+    name: str,
+    body: bytes,
+    *,
+    content_type: str,
+    job_id: str,
+    replace: dict[str, str | None] | None = None,
+    key: str = "",
+) -> None:
+    """Create ``name`` with ``body``, or check that what holds the key is ``body``; in a rebuild
+    (``replace``), write it with ``If-Match`` on the version ``replace[key]`` inspected before it.
 
     A companion is a pure function of the committed mosaic, so one with other bytes describes
     another mosaic (or a fault that was baked into it, such as a missing footprint): it is known
     bad, a :class:`MosaicCheckError` saying how to repair it. The bytes are read and hashed, not
     the sha256 in the metadata trusted: a writer that replaced the blob may have copied that.
+    A rebuild that finds a newer companion (``superseded``) leaves it: the newer rebuild wrote it.
     """
+    expect = (replace or {}).get(key)
+    if replace is not None and expect is not None:
+        gates.repair_blob(output, name, body, expect_etag=expect, content_type=content_type, job_id=job_id)
+        return
     absent = blob_properties(output, name) is None
     if (
         absent
         and gates.commit_blob(output, name, body, content_type=content_type, job_id=job_id) is gates.Outcome.WRITTEN
     ):
         return
+    if replace is not None:
+        return  # created by a concurrent rebuild since it was inspected: already-present
     found = gates.content_sha256(output.get_blob_client(name))
     ours = gates.sha256_hex(body)
     if found != ours:

@@ -212,6 +212,7 @@ def commit_staged_blob(
     job_id: str = "",
     metadata: dict[str, str] | None = None,
     evidence: tuple[str, str] | None = None,
+    expect_etag: str | None = None,
 ) -> gates.Outcome:
     """Commit staged blocks as ``name`` only if nothing holds the key: Put Block List, ``If-None-Match: *``.
 
@@ -227,21 +228,29 @@ def commit_staged_blob(
     ``If-None-Match: *``. Adding ``etag="*"`` (the upload_blob trap of docs/design.md, 'Storage semantics') leaves
     ``etag`` among the keyword arguments the SDK hands to its transport, which raises TypeError
     (azure-storage-blob 12.31.1, ``_get_match_headers`` pops ``etag`` only for IfNotModified/IfModified).
+
+    ``expect_etag`` (a rebuild): replace exactly that version instead, ``If-Match`` on the same
+    one Put Block List (:func:`gates.replace_once`: ``SUPERSEDED`` when something newer landed).
     """
     key, digest = evidence or (gates.SHA256_METADATA_KEY, sha256)
     blob = container.get_blob_client(name)
-    return gates.create_once(
-        blob,
-        lambda: blob.commit_block_list(
+    condition = (
+        {"match_condition": MatchConditions.IfMissing}
+        if expect_etag is None
+        else {"etag": expect_etag, "match_condition": MatchConditions.IfNotModified}
+    )
+
+    def commit() -> None:
+        blob.commit_block_list(
             block_ids,
             content_settings=ContentSettings(content_type=content_type),
             metadata={**(metadata or {}), key: digest},
-            match_condition=MatchConditions.IfMissing,
-        ),
-        digest=digest,
-        job_id=job_id,
-        digest_key=key,
-    )
+            **condition,
+        )
+
+    if expect_etag is not None:
+        return gates.replace_once(blob, commit, expect_etag=expect_etag, digest=digest, job_id=job_id, digest_key=key)
+    return gates.create_once(blob, commit, digest=digest, job_id=job_id, digest_key=key)
 
 
 def commit_file(
@@ -253,24 +262,33 @@ def commit_file(
     content_type: str,
     job_id: str,
     metadata: dict[str, str] | None = None,
+    expect_etag: str | None = None,
 ) -> gates.Outcome:
     """Create ``name`` from the file at ``path`` only if nothing holds the key (If-None-Match: *).
 
     Above 64 MiB the SDK stages blocks and the condition rides on Put Block List. The SDK gives
     every staged block a random id, so a concurrent duplicate's blocks are never in this list.
+    ``expect_etag`` (a rebuild): replace exactly that version instead (If-Match, same request).
     """
     blob = container.get_blob_client(name)
     size = os.path.getsize(path)
+    condition = (
+        {"overwrite": False}
+        if expect_etag is None
+        else {"overwrite": True, "etag": expect_etag, "match_condition": MatchConditions.IfNotModified}
+    )
 
     def upload() -> None:
         with open(path, "rb") as body:
             blob.upload_blob(
                 body,
                 length=size,
-                overwrite=False,
                 metadata={**(metadata or {}), gates.SHA256_METADATA_KEY: sha256},
                 content_settings=ContentSettings(content_type=content_type),
                 max_concurrency=UPLOAD_CONCURRENCY,
+                **condition,
             )
 
+    if expect_etag is not None:
+        return gates.replace_once(blob, upload, expect_etag=expect_etag, digest=sha256, job_id=job_id)
     return gates.create_once(blob, upload, digest=sha256, job_id=job_id)

@@ -88,20 +88,19 @@ def _per_dataset_mask(src) -> bool:
     )
 
 
-def encode_tile(
-    src, window: RioWindow | Window, *, spec: OutputSpec, num_threads: int = NUM_THREADS
-) -> tuple[bytes, dict]:
-    """Read exactly ``window`` of the open dataset ``src`` and encode it as an in-memory COG
-    made to the job's output ``spec`` (its block size, and the overview levels its window size allows).
-
-    Returns the COG's bytes and the seconds spent reading and encoding. The same window of the
-    same source always gives the same bytes: GDAL writes no timestamp or software tag into a
-    COG, and every creation option is fixed here.
-    """
+def _rio_window(window: RioWindow | Window) -> RioWindow:
     if isinstance(window, Window):
-        window = RioWindow(window.col_off, window.row_off, window.width, window.height)
-    started = time.perf_counter()
-    data, mask = read_classified(
+        return RioWindow(window.col_off, window.row_off, window.width, window.height)
+    return window
+
+
+def read_window(src, window: RioWindow | Window) -> tuple[np.ndarray, np.ndarray | None]:
+    """The pixels of exactly ``window`` of the open dataset ``src``, and its per-dataset mask
+    (None when the source has none): what a tile of that window encodes. For an upload opened
+    with :func:`~.source.open_upload`, every byte is read at its version and counted
+    (:func:`~.scene.read_classified`)."""
+    window = _rio_window(window)
+    return read_classified(
         src,
         lambda: (
             prefetch_window(src, window),
@@ -114,6 +113,27 @@ def encode_tile(
             f"{int(window.width)}x{int(window.height)} cannot be decoded ({exc}): the file is corrupt"
         ),
     )
+
+
+def encode_tile(
+    src,
+    window: RioWindow | Window,
+    *,
+    spec: OutputSpec,
+    num_threads: int = NUM_THREADS,
+    pixels: tuple[np.ndarray, np.ndarray | None] | None = None,
+) -> tuple[bytes, dict]:
+    """Read exactly ``window`` of the open dataset ``src`` and encode it as an in-memory COG
+    made to the job's output ``spec`` (its block size, and the overview levels its window size allows).
+
+    Returns the COG's bytes and the seconds spent reading and encoding. The same window of the
+    same source always gives the same bytes: GDAL writes no timestamp or software tag into a
+    COG, and every creation option is fixed here. ``pixels``: what :func:`read_window` already
+    returned for this window of ``src``, so it is not read twice.
+    """
+    window = _rio_window(window)
+    started = time.perf_counter()
+    data, mask = pixels if pixels is not None else read_window(src, window)
     read_s = time.perf_counter() - started
 
     started = time.perf_counter()

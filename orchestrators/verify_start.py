@@ -1,0 +1,38 @@
+"""Starting a scrub of a finished job, the same way from the CLI and from the HTTP route."""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+
+import azure.durable_functions as df
+
+from . import names
+
+logger = logging.getLogger(__name__)
+
+
+class JobNotVerifiable(LookupError):
+    """The job does not exist or has not completed: there is nothing finished to verify."""
+
+
+def verify_instance_id(job_id: str) -> str:
+    """A new id for each scrub (two may run at once: each is its own instance)."""
+    return f"{job_id}-verify-{secrets.token_hex(4)}"
+
+
+async def start_verify(client: df.DurableOrchestrationClient, job_id: str, *, repair: bool) -> str:
+    """Start ``verify_scene`` for the completed job ``job_id`` with the job's own input; its id."""
+    status = await client.get_status(job_id)
+    runtime = getattr(status, "runtime_status", None)
+    if runtime is None:
+        raise JobNotVerifiable(f"no job {job_id}")
+    if runtime != df.OrchestrationRuntimeStatus.Completed:
+        raise JobNotVerifiable(f"job {job_id} is {runtime.value}: only a completed job can be verified")
+    job = status.input_
+    job = json.loads(job) if isinstance(job, str) else job
+    instance_id = verify_instance_id(job_id)
+    await client.start_new(names.VERIFY_SCENE, instance_id, {"job": job, "repair": repair})
+    logger.info("started %s of job %s as %s", "repair" if repair else "verify", job_id, instance_id)
+    return instance_id

@@ -1,0 +1,247 @@
+"""The scrub: ``verify_scene`` through the local host on Azurite, against real GeoTIFFs.
+
+A job is run, then one tile blob is deleted and another replaced (If-Match on its current ETag,
+as a hostile writer would) by a valid COG with other pixels. Verify must name exactly those two;
+a repair must rewrite both, re-record their rows and rebuild the mosaic, every write of it
+conditional (seen on the wire through a recording proxy), and two repairs at once must never
+lose an update.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+
+import azure.functions as func
+import pytest
+from azure.core import MatchConditions
+from rasterio.io import MemoryFile
+
+from devhost.cli import process_file
+from devhost.functions import EventLoopThread
+from devhost.verify import verify_job
+from orchestrators import names
+from tilecommit import gates, jobs
+from tilecommit import settings as setting_names
+from tilecommit.grid import plan_windows
+
+from .app_jobs import WINDOW, AppEnv, check_outputs, download, local_host, make_scene
+from .conftest import counter_total
+from .fault_jobs import app_storage
+from .storage_proxy import RecordingProxy
+from .test_cli import run_cli
+
+JOB_ID = "00000000000000ab"
+
+pytestmark = pytest.mark.slow
+
+#: Outcomes a repair step may report; a second repair racing the first sees the last two or three.
+REPAIR_OUTCOMES = {"written", "already-present", "superseded", "unchanged"}
+
+
+def _job(storage, app_env: AppEnv, tmp_path, host) -> tuple[str, list, object]:
+    scene = make_scene(tmp_path / "scene.tif", 600, 520)  # 3 x 3 windows of 256, batches of 4
+    summary = process_file(host, scene, timeout=120)
+    check_outputs(storage, app_env, summary, scene)
+    return summary["job_id"], plan_windows(600, 520, WINDOW), scene
+
+
+def _damage(storage, app_env: AppEnv, job_id: str, deleted, replaced) -> dict[str, bytes]:
+    """Delete one tile; overwrite another, If-Match its ETag, with a valid COG of other pixels.
+    Returns the original bytes of both."""
+    tiles = storage.blob_service().get_container_client(app_env.tiles)
+    originals = {w.id: download(storage, app_env.tiles, jobs.tile_blob_name(job_id, w)) for w in (deleted, replaced)}
+    tiles.get_blob_client(jobs.tile_blob_name(job_id, deleted)).delete_blob()
+    with MemoryFile(originals[replaced.id]) as memory, memory.open() as src:
+        profile, pixels = src.profile, src.read()
+    profile.update(driver="COG", blocksize=256)
+    profile.pop("blockxsize", None), profile.pop("blockysize", None), profile.pop("tiled", None)
+    with MemoryFile() as memory:
+        with memory.open(**profile) as dst:
+            dst.write(pixels[::-1].copy())  # the bands in reverse order: valid, and wrong
+        hostile = memory.read()
+    blob = tiles.get_blob_client(jobs.tile_blob_name(job_id, replaced))
+    current = blob.get_blob_properties().etag
+    blob.upload_blob(hostile, overwrite=True, etag=current, match_condition=MatchConditions.IfNotModified)
+    return originals
+
+
+def _rows_match_tiles(storage, app_env: AppEnv, job_id: str, windows) -> None:
+    table = storage.table_service().get_table_client(app_env.manifest)
+    tiles = storage.blob_service().get_container_client(app_env.tiles)
+    for window in windows:
+        entry = gates.get_manifest_entry(table, job_id, window)
+        stored = tiles.get_blob_client(entry.uri).download_blob()
+        body = stored.readall()
+        assert (entry.etag, entry.nbytes, entry.sha256) == (stored.properties.etag, len(body), gates.sha256_hex(body))
+
+
+def _unconditional_writes(blobs: RecordingProxy, tables: RecordingProxy, applies) -> list:
+    """Every write to the app's stores that carried no condition. Put Block (staged, invisible
+    until the conditional Put Block List names it) is not a write of a blob; Insert Entity (POST)
+    is create-only by itself, refused 409 when the key is taken; the host creating its containers
+    (what infra does in Azure) writes no data."""
+    found = []
+    for method, path, headers in blobs.sent + tables.sent:
+        if not applies(method, path) or method in ("GET", "HEAD") or "comp=block&" in path + "&":
+            continue
+        if "restype=container" in path:
+            continue
+        if method == "POST" and path.split("?")[0].rstrip("/").count("/") == 2:
+            continue  # Insert Entity into the table: /account/table
+        if "if-match" not in headers and headers.get("if-none-match") != "*":
+            found.append((method, path))
+    return found
+
+
+def test_verify_names_a_deleted_and_a_replaced_tile_and_a_repair_restores_them_conditionally(
+    storage, app_env, azurite, monkeypatch, tmp_path
+):
+    with local_host(app_env) as host:
+        job_id, windows, scene = _job(storage, app_env, tmp_path, host)
+        clean = verify_job(host, job_id, repair=False, timeout=120)
+        deleted, replaced = windows[1], windows[4]
+        originals = _damage(storage, app_env, job_id, deleted, replaced)
+        found = verify_job(host, job_id, repair=False, timeout=120)
+    assert clean["status"] == "completed" and clean["windows"] == 9 and clean["reports"] == [], clean
+    assert {r["window"]: r["differences"] for r in found["reports"]} == {
+        deleted.id: ["missing-tile"],
+        replaced.id: ["tile-changed", "other-pixels"],
+    }, found
+    assert found["mosaic"] is None and all(r["tile"] == r["manifest"] == "" for r in found["reports"])
+
+    applies = app_storage(app_env)
+    with (
+        RecordingProxy(f"http://127.0.0.1:{azurite.blob_port}") as blobs,
+        RecordingProxy(f"http://127.0.0.1:{azurite.table_port}") as tables,
+    ):
+        proxied = azurite.connection_string.replace(f":{azurite.blob_port}/", f":{blobs.port}/").replace(
+            f":{azurite.table_port}/", f":{tables.port}/"
+        )
+        monkeypatch.setenv(setting_names.STORAGE_CONNECTION, proxied)
+        with local_host(app_env) as host:
+            repaired = verify_job(host, job_id, repair=True, timeout=180)
+    monkeypatch.setenv(setting_names.STORAGE_CONNECTION, azurite.connection_string)
+
+    reports = {r["window"]: r for r in repaired["reports"]}
+    assert set(reports) == {deleted.id, replaced.id}, repaired
+    assert all((r["tile"], r["manifest"]) == ("written", "written") for r in reports.values()), reports
+    assert repaired["mosaic"]["outcome"] == "written", repaired
+    # The repaired tiles are the bytes the job rendered (encoding is deterministic).
+    for window in (deleted, replaced):
+        assert download(storage, app_env.tiles, jobs.tile_blob_name(job_id, window)) == originals[window.id]
+    _rows_match_tiles(storage, app_env, job_id, windows)
+    check_outputs(storage, app_env, {"status": "completed", "windows": 9, "job_id": job_id}, scene)
+
+    assert _unconditional_writes(blobs, tables, applies) == []
+    writes = [(m, p, h) for m, p, h in blobs.sent + tables.sent if applies(m, p) and m not in ("GET", "HEAD")]
+    if_match = [p for m, p, h in writes if "if-match" in h]
+    assert any(f"/{app_env.tiles}/" in p for p in if_match), "the replaced tile was not written If-Match"
+    assert any(f"/{app_env.manifest}(" in p for p in if_match), "no row was replaced If-Match"
+    for name in ("mosaic.tif", "item.json", "quicklook.png"):
+        assert any(p.split("?")[0].endswith(f"/{job_id}/{name}") for p in if_match), name
+    assert not [p for m, p, h in writes if m == "DELETE"]
+
+    with local_host(app_env) as host:
+        again = verify_job(host, job_id, repair=False, timeout=120)
+    assert again["reports"] == [], again
+
+
+def test_two_repairs_at_once_each_write_once_or_find_it_done_and_lose_nothing(storage, app_env, tmp_path):
+    with local_host(app_env) as host:
+        job_id, windows, scene = _job(storage, app_env, tmp_path, host)
+        deleted, replaced = windows[0], windows[8]
+        originals = _damage(storage, app_env, job_id, deleted, replaced)
+        results: list[dict] = [{}, {}]
+
+        def repair(slot: int) -> None:
+            results[slot] = verify_job(host, job_id, repair=True, timeout=180)
+
+        threads = [threading.Thread(target=repair, args=(slot,)) for slot in (0, 1)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(240)
+        final = verify_job(host, job_id, repair=False, timeout=120)
+    assert all(r["status"] == "completed" for r in results), results
+    for window in (deleted, replaced):
+        steps = [r2 for r in results for r2 in r["reports"] if r2["window"] == window.id]
+        tiles = [s["tile"] for s in steps]
+        rows = [s["manifest"] for s in steps]
+        assert set(tiles) | set(rows) <= REPAIR_OUTCOMES, steps
+        assert tiles.count("written") == 1 and rows.count("written") <= 1, steps
+        assert download(storage, app_env.tiles, jobs.tile_blob_name(job_id, window)) == originals[window.id]
+    assert all(r["windows"] == 9 for r in results)
+    mosaics = [r["mosaic"]["outcome"] for r in results if r["mosaic"]]
+    assert mosaics and set(mosaics) <= {"written", "superseded"}, results
+    assert final["reports"] == [], final
+    _rows_match_tiles(storage, app_env, job_id, windows)
+    check_outputs(storage, app_env, {"status": "completed", "windows": 9, "job_id": job_id}, scene)
+
+
+def test_the_http_route_starts_the_same_orchestration_and_refuses_an_unknown_job(storage, app_env, tmp_path):
+    written_before = counter_total("ConditionalWrites", gate=gates.REPAIR_GATE, outcome="written")
+    with local_host(app_env) as host:
+        job_id, windows, _ = _job(storage, app_env, tmp_path, host)
+        route = host.index.http_functions[names.VERIFY_ROUTE]
+
+        def post(job: str, query: str) -> func.HttpResponse:
+            request = func.HttpRequest(
+                method="POST",
+                url=f"http://localhost/api/jobs/{job}/verify?{query}",
+                body=b"",
+                route_params={"job_id": job},
+                params=dict(p.split("=") for p in query.split("&") if p),
+            )
+            # As the worker invokes it: the request, and the durableClient binding's JSON.
+            return EventLoopThread.shared().run(route(req=request, client=host.api.client_binding()))
+
+        started = post(job_id, "repair=true")
+        assert started.status_code == 202
+        body = json.loads(started.get_body())
+        assert body["job_id"] == job_id and body["repair"] is True
+        state = host.engine.wait_for(body["id"], timeout=120)
+        unknown = post("0000000000000000", "")
+    assert state["name"] == names.VERIFY_SCENE and state["status"] == "Completed", state
+    assert state["output"]["reports"] == [] and state["output"]["mosaic"] is None  # a clean job: nothing written
+    assert counter_total("ConditionalWrites", gate=gates.REPAIR_GATE, outcome="written") == written_before
+    assert unknown.status_code == 404 and "no job" in json.loads(unknown.get_body())["error"]
+
+
+def test_the_cli_verifies_a_completed_job_and_refuses_an_unknown_one(storage, app_env, tmp_path):
+    env = {**os.environ, **app_env.env}
+    scene = make_scene(tmp_path / "cli.tif", 300, 260)
+    done = run_cli(env, "process", str(scene), "--hub", app_env.hub)
+    assert done.returncode == 0, done.stderr
+    job_id = json.loads(done.stdout)["job_id"]
+    clean = run_cli(env, "verify", job_id, "--hub", app_env.hub)
+    assert clean.returncode == 0, clean.stderr
+    assert json.loads(clean.stdout)["reports"] == [] and json.loads(clean.stdout)["windows"] == 4
+    tiles = storage.blob_service().get_container_client(app_env.tiles)
+    tiles.get_blob_client(jobs.tile_blob_name(job_id, plan_windows(300, 260, WINDOW)[3])).delete_blob()
+    found = run_cli(env, "verify", job_id, "--hub", app_env.hub)
+    assert found.returncode == 1 and json.loads(found.stdout)["reports"][0]["differences"] == ["missing-tile"]
+    repaired = run_cli(env, "verify", job_id, "--repair", "--hub", app_env.hub)
+    assert repaired.returncode == 0, repaired.stderr
+    assert json.loads(repaired.stdout)["reports"][0]["tile"] == "written"
+    unknown = run_cli(env, "verify", "0000000000000000", "--hub", app_env.hub)
+    assert unknown.returncode == 1 and json.loads(unknown.stdout)["status"] == "not-verifiable"
+
+
+def test_a_row_repair_on_a_stale_row_etag_is_superseded_and_leaves_the_newer_row(table):
+    gates.record_manifest_entry(table, job_id=JOB_ID, window="0000_0000", uri="t.tif", nbytes=1, sha256="a", etag="e1")
+    _, first = gates.get_manifest_row(table, JOB_ID, "0000_0000")
+    fields = dict(job_id=JOB_ID, window="0000_0000", uri="t.tif")
+    assert (
+        gates.repair_manifest_entry(table, **fields, nbytes=2, sha256="b", etag="e2", expect_row_etag=first)
+        == "written"
+    )
+    stale = gates.repair_manifest_entry(table, **fields, nbytes=3, sha256="c", etag="e3", expect_row_etag=first)
+    assert stale is gates.Outcome.SUPERSEDED
+    entry, _ = gates.get_manifest_row(table, JOB_ID, "0000_0000")
+    assert (entry.nbytes, entry.sha256, entry.etag) == (2, "b", "e2")
+    gone = gates.repair_manifest_entry(
+        table, **{**fields, "window": "0000_0001"}, nbytes=1, sha256="a", etag="e", expect_row_etag=first
+    )
+    assert gone is gates.Outcome.SUPERSEDED  # no row: a repair never creates one under If-Match
