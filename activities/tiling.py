@@ -13,6 +13,7 @@ from collections.abc import Callable
 from tilecommit import raster
 from tilecommit.errors import CorruptTileError, InvalidRasterError, error_value, is_retryable
 from tilecommit.grid import Window
+from tilecommit.raster.gdal_errors import job_messages
 from tilecommit.spec import spec_of
 from tilecommit.storage import vsiaz_path
 
@@ -40,7 +41,8 @@ def run_activity(name: str, job: dict, work: Callable[[], dict], *, window: str 
     with its message, without burning a retry.
     """
     try:
-        return work()
+        with job_messages(job["job_id"]):
+            return work()
     except Exception as exc:
         if is_retryable(exc):
             logger.warning(

@@ -52,6 +52,8 @@ class FaultPlan:
     ``cut``: fraction whose answer is cut half-way through its body (storage carried the request
     out; the status line and headers, with the full Content-Length, arrive, then half the bytes,
     then a reset), as a connection lost mid-transfer looks.
+    ``every``: exactly 1 in ``every`` selected requests (from a seeded offset) is broken, its
+    fault drawn (seeded) among a 503, a reset and, for a GET, an answer cut half-way.
     ``reset_uploads``: the first PUT of each path is reset half-way through its body.
     ``delay``: seconds added before forwarding each selected request.
     ``outage``: (start, end) in ``time.monotonic()`` seconds: every selected request inside it
@@ -62,6 +64,7 @@ class FaultPlan:
     reset: float = 0.0
     reset_when: str = "either"
     cut: float = 0.0
+    every: int = 0
     reset_uploads: bool = False
     delay: float = 0.0
     retry_after: int = 1
@@ -182,6 +185,8 @@ class FaultProxy(RecordingProxy):
         self.plan = plan or FaultPlan()
         self.injected: Counter[str] = Counter()
         self._random = random.Random(self.plan.seed)
+        self._selected = 0
+        self._offset = self._random.randrange(self.plan.every) if self.plan.every else 0
         self._uploads_reset: set[str] = set()
 
     def start_outage(self, seconds: float) -> None:
@@ -209,6 +214,12 @@ class FaultProxy(RecordingProxy):
             if self._first_upload_of(request):
                 self._uploads_reset.add(request.path)
                 return "reset-mid-upload"
+            if plan.every:
+                self._selected += 1
+                if (self._selected + self._offset) % plan.every:
+                    return None
+                kinds = ["busy", "reset-before", "reset-after"] + (["cut"] if request.command == "GET" else [])
+                return self._random.choice(kinds)
             draw = self._random.random()
             if draw < plan.busy:
                 return "busy"

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import numpy as np
@@ -13,7 +14,7 @@ from rasterio.io import MemoryFile
 from rasterio.transform import from_origin
 
 from tilecommit.errors import GdalStepError, InvalidRasterError
-from tilecommit.raster.gdal_errors import GDAL_LOGGER, gdal_step
+from tilecommit.raster.gdal_errors import GDAL_LOGGER, gdal_step, job_messages
 
 
 def write_cog_without_overviews_the_wrong_way() -> None:
@@ -75,11 +76,12 @@ def test_the_messages_gdal_sent_during_the_step_are_in_the_error(tmp_path):
     assert caught.value.gdal_messages and all("missing-tile.tif" in m for m in caught.value.gdal_messages)
 
 
-def test_a_silent_failure_cites_what_gdal_said_last_in_an_earlier_step(tmp_path):
-    with pytest.raises(GdalStepError), rasterio.Env(), gdal_step("first step"):
+def test_a_silent_failure_cites_what_gdal_said_last_in_an_earlier_step_of_the_same_job(tmp_path):
+    with pytest.raises(GdalStepError), job_messages("job-a"), rasterio.Env(), gdal_step("first step"):
         copy_vrt_with_a_missing_source(tmp_path)
     with (
         pytest.raises(GdalStepError) as caught,
+        job_messages("job-a"),
         rasterio.Env(),
         gdal_step("second step", window="col=0 row=0 600x600"),
     ):
@@ -88,7 +90,25 @@ def test_a_silent_failure_cites_what_gdal_said_last_in_an_earlier_step(tmp_path)
     assert message.startswith(
         "second step (window col=0 row=0 600x600) failed in GDAL: GDAL reported the failure without a message"
     )
-    assert "its last messages in this process were: " in message and "missing-tile.tif" in message
+    assert "its last messages in this job were: " in message and "missing-tile.tif" in message
+
+
+def test_a_jobs_error_never_carries_another_jobs_gdal_messages(tmp_path):
+    """Job A's GDAL failure, in another thread, leaves messages behind; job B's silent failure
+    names none of them (and neither does a step that belongs to no job)."""
+    import threading
+
+    def job_a() -> None:
+        with pytest.raises(GdalStepError), job_messages("job-a"), rasterio.Env(), gdal_step("a's step"):
+            copy_vrt_with_a_missing_source(tmp_path)
+
+    thread = threading.Thread(target=job_a)
+    thread.start()
+    thread.join()
+    for scope in (job_messages("job-b"), contextlib.nullcontext()):
+        with pytest.raises(GdalStepError) as caught, scope, rasterio.Env(), gdal_step("b's step"):
+            write_cog_without_overviews_the_wrong_way()
+        assert "missing-tile.tif" not in str(caught.value) and "last messages" not in str(caught.value)
 
 
 def test_project_errors_and_other_exceptions_pass_through_unchanged():

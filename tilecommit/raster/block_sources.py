@@ -9,7 +9,14 @@ import os
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from azure.core.exceptions import HttpResponseError, ResourceNotFoundError, ServiceRequestError, ServiceResponseError
+from azure.core import MatchConditions
+from azure.core.exceptions import (
+    HttpResponseError,
+    ResourceModifiedError,
+    ResourceNotFoundError,
+    ServiceRequestError,
+    ServiceResponseError,
+)
 from azure.storage.blob import ContainerClient
 
 from ..errors import CorruptTileError, IncompleteManifestError, StorageFaultError
@@ -29,38 +36,69 @@ MERGE_GAP_BYTES = 4096
 
 
 class BlobRangeSource:
-    """Ranged reads of one blob (a tile), checked against the size its manifest row recorded."""
+    """Ranged reads of one tile blob at the version its manifest row recorded.
 
-    def __init__(self, container: ContainerClient, name: str, expected_size: int | None = None):
+    Each GET carries ``If-Match`` with the row's ETag (when the row has one), so the service
+    refuses bytes of any other version; each answer must hold every byte asked for. A tile
+    changed since its row is :class:`IncompleteManifestError` naming it (repairable: verify
+    --repair); a short or failed read is a retryable :class:`StorageFaultError`.
+    """
+
+    def __init__(
+        self, container: ContainerClient, name: str, expected_size: int | None = None, etag: str = "", window: str = ""
+    ):
         self.container = container
         self.name = name
         self.expected_size = expected_size
+        self.etag = etag
+        #: The window whose tile this is (named by the errors; the name otherwise).
+        self.window = window or name
 
-    def head(self, length: int) -> tuple[bytes, int]:
+    def _download(self, offset: int, length: int):
+        condition = {"etag": self.etag, "match_condition": MatchConditions.IfNotModified} if self.etag else {}
         try:
-            downloader = self.container.download_blob(self.name, offset=0, length=length, max_concurrency=1)
-            data = downloader.readall()
+            downloader = self.container.download_blob(
+                self.name, offset=offset, length=length, max_concurrency=1, **condition
+            )
+            return downloader, downloader.readall()
+        except ResourceModifiedError as exc:
+            raise IncompleteManifestError(
+                f"window {self.window}: tile {self.name} changed after its manifest row was written (recorded "
+                f"ETag {self.etag}): the service refused to read another version; nothing was committed. Repair "
+                "the job's tiles (verify --repair) and re-run",
+                mismatched=[self.window],
+            ) from exc
         except ResourceNotFoundError as exc:
             raise IncompleteManifestError(
-                f"tile {self.name} is in the manifest but not in storage", mismatched=[self.name]
+                f"window {self.window}: tile {self.name} is in the manifest but not in storage",
+                mismatched=[self.window],
             ) from exc
-        except (HttpResponseError, *_TRANSPORT_FAULTS) as exc:
-            raise StorageFaultError(
-                f"reading the head of {self.name} failed: {exc}", status=getattr(exc, "status_code", None)
-            ) from exc
-        # For a ranged read, properties.size is the range's length; the blob's is after the "/".
-        content_range = downloader.properties.content_range or ""
-        total = content_range.rsplit("/", 1)[-1]
-        return data, int(total) if total.isdigit() else int(downloader.properties.size)
-
-    def read(self, offset: int, length: int) -> bytes:
-        try:
-            return self.container.download_blob(self.name, offset=offset, length=length, max_concurrency=1).readall()
         except (HttpResponseError, *_TRANSPORT_FAULTS) as exc:
             raise StorageFaultError(
                 f"reading {length} bytes at {offset} of {self.name} failed: {exc}",
                 status=getattr(exc, "status_code", None),
             ) from exc
+
+    def head(self, length: int) -> tuple[bytes, int]:
+        downloader, data = self._download(0, length)
+        # For a ranged read, properties.size is the range's length; the blob's is after the "/".
+        content_range = downloader.properties.content_range or ""
+        total = content_range.rsplit("/", 1)[-1]
+        size = int(total) if total.isdigit() else int(downloader.properties.size)
+        if len(data) != min(length, size):
+            raise StorageFaultError(
+                f"reading the head of {self.name}: storage delivered {len(data)} of {min(length, size)} bytes"
+            )
+        return data, size
+
+    def read(self, offset: int, length: int) -> bytes:
+        _, data = self._download(offset, length)
+        expected = length if self.expected_size is None else max(0, min(length, self.expected_size - offset))
+        if len(data) != expected:
+            raise StorageFaultError(
+                f"reading {length} bytes at {offset} of {self.name}: storage delivered {len(data)} of {expected}"
+            )
+        return data
 
     def __repr__(self) -> str:
         return f"blob:{self.name}"
@@ -146,7 +184,7 @@ def read_tile_heads(windows: list[Window], summary, tiles: ContainerClient, exec
     sources = {}
     for window in windows:
         entry = summary.entries[window.id]
-        sources[window.id] = BlobRangeSource(tiles, entry.uri, entry.nbytes)
+        sources[window.id] = BlobRangeSource(tiles, entry.uri, entry.nbytes, entry.etag or "", window.id)
 
     def one(window: Window) -> TileHead:
         source = sources[window.id]

@@ -18,9 +18,10 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 
 from rasterio.errors import RasterioError
 
@@ -33,11 +34,15 @@ GDAL_LOGGERS = (GDAL_LOGGER, "rasterio._err")
 #: Messages kept per step (the last ones: those nearest the failure).
 MAX_MESSAGES = 5
 _MESSAGE = re.compile(r"msg='?(.*?)'?$", re.S)
-#: The last messages recorded in this process, whatever step they came from. GDAL may report a
-#: failure once and stay silent on the next ones (a cached transformer: "further errors will be
-#: suppressed on the transform object"), so the text that explains a silent failure can belong
-#: to an earlier step, or to an earlier attempt of the same activity in this worker.
-_recent: deque[str] = deque(maxlen=MAX_MESSAGES)
+#: The last messages recorded for each job (by :func:`job_messages`), whatever step they came
+#: from. GDAL may report a failure once and stay silent on the next ones (a cached transformer:
+#: "further errors will be suppressed on the transform object"), so the text that explains a
+#: silent failure can belong to an earlier step, or to an earlier attempt of the same activity.
+#: Kept per job, never per process: one job's error must carry only its own GDAL messages.
+_recent: OrderedDict[str, deque[str]] = OrderedDict()
+#: Jobs whose last messages are kept (the least recently heard of are dropped).
+MAX_JOBS_REMEMBERED = 64
+_job: ContextVar[str | None] = ContextVar("tilecommit_gdal_job", default=None)
 #: thread id -> (its messages, how many recordings are open in it: a step may run inside another).
 _buffers: dict[int, tuple[list[str], int]] = {}
 
@@ -56,12 +61,34 @@ class _Recorder(logging.Filter):
             text = record.getMessage()
             found = _MESSAGE.search(text) if "GDAL signalled" in text else None
             buffer.append(found.group(1) if found else text)
-            _recent.append(buffer[-1])
+            _remember(buffer[-1])
         return record.levelno >= self.passthrough_level
 
 
 _lock = threading.Lock()
 _recorders: dict[str, _Recorder] = {}
+
+
+def _remember(message: str) -> None:
+    job = _job.get()  # the thread that called GDAL (a logging filter runs in it)
+    if job is None:
+        return
+    with _lock:
+        kept = _recent.pop(job, None) or deque(maxlen=MAX_MESSAGES)
+        kept.append(message)
+        _recent[job] = kept
+        while len(_recent) > MAX_JOBS_REMEMBERED:
+            _recent.popitem(last=False)
+
+
+@contextmanager
+def job_messages(job_id: str) -> Iterator[None]:
+    """GDAL steps inside the block belong to ``job_id``: a silent failure cites that job's last messages only."""
+    token = _job.set(job_id)
+    try:
+        yield
+    finally:
+        _job.reset(token)
 
 
 def _start(thread: int) -> list[str]:
@@ -170,8 +197,8 @@ def gdal_step(step: str, *, window: str | None = None) -> Iterator[None]:
         message = f"{step}{where} failed in GDAL: {said}"
         if any(m.strip() != said for m in buffer):
             message += f"; GDAL's messages before the failure: {before}"
-        elif not before and _recent:
-            message += f"; GDAL said nothing during this step; its last messages in this process were: {describe(list(_recent))}"
+        elif not before and (earlier := list(_recent.get(_job.get() or "", ()))):
+            message += f"; GDAL said nothing during this step; its last messages in this job were: {describe(earlier)}"
         error = GdalStepError(message, step=step, window=window, gdal_messages=list(buffer))
         # GDAL failed because storage did not deliver (after GDAL's own retries): retry the step.
         error.retryable = transport_fault([said, *buffer]) is not None

@@ -9,7 +9,8 @@ a file of the instance's disk, or another container's blob, into a tile anyone w
 outputs can read. A TIFF names nothing outside itself, so the TIFF family (GeoTIFF, COG, BigTIFF)
 is the one accepted, decided from the content, never from the name, and opened by the GTiff driver
 alone. What GDAL could still reach beside the file (sidecars, the network, PROJ grids) is closed
-by :func:`upload_gdal_options` and by :func:`tilecommit.raster.env.gdal_config`. See
+by :func:`upload_gdal_options`, by the reader that serves GDAL the upload's bytes
+(:mod:`.source`) and by :func:`tilecommit.raster.env.gdal_config`. See
 docs/uploads.md for the whole list and the tests that show each.
 """
 
@@ -102,16 +103,12 @@ def check_upload_content(path: str, head: bytes, size: int | None) -> None:
 
 
 def upload_gdal_options(path: str) -> dict[str, str]:
-    """GDAL configuration while an upload is open: the network reaches this one file, nothing else.
+    """GDAL configuration while an upload is open: GDAL's network file systems closed.
 
-    GDAL's curl-based file systems (``/vsiaz/``, ``/vsicurl/``, ``/vsis3/``, ...) refuse every
-    name but ``CPL_VSIL_CURL_ALLOWED_FILENAME`` when it is set (``IsAllowedFilename`` in GDAL's
-    ``port/cpl_vsil_curl.cpp``); set to the upload's own path, any other URL or blob a file could
-    name fails without a request. For a local path it blocks the network altogether.
-
-    ``CPL_VSIL_CURL_NON_CACHED`` drops what GDAL cached about the file when it is closed: without
-    it, an open that failed during a storage outage leaves "does not exist" cached in the worker,
-    and every later attempt of the activity would call the upload missing (measured with GDAL
-    3.10 behind a proxy answering 503: the file stayed missing after the outage ended).
+    The upload itself is read through the app's reader (:mod:`.source`), never through GDAL's
+    network layer. GDAL's curl-based file systems (``/vsiaz/``, ``/vsicurl/``, ``/vsis3/``, ...)
+    refuse every name but ``CPL_VSIL_CURL_ALLOWED_FILENAME`` when it is set (``IsAllowedFilename``
+    in GDAL's ``port/cpl_vsil_curl.cpp``); set to the upload's plugin path, which is no URL, any
+    URL or blob a file could name fails without a request.
     """
-    return {"CPL_VSIL_CURL_ALLOWED_FILENAME": path, "CPL_VSIL_CURL_NON_CACHED": path}
+    return {"CPL_VSIL_CURL_ALLOWED_FILENAME": path}
