@@ -72,6 +72,9 @@ def verify_functions() -> df.Blueprint:
     bp.activity_trigger(input_name="payload", activity=names.VERIFY_WINDOW)(
         observed_activity(names.VERIFY_WINDOW, verify_activities.verify_window)
     )
+    bp.activity_trigger(input_name="payload", activity=names.VERIFY_OUTPUTS)(
+        observed_activity(names.VERIFY_OUTPUTS, verify_activities.verify_outputs)
+    )
     bp.activity_trigger(input_name="payload", activity=names.REBUILD_MOSAIC)(
         observed_activity(names.REBUILD_MOSAIC, verify_activities.rebuild_mosaic)
     )
@@ -87,7 +90,7 @@ app.register_functions(verify_functions())
 @app.route(route="jobs/{job_id}/verify", methods=["POST"], auth_level=func.AuthLevel.FUNCTION)
 @app.durable_client_input(client_name="client")
 async def verify_job(req: func.HttpRequest, client: df.DurableOrchestrationClient) -> func.HttpResponse:
-    """POST /api/jobs/{job_id}/verify[?repair=true]: start a scrub of a completed job; 202 with its id."""
+    """POST /api/jobs/{job_id}/verify[?repair=true]: start a scrub of a finished job (completed or failed); 202 with its id."""
     job_id = req.route_params["job_id"]
     repair = req.params.get("repair", "").lower() in ("true", "1", "yes")
     try:

@@ -34,6 +34,29 @@ def verify_window(payload: dict) -> dict:
     return {"window": window.id, **result}
 
 
+def verify_outputs(payload: dict) -> dict:
+    """Check the job's mosaic, STAC item and quicklook as an assembly would, writing nothing;
+    ``{"differences": [...]}`` (empty when they verify) or the error."""
+    job, scene = payload["job"], raster.SceneInfo.from_dict(payload["scene"])
+    ctx = activity_context()
+
+    def work() -> dict:
+        differences = scrub.check_outputs(
+            job["job_id"],
+            scene,
+            tiles=ctx.tiles,
+            output=ctx.output,
+            manifest=ctx.manifest,
+            settings=ctx.settings,
+            spec=spec_of(job),
+            gdal_options=ctx.connection.gdal_options(),
+            source_name=job["blob"],
+        )
+        return {"differences": differences}
+
+    return run_activity("verify_outputs", job, work)
+
+
 def rebuild_mosaic(payload: dict) -> dict:
     """Assemble the job's mosaic again from its repaired manifest and replace the mosaic, STAC item
     and quicklook, each with If-Match on the version inspected at the start of this execution."""

@@ -5,7 +5,7 @@
                                                   upload each PATH, process them at once, print
                                                   one JSON summary line per job
     python -m devhost status [JOB_ID]             a job's state and progress, or the recent jobs
-    python -m devhost verify JOB_ID [--repair]    compare a completed job's tiles with its source;
+    python -m devhost verify JOB_ID [--repair]    compare a finished job's tiles with its source;
                                                   --repair rewrites what differs, then the mosaic
     python -m devhost demo                        Azurite + a sample scene + process, end to end
 
@@ -97,9 +97,11 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--limit", type=int, default=20, help="how many recent jobs to list (default 20)")
 
     verify = sub.add_parser(
-        "verify", help="compare a completed job's tiles with its source window by window; print the differences"
+        "verify",
+        help="compare a finished job's tiles with its source window by window, and its mosaic with its tiles; "
+        "print the differences",
     )
-    verify.add_argument("job_id", help="a completed job's id")
+    verify.add_argument("job_id", help="a finished (completed or failed) job's id")
     verify.add_argument(
         "--repair",
         action="store_true",
@@ -352,7 +354,8 @@ def verify(args: argparse.Namespace, storage) -> int:
     print(json.dumps(summary))
     if summary["status"] != "completed":
         return EXIT_FAILED
-    return EXIT_COMPLETED if args.repair or not summary["windows_differing"] else EXIT_FAILED
+    clean = not summary["windows_differing"] and not summary["outputs_differing"]
+    return EXIT_COMPLETED if args.repair or clean else EXIT_FAILED
 
 
 COMMANDS = {"serve": serve, "process": process, "status": status, "verify": verify}

@@ -1,4 +1,4 @@
-"""``python -m devhost verify``: a scrub of a completed job through a running local host.
+"""``python -m devhost verify``: a scrub of a finished job through a running local host.
 
 The local host serves no HTTP functions (only the Durable extension's own API), so the command
 starts ``verify_scene`` with the same start function the app's HTTP route calls

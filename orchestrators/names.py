@@ -20,6 +20,7 @@ VERIFY_SCENE = "verify_scene"
 VERIFY_GROUP = "verify_group"
 VERIFY_BATCH = "verify_batch"
 VERIFY_WINDOW = "verify_window"
+VERIFY_OUTPUTS = "verify_outputs"
 REBUILD_MOSAIC = "rebuild_mosaic"
 #: The HTTP route that starts a scrub: POST /api/jobs/{job_id}/verify[?repair=true].
 VERIFY_ROUTE = "verify_job"

@@ -99,8 +99,19 @@ def verify_scene(context: df.DurableOrchestrationContext) -> Generator[Any, Any,
         raise exhausted(job, "verifying the tiles", exc) from exc
 
     reports = sorted(total["reports"], key=lambda r: r["window"])
+    # The outputs are checked too (after the windows' repairs, if any): a mosaic replaced or damaged
+    # while its tiles are fine, or one a repair left unrebuilt, is found here and rebuilt below.
+    context.set_custom_status({**status, "stage": "verifying the mosaic"})
+    try:
+        outputs = yield context.call_activity_with_retry(
+            names.VERIFY_OUTPUTS, ACTIVITY_RETRY, {"job": job, "scene": scene}
+        )
+    except Exception as exc:
+        raise exhausted(job, "verifying the mosaic", exc) from exc
+    if outputs.get("error"):
+        raise failure_for(job, outputs["error"])
     mosaic = None
-    if request["repair"] and reports:
+    if request["repair"] and (reports or outputs["differences"]):
         context.set_custom_status({**status, "stage": "rebuilding the mosaic"})
         try:
             mosaic = yield context.call_activity_with_retry(
@@ -118,6 +129,7 @@ def verify_scene(context: df.DurableOrchestrationContext) -> Generator[Any, Any,
         "windows": total["windows"],
         "windows_differing": len(reports),
         "reports": reports,
+        "outputs_differing": outputs["differences"],
         "mosaic": mosaic and {k: mosaic[k] for k in ("outcome", "mosaic", "stac", "quicklook", "nbytes", "mosaic_url")},
     }
 

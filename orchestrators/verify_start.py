@@ -14,7 +14,16 @@ logger = logging.getLogger(__name__)
 
 
 class JobNotVerifiable(LookupError):
-    """The job does not exist or has not completed: there is nothing finished to verify."""
+    """The job does not exist or is still running: there is nothing finished to verify."""
+
+
+#: A finished job can be verified: a completed one, and a failed one too (a mosaic known bad
+#: fails its job, and the message sends the operator here to repair it).
+VERIFIABLE = {
+    df.OrchestrationRuntimeStatus.Completed,
+    df.OrchestrationRuntimeStatus.Failed,
+    df.OrchestrationRuntimeStatus.Terminated,
+}
 
 
 def verify_instance_id(job_id: str) -> str:
@@ -23,13 +32,13 @@ def verify_instance_id(job_id: str) -> str:
 
 
 async def start_verify(client: df.DurableOrchestrationClient, job_id: str, *, repair: bool) -> str:
-    """Start ``verify_scene`` for the completed job ``job_id`` with the job's own input; its id."""
+    """Start ``verify_scene`` for the finished job ``job_id`` with the job's own input; its id."""
     status = await client.get_status(job_id)
     runtime = getattr(status, "runtime_status", None)
     if runtime is None:
         raise JobNotVerifiable(f"no job {job_id}")
-    if runtime != df.OrchestrationRuntimeStatus.Completed:
-        raise JobNotVerifiable(f"job {job_id} is {runtime.value}: only a completed job can be verified")
+    if runtime not in VERIFIABLE:
+        raise JobNotVerifiable(f"job {job_id} is {runtime.value}: wait until it has finished, then verify it")
     job = status.input_
     job = json.loads(job) if isinstance(job, str) else job
     instance_id = verify_instance_id(job_id)

@@ -33,6 +33,7 @@ def test_functions_and_raw_bindings_as_the_worker_sends_them():
         names.RENDER_TILE,
         names.ASSEMBLE_MOSAIC,
         names.VERIFY_WINDOW,
+        names.VERIFY_OUTPUTS,
         names.REBUILD_MOSAIC,
     }
     assert set(index.blob_triggers) == {names.STARTER} == {settings.TRIGGER_FUNCTION}

@@ -20,6 +20,7 @@ from rasterio.io import MemoryFile
 
 from devhost.cli import process_file
 from devhost.functions import EventLoopThread
+from devhost.session import job_summary
 from devhost.verify import verify_job
 from orchestrators import names
 from tilecommit import gates, jobs
@@ -145,7 +146,28 @@ def test_verify_names_a_deleted_and_a_replaced_tile_and_a_repair_restores_them_c
 
     with local_host(app_env) as host:
         again = verify_job(host, job_id, repair=False, timeout=120)
-    assert again["reports"] == [], again
+    assert again["reports"] == [] and again["outputs_differing"] == [], again
+
+
+def test_a_mosaic_replaced_while_its_tiles_are_intact_is_found_and_rebuilt(storage, app_env, tmp_path):
+    """A hostile writer replaces the mosaic (If-Match, metadata kept) with a valid COG of other
+    pixels; every tile is intact. Verify names the mosaic (no window), the repair rebuilds it
+    If-Match on the replaced version, and the rebuilt outputs pass the assembly's own checks."""
+    from .test_output_verification import other_pixels_cog, replace_as_a_hostile_writer
+
+    output = storage.blob_service().get_container_client(app_env.output)
+    with local_host(app_env) as host:
+        job_id, _, scene = _job(storage, app_env, tmp_path, host)
+        name = jobs.mosaic_blob_name(job_id)
+        replace_as_a_hostile_writer(output, name, other_pixels_cog(download(storage, app_env.output, name)))
+        found = verify_job(host, job_id, repair=False, timeout=120)
+        repaired = verify_job(host, job_id, repair=True, timeout=180)
+        again = verify_job(host, job_id, repair=False, timeout=120)
+    assert found["reports"] == [] and len(found["outputs_differing"]) == 1, found
+    assert name in found["outputs_differing"][0] and "--repair" in found["outputs_differing"][0]
+    assert repaired["mosaic"]["outcome"] == "written", repaired
+    assert again["reports"] == [] and again["outputs_differing"] == [], again
+    check_outputs(storage, app_env, {"status": "completed", "windows": 9, "job_id": job_id}, scene)
 
 
 def test_two_repairs_at_once_each_write_once_or_find_it_done_and_lose_nothing(storage, app_env, tmp_path):
@@ -245,3 +267,43 @@ def test_a_row_repair_on_a_stale_row_etag_is_superseded_and_leaves_the_newer_row
         table, **{**fields, "window": "0000_0001"}, nbytes=1, sha256="a", etag="e", expect_row_etag=first
     )
     assert gone is gates.Outcome.SUPERSEDED  # no row: a repair never creates one under If-Match
+
+
+def test_a_job_failed_on_a_mosaic_known_bad_is_repaired_as_its_message_says_then_completes(
+    storage, app_env, azurite, monkeypatch, tmp_path
+):
+    """The operator's path end to end. The job commits its mosaic, then storage refuses its STAC
+    item (403): it fails. A hostile writer replaces the mosaic. Delivered again, the job fails
+    with "mosaic check failed" and the repair command. That command (a scrub of the failed job)
+    finds the mosaic, rebuilds it; delivered once more, the job completes, pixel-exact."""
+    from .fault_jobs import app_behind_proxy
+    from .storage_proxy import FaultPlan
+    from .test_output_verification import other_pixels_cog, replace_as_a_hostile_writer
+
+    scene = make_scene(tmp_path / "operator.tif", 600, 520)
+    mine = app_storage(app_env)
+    plan = FaultPlan(
+        busy=1.0,
+        status=403,
+        code="AuthorizationPermissionMismatch",
+        applies=lambda method, path: (
+            method == "PUT" and mine(method, path) and path.split("?")[0].endswith("/item.json")
+        ),
+    )
+    output = storage.blob_service().get_container_client(app_env.output)
+    with app_behind_proxy(azurite, monkeypatch, plan), local_host(app_env) as host:
+        first = process_file(host, scene, timeout=120)
+        job_id = first["job_id"]
+        name = jobs.mosaic_blob_name(job_id)
+        replace_as_a_hostile_writer(output, name, other_pixels_cog(download(storage, app_env.output, name)))
+        plan.busy = 0.0
+        host.deliver_blob_created(scene.name)
+        refused = job_summary(host.engine.wait_for(job_id, timeout=120))
+        repaired = verify_job(host, job_id, repair=True, timeout=180)
+        host.deliver_blob_created(scene.name)
+        done = job_summary(host.engine.wait_for(job_id, timeout=120))
+    assert first["status"] == "failed" and "403" in first["error"], first
+    assert refused["status"] == "failed" and f"python -m devhost verify {job_id} --repair" in refused["error"], refused
+    assert repaired["reports"] == [] and repaired["outputs_differing"], repaired
+    assert repaired["mosaic"]["outcome"] == "written", repaired
+    check_outputs(storage, app_env, done, scene)

@@ -20,7 +20,7 @@ Either way the planned or written mosaic is checked (:mod:`.checks`: size, bands
 georeferencing, every overview level) before it is committed, with one Put Block List (or Put
 Blob) carrying ``If-None-Match: *``, and the committed blob is checked again through /vsiaz/.
 A mosaic that is already there, whoever committed it, is verified the same way against what the
-tiles make before anyone calls it done (:func:`_verify_mosaic`); one known bad fails the
+tiles make before anyone calls it done (:func:`.committed.verify_mosaic`); one known bad fails the
 assembly, every time, saying how to repair it.
 No claim: each attempt stages under block ids of its own (:mod:`.attempt`).
 """
@@ -32,7 +32,6 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -40,7 +39,7 @@ from azure.data.tables import TableClient
 from azure.storage.blob import ContainerClient
 
 from .. import gates, jobs
-from ..errors import IncompatibleTilesError, MosaicCheckError, StorageFaultError
+from ..errors import IncompatibleTilesError, MosaicCheckError
 from ..records import Record
 from ..settings import Settings
 from ..spec import OutputSpec
@@ -52,10 +51,17 @@ from .checks import (
     check_manifest,
     check_mosaic_file,
     check_planned_mosaic,
-    repair_instruction,
     verify_committed_mosaic,
 )
-from .copy_plan import CopyRange, plan_copy
+from .committed import (
+    METHOD_METADATA_KEY,
+    OVERVIEW_LEVELS_METADATA_KEY,
+    PLAN_SHA256_METADATA_KEY,
+    PlannedMosaic,
+    plan_copy_of,
+    verifier,
+)
+from .copy_plan import CopyRange
 from .pyramid import mosaic_overview_levels
 from .scene import SceneInfo
 from .server_copy import CopyFromUrlUnsupported, ServerSideStager, copy_source_for
@@ -65,33 +71,8 @@ from .vrt import build_mosaic_vrt, estimate_vrt_temp_bytes
 
 logger = logging.getLogger(__name__)
 
-#: Blob metadata key recording the mosaic's overview level count (read back by a duplicate call).
-OVERVIEW_LEVELS_METADATA_KEY = "overview_levels"
-#: Blob metadata key of a server-side mosaic's evidence: the sha256 of its plan (head, ranges and
-#: the tile versions they come from), since no one reads its bytes to hash them.
-PLAN_SHA256_METADATA_KEY = "plan_sha256"
-#: Blob metadata key naming the path that made the mosaic: one of :data:`COMMITTED_METHODS`.
-METHOD_METADATA_KEY = "method"
 COG_CONTENT_TYPE = "image/tiff; application=geotiff; profile=cloud-optimized"
 METHODS = ("auto", "server", "blocks", "vrt")
-COMMITTED_METHODS = ("server", "blocks", "vrt")
-
-
-@dataclass(frozen=True)
-class PlannedMosaic:
-    """What an assembly knows its mosaic must be, to verify a committed one against.
-
-    ``method`` is the path that planned it; ``evidence`` the metadata (key, value) its commit
-    carries: a streamed sha256, or a server-side plan's digest. ``nbytes`` is its planned size
-    and ``head`` its planned header and directories (block copy only: a VRT mosaic has no head
-    before GDAL has written the whole file).
-    """
-
-    method: str
-    levels: int
-    evidence: tuple[str, str]
-    nbytes: int | None = None
-    head: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -109,51 +90,6 @@ class MosaicResult(Record):
     transfer: dict[str, int] = field(default_factory=dict)
 
     JSON_IN = {"timings": lambda timings: dict(timings or {}), "transfer": lambda counts: dict(counts or {})}
-
-
-def _plan_copy(job_id: str, scene: SceneInfo, layout, windows, summary, settings: Settings):
-    """The block-copy mosaic's head (checked: :func:`check_planned_mosaic`), size and copy plan,
-    and the tile versions (ETags from the manifest rows) its ranges are pinned to."""
-    head, order, total = layout.writer.block_order(layout.directories)
-    check_planned_mosaic(head, scene, layout.levels, settings=settings, job_id=job_id)
-    plan = plan_copy(head, order, total, leaders=layout.writer.leaders, trailers=layout.writer.trailers)
-    versions = {w.id: summary.entries[w.id].etag for w in windows}
-    return head, total, plan, versions
-
-
-def _plan_block_copy(
-    job_id: str,
-    scene: SceneInfo,
-    windows,
-    summary,
-    *,
-    tiles: ContainerClient,
-    settings: Settings,
-    spec: OutputSpec,
-    workdir: str,
-    timings: dict[str, float],
-) -> PlannedMosaic:
-    """The block-copy mosaic these tiles make, planned (tile heads, coarse levels) and not staged:
-    what an existing block-copied mosaic must be. Raises :class:`IncompatibleTilesError`."""
-    with ThreadPoolExecutor(max_workers=FETCH_THREADS, thread_name_prefix="tilefetch") as executor:
-        layout = prepare_block_copy(
-            scene,
-            windows,
-            summary,
-            tiles=tiles,
-            settings=settings,
-            spec=spec,
-            workdir=workdir,
-            timings=timings,
-            executor=executor,
-        )
-        try:
-            head, total, plan, versions = _plan_copy(job_id, scene, layout, windows, summary, settings)
-        finally:
-            layout.close()
-    return PlannedMosaic(
-        "server", layout.levels, (PLAN_SHA256_METADATA_KEY, plan.digest(versions)), nbytes=total, head=head
-    )
 
 
 def _server_side(
@@ -189,7 +125,7 @@ def _server_side(
         )
         try:
             started = time.perf_counter()
-            head, total, plan, versions = _plan_copy(job_id, scene, layout, windows, summary, settings)
+            head, total, plan, versions = plan_copy_of(job_id, scene, layout, windows, summary, settings)
             timings["check"] = time.perf_counter() - started
             entries = summary.entries
             unpinned = [w for w, etag in versions.items() if not etag]
@@ -226,72 +162,6 @@ def _server_side(
         "server", layout.levels, (PLAN_SHA256_METADATA_KEY, plan.digest(versions)), nbytes=total, head=head
     )
     return block_ids, planned, counts
-
-
-def _verify_mosaic(
-    job_id: str,
-    scene: SceneInfo,
-    planned: PlannedMosaic | None,
-    plan_block_copy: Callable[[], PlannedMosaic],
-    *,
-    output: ContainerClient,
-    settings: Settings,
-    gdal_options: dict | None,
-    timings: dict[str, float],
-):
-    """Verify the committed mosaic before it counts as done, whoever committed it; its properties.
-
-    It must be what these tiles make, as far as that is known without building it again:
-    committed by an assembly (its metadata names the method, the level count and the evidence);
-    a block-copied one (``server``, ``blocks``) of the planned size, beginning with the planned
-    header and directories, its evidence ours where the methods agree (``plan_block_copy`` plans
-    it when this attempt has no block-copy plan: tile heads and coarse levels, nothing staged);
-    a streamed sha256 this attempt cannot know, matched by the stored bytes (one full read); and
-    every check of a fresh mosaic (:func:`verify_committed_mosaic`, :func:`check_mosaic_file`).
-
-    A mosaic known bad raises :class:`MosaicCheckError` saying how to repair it (a re-run would
-    meet the same mosaic); a check that storage kept from finishing raises a retryable fault.
-    """
-    name = jobs.mosaic_blob_name(job_id)
-    started = time.perf_counter()
-    props = blob_properties(output, name)
-    if props is None:
-        raise StorageFaultError(f"{name} vanished after it was committed")
-    method = (props.metadata or {}).get(METHOD_METADATA_KEY, "")
-    try:
-        if method not in COMMITTED_METHODS:
-            raise MosaicCheckError(
-                f"committed mosaic {name}: no {METHOD_METADATA_KEY} in its metadata ({props.metadata}): "
-                "no assembly committed it"
-            )
-        if method == "vrt":
-            planned = planned if planned is not None and planned.method == "vrt" else None
-        elif planned is None or planned.method == "vrt":
-            try:
-                planned = plan_block_copy()
-            except IncompatibleTilesError as exc:
-                raise MosaicCheckError(
-                    f"committed mosaic {name} says it was block-copied ({method}), but its tiles cannot be: {exc}"
-                ) from exc
-        levels = planned.levels if planned is not None else mosaic_overview_levels(scene.width, scene.height)
-        key = PLAN_SHA256_METADATA_KEY if method == "server" else gates.SHA256_METADATA_KEY
-        ours = planned.evidence[1] if planned is not None and planned.evidence[0] == key else None
-        verify_committed_mosaic(
-            output,
-            name,
-            scene,
-            levels,
-            settings=settings,
-            gdal_options=gdal_options,
-            nbytes=planned.nbytes if planned is not None else None,
-            metadata={OVERVIEW_LEVELS_METADATA_KEY: str(levels), key: ours},
-            head=planned.head if planned is not None else None,
-            hash_content_from=key if ours is None and key == gates.SHA256_METADATA_KEY else None,
-        )
-    except MosaicCheckError as exc:
-        raise MosaicCheckError(f"{exc}; {repair_instruction(job_id)}") from exc
-    timings["verify"] = time.perf_counter() - started
-    return props
 
 
 def assemble_mosaic(
@@ -376,27 +246,19 @@ def assemble_mosaic(
         attempt.sweep_dead_workdirs()
         workdir = attempt.new_workdir(job_id)
 
-    def verify(planned: PlannedMosaic | None):
-        return _verify_mosaic(
-            job_id,
-            scene,
-            planned,
-            lambda: _plan_block_copy(
-                job_id,
-                scene,
-                windows,
-                summary,
-                tiles=tiles,
-                settings=settings,
-                spec=spec,
-                workdir=workdir,
-                timings=timings,
-            ),
-            output=output,
-            settings=settings,
-            gdal_options=gdal_options,
-            timings=timings,
-        )
+    verify = verifier(
+        job_id,
+        scene,
+        windows,
+        summary,
+        tiles=tiles,
+        output=output,
+        settings=settings,
+        spec=spec,
+        gdal_options=gdal_options,
+        workdir=workdir,
+        timings=timings,
+    )
 
     def already_present(planned: PlannedMosaic | None) -> MosaicResult:
         # Whoever committed it (an earlier execution, a duplicate, anything with write access),

@@ -27,12 +27,13 @@ from rasterio.io import MemoryFile
 from rasterio.windows import Window as RioWindow
 
 from .. import gates, jobs, telemetry
-from ..errors import InvalidRasterError
+from ..errors import IncompleteManifestError, InvalidRasterError, MosaicCheckError
 from ..grid import Window
 from ..records import Record
 from ..settings import Settings
 from ..spec import OutputSpec
 from .checks import blob_properties
+from .committed import verify_outputs
 from .env import gdal_env
 from .gdal_errors import gdal_step
 from .mosaic import MosaicResult, assemble_mosaic
@@ -51,7 +52,9 @@ MISSING_TILE = "missing-tile"
 TILE_CHANGED = "tile-changed"
 #: The tile's decoded pixels or mask differ from the source window (or it cannot be decoded).
 OTHER_PIXELS = "other-pixels"
-DIFFERENCES = (MISSING_ROW, MISSING_TILE, TILE_CHANGED, OTHER_PIXELS)
+#: The mosaic, STAC item or quicklook is missing or not what the tiles make (the assembly's own checks).
+OUTPUTS_DIFFER = "outputs-differ"
+DIFFERENCES = (MISSING_ROW, MISSING_TILE, TILE_CHANGED, OTHER_PIXELS, OUTPUTS_DIFFER)
 #: A repair step that found nothing to write.
 UNCHANGED = "unchanged"
 
@@ -220,6 +223,39 @@ def repair_window(
         recorded = UNCHANGED
     logger.info("job %s: window %s repaired: tile %s, row %s", job_id, window.id, tile, recorded)
     return str(tile), str(recorded)
+
+
+def check_outputs(
+    job_id: str,
+    scene: SceneInfo,
+    *,
+    tiles: ContainerClient,
+    output: ContainerClient,
+    manifest: TableClient,
+    settings: Settings,
+    spec: OutputSpec,
+    gdal_options: dict | None = None,
+    source_name: str = "",
+) -> list[str]:
+    """What is wrong with the committed mosaic, STAC item and quicklook ([] when they verify as an
+    assembly would verify them), writing nothing. Counted and logged like the windows' differences."""
+    try:
+        verify_outputs(
+            job_id,
+            scene,
+            tiles=tiles,
+            output=output,
+            manifest=manifest,
+            settings=settings,
+            spec=spec,
+            gdal_options=gdal_options,
+            source_name=source_name,
+        )
+    except (MosaicCheckError, IncompleteManifestError) as exc:
+        telemetry.count_difference(job_id, OUTPUTS_DIFFER)
+        logger.warning("job %s: its outputs are not what its tiles make: %s", job_id, exc)
+        return [str(exc)]
+    return []
 
 
 def inspect_outputs(output: ContainerClient, job_id: str) -> dict[str, str | None]:

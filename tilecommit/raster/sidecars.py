@@ -32,8 +32,11 @@ def write_sidecars(
     source_name: str,
     timings: dict[str, float],
     replace: dict[str, str | None] | None = None,
+    verify_only: bool = False,
 ) -> int:
     """Quicklook, then STAC item (which names both), each create-only, or verified when already there.
+
+    ``verify_only`` (a scrub): nothing is written; a companion that is absent is known bad too.
 
     ``replace`` (a rebuild of the mosaic): ``{"quicklook": etag, "stac": etag}``, the versions
     inspected before the rebuild; each is then written whatever is there, with ``If-Match`` on
@@ -60,7 +63,14 @@ def write_sidecars(
         with gdal_step(f"making the quicklook of {mosaic_name}", window="smallest overview"):
             quicklook = quicklook_png(remote)
         _commit_or_verify(
-            output, quicklook_name, quicklook, content_type="image/png", job_id=job_id, replace=replace, key="quicklook"
+            output,
+            quicklook_name,
+            quicklook,
+            content_type="image/png",
+            job_id=job_id,
+            replace=replace,
+            key="quicklook",
+            verify_only=verify_only,
         )
         timings["quicklook"] = time.perf_counter() - started
         started = time.perf_counter()
@@ -83,7 +93,14 @@ def write_sidecars(
             spec=spec,
         )
         _commit_or_verify(
-            output, stac_name, body, content_type="application/geo+json", job_id=job_id, replace=replace, key="stac"
+            output,
+            stac_name,
+            body,
+            content_type="application/geo+json",
+            job_id=job_id,
+            replace=replace,
+            key="stac",
+            verify_only=verify_only,
         )
         timings["stac"] = time.perf_counter() - started
     return int(props.size)
@@ -98,6 +115,7 @@ def _commit_or_verify(
     job_id: str,
     replace: dict[str, str | None] | None = None,
     key: str = "",
+    verify_only: bool = False,
 ) -> None:
     """Create ``name`` with ``body``, or check that what holds the key is ``body``; in a rebuild
     (``replace``), write it with ``If-Match`` on the version ``replace[key]`` inspected before it.
@@ -113,6 +131,8 @@ def _commit_or_verify(
         gates.repair_blob(output, name, body, expect_etag=expect, content_type=content_type, job_id=job_id)
         return
     absent = blob_properties(output, name) is None
+    if absent and verify_only:
+        raise MosaicCheckError(f"{name} does not exist; " + repair_instruction(job_id))
     if (
         absent
         and gates.commit_blob(output, name, body, content_type=content_type, job_id=job_id) is gates.Outcome.WRITTEN

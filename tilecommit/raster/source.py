@@ -38,7 +38,13 @@ from dataclasses import dataclass
 
 import rasterio
 from azure.core import MatchConditions
-from azure.core.exceptions import HttpResponseError, ResourceModifiedError, ResourceNotFoundError
+from azure.core.exceptions import (
+    HttpResponseError,
+    ResourceModifiedError,
+    ResourceNotFoundError,
+    ServiceRequestError,
+    ServiceResponseError,
+)
 from rasterio.abc import FileContainer
 
 from ..errors import InvalidRasterError, SourceChangedError, StorageFaultError
@@ -213,7 +219,8 @@ class Source(FileContainer):
     def _is_mine(self, path: str) -> bool:
         # GDAL looks for companions (.ovr, .msk, .aux.xml) beside a file it opens; only the file
         # itself exists here, so none is ever read.
-        return path.rstrip("/").endswith(self.path)
+        path = path.rstrip("/")
+        return path == self.path or path.endswith("/" + self.path)
 
     def open(self, path: str, mode: str = "rb", **kwds) -> SourceFile:
         if "r" not in mode or any(m in mode for m in "wa+") or not self._is_mine(path):
@@ -321,6 +328,8 @@ class PinnedBlob(Source):
             raise StorageFaultError(
                 f"reading the properties of {self.name} failed: {exc.reason or exc}", status=exc.status_code
             ) from exc
+        except (ServiceRequestError, ServiceResponseError) as exc:
+            raise StorageFaultError(f"reading the properties of {self.name} failed: {exc}") from exc
 
     def _get(self, offset: int, length: int) -> bytes:
         stream = self.blob.download_blob(offset=offset, length=length, max_concurrency=1, **self._condition())
