@@ -183,13 +183,17 @@ def test_an_upload_overwritten_at_random_moments_never_lends_a_pixel_to_the_old_
     outcomes = Counter()
     with local_host(app_env) as host:
         spec = OutputSpec.from_settings(host.settings)
+        # How long the job runs here and now: the moments are drawn across all of it (and a little after).
+        baseline = process_file(host, old, name="baseline.tif", timeout=600)
+        check_outputs(storage, app_env, baseline, old)
+        duration = baseline["elapsed_s"]
         for run in range(OVERWRITES):
             name = f"overwritten-{run}.tif"
             with ThreadPoolExecutor(1) as pool:
                 first = pool.submit(process_file, host, old, name=name, timeout=600)
                 while not host.decisions or host.decisions[-1]["blob"] != name:  # the old job has started
                     time.sleep(0.02)
-                time.sleep(draw.uniform(0.0, 4.0))
+                time.sleep(draw.uniform(0.0, 1.1 * duration))
                 with new.open("rb") as data:
                     new_etag = uploads.upload_blob(name, data, overwrite=True).get_blob_properties().etag
                 summary = first.result()
@@ -209,5 +213,5 @@ def test_an_upload_overwritten_at_random_moments_never_lends_a_pixel_to_the_old_
                 assert "(SourceChangedError)" in error and new_etag.strip('"') in named and len(named) == 2, error
                 outcomes["failed naming both versions"] += 1
             outcomes["old tiles checked"] += len(old_tiles)
-    print(f"\noverwrites: {dict(outcomes)}")
+    print(f"\noverwrites over a {duration:.1f} s job: {dict(outcomes)}")
     assert sum(v for k, v in outcomes.items() if k != "old tiles checked") == OVERWRITES

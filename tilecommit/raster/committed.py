@@ -246,7 +246,6 @@ def verify_outputs(
             output=output,
             settings=settings,
             spec=spec,
-            gdal_options=gdal_options,
             source_name=source_name,
             timings=timings,
             verify_only=True,

@@ -207,7 +207,6 @@ def assemble_mosaic(
         output=output,
         settings=settings,
         spec=spec,
-        gdal_options=gdal_options,
         source_name=source_name,
         timings=timings,
     )

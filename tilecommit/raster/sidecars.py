@@ -1,24 +1,25 @@
 """The mosaic's companions: its quicklook and STAC item, each committed create-only, both read from
-the committed mosaic through /vsiaz/ (never from a local copy: a server-side mosaic has none).
+the committed mosaic at its version, every byte counted (never from a local copy: a server-side
+mosaic has none).
 """
 
 from __future__ import annotations
 
 import time
 
-import rasterio
 from azure.storage.blob import ContainerClient
 
 from .. import gates, jobs
 from ..errors import MosaicCheckError, StorageFaultError
 from ..settings import Settings
 from ..spec import OutputSpec
-from ..storage import vsiaz_path
-from .checks import blob_properties, remote_gdal_options, repair_instruction
+from .checks import blob_properties, repair_instruction
 from .env import gdal_env
 from .gdal_errors import gdal_step
 from .scene import SceneInfo
+from .source import PinnedBlob, reading
 from .stac import mosaic_footprint, quicklook_png, stac_item_bytes
+from .upload import upload_gdal_options
 
 
 def write_sidecars(
@@ -28,7 +29,6 @@ def write_sidecars(
     output: ContainerClient,
     settings: Settings,
     spec: OutputSpec,
-    gdal_options: dict | None,
     source_name: str,
     timings: dict[str, float],
     replace: dict[str, str | None] | None = None,
@@ -42,8 +42,8 @@ def write_sidecars(
     inspected before the rebuild; each is then written whatever is there, with ``If-Match`` on
     that ETag (create-only where it was None), so a newer companion is never overwritten.
 
-    Both are read from the committed mosaic through /vsiaz/ (the quicklook from its smallest
-    overview: a few blocks), never from a local copy: there is none for a streamed mosaic, and a
+    Both are read from the committed mosaic at the version inspected, through the app's pinned,
+    counted reader (the quicklook from its smallest overview: a few blocks), never from a local copy: there is none for a streamed mosaic, and a
     crash between the commits leaves the next call (which finds the mosaic present) the same
     source, so it writes the same bytes. For the same reason an existing one must hold exactly
     those bytes (:func:`_commit_or_verify`).
@@ -57,11 +57,14 @@ def write_sidecars(
     if props is None:
         raise StorageFaultError(f"{mosaic_name} vanished after it was committed")
     sha = (props.metadata or {}).get(gates.SHA256_METADATA_KEY, "")
-    remote = vsiaz_path(output.container_name, mosaic_name)
-    with gdal_env(settings, remote_gdal_options(gdal_options, remote)):
+    # The mosaic is read at the version just inspected, through the app's counted reader: a read
+    # storage did not answer in full fails the step (retried) instead of baking zeros into a
+    # companion committed create-only. GDAL's network file systems are closed meanwhile.
+    mosaic = PinnedBlob(output.get_blob_client(mosaic_name), props.etag, upload=False)
+    with gdal_env(settings, upload_gdal_options(mosaic.path)):
         started = time.perf_counter()
         with gdal_step(f"making the quicklook of {mosaic_name}", window="smallest overview"):
-            quicklook = quicklook_png(remote)
+            quicklook = quicklook_png(mosaic)
         _commit_or_verify(
             output,
             quicklook_name,
@@ -76,7 +79,7 @@ def write_sidecars(
         started = time.perf_counter()
         with (
             gdal_step(f"reading the overview levels of {mosaic_name} for its STAC item"),
-            rasterio.open(remote) as src,
+            reading(mosaic) as src,
         ):
             levels = len(src.overviews(1))
         body = stac_item_bytes(
@@ -88,7 +91,7 @@ def write_sidecars(
             mosaic_sha256=sha,
             overview_levels=levels,
             created=props.creation_time or props.last_modified,
-            footprint=mosaic_footprint(remote, scene.crs),
+            footprint=mosaic_footprint(mosaic, scene.crs),
             source_name=source_name,
             spec=spec,
         )

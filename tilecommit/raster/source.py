@@ -308,10 +308,13 @@ class PinnedBlob(Source):
     first 412 fails the read with :class:`SourceChangedError` naming both versions.
     """
 
-    def __init__(self, blob, etag: str):
+    def __init__(self, blob, etag: str, *, upload: bool = True):
         super().__init__(f"{blob.container_name}/{blob.blob_name}")
         self.blob = blob
         self.etag = etag.strip('"')
+        #: An upload that changed is another job (not retried); one of the app's own outputs that
+        #: changed while it was read (a concurrent rebuild) is read again by the retry.
+        self.upload = upload
 
     def _condition(self) -> dict:
         return {"etag": f'"{self.etag}"', "match_condition": MatchConditions.IfNotModified}
@@ -351,6 +354,11 @@ class PinnedBlob(Source):
             return None
 
     def error_for(self, fault: ReadFault) -> Exception:
+        if not self.upload and fault.kind != "fault":
+            return StorageFaultError(
+                f"{self.name} changed while it was read (ETag {self.etag}, storage now holds "
+                f"{self.current_etag() or 'none'}); it is read again"
+            )
         if fault.kind == "missing":
             return SourceChangedError(
                 f"the upload {self.name!r} was deleted (the job was started for ETag {self.etag})"
@@ -372,22 +380,40 @@ def as_source(path_or_source: str | os.PathLike | Source) -> Source:
     return path_or_source if isinstance(path_or_source, Source) else LocalFile(path_or_source)
 
 
-def open_upload(path_or_source: str | os.PathLike | Source) -> rasterio.DatasetReader:
-    """Open an upload with the GTiff driver alone, every byte read through its :class:`Source`.
+def open_upload(path_or_source: str | os.PathLike | Source, **open_options) -> rasterio.DatasetReader:
+    """Open an upload (or a blob of the app's own, read the same way) with the GTiff driver alone,
+    every byte read through its :class:`Source`.
 
     Call inside :func:`~tilecommit.raster.env.gdal_env` with
     :func:`~tilecommit.raster.upload.upload_gdal_options`, after the content check. The open
     itself runs under :meth:`Source.checked`: a directory read that failed is a fault, not a
-    corrupt file.
+    corrupt file. ``open_options`` go to GTiff (``overview_level``, say).
     """
     source = as_source(path_or_source)
     source.file_size  # noqa: B018 - the version check and size, raised as ours before GDAL stats the file
     with source.checked():
         dataset = rasterio.open(
-            source.path, driver=UPLOAD_DRIVER, opener=source, **UPLOAD_OPEN_OPTIONS, NUM_THREADS=UPLOAD_READ_THREADS
+            source.path,
+            driver=UPLOAD_DRIVER,
+            opener=source,
+            **UPLOAD_OPEN_OPTIONS,
+            NUM_THREADS=UPLOAD_READ_THREADS,
+            **open_options,
         )
     _SOURCES[dataset] = source
     return dataset
+
+
+@contextmanager
+def reading(path_or_source: str | os.PathLike | Source, **open_options) -> Iterator[rasterio.DatasetReader]:
+    """A dataset whose every GDAL call in the block is checked (:meth:`Source.checked`); a plain
+    path (a local file of the app's own) is opened by GDAL directly."""
+    if not isinstance(path_or_source, Source):
+        with rasterio.open(path_or_source, **open_options) as dataset:
+            yield dataset
+        return
+    with open_upload(path_or_source, **open_options) as dataset, path_or_source.checked():
+        yield dataset
 
 
 def source_of(dataset) -> Source | None:

@@ -18,7 +18,6 @@ from datetime import datetime
 
 import numpy as np
 import pystac
-import rasterio
 from pystac.extensions.file import FileExtension
 from pystac.extensions.projection import ProjectionExtension
 from pystac.extensions.raster import DataType, RasterBand, RasterExtension
@@ -30,6 +29,7 @@ from ..spec import OutputSpec
 from .footprint import Footprint, footprint
 from .gdal_errors import gdal_step
 from .scene import SceneInfo, as_crs, same_crs
+from .source import Source, reading
 
 COG_MEDIA_TYPE = "image/tiff; application=geotiff; profile=cloud-optimized"
 logger = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ def native_bbox(scene: SceneInfo) -> list[float]:
     return [min(xs), min(ys), max(xs), max(ys)]
 
 
-def mosaic_footprint(mosaic_path: str, crs: str) -> Footprint:
+def mosaic_footprint(mosaic: str | Source, crs: str) -> Footprint:
     """The footprint of the mosaic's valid pixels, from the mask of its smallest overview.
 
     Reading the mask is a GDAL step like any other: a read that storage did not deliver raises a
@@ -52,16 +52,17 @@ def mosaic_footprint(mosaic_path: str, crs: str) -> Footprint:
     cannot be computed from the mask that was read is a missing geometry with a note saying why
     (logged), not a failed job after every tile has been written.
     """
-    with gdal_step(f"reading the valid-pixel mask of {mosaic_path} for its footprint", window="smallest overview"):
-        with rasterio.open(mosaic_path) as src:
+    name = getattr(mosaic, "name", mosaic)
+    with gdal_step(f"reading the valid-pixel mask of {name} for its footprint", window="smallest overview"):
+        with reading(mosaic) as src:
             levels = len(src.overviews(1))
         open_options = {"overview_level": levels - 1} if levels else {}
-        with rasterio.open(mosaic_path, **open_options) as src:
+        with reading(mosaic, **open_options) as src:
             mask, transform = src.dataset_mask(), src.transform
     try:
         return footprint(as_crs(crs), mask, transform)
     except Exception as exc:  # noqa: BLE001 - documented fallback: geometry null, the reason in the item
-        logger.warning("no footprint for %s: %s", mosaic_path, exc)
+        logger.warning("no footprint for %s: %s", name, exc)
         return Footprint(None, None, f"none: the footprint could not be computed ({exc})")
 
 
@@ -160,12 +161,12 @@ def _stretch(band: np.ma.MaskedArray) -> np.ndarray:
     return np.clip(np.nan_to_num(scaled, nan=0.0), 0, 255).astype(np.uint8)
 
 
-def quicklook_png(mosaic_path: str) -> bytes:
+def quicklook_png(mosaic: str | Source) -> bytes:
     """A PNG of the mosaic's smallest overview: grey (1-2 bands) or RGB (3+), transparent where invalid."""
-    with rasterio.open(mosaic_path) as src:
+    with reading(mosaic) as src:
         levels = len(src.overviews(1))
     open_options = {"overview_level": levels - 1} if levels else {}
-    with rasterio.open(mosaic_path, **open_options) as src:
+    with reading(mosaic, **open_options) as src:
         data = src.read(masked=True)
         valid = src.dataset_mask() > 0
     picked = data[:3] if data.shape[0] >= 3 else data[:1]
