@@ -8,14 +8,15 @@ it the containers, the table and GDAL's limits.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from tilecommit import raster
 from tilecommit.errors import CorruptTileError, InvalidRasterError, error_value, is_retryable
 from tilecommit.grid import Window
 from tilecommit.raster.gdal_errors import job_messages
 from tilecommit.spec import spec_of
-from tilecommit.storage import vsiaz_path
+from tilecommit.storage import readable_blob_name
 
 from .context import ActivityContext, activity_context
 
@@ -29,8 +30,17 @@ def pinned_upload(ctx: ActivityContext, job: dict) -> raster.PinnedBlob:
     other (:class:`~tilecommit.errors.SourceChangedError`, naming both ETags). An overwritten
     upload has a job of its own.
     """
-    vsiaz_path(ctx.settings.input_container, job["blob"])  # refuses names with '.'/'..' segments
-    return raster.PinnedBlob(ctx.input.get_blob_client(job["blob"]), job["etag"])
+    return raster.PinnedBlob(ctx.input.get_blob_client(readable_blob_name(job["blob"])), job["etag"])
+
+
+@contextmanager
+def reading_own_tiles(job: dict) -> Iterator[None]:
+    """Work that reads the job's tiles back: they are its own output, checked when written, so
+    one that cannot be decoded is storage's fault (a short or damaged read), never the upload's."""
+    try:
+        yield
+    except InvalidRasterError as exc:
+        raise CorruptTileError(f"job {job['job_id']}: a tile cannot be read back as written: {exc}") from exc
 
 
 def run_activity(name: str, job: dict, work: Callable[[], dict], *, window: str | None = None) -> dict:
@@ -96,7 +106,7 @@ def assemble_mosaic(payload: dict) -> dict:
     ctx = activity_context()
 
     def work() -> dict:
-        try:
+        with reading_own_tiles(job):
             result = raster.assemble_mosaic(
                 job["job_id"],
                 scene,
@@ -108,10 +118,6 @@ def assemble_mosaic(payload: dict) -> dict:
                 gdal_options=ctx.connection.gdal_options(),
                 source_name=job["blob"],
             )
-        except InvalidRasterError as exc:
-            # The tiles are this job's own output, checked when written: one that cannot be read
-            # back is storage's fault (a short or damaged read), never the upload's.
-            raise CorruptTileError(f"job {job['job_id']}: a tile cannot be read back as written: {exc}") from exc
         summary = result.to_dict()
 
         def url(name: str) -> str:

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from tilecommit import raster
-from tilecommit.errors import CorruptTileError, InvalidRasterError
 from tilecommit.grid import Window
 from tilecommit.raster import scrub
 from tilecommit.spec import spec_of
 
 from .context import activity_context
-from .tiling import pinned_upload, run_activity
+from .tiling import pinned_upload, reading_own_tiles, run_activity
 
 
 def verify_window(payload: dict) -> dict:
@@ -41,17 +40,18 @@ def verify_outputs(payload: dict) -> dict:
     ctx = activity_context()
 
     def work() -> dict:
-        differences = scrub.check_outputs(
-            job["job_id"],
-            scene,
-            tiles=ctx.tiles,
-            output=ctx.output,
-            manifest=ctx.manifest,
-            settings=ctx.settings,
-            spec=spec_of(job),
-            gdal_options=ctx.connection.gdal_options(),
-            source_name=job["blob"],
-        )
+        with reading_own_tiles(job):
+            differences = scrub.check_outputs(
+                job["job_id"],
+                scene,
+                tiles=ctx.tiles,
+                output=ctx.output,
+                manifest=ctx.manifest,
+                settings=ctx.settings,
+                spec=spec_of(job),
+                gdal_options=ctx.connection.gdal_options(),
+                source_name=job["blob"],
+            )
         return {"differences": differences}
 
     return run_activity("verify_outputs", job, work)
@@ -64,7 +64,7 @@ def rebuild_mosaic(payload: dict) -> dict:
     ctx = activity_context()
 
     def work() -> dict:
-        try:
+        with reading_own_tiles(job):
             result = scrub.rebuild_outputs(
                 job["job_id"],
                 scene,
@@ -76,8 +76,6 @@ def rebuild_mosaic(payload: dict) -> dict:
                 gdal_options=ctx.connection.gdal_options(),
                 source_name=job["blob"],
             )
-        except InvalidRasterError as exc:  # as in assemble_mosaic: the tiles are our own output
-            raise CorruptTileError(f"job {job['job_id']}: a tile cannot be read back as written: {exc}") from exc
         return {**result.to_dict(), "mosaic_url": ctx.output.get_blob_client(result.mosaic).url}
 
     return run_activity("rebuild_mosaic", job, work)

@@ -626,15 +626,7 @@ def record_manifest_entry(
 ) -> Outcome:
     """Create-only manifest row: PartitionKey job id, RowKey window id; ``etag`` is the tile
     version its commit produced, which assembly pins when the service copies from the tile."""
-    entity = {
-        "PartitionKey": job_id,
-        "RowKey": _window_id(window),
-        "uri": uri,
-        "bytes": EntityProperty(int(nbytes), EdmType.INT64),
-        "sha256": sha256,
-    }
-    if etag:
-        entity["etag"] = etag
+    entity = _manifest_entity(job_id, window, uri, nbytes, sha256, etag)
     return create_entity_once(table, entity, gate="manifest", job_id=job_id, evidence_field="sha256")
 
 

@@ -154,12 +154,12 @@ class StorageConnection:
         return options
 
 
-def vsiaz_path(container: str, blob_name: str) -> str:
-    """The GDAL path of a blob: ``/vsiaz/{container}/{blob}``.
+def readable_blob_name(blob_name: str) -> str:
+    """``blob_name`` unchanged when it addresses one blob of its container in a request path.
 
-    A blob name is data from outside. GDAL sends the path's segments as they are, and the HTTP
-    layer below it resolves ``.`` and ``..`` segments (RFC 3986), so ``a/../../other/b`` would
-    address another container: such names are refused, as are backslashes.
+    A blob name is data from outside. GDAL and the SDK send the path's segments as they are, and
+    the HTTP layer below them resolves ``.`` and ``..`` segments (RFC 3986), so ``a/../../other/b``
+    would address another container: such names are refused, as are backslashes.
     """
     segments = blob_name.split("/")
     if any(segment in (".", "..") for segment in segments) or "\\" in blob_name:
@@ -167,4 +167,9 @@ def vsiaz_path(container: str, blob_name: str) -> str:
             f"blob name {blob_name!r} has a '.' or '..' segment or a backslash: it cannot be read as one "
             "blob of its container; rename it"
         )
-    return f"/vsiaz/{container}/{blob_name}"
+    return blob_name
+
+
+def vsiaz_path(container: str, blob_name: str) -> str:
+    """The GDAL path of a blob: ``/vsiaz/{container}/{blob}`` (its name checked by :func:`readable_blob_name`)."""
+    return f"/vsiaz/{container}/{readable_blob_name(blob_name)}"

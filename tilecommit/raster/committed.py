@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,14 +62,59 @@ class PlannedMosaic:
     head: bytes | None = None
 
 
-def plan_copy_of(job_id: str, scene: SceneInfo, layout, windows, summary, settings: Settings):
-    """The block-copy mosaic's head (checked: :func:`check_planned_mosaic`), size and copy plan,
-    and the tile versions (ETags from the manifest rows) its ranges are pinned to."""
-    head, order, total = layout.writer.block_order(layout.directories)
-    check_planned_mosaic(head, scene, layout.levels, settings=settings, job_id=job_id)
-    plan = plan_copy(head, order, total, leaders=layout.writer.leaders, trailers=layout.writer.trailers)
-    versions = {w.id: summary.entries[w.id].etag for w in windows}
-    return head, total, plan, versions
+@dataclass(frozen=True)
+class BlockCopy:
+    """A block-copy mosaic planned, nothing staged: the layout (its local sources still open), the
+    copy plan, the tile versions its ranges are pinned to, and what the mosaic must be."""
+
+    layout: Any
+    plan: Any
+    versions: dict[str, str | None]
+    planned: PlannedMosaic
+
+
+@contextmanager
+def planned_block_copy(
+    job_id: str,
+    scene: SceneInfo,
+    windows,
+    summary,
+    *,
+    tiles: ContainerClient,
+    settings: Settings,
+    spec: OutputSpec,
+    workdir: str,
+    timings: dict[str, float],
+) -> Iterator[BlockCopy]:
+    """The block-copy mosaic these tiles make, planned: tile heads read, coarse levels computed,
+    the head checked (:func:`check_planned_mosaic`), the copy ranges planned and pinned to the
+    tile versions the manifest rows recorded. The layout stays open inside the block, for a
+    stager that reads the coarse levels from it. Raises :class:`IncompatibleTilesError`."""
+    with ThreadPoolExecutor(max_workers=FETCH_THREADS, thread_name_prefix="tilefetch") as executor:
+        layout = prepare_block_copy(
+            scene,
+            windows,
+            summary,
+            tiles=tiles,
+            settings=settings,
+            spec=spec,
+            workdir=workdir,
+            timings=timings,
+            executor=executor,
+        )
+        try:
+            started = time.perf_counter()
+            head, order, total = layout.writer.block_order(layout.directories)
+            check_planned_mosaic(head, scene, layout.levels, settings=settings, job_id=job_id)
+            plan = plan_copy(head, order, total, leaders=layout.writer.leaders, trailers=layout.writer.trailers)
+            versions = {w.id: summary.entries[w.id].etag for w in windows}
+            timings["check"] = time.perf_counter() - started
+            evidence = (PLAN_SHA256_METADATA_KEY, plan.digest(versions))
+            yield BlockCopy(
+                layout, plan, versions, PlannedMosaic("server", layout.levels, evidence, nbytes=total, head=head)
+            )
+        finally:
+            layout.close()
 
 
 def plan_block_copy(
@@ -83,27 +129,11 @@ def plan_block_copy(
     workdir: str,
     timings: dict[str, float],
 ) -> PlannedMosaic:
-    """The block-copy mosaic these tiles make, planned (tile heads, coarse levels) and not staged:
-    what an existing block-copied mosaic must be. Raises :class:`IncompatibleTilesError`."""
-    with ThreadPoolExecutor(max_workers=FETCH_THREADS, thread_name_prefix="tilefetch") as executor:
-        layout = prepare_block_copy(
-            scene,
-            windows,
-            summary,
-            tiles=tiles,
-            settings=settings,
-            spec=spec,
-            workdir=workdir,
-            timings=timings,
-            executor=executor,
-        )
-        try:
-            head, total, plan, versions = plan_copy_of(job_id, scene, layout, windows, summary, settings)
-        finally:
-            layout.close()
-    return PlannedMosaic(
-        "server", layout.levels, (PLAN_SHA256_METADATA_KEY, plan.digest(versions)), nbytes=total, head=head
-    )
+    """What an existing block-copied mosaic of these tiles must be (:func:`planned_block_copy`)."""
+    with planned_block_copy(
+        job_id, scene, windows, summary, tiles=tiles, settings=settings, spec=spec, workdir=workdir, timings=timings
+    ) as copy:
+        return copy.planned
 
 
 def verify_mosaic(

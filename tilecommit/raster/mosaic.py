@@ -32,7 +32,6 @@ import logging
 import os
 import shutil
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from azure.data.tables import TableClient
@@ -44,8 +43,7 @@ from ..records import Record
 from ..settings import Settings
 from ..spec import OutputSpec
 from . import attempt
-from .block_copy import build_mosaic_blocks, prepare_block_copy
-from .block_sources import FETCH_THREADS
+from .block_copy import build_mosaic_blocks
 from .checks import (
     blob_properties,
     check_manifest,
@@ -56,9 +54,8 @@ from .checks import (
 from .committed import (
     METHOD_METADATA_KEY,
     OVERVIEW_LEVELS_METADATA_KEY,
-    PLAN_SHA256_METADATA_KEY,
     PlannedMosaic,
-    plan_copy_of,
+    planned_block_copy,
     verifier,
 )
 from .copy_plan import CopyRange
@@ -111,56 +108,39 @@ def _server_side(
     Returns (block ids, the planned mosaic, byte counts). Nothing is committed.
     """
     mosaic_name = jobs.mosaic_blob_name(job_id)
-    with ThreadPoolExecutor(max_workers=FETCH_THREADS, thread_name_prefix="tilefetch") as executor:
-        layout = prepare_block_copy(
-            scene,
-            windows,
-            summary,
-            tiles=tiles,
-            settings=settings,
-            spec=spec,
-            workdir=workdir,
-            timings=timings,
-            executor=executor,
-        )
-        try:
-            started = time.perf_counter()
-            head, total, plan, versions = plan_copy_of(job_id, scene, layout, windows, summary, settings)
-            timings["check"] = time.perf_counter() - started
-            entries = summary.entries
-            unpinned = [w for w, etag in versions.items() if not etag]
-            if unpinned:
-                logger.warning(
-                    "job %s: %d manifest rows (e.g. %s) predate recorded ETags: their tiles are copied unpinned",
-                    job_id,
-                    len(unpinned),
-                    unpinned[0],
-                )
-            stager = ServerSideStager(
-                output.get_blob_client(mosaic_name),
-                tiles,
-                uris={w.id: entries[w.id].uri for w in windows},
-                etags=versions,
-                copy_source=copy_source_for(tiles),
-                read_local=lambda ref: layout.sources[ref.source].read(ref.offset, ref.length),
-                leaders=layout.writer.leaders,
-                trailers=layout.writer.trailers,
-                committed_elsewhere=committed_elsewhere,
+    with planned_block_copy(
+        job_id, scene, windows, summary, tiles=tiles, settings=settings, spec=spec, workdir=workdir, timings=timings
+    ) as copy:
+        unpinned = [w for w, etag in copy.versions.items() if not etag]
+        if unpinned:
+            logger.warning(
+                "job %s: %d manifest rows (e.g. %s) predate recorded ETags: their tiles are copied unpinned",
+                job_id,
+                len(unpinned),
+                unpinned[0],
             )
-            started = time.perf_counter()
-            block_ids = stager.stage(plan)
-            timings["write"] = time.perf_counter() - started
-        finally:
-            layout.close()
+        layout = copy.layout
+        stager = ServerSideStager(
+            output.get_blob_client(mosaic_name),
+            tiles,
+            uris={w.id: summary.entries[w.id].uri for w in windows},
+            etags=copy.versions,
+            copy_source=copy_source_for(tiles),
+            read_local=lambda ref: layout.sources[ref.source].read(ref.offset, ref.length),
+            leaders=layout.writer.leaders,
+            trailers=layout.writer.trailers,
+            committed_elsewhere=committed_elsewhere,
+        )
+        started = time.perf_counter()
+        block_ids = stager.stage(copy.plan)
+        timings["write"] = time.perf_counter() - started
     counts = {
-        "copied_by_service": plan.copied_bytes,
+        "copied_by_service": copy.plan.copied_bytes,
         "sent_from_instance": stager.local_bytes_sent,
         "staged_blocks": len(block_ids),
-        "copy_ranges": sum(isinstance(p, CopyRange) for p in plan.pieces),
+        "copy_ranges": sum(isinstance(p, CopyRange) for p in copy.plan.pieces),
     }
-    planned = PlannedMosaic(
-        "server", layout.levels, (PLAN_SHA256_METADATA_KEY, plan.digest(versions)), nbytes=total, head=head
-    )
+    planned = copy.planned
     return block_ids, planned, counts
 
 

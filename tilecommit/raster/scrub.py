@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -34,13 +32,11 @@ from ..settings import Settings
 from ..spec import OutputSpec
 from .checks import blob_properties
 from .committed import verify_outputs
-from .env import gdal_env
 from .gdal_errors import gdal_step
 from .mosaic import MosaicResult, assemble_mosaic
 from .scene import SceneInfo
-from .source import Source, as_source, open_upload
-from .tiles import encode_tile, read_window
-from .upload import upload_gdal_options
+from .source import Source
+from .tiles import encode_tile, read_window, window_of_upload
 
 logger = logging.getLogger(__name__)
 
@@ -93,20 +89,6 @@ def _stored_tile(tiles: ContainerClient, name: str) -> StoredTile | None:
         return None
     except HttpResponseError as exc:
         raise gates.storage_fault("reading tile", name, exc) from exc
-
-
-@contextmanager
-def open_source(upload: str | os.PathLike | Source, *, settings: Settings, what: str) -> Iterator:
-    """The job's source, opened as :func:`~.tiles.render_tile` opens it: GTiff alone, every byte
-    read through its pinned, counted reader, and every GDAL call on it checked (:mod:`.source`)."""
-    source = as_source(upload)
-    with gdal_env(settings, upload_gdal_options(source.path)):
-        try:
-            src = open_upload(source)
-        except RasterioIOError as exc:
-            raise InvalidRasterError(f"{source.name} cannot be opened {what}: {exc}") from exc
-        with src, source.checked():
-            yield src
 
 
 def _decoded(body: bytes) -> tuple[np.ndarray, np.ndarray | None]:
@@ -168,15 +150,15 @@ def check_window(
     row = gates.get_manifest_row(manifest, job_id, window)
     name = row[0].uri if row else jobs.tile_blob_name(job_id, window)
     stored = _stored_tile(tiles, name)
-    with open_source(upload, settings=settings, what=f"to verify window {window.id}") as src:
-        if window.col_off + window.width > src.width or window.row_off + window.height > src.height:
-            raise InvalidRasterError(f"window {window.id} lies outside the {src.width}x{src.height} source")
-        with gdal_step(f"verifying tile {window.id} of {src.name}", window=window.id):
-            pixels = read_window(src, window)
-            kinds, details = _differences(pixels, row, stored, name)
-            body = None
-            if kinds and repair:  # the bytes render_tile writes for this window
-                body, _ = encode_tile(src, window, spec=spec, pixels=pixels)
+    with (
+        window_of_upload(upload, window, settings=settings, purpose="verify") as src,
+        gdal_step(f"verifying tile {window.id} of {src.name}", window=window.id),
+    ):
+        pixels = read_window(src, window)
+        kinds, details = _differences(pixels, row, stored, name)
+        body = None
+        if kinds and repair:  # the bytes render_tile writes for this window
+            body, _ = encode_tile(src, window, spec=spec, pixels=pixels)
     report = WindowReport(window=window.id, differences=kinds, details=details)
     for kind in kinds:
         telemetry.count_difference(job_id, kind)

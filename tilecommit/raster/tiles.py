@@ -11,6 +11,8 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -176,6 +178,35 @@ def encode_tile(
     return body, {"read": read_s, "encode": encode_s}
 
 
+@contextmanager
+def window_of_upload(
+    upload: str | os.PathLike | Source,
+    window: Window,
+    *,
+    settings: Settings,
+    purpose: str,
+    gdal_options: dict | None = None,
+    num_threads: int = NUM_THREADS,
+) -> Iterator:
+    """The upload opened to read ``window`` (to ``purpose`` it: render, verify): the GTiff driver
+    alone, every byte read through its pinned, counted reader, every GDAL call in the block
+    checked (:meth:`~.source.Source.checked`). validate_source checked the content of this same
+    version, so an open that fails on bytes that all arrived is the file's, not storage's."""
+    source = as_source(upload)
+    with gdal_env(settings, {**(gdal_options or {}), **upload_gdal_options(source.path)}, num_threads=num_threads):
+        try:
+            src = open_upload(source)
+        except RasterioIOError as exc:
+            raise InvalidRasterError(f"{source.name} cannot be opened to {purpose} window {window.id}: {exc}") from exc
+        with src, source.checked():
+            if window.col_off + window.width > src.width or window.row_off + window.height > src.height:
+                raise InvalidRasterError(
+                    f"window {window.id} ({window.col_off},{window.row_off} {window.width}x{window.height}) lies "
+                    f"outside the {src.width}x{src.height} source: the source changed since it was planned"
+                )
+            yield src
+
+
 @dataclass(frozen=True)
 class TileResult(Record):
     """What :func:`render_tile` did for one window."""
@@ -229,22 +260,12 @@ def render_tile(
         )
 
     name = jobs.tile_blob_name(job_id, window)
-    source = as_source(upload)
-    with gdal_env(settings, {**(gdal_options or {}), **upload_gdal_options(source.path)}, num_threads=num_threads):
-        try:
-            # The GTiff driver alone: validate_source checked the content of this same version.
-            src = open_upload(source)
-        except RasterioIOError as exc:
-            raise InvalidRasterError(f"{source.name} cannot be opened to render window {window.id}: {exc}") from exc
-        with src, source.checked():
-            if window.col_off + window.width > src.width or window.row_off + window.height > src.height:
-                raise InvalidRasterError(
-                    f"window {window.id} ({window.col_off},{window.row_off} {window.width}x{window.height}) lies "
-                    f"outside the {src.width}x{src.height} source: the source changed since it was planned"
-                )
-            where = f"col={window.col_off} row={window.row_off} {window.width}x{window.height}"
-            with gdal_step(f"rendering tile {window.id} of {source.name}", window=where):
-                body, encode_timings = encode_tile(src, window, spec=spec, num_threads=num_threads)
+    with window_of_upload(
+        upload, window, settings=settings, purpose="render", gdal_options=gdal_options, num_threads=num_threads
+    ) as src:
+        where = f"col={window.col_off} row={window.row_off} {window.width}x{window.height}"
+        with gdal_step(f"rendering tile {window.id} of {src.name}", window=where):
+            body, encode_timings = encode_tile(src, window, spec=spec, num_threads=num_threads)
     # Every read of this window was answered in full at the job's version (checked() above
     # raised otherwise): only now may its tile be committed, once and for good.
     timings.update(encode_timings)
