@@ -25,6 +25,7 @@ LINEARITY_TARGET = 1.3
 def one_run(ctx: Context, windows: int, *, batch_size: int = 64, max_activities: int = 4, tag: str = "") -> dict:
     from devhost.engine import Engine
     from devhost.functions import FunctionIndex
+    from devhost.queues import queue_service
     from devhost.store import HistoryStore
     from orchestrators import names
     from tilecommit.spec import spec_of
@@ -33,7 +34,7 @@ def one_run(ctx: Context, windows: int, *, batch_size: int = 64, max_activities:
 
     connection = ctx.storage.connection
     hub = f"BenchOrch{windows}{tag}{time.time_ns() % 10**8}"
-    store = HistoryStore(connection.blob_service(), connection.table_service(), hub)
+    store = HistoryStore(connection.blob_service(), connection.table_service(), hub, queue_service(connection))
     store.ensure()
     index = TimedIndex(FunctionIndex.from_app(null_app.app))
     engine = Engine(index, store, max_activities=max_activities)

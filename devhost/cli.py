@@ -69,9 +69,30 @@ def build_parser() -> argparse.ArgumentParser:
             f"(default {CONSUMPTION_INSTANCE_MB}, Consumption's; 0: no limit)",
         )
         p.add_argument("--crash-before-manifest", type=int, default=0, metavar="N", help=argparse.SUPPRESS)
+        p.add_argument(
+            "--worker-id",
+            metavar="NAME",
+            help="this host's name in the task hub's partition table (default: new for each command; "
+            "a host restarted under its old name takes its partitions back without waiting for their leases)",
+        )
+        p.add_argument(
+            "--lease-seconds",
+            type=float,
+            default=30.0,
+            metavar="S",
+            help="partition lease: a host that stops answering loses its partitions after S seconds "
+            "(default 30, the Durable Azure Storage provider's; leases are renewed every S/3)",
+        )
 
     serve = sub.add_parser("serve", help="watch the input container and process uploads until stopped")
     host_options(serve)
+    serve.add_argument(
+        "--hosts",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run N hosts on the task hub, each in a process of its own, sharing its partitions (default 1)",
+    )
 
     process = sub.add_parser("process", help="upload a raster, process it, print the job summary as JSON")
     process.add_argument("paths", type=Path, nargs="+", metavar="PATH", help="raster files (GeoTIFF)")
@@ -179,6 +200,10 @@ def check_usage(args: argparse.Namespace) -> None:
     """Everything about the arguments and files that can be wrong, before any connection."""
     if getattr(args, "deliveries", 1) < 1:
         raise UsageError("--deliveries must be at least 1")
+    if getattr(args, "hosts", 1) < 1:
+        raise UsageError("--hosts must be at least 1")
+    if getattr(args, "lease_seconds", 30.0) < 3:
+        raise UsageError("--lease-seconds must be at least 3")
     if args.command == "status" and args.limit < 1:
         raise UsageError("--limit must be at least 1")
     if args.command != "process":
@@ -202,6 +227,7 @@ def check_usage(args: argparse.Namespace) -> None:
 
 def _host(args: argparse.Namespace):
     from .host import HostOptions, LocalHost
+    from .partitions import LeaseTimings
 
     if args.crash_before_manifest:
         from .faults import crash_before_manifest_entry
@@ -215,11 +241,17 @@ def _host(args: argparse.Namespace):
             hub=args.hub,
             function_timeout=args.function_timeout,
             instance_memory_mb=args.instance_memory_mb or None,
+            worker_id=args.worker_id,
+            lease=LeaseTimings(lease_s=args.lease_seconds, acquire_s=args.lease_seconds / 3),
         )
     )
 
 
 def serve(args: argparse.Namespace, storage) -> int:
+    if args.hosts > 1:
+        from .hosts import serve_hosts
+
+        return serve_hosts(args, storage)
     host = _host(args)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -231,6 +263,7 @@ def serve(args: argparse.Namespace, storage) -> int:
             file=sys.stderr,
         )
         stop.wait()
+    print(f"devhost: host {host.engine.worker_id} stopped: {json.dumps(host.engine.stats.__dict__)}", file=sys.stderr)
     return EXIT_COMPLETED
 
 
@@ -294,12 +327,13 @@ def status(args: argparse.Namespace, storage) -> int:
     from tilecommit.storage import StorageConnection
 
     from .host import apply_settings, load_local_settings, read_host_json
+    from .queues import queue_service
     from .store import HistoryStore
 
     apply_settings(load_local_settings())
     hub = args.hub or read_host_json().get("extensions", {}).get("durableTask", {}).get("hubName", TASK_HUB)
     connection = StorageConnection.from_env()
-    store = HistoryStore(connection.blob_service(), connection.table_service(), hub)
+    store = HistoryStore(connection.blob_service(), connection.table_service(), hub, queue_service(connection))
     if args.job_id is None:
         return list_jobs(store, args.limit)
     state = store.read_state(args.job_id)

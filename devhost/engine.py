@@ -35,8 +35,11 @@ import heapq
 import itertools
 import json
 import logging
+import os
+import socket
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -82,6 +85,9 @@ from .history import (  # noqa: F401  (flatten_actions and the errors are part o
     top_level_actions,
 )
 from .instance import ActivityExecution, EngineStats, Instance, new_execution_id
+from .partitions import PROVIDER_LEASE, LeaseTimings, PartitionManager, partition_of
+from .queues import Received
+from .receivers import ControlReader, WorkItemReader
 from .store import Episode, EpisodeAlreadyCommitted, HistoryStore
 from .work import ActivityRunner, HostBackoff, StartMessage
 
@@ -90,9 +96,40 @@ logger = logging.getLogger(__name__)
 #: Activity executions kept for inspection (tests, benchmarks); older ones are dropped.
 MAX_EXECUTION_RECORDS = 200_000
 
+#: The watchdog's round: an unfinished instance of an owned partition that makes no progress is
+#: looked at this often.
+WATCHDOG_INTERVAL_S = 10.0
+#: A stored instance still Pending, with no first episode and not held by its partition's owner,
+#: this long after it was created is started from its stored row (its start message was lost).
+STALLED_START_S = 30.0
+#: An open timer this long past its due time is sent again.
+OVERDUE_TIMER_S = 30.0
+#: A sub-orchestration with no result for this long has its start sent again; a child that runs
+#: drops it, a finished one reports its result again.
+QUIET_CHILD_S = 120.0
+#: An activity with no result this long past the function timeout (plus the worker restart's
+#: grace) is sent again: its outcome cannot come any more.
+QUIET_ACTIVITY_MARGIN_S = 60.0
+
+
+def new_worker_id() -> str:
+    """This host's name in the partition table: one per process, since two commands on one machine
+    are two hosts. (The provider's default ``WorkerId`` is the machine name: one host a machine.)"""
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+def start_body(message: StartMessage) -> dict:
+    return {"type": "start", **message.__dict__}
+
+
+def event_body(instance_id: str, execution_id: str, item: dict) -> dict:
+    return {"type": "event", "instance_id": instance_id, "execution_id": execution_id, "item": item}
+
 
 class Engine:
-    """Runs orchestrations and activities of one app against one task hub."""
+    """Runs orchestrations and activities of one app against one task hub, as one of any number of
+    hosts sharing it: episodes of the partitions this host owns (:mod:`devhost.partitions`),
+    activities from the shared work-item queue (:mod:`devhost.receivers`)."""
 
     def __init__(
         self,
@@ -106,6 +143,10 @@ class Engine:
         function_timeout: float | None = None,
         strict_determinism: bool = False,
         max_orchestrators: int = 1,
+        worker_id: str | None = None,
+        lease: LeaseTimings = PROVIDER_LEASE,
+        watchdog_interval: float = WATCHDOG_INTERVAL_S,
+        stalled_start_s: float = STALLED_START_S,
     ):
         self.index = index
         self.store = store
@@ -114,8 +155,11 @@ class Engine:
         self.duplicate_activities = duplicate_activities
         self.timer_scale = timer_scale
         self.episode_linger = episode_linger
+        self.function_timeout = function_timeout
         #: Stricter than the real host (which compares only kind and name): also inputs and ids.
         self.strict_determinism = strict_determinism
+        self.watchdog_interval = watchdog_interval
+        self.stalled_start_s = stalled_start_s
         self.stats = EngineStats()
         self.executions: deque[ActivityExecution] = deque(maxlen=MAX_EXECUTION_RECORDS)
         self.backoff = HostBackoff()
@@ -123,45 +167,81 @@ class Engine:
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
         self._ready: deque[str] = deque()
-        self._starts: deque[StartMessage] = deque()
+        self._starts: deque[tuple[StartMessage, Received | None]] = deque()
         #: Instances backing off after a fault of the host's storage: not before this monotonic time.
         self._resting: dict[str, float] = {}
         #: Instances a dispatcher holds (one episode or start at a time per instance).
         self._busy: set[str] = set()
         self._timers: list[tuple[float, int, Callable[[], None]]] = []
         self._timer_seq = itertools.count()
+        #: Timer messages for owned partitions held in memory until due: key -> (partition, due, body).
+        self._held: dict[int, tuple[int, float, dict]] = {}
+        self._stopping = False
+        self._closing = False
+        self._threads: list[threading.Thread] = []
+        self.worker_id = worker_id or new_worker_id()
+        self.queues = store.queues
+        self.partition_count = store.queues.partitions
         self.activities = ActivityRunner(
             max_activities,
             function_timeout,
             invoke=lambda name, data: self.index.invoke_activity(name, data),
-            deliver=self.deliver,
+            deliver=self._activity_outcome,
+            freed=lambda: self.work_items.wake(),
             later=self.later,
             record=self._record_activity,
             count=self._count,
-            stopping=lambda: self._stopping,
+            stopping=lambda: self._closing,
         )
-        self._stopping = False
-        self._threads: list[threading.Thread] = []
+        self.partitions = PartitionManager(
+            store.partition_table,
+            self.partition_count,
+            self.worker_id,
+            acquired=self._acquired,
+            drain=self._drain,
+            lost=self._lost,
+            timings=lease,
+        )
+        self.control = ControlReader(self.queues, self.partitions.receiving, self._accept)
+        self.work_items = WorkItemReader(
+            self.queues, self.activities.free, self._take_work_item, self.activities.running_tokens, time.monotonic
+        )
 
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> Engine:
-        self.backoff.call("ensure the task hub", self.store.ensure, lambda: self._stopping)
-        self.recover()
+        self.backoff.call("ensure the task hub", self._ensure, lambda: self._stopping)
         loops = [(self._orchestrator_loop, f"orchestrator-{n}") for n in range(self.max_orchestrators)]
-        for target, name in [*loops, (self._timer_loop, "timers")]:
+        for target, name in [*loops, (self._timer_loop, "timers"), (self._watchdog_loop, "watchdog")]:
             thread = threading.Thread(target=target, name=f"devhost-{name}", daemon=True)
             thread.start()
             self._threads.append(thread)
+        self.backoff.call("claim partitions", self.partitions.start, lambda: self._stopping)
+        self.control.start()
+        self.work_items.start()
         return self
 
+    def _ensure(self) -> None:
+        self.store.ensure()
+        self.queues.ensure()
+
     def stop(self) -> None:
+        """Take no more work, let the running activities end, hand the partitions on, stop."""
+        self.work_items.taking = False
+        self._closing = True
+        for token in self.activities.shutdown():
+            try:
+                self.queues.extend(token, 0)  # visible again at once for the other hosts
+            except Exception:  # noqa: BLE001 - it shows up by itself when its visibility runs out
+                logger.warning("could not hand a waiting work item back", exc_info=True)
+        self.work_items.stop()
+        self.partitions.stop()
+        self.control.stop()
         with self._lock:
             self._stopping = True
             self._changed.notify_all()
         for thread in self._threads:
             thread.join(timeout=10)
-        self.activities.shutdown()
 
     def __enter__(self) -> Engine:
         return self.start()
@@ -187,9 +267,7 @@ class Engine:
                 f"An Orchestration instance with the status {existing['status']} already exists."
             )
         message = StartMessage(name, instance_id, input_json, None, new_execution_id())
-        with self._lock:
-            self._starts.append(message)
-            self._changed.notify_all()
+        self._send(instance_id, start_body(message))
         row = Instance(instance_id, name, input_json, execution_id=message.execution_id).state()
         self.store.write_new_state(instance_id, row, etag)
         with self._lock:
@@ -208,7 +286,7 @@ class Engine:
     def wait_for(
         self, instance_id: str, timeout: float | None = None, progress: Callable[[dict], None] | None = None
     ) -> dict:
-        """Block until the instance is finished; returns its state."""
+        """Block until the instance is finished (on whichever host runs it); returns its state."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
             while True:
@@ -222,69 +300,106 @@ class Engine:
                     raise TimeoutError(f"instance {instance_id} not finished after {timeout} s")
                 self._changed.wait(timeout=0.5 if remaining is None else min(0.5, remaining))
 
-    # ------------------------------------------------------------------ starts
+    # ------------------------------------------------------------------ messages
 
-    def _process_start(self, message: StartMessage) -> None:
-        """Apply one ExecutionStarted message (client start or sub-orchestration create)."""
-        with self._lock:
-            current = self._instances.get(message.instance_id)
-        if current is not None and current.status not in TERMINAL:
-            # DTFx TaskOrchestrationDispatcher: "Duplicate start event" while an execution is live.
-            if message.parent and current.parent == message.parent:
-                return  # already running for this very parent task (recovered); it reports when done
-            with self._lock:
-                self.stats.duplicate_starts_dropped += 1
-            logger.info("dropping a duplicate start event for %s", message.instance_id)
+    def partition(self, instance_id: str) -> int:
+        return partition_of(instance_id, self.partition_count)
+
+    def _send(self, instance_id: str, body: dict, delay: float = 0.0) -> None:
+        """A control message for an instance: straight into this host's memory when it owns the
+        instance's partition (a timer waits there until due), else into the partition's queue.
+        A send that meets a storage fault is tried again until it lands: nothing is dropped."""
+        partition = self.partition(instance_id)
+        if self.partitions.owns(partition):
+            if delay > 0:
+                key = next(self._timer_seq)
+                with self._lock:
+                    self._held[key] = (partition, time.monotonic() + delay, body)
+                self.later(delay, lambda: self._release_held(key))
+            else:
+                self._accept(body, None)
             return
-        stored = None if current is not None else self.store.read_state(message.instance_id)
-        if (
-            stored is not None
-            and message.parent
-            and stored.get("parent") == message.parent
-            and stored["status"] in TERMINAL
-        ):
-            # The child finished before the host stopped, but its parent never heard: tell it now.
-            finished = Instance.from_state(stored)
-            with self._lock:
-                self._instances[finished.id] = finished
-                self._report_to_parent(finished)
-            return
-        if stored is not None or current is not None:
-            # An earlier execution of this id: its history goes; the new one starts from scratch.
-            self.store.purge_history(message.instance_id, keep_execution=message.execution_id)
-        inst = Instance(
-            message.instance_id,
-            message.name,
-            message.input_json,
-            parent=message.parent,
-            execution_id=message.execution_id,
+        self.backoff.call(
+            f"send to partition {partition}",
+            lambda: self.queues.send_control(partition, body, delay=delay),
+            lambda: False,
         )
+
+    def _release_held(self, key: int) -> None:
         with self._lock:
-            self._instances[inst.id] = inst
-            self._mark_ready(inst.id)
+            held = self._held.pop(key, None)
+        if held is not None:
+            self._accept(held[2], None)
 
-    def _mark_ready(self, instance_id: str) -> None:
-        if instance_id not in self._ready:
-            self._ready.append(instance_id)
-        self._changed.notify_all()
+    def _accept(self, body: dict, receipt: Received | None) -> None:
+        """One control message, from this host's memory or from a control queue."""
+        instance_id = body["instance_id"]
+        if not self.partitions.owns(self.partition(instance_id)):
+            self._forward(body, receipt)  # read just before the partition went to another host
+            return
+        if body["type"] == "start":
+            fields = {k: v for k, v in body.items() if k != "type"}
+            with self._lock:
+                self._starts.append((StartMessage(**fields), receipt))
+                self._changed.notify_all()
+            return
+        item = body["item"]
+        if item["EventType"] == TIMER_FIRED:
+            early = (parse_iso(item["FireAt"]) - now()).total_seconds()
+            if early > 1.0:  # a timer longer than the queue's longest delay: wait again
+                self._send(instance_id, body, delay=early)
+                self._delete(receipt)
+                return
+            item = {**item, "Timestamp": iso(now())}
+        self.deliver(instance_id, body["execution_id"], item, receipt)
 
-    def deliver(self, instance_id: str, execution_id: str, item: dict) -> None:
+    def _forward(self, body: dict, receipt: Received | None) -> None:
+        self._send(body["instance_id"], body)
+        self._delete(receipt)
+        self._count("messages_forwarded")
+
+    def _delete(self, receipt: Received | None) -> None:
+        """Delete a consumed message. If this fails it shows up again and is dropped as a duplicate."""
+        if receipt is None:
+            return
+        try:
+            self.queues.delete(receipt)
+        except Exception:  # noqa: BLE001
+            logger.warning("could not delete a consumed control message; it will be dropped when seen again")
+
+    def deliver(self, instance_id: str, execution_id: str, item: dict, receipt: Received | None = None) -> None:
         """A completion message for one execution of an instance."""
         with self._lock:
             inst = self._instances.get(instance_id)
+            task_id = completion_task_id(item)
             if inst is not None and inst.execution_id != execution_id:
                 # DTFx: "ExecutionId of event does not match current executionId" -- dropped.
                 self.stats.execution_id_mismatches_dropped += 1
-                return
-            task_id = completion_task_id(item)
-            if inst is None or inst.status in TERMINAL or task_id in inst.delivered or task_id not in inst.open:
+                accepted = False
+            elif inst is None or inst.status in TERMINAL or task_id in inst.delivered or task_id not in inst.open:
                 # A second execution of an at-least-once activity (possibly landing after the
                 # instance finished): the first result stands.
                 self.stats.duplicate_completions_dropped += 1
-                return
-            inst.delivered.add(task_id)
-            inst.pending.append(item)
-            self._mark_ready(instance_id)
+                accepted = False
+            else:
+                inst.delivered.add(task_id)
+                inst.pending.append(item)
+                if receipt is not None:
+                    inst.receipts.append(receipt)
+                self._mark_ready(instance_id)
+                accepted = True
+        if not accepted:
+            self._delete(receipt)
+
+    def _activity_outcome(self, instance_id: str, execution_id: str, item: dict, token: object) -> None:
+        """An activity's result reaches its instance's partition before its work item goes."""
+        self._send(instance_id, event_body(instance_id, execution_id, item))
+        self._delete(token)
+
+    def _take_work_item(self, body: dict, received: Received) -> None:
+        self.activities.submit(
+            body["instance_id"], body["execution_id"], body["task_id"], body["name"], body["input_json"], received
+        )
 
     def _record_activity(self, execution: ActivityExecution) -> None:
         with self._lock:
@@ -302,14 +417,19 @@ class Engine:
             heapq.heappush(self._timers, (time.monotonic() + delay, next(self._timer_seq), callback))
             self._changed.notify_all()
 
-    # ------------------------------------------------------------------ recovery
+    def _mark_ready(self, instance_id: str) -> None:
+        if instance_id not in self._ready:
+            self._ready.append(instance_id)
+        self._changed.notify_all()
 
-    def recover(self) -> int:
-        """Load unfinished instances from the store and re-dispatch their open work."""
-        resumed = 0
+    # ------------------------------------------------------------------ partitions gained and lost
+
+    def _unfinished_of(self, partition: int) -> list[Instance]:
+        """The partition's Pending and Running instances, with their history, from storage."""
         states = self.backoff.call("read the task hub", self.store.instances, lambda: self._stopping)
+        found = []
         for state in states:
-            if state["status"] not in (PENDING, RUNNING):
+            if state["status"] not in (PENDING, RUNNING) or self.partition(state["id"]) != partition:
                 continue
             inst = Instance.from_state(state)
             episodes = self.backoff.call(
@@ -318,21 +438,168 @@ class Engine:
             for episode in episodes:
                 if episode.execution_id in (None, inst.execution_id):
                     inst.apply(episode.events, episode.scheduled, episode.actions, episode.finished)
+            found.append(inst)
+        return found
+
+    def _acquired(self, partition: int, after_crash: bool) -> None:
+        """A partition came to this host: load its unfinished instances. After a crash (the row
+        expired under its owner) also send their open work again: the owner may have died between
+        committing an episode and sending what it scheduled, or holding results in memory."""
+        outbound: list[tuple] = []
+        resumed = 0
+        for inst in self._unfinished_of(partition):
             with self._lock:
+                current = self._instances.get(inst.id)
+                if current is not None and current.status not in TERMINAL:
+                    continue
                 self._instances[inst.id] = inst
-            resumed += 1
-        with self._lock:
-            for inst in list(self._instances.values()):
+                resumed += 1
                 if inst.status == PENDING or not inst.history:
                     self._mark_ready(inst.id)
-                    continue
-                for task_id in sorted(inst.open):
-                    self._dispatch(inst, task_id, inst.scheduled[task_id])
+                elif after_crash:
+                    for task_id in sorted(inst.open):
+                        outbound += self._work_for(inst, task_id, inst.scheduled[task_id])
+                for task_id in inst.open:
+                    inst.dispatched[task_id] = time.monotonic()
+        self._send_all(outbound)
         if resumed:
-            logger.info("resumed %d unfinished instance(s) from the task hub", resumed)
-        return resumed
+            logger.info("partition %d: %d unfinished instance(s) taken up", partition, resumed)
+
+    def _take_partition(self, partition: int) -> tuple[list[Instance], list, list]:
+        """Remove everything of ``partition`` from memory: its instances, starts and held timers."""
+        with self._lock:
+            instances = [i for key, i in self._instances.items() if self.partition(key) == partition]
+            for inst in instances:
+                del self._instances[inst.id]
+            starts = [s for s in self._starts if self.partition(s[0].instance_id) == partition]
+            self._starts = deque(s for s in self._starts if self.partition(s[0].instance_id) != partition)
+            held = [(key, h) for key, h in self._held.items() if h[0] == partition]
+            for key, _ in held:
+                del self._held[key]
+            self._ready = deque(i for i in self._ready if self.partition(i) != partition)
+            self._changed.notify_all()
+        return instances, starts, held
+
+    def _drain(self, partition: int) -> bool:
+        """Hand a partition on (another host takes it, or this one stops): once no episode of it is
+        in hand, every start, result and timer held in memory for it goes back to its queue."""
+        with self._lock:
+            if any(self.partition(i) == partition for i in self._busy):
+                return False
+        instances, starts, held = self._take_partition(partition)
+        for message, receipt in starts:
+            self._forward(start_body(message), receipt)
+        for inst in instances:
+            if not inst.history and inst.status not in TERMINAL:
+                # Started here but not run yet: its start message is consumed, so it goes again.
+                start = StartMessage(inst.name, inst.id, inst.input, inst.parent, inst.execution_id)
+                self._send(inst.id, start_body(start))
+            for item in inst.pending:
+                self._send(inst.id, event_body(inst.id, inst.execution_id, item))
+            for receipt in inst.receipts:
+                self._delete(receipt)
+        for _, (_, due, body) in held:
+            self._send(body["instance_id"], body, delay=max(0.0, due - time.monotonic()))
+        return True
+
+    def _lost(self, partition: int) -> None:
+        """Another host claimed a partition whose lease lapsed here: drop what is held of it (the
+        new owner sends its open work again); its unconsumed messages show up for the new owner."""
+        self._take_partition(partition)
+
+    # ------------------------------------------------------------------ starts
+
+    def _process_start(self, message: StartMessage) -> tuple[list[tuple], Instance | None]:
+        """Apply one ExecutionStarted message (client start or sub-orchestration create); the
+        messages it leads to, and the new instance if it made one."""
+        with self._lock:
+            current = self._instances.get(message.instance_id)
+        if current is not None and current.status not in TERMINAL:
+            # DTFx TaskOrchestrationDispatcher: "Duplicate start event" while an execution is live.
+            if message.parent and current.parent == message.parent:
+                return [], None  # already running for this very parent task (recovered); it reports when done
+            with self._lock:
+                self.stats.duplicate_starts_dropped += 1
+            logger.info("dropping a duplicate start event for %s", message.instance_id)
+            return [], None
+        stored = None if current is not None else self.store.read_state(message.instance_id)
+        if (
+            stored is not None
+            and message.parent
+            and stored.get("parent") == message.parent
+            and stored["status"] in TERMINAL
+        ):
+            # The child finished before the host stopped, but its parent never heard: tell it now.
+            finished = Instance.from_state(stored)
+            with self._lock:
+                self._instances[finished.id] = finished
+            return [self._report_to_parent(finished)], None
+        if stored is not None or current is not None:
+            # An earlier execution of this id: its history goes; the new one starts from scratch.
+            self.store.purge_history(message.instance_id, keep_execution=message.execution_id)
+        inst = Instance(
+            message.instance_id,
+            message.name,
+            message.input_json,
+            parent=message.parent,
+            execution_id=message.execution_id,
+        )
+        with self._lock:
+            self._instances[inst.id] = inst
+            self._mark_ready(inst.id)
+        return [], inst
+
+    def _run_start(self, message: StartMessage, receipt: Received | None) -> None:
+        try:
+            outbound, made = self._process_start(message)
+            self.backoff.succeeded(message.instance_id)
+        except Exception:
+            delay = self.backoff.failed(message.instance_id)
+            logger.warning(
+                "start of %s failed in the host; trying again in %.1f s", message.instance_id, delay, exc_info=True
+            )
+
+            def again() -> None:
+                with self._lock:
+                    self._starts.append((message, receipt))
+                    self._changed.notify_all()
+
+            self.later(delay, again)
+            return
+        self._send_all(outbound)
+        if made is not None and receipt is not None:
+            with self._lock:
+                made.receipts.append(receipt)  # deleted once the first episode is committed
+        else:
+            self._delete(receipt)
 
     # ------------------------------------------------------------------ orchestrations
+
+    def _next_work(self) -> tuple[str | None, Callable[[], None]] | None:
+        """Under the lock: the next start or episode of an instance no dispatcher holds, of an owned partition."""
+        if self._starts:
+            message, receipt = self._starts.popleft()
+            if message.instance_id in self._busy:
+                self._starts.append((message, receipt))  # after the episode that holds the instance
+                return None
+            if not self.partitions.owns(self.partition(message.instance_id)):
+                return None, lambda: self._forward(start_body(message), receipt)  # to the partition's owner
+            self._busy.add(message.instance_id)
+            return message.instance_id, lambda: self._run_start(message, receipt)
+        if not self._ready:
+            return None
+        instance_id = self._ready.popleft()
+        inst = self._instances.get(instance_id)
+        if inst is None or inst.status in TERMINAL or instance_id in self._busy:
+            return None  # a held instance is made ready again when it is released
+        if not self.partitions.owns(self.partition(instance_id)):
+            return None  # the partition is being handed on: the drain takes its results
+        if self._resting.get(instance_id, 0.0) > time.monotonic():
+            return None  # backing off after a storage fault; ``later`` makes it ready again
+        events, inst.pending = inst.pending, []
+        receipts, inst.receipts = inst.receipts, []
+        self._busy.add(instance_id)
+        return instance_id, lambda: self._try_episode(inst, events, receipts)
 
     def _orchestrator_loop(self) -> None:
         """One of ``max_orchestrators`` dispatchers (host.json's maxConcurrentOrchestratorFunctions):
@@ -346,43 +613,30 @@ class Engine:
             if self.episode_linger:
                 time.sleep(self.episode_linger)  # let results that are about to land join this episode
             with self._lock:
-                if self._starts:
-                    message = self._starts.popleft()
-                    if message.instance_id in self._busy:
-                        self._starts.append(message)  # after the episode that holds the instance
-                        continue
-                    self._busy.add(message.instance_id)
-                    work: Callable[[], None] = lambda message=message: self._run_start(message)  # noqa: E731
-                    held = message.instance_id
-                else:
-                    if not self._ready:
-                        continue
-                    instance_id = self._ready.popleft()
-                    inst = self._instances.get(instance_id)
-                    if inst is None or inst.status in TERMINAL or instance_id in self._busy:
-                        continue  # a held instance is made ready again when it is released
-                    if self._resting.get(instance_id, 0.0) > time.monotonic():
-                        continue  # backing off after a storage fault; ``later`` makes it ready again
-                    events, inst.pending = inst.pending, []
-                    self._busy.add(instance_id)
-                    work = lambda inst=inst, events=events: self._try_episode(inst, events)  # noqa: E731
-                    held = instance_id
+                picked = self._next_work()
+            if picked is None:
+                continue
+            held, work = picked
             try:
                 work()
             finally:
-                with self._lock:
-                    self._busy.discard(held)
-                    inst = self._instances.get(held)
-                    # Ready again if results wait in ``pending``, or if it has not run its first
-                    # episode: a start marks its new instance ready while still holding it, and a
-                    # dispatcher that looked then passed it by.
-                    if inst is not None and (inst.pending or not inst.history) and inst.status not in TERMINAL:
-                        self._mark_ready(held)
+                if held is not None:
+                    self._let_go(held)
 
-    def _try_episode(self, inst: Instance, events: list[dict]) -> None:
+    def _let_go(self, instance_id: str) -> None:
+        with self._lock:
+            self._busy.discard(instance_id)
+            inst = self._instances.get(instance_id)
+            # Ready again if results wait in ``pending``, or if it has not run its first episode:
+            # a start marks its new instance ready while still holding it, and a dispatcher that
+            # looked then passed it by.
+            if inst is not None and (inst.pending or not inst.history) and inst.status not in TERMINAL:
+                self._mark_ready(instance_id)
+
+    def _try_episode(self, inst: Instance, events: list[dict], receipts: list[Received]) -> None:
         instance_id = inst.id
         try:
-            self._run_episode(inst, events)
+            outbound = self._run_episode(inst, events)
             self.backoff.succeeded(instance_id)
         except Exception:  # the host's own storage failed: the work item stays, as in DTFx
             delay = self.backoff.failed(instance_id)
@@ -392,32 +646,23 @@ class Engine:
             with self._lock:
                 self.stats.episode_retries += 1
                 inst.pending = events + inst.pending
+                inst.receipts = receipts + inst.receipts
                 self._resting[instance_id] = time.monotonic() + delay
             self.later(delay, lambda: self._ready_again(instance_id))
-
-    def _run_start(self, message: StartMessage) -> None:
-        try:
-            self._process_start(message)
-            self.backoff.succeeded(message.instance_id)
-        except Exception:
-            delay = self.backoff.failed(message.instance_id)
-            logger.warning(
-                "start of %s failed in the host; trying again in %.1f s", message.instance_id, delay, exc_info=True
-            )
-
-            def again() -> None:
-                with self._lock:
-                    self._starts.append(message)
-                    self._changed.notify_all()
-
-            self.later(delay, again)
+            return
+        # As the provider: the episode is committed, then what it scheduled is sent, then the
+        # messages it consumed are deleted (a crash in between sends or delivers them again).
+        self._send_all(outbound)
+        for receipt in receipts:
+            self._delete(receipt)
 
     def _ready_again(self, instance_id: str) -> None:
         with self._lock:
             self._resting.pop(instance_id, None)
             self._mark_ready(instance_id)
 
-    def _run_episode(self, inst: Instance, events: list[dict]) -> None:
+    def _run_episode(self, inst: Instance, events: list[dict]) -> list[tuple]:
+        """Replay, plan and commit one episode; what it sends (``_send_all``) once committed."""
         moment = now()
         ordered = order_new_events(inst, events)
         retry_failures, retry_timers, rest = ordered
@@ -509,6 +754,7 @@ class Engine:
             self._requeue_undelivered(inst, events, episode)
             with self._lock:
                 self.stats.episodes_found_committed += 1
+        outbound: list[tuple] = []
         with self._lock:
             inst.episodes, inst.next_id = new_state["episodes"], new_state["next_id"]
             inst.status, inst.output, inst.error = new_state["status"], new_state["output"], new_state["error"]
@@ -519,58 +765,151 @@ class Engine:
             self.stats.history_events += len(episode.events)
             # DTFx sends every decision of the episode, also when the orchestrator failed in it.
             for task_id, meta in sorted((int(k), v) for k, v in episode.scheduled.items()):
-                self._dispatch(inst, task_id, meta)
+                outbound += self._work_for(inst, task_id, meta)
+                inst.dispatched[task_id] = time.monotonic()
             if inst.status in TERMINAL:
-                self._report_to_parent(inst)
+                outbound.append(self._report_to_parent(inst))
             elif inst.pending:
                 self._mark_ready(inst.id)
             self._changed.notify_all()
+        return outbound
 
     def _requeue_undelivered(self, inst: Instance, events: list[dict], committed: Episode) -> None:
         landed = {completion_task_id(e) for e in committed.events} - {None}
         with self._lock:
             inst.pending = [e for e in events if completion_task_id(e) not in landed] + inst.pending
 
-    def _report_to_parent(self, inst: Instance) -> None:
+    def _report_to_parent(self, inst: Instance) -> tuple | None:
         """DTFx sends a finished sub-orchestration's outcome to its parent's execution."""
-        if inst.parent:
-            moment = now()
-            if inst.status == COMPLETED:
-                item = event(
-                    SUB_ORCHESTRATION_COMPLETED,
-                    moment,
-                    TaskScheduledId=inst.parent["task_id"],
-                    Result=json.dumps(inst.output),
-                )
-            else:
-                # SubOrchestrationInstanceFailed carries the child's result (its failure message).
-                item = event(
-                    SUB_ORCHESTRATION_FAILED,
-                    moment,
-                    TaskScheduledId=inst.parent["task_id"],
-                    Reason=inst.error,
-                    Details=None,
-                )
-            self.deliver(inst.parent["id"], inst.parent["execution_id"], item)
         self._changed.notify_all()
+        if not inst.parent:
+            return None
+        moment = now()
+        if inst.status == COMPLETED:
+            item = event(
+                SUB_ORCHESTRATION_COMPLETED,
+                moment,
+                TaskScheduledId=inst.parent["task_id"],
+                Result=json.dumps(inst.output),
+            )
+        else:
+            # SubOrchestrationInstanceFailed carries the child's result (its failure message).
+            item = event(
+                SUB_ORCHESTRATION_FAILED,
+                moment,
+                TaskScheduledId=inst.parent["task_id"],
+                Reason=inst.error,
+                Details=None,
+            )
+        parent = inst.parent["id"]
+        return ("control", parent, event_body(parent, inst.parent["execution_id"], item), 0.0)
 
     # ------------------------------------------------------------------ work
 
-    def _dispatch(self, inst: Instance, task_id: int, meta: dict) -> None:
+    def _work_for(self, inst: Instance, task_id: int, meta: dict) -> list[tuple]:
+        """The messages that carry out one scheduled task: ``("work", body)`` for the work-item
+        queue, ``("control", instance, body, delay)`` for an instance's partition."""
         if meta["kind"] == "activity":
-            copies = 2 if self.duplicate_activities else 1
-            for _ in range(copies):
-                self.activities.submit(inst.id, inst.execution_id, task_id, meta["name"], meta["input"])
-        elif meta["kind"] == "timer":
+            body = {
+                "type": "activity",
+                "instance_id": inst.id,
+                "execution_id": inst.execution_id,
+                "task_id": task_id,
+                "name": meta["name"],
+                "input_json": meta["input"],
+            }
+            return [("work", body)] * (2 if self.duplicate_activities else 1)
+        if meta["kind"] == "timer":
             delay = max(0.0, (parse_iso(meta["fire_at"]) - now()).total_seconds())
             item = event(TIMER_FIRED, now(), TimerId=task_id, FireAt=meta["fire_at"])
-            self.later(delay, lambda: self.deliver(inst.id, inst.execution_id, {**item, "Timestamp": iso(now())}))
-        elif meta["kind"] == "suborchestration":
+            return [("control", inst.id, event_body(inst.id, inst.execution_id, item), delay)]
+        if meta["kind"] == "suborchestration":
             link = {"id": inst.id, "task_id": task_id, "execution_id": inst.execution_id}
-            self._starts.append(
-                StartMessage(meta["name"], meta["instance_id"], meta["input"], link, new_execution_id())
-            )
-            self._changed.notify_all()
+            start = StartMessage(meta["name"], meta["instance_id"], meta["input"], link, new_execution_id())
+            return [("control", meta["instance_id"], start_body(start), 0.0)]
+        return []
+
+    def _send_all(self, outbound: list[tuple | None]) -> None:
+        for message in outbound:
+            if message is None:
+                continue
+            if message[0] == "work":
+                body = message[1]
+                self.backoff.call("send a work item", lambda body=body: self.queues.send_work_item(body), lambda: False)
+                self.work_items.wake()  # this host's free slots need not wait for the next poll
+            else:
+                _, instance_id, body, delay = message
+                self._send(instance_id, body, delay)
+
+    # ------------------------------------------------------------------ watchdog
+
+    def _watchdog_loop(self) -> None:
+        while True:
+            due = time.monotonic() + self.watchdog_interval
+            with self._lock:
+                while not self._stopping and time.monotonic() < due:
+                    self._changed.wait(due - time.monotonic())
+                if self._stopping:
+                    return
+            try:
+                self.watchdog_round()
+            except Exception:  # noqa: BLE001 - storage trouble: the next round looks again
+                logger.warning("watchdog round failed", exc_info=True)
+
+    def _overdue(self, inst: Instance, task_id: int, moment: float) -> bool:
+        meta = inst.scheduled[task_id]
+        since = moment - inst.dispatched.get(task_id, moment)
+        if meta["kind"] == "timer":
+            return (now() - parse_iso(meta["fire_at"])).total_seconds() > OVERDUE_TIMER_S
+        if meta["kind"] == "suborchestration":
+            return since > QUIET_CHILD_S
+        limit = (self.function_timeout or 600.0) + self.activities.grace + QUIET_ACTIVITY_MARGIN_S
+        return since > limit
+
+    def watchdog_round(self) -> int:
+        """No instance left waiting: send again the open work of idle instances of owned partitions
+        that has had no answer past its bound, and start instances stored Pending with no first
+        episode that no host took up. How many things it sent or started."""
+        owned = set(self.partitions.owned())
+        outbound: list[tuple] = []
+        moment = time.monotonic()
+        with self._lock:
+            for inst in self._instances.values():
+                if (
+                    inst.status in TERMINAL
+                    or inst.id in self._busy
+                    or inst.pending
+                    or self.partition(inst.id) not in owned
+                ):
+                    continue
+                if not inst.history and inst.id not in self._ready:
+                    self._mark_ready(inst.id)
+                    outbound.append(None)
+                for task_id in sorted(inst.open):
+                    if self._overdue(inst, task_id, moment):
+                        outbound += self._work_for(inst, task_id, inst.scheduled[task_id])
+                        inst.dispatched[task_id] = moment
+            known = set(self._instances)
+        stalled = [
+            state
+            for state in self.store.instances(PENDING)
+            if state["id"] not in known
+            and self.partition(state["id"]) in owned
+            and (now() - parse_iso(state["created"])).total_seconds() > self.stalled_start_s
+        ]
+        for state in stalled:
+            inst = Instance.from_state(state)
+            with self._lock:
+                if inst.id not in self._instances:
+                    self._instances[inst.id] = inst
+                    self._mark_ready(inst.id)
+                    outbound.append(None)
+        if outbound:
+            with self._lock:
+                self.stats.watchdog_redispatches += len(outbound)
+            logger.warning("watchdog: %d stalled start(s) or unanswered task(s) sent again", len(outbound))
+        self._send_all(outbound)
+        return len(outbound)
 
     def _timer_loop(self) -> None:
         while True:

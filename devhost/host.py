@@ -15,8 +15,10 @@ from tilecommit.storage import StorageConnection
 from .engine import Engine
 from .functions import FunctionIndex
 from .limits import MemoryWatchdog
+from .partitions import PROVIDER_LEASE, LeaseTimings, partition_of
+from .queues import queue_service
 from .rpc import DurableHttpApi
-from .store import HistoryStore, events_table_name
+from .store import DEFAULT_PARTITION_COUNT, HistoryStore, events_table_name
 from .watcher import BlobEventWatcher
 
 logger = logging.getLogger(__name__)
@@ -69,6 +71,12 @@ class HostOptions:
     #: Recycle this process (SIGKILL) when its resident memory passes this many MB, as the
     #: platform recycles an instance over its memory. None: no limit (tests share one process).
     instance_memory_mb: float | None = None
+    #: This host's name in the task hub's partition table; a new one per host when not given. A
+    #: restarted host given its old name renews its own leases at once instead of waiting for
+    #: them to expire (the provider's default name is the machine's, the same after a restart).
+    worker_id: str | None = None
+    #: Partition lease timings (the provider's: 30 s lease, 10 s between rounds).
+    lease: LeaseTimings = PROVIDER_LEASE
 
 
 def close_durable_client_session() -> None:
@@ -119,7 +127,8 @@ class LocalHost:
         blobs = self.connection.blob_service()
         tables = self.connection.table_service()
         self.index = FunctionIndex.load(module)
-        self.store = HistoryStore(blobs, tables, self.hub)
+        partitions = durable.get("storageProvider", {}).get("partitionCount", DEFAULT_PARTITION_COUNT)
+        self.store = HistoryStore(blobs, tables, self.hub, queue_service(self.connection), partitions)
         self.engine = Engine(
             self.index,
             self.store,
@@ -129,6 +138,8 @@ class LocalHost:
             function_timeout=function_timeout,
             strict_determinism=self.options.strict_determinism,
             max_orchestrators=durable.get("maxConcurrentOrchestratorFunctions", 10),
+            worker_id=self.options.worker_id,
+            lease=self.options.lease,
         )
         self.blobs, self.tables = blobs, tables
         self.api = DurableHttpApi(self.engine, self.hub)
@@ -139,6 +150,8 @@ class LocalHost:
             deliveries=self.options.deliveries,
             interval=self.options.watch_interval,
             poison_threshold=self.poison_threshold,
+            delivers=lambda key: self.engine.partitions.owns(partition_of(key, self.engine.partition_count)),
+            decision=self.start_decision,
         )
         self._decision_log = _DecisionLog()
         self.memory: MemoryWatchdog | None = None
@@ -153,6 +166,14 @@ class LocalHost:
             except ResourceExistsError:
                 pass
         self.tables.create_table_if_not_exists(self.settings.manifest_table)
+
+    def start_decision(self, blob_name: str) -> dict:
+        """The starter's last decision on ``blob_name`` in this host, as acknowledgement fields."""
+        mine = [d for d in self.decisions if d["blob"] == blob_name]
+        if not mine:
+            return {}
+        last = mine[-1]
+        return {"start_action": last["action"], "start_reason": last["reason"] or "", "job_id": last["job_id"] or ""}
 
     @property
     def decisions(self) -> list[dict]:

@@ -39,6 +39,10 @@ class Instance:
     open: set[int] = field(default_factory=set)  # scheduled, no completion in history yet
     delivered: set[int] = field(default_factory=set)  # completion pending or in history
     pending: list[dict] = field(default_factory=list)  # completions waiting for the next episode
+    #: Queue messages whose content is in ``pending`` (or made the instance): deleted once committed.
+    receipts: list = field(default_factory=list)
+    #: time.monotonic() when each open task was last sent (the watchdog's clock).
+    dispatched: dict[int, float] = field(default_factory=dict)
 
     def state(self) -> dict:
         return {
@@ -127,3 +131,7 @@ class EngineStats:
     episode_retries: int = 0
     #: Episodes whose commit had landed although its answer was lost: carried on from storage.
     episodes_found_committed: int = 0
+    #: Messages for a partition this host no longer owns, sent on to its queue.
+    messages_forwarded: int = 0
+    #: Stalled starts and unanswered tasks the watchdog sent again.
+    watchdog_redispatches: int = 0

@@ -6,7 +6,7 @@
 - **Not configured** (the local default): the embedded Azurite, the project's pinned one, on free
   127.0.0.1 ports with its data and its account key under ``.devhost/azurite/`` (git-ignored), so
   jobs outlive the command. A command that finds another one already running it shares it; the
-  command that started it stops it when it ends.
+  command that started it stops it when it ends and no other command uses it any more.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import json
 import os
 import signal
 import socket
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -123,7 +124,11 @@ def embedded_azurite(start_timeout: float = 30.0) -> Iterator[StorageChoice]:
     folder.mkdir(parents=True, exist_ok=True)
     key = account_key(folder)
     running = folder / "running.json"
-    with open(folder / "lock", "w") as lock:
+    # Every command using the embedded Azurite holds a shared lock on ``users`` while it runs; the one
+    # that started it waits for an exclusive lock there before stopping it, so it never stops the
+    # storage under a command still using it (a killed command's lock goes with its process).
+    with open(folder / "users", "w") as users, open(folder / "lock", "w") as lock:
+        fcntl.flock(users, fcntl.LOCK_SH)
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -148,8 +153,20 @@ def embedded_azurite(start_timeout: float = 30.0) -> Iterator[StorageChoice]:
             os.environ[STORAGE_CONNECTION] = azurite.connection_string
             yield StorageChoice(f"the embedded Azurite ({folder})", azurite.blob_endpoint)
         finally:
+            _wait_for_other_users(users)
             running.unlink(missing_ok=True)
             azurite.stop()
+
+
+def _wait_for_other_users(users) -> None:
+    """Block until no other command holds its shared lock on ``users`` (they use this Azurite)."""
+    fcntl.flock(users, fcntl.LOCK_UN)
+    try:
+        fcntl.flock(users, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        sys.stderr.write("devhost: waiting for the other devhost commands using the embedded Azurite to end\n")
+        sys.stderr.flush()
+        fcntl.flock(users, fcntl.LOCK_EX)
 
 
 def _stop_leftover(running: Path, data: Path, timeout: float = 10.0) -> None:

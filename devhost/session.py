@@ -109,26 +109,75 @@ def process_file(
     board = None if callable(progress) else ProgressBoard(progress)
     update = progress if callable(progress) else board.updater(0)
     deadline = time.monotonic() + timeout
-    # The watcher delivers the event; the starter may also decide to ignore the upload.
+    # A watcher delivers the event (this host's, or that of the host owning the event's partition);
+    # the starter may also decide to ignore the upload.
     while host.engine.status(job_id) is None:
-        ignored = [d for d in host.decisions if d["blob"] == blob.blob_name and d["action"] == "ignored"]
-        if ignored:
+        reason = _ignored_because(host, blob.blob_name, uploaded["etag"])
+        if reason is not None:
             return {
                 "job_id": None,
                 "status": "failed",
-                "error": f"upload ignored: {ignored[0]['reason']}",
+                "error": f"upload ignored: {reason}",
                 "elapsed_s": round(time.perf_counter() - started, 3),
             }
         if time.monotonic() > deadline:
             raise TimeoutError(f"no job started for {blob.blob_name!r} within {timeout} s")
-        time.sleep(0.05)
+        time.sleep(0.1)
+    stalls = StallReporter(job_id)
     try:
-        state = host.engine.wait_for(job_id, timeout=max(1.0, deadline - time.monotonic()), progress=update)
+        state = host.engine.wait_for(
+            job_id, timeout=max(1.0, deadline - time.monotonic()), progress=lambda s: (stalls.see(s), update(s))
+        )
         update(state)  # the last word: done, or failed
     finally:
         if board is not None:
             board.close()
     return job_summary(state, elapsed=time.perf_counter() - started)
+
+
+def _ignored_because(host, blob_name: str, etag: str) -> str | None:
+    """Why the starter ignored this upload, if it did: in this host, or as acknowledged by another."""
+    mine = [d for d in host.decisions if d["blob"] == blob_name and d["action"] == "ignored"]
+    if mine:
+        return mine[0]["reason"]
+    ack = host.watcher.acknowledgement(blob_name, etag)
+    if ack and ack.get("start_action") == "ignored":
+        return ack.get("start_reason") or "no reason given"
+    return None
+
+
+#: A job whose state has not changed for this long is reported on stderr (and again as long as it lasts).
+STALL_REPORT_S = 60.0
+
+
+class StallReporter:
+    """Says so on stderr when a job makes no progress, instead of waiting in silence; the host's
+    watchdog sends stalled work again, so the job may still go on."""
+
+    def __init__(self, job_id: str, after: float = STALL_REPORT_S, stream=sys.stderr):
+        self.job_id, self.after, self.stream = job_id, after, stream
+        self.seen: tuple | None = None
+        self.since = self.reported = time.monotonic()
+
+    def see(self, state: dict) -> None:
+        fingerprint = (
+            state["status"],
+            state.get("episodes"),
+            state.get("updated"),
+            json.dumps(state.get("custom_status")),
+        )
+        moment = time.monotonic()
+        if fingerprint != self.seen:
+            self.seen, self.since, self.reported = fingerprint, moment, moment
+            return
+        if moment - self.since >= self.after and moment - self.reported >= self.after:
+            self.reported = moment
+            self.stream.write(
+                f"devhost: job {self.job_id} has made no progress for {moment - self.since:.0f} s "
+                f"({state['status']}, {state.get('episodes') or 0} episode(s), last change {state.get('updated')}); "
+                "still waiting (the host's watchdog sends stalled work again)\n"
+            )
+            self.stream.flush()
 
 
 def job_summary(state: dict, *, elapsed: float | None = None) -> dict:

@@ -23,6 +23,12 @@ from azure.core import MatchConditions
 from azure.core.exceptions import HttpResponseError, ResourceExistsError, ResourceNotFoundError
 from azure.data.tables import TableServiceClient, TableTransactionError, UpdateMode
 from azure.storage.blob import BlobServiceClient
+from azure.storage.queue import QueueServiceClient
+
+from .queues import TaskHubQueues
+
+#: The provider's default ``partitionCount`` (AzureStorageOrchestrationServiceSettings).
+DEFAULT_PARTITION_COUNT = 4
 
 #: Table string properties hold 32K UTF-16 characters; stay well below.
 MAX_INLINE_CHARS = 30_000
@@ -39,6 +45,11 @@ def history_table_name(hub: str) -> str:
 def events_table_name(hub: str) -> str:
     """Acknowledged BlobCreated events (the watcher's)."""
     return f"{LOCAL_PREFIX}{hub}Events"
+
+
+def partitions_table_name(hub: str) -> str:
+    """Which host owns which partition (the provider's ``{hub}Partitions``)."""
+    return f"{LOCAL_PREFIX}{hub}Partitions"
 
 
 def payload_container_name(hub: str) -> str:
@@ -62,11 +73,23 @@ class Episode:
 
 
 class HistoryStore:
-    def __init__(self, blobs: BlobServiceClient, tables: TableServiceClient, hub: str):
+    """The task hub's storage: history and instance rows, payload blobs, the queues
+    (:mod:`devhost.queues`) and the partition table (:mod:`devhost.partitions`)."""
+
+    def __init__(
+        self,
+        blobs: BlobServiceClient,
+        tables: TableServiceClient,
+        hub: str,
+        queues: QueueServiceClient,
+        partitions: int = DEFAULT_PARTITION_COUNT,
+    ):
         self.hub = hub
         self.table = tables.get_table_client(history_table_name(hub))
         self.large = blobs.get_container_client(payload_container_name(hub))
         self.large_messages = 0
+        self.queues = TaskHubQueues(queues, self.large, hub, partitions)
+        self.partition_table = tables.get_table_client(partitions_table_name(hub))
 
     def ensure(self) -> None:
         try:

@@ -3,6 +3,12 @@
 Deliveries are at least once, like Event Grid's: an event is acknowledged (in a table of the
 task hub) only after the trigger ran without error, so a host killed before that delivers it
 again when it starts. ``deliveries=N`` sends each event N times at once, to test dedupe.
+
+Several hosts on one task hub share the events as Event Grid spreads them over a function app's
+instances: each host delivers the events whose key falls in a partition it owns
+(``delivers(key)``), so an upload is normally delivered once, by one host, and by another one if
+that host stops. The acknowledgement keeps the starter's decision (``decision(blob name)``), so
+any command can tell an upload the starter ignored from one not yet delivered.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from azure.core.exceptions import ResourceExistsError
+from azure.core.exceptions import ResourceExistsError, ResourceNotFoundError
 from azure.data.tables import TableClient
 from azure.storage.blob import ContainerClient
 
@@ -32,7 +38,11 @@ class BlobEventWatcher:
         deliveries: int = 1,
         interval: float = 0.5,
         poison_threshold: int = 5,
+        delivers: Callable[[str], bool] = lambda key: True,
+        decision: Callable[[str], dict] = lambda blob_name: {},
     ):
+        self.delivers = delivers
+        self.decision = decision
         self.deliver_event = deliver
         self.deliveries = deliveries
         self.interval = interval
@@ -68,7 +78,7 @@ class BlobEventWatcher:
         delivered = 0
         for blob in self.container.list_blobs():
             key = self.event_key(blob.name, blob.etag)
-            if key in self._acked:
+            if key in self._acked or not self.delivers(key):
                 continue
             if self.failures.get(key, 0) >= self.poison_threshold:
                 continue
@@ -89,8 +99,15 @@ class BlobEventWatcher:
             level = logging.ERROR if count >= self.poison_threshold else logging.WARNING
             logger.log(level, "BlobCreated %r failed (%d/%d): %s", blob_name, count, self.poison_threshold, errors[0])
             return
-        self.acks.upsert_entity({"PartitionKey": "ack", "RowKey": key, "blob": blob_name})
+        self.acks.upsert_entity({"PartitionKey": "ack", "RowKey": key, "blob": blob_name, **self.decision(blob_name)})
         self._acked.add(key)
+
+    def acknowledgement(self, blob_name: str, etag: str) -> dict | None:
+        """The acknowledged delivery of this version of the blob (with the starter's decision), if any."""
+        try:
+            return dict(self.acks.get_entity("ack", self.event_key(blob_name, etag)))
+        except ResourceNotFoundError:
+            return None
 
     def _run(self) -> None:
         while not self._stop.is_set():

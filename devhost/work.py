@@ -101,6 +101,8 @@ class Execution:
     name: str
     input_json: str | None
     worker: Worker
+    #: The work-item message it came from (deleted once the host has its outcome).
+    token: object = None
     started: float = field(default_factory=time.monotonic)
     #: The host has its outcome (a result, a failure or the timeout): its slot is free again.
     settled: bool = False
@@ -129,7 +131,8 @@ class ActivityRunner:
     ones a killed process could also have left (it may be killed just after any write).
 
     It knows the engine only through the callables it is given: ``invoke(name, input)`` runs the
-    function, ``deliver(instance, execution, event)`` hands back its outcome, ``later(delay,
+    function, ``deliver(instance, execution, event, token)`` hands back its outcome (``token``: the
+    work item it came from), ``freed()`` says a slot is free again, ``later(delay,
     callback)`` schedules the timeout, ``record(execution)`` keeps each execution's record,
     ``count(stat)`` counts one of the host's events, ``stopping()`` says the host is shutting down.
     """
@@ -140,7 +143,8 @@ class ActivityRunner:
         function_timeout: float | None,
         *,
         invoke: Callable[[str, str | None], str],
-        deliver: Callable[[str, str, dict], None],
+        deliver: Callable[[str, str, dict, object], None],
+        freed: Callable[[], None],
         later: Callable[[float, Callable[[], None]], None],
         record: Callable[[ActivityExecution], None],
         count: Callable[[str], None],
@@ -150,20 +154,33 @@ class ActivityRunner:
         self.slots = slots
         self.function_timeout = function_timeout
         self.grace = grace
-        self.invoke, self.deliver, self.later = invoke, deliver, later
+        self.invoke, self.deliver, self.freed, self.later = invoke, deliver, freed, later
         self.record, self.count, self.stopping = record, count, stopping
         self.worker = Worker(1)
         self._free = slots
-        self._queue: deque[tuple[str, str, int, str, str | None]] = deque()
+        self._queue: deque[tuple[str, str, int, str, str | None, object]] = deque()
         #: Executions whose function code is running, in any worker (a restarted one's too).
         self._running: set[Execution] = set()
         self._lock = threading.Lock()
         self._ended = threading.Condition(self._lock)
 
-    def submit(self, instance_id: str, execution_id: str, task_id: int, name: str, input_json: str | None) -> None:
+    def submit(
+        self, instance_id: str, execution_id: str, task_id: int, name: str, input_json: str | None, token: object
+    ) -> None:
         with self._lock:
-            self._queue.append((instance_id, execution_id, task_id, name, input_json))
+            self._queue.append((instance_id, execution_id, task_id, name, input_json, token))
         self._pump()
+
+    def free(self) -> int:
+        """Slots no execution holds or waits for (negative: more are waiting than slots are free)."""
+        with self._lock:
+            return self._free - len(self._queue)
+
+    def running_tokens(self) -> list:
+        """The work items of executions the host still waits for, running or waiting for a slot."""
+        with self._lock:
+            running = [run.token for run in self._running if not run.settled]
+            return [token for token in running + [task[-1] for task in self._queue] if token is not None]
 
     def _pump(self) -> None:
         """Start queued executions while slots are free."""
@@ -172,7 +189,8 @@ class ActivityRunner:
                 if self.stopping() or not self._free or not self._queue:
                     return
                 self._free -= 1
-                run = Execution(*self._queue.popleft(), worker=self.worker)
+                *task, token = self._queue.popleft()
+                run = Execution(*task, worker=self.worker, token=token)
                 self._running.add(run)
             threading.Thread(target=self._run, args=(run,), name=f"activity-{run.name}", daemon=True).start()
 
@@ -182,9 +200,11 @@ class ActivityRunner:
             if run.settled:
                 return False
             run.settled = True
+        self.deliver(run.instance_id, run.execution_id, item, run.token)
+        with self._lock:
             self._free += 1
-        self.deliver(run.instance_id, run.execution_id, item)
         self._pump()
+        self.freed()
         return True
 
     def _run(self, run: Execution) -> None:
@@ -254,8 +274,11 @@ class ActivityRunner:
         with self._lock:
             return self._ended.wait_for(lambda: not self._running, timeout)
 
-    def shutdown(self) -> None:
-        """Start nothing more; wait for the current worker's executions to end."""
+    def shutdown(self) -> list:
+        """Start nothing more; wait for the current worker's executions to end. Returns the tokens
+        of the executions that were waiting for a slot and will not run here."""
         with self._lock:
+            dropped = [task[-1] for task in self._queue if task[-1] is not None]
             self._queue.clear()
             self._ended.wait_for(lambda: not any(r.worker is self.worker for r in self._running))
+        return dropped

@@ -79,6 +79,10 @@ def serve(app_env: AppEnv, log: Path, *extra: str, module: tuple[str, ...] = ("d
     ``module``: what runs instead of ``devhost`` and its arguments (a host that crashes on purpose).
     """
     env = {**os.environ, **app_env.env}
+    if "--worker-id" not in extra:
+        # One name for the test's host across restarts, as a restarted Azure instance keeps its
+        # machine name: it takes its partitions back at once instead of waiting for their leases.
+        extra = (*extra, "--worker-id", f"{app_env.hub}-serve")
     with log.open("ab") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", *module, "serve", "--timer-scale", "0.01", "--hub", app_env.hub, *extra],
@@ -116,9 +120,10 @@ def upload_until_killed(storage, app_env: AppEnv, scene: Path, log: Path, *extra
 
 
 def wait_for_state(storage, app_env: AppEnv, job_id: str, predicate, timeout: float = 180) -> dict:
+    from devhost.queues import queue_service
     from devhost.store import HistoryStore
 
-    store = HistoryStore(storage.blob_service(), storage.table_service(), app_env.hub)
+    store = HistoryStore(storage.blob_service(), storage.table_service(), app_env.hub, queue_service(storage))
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         state = store.read_state(job_id)

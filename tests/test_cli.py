@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+import unicodedata
 from pathlib import Path
 
 import psutil
@@ -228,3 +229,45 @@ def test_process_status_and_exit_codes_on_configured_storage(storage, app_env, t
     usage = run_cli(env, "process", str(tmp_path / "missing.tif"), "--hub", app_env.hub)
     assert usage.returncode == 2 and "no such file" in usage.stderr
     assert run_cli(env, "frobnicate").returncode == 2
+
+
+def _unicode_twins(folder: Path) -> list[Path]:
+    """Two files whose names are the same text in NFC and in NFD: two uploads, two jobs."""
+    names = [unicodedata.normalize(form, "café.tif") for form in ("NFC", "NFD")]
+    assert names[0] != names[1] and names[0].encode() != names[1].encode()
+    return [make_scene(folder / name, 300 + 40 * n, 260) for n, name in enumerate(names)]
+
+
+@pytest.mark.parametrize("commands", [2, 5])
+def test_process_commands_started_at_once_on_the_embedded_storage_all_complete(
+    no_storage_configured, tmp_path, commands
+):
+    """Each command is a host on the same task hub: whichever host runs a job, every command gets
+    its own job's summary, and the embedded Azurite outlives every command that uses it."""
+    env, state = no_storage_configured
+    folder = tmp_path / "uploads"
+    folder.mkdir()
+    paths = (
+        _unicode_twins(folder)
+        if commands == 2
+        else [make_scene(folder / f"plain-{n}.tif", 300 + 20 * n, 260) for n in range(commands)]
+    )
+    running = [
+        subprocess.Popen(
+            [sys.executable, "-m", "devhost", "process", str(path)],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for path in paths
+    ]
+    finished = [process.communicate(timeout=300) for process in running]
+    for process, (out, err) in zip(running, finished, strict=True):
+        assert process.returncode == 0, err
+        (summary,) = [json.loads(line) for line in out.splitlines()]
+        assert summary["status"] == "completed" and summary["windows"] == 4, summary
+    job_ids = {json.loads(out)["job_id"] for out, _ in finished}
+    assert len(job_ids) == commands
+    assert azurites_using(state) == []  # stopped by its last user, not before

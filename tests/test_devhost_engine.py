@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import io
 import time
 
 import pytest
 
 from devhost.engine import Engine, InstanceAlreadyExists, InvalidInstanceId
 from devhost.functions import FunctionIndex
+from devhost.instance import Instance
+from devhost.queues import queue_service
+from devhost.session import StallReporter
 from devhost.store import HistoryStore
 from tests.apps import toy_app
 
@@ -15,7 +19,7 @@ from tests.apps import toy_app
 def hub_store(storage, request) -> HistoryStore:
     """A task hub of this test's own."""
     hub = "T" + format(abs(hash(request.node.nodeid)) % 10**10, "010d")
-    store = HistoryStore(storage.blob_service(), storage.table_service(), hub)
+    store = HistoryStore(storage.blob_service(), storage.table_service(), hub, queue_service(storage))
     store.ensure()
     return store
 
@@ -163,3 +167,30 @@ def test_a_new_instance_found_ready_by_another_dispatcher_while_its_start_is_hel
         state = engine.wait_for("held-start", timeout=30)
     assert passed_by == ["held-start"], "the other dispatcher never found the held instance ready"
     assert state["status"] == "Completed" and state["output"] == 7
+
+
+def test_a_stored_instance_no_host_ever_heard_of_is_started_by_the_watchdog(store):
+    """The hang a host must never give: an instance row, Pending, no episode, and no start message
+    anywhere (its starter's host died between writing the row and its message reaching a queue).
+    The partition owner's watchdog starts it from the row, past the stated bound."""
+    with make_engine(store, watchdog_interval=0.2, stalled_start_s=1.0) as engine:
+        row = Instance("orphan", "fan", '{"count": 4, "batch": 2}').state()
+        assert store.write_new_state("orphan", row, None)
+        state = engine.wait_for("orphan", timeout=60)
+    assert state["status"] == "Completed" and state["output"]["total"] == sum(n * n for n in range(4))
+    assert engine.stats.watchdog_redispatches >= 1
+
+
+def test_a_job_that_makes_no_progress_is_reported_instead_of_waited_on_in_silence():
+    stream = io.StringIO()
+    reporter = StallReporter("job-1", after=0.2, stream=stream)
+    state = {"status": "Running", "episodes": 3, "updated": "2026-12-01T10:00:00Z", "custom_status": {"done": 1}}
+    reporter.see(state)
+    assert stream.getvalue() == ""
+    time.sleep(0.25)
+    reporter.see(state)
+    assert "job job-1 has made no progress" in stream.getvalue() and "Running, 3 episode(s)" in stream.getvalue()
+    reporter.see({**state, "episodes": 4})  # it moved: quiet again
+    lines = stream.getvalue().count("\n")
+    reporter.see({**state, "episodes": 4})
+    assert stream.getvalue().count("\n") == lines

@@ -1,0 +1,78 @@
+"""``python -m devhost serve --hosts N``: N hosts on one task hub, each a process of its own, as
+Azure scales a function app out to N instances. They share the hub through its partition table
+and queues (:mod:`devhost.partitions`, :mod:`devhost.receivers`); this process only starts them,
+passes Ctrl-C / SIGTERM on, and keeps the embedded Azurite (if that is the storage) running for them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import threading
+import uuid
+
+
+def host_command(args: argparse.Namespace, worker_id: str) -> list[str]:
+    """The ``serve`` command line of one of the hosts: this command's options, one host, its own name."""
+    command = [sys.executable, "-m", "devhost", *(["-v"] * args.verbose), "serve", "--worker-id", worker_id]
+    command += ["--deliveries", str(args.deliveries), "--timer-scale", str(args.timer_scale)]
+    command += ["--lease-seconds", str(args.lease_seconds), "--instance-memory-mb", str(args.instance_memory_mb)]
+    if args.hub:
+        command += ["--hub", args.hub]
+    if args.function_timeout is not None:
+        command += ["--function-timeout", str(args.function_timeout)]
+    if args.duplicate_activities:
+        command.append("--duplicate-activities")
+    return command
+
+
+def serve_hosts(args: argparse.Namespace, storage) -> int:
+    """Start ``args.hosts`` host processes, wait until each watches the container, then until stopped.
+    The storage is passed on in the environment (``AzureWebJobsStorage``), so each uses the same."""
+    base = args.worker_id or f"{os.uname().nodename}-{uuid.uuid4().hex[:6]}"
+    hosts = []
+    ready = [threading.Event() for _ in range(args.hosts)]
+    for number in range(args.hosts):
+        process = subprocess.Popen(
+            host_command(args, f"{base}-{number + 1}"),
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            env=os.environ.copy(),
+        )
+        hosts.append(process)
+        threading.Thread(target=_relay, args=(process, number + 1, ready[number]), daemon=True).start()
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    while not all(event.is_set() for event in ready) and not stop.is_set():
+        if any(process.poll() is not None for process in hosts):
+            stop.set()
+            break
+        stop.wait(0.1)
+    if not stop.is_set():
+        print(
+            f"devhost: watching with {args.hosts} hosts ({base}-1 .. {base}-{args.hosts}) on {storage.source}; "
+            "Ctrl-C stops",
+            file=sys.stderr,
+            flush=True,
+        )
+    while not stop.is_set() and all(process.poll() is None for process in hosts):
+        stop.wait(0.5)
+    for process in hosts:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)  # each drains and hands its partitions on
+    codes = [process.wait() for process in hosts]
+    return max(codes) if any(codes) else 0
+
+
+def _relay(process: subprocess.Popen, number: int, ready: threading.Event) -> None:
+    """Each host's stderr on this one's, its lines marked with the host's number."""
+    for line in process.stderr:
+        text = line.decode(errors="replace")
+        if text.startswith("devhost: watching"):
+            ready.set()
+        sys.stderr.write(f"[host {number}] {text}")
+        sys.stderr.flush()

@@ -1,0 +1,167 @@
+"""The task hub's queues in Azure Storage, as the Durable Azure Storage provider keeps them: one
+control queue per partition (an instance's starts, results and timers) and one work-item queue
+(activities, shared by every host).
+
+Names are the local host's own (``devhost-{hub}-control-NN``, ``devhost-{hub}-workitems``), never
+the real provider's ``{hub}-control-NN`` / ``{hub}-workitems``. A message is JSON; one larger
+than :data:`MAX_MESSAGE_CHARS` goes to a blob of the hub's payload container and the message
+keeps its name, as the provider's MessageManager does above 45 KB
+(``MaxStorageQueuePayloadSizeInBytes``). A timer is a control message that stays invisible until
+it is due (the provider sends timer messages with an initial visibility delay too); the service
+allows at most 7 days, so a longer timer is sent again when it shows up early. Messages never
+expire (time to live -1): the default of 7 days would drop a message nobody took in time.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import requests
+from azure.core.exceptions import HttpResponseError, ResourceExistsError, ResourceNotFoundError
+from azure.core.pipeline.transport import RequestsTransport
+from azure.storage.blob import ContainerClient
+from azure.storage.queue import QueueServiceClient
+from requests.adapters import HTTPAdapter
+
+#: DTFx's MessageManager sends payloads above 45 KB through blobs (a queue message holds 64 KB).
+MAX_MESSAGE_CHARS = 45 * 1024
+#: The longest visibility delay the queue service accepts is 7 days; stay below it.
+MAX_DELAY_S = 6 * 24 * 3600.0
+
+
+#: Connections kept open to the queue service: every activity slot, dispatcher and reader may
+#: send at once (the SDK's default pool of 10 would drop and reopen connections, with a warning).
+QUEUE_CONNECTIONS = 32
+
+
+def queue_service(connection: Any) -> QueueServiceClient:
+    """A queue client for the app's storage (:class:`tilecommit.storage.StorageConnection`)."""
+    session = requests.Session()
+    adapter = HTTPAdapter(pool_connections=2, pool_maxsize=QUEUE_CONNECTIONS)
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+    transport = RequestsTransport(session=session, session_owner=False)
+    if connection.connection_string:
+        return QueueServiceClient.from_connection_string(connection.connection_string, transport=transport)
+    if not connection.queue_endpoint:
+        raise ValueError("the storage setting names no queue endpoint; the local host keeps its task hub queues there")
+    return QueueServiceClient(connection.queue_endpoint, credential=connection.credential, transport=transport)
+
+
+def control_queue_name(hub: str, partition: int) -> str:
+    return f"devhost-{hub.lower()}-control-{partition:02d}"
+
+
+def work_item_queue_name(hub: str) -> str:
+    return f"devhost-{hub.lower()}-workitems"
+
+
+@dataclass
+class Received:
+    """One message taken from a queue: invisible to others until ``visible_for`` runs out."""
+
+    queue: str
+    id: str
+    pop_receipt: str
+    body: dict
+    dequeue_count: int
+
+
+class TaskHubQueues:
+    def __init__(self, service: QueueServiceClient, payloads: ContainerClient, hub: str, partitions: int):
+        self.hub = hub
+        self.partitions = partitions
+        self.payloads = payloads
+        self._control = [service.get_queue_client(control_queue_name(hub, p)) for p in range(partitions)]
+        self._work = service.get_queue_client(work_item_queue_name(hub))
+        self._by_name = {client.queue_name: client for client in [*self._control, self._work]}
+        self.large_messages = 0
+
+    def ensure(self) -> None:
+        for client in self._by_name.values():
+            try:
+                client.create_queue()
+            except ResourceExistsError:
+                pass
+
+    # ------------------------------------------------------------------ sending
+
+    def _encode(self, body: dict) -> str:
+        text = json.dumps(body)
+        if len(text) <= MAX_MESSAGE_CHARS:
+            return text
+        name = f"messages/{uuid.uuid4().hex}.json"
+        self.payloads.upload_blob(name, text.encode("utf-8"), overwrite=True)
+        self.large_messages += 1
+        return json.dumps({"payload_blob": name})
+
+    def send_control(self, partition: int, body: dict, *, delay: float = 0.0) -> None:
+        visibility = int(min(MAX_DELAY_S, max(0.0, delay)) + 0.999) if delay > 0 else None
+        self._control[partition].send_message(self._encode(body), visibility_timeout=visibility, time_to_live=-1)
+
+    def send_work_item(self, body: dict) -> None:
+        self._work.send_message(self._encode(body), time_to_live=-1)
+
+    # ------------------------------------------------------------------ receiving
+
+    def _receive(self, client, count: int, visible_for: float) -> list[Received]:
+        taken = []
+        for message in client.receive_messages(
+            messages_per_page=count, visibility_timeout=int(visible_for), max_messages=count
+        ):
+            received = Received(client.queue_name, message.id, message.pop_receipt, {}, message.dequeue_count)
+            body = json.loads(message.content)
+            if "payload_blob" in body:
+                try:
+                    body = json.loads(self.payloads.download_blob(body["payload_blob"]).readall())
+                except ResourceNotFoundError:
+                    # Its blob goes once the message was processed and deleted; this is a copy that
+                    # showed up again before the delete landed: nothing is left to do with it.
+                    self.delete(received)
+                    continue
+                received.body = {**body, "_payload_blob": json.loads(message.content)["payload_blob"]}
+            else:
+                received.body = body
+            taken.append(received)
+        return taken
+
+    def receive_control(self, partition: int, count: int, visible_for: float) -> list[Received]:
+        return self._receive(self._control[partition], count, visible_for)
+
+    def receive_work_items(self, count: int, visible_for: float) -> list[Received]:
+        return self._receive(self._work, count, visible_for)
+
+    def delete(self, received: Received) -> None:
+        """Delete a processed message; one already gone (or taken again by a newer receive) is fine."""
+        try:
+            self._by_name[received.queue].delete_message(received.id, received.pop_receipt)
+        except HttpResponseError as exc:
+            if exc.status_code not in (400, 404):  # 404: gone; 400 on Azurite: a stale pop receipt
+                raise
+        blob = received.body.get("_payload_blob")
+        if blob:
+            try:
+                self.payloads.delete_blob(blob)
+            except ResourceNotFoundError:
+                pass
+
+    def extend(self, received: Received, visible_for: float) -> bool:
+        """Keep a message invisible for ``visible_for`` more seconds (a running activity's work item).
+        False when it is no longer ours (its visibility ran out and somebody else took it)."""
+        try:
+            updated = self._by_name[received.queue].update_message(
+                received.id, received.pop_receipt, visibility_timeout=int(visible_for)
+            )
+        except HttpResponseError as exc:
+            if exc.status_code in (400, 404):
+                return False
+            raise
+        received.pop_receipt = updated.pop_receipt
+        return True
+
+    def approximate_counts(self) -> dict[str, int]:
+        """Messages in each queue, visible or not (the scale controller's signal in Azure)."""
+        return {name: client.get_queue_properties().approximate_message_count for name, client in self._by_name.items()}

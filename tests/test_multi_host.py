@@ -1,0 +1,167 @@
+"""Several hosts on one task hub, each a real ``python -m devhost serve`` process, as Azure runs a
+function app scaled out: jobs uploaded at once are spread over the hosts by partition, every
+episode runs once, no tile is written twice, and a host killed mid-job costs the others no more
+than its lease."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from devhost.history import (
+    COMPLETED,
+    EXECUTION_STARTED,
+    SUB_ORCHESTRATION_CREATED,
+    TASK_SCHEDULED,
+    TERMINAL,
+    TIMER_CREATED,
+    completion_task_id,
+)
+from devhost.queues import queue_service
+from devhost.store import HistoryStore
+from tilecommit.gates import count_manifest
+
+from .app_jobs import AppEnv, check_outputs, make_scene, serve, upload
+
+JOBS = 20
+#: A short lease, so the test of a killed host is short; the rules are the provider's at any length.
+TEST_LEASE_S = 6.0
+
+
+def hub_store(storage, app_env: AppEnv) -> HistoryStore:
+    return HistoryStore(storage.blob_service(), storage.table_service(), app_env.hub, queue_service(storage))
+
+
+def start_hosts(app_env: AppEnv, tmp_path: Path, count: int, *extra: str) -> list[tuple[subprocess.Popen, Path]]:
+    hosts = []
+    for number in range(1, count + 1):
+        log = tmp_path / f"host-{number}.log"
+        process = serve(app_env, log, "--worker-id", f"{app_env.hub}-h{number}", *extra)
+        hosts.append((process, log))
+    return hosts
+
+
+def stop_hosts(hosts: list[tuple[subprocess.Popen, Path]]) -> list[dict]:
+    """SIGTERM each host (it drains and hands its partitions on); each one's closing counters."""
+    for process, _ in hosts:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+    stats = []
+    for process, log in hosts:
+        process.wait(timeout=120)
+        for line in log.read_text().splitlines():
+            if line.startswith("devhost: host ") and " stopped: " in line:
+                stats.append(json.loads(line.split(" stopped: ", 1)[1]))
+    return stats
+
+
+def scenes(tmp_path: Path, count: int, width: int = 520, height: int = 300) -> list[Path]:
+    """``count`` scenes of 3 x 2 windows of 256 (by default), each a little wider than the last."""
+    made = []
+    for n in range(count):
+        path = make_scene(tmp_path / f"scene-{n:02d}.tif", width + n, height)
+        made.append(path)
+    return made
+
+
+def wait_all(store: HistoryStore, job_ids: list[str], timeout: float) -> dict[str, dict]:
+    deadline = time.monotonic() + timeout
+    states: dict[str, dict] = {}
+    while time.monotonic() < deadline:
+        states = {job_id: store.read_state(job_id) for job_id in job_ids}
+        if all(s is not None and s["status"] in TERMINAL for s in states.values()):
+            return states
+        time.sleep(0.5)
+    unfinished = {k: (v or {}).get("status") for k, v in states.items() if not v or v["status"] not in TERMINAL}
+    raise TimeoutError(f"{len(unfinished)} job(s) not finished after {timeout} s: {unfinished}")
+
+
+def assert_history_runs_each_episode_once(store: HistoryStore) -> int:
+    """Every instance: episodes numbered 1..n, one execution started once, each task scheduled once
+    and completed at most once. Returns the number of episodes in the hub."""
+    total = 0
+    for state in store.instances():
+        episodes = list(store.episodes(state["id"]))
+        assert [e.number for e in episodes] == list(range(1, len(episodes) + 1)), state["id"]
+        events = [item for episode in episodes for item in episode.events]
+        assert sum(1 for item in events if item["EventType"] == EXECUTION_STARTED) == 1, state["id"]
+        scheduled = [
+            i["EventId"] for i in events if i["EventType"] in (TASK_SCHEDULED, TIMER_CREATED, SUB_ORCHESTRATION_CREATED)
+        ]
+        completed = [completion_task_id(i) for i in events if completion_task_id(i) is not None]
+        assert len(scheduled) == len(set(scheduled)), f"{state['id']}: a task scheduled twice"
+        assert len(completed) == len(set(completed)), f"{state['id']}: a task completed twice"
+        total += len(episodes)
+    return total
+
+
+def assert_outputs(
+    storage, app_env: AppEnv, states: dict[str, dict], uploads: dict[str, Path], *, one_attempt_each: bool = True
+) -> None:
+    """Pixel-exact mosaics, one tile blob and one manifest row per window. ``one_attempt_each``:
+    every tile's result in history is the attempt that wrote it (no activity ran twice)."""
+    tiles = storage.blob_service().get_container_client(app_env.tiles)
+    manifest = storage.table_service().get_table_client(app_env.manifest)
+    for job_id, state in states.items():
+        assert state["status"] == COMPLETED, state
+        output = state["output"]
+        summary = {"status": "completed", "job_id": job_id, "windows": output["windows"]}
+        check_outputs(storage, app_env, summary, uploads[job_id])  # pixel-exact mosaic
+        names = [b.name for b in tiles.list_blobs(name_starts_with=f"tiles/{job_id}/")]
+        assert len(names) == count_manifest(manifest, job_id).rows == output["windows"]
+        if one_attempt_each:
+            assert output["written"] == output["windows"], output
+        else:  # a second attempt of a tile finds it present; its first attempt's result may be lost
+            assert output["written"] + output["already_present"] == output["windows"], output
+
+
+@pytest.mark.parametrize("host_count", [2, 3])
+def test_jobs_uploaded_at_once_complete_on_several_hosts_each_episode_once(storage, app_env, tmp_path, host_count):
+    made = scenes(tmp_path, JOBS)
+    hosts = start_hosts(app_env, tmp_path, host_count)
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            job_ids = list(pool.map(lambda scene: upload(storage, app_env, scene), made))
+        store = hub_store(storage, app_env)
+        states = wait_all(store, job_ids, timeout=300)
+    finally:
+        stats = stop_hosts(hosts)
+    assert_outputs(storage, app_env, states, dict(zip(job_ids, made, strict=True)))
+    episodes = assert_history_runs_each_episode_once(store)
+    assert len(stats) == host_count
+    # Every committed episode was run by exactly one host, once: none found committed by another.
+    assert sum(s["episodes"] for s in stats) == episodes
+    assert sum(s["episodes_found_committed"] for s in stats) == 0
+    assert all(s["episodes"] > 0 for s in stats), stats  # the work was shared, not run by one host
+
+
+def test_a_host_killed_mid_job_costs_the_others_no_more_than_its_lease(storage, app_env, tmp_path):
+    made = scenes(tmp_path, 8, width=1100, height=600)  # 5 x 3 = 15 windows each
+    hosts = start_hosts(app_env, tmp_path, 2, "--lease-seconds", str(TEST_LEASE_S))
+    store = hub_store(storage, app_env)
+    try:
+        job_ids = [upload(storage, app_env, scene) for scene in made]
+        tiles = storage.blob_service().get_container_client(app_env.tiles)
+        deadline = time.monotonic() + 120
+        while sum(1 for _ in tiles.list_blobs(name_starts_with="tiles/")) < 15 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        victim, _ = hosts[0]
+        os.killpg(victim.pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        victim.wait(timeout=30)
+        unfinished = [j for j in job_ids if (store.read_state(j) or {}).get("status") not in TERMINAL]
+        assert unfinished, "every job finished before the kill: nothing to show"
+        states = wait_all(store, job_ids, timeout=TEST_LEASE_S + 60)
+        recovered_in = time.monotonic() - killed_at
+    finally:
+        stop_hosts(hosts)
+    assert_outputs(storage, app_env, states, dict(zip(job_ids, made, strict=True)), one_attempt_each=False)
+    assert recovered_in < TEST_LEASE_S + 60
+    assert_history_runs_each_episode_once(store)
