@@ -20,7 +20,12 @@ Rules of the real host it imitates (docs/local-host.md has the sources, row by r
 - an activity past ``function_timeout`` fails with the host's timeout message (and is retried
   per its RetryOptions); one still running 2 s later has its worker restarted, and the other
   executions in that worker lose their results and fail at their own timeouts;
-- instance ids, custom status and failure wording as the extension's.
+- instance ids, custom status and failure wording as the extension's;
+- any number of hosts share one task hub: an instance's starts, results and timers go to its
+  partition's control queue and only the partition's owner runs its episodes (leases as the
+  provider's table partition manager keeps them, :mod:`devhost.partitions`); activities go to
+  one work-item queue that every host reads (:mod:`devhost.messaging`, :mod:`devhost.receivers`);
+  partitions move between hosts without losing a message (:mod:`devhost.handover`).
 
 Sequence numbers: the SDK numbers tasks in the order it meets them while replaying. Retry
 timers and rescheduled attempts get their numbers while the SDK processes the failure or timer
@@ -47,6 +52,7 @@ from typing import Any
 from . import shim
 from .episode import EpisodePlan, order_new_events, plan_episode
 from .functions import FunctionIndex
+from .handover import STALLED_START_S, WATCHDOG_INTERVAL_S, PartitionHandover
 from .history import (  # noqa: F401  (flatten_actions and the errors are part of this module's API)
     CALL_ACTIVITY,
     CALL_ACTIVITY_WITH_RETRY,
@@ -85,7 +91,8 @@ from .history import (  # noqa: F401  (flatten_actions and the errors are part o
     top_level_actions,
 )
 from .instance import ActivityExecution, EngineStats, Instance, new_execution_id
-from .partitions import PROVIDER_LEASE, LeaseTimings, PartitionManager, partition_of
+from .messaging import Messaging, event_body, start_body
+from .partitions import PROVIDER_LEASE, LeaseTimings, PartitionManager
 from .queues import Received
 from .receivers import ControlReader, WorkItemReader
 from .store import Episode, EpisodeAlreadyCommitted, HistoryStore
@@ -96,21 +103,6 @@ logger = logging.getLogger(__name__)
 #: Activity executions kept for inspection (tests, benchmarks); older ones are dropped.
 MAX_EXECUTION_RECORDS = 200_000
 
-#: The watchdog's round: an unfinished instance of an owned partition that makes no progress is
-#: looked at this often.
-WATCHDOG_INTERVAL_S = 10.0
-#: A stored instance still Pending, with no first episode and not held by its partition's owner,
-#: this long after it was created is started from its stored row (its start message was lost).
-STALLED_START_S = 30.0
-#: An open timer this long past its due time is sent again.
-OVERDUE_TIMER_S = 30.0
-#: A sub-orchestration with no result for this long has its start sent again; a child that runs
-#: drops it, a finished one reports its result again.
-QUIET_CHILD_S = 120.0
-#: An activity with no result this long past the function timeout (plus the worker restart's
-#: grace) is sent again: its outcome cannot come any more.
-QUIET_ACTIVITY_MARGIN_S = 60.0
-
 
 def new_worker_id() -> str:
     """This host's name in the partition table: one per process, since two commands on one machine
@@ -118,15 +110,7 @@ def new_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
-def start_body(message: StartMessage) -> dict:
-    return {"type": "start", **message.__dict__}
-
-
-def event_body(instance_id: str, execution_id: str, item: dict) -> dict:
-    return {"type": "event", "instance_id": instance_id, "execution_id": execution_id, "item": item}
-
-
-class Engine:
+class Engine(Messaging, PartitionHandover):
     """Runs orchestrations and activities of one app against one task hub, as one of any number of
     hosts sharing it: episodes of the partitions this host owns (:mod:`devhost.partitions`),
     activities from the shared work-item queue (:mod:`devhost.receivers`)."""
@@ -300,107 +284,6 @@ class Engine:
                     raise TimeoutError(f"instance {instance_id} not finished after {timeout} s")
                 self._changed.wait(timeout=0.5 if remaining is None else min(0.5, remaining))
 
-    # ------------------------------------------------------------------ messages
-
-    def partition(self, instance_id: str) -> int:
-        return partition_of(instance_id, self.partition_count)
-
-    def _send(self, instance_id: str, body: dict, delay: float = 0.0) -> None:
-        """A control message for an instance: straight into this host's memory when it owns the
-        instance's partition (a timer waits there until due), else into the partition's queue.
-        A send that meets a storage fault is tried again until it lands: nothing is dropped."""
-        partition = self.partition(instance_id)
-        if self.partitions.owns(partition):
-            if delay > 0:
-                key = next(self._timer_seq)
-                with self._lock:
-                    self._held[key] = (partition, time.monotonic() + delay, body)
-                self.later(delay, lambda: self._release_held(key))
-            else:
-                self._accept(body, None)
-            return
-        self.backoff.call(
-            f"send to partition {partition}",
-            lambda: self.queues.send_control(partition, body, delay=delay),
-            lambda: False,
-        )
-
-    def _release_held(self, key: int) -> None:
-        with self._lock:
-            held = self._held.pop(key, None)
-        if held is not None:
-            self._accept(held[2], None)
-
-    def _accept(self, body: dict, receipt: Received | None) -> None:
-        """One control message, from this host's memory or from a control queue."""
-        instance_id = body["instance_id"]
-        if not self.partitions.owns(self.partition(instance_id)):
-            self._forward(body, receipt)  # read just before the partition went to another host
-            return
-        if body["type"] == "start":
-            fields = {k: v for k, v in body.items() if k != "type"}
-            with self._lock:
-                self._starts.append((StartMessage(**fields), receipt))
-                self._changed.notify_all()
-            return
-        item = body["item"]
-        if item["EventType"] == TIMER_FIRED:
-            early = (parse_iso(item["FireAt"]) - now()).total_seconds()
-            if early > 1.0:  # a timer longer than the queue's longest delay: wait again
-                self._send(instance_id, body, delay=early)
-                self._delete(receipt)
-                return
-            item = {**item, "Timestamp": iso(now())}
-        self.deliver(instance_id, body["execution_id"], item, receipt)
-
-    def _forward(self, body: dict, receipt: Received | None) -> None:
-        self._send(body["instance_id"], body)
-        self._delete(receipt)
-        self._count("messages_forwarded")
-
-    def _delete(self, receipt: Received | None) -> None:
-        """Delete a consumed message. If this fails it shows up again and is dropped as a duplicate."""
-        if receipt is None:
-            return
-        try:
-            self.queues.delete(receipt)
-        except Exception:  # noqa: BLE001
-            logger.warning("could not delete a consumed control message; it will be dropped when seen again")
-
-    def deliver(self, instance_id: str, execution_id: str, item: dict, receipt: Received | None = None) -> None:
-        """A completion message for one execution of an instance."""
-        with self._lock:
-            inst = self._instances.get(instance_id)
-            task_id = completion_task_id(item)
-            if inst is not None and inst.execution_id != execution_id:
-                # DTFx: "ExecutionId of event does not match current executionId" -- dropped.
-                self.stats.execution_id_mismatches_dropped += 1
-                accepted = False
-            elif inst is None or inst.status in TERMINAL or task_id in inst.delivered or task_id not in inst.open:
-                # A second execution of an at-least-once activity (possibly landing after the
-                # instance finished): the first result stands.
-                self.stats.duplicate_completions_dropped += 1
-                accepted = False
-            else:
-                inst.delivered.add(task_id)
-                inst.pending.append(item)
-                if receipt is not None:
-                    inst.receipts.append(receipt)
-                self._mark_ready(instance_id)
-                accepted = True
-        if not accepted:
-            self._delete(receipt)
-
-    def _activity_outcome(self, instance_id: str, execution_id: str, item: dict, token: object) -> None:
-        """An activity's result reaches its instance's partition before its work item goes."""
-        self._send(instance_id, event_body(instance_id, execution_id, item))
-        self._delete(token)
-
-    def _take_work_item(self, body: dict, received: Received) -> None:
-        self.activities.submit(
-            body["instance_id"], body["execution_id"], body["task_id"], body["name"], body["input_json"], received
-        )
-
     def _record_activity(self, execution: ActivityExecution) -> None:
         with self._lock:
             self.stats.activity_executions += 1
@@ -421,91 +304,6 @@ class Engine:
         if instance_id not in self._ready:
             self._ready.append(instance_id)
         self._changed.notify_all()
-
-    # ------------------------------------------------------------------ partitions gained and lost
-
-    def _unfinished_of(self, partition: int) -> list[Instance]:
-        """The partition's Pending and Running instances, with their history, from storage."""
-        states = self.backoff.call("read the task hub", self.store.instances, lambda: self._stopping)
-        found = []
-        for state in states:
-            if state["status"] not in (PENDING, RUNNING) or self.partition(state["id"]) != partition:
-                continue
-            inst = Instance.from_state(state)
-            episodes = self.backoff.call(
-                "read history", lambda inst=inst: list(self.store.episodes(inst.id)), lambda: self._stopping
-            )
-            for episode in episodes:
-                if episode.execution_id in (None, inst.execution_id):
-                    inst.apply(episode.events, episode.scheduled, episode.actions, episode.finished)
-            found.append(inst)
-        return found
-
-    def _acquired(self, partition: int, after_crash: bool) -> None:
-        """A partition came to this host: load its unfinished instances. After a crash (the row
-        expired under its owner) also send their open work again: the owner may have died between
-        committing an episode and sending what it scheduled, or holding results in memory."""
-        outbound: list[tuple] = []
-        resumed = 0
-        for inst in self._unfinished_of(partition):
-            with self._lock:
-                current = self._instances.get(inst.id)
-                if current is not None and current.status not in TERMINAL:
-                    continue
-                self._instances[inst.id] = inst
-                resumed += 1
-                if inst.status == PENDING or not inst.history:
-                    self._mark_ready(inst.id)
-                elif after_crash:
-                    for task_id in sorted(inst.open):
-                        outbound += self._work_for(inst, task_id, inst.scheduled[task_id])
-                for task_id in inst.open:
-                    inst.dispatched[task_id] = time.monotonic()
-        self._send_all(outbound)
-        if resumed:
-            logger.info("partition %d: %d unfinished instance(s) taken up", partition, resumed)
-
-    def _take_partition(self, partition: int) -> tuple[list[Instance], list, list]:
-        """Remove everything of ``partition`` from memory: its instances, starts and held timers."""
-        with self._lock:
-            instances = [i for key, i in self._instances.items() if self.partition(key) == partition]
-            for inst in instances:
-                del self._instances[inst.id]
-            starts = [s for s in self._starts if self.partition(s[0].instance_id) == partition]
-            self._starts = deque(s for s in self._starts if self.partition(s[0].instance_id) != partition)
-            held = [(key, h) for key, h in self._held.items() if h[0] == partition]
-            for key, _ in held:
-                del self._held[key]
-            self._ready = deque(i for i in self._ready if self.partition(i) != partition)
-            self._changed.notify_all()
-        return instances, starts, held
-
-    def _drain(self, partition: int) -> bool:
-        """Hand a partition on (another host takes it, or this one stops): once no episode of it is
-        in hand, every start, result and timer held in memory for it goes back to its queue."""
-        with self._lock:
-            if any(self.partition(i) == partition for i in self._busy):
-                return False
-        instances, starts, held = self._take_partition(partition)
-        for message, receipt in starts:
-            self._forward(start_body(message), receipt)
-        for inst in instances:
-            if not inst.history and inst.status not in TERMINAL:
-                # Started here but not run yet: its start message is consumed, so it goes again.
-                start = StartMessage(inst.name, inst.id, inst.input, inst.parent, inst.execution_id)
-                self._send(inst.id, start_body(start))
-            for item in inst.pending:
-                self._send(inst.id, event_body(inst.id, inst.execution_id, item))
-            for receipt in inst.receipts:
-                self._delete(receipt)
-        for _, (_, due, body) in held:
-            self._send(body["instance_id"], body, delay=max(0.0, due - time.monotonic()))
-        return True
-
-    def _lost(self, partition: int) -> None:
-        """Another host claimed a partition whose lease lapsed here: drop what is held of it (the
-        new owner sends its open work again); its unconsumed messages show up for the new owner."""
-        self._take_partition(partition)
 
     # ------------------------------------------------------------------ starts
 
@@ -803,113 +601,6 @@ class Engine:
             )
         parent = inst.parent["id"]
         return ("control", parent, event_body(parent, inst.parent["execution_id"], item), 0.0)
-
-    # ------------------------------------------------------------------ work
-
-    def _work_for(self, inst: Instance, task_id: int, meta: dict) -> list[tuple]:
-        """The messages that carry out one scheduled task: ``("work", body)`` for the work-item
-        queue, ``("control", instance, body, delay)`` for an instance's partition."""
-        if meta["kind"] == "activity":
-            body = {
-                "type": "activity",
-                "instance_id": inst.id,
-                "execution_id": inst.execution_id,
-                "task_id": task_id,
-                "name": meta["name"],
-                "input_json": meta["input"],
-            }
-            return [("work", body)] * (2 if self.duplicate_activities else 1)
-        if meta["kind"] == "timer":
-            delay = max(0.0, (parse_iso(meta["fire_at"]) - now()).total_seconds())
-            item = event(TIMER_FIRED, now(), TimerId=task_id, FireAt=meta["fire_at"])
-            return [("control", inst.id, event_body(inst.id, inst.execution_id, item), delay)]
-        if meta["kind"] == "suborchestration":
-            link = {"id": inst.id, "task_id": task_id, "execution_id": inst.execution_id}
-            start = StartMessage(meta["name"], meta["instance_id"], meta["input"], link, new_execution_id())
-            return [("control", meta["instance_id"], start_body(start), 0.0)]
-        return []
-
-    def _send_all(self, outbound: list[tuple | None]) -> None:
-        for message in outbound:
-            if message is None:
-                continue
-            if message[0] == "work":
-                body = message[1]
-                self.backoff.call("send a work item", lambda body=body: self.queues.send_work_item(body), lambda: False)
-                self.work_items.wake()  # this host's free slots need not wait for the next poll
-            else:
-                _, instance_id, body, delay = message
-                self._send(instance_id, body, delay)
-
-    # ------------------------------------------------------------------ watchdog
-
-    def _watchdog_loop(self) -> None:
-        while True:
-            due = time.monotonic() + self.watchdog_interval
-            with self._lock:
-                while not self._stopping and time.monotonic() < due:
-                    self._changed.wait(due - time.monotonic())
-                if self._stopping:
-                    return
-            try:
-                self.watchdog_round()
-            except Exception:  # noqa: BLE001 - storage trouble: the next round looks again
-                logger.warning("watchdog round failed", exc_info=True)
-
-    def _overdue(self, inst: Instance, task_id: int, moment: float) -> bool:
-        meta = inst.scheduled[task_id]
-        since = moment - inst.dispatched.get(task_id, moment)
-        if meta["kind"] == "timer":
-            return (now() - parse_iso(meta["fire_at"])).total_seconds() > OVERDUE_TIMER_S
-        if meta["kind"] == "suborchestration":
-            return since > QUIET_CHILD_S
-        limit = (self.function_timeout or 600.0) + self.activities.grace + QUIET_ACTIVITY_MARGIN_S
-        return since > limit
-
-    def watchdog_round(self) -> int:
-        """No instance left waiting: send again the open work of idle instances of owned partitions
-        that has had no answer past its bound, and start instances stored Pending with no first
-        episode that no host took up. How many things it sent or started."""
-        owned = set(self.partitions.owned())
-        outbound: list[tuple] = []
-        moment = time.monotonic()
-        with self._lock:
-            for inst in self._instances.values():
-                if (
-                    inst.status in TERMINAL
-                    or inst.id in self._busy
-                    or inst.pending
-                    or self.partition(inst.id) not in owned
-                ):
-                    continue
-                if not inst.history and inst.id not in self._ready:
-                    self._mark_ready(inst.id)
-                    outbound.append(None)
-                for task_id in sorted(inst.open):
-                    if self._overdue(inst, task_id, moment):
-                        outbound += self._work_for(inst, task_id, inst.scheduled[task_id])
-                        inst.dispatched[task_id] = moment
-            known = set(self._instances)
-        stalled = [
-            state
-            for state in self.store.instances(PENDING)
-            if state["id"] not in known
-            and self.partition(state["id"]) in owned
-            and (now() - parse_iso(state["created"])).total_seconds() > self.stalled_start_s
-        ]
-        for state in stalled:
-            inst = Instance.from_state(state)
-            with self._lock:
-                if inst.id not in self._instances:
-                    self._instances[inst.id] = inst
-                    self._mark_ready(inst.id)
-                    outbound.append(None)
-        if outbound:
-            with self._lock:
-                self.stats.watchdog_redispatches += len(outbound)
-            logger.warning("watchdog: %d stalled start(s) or unanswered task(s) sent again", len(outbound))
-        self._send_all(outbound)
-        return len(outbound)
 
     def _timer_loop(self) -> None:
         while True:

@@ -206,7 +206,9 @@ class PartitionManager:
                 else:
                     self._renew(row, moment)
                     mine += 1
-                self._write(row, partition, False)
+                # Ours in the table but not held by this process: a restart under the same name,
+                # so the process before it may have died holding work.
+                self._write(row, partition, partition not in self._owned)
             elif not shutting_down:
                 if next_owner is None and row.get("IsDraining"):
                     row["NextOwner"] = next_owner = self.worker_id  # its owner is shutting down: take it next

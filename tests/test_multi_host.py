@@ -39,7 +39,13 @@ def hub_store(storage, app_env: AppEnv) -> HistoryStore:
     return HistoryStore(storage.blob_service(), storage.table_service(), app_env.hub, queue_service(storage))
 
 
-def start_hosts(app_env: AppEnv, tmp_path: Path, count: int, *extra: str) -> list[tuple[subprocess.Popen, Path]]:
+def start_hosts(
+    app_env: AppEnv, tmp_path: Path, count: int, *extra: str, one_command: bool = False
+) -> list[tuple[subprocess.Popen, Path]]:
+    """``count`` hosts: a ``serve`` command each, or one ``serve --hosts count`` (``one_command``)."""
+    if one_command:
+        log = tmp_path / "hosts.log"
+        return [(serve(app_env, log, "--hosts", str(count), "--worker-id", f"{app_env.hub}-h", *extra), log)]
     hosts = []
     for number in range(1, count + 1):
         log = tmp_path / f"host-{number}.log"
@@ -57,7 +63,9 @@ def stop_hosts(hosts: list[tuple[subprocess.Popen, Path]]) -> list[dict]:
     for process, log in hosts:
         process.wait(timeout=120)
         for line in log.read_text().splitlines():
-            if line.startswith("devhost: host ") and " stopped: " in line:
+            if (
+                line.split("] ", 1)[-1].startswith("devhost: host ") and " stopped: " in line
+            ):  # "[host n] " from --hosts
                 stats.append(json.loads(line.split(" stopped: ", 1)[1]))
     return stats
 
@@ -125,7 +133,7 @@ def assert_outputs(
 @pytest.mark.parametrize("host_count", [2, 3])
 def test_jobs_uploaded_at_once_complete_on_several_hosts_each_episode_once(storage, app_env, tmp_path, host_count):
     made = scenes(tmp_path, JOBS)
-    hosts = start_hosts(app_env, tmp_path, host_count)
+    hosts = start_hosts(app_env, tmp_path, host_count, one_command=host_count == 3)  # 3: serve --hosts 3
     try:
         with ThreadPoolExecutor(8) as pool:
             job_ids = list(pool.map(lambda scene: upload(storage, app_env, scene), made))

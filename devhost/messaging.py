@@ -1,0 +1,177 @@
+"""How the host's messages travel (mixed into :class:`devhost.engine.Engine`).
+
+A control message (an instance's start, a task's result, a due timer) goes straight into this
+host's memory when the host owns the instance's partition, else into the partition's control
+queue; work items (activities) always go through the shared work-item queue, so any host with a
+free slot runs them. What a message carries is kept until what it led to is committed; then it is
+deleted, and one that shows up again is dropped as a duplicate. Sends that meet a storage fault
+are tried again until they land (:class:`devhost.work.HostBackoff`): nothing is dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from .history import (
+    TERMINAL,
+    TIMER_FIRED,
+    completion_task_id,
+    event,
+    iso,
+    now,
+    parse_iso,
+)
+from .instance import Instance, new_execution_id
+from .partitions import partition_of
+from .queues import Received
+from .work import StartMessage
+
+logger = logging.getLogger(__name__)
+
+
+def start_body(message: StartMessage) -> dict:
+    return {"type": "start", **message.__dict__}
+
+
+def event_body(instance_id: str, execution_id: str, item: dict) -> dict:
+    return {"type": "event", "instance_id": instance_id, "execution_id": execution_id, "item": item}
+
+
+class Messaging:
+    """Routing, acceptance and sending of the task hub's messages; uses the engine's lock,
+    instances, queues and partition manager."""
+
+    def partition(self, instance_id: str) -> int:
+        return partition_of(instance_id, self.partition_count)
+
+    def _send(self, instance_id: str, body: dict, delay: float = 0.0) -> None:
+        """A control message for an instance: straight into this host's memory when it owns the
+        instance's partition (a timer waits there until due), else into the partition's queue.
+        A send that meets a storage fault is tried again until it lands: nothing is dropped."""
+        partition = self.partition(instance_id)
+        if self.partitions.owns(partition):
+            if delay > 0:
+                key = next(self._timer_seq)
+                with self._lock:
+                    self._held[key] = (partition, time.monotonic() + delay, body)
+                self.later(delay, lambda: self._release_held(key))
+            else:
+                self._accept(body, None)
+            return
+        self.backoff.call(
+            f"send to partition {partition}",
+            lambda: self.queues.send_control(partition, body, delay=delay),
+            lambda: False,
+        )
+
+    def _release_held(self, key: int) -> None:
+        with self._lock:
+            held = self._held.pop(key, None)
+        if held is not None:
+            self._accept(held[2], None)
+
+    def _accept(self, body: dict, receipt: Received | None) -> None:
+        """One control message, from this host's memory or from a control queue."""
+        instance_id = body["instance_id"]
+        if not self.partitions.owns(self.partition(instance_id)):
+            self._forward(body, receipt)  # read just before the partition went to another host
+            return
+        if body["type"] == "start":
+            fields = {k: v for k, v in body.items() if k != "type"}
+            with self._lock:
+                self._starts.append((StartMessage(**fields), receipt))
+                self._changed.notify_all()
+            return
+        item = body["item"]
+        if item["EventType"] == TIMER_FIRED:
+            early = (parse_iso(item["FireAt"]) - now()).total_seconds()
+            if early > 1.0:  # a timer longer than the queue's longest delay: wait again
+                self._send(instance_id, body, delay=early)
+                self._delete(receipt)
+                return
+            item = {**item, "Timestamp": iso(now())}
+        self.deliver(instance_id, body["execution_id"], item, receipt)
+
+    def _forward(self, body: dict, receipt: Received | None) -> None:
+        self._send(body["instance_id"], body)
+        self._delete(receipt)
+        self._count("messages_forwarded")
+
+    def _delete(self, receipt: Received | None) -> None:
+        """Delete a consumed message. If this fails it shows up again and is dropped as a duplicate."""
+        if receipt is None:
+            return
+        try:
+            self.queues.delete(receipt)
+        except Exception:  # noqa: BLE001
+            logger.warning("could not delete a consumed control message; it will be dropped when seen again")
+
+    def deliver(self, instance_id: str, execution_id: str, item: dict, receipt: Received | None = None) -> None:
+        """A completion message for one execution of an instance."""
+        with self._lock:
+            inst = self._instances.get(instance_id)
+            task_id = completion_task_id(item)
+            if inst is not None and inst.execution_id != execution_id:
+                # DTFx: "ExecutionId of event does not match current executionId" -- dropped.
+                self.stats.execution_id_mismatches_dropped += 1
+                accepted = False
+            elif inst is None or inst.status in TERMINAL or task_id in inst.delivered or task_id not in inst.open:
+                # A second execution of an at-least-once activity (possibly landing after the
+                # instance finished): the first result stands.
+                self.stats.duplicate_completions_dropped += 1
+                accepted = False
+            else:
+                inst.delivered.add(task_id)
+                inst.pending.append(item)
+                if receipt is not None:
+                    inst.receipts.append(receipt)
+                self._mark_ready(instance_id)
+                accepted = True
+        if not accepted:
+            self._delete(receipt)
+
+    def _activity_outcome(self, instance_id: str, execution_id: str, item: dict, token: object) -> None:
+        """An activity's result reaches its instance's partition before its work item goes."""
+        self._send(instance_id, event_body(instance_id, execution_id, item))
+        self._delete(token)
+
+    def _take_work_item(self, body: dict, received: Received) -> None:
+        self.activities.submit(
+            body["instance_id"], body["execution_id"], body["task_id"], body["name"], body["input_json"], received
+        )
+
+    def _work_for(self, inst: Instance, task_id: int, meta: dict) -> list[tuple]:
+        """The messages that carry out one scheduled task: ``("work", body)`` for the work-item
+        queue, ``("control", instance, body, delay)`` for an instance's partition."""
+        if meta["kind"] == "activity":
+            body = {
+                "type": "activity",
+                "instance_id": inst.id,
+                "execution_id": inst.execution_id,
+                "task_id": task_id,
+                "name": meta["name"],
+                "input_json": meta["input"],
+            }
+            return [("work", body)] * (2 if self.duplicate_activities else 1)
+        if meta["kind"] == "timer":
+            delay = max(0.0, (parse_iso(meta["fire_at"]) - now()).total_seconds())
+            item = event(TIMER_FIRED, now(), TimerId=task_id, FireAt=meta["fire_at"])
+            return [("control", inst.id, event_body(inst.id, inst.execution_id, item), delay)]
+        if meta["kind"] == "suborchestration":
+            link = {"id": inst.id, "task_id": task_id, "execution_id": inst.execution_id}
+            start = StartMessage(meta["name"], meta["instance_id"], meta["input"], link, new_execution_id())
+            return [("control", meta["instance_id"], start_body(start), 0.0)]
+        return []
+
+    def _send_all(self, outbound: list[tuple | None]) -> None:
+        for message in outbound:
+            if message is None:
+                continue
+            if message[0] == "work":
+                body = message[1]
+                self.backoff.call("send a work item", lambda body=body: self.queues.send_work_item(body), lambda: False)
+                self.work_items.wake()  # this host's free slots need not wait for the next poll
+            else:
+                _, instance_id, body, delay = message
+                self._send(instance_id, body, delay)
