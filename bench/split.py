@@ -12,7 +12,8 @@ same tile blobs. Then, alternately, each in a fresh process (:func:`bench.common
   local host runs activities as threads of its process, at most host.json's
   ``maxConcurrentActivityFunctions`` = 4 at once), then the commit (``assemble_mosaic(shares=)``).
 
-Printed: the wall of each (and of the plan, the shares and the commit), peak RSS, whether the
+Printed: the wall of each process (and of the plan, the shares and the commit; of the one
+activity's staging step), peak RSS, whether the
 two mosaics are the same bytes, and the 1-minute load average before and after each run.
 Nothing is asserted.
 """
@@ -115,6 +116,7 @@ def run(storage: BenchStorage, size: int, share_mb: int, slots: int, repeats: in
                     "nbytes": result["nbytes"],
                     "transfer": result.get("transfer", {}),
                     "steps_s": result.get("steps_s", {}),
+                    "timings": {k: round(v, 2) for k, v in result.get("timings", {}).items()},
                     "load_before": load_before,
                     "load_after": load1(),
                 }
@@ -139,7 +141,7 @@ def print_report(report: dict) -> None:
             f"plan {steps['plan']} + shares {steps['shares']} (each {min(steps['share_walls'])}-"
             f"{max(steps['share_walls'])}) + commit {steps['commit']}"
             if steps
-            else ""
+            else f"staging (every range and the local blocks) {r['timings'].get('write', 0)}"
         )
         rows.append(
             [
