@@ -33,7 +33,8 @@ monitoring.configure_telemetry()
 def tiling_functions(activity_functions=activities) -> df.Blueprint:
     """The orchestrators and the activities they call, bound under the names the orchestrators use.
 
-    ``activity_functions`` supplies ``validate_source``, ``render_tile`` and ``assemble_mosaic``:
+    ``activity_functions`` supplies ``validate_source``, ``render_tile``, ``assemble_mosaic``,
+    ``plan_mosaic_shares`` and ``stage_mosaic_share``:
     the real ones for this app; bench/null_app.py passes stand-ins that do no raster work, so
     the benchmark runs the same orchestrators with the same bindings. A fresh blueprint on each
     call: the SDK wraps each function as it registers it, and an app indexes its functions once.
@@ -53,6 +54,12 @@ def tiling_functions(activity_functions=activities) -> df.Blueprint:
     )
     bp.activity_trigger(input_name="payload", activity=names.ASSEMBLE_MOSAIC)(
         observed_activity(names.ASSEMBLE_MOSAIC, activity_functions.assemble_mosaic)
+    )
+    bp.activity_trigger(input_name="payload", activity=names.PLAN_MOSAIC_SHARES)(
+        observed_activity(names.PLAN_MOSAIC_SHARES, activity_functions.plan_mosaic_shares)
+    )
+    bp.activity_trigger(input_name="payload", activity=names.STAGE_MOSAIC_SHARE)(
+        observed_activity(names.STAGE_MOSAIC_SHARE, activity_functions.stage_mosaic_share)
     )
     return bp
 

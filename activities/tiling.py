@@ -1,4 +1,5 @@
-"""The job's activities: validate the source, render one window, assemble the mosaic.
+"""The job's activities: validate the source, render one window, assemble the mosaic (in one
+activity, or planned, staged in shares and committed: :mod:`tilecommit.raster.shares`).
 
 Each reads what decides its outputs (the window grid, the block size, the profile) from the
 job's output spec, never from the app settings (see :mod:`tilecommit.spec`); the settings give
@@ -14,6 +15,7 @@ from contextlib import contextmanager
 from tilecommit import raster
 from tilecommit.errors import CorruptTileError, InvalidRasterError, error_value, is_retryable
 from tilecommit.grid import Window
+from tilecommit.raster import shares as split
 from tilecommit.raster.gdal_errors import job_messages
 from tilecommit.spec import spec_of
 from tilecommit.storage import readable_blob_name
@@ -101,8 +103,11 @@ def assemble_mosaic(payload: dict) -> dict:
     may have died half-way. Neither is waited for: each execution assembles, the first commit
     wins and the others return ``already-present`` (see :mod:`tilecommit.raster.attempt`).
     A mosaic that fails its own checks (a bug that repeating cannot fix) comes back as an error.
+    ``payload["shares"]`` (a split staging's commit): the ranges were staged by
+    :func:`stage_mosaic_share`; only the head and the coarse levels are staged here.
     """
     job, scene = payload["job"], raster.SceneInfo.from_dict(payload["scene"])
+    shares = split.StagedShares.from_dict(payload["shares"]) if payload.get("shares") else None
     ctx = activity_context()
 
     def work() -> dict:
@@ -117,6 +122,7 @@ def assemble_mosaic(payload: dict) -> dict:
                 spec=spec_of(job),
                 gdal_options=ctx.connection.gdal_options(),
                 source_name=job["blob"],
+                shares=shares,
             )
         summary = result.to_dict()
 
@@ -131,3 +137,38 @@ def assemble_mosaic(payload: dict) -> dict:
         return summary
 
     return run_activity("assemble_mosaic", job, work)
+
+
+def plan_mosaic_shares(payload: dict) -> dict:
+    """Plan the split staging of the mosaic for the orchestration's attempt ``payload["attempt"]``:
+    ``{"shares": StagedShares}``, or ``{"single": why}`` when one activity assembles it."""
+    job, scene = payload["job"], raster.SceneInfo.from_dict(payload["scene"])
+    ctx = activity_context()
+
+    def work() -> dict:
+        with reading_own_tiles(job):
+            planned = split.plan_shares(
+                job["job_id"],
+                scene,
+                tiles=ctx.tiles,
+                output=ctx.output,
+                manifest=ctx.manifest,
+                spec=spec_of(job),
+                attempt_id=payload["attempt"],
+                share_bytes=payload["share_bytes"],
+            )
+        return {"single": planned} if isinstance(planned, str) else {"shares": planned.to_dict()}
+
+    return run_activity("plan_mosaic_shares", job, work)
+
+
+def stage_mosaic_share(payload: dict) -> dict:
+    """Stage share ``payload["share"]`` of the planned ranges. Safe to run any number of times,
+    at once or one after the other: every execution stages the same ids with the same bytes."""
+    job, staged, index = payload["job"], split.StagedShares.from_dict(payload["shares"]), payload["share"]
+    ctx = activity_context()
+
+    def work() -> dict:
+        return split.stage_share(job["job_id"], staged, index, tiles=ctx.tiles, output=ctx.output)
+
+    return run_activity("stage_mosaic_share", job, work)

@@ -16,7 +16,7 @@ from tilecommit.spec import OutputSpec
 
 
 class NullActivities:
-    """The three activities, answering at once (same names and parameters as activities.tiling)."""
+    """The activities, answering at once (same names and parameters as activities.tiling)."""
 
     @staticmethod
     def validate_source(job: dict) -> dict:
@@ -30,6 +30,14 @@ class NullActivities:
     @staticmethod
     def assemble_mosaic(payload: dict) -> dict:
         return {"outcome": "written", "mosaic_url": "", "stac_url": "", "quicklook_url": ""}
+
+    @staticmethod
+    def plan_mosaic_shares(payload: dict) -> dict:
+        return {"single": "the null app assembles nothing"}
+
+    @staticmethod
+    def stage_mosaic_share(payload: dict) -> dict:
+        return {"share": payload["share"], "ranges": 0, "bytes": 0, "stopped": False, "staged": 0}
 
 
 app = df.DFApp()

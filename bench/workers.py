@@ -3,6 +3,7 @@
     python -m bench.workers imports
     python -m bench.workers render JOB_ID SOURCE WINDOW_ID[,WINDOW_ID...] WIDTH HEIGHT
     python -m bench.workers assemble JOB_ID SCENE_JSON METHOD
+    python -m bench.workers assemble-shares JOB_ID SCENE_JSON SHARE_BYTES SLOTS
 
 Each prints one JSON line (its result); the caller takes wall time, peak RSS and CPU seconds
 with :func:`bench.common.run_measured`, so a figure is the process's own, never the bench's.
@@ -133,6 +134,71 @@ def assemble(job_id: str, scene_json: str, method: str) -> dict:
     return {**result.to_dict(), "http_bodies": {"sdk": sdk, "gdal": gdal_network_bytes()}}
 
 
+def assemble_in_shares(job_id: str, scene_json: str, share_bytes: str, slots: str) -> dict:
+    """The split path in one process, as the local host runs it: plan, the shares as activities
+    (threads of this process, ``slots`` at a time: the host's activity slots), then the commit;
+    the wall of each step."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tilecommit.raster import SceneInfo, assemble_mosaic, shares
+    from tilecommit.spec import OutputSpec
+
+    connection, settings, blobs, tables = _clients()
+    scene = SceneInfo.from_dict(json.loads(scene_json))
+    stores = dict(
+        tiles=blobs.get_container_client(settings.tiles_container),
+        output=blobs.get_container_client(settings.output_container),
+    )
+    started = time.perf_counter()
+    staged = shares.plan_shares(
+        job_id,
+        scene,
+        **stores,
+        manifest=tables.get_table_client(settings.manifest_table),
+        spec=OutputSpec.from_settings(settings),
+        attempt_id=f"bench-{time.time_ns()}",
+        share_bytes=int(share_bytes),
+    )
+    if isinstance(staged, str):
+        raise SystemExit(f"not split: {staged}")
+    planned = time.perf_counter()
+    with ThreadPoolExecutor(int(slots)) as pool:
+        walls = list(
+            pool.map(lambda i: _timed(lambda: shares.stage_share(job_id, staged, i, **stores)), range(staged.shares))
+        )
+    staged_at = time.perf_counter()
+    result = assemble_mosaic(
+        job_id,
+        scene,
+        **stores,
+        manifest=tables.get_table_client(settings.manifest_table),
+        settings=settings,
+        spec=OutputSpec.from_settings(settings),
+        gdal_options=connection.gdal_options(),
+        shares=staged,
+    )
+    done = time.perf_counter()
+    return {
+        **result.to_dict(),
+        "shares": staged.to_dict(),
+        "steps_s": {
+            "plan": round(planned - started, 2),
+            "shares": round(staged_at - planned, 2),
+            "commit": round(done - staged_at, 2),
+            "share_walls": [round(w, 2) for w in walls],
+        },
+    }
+
+
+def _timed(step) -> float:
+    import time
+
+    started = time.perf_counter()
+    step()
+    return time.perf_counter() - started
+
+
 def copy_manifest(tables, manifest_table: str, from_job: str, to_job: str) -> None:
     """Point a second job at the same tiles (manifest rows name the blobs), so another assembly
     builds its own mosaic from identical tiles."""
@@ -150,8 +216,10 @@ def main(argv: list[str]) -> None:
         result = render(job_id, source, ids.split(","), int(width), int(height))
     elif step == "assemble":
         result = assemble(*args)
+    elif step == "assemble-shares":
+        result = assemble_in_shares(*args)
     else:
-        raise SystemExit(f"unknown step {step!r}: imports, render or assemble")
+        raise SystemExit(f"unknown step {step!r}: imports, render, assemble or assemble-shares")
     print(json.dumps(result))
 
 

@@ -76,6 +76,11 @@ param maxPixels int = 1677721600
 @minValue(1)
 param gdalCacheMaxMb int = 64
 
+@description('TILECOMMIT_ASSEMBLY_SHARE_MB: MiB of tiles one activity stages into the mosaic; more are staged in shares.')
+@minValue(1)
+@maxValue(2400)
+param assemblyShareMb int = 2400
+
 @description('Storage redundancy (see infra/checkov-skips.toml, CKV_AZURE_206).')
 @allowed([
   'Standard_LRS'
@@ -327,6 +332,10 @@ resource functionApp 'Microsoft.Web/sites@2024-04-01' = {
         {
           name: 'TILECOMMIT_GDAL_CACHEMAX_MB'
           value: string(gdalCacheMaxMb)
+        }
+        {
+          name: 'TILECOMMIT_ASSEMBLY_SHARE_MB'
+          value: string(assemblyShareMb)
         }
         // GDAL limits that keep the mosaic assembly near 300 MB however large the scene (docs/design.md,
         // 'GDAL settings and raster figures'), and /vsiaz/ reads that neither list the container nor give up on one slow request.

@@ -14,6 +14,10 @@ RENDER_GROUP = "render_group"
 VALIDATE_SOURCE = "validate_source"
 RENDER_TILE = "render_tile"
 ASSEMBLE_MOSAIC = "assemble_mosaic"
+#: A large mosaic's staging in shares: planned once, each share its own activity, then committed
+#: by ASSEMBLE_MOSAIC.
+PLAN_MOSAIC_SHARES = "plan_mosaic_shares"
+STAGE_MOSAIC_SHARE = "stage_mosaic_share"
 
 #: A scrub of one finished job: verify every window against its source, repair on request.
 VERIFY_SCENE = "verify_scene"

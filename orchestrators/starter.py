@@ -77,6 +77,7 @@ def job_input(name: str, url: str, etag: str, size: int, settings: Settings) -> 
         "size": size,
         "spec": spec.to_dict(),
         "batch_size": settings.batch_size,
+        "assembly_share_bytes": settings.assembly_share_mb * 2**20,
     }
 
 

@@ -1,4 +1,5 @@
-"""The job orchestration: validate -> plan windows -> render in batches -> assemble.
+"""The job orchestration: validate -> plan windows -> render in batches -> assemble (a large
+mosaic: plan its staging -> stage the shares -> commit).
 
 Orchestrator code is replayed from history many times, so everything here is deterministic:
 no clock, no random, no I/O. The window plan is a pure function of the validated scene size
@@ -14,6 +15,7 @@ import azure.durable_functions as df
 
 from tilecommit.grid import Window, plan_windows
 from tilecommit.retries import ACTIVITY_RETRY as RETRY_POLICY
+from tilecommit.settings import DEFAULT_ASSEMBLY_SHARE_MB
 from tilecommit.spec import spec_of
 
 from . import names
@@ -93,13 +95,13 @@ def add_summary(total: dict, part: dict) -> None:
     total["errors"].extend(part["errors"])
 
 
-def fan_out(
-    context: df.DurableOrchestrationContext, name: str, children: list[tuple[str, Any]], on_done: Callable[[dict], None]
+def fan_in(
+    context: df.DurableOrchestrationContext, tasks: list, on_done: Callable[[dict], None]
 ) -> Generator[Any, Any, None]:
-    """Run sub-orchestrations ``(instance id, input)`` and hand each summary to ``on_done`` as it
-    lands, so progress moves after each one (``yield from`` it). A failed child raises its error.
+    """Hand each task's result to ``on_done`` as it lands (``yield from`` it); a failed task
+    raises its error.
 
-    Every child is started at once: the first ``task_any`` holds them all in one compound action,
+    Every task is started at once: the first ``task_any`` holds them all in one compound action,
     and the extension's shim invokes all of a compound action's children before it awaits it.
     Later ``task_any`` calls are over children already scheduled, so they add no action, and
     nothing new ever queues behind the shim's in-order await of top-level actions (a sliding
@@ -107,13 +109,86 @@ def fan_out(
     How many activities run at once is the host's to bound (host.json's
     maxConcurrentActivityFunctions); the work-item queue keeps every slot busy.
     """
-    pending = [context.call_sub_orchestrator(name, child_input, instance_id) for instance_id, child_input in children]
+    pending = list(tasks)
     while pending:
         finished = yield context.task_any(pending)
         pending.remove(finished)
         if isinstance(finished.result, Exception):  # task_any hands back a failed child instead of raising
             raise finished.result
         on_done(finished.result)
+
+
+def fan_out(
+    context: df.DurableOrchestrationContext, name: str, children: list[tuple[str, Any]], on_done: Callable[[dict], None]
+) -> Generator[Any, Any, None]:
+    """Run sub-orchestrations ``(instance id, input)`` through :func:`fan_in`, so progress moves
+    after each one."""
+    yield from fan_in(
+        context,
+        [context.call_sub_orchestrator(name, child_input, instance_id) for instance_id, child_input in children],
+        on_done,
+    )
+
+
+def stage_in_shares(
+    context: df.DurableOrchestrationContext, job: dict, scene: dict, share_bytes: int, status: dict
+) -> Generator[Any, Any, dict | None]:
+    """Plan the mosaic's staging for this attempt and stage its shares, one activity each, all at
+    once; the plan (:class:`tilecommit.raster.shares.StagedShares`) for the commit, or None when
+    one activity assembles the mosaic instead (the plan says why, or the service has no Put
+    Block From URL). The attempt id is new for each execution of the job and the same on replay."""
+    planned = yield context.call_activity_with_retry(
+        names.PLAN_MOSAIC_SHARES,
+        ACTIVITY_RETRY,
+        {"job": job, "scene": scene, "attempt": context.new_uuid(), "share_bytes": share_bytes},
+    )
+    if planned.get("error"):
+        raise failure_for(job, planned["error"])
+    if not planned.get("shares"):
+        return None
+    staged = planned["shares"]
+    status.update(shares_done=0, shares_total=staged["shares"])
+    context.set_custom_status(status)
+    unsupported = []
+
+    def staged_one(result: dict) -> None:
+        if result.get("error"):
+            raise failure_for(job, result["error"])
+        unsupported.extend([result["unsupported"]] if result.get("unsupported") else [])
+        status["shares_done"] += 1
+        context.set_custom_status(status)
+
+    tasks = [
+        context.call_activity_with_retry(
+            names.STAGE_MOSAIC_SHARE, ACTIVITY_RETRY, {"job": job, "shares": staged, "share": index}
+        )
+        for index in range(staged["shares"])
+    ]
+    yield from fan_in(context, tasks, staged_one)
+    return None if unsupported else staged
+
+
+def assemble(
+    context: df.DurableOrchestrationContext, job: dict, scene: dict, tile_bytes: int, status: dict
+) -> Generator[Any, Any, dict]:
+    """The mosaic, by one activity; when the tiles hold more than one activity may copy (the
+    job's ``assembly_share_bytes``), its ranges are staged in shares first and that activity
+    commits them."""
+    share_bytes = job.get("assembly_share_bytes", DEFAULT_ASSEMBLY_SHARE_MB * 2**20)
+    payload = {"job": job, "scene": scene}
+    try:
+        if tile_bytes > share_bytes:
+            staged = yield from stage_in_shares(context, job, scene, share_bytes, status)
+            if staged is not None:
+                payload["shares"] = staged
+        mosaic = yield context.call_activity_with_retry(names.ASSEMBLE_MOSAIC, ACTIVITY_RETRY, payload)
+    except BadInputFailure:
+        raise
+    except Exception as exc:
+        raise exhausted(job, "assembling the mosaic", exc) from exc
+    if mosaic.get("error"):
+        raise failure_for(job, mosaic["error"])
+    return mosaic
 
 
 def tile_scene(context: df.DurableOrchestrationContext) -> Generator[Any, Any, dict]:
@@ -176,15 +251,9 @@ def tile_scene(context: df.DurableOrchestrationContext) -> Generator[Any, Any, d
     except Exception as exc:  # a tile's retries ran out (the failure of its batch, or group)
         raise exhausted(job, "rendering the tiles", exc) from exc
 
-    context.set_custom_status({**status, "stage": "assembling"})
-    try:
-        mosaic = yield context.call_activity_with_retry(
-            names.ASSEMBLE_MOSAIC, ACTIVITY_RETRY, {"job": job, "scene": scene}
-        )
-    except Exception as exc:
-        raise exhausted(job, "assembling the mosaic", exc) from exc
-    if mosaic.get("error"):
-        raise failure_for(job, mosaic["error"])
+    status["stage"] = "assembling"
+    context.set_custom_status(status)
+    mosaic = yield from assemble(context, job, scene, totals["bytes"], status)
     context.set_custom_status({**status, "stage": "done"})
     totals.pop("errors")
     return {

@@ -77,6 +77,10 @@ class FaultPlan:
 
 class _Server(http.server.ThreadingHTTPServer):
     daemon_threads = True
+    #: The listen backlog: socketserver's default of 5 is less than the connections a job opens
+    #: at once (8 copies in flight per share, several shares, GDAL's reads), and a connection
+    #: refused there reaches GDAL as "HTTP error code: 0", a fault of the proxy, not of storage.
+    request_queue_size = 128
 
     def handle_error(self, request, client_address) -> None:
         # A client closing its keep-alive connection (or one this proxy reset) is no error.

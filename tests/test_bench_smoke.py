@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench import breakdown, contention, duplicates, e2e, memory, orchestration, raster, s2s
+from bench import breakdown, contention, duplicates, e2e, memory, orchestration, raster, s2s, split
 from bench.__main__ import targets
 from bench.common import BenchStorage, Context, tiny_scene
 from bench.terrain import write_terrain
@@ -135,3 +135,16 @@ def test_storage_to_storage_on_a_tiny_terrain(ctx, tmp_path):
     assert all(r["nbytes"] > 0 and r["wall_s"] > 0 for r in entry["rio_storage"].values())
     assert entry["ours"]["mosaic_bytes"] > 0 and entry["ours"]["upload_to_mosaic_s"] >= 0
     assert entry["ratio_file_to_file"] > 0 and entry["raw_bytes"] == 512 * 512 * 3 * 2
+
+
+def test_split_staging_against_one_activity_on_the_same_tiles(ctx, capsys):
+    report = split.run(ctx.storage, 2048, share_mb=1, slots=4, repeats=1)
+    single, shares = sorted(report["runs"], key=lambda r: r["path"] != "single")
+    assert (single["path"], shares["path"]) == ("single", "shares")
+    assert single["outcome"] == shares["outcome"] == "written"
+    assert shares["transfer"]["shares"] > 1 and single["transfer"]["shares"] == 1
+    assert shares["transfer"]["copy_ranges"] == single["transfer"]["copy_ranges"]
+    assert len(shares["steps_s"]["share_walls"]) == shares["transfer"]["shares"]
+    assert single["same_bytes_as_other_path"] and shares["same_bytes_as_other_path"]
+    split.print_report(report)
+    assert "shares" in capsys.readouterr().out

@@ -32,6 +32,8 @@ def test_functions_and_raw_bindings_as_the_worker_sends_them():
         names.VALIDATE_SOURCE,
         names.RENDER_TILE,
         names.ASSEMBLE_MOSAIC,
+        names.PLAN_MOSAIC_SHARES,
+        names.STAGE_MOSAIC_SHARE,
         names.VERIFY_WINDOW,
         names.VERIFY_OUTPUTS,
         names.REBUILD_MOSAIC,

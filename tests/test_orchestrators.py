@@ -318,3 +318,76 @@ def test_render_group_runs_its_own_batches_and_sums_them():
         "errors": [],
         "batches": 8,
     }
+
+
+def tiled_history(job: dict) -> History:
+    """The job validated and its two batches done, 600 bytes of tiles recorded."""
+    history = validated_history(job)
+    history.sub_created(1, names.RENDER_BATCH, "a").sub_created(2, names.RENDER_BATCH, "b").episode()
+    return history.sub_completed(2, batch_summary(2, 2, 0, 200)).sub_completed(1, batch_summary(4, 3, 1, 400))
+
+
+PLANNED = {"name": "plans/x/ab12.json", "etag": "0x9", "tag": "ab12", "shares": 3, "ranges": 30, "copied_bytes": 590}
+
+
+def test_tiles_over_one_share_are_planned_staged_in_shares_at_once_then_committed_by_the_assembly():
+    job = {**JOB, "assembly_share_bytes": 500}  # 600 bytes of tiles: more than one share
+    history = tiled_history(job)
+    (plan,) = leaf_actions(run(tiling.tile_scene, history))[-1:]
+    assert plan["functionName"] == names.PLAN_MOSAIC_SHARES
+    planned_input = json.loads(plan["input"])
+    assert planned_input["share_bytes"] == 500 and planned_input["attempt"]
+    # The attempt id is the same on replay (the block ids hang on it).
+    assert json.loads(leaf_actions(run(tiling.tile_scene, tiled_history(job)))[-1]["input"]) == planned_input
+
+    history.scheduled(3, names.PLAN_MOSAIC_SHARES).episode().completed(3, {"shares": PLANNED})
+    state = run(tiling.tile_scene, history)
+    stages = leaf_actions(state)[-3:]
+    assert [a["functionName"] for a in stages] == [names.STAGE_MOSAIC_SHARE] * 3
+    assert [json.loads(a["input"])["share"] for a in stages] == [0, 1, 2]
+    whenany = state["actions"][0][-1]  # every share in one compound action: started at once
+    assert whenany["actionType"] == 11 and len(whenany["compoundActions"]) == 3
+    assert state["customStatus"]["shares_total"] == 3
+
+    for event_id in (4, 5, 6):
+        history.scheduled(event_id, names.STAGE_MOSAIC_SHARE)
+    history.episode()
+    for event_id in (6, 4, 5):
+        history.completed(event_id, {"share": event_id - 4, "staged": 10, "stopped": False})
+    commit = leaf_actions(run(tiling.tile_scene, history))[-1]
+    assert commit["functionName"] == names.ASSEMBLE_MOSAIC
+    assert json.loads(commit["input"]) == {"job": job, "scene": SCENE, "shares": PLANNED}
+
+
+def test_tiles_within_one_share_go_straight_to_the_one_activity_assembly():
+    job = {**JOB, "assembly_share_bytes": 600}
+    assemble = leaf_actions(run(tiling.tile_scene, tiled_history(job)))[-1]
+    assert assemble["functionName"] == names.ASSEMBLE_MOSAIC
+    assert json.loads(assemble["input"]) == {"job": job, "scene": SCENE}
+
+
+def test_a_share_that_found_a_tile_changed_fails_the_job_naming_the_window():
+    job = {**JOB, "assembly_share_bytes": 500}
+    history = tiled_history(job).scheduled(3, names.PLAN_MOSAIC_SHARES).episode().completed(3, {"shares": PLANNED})
+    for event_id in (4, 5, 6):
+        history.scheduled(event_id, names.STAGE_MOSAIC_SHARE)
+    changed = error("IncompleteManifestError", "window 0001_0002: tile t changed after its manifest row was written")
+    history.episode().completed(5, {"error": changed})
+    message = run_failing(tiling.tile_scene, history)
+    assert "failed, not retryable: window 0001_0002: tile t changed after its manifest row" in message
+
+
+def test_a_plan_that_says_single_and_a_service_without_copy_from_url_fall_back_to_one_activity():
+    job = {**JOB, "assembly_share_bytes": 500}
+    single = tiled_history(job).scheduled(3, names.PLAN_MOSAIC_SHARES).episode()
+    single.completed(3, {"single": "the mosaic exists already"})
+    assert json.loads(leaf_actions(run(tiling.tile_scene, single))[-1]["input"]) == {"job": job, "scene": SCENE}
+
+    history = tiled_history(job).scheduled(3, names.PLAN_MOSAIC_SHARES).episode().completed(3, {"shares": PLANNED})
+    for event_id in (4, 5, 6):
+        history.scheduled(event_id, names.STAGE_MOSAIC_SHARE)
+    history.episode()
+    for event_id in (4, 5, 6):
+        history.completed(event_id, {"share": event_id - 4, "staged": 0, "unsupported": "Put Block From URL: 501"})
+    commit = leaf_actions(run(tiling.tile_scene, history))[-1]
+    assert json.loads(commit["input"]) == {"job": job, "scene": SCENE}

@@ -13,6 +13,7 @@ from tilecommit.errors import BadInputError, ConfigurationError
 from tilecommit.settings import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_WINDOW_SIZE,
+    SETTING_ASSEMBLY_SHARE,
     SETTING_BATCH_SIZE,
     SETTING_GDAL_CACHEMAX,
     SETTING_MANIFEST_TABLE,
@@ -219,6 +220,7 @@ def test_settings_defaults_and_overrides():
     )
     assert (s.window_size, s.batch_size, s.tiles_container, s.manifest_table) == (512, 16, TILES_CONTAINER, "m2")
     assert Settings.from_env({SETTING_BATCH_SIZE: ""}).batch_size == DEFAULT_BATCH_SIZE
+    assert Settings.from_env({SETTING_ASSEMBLY_SHARE: "8"}).assembly_share_mb == 8
 
 
 @pytest.mark.parametrize(
@@ -236,6 +238,8 @@ def test_settings_defaults_and_overrides():
         (SETTING_BATCH_SIZE, "many"),
         (SETTING_MAX_PIXELS, "0"),
         (SETTING_GDAL_CACHEMAX, "-1"),
+        (SETTING_ASSEMBLY_SHARE, "0"),
+        (SETTING_ASSEMBLY_SHARE, "2401"),
     ],
 )
 def test_bad_settings_are_configuration_errors_naming_the_setting(setting, value):

@@ -116,17 +116,25 @@ def quicklook_blob_name(job_id: str) -> str:
     return f"mosaics/{check_job_id(job_id)}/quicklook.png"
 
 
+def share_plan_blob_name(job_id: str, tag: str) -> str:
+    """``plans/{job_id}/{tag}.json`` (tiles container): the mosaic's staging plan of one attempt."""
+    if not re.fullmatch(r"[a-z0-9]{4}", tag):
+        raise InvalidNameError(f"not an attempt tag: {tag!r}")
+    return f"plans/{check_job_id(job_id)}/{tag}.json"
+
+
 #: The gate a job's blob is written through, by the name the functions above give it.
 _GATES = (
     (re.compile(r"^tiles/[0-9a-f]{16}/[^/]+\.tif$"), "tile"),
     (re.compile(r"^mosaics/[0-9a-f]{16}/mosaic\.tif$"), "mosaic"),
     (re.compile(r"^mosaics/[0-9a-f]{16}/item\.json$"), "stac"),
     (re.compile(r"^mosaics/[0-9a-f]{16}/quicklook\.png$"), "quicklook"),
+    (re.compile(r"^plans/[0-9a-f]{16}/[a-z0-9]{4}\.json$"), "plan"),
 )
 
 
 def blob_gate(name: str) -> str:
-    """``tile``, ``mosaic``, ``stac`` or ``quicklook`` for a job's output blob, else ``blob``.
+    """``tile``, ``mosaic``, ``stac``, ``quicklook`` or ``plan`` for a job's blob, else ``blob``.
 
     The counters of refused writes are labelled with it, so the label follows from the key and
     no caller has to pass it along.

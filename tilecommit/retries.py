@@ -35,6 +35,17 @@ CALL_BUDGET_S = FUNCTION_TIMEOUT_S * RETRY_SHARE / ACTIVITY_SERIAL_CALLS
 #: The longest storage outage or throttling episode a job survives (it costs time, not the job).
 OUTAGE_SURVIVED_S = 60
 
+# -- The mosaic's server-side copy --------------------------------------------------------------
+#: The slowest rate the storage service's Put Block From URL is planned to copy at for one
+#: activity: Azurite's on the 2-core bench machine under load (9 MB/s at 10240², 8 requests in
+#: flight: docs/benchmarks.md). Azure documents no rate for it.
+SLOWEST_COPY_BYTES_PER_S = 8 * 2**20
+#: What one activity may copy through the service: at the slowest rate, the share of the
+#: function's time that is not left to storage retries (2400 MiB). A mosaic whose tiles hold
+#: more is staged in shares of at most this many bytes, each its own activity
+#: (tilecommit/raster/shares.py); the default of TILECOMMIT_ASSEMBLY_SHARE_MB.
+ASSEMBLY_SHARE_MB = int(FUNCTION_TIMEOUT_S * (1 - RETRY_SHARE) * SLOWEST_COPY_BYTES_PER_S) // 2**20
+
 # -- SDK clients -----------------------------------------------------------------------------
 #: Seconds to open a connection, and to wait for the next bytes of an answer (per request).
 CONNECTION_TIMEOUT_S = 5

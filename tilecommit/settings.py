@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .errors import ConfigurationError
+from .retries import ASSEMBLY_SHARE_MB
 
 #: The connection (app-setting prefix) used by the host, Durable and the code's own data.
 #: Locally a connection string; in Azure identity-based (``AzureWebJobsStorage__blobServiceUri`` ...).
@@ -39,6 +40,7 @@ SETTING_WINDOW_SIZE = "TILECOMMIT_WINDOW_SIZE"
 SETTING_BATCH_SIZE = "TILECOMMIT_BATCH_SIZE"
 SETTING_MAX_PIXELS = "TILECOMMIT_MAX_PIXELS"
 SETTING_GDAL_CACHEMAX = "TILECOMMIT_GDAL_CACHEMAX_MB"
+SETTING_ASSEMBLY_SHARE = "TILECOMMIT_ASSEMBLY_SHARE_MB"
 
 APP_SETTINGS = (
     SETTING_INPUT_CONTAINER,
@@ -49,6 +51,7 @@ APP_SETTINGS = (
     SETTING_BATCH_SIZE,
     SETTING_MAX_PIXELS,
     SETTING_GDAL_CACHEMAX,
+    SETTING_ASSEMBLY_SHARE,
 )
 
 #: 1024 px windows: 0.17-0.21 s and ~115 MB a worker for 3-band uint16 (docs/design.md, 'GDAL settings and raster figures').
@@ -60,6 +63,10 @@ DEFAULT_BATCH_SIZE = 64
 DEFAULT_MAX_PIXELS = 40960 * 40960
 #: GDAL block cache per process, in MB (the tuned value: docs/design.md, 'GDAL settings and raster figures').
 DEFAULT_GDAL_CACHEMAX_MB = 64
+#: MiB of tiles one activity stages into the mosaic by the service's copy; a job whose tiles hold
+#: more stages them in shares of this size, one activity each, then commits once (the budget:
+#: tilecommit/retries.py, ASSEMBLY_SHARE_MB).
+DEFAULT_ASSEMBLY_SHARE_MB = ASSEMBLY_SHARE_MB
 
 #: Names of sidecar files: companions GDAL would read beside a raster (metadata, overviews,
 #: masks, world files, projection files). The app never reads them with a raster, and an upload
@@ -95,6 +102,7 @@ class Settings:
     batch_size: int = DEFAULT_BATCH_SIZE
     max_pixels: int = DEFAULT_MAX_PIXELS
     gdal_cachemax_mb: int = DEFAULT_GDAL_CACHEMAX_MB
+    assembly_share_mb: int = DEFAULT_ASSEMBLY_SHARE_MB
 
     def __post_init__(self) -> None:
         if self.window_size <= 0 or self.window_size % 256:
@@ -108,6 +116,11 @@ class Settings:
             raise ConfigurationError(f"{SETTING_MAX_PIXELS}={self.max_pixels}: expected > 0")
         if self.gdal_cachemax_mb <= 0:
             raise ConfigurationError(f"{SETTING_GDAL_CACHEMAX}={self.gdal_cachemax_mb}: expected > 0")
+        if not 1 <= self.assembly_share_mb <= DEFAULT_ASSEMBLY_SHARE_MB:
+            raise ConfigurationError(
+                f"{SETTING_ASSEMBLY_SHARE}={self.assembly_share_mb}: expected 1..{DEFAULT_ASSEMBLY_SHARE_MB} "
+                "(more would not fit one function's time at the slowest copy rate planned for)"
+            )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -131,4 +144,5 @@ class Settings:
             batch_size=integer(SETTING_BATCH_SIZE, DEFAULT_BATCH_SIZE),
             max_pixels=integer(SETTING_MAX_PIXELS, DEFAULT_MAX_PIXELS),
             gdal_cachemax_mb=integer(SETTING_GDAL_CACHEMAX, DEFAULT_GDAL_CACHEMAX_MB),
+            assembly_share_mb=integer(SETTING_ASSEMBLY_SHARE, DEFAULT_ASSEMBLY_SHARE_MB),
         )

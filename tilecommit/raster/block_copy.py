@@ -131,6 +131,47 @@ class BlockCopyLayout:
             self.coarse_source.close()
 
 
+@dataclass
+class TileLevels:
+    """The mosaic's levels that are the tiles' own blocks (full resolution and the overview
+    levels the tiles carry), planned from the tiles' heads alone, and the writer of their framing.
+    Nothing of the coarse levels is known yet: what the copied ranges are does not depend on them."""
+
+    directories: list[tiff.OutputDirectory]
+    writer: tiff.TiffWriter
+    sources: dict
+    reference: tiff.TiffLayout
+
+
+def read_tile_levels(
+    scene: SceneInfo,
+    windows: list[Window],
+    summary,
+    *,
+    tiles: ContainerClient,
+    spec: OutputSpec,
+    timings: dict[str, float],
+    executor: ThreadPoolExecutor,
+) -> TileLevels:
+    """Read the tiles' heads (16 KB each) and plan the levels they make. Raises
+    :class:`IncompatibleTilesError` when the tiles cannot be block-copied."""
+    started = time.perf_counter()
+    sources, heads = read_tile_heads(windows, summary, tiles, executor)
+    timings["tile_heads"] = time.perf_counter() - started
+    reference = heads[0].layout
+    for head in heads:
+        framing = (head.layout.block_leaders, head.layout.block_trailers)
+        if framing != (reference.block_leaders, reference.block_trailers):
+            raise IncompatibleTilesError(f"tile {head.window.id} frames its blocks differently from tile 0000_0000")
+    writer = tiff.TiffWriter(
+        reference.byte_order,
+        ghost=reference.ghost,
+        leaders=reference.block_leaders,
+        trailers=reference.block_trailers,
+    )
+    return TileLevels(plan_tile_levels(scene, heads, spec), writer, sources, reference)
+
+
 def prepare_block_copy(
     scene: SceneInfo,
     windows: list[Window],
@@ -149,17 +190,9 @@ def prepare_block_copy(
     of pixel data read here are those of the last reused level (1/16 of the pixels with
     1024-pixel windows), from which GDAL computes the coarse levels into ``workdir``.
     """
+    levels = read_tile_levels(scene, windows, summary, tiles=tiles, spec=spec, timings=timings, executor=executor)
     started = time.perf_counter()
-    sources, heads = read_tile_heads(windows, summary, tiles, executor)
-    timings["tile_heads"] = time.perf_counter() - started
-    reference = heads[0].layout
-    for head in heads:
-        framing = (head.layout.block_leaders, head.layout.block_trailers)
-        if framing != (reference.block_leaders, reference.block_trailers):
-            raise IncompatibleTilesError(f"tile {head.window.id} frames its blocks differently from tile 0000_0000")
-
-    started = time.perf_counter()
-    directories = plan_tile_levels(scene, heads, spec)
+    directories, sources, reference = list(levels.directories), levels.sources, levels.reference
     fetch = BlockFetcher(sources, executor, spec.block_size)
     coarse_source = None
     if directories[-1].width > spec.block_size or directories[-1].height > spec.block_size:
@@ -170,13 +203,7 @@ def prepare_block_copy(
         sources["coarse"] = coarse_source
         directories.extend(coarse)
     timings["coarse_levels"] = time.perf_counter() - started
-    writer = tiff.TiffWriter(
-        reference.byte_order,
-        ghost=reference.ghost,
-        leaders=reference.block_leaders,
-        trailers=reference.block_trailers,
-    )
-    return BlockCopyLayout(directories, writer, sources, fetch, coarse_source)
+    return BlockCopyLayout(directories, levels.writer, sources, fetch, coarse_source)
 
 
 def build_mosaic_blocks(

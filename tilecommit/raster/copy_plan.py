@@ -57,6 +57,11 @@ class CopyPlan:
     head: bytes
 
     @property
+    def ranges(self) -> list[CopyRange]:
+        """The copied ranges in file order: their index in this list is their block index."""
+        return [p for p in self.pieces if isinstance(p, CopyRange)]
+
+    @property
     def copied_bytes(self) -> int:
         return sum(p.length for p in self.pieces if isinstance(p, CopyRange))
 
@@ -137,4 +142,25 @@ def plan_copy(
     return plan
 
 
-__all__ = ["MAX_COMMITTED_BLOCKS", "CopyPlan", "CopyRange", "LocalRun", "plan_copy"]
+def cut_shares(ranges: list[CopyRange], share_bytes: int, max_shares: int) -> list[tuple[int, int]]:
+    """Contiguous shares ``[start, stop)`` of ``ranges`` in order, each copying at most
+    ``share_bytes`` (a range larger than that is a share of its own). When that makes more than
+    ``max_shares``, the share size is doubled until it does not: the job's history stays bounded."""
+    if share_bytes <= 0 or max_shares <= 0:
+        raise ValueError("share_bytes and max_shares must be positive")
+    while True:
+        shares: list[tuple[int, int]] = []
+        start, filled = 0, 0
+        for index, piece in enumerate(ranges):
+            if index > start and filled + piece.length > share_bytes:
+                shares.append((start, index))
+                start, filled = index, 0
+            filled += piece.length
+        if start < len(ranges):
+            shares.append((start, len(ranges)))
+        if len(shares) <= max_shares:
+            return shares
+        share_bytes *= 2
+
+
+__all__ = ["MAX_COMMITTED_BLOCKS", "CopyPlan", "CopyRange", "LocalRun", "cut_shares", "plan_copy"]

@@ -58,10 +58,10 @@ from .committed import (
     planned_block_copy,
     verifier,
 )
-from .copy_plan import CopyRange
 from .pyramid import mosaic_overview_levels
 from .scene import SceneInfo
 from .server_copy import CopyFromUrlUnsupported, ServerSideStager, copy_source_for
+from .shares import StagedShares, check_against_plan, read_share_plan
 from .sidecars import write_sidecars
 from .staging import STAGE_IN_FLIGHT, CommittedElsewhere, StagedBlockSink, commit_file, commit_staged_blob
 from .vrt import build_mosaic_vrt, estimate_vrt_temp_bytes
@@ -102,9 +102,12 @@ def _server_side(
     workdir: str,
     timings: dict[str, float],
     committed_elsewhere,
+    shares: StagedShares | None = None,
 ) -> tuple[list[str], PlannedMosaic, dict]:
     """Plan the block-copy mosaic, check its head, and have the service stage it (:mod:`.server_copy`).
 
+    ``shares``: the copied ranges were staged by share activities (:mod:`.shares`); only the head
+    and coarse levels are staged here, once the plan is found to be the shares' own.
     Returns (block ids, the planned mosaic, byte counts). Nothing is committed.
     """
     mosaic_name = jobs.mosaic_blob_name(job_id)
@@ -120,6 +123,9 @@ def _server_side(
                 unpinned[0],
             )
         layout = copy.layout
+        share_plan = read_share_plan(tiles, shares) if shares is not None else None
+        if share_plan is not None:
+            check_against_plan(share_plan, copy.plan, copy.versions)
         stager = ServerSideStager(
             output.get_blob_client(mosaic_name),
             tiles,
@@ -130,15 +136,17 @@ def _server_side(
             leaders=layout.writer.leaders,
             trailers=layout.writer.trailers,
             committed_elsewhere=committed_elsewhere,
+            range_tag=share_plan.tag if share_plan is not None else None,
         )
         started = time.perf_counter()
-        block_ids = stager.stage(copy.plan)
+        block_ids = stager.stage(copy.plan, ranges_staged=share_plan is not None)
         timings["write"] = time.perf_counter() - started
     counts = {
         "copied_by_service": copy.plan.copied_bytes,
         "sent_from_instance": stager.local_bytes_sent,
         "staged_blocks": len(block_ids),
-        "copy_ranges": sum(isinstance(p, CopyRange) for p in copy.plan.pieces),
+        "copy_ranges": len(copy.plan.ranges),
+        "shares": shares.shares if shares is not None else 1,
     }
     planned = copy.planned
     return block_ids, planned, counts
@@ -158,6 +166,7 @@ def assemble_mosaic(
     method: str = "auto",
     workdir: str | None = None,
     replace: dict[str, str | None] | None = None,
+    shares: StagedShares | None = None,
 ) -> MosaicResult:
     """Assemble the job's tiles into ``jobs.mosaic_blob_name(job_id)`` once, plus STAC item and quicklook.
 
@@ -177,9 +186,14 @@ def assemble_mosaic(
     there and committed with ``If-Match`` on its inspected ETag in the same one Put Block List
     (create-only where it was None), then its companions likewise (:func:`write_sidecars`);
     ``superseded`` (companions untouched) when something newer landed first.
+
+    ``shares`` (the commit step of a split staging, :mod:`.shares`): the copied ranges were staged
+    by share activities under that plan's ids; this call does everything else, as above.
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, not {method!r}")
+    if shares is not None and (method not in ("auto", "server") or replace is not None):
+        raise ValueError("ranges staged in shares are committed by the server method, never as a rebuild")
     mosaic_name = jobs.mosaic_blob_name(job_id)
     names = dict(mosaic=mosaic_name, stac=jobs.stac_blob_name(job_id), quicklook=jobs.quicklook_blob_name(job_id))
     timings: dict[str, float] = {}
@@ -278,6 +292,7 @@ def assemble_mosaic(
                     workdir=workdir,
                     timings=timings,
                     committed_elsewhere=committed_elsewhere,
+                    shares=shares,
                 )
                 used = "server"
             except CopyFromUrlUnsupported as exc:

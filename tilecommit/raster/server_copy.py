@@ -4,8 +4,15 @@ Each :class:`copy_plan.CopyRange` is one Put Block From URL (``x-ms-copy-source`
 ``x-ms-source-range``), conditioned on the tile version its manifest row recorded
 (``x-ms-source-if-match``): a tile replaced since then answers 412 and the assembly fails naming
 the window, before anything is committed. The head and the coarse levels are ordinary Put
-Blocks from this process. Every block is staged under this attempt's own ids
-(:mod:`.attempt`), and the caller commits the list once, create-only.
+Blocks from this process. The caller commits the list once, create-only.
+
+Block ids (:mod:`.attempt`): the plan's ranges, in file order, are blocks ``0 .. N-1`` under the
+range tag; the local blocks follow as ``N ..`` under the stager's own random tag. In one
+activity both tags are the attempt's own. When the ranges are staged in shares by other
+activities (:mod:`.shares`), the range tag is the planned attempt's, fixed before any share ran,
+and a range's id names one (tile version, offset, length): staging it again, from any execution,
+stages the same bytes. The local blocks keep a tag of each committing execution, since their
+bytes come from this process (another GDAL build could make other bytes).
 
 How the service may read the tiles (:func:`copy_source_for`), from the credential the tiles'
 client already has:
@@ -109,12 +116,13 @@ def copy_source_for(container: ContainerClient):
 
 
 class ServerSideStager:
-    """Stages a :class:`CopyPlan` into ``blob``; returns the block ids in order for one commit.
+    """Stages a :class:`CopyPlan` into ``blob``; returns the block ids in file order for one commit.
 
     ``uris`` and ``etags`` map a range's source (a window id) to its tile blob and the ETag its
     manifest row recorded; ``read_local(ref)`` returns a local block's bytes (the coarse levels).
-    ``committed_elsewhere`` is asked at most every ``check_every_s`` seconds: when another attempt
-    has committed the mosaic meanwhile, staging stops with :class:`CommittedElsewhere`.
+    ``range_tag`` (default: the stager's own tag) names the ranges' blocks. ``committed_elsewhere``
+    is asked at most every ``check_every_s`` seconds: when another attempt has committed the
+    mosaic meanwhile, staging stops with :class:`CommittedElsewhere`.
     """
 
     def __init__(
@@ -132,6 +140,7 @@ class ServerSideStager:
         check_every_s: float = COMMITTED_ELSEWHERE_CHECK_S,
         in_flight: int = COPY_IN_FLIGHT,
         local_block_bytes: int = LOCAL_BLOCK_BYTES,
+        range_tag: str | None = None,
     ):
         self.blob = blob
         self.tiles = tiles
@@ -145,7 +154,9 @@ class ServerSideStager:
         self.in_flight = in_flight
         self.local_block_bytes = local_block_bytes
         self.tag = attempt.new_attempt_tag()
+        self.range_tag = range_tag or self.tag
         self.local_bytes_sent = 0
+        self.ranges_staged = 0
 
     # ------------------------------------------------------------------ pieces to requests
 
@@ -166,13 +177,35 @@ class ServerSideStager:
         if buffer:
             yield bytes(buffer)
 
-    def _requests(self, plan: CopyPlan) -> Iterator[tuple[Callable[[str], None], str]]:
+    def range_id(self, index: int) -> str:
+        """The block id of the plan's ``index``-th range (in file order)."""
+        return attempt.block_id(self.range_tag, index)
+
+    def _range_requests(self, ranges: list[CopyRange], first: int) -> Iterator[tuple[str, Callable[[str], None], str]]:
+        for index, piece in enumerate(ranges, start=first):
+            yield (
+                self.range_id(index),
+                (lambda block_id, piece=piece: self._copy_range(block_id, piece)),
+                (f"range of {piece.source}"),
+            )
+
+    def _plan_requests(
+        self, plan: CopyPlan, order: list[str], *, ranges_staged: bool
+    ) -> Iterator[tuple[str, Callable[[str], None], str]]:
+        """The plan's requests; appends every block id to ``order`` in file order as it goes."""
+        ranges = 0
+        local = sum(isinstance(p, CopyRange) for p in plan.pieces)  # local blocks follow the range ids
         for piece in plan.pieces:
             if isinstance(piece, CopyRange):
-                yield (lambda block_id, piece=piece: self._copy_range(block_id, piece)), f"range of {piece.source}"
-            else:
-                for chunk in self._local_chunks(piece):
-                    yield (lambda block_id, chunk=chunk: self._put_local(block_id, chunk)), "local bytes"
+                order.append(self.range_id(ranges))
+                if not ranges_staged:
+                    yield from self._range_requests([piece], ranges)
+                ranges += 1
+                continue
+            for chunk in self._local_chunks(piece):
+                order.append(attempt.block_id(self.tag, local))
+                local += 1
+                yield order[-1], (lambda block_id, chunk=chunk: self._put_local(block_id, chunk)), "local bytes"
 
     def _copy_range(self, block_id: str, piece: CopyRange) -> None:
         tile = self.tiles.get_blob_client(self.uris[piece.source])
@@ -209,6 +242,7 @@ class ServerSideStager:
                 f"staging {piece.length} bytes of {self.uris[piece.source]} into {self.blob.blob_name} failed: {exc}",
                 status=exc.status_code,
             ) from exc
+        self.ranges_staged += 1
 
     def _put_local(self, block_id: str, chunk: bytes) -> None:
         try:
@@ -219,39 +253,49 @@ class ServerSideStager:
             ) from exc
         self.local_bytes_sent += len(chunk)
 
-    def _send(self, index: int, request: Callable[[str], None], what: str) -> None:
-        block_id = attempt.block_id(self.tag, index)
+    def _send(self, block_id: str, request: Callable[[str], None], what: str) -> None:
         for _ in range(gates.UNKNOWN_OUTCOME_ATTEMPTS):
             try:
                 request(block_id)
                 return
             except _TRANSPORT_FAULTS as exc:
-                # Staging our own id again with the same bytes is harmless: the later one replaces it.
+                # Staging an id again with the same bytes is harmless: the later one replaces it.
                 logger.warning(
-                    "block %d of %s (%s) had no answer (%s): staging it again", index, self.blob.blob_name, what, exc
+                    "block %s of %s (%s) had no answer (%s): staging it again", block_id, self.blob.blob_name, what, exc
                 )
         raise StorageFaultError(
-            f"staging block {index} of {self.blob.blob_name}: no answer after {gates.UNKNOWN_OUTCOME_ATTEMPTS} attempts"
+            f"staging block {block_id} of {self.blob.blob_name}: no answer after {gates.UNKNOWN_OUTCOME_ATTEMPTS} attempts"
         )
 
-    def stage(self, plan: CopyPlan) -> list[str]:
-        block_ids: list[str] = []
+    def _run(self, requests: Iterator[tuple[str, Callable[[str], None], str]]) -> None:
+        """Send the requests, at most ``in_flight`` at once, as the iterator makes them."""
         pending: deque[Future] = deque()
         with ThreadPoolExecutor(max_workers=self.in_flight, thread_name_prefix="copyblock") as executor:
             try:
-                for index, (request, what) in enumerate(self._requests(plan)):
+                for block_id, request, what in requests:
                     self._watch.check()
                     while len(pending) >= self.in_flight:
                         pending.popleft().result()
-                    block_ids.append(attempt.block_id(self.tag, index))
-                    pending.append(executor.submit(self._send, index, request, what))
+                    pending.append(executor.submit(self._send, block_id, request, what))
                 while pending:
                     pending.popleft().result()
             except BaseException:
                 for future in pending:
                     future.cancel()
                 raise
-        return block_ids
+
+    def stage(self, plan: CopyPlan, *, ranges_staged: bool = False) -> list[str]:
+        """Stage the plan's blocks; the ids of all of them in file order. ``ranges_staged``: the
+        ranges were staged already under ``range_tag`` (:meth:`stage_ranges`): only the local
+        blocks are sent."""
+        order: list[str] = []
+        self._run(self._plan_requests(plan, order, ranges_staged=ranges_staged))
+        return order
+
+    def stage_ranges(self, ranges: list[CopyRange], first: int = 0) -> list[str]:
+        """Stage a share: ``ranges`` are the plan's ranges ``first, first + 1, ...``; their ids."""
+        self._run(self._range_requests(ranges, first))
+        return [self.range_id(i) for i in range(first, first + len(ranges))]
 
 
 __all__ = [

@@ -1,0 +1,285 @@
+"""The mosaic's server-side staging split over several activities: plan, shares, one commit.
+
+One activity stages the whole mosaic for small scenes (:func:`.mosaic.assemble_mosaic`). For a
+large one its copied ranges are staged in shares, each by an activity of its own, so no single
+activity's copy has to fit the function's time limit, and the shares can run on several
+instances at once:
+
+1. :func:`plan_shares` reads the tiles' heads (pinned to the ETags their manifest rows
+   recorded), plans the ranges the service copies (:class:`.copy_plan.CopyRange`, the same
+   ranges in the same order as the one-activity plan: they depend on the tiles' own levels only,
+   not on the coarse levels computed later), cuts them into contiguous shares and records it all
+   as one create-only blob, the :class:`SharePlan` of the attempt ``tag``;
+2. :func:`stage_share` stages one share's ranges, read from that plan blob at the version the
+   planning step recorded, under the attempt's block ids (:meth:`ServerSideStager.stage_ranges`:
+   range ``k`` is ``block_id(tag, k)``), each pinned to its tile's ETag;
+3. the commit is the one-activity assembly given the plan (``assemble_mosaic(shares=...)``): it
+   plans the whole mosaic again (tile heads, coarse levels, head), refuses unless its ranges and
+   tile versions are exactly the plan's, stages only the head and coarse levels, and commits one
+   create-only Put Block List naming the plan's range ids and its own local ids.
+
+Why this is safe to run at least once, concurrently, retried (docs/raster.md, "Staging in shares"):
+a range's id names one (tile version, offset, length) through the plan blob, which is written
+once and read pinned to its ETag; the service copies exactly that version's bytes or refuses
+(412). So every staging of an id, by any execution of any share, stages the same bytes. The tag
+is derived from the orchestration's attempt (a new one per execution of the job), and a commit
+names only the ids of the tag it was given, so blocks staged for any other attempt, dead or
+alive, never enter its list.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from azure.core import MatchConditions
+from azure.core.exceptions import HttpResponseError, ServiceRequestError, ServiceResponseError
+from azure.data.tables import TableClient
+from azure.storage.blob import ContainerClient
+
+from .. import gates, jobs
+from ..errors import IncompatibleTilesError, IncompleteManifestError, MosaicCheckError
+from ..records import Record
+from ..spec import OutputSpec
+from . import attempt
+from .block_copy import read_tile_levels
+from .block_sources import FETCH_THREADS
+from .checks import blob_properties, check_manifest
+from .copy_plan import CopyPlan, CopyRange, cut_shares, plan_copy
+from .scene import SceneInfo
+from .server_copy import CopyFromUrlUnsupported, ServerSideStager, copy_source_for
+from .staging import CommittedElsewhere
+
+logger = logging.getLogger(__name__)
+
+_TRANSPORT_FAULTS = (ServiceRequestError, ServiceResponseError)
+
+#: Shares of one mosaic at most: one activity each in the job's history (cut_shares doubles the
+#: share size above it).
+MAX_SHARES = 64
+PLAN_CONTENT_TYPE = "application/json"
+
+
+@dataclass(frozen=True)
+class SharePlan:
+    """One attempt's split staging: its tag, the ranges in file order (range ``k`` is block
+    ``block_id(tag, k)``), the tile version and blob of each window, and the shares."""
+
+    job_id: str
+    tag: str
+    ranges: list[CopyRange]
+    versions: dict[str, str | None]
+    uris: dict[str, str]
+    shares: list[tuple[int, int]]
+
+    def to_json(self) -> bytes:
+        return json.dumps(
+            {
+                "job_id": self.job_id,
+                "tag": self.tag,
+                "ranges": [[r.source, r.offset, r.length] for r in self.ranges],
+                "versions": self.versions,
+                "uris": self.uris,
+                "shares": [list(s) for s in self.shares],
+            },
+            separators=(",", ":"),
+        ).encode()
+
+    @classmethod
+    def from_json(cls, body: bytes) -> SharePlan:
+        data = json.loads(body)
+        return cls(
+            job_id=data["job_id"],
+            tag=data["tag"],
+            ranges=[CopyRange(source, offset, length) for source, offset, length in data["ranges"]],
+            versions=data["versions"],
+            uris=data["uris"],
+            shares=[(start, stop) for start, stop in data["shares"]],
+        )
+
+
+@dataclass(frozen=True)
+class StagedShares(Record):
+    """What the orchestration carries of a plan: its blob and the version the planning step
+    recorded, the attempt's tag, and the sizes (small JSON, never the ranges)."""
+
+    name: str
+    etag: str
+    tag: str
+    shares: int
+    ranges: int
+    copied_bytes: int
+
+
+def attempt_tag(job_id: str, attempt_id: str) -> str:
+    """The block-id tag of one attempt of a job: a pure function of the two (``attempt_id`` is
+    the orchestration's, new for every execution of the job)."""
+    digest = int.from_bytes(hashlib.sha256(f"{job_id}\n{attempt_id}".encode()).digest()[:8], "big")
+    chars = []
+    for _ in range(attempt.TAG_LENGTH):
+        digest, index = divmod(digest, len(attempt.TAG_ALPHABET))
+        chars.append(attempt.TAG_ALPHABET[index])
+    return "".join(chars)
+
+
+def planned_ranges(levels) -> CopyPlan:
+    """The copy plan of the tiles' own levels alone (:class:`.block_copy.TileLevels`): its ranges
+    are the whole mosaic's, in the same order (the coarse levels are local blocks before them)."""
+    head, order, total = levels.writer.block_order(levels.directories)
+    return plan_copy(head, order, total, leaders=levels.writer.leaders, trailers=levels.writer.trailers)
+
+
+def plan_shares(
+    job_id: str,
+    scene: SceneInfo,
+    *,
+    tiles: ContainerClient,
+    output: ContainerClient,
+    manifest: TableClient,
+    spec: OutputSpec,
+    attempt_id: str,
+    share_bytes: int,
+) -> StagedShares | str:
+    """Plan the split staging of the attempt ``attempt_id`` and record it (create-only).
+
+    Returns the :class:`StagedShares`, or why the mosaic is assembled by one activity instead:
+    it exists already (that path verifies it), its tiles cannot be block-copied, or its copy
+    fits one share. Raises :class:`IncompleteManifestError` as the assembly does.
+    """
+    mosaic = jobs.mosaic_blob_name(job_id)
+    if blob_properties(output, mosaic) is not None:
+        return "the mosaic exists already"
+    windows, summary = check_manifest(job_id, scene, tiles=tiles, manifest=manifest, spec=spec)
+    timings: dict[str, float] = {}
+    try:
+        with ThreadPoolExecutor(max_workers=FETCH_THREADS, thread_name_prefix="tilefetch") as executor:
+            levels = read_tile_levels(
+                scene, windows, summary, tiles=tiles, spec=spec, timings=timings, executor=executor
+            )
+    except IncompatibleTilesError as exc:
+        return f"the tiles cannot be block-copied ({exc})"
+    ranges = planned_ranges(levels).ranges
+    shares = cut_shares(ranges, share_bytes, MAX_SHARES)
+    if len(shares) < 2:
+        return f"its copy ({sum(r.length for r in ranges)} bytes) fits one share of {share_bytes}"
+    tag = attempt_tag(job_id, attempt_id)
+    plan = SharePlan(
+        job_id=job_id,
+        tag=tag,
+        ranges=ranges,
+        versions={w.id: summary.entries[w.id].etag for w in windows},
+        uris={w.id: summary.entries[w.id].uri for w in windows},
+        shares=shares,
+    )
+    name = jobs.share_plan_blob_name(job_id, tag)
+    # A retry of this step (same attempt, same tag) finds its plan there: the stored one is the
+    # attempt's, whatever this execution computed.
+    _, stored = gates.commit_blob_versioned(tiles, name, plan.to_json(), content_type=PLAN_CONTENT_TYPE, job_id=job_id)
+    staged = StagedShares(
+        name=name,
+        etag=stored.etag,
+        tag=tag,
+        shares=len(shares),
+        ranges=len(ranges),
+        copied_bytes=sum(r.length for r in ranges),
+    )
+    logger.info("job %s: mosaic staging planned in %d shares (%s, %s)", job_id, len(shares), staged, timings)
+    return staged
+
+
+def read_share_plan(tiles: ContainerClient, staged: StagedShares) -> SharePlan:
+    """The plan blob at the version the planning step recorded (If-Match), never another."""
+    blob = tiles.get_blob_client(staged.name)
+    try:
+        body = blob.download_blob(etag=staged.etag, match_condition=MatchConditions.IfNotModified).readall()
+    except HttpResponseError as exc:
+        if exc.status_code in (404, 412):
+            raise IncompleteManifestError(
+                f"the mosaic's staging plan {staged.name} is not the version its attempt recorded "
+                f"({staged.etag}): {exc.status_code}; nothing was committed, deliver the upload again"
+            ) from exc
+        raise gates.storage_fault("reading", staged.name, exc) from exc
+    except _TRANSPORT_FAULTS as exc:
+        raise gates.storage_fault("reading", staged.name, exc) from exc
+    plan = SharePlan.from_json(body)
+    if plan.tag != staged.tag:
+        raise MosaicCheckError(f"{staged.name} holds the plan of attempt {plan.tag}, not {staged.tag}")
+    return plan
+
+
+def stage_share(
+    job_id: str,
+    staged: StagedShares,
+    index: int,
+    *,
+    tiles: ContainerClient,
+    output: ContainerClient,
+) -> dict:
+    """Stage share ``index`` of the plan; ``{"share", "ranges", "bytes", "stopped", ...}``.
+
+    ``stopped``: the mosaic was committed meanwhile (by anyone), so the rest is not staged (the
+    commit step then verifies that mosaic). ``unsupported``: the service has no Put Block From
+    URL; the orchestration then assembles in one activity, which streams the bytes itself.
+    Raises :class:`IncompleteManifestError` naming the window when a tile changed since its row.
+    """
+    plan = read_share_plan(tiles, staged)
+    start, stop = plan.shares[index]
+    name = jobs.mosaic_blob_name(job_id)
+    stager = ServerSideStager(
+        output.get_blob_client(name),
+        tiles,
+        uris=plan.uris,
+        etags=plan.versions,
+        copy_source=copy_source_for(tiles),
+        read_local=_no_local_blocks,
+        leaders=False,
+        trailers=False,
+        committed_elsewhere=lambda: blob_properties(output, name) is not None,
+        range_tag=plan.tag,
+    )
+    share = plan.ranges[start:stop]
+    result = {"share": index, "ranges": len(share), "bytes": sum(r.length for r in share), "stopped": False}
+    try:
+        stager.stage_ranges(share, first=start)
+    except CommittedElsewhere:
+        logger.info("job %s: share %d stopped, the mosaic was committed meanwhile", job_id, index)
+        return {**result, "stopped": True, "staged": stager.ranges_staged}
+    except CopyFromUrlUnsupported as exc:
+        return {**result, "unsupported": str(exc), "staged": 0}
+    return {**result, "staged": stager.ranges_staged}
+
+
+def _no_local_blocks(ref):
+    raise AssertionError(f"a share stages ranges only, not the local block at {ref.offset}")
+
+
+def check_against_plan(plan: SharePlan, copy: CopyPlan, versions: dict[str, str | None]) -> None:
+    """Refuse to commit unless the shares staged exactly what this mosaic copies: the same tile
+    versions (a row changed since planning names its window) and the same ranges in the same order."""
+    changed = sorted(w for w, etag in versions.items() if plan.versions.get(w, "") != etag)
+    if changed:
+        raise IncompleteManifestError(
+            f"job {plan.job_id}: the manifest rows of {len(changed)} windows ({', '.join(changed[:20])}) name other "
+            f"tile versions than the staging plan {plan.tag} was made from; nothing was committed, deliver the upload again",
+            mismatched=changed,
+        )
+    if copy.ranges != plan.ranges:
+        raise MosaicCheckError(
+            f"job {plan.job_id}: the mosaic's copy ranges ({len(copy.ranges)}) differ from those of staging plan "
+            f"{plan.tag} ({len(plan.ranges)}) over the same tile versions"
+        )
+
+
+__all__ = [
+    "MAX_SHARES",
+    "SharePlan",
+    "StagedShares",
+    "attempt_tag",
+    "check_against_plan",
+    "plan_shares",
+    "read_share_plan",
+    "stage_share",
+]
