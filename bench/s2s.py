@@ -52,8 +52,10 @@ def rio_from_storage(way: str, container: str, blob: str, out_container: str) ->
         steps["rio_s"] = time.perf_counter() - started
         started = time.perf_counter()
         with open(out, "rb") as body:
+            # Content-MD5 per block, as devhost uploads the scene (Azurite hashes blocks sent
+            # without one in JavaScript: rio's upload would pay what ours does not).
             blobs.get_blob_client(out_container, f"rio-{way}/{blob}").upload_blob(
-                body, overwrite=False, max_concurrency=4
+                body, overwrite=False, max_concurrency=4, validate_content=True
             )
         steps["upload_s"] = time.perf_counter() - started
         return {"steps": {k: round(v, 2) for k, v in steps.items()}, "nbytes": os.path.getsize(out)}

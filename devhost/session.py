@@ -103,7 +103,10 @@ def process_file(
     started = time.perf_counter()
     blob = host.blobs.get_blob_client(host.settings.input_container, name or path.name)
     with path.open("rb") as data:
-        uploaded = blob.upload_blob(data, overwrite=True, max_concurrency=4)
+        # Content-MD5 on every block: the service checks each block against it, and Azurite,
+        # given none, computes a CRC64 of every block in JavaScript instead (its Put Block).
+        # 434 MiB scene: 0.5 -> 1.0 CPU-s here, 7.1 -> 1.9 CPU-s in Azurite, 8.5 -> 3.0 s wall.
+        uploaded = blob.upload_blob(data, overwrite=True, max_concurrency=4, validate_content=True)
     # The starter gives the job the spec of this host's settings, and hashes it into the id.
     job_id = job_id_for(blob.url, uploaded["etag"], OutputSpec.from_settings(host.settings))
     board = None if callable(progress) else ProgressBoard(progress)

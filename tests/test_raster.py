@@ -249,6 +249,23 @@ def test_encoding_the_same_window_twice_gives_identical_bytes(small_scene):
     assert first[:4] == b"II*\x00"
 
 
+def test_tile_bytes_do_not_depend_on_how_the_cog_driver_keeps_its_temporary_overviews(small_scene):
+    """The app keeps the COG driver's temporary overview file plain to save CPU; compressed (the
+    driver's default) it must give the same tile, overview levels included."""
+    from tilecommit.raster.env import gdal_env
+
+    _, path = small_scene
+    window = plan_windows(600, 520, 512)[0]  # a full 512 x 512 window: one overview level
+    spec = OutputSpec(window_size=512)
+    bodies = {}
+    for storage in ("NONE", "ZSTD", "LZW"):
+        with gdal_env(Settings(), {"COG_TMP_COMPRESSION": storage}), rasterio.open(path) as src:
+            bodies[storage], _ = encode_tile(src, window, spec=spec)
+    with MemoryFile(bodies["NONE"]) as memory, memory.open() as tile:
+        assert tile.overviews(1) == [2]
+    assert bodies["NONE"] == bodies["ZSTD"] == bodies["LZW"]
+
+
 def test_second_render_of_a_window_is_skipped_without_reading(small_scene, stores, tmp_path):
     _, path = small_scene
     settings = Settings(window_size=512)

@@ -115,6 +115,41 @@ def test_an_upload_overwritten_before_it_is_opened_is_refused_by_the_service(con
         inspect_source(PinnedBlob(container.get_blob_client(name), etag), settings=SETTINGS, spec=SPEC)
 
 
+def test_every_request_for_a_window_is_a_get_pinned_to_the_job_version(container, uploaded, scene, monkeypatch):
+    """The size comes from the first ranged GET (no HEAD), and every request carries If-Match."""
+    import requests.adapters
+
+    name, etag = uploaded
+    sent: list[tuple[str, str | None]] = []
+    send = requests.adapters.HTTPAdapter.send
+
+    def recording(adapter, request, *args, **kwargs):
+        if name in request.url:
+            sent.append((request.method, request.headers.get("If-Match")))
+        return send(adapter, request, *args, **kwargs)
+
+    monkeypatch.setattr(requests.adapters.HTTPAdapter, "send", recording)
+    source = PinnedBlob(container.get_blob_client(name), etag)
+    with gdal_env(SETTINGS), open_upload(source) as src, source.checked():
+        body, _ = encode_tile(src, WINDOW, spec=SPEC)
+    with rasterio.MemoryFile(body) as memory, memory.open() as tile:
+        assert np.array_equal(tile.read(), local_window(scene))
+    assert sent and all(method == "GET" for method, _ in sent), sent
+    assert {condition for _, condition in sent} == {etag if etag.startswith('"') else f'"{etag}"'}, sent
+    assert source.requests == len(sent)
+
+
+def test_an_empty_upload_has_its_size_from_a_pinned_head(container):
+    etag = container.upload_blob("empty.tif", b"").get_blob_properties().etag
+    source = PinnedBlob(container.get_blob_client("empty.tif"), etag)
+    assert source.file_size == 0
+    with pytest.raises(InvalidRasterError):
+        inspect_source(source, settings=SETTINGS, spec=SPEC)
+    container.upload_blob("empty.tif", b"", overwrite=True)
+    with pytest.raises(SourceChangedError, match="overwritten"):
+        _ = PinnedBlob(container.get_blob_client("empty.tif"), etag).file_size
+
+
 def test_a_recorded_read_failure_fails_the_call_even_when_gdal_returned_pixels(scene):
     """The contract itself, with a test double of the one fault that cannot be caused on demand:
     GDAL accepting a short read and returning pixels (seen with its own /vsiaz/ reader during an

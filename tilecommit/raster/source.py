@@ -301,7 +301,7 @@ class LocalFile(Source):
 
 
 class PinnedBlob(Source):
-    """One version of a blob: its size read with ``If-Match``, every range GET with ``If-Match``.
+    """One version of a blob: its size and every range read with ``If-Match`` (the size from the first GET).
 
     ``etag`` is the version the job was started for. The service answers 412 to a request for
     any other version, so bytes of a newer upload can never reach a tile of this job; the
@@ -320,19 +320,36 @@ class PinnedBlob(Source):
         return {"etag": f'"{self.etag}"', "match_condition": MatchConditions.IfNotModified}
 
     def _size(self) -> int:
+        """The size, from the answer to a pinned GET of the first READ_AHEAD bytes, which are kept
+        for GDAL's header reads: one request per open where a HEAD and then that GET were two.
+        An empty blob has no range to GET (416): its size comes from a pinned HEAD."""
         try:
             self.requests += 1
-            return int(self.blob.get_blob_properties(**self._condition()).size)
-        except (ResourceModifiedError, ResourceNotFoundError) as exc:
-            raise self.error_for(self._fault_for(exc, 0, 0)) from exc
+            stream = self.blob.download_blob(offset=0, length=READ_AHEAD, max_concurrency=1, **self._condition())
+            head = stream.readall()
         except HttpResponseError as exc:
-            if exc.status_code in (404, 412):
-                raise self.error_for(self._fault_for(exc, 0, 0)) from exc
-            raise StorageFaultError(
-                f"reading the properties of {self.name} failed: {exc.reason or exc}", status=exc.status_code
-            ) from exc
+            if exc.status_code != 416:
+                raise self._size_error(exc) from exc
+            try:
+                self.requests += 1
+                return int(self.blob.get_blob_properties(**self._condition()).size)
+            except (HttpResponseError, ServiceRequestError, ServiceResponseError) as head_exc:
+                raise self._size_error(head_exc) from head_exc
         except (ServiceRequestError, ServiceResponseError) as exc:
-            raise StorageFaultError(f"reading the properties of {self.name} failed: {exc}") from exc
+            raise self._size_error(exc) from exc
+        answered = stream.properties.content_range
+        size = int(answered.rpartition("/")[2]) if answered else int(stream.properties.size)
+        if len(head) == min(READ_AHEAD, size):
+            self._keep(0, head)  # a short answer is not kept: GDAL's read of those bytes fetches and checks them
+        return size
+
+    def _size_error(self, exc: Exception) -> Exception:
+        """What a failed size request means: the version is gone (412, 404), or a storage fault."""
+        status = getattr(exc, "status_code", None)
+        if isinstance(exc, (ResourceModifiedError, ResourceNotFoundError)) or status in (404, 412):
+            return self.error_for(self._fault_for(exc, 0, 0))
+        reason = (getattr(exc, "reason", None) or exc) if isinstance(exc, HttpResponseError) else exc
+        return StorageFaultError(f"reading the properties of {self.name} failed: {reason}", status=status)
 
     def _get(self, offset: int, length: int) -> bytes:
         stream = self.blob.download_blob(offset=offset, length=length, max_concurrency=1, **self._condition())
