@@ -123,7 +123,7 @@ class Engine(Messaging, PartitionHandover):
         max_activities: int = 4,
         duplicate_activities: bool = False,
         timer_scale: float = 1.0,
-        episode_linger: float = 0.01,
+        episode_linger: float = 0.05,
         function_timeout: float | None = None,
         strict_determinism: bool = False,
         max_orchestrators: int = 1,

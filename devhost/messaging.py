@@ -2,8 +2,10 @@
 
 A control message (an instance's start, a task's result, a due timer) goes straight into this
 host's memory when the host owns the instance's partition, else into the partition's control
-queue; work items (activities) always go through the shared work-item queue, so any host with a
-free slot runs them. What a message carries is kept until what it led to is committed; then it is
+queue. An activity starts at once on the host that scheduled it when one of its slots is free
+(what a host with a free slot would do with the work item anyway, without the queue's round
+trips), else it goes to the shared work-item queue, which any host with a free slot reads. What
+runs or waits only in a host's memory is sent again by the next owner if that host dies. What a message carries is kept until what it led to is committed; then it is
 deleted, and one that shows up again is dropped as a duplicate. Sends that meet a storage fault
 are tried again until they land (:class:`devhost.work.HostBackoff`): nothing is dropped.
 """
@@ -170,6 +172,10 @@ class Messaging:
                 continue
             if message[0] == "work":
                 body = message[1]
+                if self.activities.try_submit(
+                    *(body[k] for k in ("instance_id", "execution_id", "task_id", "name", "input_json"))
+                ):
+                    continue  # a slot of this host was free: it runs here, as if taken from the queue at once
                 self.backoff.call("send a work item", lambda body=body: self.queues.send_work_item(body), lambda: False)
                 self.work_items.wake()  # this host's free slots need not wait for the next poll
             else:

@@ -4,7 +4,7 @@ messages invisible to the other hosts.
 
 Polling: a reader that found messages reads again at once; one that found none waits
 :data:`FIRST_POLL_S`, doubling up to :data:`MAX_POLL_S`. The provider does the same with a
-ceiling of 30 s (``MaxQueuePollingInterval``); 0.5 s here keeps an idle local host answering fast.
+ceiling of 30 s (``MaxQueuePollingInterval``); 1 s here keeps an idle local host answering fast.
 A host wakes its own work-item reader when it sends a work item.
 
 Visibility: a control message stays invisible for :data:`CONTROL_VISIBILITY_S` while the owner
@@ -25,7 +25,7 @@ from .queues import Received, TaskHubQueues
 logger = logging.getLogger(__name__)
 
 FIRST_POLL_S = 0.02
-MAX_POLL_S = 0.5
+MAX_POLL_S = 1.0
 CONTROL_VISIBILITY_S = 30.0
 WORK_ITEM_VISIBILITY_S = 30.0
 #: Control messages taken per request (the provider takes batches of 32 too).

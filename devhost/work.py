@@ -171,6 +171,15 @@ class ActivityRunner:
             self._queue.append((instance_id, execution_id, task_id, name, input_json, token))
         self._pump()
 
+    def try_submit(self, instance_id: str, execution_id: str, task_id: int, name: str, input_json: str | None) -> bool:
+        """Start an execution here at once if a slot is free (and nothing waits for one); False if not."""
+        with self._lock:
+            if self.stopping() or self._free - len(self._queue) <= 0:
+                return False
+            self._queue.append((instance_id, execution_id, task_id, name, input_json, None))
+        self._pump()
+        return True
+
     def free(self) -> int:
         """Slots no execution holds or waits for (negative: more are waiting than slots are free)."""
         with self._lock:
