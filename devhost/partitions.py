@@ -154,6 +154,9 @@ class PartitionManager:
         while self.owned() and time.monotonic() < deadline:
             try:
                 self.loop_once(shutting_down=True)
+            except HttpResponseError as exc:
+                if exc.status_code != 412:  # 412: another host wrote the row first; read it again
+                    logger.warning("releasing the partitions failed; trying again", exc_info=True)
             except Exception:  # noqa: BLE001 - storage trouble: try again; the lease expires anyway
                 logger.warning("releasing the partitions failed; trying again", exc_info=True)
             if self.owned():
