@@ -186,7 +186,7 @@ class Engine(Messaging, PartitionHandover):
             lost=self._lost,
             timings=lease,
         )
-        self.control = ControlReader(self.queues, self.partitions.receiving, self._accept)
+        self.control = ControlReader(self.queues, self.partitions.owns, self._accept)
         self.work_items = WorkItemReader(
             self.queues, self.activities.free, self._take_work_item, self.activities.running_tokens, time.monotonic
         )

@@ -122,10 +122,6 @@ class PartitionManager:
         with self._lock:
             return sorted(p for p, until in self._owned.items() if time.monotonic() < until)
 
-    def receiving(self, partition: int) -> bool:
-        """The partition's control queue should be read by this host (owned and not draining)."""
-        return self.owns(partition)
-
     # ------------------------------------------------------------------ lifecycle
 
     def ensure(self) -> None:

@@ -114,8 +114,12 @@ def process_file(
     deadline = time.monotonic() + timeout
     # A watcher delivers the event (this host's, or that of the host owning the event's partition);
     # the starter may also decide to ignore the upload.
+    next_look = 0.0
     while host.engine.status(job_id) is None:
-        reason = _ignored_because(host, blob.blob_name, uploaded["etag"])
+        acknowledged = time.monotonic() >= next_look  # one read of the acknowledgement a second at most
+        if acknowledged:
+            next_look = time.monotonic() + 1.0
+        reason = _ignored_because(host, blob.blob_name, uploaded["etag"], acknowledged)
         if reason is not None:
             return {
                 "job_id": None,
@@ -138,12 +142,13 @@ def process_file(
     return job_summary(state, elapsed=time.perf_counter() - started)
 
 
-def _ignored_because(host, blob_name: str, etag: str) -> str | None:
-    """Why the starter ignored this upload, if it did: in this host, or as acknowledged by another."""
+def _ignored_because(host, blob_name: str, etag: str, acknowledged: bool) -> str | None:
+    """Why the starter ignored this upload, if it did: in this host, or (``acknowledged``: read the
+    acknowledgement) as another host's watcher recorded it."""
     mine = [d for d in host.decisions if d["blob"] == blob_name and d["action"] == "ignored"]
     if mine:
         return mine[0]["reason"]
-    ack = host.watcher.acknowledgement(blob_name, etag)
+    ack = host.watcher.acknowledgement(blob_name, etag) if acknowledged else None
     if ack and ack.get("start_action") == "ignored":
         return ack.get("start_reason") or "no reason given"
     return None

@@ -173,3 +173,27 @@ def test_a_host_killed_mid_job_costs_the_others_no_more_than_its_lease(storage, 
     assert_outputs(storage, app_env, states, dict(zip(job_ids, made, strict=True)), one_attempt_each=False)
     assert recovered_in < TEST_LEASE_S + 60
     assert_history_runs_each_episode_once(store)
+
+
+def test_an_upload_another_hosts_starter_ignored_is_reported_as_ignored(storage, app_env, tmp_path):
+    """The acknowledgement of a delivery keeps the starter's decision, so a command whose upload
+    another host delivered (and ignored) says why instead of waiting for a job that never comes."""
+    from types import SimpleNamespace
+
+    from devhost.session import _ignored_because
+    from devhost.store import events_table_name
+    from devhost.watcher import BlobEventWatcher
+
+    acks = storage.table_service().get_table_client(events_table_name(app_env.hub))
+    watcher = BlobEventWatcher(
+        storage.blob_service().get_container_client(app_env.input),
+        acks,
+        lambda name: 0,
+        decision=lambda name: {"start_action": "ignored", "start_reason": "zero-byte blob", "job_id": ""},
+    )
+    acks.create_table()
+    watcher.deliver("empty.tif", watcher.event_key("empty.tif", '"0x1"'))  # what the other host's watcher does
+    this_host = SimpleNamespace(decisions=[], watcher=watcher)  # its own starter never saw the upload
+    assert _ignored_because(this_host, "empty.tif", '"0x1"', True) == "zero-byte blob"
+    assert _ignored_because(this_host, "empty.tif", '"0x2"', True) is None  # another version: not delivered yet
+    watcher.stop()
