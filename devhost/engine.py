@@ -394,6 +394,12 @@ class Engine(Messaging, PartitionHandover):
             return None  # the partition is being handed on: the drain takes its results
         if self._resting.get(instance_id, 0.0) > time.monotonic():
             return None  # backing off after a storage fault; ``later`` makes it ready again
+        linger = inst.pending_since + self.episode_linger - time.monotonic()
+        if inst.pending and len(inst.open) > len(inst.pending) and linger > 0:
+            # More results are due: a moment for them to land, so one episode replays for them all.
+            # The result the instance waits for last runs at once (nothing else is open).
+            self.later(linger, lambda: self._ready_again(instance_id))
+            return None
         events, inst.pending = inst.pending, []
         receipts, inst.receipts = inst.receipts, []
         self._busy.add(instance_id)
@@ -408,8 +414,6 @@ class Engine(Messaging, PartitionHandover):
                     self._changed.wait()
                 if self._stopping:
                     return
-            if self.episode_linger:
-                time.sleep(self.episode_linger)  # let results that are about to land join this episode
             with self._lock:
                 picked = self._next_work()
             if picked is None:

@@ -39,6 +39,8 @@ class Instance:
     open: set[int] = field(default_factory=set)  # scheduled, no completion in history yet
     delivered: set[int] = field(default_factory=set)  # completion pending or in history
     pending: list[dict] = field(default_factory=list)  # completions waiting for the next episode
+    #: time.monotonic() when the first of ``pending`` arrived.
+    pending_since: float = 0.0
     #: Queue messages whose content is in ``pending`` (or made the instance): deleted once committed.
     receipts: list = field(default_factory=list)
     #: time.monotonic() when each open task was last sent (the watchdog's clock).

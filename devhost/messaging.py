@@ -125,6 +125,8 @@ class Messaging:
                 accepted = False
             else:
                 inst.delivered.add(task_id)
+                if not inst.pending:
+                    inst.pending_since = time.monotonic()
                 inst.pending.append(item)
                 if receipt is not None:
                     inst.receipts.append(receipt)
