@@ -68,6 +68,8 @@ class Received:
     pop_receipt: str
     body: dict
     dequeue_count: int
+    #: The blob holding the body when it was too large for the message (deleted with it).
+    payload_blob: str | None = None
 
 
 class TaskHubQueues:
@@ -112,19 +114,23 @@ class TaskHubQueues:
         for message in client.receive_messages(
             messages_per_page=count, visibility_timeout=int(visible_for), max_messages=count
         ):
-            received = Received(client.queue_name, message.id, message.pop_receipt, {}, message.dequeue_count)
             body = json.loads(message.content)
-            if "payload_blob" in body:
+            received = Received(
+                client.queue_name,
+                message.id,
+                message.pop_receipt,
+                body,
+                message.dequeue_count,
+                body.get("payload_blob"),
+            )
+            if received.payload_blob:
                 try:
-                    body = json.loads(self.payloads.download_blob(body["payload_blob"]).readall())
+                    received.body = json.loads(self.payloads.download_blob(received.payload_blob).readall())
                 except ResourceNotFoundError:
                     # Its blob goes once the message was processed and deleted; this is a copy that
                     # showed up again before the delete landed: nothing is left to do with it.
                     self.delete(received)
                     continue
-                received.body = {**body, "_payload_blob": json.loads(message.content)["payload_blob"]}
-            else:
-                received.body = body
             taken.append(received)
         return taken
 
@@ -141,10 +147,9 @@ class TaskHubQueues:
         except HttpResponseError as exc:
             if exc.status_code not in (400, 404):  # 404: gone; 400 on Azurite: a stale pop receipt
                 raise
-        blob = received.body.get("_payload_blob")
-        if blob:
+        if received.payload_blob:
             try:
-                self.payloads.delete_blob(blob)
+                self.payloads.delete_blob(received.payload_blob)
             except ResourceNotFoundError:
                 pass
 

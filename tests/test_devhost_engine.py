@@ -194,3 +194,16 @@ def test_a_job_that_makes_no_progress_is_reported_instead_of_waited_on_in_silenc
     lines = stream.getvalue().count("\n")
     reporter.see({**state, "episodes": 4})
     assert stream.getvalue().count("\n") == lines
+
+
+def test_a_start_too_large_for_a_queue_message_reaches_the_owner_through_a_blob(store):
+    """A client that owns no partition (an engine never started) sends its start to the control
+    queue; an input over the 45 KB message limit travels in a blob, and the blob goes once the
+    start is consumed."""
+    client = make_engine(store)  # never started: it owns no partition, so its start goes to the queue
+    with make_engine(store) as engine:
+        client.start_new("fan", "large", {"count": 4, "batch": 2, "padding": "x" * 60_000})
+        state = engine.wait_for("large", timeout=60)
+    assert state["status"] == "Completed" and state["output"]["total"] == sum(n * n for n in range(4))
+    assert store.queues.large_messages == 1  # the start went through a blob (client and host share the store)
+    assert list(store.large.list_blobs(name_starts_with="messages/")) == []
