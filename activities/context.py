@@ -11,6 +11,7 @@ from azure.storage.blob import ContainerClient
 
 from tilecommit import gates
 from tilecommit.settings import STORAGE_CONNECTION, Settings
+from tilecommit.spec import spec_of
 from tilecommit.storage import StorageConnection
 
 
@@ -22,6 +23,19 @@ class ActivityContext:
     tiles: ContainerClient
     output: ContainerClient
     manifest: TableClient
+
+    def mosaic_inputs(self, job: dict) -> dict:
+        """What every mosaic step (assemble, verify, rebuild) takes besides the job id and the
+        scene: the job's stores, settings, output spec and source name."""
+        return {
+            "tiles": self.tiles,
+            "output": self.output,
+            "manifest": self.manifest,
+            "settings": self.settings,
+            "spec": spec_of(job),
+            "gdal_options": self.connection.gdal_options(),
+            "source_name": job["blob"],
+        }
 
 
 @lru_cache(maxsize=4)

@@ -115,13 +115,7 @@ def assemble_mosaic(payload: dict) -> dict:
             result = raster.assemble_mosaic(
                 job["job_id"],
                 scene,
-                tiles=ctx.tiles,
-                output=ctx.output,
-                manifest=ctx.manifest,
-                settings=ctx.settings,
-                spec=spec_of(job),
-                gdal_options=ctx.connection.gdal_options(),
-                source_name=job["blob"],
+                **ctx.mosaic_inputs(job),
                 shares=shares,
             )
         summary = result.to_dict()

@@ -44,13 +44,7 @@ def verify_outputs(payload: dict) -> dict:
             differences = scrub.check_outputs(
                 job["job_id"],
                 scene,
-                tiles=ctx.tiles,
-                output=ctx.output,
-                manifest=ctx.manifest,
-                settings=ctx.settings,
-                spec=spec_of(job),
-                gdal_options=ctx.connection.gdal_options(),
-                source_name=job["blob"],
+                **ctx.mosaic_inputs(job),
             )
         return {"differences": differences}
 
@@ -68,13 +62,7 @@ def rebuild_mosaic(payload: dict) -> dict:
             result = scrub.rebuild_outputs(
                 job["job_id"],
                 scene,
-                tiles=ctx.tiles,
-                output=ctx.output,
-                manifest=ctx.manifest,
-                settings=ctx.settings,
-                spec=spec_of(job),
-                gdal_options=ctx.connection.gdal_options(),
-                source_name=job["blob"],
+                **ctx.mosaic_inputs(job),
             )
         return {**result.to_dict(), "mosaic_url": ctx.output.get_blob_client(result.mosaic).url}
 
