@@ -135,5 +135,9 @@ class EngineStats:
     episodes_found_committed: int = 0
     #: Messages for a partition this host no longer owns, sent on to its queue.
     messages_forwarded: int = 0
+    #: Activities sent through the shared work-item queue (no slot of this host was free).
+    work_items_sent: int = 0
+    #: Activities kept in memory for a slot because this host was alone on the task hub.
+    work_items_kept: int = 0
     #: Stalled starts and unanswered tasks the watchdog sent again.
     watchdog_redispatches: int = 0

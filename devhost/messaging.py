@@ -31,6 +31,9 @@ from .work import StartMessage
 
 logger = logging.getLogger(__name__)
 
+#: What a work item carries, in ActivityRunner.submit's order.
+WORK_ITEM_FIELDS = ("instance_id", "execution_id", "task_id", "name", "input_json")
+
 
 def start_body(message: StartMessage) -> dict:
     return {"type": "start", **message.__dict__}
@@ -141,22 +144,25 @@ class Messaging:
         self._delete(token)
 
     def _take_work_item(self, body: dict, received: Received) -> None:
-        self.activities.submit(
-            body["instance_id"], body["execution_id"], body["task_id"], body["name"], body["input_json"], received
-        )
+        self.activities.submit(*(body[k] for k in WORK_ITEM_FIELDS), received)
+
+    def _send_work_item(self, body: dict) -> None:
+        self.backoff.call("send a work item", lambda: self.queues.send_work_item(body), lambda: False)
+        self._count("work_items_sent")
+        self.work_items.wake()  # this host's free slots need not wait for the next poll
+
+    def _crowded(self) -> None:
+        """Another host is on the task hub (or this one stops): the activities kept here for a
+        slot go to the shared queue, for whichever host has a slot free first."""
+        for task in self.activities.take_waiting():
+            self._send_work_item({"type": "activity", **dict(zip(WORK_ITEM_FIELDS, task, strict=True))})
 
     def _work_for(self, inst: Instance, task_id: int, meta: dict) -> list[tuple]:
         """The messages that carry out one scheduled task: ``("work", body)`` for the work-item
         queue, ``("control", instance, body, delay)`` for an instance's partition."""
         if meta["kind"] == "activity":
-            body = {
-                "type": "activity",
-                "instance_id": inst.id,
-                "execution_id": inst.execution_id,
-                "task_id": task_id,
-                "name": meta["name"],
-                "input_json": meta["input"],
-            }
+            task = (inst.id, inst.execution_id, task_id, meta["name"], meta["input"])
+            body = {"type": "activity", **dict(zip(WORK_ITEM_FIELDS, task, strict=True))}
             return [("work", body)] * (2 if self.duplicate_activities else 1)
         if meta["kind"] == "timer":
             delay = max(0.0, (parse_iso(meta["fire_at"]) - now()).total_seconds())
@@ -174,12 +180,13 @@ class Messaging:
                 continue
             if message[0] == "work":
                 body = message[1]
-                if self.activities.try_submit(
-                    *(body[k] for k in ("instance_id", "execution_id", "task_id", "name", "input_json"))
-                ):
+                task = tuple(body[k] for k in WORK_ITEM_FIELDS)
+                if self.activities.try_submit(*task):
                     continue  # a slot of this host was free: it runs here, as if taken from the queue at once
-                self.backoff.call("send a work item", lambda body=body: self.queues.send_work_item(body), lambda: False)
-                self.work_items.wake()  # this host's free slots need not wait for the next poll
+                if self.partitions.alone() and self.activities.try_submit(*task, wait=True):
+                    self._count("work_items_kept")  # nobody else could take it from the queue
+                    continue
+                self._send_work_item(body)
             else:
                 _, instance_id, body, delay = message
                 self._send(instance_id, body, delay)

@@ -29,6 +29,15 @@ hand, so the row can be released; called again each loop until then), and ``lost
 when another host holds a row this one thought its own (its lease lapsed while storage was
 unreachable): whatever it holds of the partition is dropped, since the new owner, which claimed
 an expired row, sends the partition's open work again.
+
+Presence (ours, not the provider's): each host also keeps a row of its own under the partition
+key ``workers``, renewed in every loop with the same lease and deleted when it stops, so a host
+knows whether it is alone on the task hub (:meth:`PartitionManager.alone`): no other host's row is
+live and no partition row names another host. A host alone keeps the activities its slots cannot
+take yet in memory instead of sending them through the shared work-item queue (three requests
+each, for nobody else to take); ``crowded()`` is called when another host shows up, and the host
+then sends what it kept to the queue. The provider needs no such row: every activity goes through
+the queue there.
 """
 
 from __future__ import annotations
@@ -65,6 +74,10 @@ def partition_key(partition: int) -> str:
     return f"control-{partition:02d}"
 
 
+#: The partition key of the hosts' presence rows (one per live host, RowKey = its worker id).
+WORKERS_KEY = "workers"
+
+
 @dataclass(frozen=True)
 class LeaseTimings:
     #: The provider's LeaseInterval.
@@ -93,13 +106,16 @@ class PartitionManager:
         acquired: Callable[[int, bool], None],
         drain: Callable[[int], bool],
         lost: Callable[[int], None],
+        crowded: Callable[[], None] = lambda: None,
         timings: LeaseTimings = PROVIDER_LEASE,
     ):
         self.table = table
         self.partitions = partitions
         self.worker_id = worker_id
         self.timings = timings
-        self._acquired, self._drain, self._lost = acquired, drain, lost
+        self._acquired, self._drain, self._lost, self._crowded = acquired, drain, lost, crowded
+        #: No other host is on the task hub (known after the first loop; until then: not alone).
+        self._alone = False
         #: Partitions this process works on, with the monotonic time its lease is good until.
         self._owned: dict[int, float] = {}
         self._draining: set[int] = set()
@@ -117,6 +133,10 @@ class PartitionManager:
         with self._lock:
             good_until = self._owned.get(partition)
             return good_until is not None and partition not in self._draining and time.monotonic() < good_until
+
+    def alone(self) -> bool:
+        """No other host was on the task hub at the last loop (see the module's "Presence")."""
+        return self._alone
 
     def owned(self) -> list[int]:
         with self._lock:
@@ -144,6 +164,7 @@ class PartitionManager:
     def stop(self, timeout: float = 600.0) -> None:
         """Drain and release every partition this host owns (the provider's graceful shutdown)."""
         self._stop.set()
+        self._alone = False
         if self._thread is not None:
             self._thread.join(timeout=30)
         deadline = time.monotonic() + timeout
@@ -157,6 +178,10 @@ class PartitionManager:
                 logger.warning("releasing the partitions failed; trying again", exc_info=True)
             if self.owned():
                 time.sleep(self.timings.busy_s / 4)
+        try:
+            self.table.delete_entity(WORKERS_KEY, self.worker_id)
+        except Exception:  # noqa: BLE001 - it lapses by itself after a lease interval
+            logger.warning("could not delete this host's presence row", exc_info=True)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -175,8 +200,11 @@ class PartitionManager:
 
     def loop_once(self, *, shutting_down: bool = False) -> bool:
         """Read every row, write what changed; True if draining or waiting for a release."""
-        rows = sorted(self.table.query_entities("PartitionKey eq ''"), key=lambda r: r["RowKey"])
+        entities = list(self.table.query_entities(f"PartitionKey eq '' or PartitionKey eq '{WORKERS_KEY}'"))
+        rows = sorted((r for r in entities if r["PartitionKey"] == ""), key=lambda r: r["RowKey"])
         moment = _now()
+        if not shutting_down:
+            self._present(entities, rows, moment)
         busy = False
         others: dict[str, list[dict]] = {}
         mine = 0
@@ -221,6 +249,28 @@ class PartitionManager:
         if not shutting_down and others:
             busy = self._balance(others, mine) or busy
         return busy
+
+    def _present(self, entities: list[dict], rows: list[dict], moment: datetime) -> None:
+        """Renew this host's presence row and see whether any other host is live."""
+        self.table.upsert_entity(
+            {
+                "PartitionKey": WORKERS_KEY,
+                "RowKey": self.worker_id,
+                "ExpiresAt": moment + timedelta(seconds=self.timings.lease_s),
+            },
+            mode=UpdateMode.REPLACE,
+        )
+        others = {
+            e["RowKey"] for e in entities if e["PartitionKey"] == WORKERS_KEY and e.get("ExpiresAt", moment) > moment
+        }
+        for row in rows:
+            if row.get("ExpiresAt") is None or moment < row["ExpiresAt"]:
+                others |= {row.get("CurrentOwner"), row.get("NextOwner")}
+        others -= {None, self.worker_id}
+        was_alone, self._alone = self._alone, not others
+        if was_alone and others:
+            logger.info("another host is on the task hub (%s)", ", ".join(sorted(others)))
+            self._crowded()
 
     def _balance(self, others: dict[str, list[dict]], mine: int) -> bool:
         """Steal rows from hosts over their share until this one has its share (the provider's

@@ -15,8 +15,9 @@ expire (time to live -1): the default of 7 days would drop a message nobody took
 from __future__ import annotations
 
 import json
+import threading
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import requests
@@ -70,6 +71,11 @@ class Received:
     dequeue_count: int
     #: The blob holding the body when it was too large for the message (deleted with it).
     payload_blob: str | None = None
+    #: Set once the message is deleted: a renewal after that has nothing left to keep.
+    deleted: bool = False
+    #: Serialises the delete and the renewals: a renewal changes the pop receipt, and a delete
+    #: sent with the old receipt meanwhile is refused, so the message would show up again.
+    guard: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
 
 class TaskHubQueues:
@@ -142,11 +148,13 @@ class TaskHubQueues:
 
     def delete(self, received: Received) -> None:
         """Delete a processed message; one already gone (or taken again by a newer receive) is fine."""
-        try:
-            self._by_name[received.queue].delete_message(received.id, received.pop_receipt)
-        except HttpResponseError as exc:
-            if exc.status_code not in (400, 404):  # 404: gone; 400 on Azurite: a stale pop receipt
-                raise
+        with received.guard:
+            try:
+                self._by_name[received.queue].delete_message(received.id, received.pop_receipt)
+            except HttpResponseError as exc:
+                if exc.status_code not in (400, 404):  # 404: gone; 400 on Azurite: a stale pop receipt
+                    raise
+            received.deleted = True
         if received.payload_blob:
             try:
                 self.payloads.delete_blob(received.payload_blob)
@@ -155,17 +163,21 @@ class TaskHubQueues:
 
     def extend(self, received: Received, visible_for: float) -> bool:
         """Keep a message invisible for ``visible_for`` more seconds (a running activity's work item).
-        False when it is no longer ours (its visibility ran out and somebody else took it)."""
-        try:
-            updated = self._by_name[received.queue].update_message(
-                received.id, received.pop_receipt, visibility_timeout=int(visible_for)
-            )
-        except HttpResponseError as exc:
-            if exc.status_code in (400, 404):
-                return False
-            raise
-        received.pop_receipt = updated.pop_receipt
-        return True
+        False when it is no longer ours (its visibility ran out and somebody else took it); True
+        for one this host has deleted meanwhile (its activity ended while the renewals ran)."""
+        with received.guard:
+            if received.deleted:
+                return True
+            try:
+                updated = self._by_name[received.queue].update_message(
+                    received.id, received.pop_receipt, visibility_timeout=int(visible_for)
+                )
+            except HttpResponseError as exc:
+                if exc.status_code in (400, 404):
+                    return False
+                raise
+            received.pop_receipt = updated.pop_receipt
+            return True
 
     def approximate_counts(self) -> dict[str, int]:
         """Messages in each queue, visible or not (the scale controller's signal in Azure)."""

@@ -171,14 +171,33 @@ class ActivityRunner:
             self._queue.append((instance_id, execution_id, task_id, name, input_json, token))
         self._pump()
 
-    def try_submit(self, instance_id: str, execution_id: str, task_id: int, name: str, input_json: str | None) -> bool:
-        """Start an execution here at once if a slot is free (and nothing waits for one); False if not."""
+    def try_submit(
+        self,
+        instance_id: str,
+        execution_id: str,
+        task_id: int,
+        name: str,
+        input_json: str | None,
+        *,
+        wait: bool = False,
+    ) -> bool:
+        """Start an execution here at once if a slot is free (and nothing waits for one); with
+        ``wait``, else queue it here for the next free slot. False if it was not taken."""
         with self._lock:
-            if self.stopping() or self._free - len(self._queue) <= 0:
+            if self.stopping() or (self._free - len(self._queue) <= 0 and not wait):
                 return False
             self._queue.append((instance_id, execution_id, task_id, name, input_json, None))
         self._pump()
         return True
+
+    def take_waiting(self) -> list[tuple[str, str, int, str, str | None]]:
+        """Remove and return the executions queued here without a work item (``try_submit`` with
+        ``wait``): they are for the shared queue now."""
+        with self._lock:
+            kept = [task for task in self._queue if task[-1] is None]
+            for task in kept:
+                self._queue.remove(task)
+        return [task[:-1] for task in kept]
 
     def free(self) -> int:
         """Slots no execution holds or waits for (negative: more are waiting than slots are free)."""

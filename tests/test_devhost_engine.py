@@ -10,6 +10,7 @@ import pytest
 from devhost.engine import Engine, InstanceAlreadyExists, InvalidInstanceId
 from devhost.functions import FunctionIndex
 from devhost.instance import Instance
+from devhost.partitions import LeaseTimings
 from devhost.queues import queue_service
 from devhost.session import StallReporter
 from devhost.store import HistoryStore
@@ -207,3 +208,103 @@ def test_a_start_too_large_for_a_queue_message_reaches_the_owner_through_a_blob(
     assert state["status"] == "Completed" and state["output"]["total"] == sum(n * n for n in range(4))
     assert store.queues.large_messages == 1  # the start went through a blob (client and host share the store)
     assert list(store.large.list_blobs(name_starts_with="messages/")) == []
+
+
+def test_a_work_item_deleted_while_it_is_renewed_never_shows_up_again(store):
+    """An activity's end deletes its work item while the reader may be renewing it; a renewal
+    changes the pop receipt, so a delete sent with the old one would be refused and the item
+    run again once visible. Both race here, item by item; afterwards the queue is empty, and a
+    renewal after the delete reports the item as still ours (nothing to warn about)."""
+    import threading
+
+    queues = store.queues
+    queues.ensure()
+    for n in range(40):
+        queues.send_work_item({"n": n})
+    taken = []
+    while len(taken) < 40:
+        taken += queues.receive_work_items(32, 2)
+    start = threading.Barrier(2)
+
+    def renew_all() -> None:
+        start.wait()
+        for received in taken:
+            queues.extend(received, 2)
+
+    def delete_all() -> None:
+        start.wait()
+        for received in taken:
+            queues.delete(received)
+
+    threads = [threading.Thread(target=renew_all), threading.Thread(target=delete_all)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    time.sleep(3)  # past every visibility a renewal could have set
+    shown_again = queues.receive_work_items(32, 30)
+    assert [received.body["n"] for received in shown_again] == []
+    assert all(queues.extend(received, 2) for received in taken)
+
+
+def test_results_that_land_together_share_one_episode(store):
+    """Twelve naps of 0.1 s on two slots: a pair of results lands every 0.1 s. Each waits for the
+    others its instance still waits for (``EPISODE_LINGER_S``), so a few episodes replay for
+    all twelve instead of one episode per pair."""
+    with make_engine(store, max_activities=2) as engine:
+        engine.start_new("all_at_once", "together", {"count": 12, "seconds": 0.1})
+        state = engine.wait_for("together", timeout=60)
+    assert state["status"] == "Completed" and state["output"] == 12
+    assert engine.stats.episodes <= 4, engine.stats  # the start's episode, then the results in at most 3
+
+
+def test_a_host_alone_on_its_task_hub_keeps_the_activities_its_slots_cannot_take_yet(store):
+    """Alone, a host has nobody to share the work-item queue with: activities wait in its memory
+    for a slot (no send, receive and delete each), and the job is the same."""
+    with make_engine(store, max_activities=2) as engine:
+        engine.start_new("all_at_once", "alone", {"count": 12, "seconds": 0.05})
+        state = engine.wait_for("alone", timeout=60)
+    assert state["status"] == "Completed" and state["output"] == 12
+    assert engine.stats.work_items_sent == 0 and engine.stats.work_items_kept == 10, engine.stats
+    assert store.queues.receive_work_items(32, 1) == []
+
+
+QUICK_LEASE = LeaseTimings(lease_s=3.0, acquire_s=0.3, busy_s=0.1)
+
+
+def test_a_second_host_gets_the_activities_the_first_kept_while_it_was_alone(store):
+    """When another host shows up, what the first kept for its one slot goes to the shared queue
+    and the newcomer runs part of it."""
+    first = make_engine(store, max_activities=1, lease=QUICK_LEASE, worker_id="first").start()
+    try:
+        first.start_new("all_at_once", "shared", {"count": 16, "seconds": 0.3})
+        deadline = time.monotonic() + 30
+        while first.stats.work_items_kept < 15 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert first.stats.work_items_kept == 15  # one slot runs, fifteen wait in memory
+        with make_engine(store, max_activities=1, lease=QUICK_LEASE, worker_id="second") as second:
+            state = first.wait_for("shared", timeout=60)
+    finally:
+        first.stop()
+    assert state["status"] == "Completed" and state["output"] == 16
+    assert first.stats.work_items_sent > 0
+    assert any(e.name == "nap" for e in second.executions), "the newcomer ran none of the kept activities"
+    ran = sorted(e.input["i"] for e in [*first.executions, *second.executions] if e.name == "nap")
+    assert set(ran) == set(range(16))
+
+
+def test_a_host_that_stops_hands_the_activities_it_kept_to_the_queue(store):
+    """A host stopped while activities wait in its memory sends them to the queue before it
+    releases its partitions, so the host after it (which takes released partitions without
+    sending any work again) finishes the job."""
+    first = make_engine(store, max_activities=1, lease=QUICK_LEASE, worker_id="first").start()
+    first.start_new("all_at_once", "handed", {"count": 8, "seconds": 0.3})
+    deadline = time.monotonic() + 30
+    while first.stats.work_items_kept < 7 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    first.stop()
+    assert first.stats.work_items_sent >= 1
+    with make_engine(store, max_activities=2, lease=QUICK_LEASE, worker_id="second") as second:
+        state = second.wait_for("handed", timeout=60)
+    assert state["status"] == "Completed" and state["output"] == 8
+    assert second.stats.watchdog_redispatches == 0

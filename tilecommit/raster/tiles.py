@@ -16,6 +16,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
+import rasterio
+import rasterio.shutil
 from azure.data.tables import TableClient
 from azure.storage.blob import ContainerClient
 from rasterio.enums import MaskFlags
@@ -147,7 +149,7 @@ def encode_tile(
         num_threads=num_threads,
     )
     profile = {
-        "driver": "COG",
+        "driver": "MEM",
         "width": int(window.width),
         "height": int(window.height),
         "count": src.count,
@@ -155,25 +157,29 @@ def encode_tile(
         "crs": src.crs,
         "transform": src.window_transform(window),
         "nodata": src.nodata,
-        **options,
     }
-    with MemoryFile() as memory:
-        with memory.open(**profile) as dst:
-            dst.write(data)
-            if mask is not None:
-                dst.write_mask(mask)
-            dst.colorinterp = src.colorinterp
-            for band, description in enumerate(src.descriptions, start=1):
-                if description:
-                    dst.set_band_description(band, description)
-            if any(scale != 1.0 for scale in src.scales) or any(offset != 0.0 for offset in src.offsets):
-                dst.scales = src.scales
-                dst.offsets = src.offsets
-            if any(src.units):
-                dst.units = src.units
-            if has_colormap(src):
-                dst.write_colormap(1, src.colormap(1))
-        body = memory.read()
+    # The pixels go into a MEM dataset and the COG driver copies it, which is what rasterio's
+    # buffered COG writer does on close; but rasterio.shutil.copy releases the GIL around
+    # GDALCreateCopy and the writer's close does not, so here the encoding (most of a window's
+    # CPU) runs beside the host's Python threads and the other activity slot's encoding.
+    with rasterio.open("", "w", **profile) as staged:
+        staged.write(data)
+        if mask is not None:
+            staged.write_mask(mask)
+        staged.colorinterp = src.colorinterp
+        for band, description in enumerate(src.descriptions, start=1):
+            if description:
+                staged.set_band_description(band, description)
+        if any(scale != 1.0 for scale in src.scales) or any(offset != 0.0 for offset in src.offsets):
+            staged.scales = src.scales
+            staged.offsets = src.offsets
+        if any(src.units):
+            staged.units = src.units
+        if has_colormap(src):
+            staged.write_colormap(1, src.colormap(1))
+        with MemoryFile() as memory:
+            rasterio.shutil.copy(staged, memory.name, driver="COG", **options)
+            body = memory.read()
     encode_s = time.perf_counter() - started
     return body, {"read": read_s, "encode": encode_s}
 
