@@ -7,6 +7,8 @@
     python -m devhost status [JOB_ID]             a job's state and progress, or the recent jobs
     python -m devhost verify JOB_ID [--repair]    compare a finished job's tiles with its source;
                                                   --repair rewrites what differs, then the mosaic
+    python -m devhost replay-dead-letters         deliver the events Event Grid dead-lettered
+                                                  again; each becomes a job or a duplicate
     python -m devhost demo                        Azurite + a sample scene + process, end to end
 
 Storage is the ``AzureWebJobsStorage`` setting from the environment, else from
@@ -25,6 +27,8 @@ import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+
+from tilecommit.settings import DEAD_LETTER_CONTAINER
 
 from .limits import CONSUMPTION_INSTANCE_MB
 from .session import UsageError, job_summary, process_file
@@ -130,6 +134,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     verify.add_argument("--timeout", type=float, default=3600, help="seconds to wait (default 3600)")
     host_options(verify)
+
+    replay = sub.add_parser(
+        "replay-dead-letters",
+        help="deliver the BlobCreated events Event Grid dead-lettered again (each becomes a job or a duplicate), "
+        "wait for the jobs, print what happened as JSON",
+    )
+    replay.add_argument(
+        "--container",
+        default=DEAD_LETTER_CONTAINER,
+        help=f"the subscription's dead-letter container (default {DEAD_LETTER_CONTAINER})",
+    )
+    replay.add_argument("--no-wait", action="store_true", help="start the jobs and return without waiting for them")
+    replay.add_argument("--timeout", type=float, default=3600, help="seconds to wait for the jobs (default 3600)")
+    host_options(replay)
 
     demo = sub.add_parser("demo", help="start Azurite, make a sample scene, process it, stop Azurite")
     demo.add_argument("--size", type=int, default=8192, help="sample scene width and height in pixels (default 8192)")
@@ -305,6 +323,42 @@ def process(args: argparse.Namespace, storage) -> int:
     return EXIT_COMPLETED if all(s and s["status"] == "completed" for s in summaries) else EXIT_FAILED
 
 
+def replay_dead_letters(args: argparse.Namespace, storage) -> int:
+    """Each dead-lettered event delivered to the blob trigger once more (:mod:`devhost.dead_letters`);
+    this host's watcher stays off, so every delivery here is one of a dead-lettered event."""
+    from azure.core.exceptions import ResourceNotFoundError
+
+    from .dead_letters import replay
+
+    host = _host(args)
+    host.start(watch=False)
+    try:
+        container = host.blobs.get_container_client(args.container)
+        if not container.exists():
+            raise UsageError(f"no container {args.container!r} (the subscription's dead-letter container)")
+
+        def deliver(blob_name: str) -> dict:
+            before = len(host.decisions)
+            host.deliver_blob_created(blob_name)
+            mine = [d for d in host.decisions[before:] if d["blob"] == blob_name]
+            return mine[-1] if mine else {"action": "none", "blob": blob_name, "job_id": None, "reason": "no decision"}
+
+        report = replay(container, host.settings.input_container, deliver).to_dict()
+        jobs = sorted({d["job_id"] for d in report["decisions"] if d["action"] == "started"})
+        report["jobs"] = {}
+        for job_id in [] if args.no_wait else jobs:
+            try:
+                state = host.engine.wait_for(job_id, timeout=args.timeout)
+            except (TimeoutError, ResourceNotFoundError) as exc:
+                state = {"status": f"not finished: {exc}"}
+            report["jobs"][job_id] = state.get("status")
+    finally:
+        host.stop()
+    print(json.dumps(report))
+    finished = all(status == "Completed" for status in report["jobs"].values())
+    return EXIT_COMPLETED if finished and not report["skipped"] else EXIT_FAILED
+
+
 def _job_counter_reader():
     """An in-memory reader of the app's counters, beside any OTEL_*_EXPORTER the environment asks for.
 
@@ -392,4 +446,10 @@ def verify(args: argparse.Namespace, storage) -> int:
     return EXIT_COMPLETED if args.repair or clean else EXIT_FAILED
 
 
-COMMANDS = {"serve": serve, "process": process, "status": status, "verify": verify}
+COMMANDS = {
+    "serve": serve,
+    "process": process,
+    "status": status,
+    "verify": verify,
+    "replay-dead-letters": replay_dead_letters,
+}

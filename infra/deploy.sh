@@ -346,6 +346,7 @@ subscribe() {
     --parameters name="$(output eventSubscriptionName)" systemTopicName="$(output systemTopicName)" \
     functionAppName="${app_name}" triggerFunctionName="$(output triggerFunctionName)" \
     inputContainerName="$(output inputContainer)" \
+    storageAccountId="$(output storageAccountId)" deadLetterContainerName="$(output deadLetterContainer)" \
     --output none
 }
 subscribed=false

@@ -98,6 +98,9 @@ param logRetentionDays int = 30
 @description('Log Analytics daily ingestion cap in GB (-1: none).')
 param logDailyQuotaGb int = 1
 
+@description('Action group (resource id) the alerts notify: dead-lettered or dropped upload events, failed jobs. Empty: the alerts fire but notify nobody.')
+param alertActionGroupId string = ''
+
 param tags object = {}
 
 // ---------------------------------------------------------------------------------------------
@@ -108,6 +111,7 @@ param tags object = {}
 var inputContainerName = 'raster-uploads' // INPUT_CONTAINER
 var tilesContainerName = 'raster-tiles' // TILES_CONTAINER
 var outputContainerName = 'raster-mosaics' // OUTPUT_CONTAINER
+var deadLetterContainerName = 'eventgrid-deadletter' // DEAD_LETTER_CONTAINER
 var manifestTableName = 'tilemanifest' // MANIFEST_TABLE
 var triggerFunctionName = 'raster_uploaded' // TRIGGER_FUNCTION
 
@@ -153,6 +157,7 @@ module storage 'modules/storage.bicep' = {
       inputContainerName
       tilesContainerName
       outputContainerName
+      deadLetterContainerName
       packageContainerName
     ]
     tableNames: [
@@ -185,6 +190,8 @@ module storageRoles 'modules/storage-roles.bicep' = {
     packageContainerName: isFlex ? '' : packageContainerName
     inputContainerName: inputContainerName
     outputContainerName: outputContainerName
+    deadLetterContainerName: deadLetterContainerName
+    eventGridPrincipalId: events.outputs.principalId
   }
 }
 
@@ -435,6 +442,19 @@ module eventSubscription 'modules/event-subscription.bicep' = if (deployEventSub
     functionAppName: functionApp.name
     triggerFunctionName: triggerFunctionName
     inputContainerName: inputContainerName
+    storageAccountId: storage.outputs.id
+    deadLetterContainerName: deadLetterContainerName
+  }
+}
+
+module alerts 'modules/alerts.bicep' = {
+  name: 'alerts'
+  params: {
+    systemTopicId: events.outputs.id
+    applicationInsightsId: monitoring.outputs.applicationInsightsId
+    actionGroupId: alertActionGroupId
+    location: location
+    tags: tags
   }
 }
 
@@ -446,6 +466,7 @@ output functionAppName string = functionApp.name
 output functionAppHostName string = functionApp.properties.defaultHostName
 output hostingPlan string = hostingPlan
 output storageAccountName string = storage.outputs.name
+output storageAccountId string = storage.outputs.id
 output inputContainer string = inputContainerName
 output tilesContainer string = tilesContainerName
 output outputContainer string = outputContainerName
@@ -456,5 +477,6 @@ output applicationInsightsName string = monitoring.outputs.applicationInsightsNa
 output logAnalyticsName string = monitoring.outputs.logAnalyticsName
 output identityName string = identity.name
 output systemTopicName string = events.outputs.name
+output deadLetterContainer string = deadLetterContainerName
 output eventSubscriptionName string = eventSubscriptionName
 output triggerFunctionName string = triggerFunctionName

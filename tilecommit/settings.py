@@ -25,6 +25,9 @@ TILES_CONTAINER = "raster-tiles"
 OUTPUT_CONTAINER = "raster-mosaics"
 #: The create-only manifest: PartitionKey job id, RowKey window id.
 MANIFEST_TABLE = "tilemanifest"
+#: Where Event Grid writes the BlobCreated events it could not deliver (infra; replayed with
+#: ``python -m devhost replay-dead-letters``). The app itself never reads it.
+DEAD_LETTER_CONTAINER = "eventgrid-deadletter"
 
 #: The Durable task hub name (host.json ``extensions.durableTask.hubName``).
 TASK_HUB = "TileCommitHub"

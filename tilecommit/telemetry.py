@@ -90,8 +90,10 @@ activity_duration = _meter.create_histogram(
 start_decisions = _meter.create_counter(
     "StartDecisions", unit="1", description="The starter's decisions: started / duplicate / ignored"
 )
+#: The counter's name in Application Insights' customMetrics (the failed-jobs alert reads it).
+JOBS_FINISHED = "JobsFinished"
 jobs_finished = _meter.create_counter(
-    "JobsFinished", unit="1", description="Jobs that completed or failed, failures by error type"
+    JOBS_FINISHED, unit="1", description="Jobs that completed or failed, failures by error type"
 )
 job_duration = _meter.create_histogram(
     "JobDuration", unit="s", description="Orchestration time from the job's start to its end"

@@ -19,6 +19,12 @@ param inputContainerName string
 @description('Name of the event subscription.')
 param name string
 
+@description('The storage account holding the dead-letter container.')
+param storageAccountId string
+
+@description('Where Event Grid writes the events it could not deliver (tilecommit/settings.py DEAD_LETTER_CONTAINER).')
+param deadLetterContainerName string
+
 resource systemTopic 'Microsoft.EventGrid/systemTopics@2022-06-15' existing = {
   name: systemTopicName
 }
@@ -67,11 +73,28 @@ resource subscription 'Microsoft.EventGrid/systemTopics/eventSubscriptions@2022-
       ]
     }
     eventDeliverySchema: 'EventGridSchema'
-    // Event Grid's defaults, spelled out: retries with back-off for 24 hours while the app is
+    // Event Grid's defaults, spelled out: retries with back-off (10 s, 30 s, 1 min, 5 min, ... up
+    // to every 12 h) for 24 hours or 30 attempts, whichever ends first, while the app is
     // cold-starting or failing. Delivery is at least once; the app's job id makes it harmless.
     retryPolicy: {
       maxDeliveryAttempts: 30
       eventTimeToLiveInMinutes: 1440
+    }
+    // An event still undelivered then (or refused with 400, 401, 403 or 413, which Event Grid does
+    // not retry) is written to this container instead of being dropped, by the topic's own
+    // identity (events.bicep; its role: storage-roles.bicep). `python -m devhost replay-dead-letters`
+    // delivers them again; each becomes a job or a duplicate (docs/operations.md).
+    deadLetterWithResourceIdentity: {
+      identity: {
+        type: 'SystemAssigned'
+      }
+      deadLetterDestination: {
+        endpointType: 'StorageBlob'
+        properties: {
+          resourceId: storageAccountId
+          blobContainerName: deadLetterContainerName
+        }
+      }
     }
   }
 }

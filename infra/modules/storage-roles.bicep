@@ -44,6 +44,12 @@ param inputContainerName string
 @description('Container the mosaics are written to.')
 param outputContainerName string
 
+@description('Container Event Grid dead-letters undeliverable events to.')
+param deadLetterContainerName string
+
+@description('Principal (object) id of the Event Grid system topic\'s own identity, which writes the dead letters.')
+param eventGridPrincipalId string
+
 var storageBlobDataOwnerRoleId = 'b7e6dc6d-f1e8-4753-8033-0f276bb0955b'
 var storageBlobDataContributorRoleId = 'ba92f5b4-2d11-453d-a403-e96b0029c9fe'
 var storageBlobDataReaderRoleId = '2a2b9908-6ea1-4ae2-8e65-a410df84e7d1'
@@ -67,6 +73,11 @@ resource inputContainer 'Microsoft.Storage/storageAccounts/blobServices/containe
 resource outputContainer 'Microsoft.Storage/storageAccounts/blobServices/containers@2023-05-01' existing = {
   parent: blobService
   name: outputContainerName
+}
+
+resource deadLetterContainer 'Microsoft.Storage/storageAccounts/blobServices/containers@2023-05-01' existing = {
+  parent: blobService
+  name: deadLetterContainerName
 }
 
 resource packageContainer 'Microsoft.Storage/storageAccounts/blobServices/containers@2023-05-01' existing = {
@@ -118,6 +129,21 @@ resource appTableContributor 'Microsoft.Authorization/roleAssignments@2022-04-01
     principalId: appPrincipalId
     principalType: 'ServicePrincipal'
     description: 'Durable Functions tables, host diagnostic events, the manifest table.'
+  }
+}
+
+// ---- Event Grid's system topic (container scope) ----
+
+// Storage Blob Data Contributor on the dead-letter container only: the topic writes there, with
+// its own identity, the events it could not deliver (event-subscription.bicep).
+resource eventGridDeadLetterWriter 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(deadLetterContainer.id, eventGridPrincipalId, storageBlobDataContributorRoleId)
+  scope: deadLetterContainer
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', storageBlobDataContributorRoleId)
+    principalId: eventGridPrincipalId
+    principalType: 'ServicePrincipal'
+    description: 'Event Grid: write undeliverable BlobCreated events (dead letters).'
   }
 }
 
