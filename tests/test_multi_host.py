@@ -54,6 +54,21 @@ def start_hosts(
     return hosts
 
 
+def wait_until_balanced(store: HistoryStore, count: int, timeout: float = 120) -> None:
+    """Until ``count`` hosts each own a partition: started is not joined (``serve --hosts N``
+    returns when its first host watches, and a newcomer takes its share only when the owner's
+    next lease round hands it on), and work shared among hosts that have not joined proves nothing."""
+    deadline = time.monotonic() + timeout
+    owners: set = set()
+    while time.monotonic() < deadline:
+        rows = store.partition_table.query_entities("PartitionKey eq ''")
+        owners = {r.get("CurrentOwner") for r in rows if not r.get("NextOwner")} - {None}
+        if len(owners) == count:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"after {timeout} s the partitions are owned by {sorted(owners)}, not by {count} hosts")
+
+
 def stop_hosts(hosts: list[tuple[subprocess.Popen, Path]]) -> list[dict]:
     """SIGTERM each host (it drains and hands its partitions on); each one's closing counters."""
     for process, _ in hosts:
@@ -134,10 +149,11 @@ def assert_outputs(
 def test_jobs_uploaded_at_once_complete_on_several_hosts_each_episode_once(storage, app_env, tmp_path, host_count):
     made = scenes(tmp_path, JOBS)
     hosts = start_hosts(app_env, tmp_path, host_count, one_command=host_count == 3)  # 3: serve --hosts 3
+    store = hub_store(storage, app_env)
     try:
+        wait_until_balanced(store, host_count)
         with ThreadPoolExecutor(8) as pool:
             job_ids = list(pool.map(lambda scene: upload(storage, app_env, scene), made))
-        store = hub_store(storage, app_env)
         states = wait_all(store, job_ids, timeout=300)
     finally:
         stats = stop_hosts(hosts)
