@@ -34,7 +34,7 @@ def tiling_functions(activity_functions=activities) -> df.Blueprint:
     """The orchestrators and the activities they call, bound under the names the orchestrators use.
 
     ``activity_functions`` supplies ``validate_source``, ``render_tile``, ``assemble_mosaic``,
-    ``plan_mosaic_shares`` and ``stage_mosaic_share``:
+    ``plan_mosaic_shares``, ``stage_mosaic_share`` and ``publish_job_event``:
     the real ones for this app; bench/null_app.py passes stand-ins that do no raster work, so
     the benchmark runs the same orchestrators with the same bindings. A fresh blueprint on each
     call: the SDK wraps each function as it registers it, and an app indexes its functions once.
@@ -60,6 +60,9 @@ def tiling_functions(activity_functions=activities) -> df.Blueprint:
     )
     bp.activity_trigger(input_name="payload", activity=names.STAGE_MOSAIC_SHARE)(
         observed_activity(names.STAGE_MOSAIC_SHARE, activity_functions.stage_mosaic_share)
+    )
+    bp.activity_trigger(input_name="payload", activity=names.PUBLISH_JOB_EVENT)(
+        observed_activity(names.PUBLISH_JOB_EVENT, activity_functions.publish_job_event)
     )
     return bp
 

@@ -1,5 +1,6 @@
 """The job's activities: validate the source, render one window, assemble the mosaic (in one
-activity, or planned, staged in shares and committed: :mod:`tilecommit.raster.shares`).
+activity, or planned, staged in shares and committed: :mod:`tilecommit.raster.shares`), and
+publish the job's completion event (:mod:`tilecommit.events`) once it ended.
 
 Each reads what decides its outputs (the window grid, the block size, the profile) from the
 job's output spec, never from the app settings (see :mod:`tilecommit.spec`); the settings give
@@ -12,7 +13,7 @@ import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from tilecommit import raster
+from tilecommit import events, jobs, raster
 from tilecommit.errors import CorruptTileError, InvalidRasterError, error_value, is_retryable
 from tilecommit.grid import Window
 from tilecommit.raster import shares as split
@@ -166,3 +167,41 @@ def stage_mosaic_share(payload: dict) -> dict:
         return split.stage_share(job["job_id"], staged, index, tiles=ctx.tiles, output=ctx.output)
 
     return run_activity("stage_mosaic_share", job, work)
+
+
+OUTPUT_NAMES = {"mosaic": jobs.mosaic_blob_name, "stac": jobs.stac_blob_name, "quicklook": jobs.quicklook_blob_name}
+
+
+def publish_job_event(payload: dict) -> dict:
+    """``payload``: ``{"job", "outcome", "started_at", "ended_at", "duration_s", "result", "error"}``
+    (made by the orchestration). A completed job's event names its outputs with the ETags storage
+    holds for them now; returns :class:`tilecommit.events.PublishResult` as a dict."""
+    job = payload["job"]
+    ctx = activity_context()
+
+    def work() -> dict:
+        outputs = {}
+        if payload["outcome"] == "completed":
+            for name, blob_name in OUTPUT_NAMES.items():
+                blob = ctx.output.get_blob_client(blob_name(job["job_id"]))
+                outputs[name] = {"url": blob.url, "etag": blob.get_blob_properties().etag.strip('"')}
+        event = events.job_event(
+            job,
+            outcome=payload["outcome"],
+            started_at=payload["started_at"],
+            ended_at=payload["ended_at"],
+            duration_s=payload["duration_s"],
+            result=payload.get("result"),
+            error=payload.get("error"),
+            outputs=outputs,
+        )
+        if not ctx.settings.events_endpoint:
+            logger.info(
+                "job %s: %s, no events endpoint set: event %s not published", job["job_id"], event["type"], event["id"]
+            )
+            return events.PublishResult("not-configured", event["id"], event["type"]).to_dict()
+        events.publish(ctx.settings.events_endpoint, event, ctx.connection.credential)
+        logger.info("job %s: published %s (event %s)", job["job_id"], event["type"], event["id"])
+        return events.PublishResult("published", event["id"], event["type"]).to_dict()
+
+    return run_activity("publish_job_event", job, work)

@@ -80,6 +80,17 @@ def build_parser() -> argparse.ArgumentParser:
             "a host restarted under its old name takes its partitions back without waiting for their leases)",
         )
         p.add_argument(
+            "--events-file",
+            type=Path,
+            metavar="PATH",
+            help="append each job's completion event (CloudEvents JSON) to this file, one line each",
+        )
+        p.add_argument(
+            "--events-url",
+            metavar="URL",
+            help="post each job's completion event to this URL, as Event Grid posts CloudEvents to a webhook",
+        )
+        p.add_argument(
             "--lease-seconds",
             type=float,
             default=30.0,
@@ -220,6 +231,12 @@ def check_usage(args: argparse.Namespace) -> None:
         raise UsageError("--deliveries must be at least 1")
     if getattr(args, "hosts", 1) < 1:
         raise UsageError("--hosts must be at least 1")
+    events_url = getattr(args, "events_url", None)
+    if events_url is not None and not events_url.startswith(("http://", "https://")):
+        raise UsageError(f"--events-url {events_url}: expected an http:// or https:// URL")
+    events_file = getattr(args, "events_file", None)
+    if events_file is not None and events_file.is_dir():
+        raise UsageError(f"--events-file {events_file}: a folder, not a file")
     if getattr(args, "lease_seconds", 30.0) < 3:
         raise UsageError("--lease-seconds must be at least 3")
     if args.command == "status" and args.limit < 1:
@@ -261,6 +278,8 @@ def _host(args: argparse.Namespace):
             instance_memory_mb=args.instance_memory_mb or None,
             worker_id=args.worker_id,
             lease=LeaseTimings(lease_s=args.lease_seconds, acquire_s=args.lease_seconds / 3),
+            events_file=args.events_file,
+            events_url=args.events_url,
         )
     )
 

@@ -9,10 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tilecommit.settings import TASK_HUB, Settings
+from tilecommit.settings import SETTING_EVENTS_ENDPOINT, SETTING_EVENTS_KEY, TASK_HUB, Settings
 from tilecommit.storage import StorageConnection
 
 from .engine import Engine
+from .event_sink import EventSink
 from .functions import FunctionIndex
 from .limits import MemoryWatchdog
 from .partitions import PROVIDER_LEASE, LeaseTimings, partition_of
@@ -77,6 +78,10 @@ class HostOptions:
     worker_id: str | None = None
     #: Partition lease timings (the provider's: 30 s lease, 10 s between rounds).
     lease: LeaseTimings = PROVIDER_LEASE
+    #: Completion events (the app's Event Grid topic, played here): appended to this JSONL file
+    #: and/or posted to this URL (:mod:`devhost.event_sink`). Neither: the app publishes none.
+    events_file: Path | None = None
+    events_url: str | None = None
 
 
 def close_durable_client_session() -> None:
@@ -155,6 +160,10 @@ class LocalHost:
         )
         self._decision_log = _DecisionLog()
         self.memory: MemoryWatchdog | None = None
+        self.events: EventSink | None = None
+        if self.options.events_file is not None or self.options.events_url is not None:
+            self.events = EventSink(file=self.options.events_file, url=self.options.events_url)
+        self._saved_env: dict[str, str | None] = {}
 
     def ensure_storage(self) -> None:
         """Create the containers and tables the app and the host use (infra does this in Azure)."""
@@ -185,6 +194,12 @@ class LocalHost:
         if logging.getLogger().getEffectiveLevel() > logging.INFO:
             logging.getLogger("orchestrators").setLevel(logging.INFO)
         self.ensure_storage()
+        if self.events is not None:
+            self.events.start()
+            # The app's setting for its topic, as the deployment sets it; the key only here.
+            for name, value in ((SETTING_EVENTS_ENDPOINT, self.events.endpoint), (SETTING_EVENTS_KEY, self.events.key)):
+                self._saved_env[name] = os.environ.get(name)
+                os.environ[name] = value
         self.api.start()
         self.engine.start()
         if self.options.instance_memory_mb:
@@ -199,6 +214,13 @@ class LocalHost:
         self.watcher.stop()
         self.engine.stop()
         self.api.stop()
+        if self.events is not None:
+            self.events.stop()
+            for name, value in self._saved_env.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
         close_durable_client_session()
         logging.getLogger().removeHandler(self._decision_log)
 

@@ -26,6 +26,10 @@ def host_command(args: argparse.Namespace, worker_id: str) -> list[str]:
         command += ["--function-timeout", str(args.function_timeout)]
     if args.duplicate_activities:
         command.append("--duplicate-activities")
+    if args.events_file is not None:
+        command += ["--events-file", str(args.events_file)]  # each host appends its jobs' events
+    if args.events_url is not None:
+        command += ["--events-url", args.events_url]
     return command
 
 

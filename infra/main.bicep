@@ -98,6 +98,10 @@ param logRetentionDays int = 30
 @description('Log Analytics daily ingestion cap in GB (-1: none).')
 param logDailyQuotaGb int = 1
 
+@description('A webhook that receives every job\'s completion event (CloudEvents 1.0, from the completion-events topic); empty: none.')
+@secure()
+param completionWebhookUrl string = ''
+
 @description('Action group (resource id) the alerts notify: dead-lettered or dropped upload events, failed jobs. Empty: the alerts fire but notify nobody.')
 param alertActionGroupId string = ''
 
@@ -129,6 +133,7 @@ var identityName = '${baseName}-id-${token}'
 var logAnalyticsName = '${baseName}-log-${token}'
 var applicationInsightsName = '${baseName}-appi-${token}'
 var systemTopicName = '${baseName}-evgt-${token}'
+var completionTopicName = '${baseName}-evt-${token}'
 var eventSubscriptionName = '${replace(triggerFunctionName, '_', '-')}-blob-created'
 
 // ---------------------------------------------------------------------------------------------
@@ -344,6 +349,11 @@ resource functionApp 'Microsoft.Web/sites@2024-04-01' = {
           name: 'TILECOMMIT_ASSEMBLY_SHARE_MB'
           value: string(assemblyShareMb)
         }
+        {
+          // The completion events' topic; the app publishes with its identity (EventGrid Data Sender).
+          name: 'TILECOMMIT_EVENTS_ENDPOINT'
+          value: completionEvents.outputs.endpoint
+        }
         // GDAL limits that keep the mosaic assembly near 300 MB however large the scene (docs/design.md,
         // 'GDAL settings and raster figures'), and /vsiaz/ reads that neither list the container nor give up on one slow request.
         {
@@ -447,6 +457,17 @@ module eventSubscription 'modules/event-subscription.bicep' = if (deployEventSub
   }
 }
 
+module completionEvents 'modules/completion-events.bicep' = {
+  name: 'completion-events'
+  params: {
+    name: completionTopicName
+    location: location
+    tags: tags
+    publisherPrincipalId: identity.properties.principalId
+    webhookUrl: completionWebhookUrl
+  }
+}
+
 module alerts 'modules/alerts.bicep' = {
   name: 'alerts'
   params: {
@@ -478,5 +499,6 @@ output logAnalyticsName string = monitoring.outputs.logAnalyticsName
 output identityName string = identity.name
 output systemTopicName string = events.outputs.name
 output deadLetterContainer string = deadLetterContainerName
+output completionTopicName string = completionEvents.outputs.name
 output eventSubscriptionName string = eventSubscriptionName
 output triggerFunctionName string = triggerFunctionName

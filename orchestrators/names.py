@@ -18,6 +18,8 @@ ASSEMBLE_MOSAIC = "assemble_mosaic"
 #: by ASSEMBLE_MOSAIC.
 PLAN_MOSAIC_SHARES = "plan_mosaic_shares"
 STAGE_MOSAIC_SHARE = "stage_mosaic_share"
+#: The job's completion event (completed or failed), once it ended.
+PUBLISH_JOB_EVENT = "publish_job_event"
 
 #: A scrub of one finished job: verify every window against its source, repair on request.
 VERIFY_SCENE = "verify_scene"

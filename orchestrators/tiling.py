@@ -192,8 +192,56 @@ def assemble(
 
 
 def tile_scene(context: df.DurableOrchestrationContext) -> Generator[Any, Any, dict]:
-    """One job. Input: the job dict made by the starter (job id, source blob, etag, sizes)."""
+    """One job, announced by its completion event when it ends, completed or failed (see
+    :func:`announce`). Input: the job dict made by the starter (job id, source blob, etag, sizes)."""
     job: dict = context.get_input()
+    started = context.current_utc_datetime  # the first episode's clock, in every replay
+    try:
+        result = yield from run_job(context, job)
+    except Exception as exc:
+        yield from announce(context, job, started, "failed", error={"type": type(exc).__name__, "message": str(exc)})
+        raise
+    yield from announce(context, job, started, "completed", result=result)
+    return result
+
+
+def announce(
+    context: df.DurableOrchestrationContext,
+    job: dict,
+    started: Any,
+    outcome: str,
+    *,
+    result: dict | None = None,
+    error: dict | None = None,
+) -> Generator[Any, Any, None]:
+    """Publish the job's completion event (activity ``publish_job_event``, with the retry policy).
+
+    A completed job whose event cannot be published fails, saying so, rather than end with
+    nobody told: delivering the upload again finds every output present and publishes then. A
+    failed job's own failure stands whatever becomes of its event.
+    """
+    ended = context.current_utc_datetime
+    payload = {
+        "job": job,
+        "outcome": outcome,
+        "started_at": started.isoformat(),
+        "ended_at": ended.isoformat(),
+        "duration_s": (ended - started).total_seconds(),
+        "result": result,
+        "error": error,
+    }
+    try:
+        published = yield context.call_activity_with_retry(names.PUBLISH_JOB_EVENT, ACTIVITY_RETRY, payload)
+    except Exception as exc:
+        if outcome == "completed":
+            raise exhausted(job, "publishing the completion event", exc) from exc
+        return
+    if published.get("error") and outcome == "completed":
+        raise failure_for(job, published["error"])
+
+
+def run_job(context: df.DurableOrchestrationContext, job: dict) -> Generator[Any, Any, dict]:
+    """Validate, render in batches, assemble; the job's summary."""
     job_id = job["job_id"]
     context.set_custom_status({"stage": "validating", "windows_done": 0, "windows_total": None})
 

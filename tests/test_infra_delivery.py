@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 
 from tests.bicep import INFRA, Bicep
-from tilecommit import settings, telemetry
+from tilecommit import events, settings, telemetry
 
 MAIN = Bicep(INFRA / "main.bicep")
 SUBSCRIPTION = Bicep(INFRA / "modules" / "event-subscription.bicep")
@@ -93,3 +93,24 @@ def test_the_deploy_scripts_subscription_step_passes_every_parameter_the_module_
     assert ("deadLetterContainerName", "deadLetterContainer") in passed
     assert ("storageAccountId", "storageAccountId") in passed
     assert {output for _, output in passed} <= set(MAIN.outputs)
+
+
+COMPLETION = Bicep(INFRA / "modules" / "completion-events.bicep")
+
+
+def test_completion_events_go_to_a_cloudevents_topic_the_app_alone_may_publish_to() -> None:
+    (topic,) = COMPLETION.resources_of_type("Microsoft.EventGrid/topics")
+    properties = COMPLETION.evaluate(topic.value)["properties"]
+    assert properties["inputSchema"] == "CloudEventSchemaV1_0" and properties["disableLocalAuth"] is True
+    (sender,) = COMPLETION.resources_of_type("Microsoft.Authorization/roleAssignments")
+    assert "scope: topic" in COMPLETION.text(sender.value) and "eventGridDataSenderRoleId" in COMPLETION.text(
+        sender.value
+    )
+    assert MAIN.text(MAIN.modules["completionEvents"].value).count("identity.properties.principalId") == 1
+    (webhook,) = COMPLETION.resources_of_type("Microsoft.EventGrid/topics/eventSubscriptions")
+    assert COMPLETION.evaluate(webhook.condition, {"webhookUrl": ""}) is False
+    assert COMPLETION.evaluate(webhook.condition, {"webhookUrl": "https://example.org/hook"}) is True
+    body = COMPLETION.evaluate(webhook.value, {"webhookUrl": "https://example.org/hook"})["properties"]
+    assert body["filter"]["includedEventTypes"] == [events.COMPLETED, events.FAILED]
+    assert body["eventDeliverySchema"] == "CloudEventSchemaV1_0"
+    assert "secure" in MAIN.params["completionWebhookUrl"].decorators  # a webhook URL may carry a key

@@ -19,8 +19,10 @@ ROLE_DEFINITION = re.compile(r"roleDefinitions'\s*,\s*([^)]+)\)")
 
 
 def role_name(variable: str) -> str:
-    """``storageBlobDataOwner`` -> ``Storage Blob Data Owner``."""
-    return " ".join(word.capitalize() for word in re.findall(r"[a-z]+|[A-Z][a-z]*", variable))
+    """``storageBlobDataOwner`` -> ``Storage Blob Data Owner``; ``eventGrid...`` -> ``EventGrid ...``
+    (the role names spell the service as one word)."""
+    name = " ".join(word.capitalize() for word in re.findall(r"[a-z]+|[A-Z][a-z]*", variable))
+    return name.replace("Event Grid ", "EventGrid ")
 
 
 def bicep_files():
@@ -50,3 +52,4 @@ def test_role_assignments_use_the_named_variables_and_no_bare_id():
 def test_the_name_mapping_reads_camel_case():
     assert role_name("storageBlobDataOwner") == "Storage Blob Data Owner"
     assert role_name("monitoringMetricsPublisher") == "Monitoring Metrics Publisher"
+    assert role_name("eventGridDataSender") == "EventGrid Data Sender"

@@ -33,9 +33,32 @@ def run(fn, history: History) -> dict:
 
 
 def run_failing(fn, history: History) -> str:
+    """The failure message of an orchestration that fails in this episode. For a job
+    (``tile_scene``) the failing episode first publishes the job's failed event
+    (:func:`announced`); this completes that publish and runs the episode that ends the job."""
+    if fn is tiling.tile_scene:
+        history = announced(history, "failed")
     with pytest.raises(Exception) as info:
         df.Orchestrator.create(fn)(history.context())
     return str(info.value)
+
+
+def next_task_id(history: History) -> int:
+    """The id the SDK gives the next task: one per scheduled activity, timer and sub-orchestration."""
+    return sum(1 for e in history.events if e["EventType"] in (4, 7, 10))
+
+
+def announced(history: History, outcome: str, answer: dict | None = None) -> History:
+    """Runs the episode that ends the job: it must schedule ``publish_job_event`` for ``outcome``
+    (and nothing after it); then the publish's completion is added with ``answer``."""
+    state = run(tiling.tile_scene, history)
+    publish = leaf_actions(state)[-1]
+    assert publish["functionName"] == names.PUBLISH_JOB_EVENT and state["isDone"] is False
+    payload = json.loads(publish["input"])
+    assert payload["outcome"] == outcome and payload["job"] == json.loads(history.input)
+    task_id = next_task_id(history)
+    history.scheduled(task_id, names.PUBLISH_JOB_EVENT).episode()
+    return history.completed(task_id, answer or {"outcome": "published", "event_id": "e", "type": outcome})
 
 
 def test_first_episode_validates_with_retry_and_reports_stage():
@@ -148,8 +171,11 @@ def test_fan_in_then_assembly_then_summary():
     history.scheduled(3, names.ASSEMBLE_MOSAIC).episode().completed(
         3, {"outcome": "written", "mosaic_url": "m", "stac_url": "s", "quicklook_url": "q"}
     )
-    state = run(tiling.tile_scene, history)
+    publish = json.loads(leaf_actions(run(tiling.tile_scene, history))[-1]["input"])
+    state = run(tiling.tile_scene, announced(history, "completed"))
     assert state["isDone"] is True
+    assert publish["result"] == state["output"] and publish["error"] is None
+    assert publish["started_at"] < publish["ended_at"] and publish["duration_s"] > 0
     assert state["output"] == {
         "job_id": JOB["job_id"],
         "source": "scene.tif",
@@ -173,7 +199,10 @@ def test_bad_input_fails_the_job_at_once_with_the_message():
     message = run_failing(tiling.tile_scene, history)
     assert "bad input 'scene.tif': not a raster: zero bytes (InvalidRasterError)" in message
     state = json.loads(message.split("$OutOfProcData$:")[1])
-    assert leaf_actions(state)[1:] == []  # nothing scheduled after the refusal
+    # Nothing scheduled after the refusal but the job's failed event.
+    assert [a["functionName"] for a in leaf_actions(state)] == [names.VALIDATE_SOURCE, names.PUBLISH_JOB_EVENT]
+    event = json.loads(leaf_actions(state)[-1]["input"])
+    assert event["error"]["type"] == "BadInputFailure" and "not a raster: zero bytes" in event["error"]["message"]
 
 
 def test_bad_window_in_a_batch_fails_the_job():
@@ -252,6 +281,31 @@ def test_a_validation_that_exhausts_its_retries_fails_the_job_saying_storage_sta
     message = run_failing(tiling.tile_scene, history)
     assert "validating the upload still failed after 6 attempts over 135 s of retries" in message
     assert "storage stayed unavailable or throttled" in message and "503 ServerBusy attempt 6" in message
+
+
+def test_a_completed_job_whose_event_cannot_be_published_fails_saying_so():
+    """A refusal of the topic (an error value: e.g. the role is missing) fails the completed job
+    instead of ending it with nobody told; retries that run out say storage or the topic stayed
+    unavailable."""
+    history = validated_history()
+    history.sub_created(1, names.RENDER_BATCH, "a").sub_created(2, names.RENDER_BATCH, "b").episode()
+    history.sub_completed(1, batch_summary(4, 4, 0, 400)).sub_completed(2, batch_summary(2, 2, 0, 200))
+    history.scheduled(3, names.ASSEMBLE_MOSAIC).episode()
+    history.completed(3, {"outcome": "written", "mosaic_url": "m", "stac_url": "s", "quicklook_url": "q"})
+    refused = {"error": error("HttpResponseError", "(Unauthorized) the principal lacks EventGrid Data Sender")}
+    history = announced(history, "completed", refused)
+    with pytest.raises(Exception) as info:
+        df.Orchestrator.create(tiling.tile_scene)(history.context())
+    assert "failed, not retryable: (Unauthorized) the principal lacks EventGrid Data Sender" in str(info.value)
+
+
+def test_a_failed_jobs_failure_stands_when_its_event_cannot_be_published():
+    history = History(names.TILE_SCENE, JOB).scheduled(0, names.VALIDATE_SOURCE).episode()
+    history.completed(0, {"error": error("InvalidRasterError", "not a raster: zero bytes")})
+    history = announced(history, "failed", {"error": error("HttpResponseError", "(Unauthorized) no role")})
+    with pytest.raises(Exception) as info:
+        df.Orchestrator.create(tiling.tile_scene)(history.context())
+    assert "bad input 'scene.tif': not a raster: zero bytes" in str(info.value) and "no role" not in str(info.value)
 
 
 def test_replaying_the_same_history_gives_the_same_actions():

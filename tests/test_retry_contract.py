@@ -53,7 +53,8 @@ def test_a_corrupt_upload_runs_validation_once_and_fails_as_bad_input(app_env, a
     print(f"\ncorrupt upload: attempts {dict(attempts)}, failed attempts {dict(failed)}")
     assert summary["status"] == "failed"
     assert "bad input 'corrupt.tif'" in summary["error"] and "(InvalidRasterError)" in summary["error"]
-    assert attempts == {names.VALIDATE_SOURCE: 1} and not failed
+    # Validation once; then the job's failed event, once (no topic configured here: not published).
+    assert attempts == {names.VALIDATE_SOURCE: 1, names.PUBLISH_JOB_EVENT: 1} and not failed
 
 
 def test_storage_refusing_with_a_plain_4xx_runs_each_tile_once_and_fails_the_job(
@@ -85,7 +86,8 @@ def test_a_retryable_fault_follows_the_policy_then_fails_the_job_saying_storage_
     )
     print(f"\n503 on the upload: injected {dict(blobs.injected)}; attempts {dict(attempts)}, failed {dict(failed)}")
     policy = retries.ACTIVITY_RETRY
-    assert attempts == failed == {names.VALIDATE_SOURCE: policy.max_attempts}
+    assert failed == {names.VALIDATE_SOURCE: policy.max_attempts}
+    assert attempts == {names.VALIDATE_SOURCE: policy.max_attempts, names.PUBLISH_JOB_EVENT: 1}
     assert summary["status"] == "failed"
     assert f"still failed after {policy.max_attempts} attempts" in summary["error"]
     assert "storage stayed unavailable or throttled" in summary["error"] and "bad input" not in summary["error"]

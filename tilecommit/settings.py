@@ -44,6 +44,10 @@ SETTING_BATCH_SIZE = "TILECOMMIT_BATCH_SIZE"
 SETTING_MAX_PIXELS = "TILECOMMIT_MAX_PIXELS"
 SETTING_GDAL_CACHEMAX = "TILECOMMIT_GDAL_CACHEMAX_MB"
 SETTING_ASSEMBLY_SHARE = "TILECOMMIT_ASSEMBLY_SHARE_MB"
+#: The Event Grid topic the completion events go to (its endpoint URL); empty: no events.
+SETTING_EVENTS_ENDPOINT = "TILECOMMIT_EVENTS_ENDPOINT"
+#: A key for that endpoint, for the local host's stand-in topic only; in Azure the app's identity.
+SETTING_EVENTS_KEY = "TILECOMMIT_EVENTS_KEY"
 
 APP_SETTINGS = (
     SETTING_INPUT_CONTAINER,
@@ -55,6 +59,7 @@ APP_SETTINGS = (
     SETTING_MAX_PIXELS,
     SETTING_GDAL_CACHEMAX,
     SETTING_ASSEMBLY_SHARE,
+    SETTING_EVENTS_ENDPOINT,
 )
 
 #: 1024 px windows: 0.17-0.21 s and ~115 MB a worker for 3-band uint16 (docs/design.md, 'GDAL settings and raster figures').
@@ -106,6 +111,7 @@ class Settings:
     max_pixels: int = DEFAULT_MAX_PIXELS
     gdal_cachemax_mb: int = DEFAULT_GDAL_CACHEMAX_MB
     assembly_share_mb: int = DEFAULT_ASSEMBLY_SHARE_MB
+    events_endpoint: str = ""
 
     def __post_init__(self) -> None:
         if self.window_size <= 0 or self.window_size % 256:
@@ -119,6 +125,11 @@ class Settings:
             raise ConfigurationError(f"{SETTING_MAX_PIXELS}={self.max_pixels}: expected > 0")
         if self.gdal_cachemax_mb <= 0:
             raise ConfigurationError(f"{SETTING_GDAL_CACHEMAX}={self.gdal_cachemax_mb}: expected > 0")
+        if self.events_endpoint and not self.events_endpoint.startswith(("https://", "http://127.0.0.1:")):
+            raise ConfigurationError(
+                f"{SETTING_EVENTS_ENDPOINT}={self.events_endpoint!r}: expected the topic's https:// endpoint "
+                "(or the local host's http://127.0.0.1: stand-in)"
+            )
         if not 1 <= self.assembly_share_mb <= DEFAULT_ASSEMBLY_SHARE_MB:
             raise ConfigurationError(
                 f"{SETTING_ASSEMBLY_SHARE}={self.assembly_share_mb}: expected 1..{DEFAULT_ASSEMBLY_SHARE_MB} "
@@ -148,4 +159,5 @@ class Settings:
             max_pixels=integer(SETTING_MAX_PIXELS, DEFAULT_MAX_PIXELS),
             gdal_cachemax_mb=integer(SETTING_GDAL_CACHEMAX, DEFAULT_GDAL_CACHEMAX_MB),
             assembly_share_mb=integer(SETTING_ASSEMBLY_SHARE, DEFAULT_ASSEMBLY_SHARE_MB),
+            events_endpoint=env.get(SETTING_EVENTS_ENDPOINT, "").strip(),
         )
