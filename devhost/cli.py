@@ -375,7 +375,8 @@ def replay_dead_letters(args: argparse.Namespace, storage) -> int:
         host.stop()
     print(json.dumps(report))
     finished = all(status == "Completed" for status in report["jobs"].values())
-    return EXIT_COMPLETED if finished and not report["skipped"] else EXIT_FAILED
+    failed = report["skipped"] or report["counts"].get("failed")
+    return EXIT_COMPLETED if finished and not failed else EXIT_FAILED
 
 
 def _job_counter_reader():

@@ -15,6 +15,8 @@ job it already has, or is ignored (a sidecar, a zero-byte create). So a replay c
 second job for an upload version, however often it runs or whoever else delivers the same
 event. A dead-letter blob whose events were all delivered gets a create-only marker
 ``replayed/<its name>`` that holds the decisions; later replays skip it, and nothing is deleted.
+A delivery that fails (the upload was deleted since, storage refused) is reported as ``failed``
+and its blob gets no marker, so the next replay tries it again.
 """
 
 from __future__ import annotations
@@ -102,15 +104,22 @@ def replay(container: ContainerClient, input_container: str, deliver: Callable[[
             if blob_name is None:
                 report.skipped.append({"dead_letter_blob": name, "event_id": event.get("id"), "reason": why_not})
                 continue
-            decision = {
-                **deliver(blob_name),
-                "event_id": event.get("id"),
-                "dead_letter_reason": event.get("deadLetterReason"),
-            }
+            try:
+                decision = deliver(blob_name)
+            except Exception as exc:  # noqa: BLE001 - e.g. the upload is gone: reported, tried again next time
+                decision = {
+                    "action": "failed",
+                    "blob": blob_name,
+                    "job_id": None,
+                    "reason": f"{type(exc).__name__}: {exc}",
+                }
+            decision.update(event_id=event.get("id"), dead_letter_reason=event.get("deadLetterReason"))
             logger.info("dead-lettered event %s for %r: %s", event.get("id"), blob_name, decision.get("action"))
             decided.append(decision)
         report.decisions += decided
+        if any(d["action"] == "failed" for d in decided):
+            continue  # no marker: the next replay delivers this blob's events again
         marker = json.dumps({"dead_letter_blob": name, "decisions": decided}, indent=1).encode()
-        gates.commit_blob(container, REPLAYED_PREFIX + name, marker)
+        gates.commit_blob(container, REPLAYED_PREFIX + name, marker, content_type="application/json")
         report.blobs_replayed += 1
     return report

@@ -112,6 +112,23 @@ def test_an_event_that_is_not_an_upload_of_the_input_container_is_reported_not_d
     report = json.loads(done.stdout)
     assert report["decisions"] == [] and len(report["skipped"]) == 1
     assert "is not a blob of the input container" in report["skipped"][0]["reason"]
+    # An upload deleted since its event was dead-lettered: reported as failed, no marker, so a
+    # later replay tries it again.
+    inputs = blobs.get_container_client(app_env.input)
+    inputs.upload_blob("gone.tif", b"II*\x00")
+    gone = blob_created(inputs.get_blob_client("gone.tif"), 4)
+    inputs.delete_blob("gone.tif")
+    dead_letters.upload_blob("SUB/2026/12/2/6/b.json", json.dumps([gone]))
+    env = {**os.environ, **app_env.env}
+    args = ("replay-dead-letters", "--container", dead_letters.container_name, "--hub", app_env.hub)
+    for _ in range(2):
+        again = run_cli(env, *args)
+        assert again.returncode == 1, again.stderr
+        (decision,) = json.loads(again.stdout)["decisions"]
+        assert decision["action"] == "failed" and decision["blob"] == "gone.tif", decision
+        assert "ResourceNotFoundError" in decision["reason"]
+    markers = [b.name for b in dead_letters.list_blobs(name_starts_with="replayed/")]
+    assert markers == ["replayed/SUB/2026/12/2/5/a.json"]
     missing = run_cli(
         {**os.environ, **app_env.env}, "replay-dead-letters", "--container", "nosuchcontainer", "--hub", app_env.hub
     )
