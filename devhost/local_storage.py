@@ -99,13 +99,24 @@ def state_dir() -> Path:
 
 
 def account_key(folder: Path) -> str:
-    """The embedded account's key, made once: the data in the folder is only readable with it."""
+    """The embedded account's key, made once: the data in the folder is only readable with it.
+
+    Commands started at once race to make it: one creates the file (``O_EXCL``), the others find
+    it there, possibly before its writer wrote the key, and wait for the key to appear."""
     path = folder / "account-key"
-    if not path.exists():
+    try:
         descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        pass
+    else:
         with os.fdopen(descriptor, "w") as handle:
             handle.write(new_account_key())
-    return path.read_text().strip()
+    deadline = time.monotonic() + 10
+    while not (key := path.read_text().strip()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if not key:
+        raise RuntimeError(f"{path} stayed empty: delete it and run the command again")
+    return key
 
 
 def _connection_string(key: str, ports: dict[str, int]) -> str:

@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from devhost.local_storage import STATE_DIR_VARIABLE
+from devhost.local_storage import STATE_DIR_VARIABLE, account_key
 from tilecommit.settings import SETTING_WINDOW_SIZE, STORAGE_CONNECTION
 
 from .app_jobs import ROOT, WINDOW, AppEnv, download, make_scene
@@ -122,6 +122,19 @@ def test_an_azurite_left_by_a_killed_command_is_stopped_by_the_next(no_storage_c
     finally:
         for process in azurites_using(state):  # only when the test failed: leave no process behind
             process.kill()
+
+
+def test_commands_started_at_once_all_read_the_one_account_key_the_first_made(tmp_path):
+    """The embedded account's key is made by whichever command comes first; the others, racing
+    it, find the file (perhaps still empty) and read the same key: none fails."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    for round_ in range(20):
+        folder = tmp_path / f"round-{round_}"
+        folder.mkdir()
+        with ThreadPoolExecutor(8) as pool:
+            keys = list(pool.map(account_key, [folder] * 8))
+        assert len(set(keys)) == 1 and keys[0], keys
 
 
 def test_a_missing_file_is_one_line_and_exit_2_before_any_connection(no_storage_configured, tmp_path):
