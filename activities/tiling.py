@@ -180,8 +180,9 @@ def publish_job_event(payload: dict) -> dict:
     ctx = activity_context()
 
     def work() -> dict:
+        publishing = bool(ctx.settings.events_endpoint)
         outputs = {}
-        if payload["outcome"] == "completed":
+        if payload["outcome"] == "completed" and publishing:  # read only for an event that goes out
             for name, blob_name in OUTPUT_NAMES.items():
                 blob = ctx.output.get_blob_client(blob_name(job["job_id"]))
                 outputs[name] = {"url": blob.url, "etag": blob.get_blob_properties().etag.strip('"')}
@@ -195,7 +196,7 @@ def publish_job_event(payload: dict) -> dict:
             error=payload.get("error"),
             outputs=outputs,
         )
-        if not ctx.settings.events_endpoint:
+        if not publishing:
             logger.info(
                 "job %s: %s, no events endpoint set: event %s not published", job["job_id"], event["type"], event["id"]
             )
