@@ -18,7 +18,8 @@ import azurefunctions.extensions.bindings.blob as blob
 
 from activities import tiling as activities
 from activities import verify as verify_activities
-from orchestrators import names, starter, verify_start
+from activities.context import activity_context
+from orchestrators import job_api, names, starter, verify_start
 from orchestrators import tiling as orchestrators
 from orchestrators import verify as verify_orchestrators
 from tilecommit import monitoring, telemetry
@@ -96,6 +97,64 @@ app.register_functions(tiling_functions())
 app.register_functions(verify_functions())
 
 
+def json_response(body: object, status_code: int = 200) -> func.HttpResponse:
+    return func.HttpResponse(json.dumps(body), status_code=status_code, mimetype="application/json")
+
+
+async def answer(call, status_code: int = 200) -> func.HttpResponse:
+    """The job API's answer to one request: ``await call`` as JSON, or its refusal as JSON."""
+    try:
+        return json_response(await call, status_code)
+    except job_api.JobApiError as exc:
+        return json_response(exc.body(), exc.status)
+
+
+@app.function_name(names.JOB_ROUTE)
+@app.route(route="jobs/{job_id}", methods=["GET"], auth_level=func.AuthLevel.FUNCTION)
+@app.durable_client_input(client_name="client")
+async def get_job(req: func.HttpRequest, client: df.DurableOrchestrationClient) -> func.HttpResponse:
+    """GET /api/jobs/{job_id}: the job's state, progress, upload, profile, outputs and error."""
+    return await answer(job_api.get_job(client, req.route_params["job_id"]))
+
+
+@app.function_name(names.JOBS_ROUTE)
+@app.route(route="jobs", methods=["GET"], auth_level=func.AuthLevel.FUNCTION)
+@app.durable_client_input(client_name="client")
+async def list_jobs(req: func.HttpRequest, client: df.DurableOrchestrationClient) -> func.HttpResponse:
+    """GET /api/jobs[?state=failed,running][&since=ISO 8601][&limit=N][&cursor=C]: a page of jobs."""
+    try:
+        limit = int(req.params.get("limit") or job_api.DEFAULT_LIMIT)
+    except ValueError:
+        return json_response(job_api.JobApiError(400, "invalid-limit", "limit must be a whole number").body(), 400)
+    page = job_api.list_jobs(
+        client,
+        state=req.params.get("state"),
+        since=req.params.get("since"),
+        limit=limit,
+        cursor=req.params.get("cursor"),
+    )
+    return await answer(page)
+
+
+@app.function_name(names.CANCEL_ROUTE)
+@app.route(route="jobs/{job_id}/cancel", methods=["POST"], auth_level=func.AuthLevel.FUNCTION)
+@app.durable_client_input(client_name="client")
+async def cancel_job(req: func.HttpRequest, client: df.DurableOrchestrationClient) -> func.HttpResponse:
+    """POST /api/jobs/{job_id}/cancel[?reason=...]: stop a running job; 202. Its tiles stay valid."""
+    reason = req.params.get("reason") or "cancelled through the job API"
+    return await answer(
+        job_api.cancel_job(client, activity_context().manifest, req.route_params["job_id"], reason), 202
+    )
+
+
+@app.function_name(names.RETRY_ROUTE)
+@app.route(route="jobs/{job_id}/retry", methods=["POST"], auth_level=func.AuthLevel.FUNCTION)
+@app.durable_client_input(client_name="client")
+async def retry_job(req: func.HttpRequest, client: df.DurableOrchestrationClient) -> func.HttpResponse:
+    """POST /api/jobs/{job_id}/retry: run a failed or cancelled job again (only its missing windows); 202."""
+    return await answer(job_api.retry_job(client, activity_context().manifest, req.route_params["job_id"]), 202)
+
+
 @app.function_name(names.VERIFY_ROUTE)
 @app.route(route="jobs/{job_id}/verify", methods=["POST"], auth_level=func.AuthLevel.FUNCTION)
 @app.durable_client_input(client_name="client")
@@ -106,9 +165,9 @@ async def verify_job(req: func.HttpRequest, client: df.DurableOrchestrationClien
     try:
         instance_id = await verify_start.start_verify(client, job_id, repair=repair)
     except verify_start.JobNotVerifiable as exc:
-        return func.HttpResponse(json.dumps({"error": str(exc)}), status_code=404, mimetype="application/json")
+        return json_response(job_api.JobApiError(404, "job-not-verifiable", str(exc)).body(), 404)
     body = {"id": instance_id, "job_id": job_id, "repair": repair, **client.create_http_management_payload(instance_id)}
-    return func.HttpResponse(json.dumps(body), status_code=202, mimetype="application/json")
+    return json_response(body, 202)
 
 
 @app.function_name(names.STARTER)

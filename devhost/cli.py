@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -30,6 +31,7 @@ from pathlib import Path
 
 from tilecommit.settings import DEAD_LETTER_CONTAINER
 
+from .http_routes import DEFAULT_HTTP_PORT, FUNCTION_KEY_ENV
 from .limits import CONSUMPTION_INSTANCE_MB
 from .session import UsageError, job_summary, process_file
 
@@ -101,6 +103,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="watch the input container and process uploads until stopped")
     host_options(serve)
+    serve.add_argument(
+        "--http-port",
+        type=int,
+        default=DEFAULT_HTTP_PORT,
+        metavar="PORT",
+        help=f"serve the app's HTTP routes (the job API) on 127.0.0.1:PORT (default {DEFAULT_HTTP_PORT}, "
+        "as func start; 0: any free port; with --hosts, host k gets PORT+k-1); -1: none",
+    )
+    serve.add_argument(
+        "--function-key",
+        default=os.environ.get(FUNCTION_KEY_ENV),
+        metavar="KEY",
+        help=f"the key routes of auth level function require (x-functions-key header or ?code=); default "
+        f"${FUNCTION_KEY_ENV}; none: keys are not enforced, as in func start",
+    )
     serve.add_argument(
         "--hosts",
         type=int,
@@ -280,6 +297,8 @@ def _host(args: argparse.Namespace):
             lease=LeaseTimings(lease_s=args.lease_seconds, acquire_s=args.lease_seconds / 3),
             events_file=args.events_file,
             events_url=args.events_url,
+            http_port=getattr(args, "http_port", -1) if getattr(args, "http_port", -1) >= 0 else None,
+            function_key=getattr(args, "function_key", None),
         )
     )
 
@@ -397,45 +416,43 @@ def _job_counter_reader():
 
 
 def status(args: argparse.Namespace, storage) -> int:
-    from tilecommit.settings import TASK_HUB
-    from tilecommit.storage import StorageConnection
+    """``status [JOB_ID]``: what GET /api/jobs/{id} and GET /api/jobs answer (the same functions,
+    :mod:`orchestrators.job_api`, through the real Durable client), with no host running."""
+    from orchestrators import job_api
 
-    from .host import apply_settings, load_local_settings, read_host_json
-    from .queues import queue_service
-    from .store import HistoryStore
+    from .functions import EventLoopThread
+    from .session import job_client
 
-    apply_settings(load_local_settings())
-    hub = args.hub or read_host_json().get("extensions", {}).get("durableTask", {}).get("hubName", TASK_HUB)
-    connection = StorageConnection.from_env()
-    store = HistoryStore(connection.blob_service(), connection.table_service(), hub, queue_service(connection))
-    if args.job_id is None:
-        return list_jobs(store, args.limit)
-    state = store.read_state(args.job_id)
-    if state is None:
-        print(json.dumps({"job_id": args.job_id, "status": "not-found"}))
-        return EXIT_FAILED
-    summary = job_summary(state)
-    summary["progress"] = state.get("custom_status")
-    summary["runtime_status"] = state["status"]
-    print(json.dumps(summary))
-    return EXIT_COMPLETED if state["status"] in ("Completed", "Running", "Pending") else EXIT_FAILED
+    with job_client(args.hub) as client:
+        run = EventLoopThread.shared().run
+        if args.job_id is not None:
+            try:
+                view = run(job_api.get_job(client, args.job_id))
+            except job_api.JobApiError as exc:
+                print(json.dumps({"job_id": args.job_id, **exc.body()}))
+                return EXIT_FAILED
+            print(json.dumps(view))
+            return EXIT_COMPLETED if view["state"] in ("completed", "running", "pending") else EXIT_FAILED
+        views, cursor = [], None
+        while True:
+            page = run(job_api.list_jobs(client, limit=job_api.MAX_LIMIT, cursor=cursor))
+            views += page["jobs"]
+            cursor = page["next"]
+            if cursor is None:
+                break
+    return list_jobs(views, args.limit, args.hub)
 
 
-def list_jobs(store, limit: int) -> int:
+def list_jobs(views: list[dict], limit: int, hub: str | None) -> int:
     """The most recent jobs (not their sub-orchestrations), newest first, as a table."""
-    from azure.core.exceptions import ResourceNotFoundError
+    from datetime import UTC, datetime
 
-    from .history import now
     from .session import format_age, job_row
 
-    try:
-        states = [s for s in store.instances() if not s.get("parent")]
-    except ResourceNotFoundError:  # no job has ever run in this task hub
-        states = []
-    moment = now()
-    rows = [job_row(s, moment) for s in sorted(states, key=lambda s: s["created"], reverse=True)[:limit]]
+    moment = datetime.now(UTC)
+    rows = [job_row(v, moment) for v in sorted(views, key=lambda v: v["created"], reverse=True)[:limit]]
     if not rows:
-        print(f"no jobs in task hub {store.hub}", file=sys.stderr)
+        print(f"no jobs in task hub {hub}" if hub else "no jobs in this task hub", file=sys.stderr)
         return EXIT_COMPLETED
     table = [("JOB", "STATE", "PROGRESS", "AGE", "UPLOAD")] + [
         (r["job_id"], r["state"], r["progress"], format_age(r["age_s"]), r["upload"] or "-") for r in rows

@@ -49,6 +49,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from azure.core.exceptions import ResourceNotFoundError
+
 from . import shim
 from .episode import EpisodePlan, order_new_events, plan_episode
 from .functions import FunctionIndex
@@ -62,6 +64,7 @@ from .history import (  # noqa: F401  (flatten_actions and the errors are part o
     CREATE_TIMER,
     EXECUTION_COMPLETED,
     EXECUTION_STARTED,
+    EXECUTION_TERMINATED,
     FAILED,
     ORCHESTRATION_STATUS_CODE,
     ORCHESTRATOR_COMPLETED,
@@ -80,6 +83,8 @@ from .history import (  # noqa: F401  (flatten_actions and the errors are part o
     TIMER_CREATED,
     TIMER_FIRED,
     InstanceAlreadyExists,
+    InstanceFinished,
+    InstanceNotFound,
     InvalidInstanceId,
     check_instance_id,
     completion_task_id,
@@ -270,6 +275,46 @@ class Engine(Messaging, PartitionHandover):
             if finished is not None and finished.status in TERMINAL:
                 del self._instances[instance_id]  # its status is the new row's now (Pending)
         return instance_id
+
+    def terminate(self, instance_id: str, reason: str) -> None:
+        """The client's ``terminate``: an ExecutionTerminated message to the instance's current
+        execution (AzureStorageOrchestrationService.ForceTerminateTaskOrchestrationAsync sends it
+        to the control queue; the extension's HttpApiHandler answers 404 for an unknown id and 410
+        for a finished one before it sends anything). Its activities already queued still run;
+        their results reach a finished instance and are dropped."""
+        state = self.status(instance_id)
+        if state is None:
+            raise InstanceNotFound(f"No instance with ID '{instance_id}' found.")
+        if state["status"] in TERMINAL:
+            raise InstanceFinished(f"Instance '{instance_id}' is already {state['status']}.")
+        item = event(EXECUTION_TERMINATED, now(), Input=json.dumps(reason))
+        self._send(instance_id, event_body(instance_id, state["execution_id"], item))
+
+    def list_instances(
+        self,
+        *,
+        created_from: str | None = None,
+        created_to: str | None = None,
+        statuses: tuple[str, ...] = (),
+        prefix: str | None = None,
+    ) -> list[dict]:
+        """The instances matching the query, oldest first (the Instances table's order is the
+        provider's; ours is by creation time, then id, so a page boundary is stable)."""
+        try:
+            stored = self.store.instances()
+        except ResourceNotFoundError:  # no instance has ever run in this task hub
+            return []
+        with self._lock:  # an instance this host runs is newer in memory than in its row
+            states = [self._instances[s["id"]].state() if s["id"] in self._instances else s for s in stored]
+        chosen = [
+            s
+            for s in states
+            if (created_from is None or s["created"] >= created_from)
+            and (created_to is None or s["created"] <= created_to)
+            and (not statuses or s["status"] in statuses)
+            and (prefix is None or s["id"].startswith(prefix))
+        ]
+        return sorted(chosen, key=lambda s: (s["created"], s["id"]))
 
     def status(self, instance_id: str) -> dict | None:
         with self._lock:
@@ -497,20 +542,32 @@ class Engine(Messaging, PartitionHandover):
             "upperSchemaVersion": 1,
             "upperSchemaVersionNew": 2,
         }
-        handle = self.index.orchestrator(inst.name)
+        terminated = next((e for e in events if e["EventType"] == EXECUTION_TERMINATED), None)
         started = time.perf_counter()
         error = None
-        try:
-            state = json.loads(handle(json.dumps(context)))
-        except Exception as exc:  # the SDK reports a failed orchestrator as an exception
-            message, _, state_json = str(exc).partition(OUT_OF_PROC_MARKER)
-            state = json.loads(state_json) if state_json else {"actions": [], "isDone": False}
-            error = shim.orchestrator_failure(inst.name, state.get("error") or message)
+        if terminated is not None:
+            # TaskOrchestrationContext.HandleExecutionTerminatedEvent: the execution ends Terminated
+            # with the reason as its output, and nothing the orchestrator would do is scheduled.
+            state = {
+                "actions": [],
+                "isDone": True,
+                "output": json.loads(terminated["Input"]),
+                "customStatus": inst.custom_status,
+            }
+        else:
+            try:
+                state = json.loads(self.index.orchestrator(inst.name)(json.dumps(context)))
+            except Exception as exc:  # the SDK reports a failed orchestrator as an exception
+                message, _, state_json = str(exc).partition(OUT_OF_PROC_MARKER)
+                state = json.loads(state_json) if state_json else {"actions": [], "isDone": False}
+                error = shim.orchestrator_failure(inst.name, state.get("error") or message)
         elapsed = time.perf_counter() - started
 
         custom_status = state.get("customStatus")
         too_big = shim.custom_status_error(custom_status)
-        if too_big:
+        if terminated is not None:
+            plan = EpisodePlan([], {}, [], [], inst.next_id)
+        elif too_big:
             # The extension rejects it in SetCustomStatus, before it replays any action.
             plan = EpisodePlan([], {}, [], [], inst.next_id)
             error, custom_status = shim.orchestrator_failure(inst.name, too_big), inst.custom_status
@@ -531,7 +588,7 @@ class Engine(Messaging, PartitionHandover):
         if error is not None:
             status = FAILED
         elif state.get("isDone"):
-            status, output = COMPLETED, state.get("output")
+            status, output = TERMINATED if terminated is not None else COMPLETED, state.get("output")
         if status in TERMINAL:
             result = json.dumps(error if status == FAILED else output)
             code = ORCHESTRATION_STATUS_CODE[status]
@@ -606,12 +663,13 @@ class Engine(Messaging, PartitionHandover):
                 Result=json.dumps(inst.output),
             )
         else:
-            # SubOrchestrationInstanceFailed carries the child's result (its failure message).
+            # SubOrchestrationInstanceFailed carries the child's result: its failure message, or
+            # the reason it was terminated (TaskOrchestrationDispatcher sends the same event for both).
             item = event(
                 SUB_ORCHESTRATION_FAILED,
                 moment,
                 TaskScheduledId=inst.parent["task_id"],
-                Reason=inst.error,
+                Reason=inst.error if inst.status == FAILED else json.dumps(inst.output),
                 Details=None,
             )
         parent = inst.parent["id"]

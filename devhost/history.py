@@ -11,6 +11,7 @@ from typing import Any
 EXECUTION_STARTED = 0
 EXECUTION_COMPLETED = 1
 EXECUTION_FAILED = 2
+EXECUTION_TERMINATED = 3
 TASK_SCHEDULED = 4
 TASK_COMPLETED = 5
 TASK_FAILED = 6
@@ -43,6 +44,14 @@ OUT_OF_PROC_MARKER = "\n\n$OutOfProcData$:"
 
 class InstanceAlreadyExists(Exception):
     pass
+
+
+class InstanceNotFound(LookupError):
+    pass
+
+
+class InstanceFinished(Exception):
+    """An operation that needs a running instance met a finished one (the extension's 410 Gone)."""
 
 
 class InvalidInstanceId(ValueError):

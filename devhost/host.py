@@ -15,6 +15,7 @@ from tilecommit.storage import StorageConnection
 from .engine import Engine
 from .event_sink import EventSink
 from .functions import FunctionIndex
+from .http_routes import DEFAULT_ROUTE_PREFIX, HttpRoutes
 from .limits import MemoryWatchdog
 from .partitions import PROVIDER_LEASE, LeaseTimings, partition_of
 from .queues import queue_service
@@ -82,6 +83,10 @@ class HostOptions:
     #: and/or posted to this URL (:mod:`devhost.event_sink`). Neither: the app publishes none.
     events_file: Path | None = None
     events_url: str | None = None
+    #: Serve the app's HTTP functions on 127.0.0.1 at this port (0: any free one); None: not at all.
+    http_port: int | None = None
+    #: The key HTTP functions of auth level function need; None: keys are not enforced (as in ``func start``).
+    function_key: str | None = None
 
 
 def close_durable_client_session() -> None:
@@ -148,6 +153,15 @@ class LocalHost:
         )
         self.blobs, self.tables = blobs, tables
         self.api = DurableHttpApi(self.engine, self.hub)
+        self.http: HttpRoutes | None = None
+        if self.options.http_port is not None:
+            self.http = HttpRoutes(
+                self.index,
+                self.api.client_binding,
+                function_key=self.options.function_key,
+                route_prefix=host_json.get("extensions", {}).get("http", {}).get("routePrefix", DEFAULT_ROUTE_PREFIX),
+                port=self.options.http_port,
+            )
         self.watcher = BlobEventWatcher(
             blobs.get_container_client(self.settings.input_container),
             tables.get_table_client(events_table_name(self.hub)),
@@ -202,6 +216,8 @@ class LocalHost:
                 os.environ[name] = value
         self.api.start()
         self.engine.start()
+        if self.http is not None:
+            self.http.start()
         if self.options.instance_memory_mb:
             self.memory = MemoryWatchdog(self.options.instance_memory_mb).start()
         if watch:
@@ -212,6 +228,8 @@ class LocalHost:
         if self.memory is not None:
             self.memory.stop()
         self.watcher.stop()
+        if self.http is not None:
+            self.http.stop()
         self.engine.stop()
         self.api.stop()
         if self.events is not None:

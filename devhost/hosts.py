@@ -14,8 +14,10 @@ import sys
 import threading
 import uuid
 
+from .http_routes import FUNCTION_KEY_ENV
 
-def host_command(args: argparse.Namespace, worker_id: str) -> list[str]:
+
+def host_command(args: argparse.Namespace, worker_id: str, number: int = 0) -> list[str]:
     """The ``serve`` command line of one of the hosts: this command's options, one host, its own name."""
     command = [sys.executable, "-m", "devhost", *(["-v"] * args.verbose), "serve", "--worker-id", worker_id]
     command += ["--deliveries", str(args.deliveries), "--timer-scale", str(args.timer_scale)]
@@ -30,6 +32,9 @@ def host_command(args: argparse.Namespace, worker_id: str) -> list[str]:
         command += ["--events-file", str(args.events_file)]  # each host appends its jobs' events
     if args.events_url is not None:
         command += ["--events-url", args.events_url]
+    # Each host answers HTTP on a port of its own, as each instance has its own address behind
+    # the platform's front end; the function key reaches them in the environment, never argv.
+    command += ["--http-port", str(args.http_port + number if args.http_port > 0 else args.http_port)]
     return command
 
 
@@ -41,10 +46,10 @@ def serve_hosts(args: argparse.Namespace, storage) -> int:
     ready = [threading.Event() for _ in range(args.hosts)]
     for number in range(args.hosts):
         process = subprocess.Popen(
-            host_command(args, f"{base}-{number + 1}"),
+            host_command(args, f"{base}-{number + 1}", number),
             stderr=subprocess.PIPE,
             start_new_session=True,
-            env=os.environ.copy(),
+            env={**os.environ, **({FUNCTION_KEY_ENV: args.function_key} if args.function_key else {})},
         )
         hosts.append(process)
         threading.Thread(target=_relay, args=(process, number + 1, ready[number]), daemon=True).start()

@@ -16,6 +16,7 @@ import logging
 import time
 
 from .history import (
+    EXECUTION_TERMINATED,
     TERMINAL,
     TIMER_FIRED,
     completion_task_id,
@@ -121,6 +122,13 @@ class Messaging:
                 # DTFx: "ExecutionId of event does not match current executionId" -- dropped.
                 self.stats.execution_id_mismatches_dropped += 1
                 accepted = False
+            elif item["EventType"] == EXECUTION_TERMINATED and inst is None:
+                # Sent just after its start, which this host has not run yet: it waits its turn,
+                # as it would in the control queue behind the ExecutionStarted message.
+                self.later(0.2, lambda: self._accept(event_body(instance_id, execution_id, item), receipt))
+                return
+            elif item["EventType"] == EXECUTION_TERMINATED and inst.status not in TERMINAL:
+                accepted = self._queue_event(inst, item, receipt)
             elif inst is None or inst.status in TERMINAL or task_id in inst.delivered or task_id not in inst.open:
                 # A second execution of an at-least-once activity (possibly landing after the
                 # instance finished): the first result stands.
@@ -128,15 +136,19 @@ class Messaging:
                 accepted = False
             else:
                 inst.delivered.add(task_id)
-                if not inst.pending:
-                    inst.pending_since = time.monotonic()
-                inst.pending.append(item)
-                if receipt is not None:
-                    inst.receipts.append(receipt)
-                self._mark_ready(instance_id)
-                accepted = True
+                accepted = self._queue_event(inst, item, receipt)
         if not accepted:
             self._delete(receipt)
+
+    def _queue_event(self, inst: Instance, item: dict, receipt: Received | None) -> bool:
+        """Hold an accepted message for the instance's next episode (under the engine lock)."""
+        if not inst.pending:
+            inst.pending_since = time.monotonic()
+        inst.pending.append(item)
+        if receipt is not None:
+            inst.receipts.append(receipt)
+        self._mark_ready(inst.id)
+        return True
 
     def _activity_outcome(self, instance_id: str, execution_id: str, item: dict, token: object) -> None:
         """An activity's result reaches its instance's partition before its work item goes."""

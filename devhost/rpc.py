@@ -10,13 +10,28 @@ import json
 import re
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
-from .engine import FAILED, PENDING, RUNNING, Engine, InstanceAlreadyExists, InvalidInstanceId
+from .engine import (
+    FAILED,
+    PENDING,
+    RUNNING,
+    Engine,
+    InstanceAlreadyExists,
+    InstanceFinished,
+    InstanceNotFound,
+    InvalidInstanceId,
+)
 from .functions import FunctionNotFound
+from .history import iso, parse_iso
 
 _START = re.compile(r"^/runtime/webhooks/durabletask/orchestrators/([^/]+)(?:/([^/]+))?$")
 _STATUS = re.compile(r"^/runtime/webhooks/durabletask/instances/([^/]+)$")
+_LIST = re.compile(r"^/runtime/webhooks/durabletask/instances/?$")
+_TERMINATE = re.compile(r"^/runtime/webhooks/durabletask/instances/([^/]+)/terminate$")
+#: OrchestrationStatusQueryCondition.PageSize: a list answers at most this many unless ``top`` says.
+DEFAULT_PAGE_SIZE = 100
+CONTINUATION_HEADER = "x-ms-continuation-token"
 
 
 class DurableHttpApi:
@@ -29,16 +44,22 @@ class DurableHttpApi:
             def log_message(self, *args):  # keep the test output quiet
                 pass
 
-            def _reply(self, status: int, body: object | None) -> None:
+            def _reply(self, status: int, body: object | None, headers: dict | None = None) -> None:
                 data = b"" if body is None else json.dumps(body).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
+                for name, value in (headers or {}).items():
+                    self.send_header(name, value)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
 
             def do_POST(self):
-                match = _START.match(urlsplit(self.path).path)
+                url = urlsplit(self.path)
+                terminate = _TERMINATE.match(url.path)
+                if terminate:
+                    return self._terminate(unquote(terminate.group(1)), parse_qs(url.query))
+                match = _START.match(url.path)
                 if not match:
                     return self._reply(404, None)
                 name, instance_id = unquote(match.group(1)), unquote(match.group(2) or "")
@@ -55,21 +76,51 @@ class DurableHttpApi:
                     return self._reply(500, {"Message": "An error has occurred.", "ExceptionMessage": str(exc)})
                 return self._reply(202, {"id": instance_id, **api.management_urls(instance_id)})
 
+            def _terminate(self, instance_id: str, query: dict) -> None:
+                """HandleTerminateInstanceRequestAsync: 404 unknown, 410 finished, else 202."""
+                try:
+                    api.engine.terminate(instance_id, (query.get("reason") or [""])[0])
+                except InstanceNotFound:
+                    return self._reply(404, None)
+                except InstanceFinished:
+                    return self._reply(410, None)
+                return self._reply(202, None)
+
+            def _list(self, query: dict) -> None:
+                """HandleGetStatusRequestAsync without an id: one page, oldest first, and the
+                continuation token of the next page in a header (absent on the last page)."""
+                statuses = tuple(s for v in query.get("runtimeStatus", []) for s in v.split(",") if s)
+                states = api.engine.list_instances(
+                    created_from=_iso_param(query, "createdTimeFrom"),
+                    created_to=_iso_param(query, "createdTimeTo"),
+                    statuses=statuses,
+                    prefix=(query.get("instanceIdPrefix") or [None])[0],
+                )
+                top = int((query.get("top") or [DEFAULT_PAGE_SIZE])[0])
+                start = int(self.headers.get(CONTINUATION_HEADER) or 0)
+                page = states[start : start + top]
+                headers = {CONTINUATION_HEADER: str(start + top)} if start + top < len(states) else {}
+                show_input = (query.get("showInput") or ["true"])[0].lower() == "true"
+                return self._reply(200, [api.status_json(s, show_input) for s in page], headers)
+
             def do_GET(self):
                 url = urlsplit(self.path)
+                if _LIST.match(url.path):
+                    return self._list(parse_qs(url.query))
                 match = _STATUS.match(url.path)
                 if not match:
                     return self._reply(404, None)
                 state = api.engine.status(unquote(match.group(1)))
                 if state is None:
                     return self._reply(404, None)  # the real extension answers 404 with no body
+                show_input = (parse_qs(url.query).get("showInput") or ["true"])[0].lower() == "true"
                 # HttpApiHandler: 202 while it runs; a finished one 200, also Failed unless the
                 # caller asked for returnInternalServerErrorOnFailure=true.
                 failure_is_500 = "returninternalservererroronfailure=true" in url.query.lower()
                 code = 202 if state["status"] in (PENDING, RUNNING) else 200
                 if state["status"] == FAILED and failure_is_500:
                     code = 500
-                return self._reply(code, api.status_json(state))
+                return self._reply(code, api.status_json(state, show_input))
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.thread = threading.Thread(target=self.server.serve_forever, name="devhost-http", daemon=True)
@@ -83,13 +134,13 @@ class DurableHttpApi:
         return {"statusQueryGetUri": f"{self.base_url}instances/{instance_id}"}
 
     @staticmethod
-    def status_json(state: dict) -> dict:
+    def status_json(state: dict, show_input: bool = True) -> dict:
         return {
             "name": state["name"],
             "instanceId": state["id"],
             "createdTime": state["created"],
             "lastUpdatedTime": state["updated"],
-            "input": json.loads(state["input"]) if state.get("input") else None,
+            "input": json.loads(state["input"]) if show_input and state.get("input") else None,
             "output": state["error"] if state["status"] == FAILED else state.get("output"),
             "runtimeStatus": state["status"],
             "customStatus": state.get("custom_status"),
@@ -118,3 +169,9 @@ class DurableHttpApi:
     def stop(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+def _iso_param(query: dict, name: str) -> str | None:
+    """A date query parameter as the instance rows hold it (``iso``), for string comparison."""
+    value = (query.get(name) or [None])[0]
+    return iso(parse_iso(value)) if value else None

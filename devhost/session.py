@@ -9,10 +9,13 @@ import json
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+
+import azure.durable_functions as df
 
 
 class UsageError(Exception):
@@ -247,22 +250,45 @@ def save_outputs(host, summary: dict, folder: Path) -> dict[str, str]:
     return saved
 
 
-def job_row(state: dict, now: datetime) -> dict:
-    """One line of the job list: id, upload, state, progress and age."""
-    from .history import parse_iso
-
-    status = state.get("custom_status") or {}
+def job_row(view: dict, now: datetime) -> dict:
+    """One line of the job list, from the job API's view of a job: id, upload, state, progress, age."""
+    status = view.get("progress") or {}
     done, total = status.get("windows_done"), status.get("windows_total")
-    job = json.loads(state["input"]) if isinstance(state.get("input"), str) else state.get("input") or {}
     return {
-        "job_id": state["id"],
-        "upload": job.get("blob"),
-        "state": state["status"],
+        "job_id": view["job_id"],
+        "upload": (view.get("upload") or {}).get("blob"),
+        "state": view["state"],
         "progress": f"{done or 0}/{total} windows" + (f", {status['stage']}" if status.get("stage") else "")
         if total
         else status.get("stage", "-"),
-        "age_s": round((now - parse_iso(state["created"])).total_seconds()),
+        "age_s": round((now - datetime.fromisoformat(view["created"])).total_seconds()),
     }
+
+
+@contextmanager
+def job_client(hub: str | None) -> Iterator[df.DurableOrchestrationClient]:
+    """A Durable client on the task hub of the app settings, with no host running: an engine
+    that is never started answers its HTTP API (status and lists read the hub's storage)."""
+    from tilecommit.settings import TASK_HUB
+    from tilecommit.storage import StorageConnection
+
+    from .engine import Engine
+    from .functions import FunctionIndex
+    from .host import apply_settings, close_durable_client_session, load_local_settings, read_host_json
+    from .queues import queue_service
+    from .rpc import DurableHttpApi
+    from .store import HistoryStore
+
+    apply_settings(load_local_settings())
+    hub = hub or read_host_json().get("extensions", {}).get("durableTask", {}).get("hubName", TASK_HUB)
+    connection = StorageConnection.from_env()
+    store = HistoryStore(connection.blob_service(), connection.table_service(), hub, queue_service(connection))
+    api = DurableHttpApi(Engine(FunctionIndex.load(), store), hub).start()
+    try:
+        yield df.DurableOrchestrationClient(api.client_binding())
+    finally:
+        close_durable_client_session()
+        api.stop()
 
 
 def format_age(seconds: float) -> str:

@@ -24,14 +24,17 @@ from . import names
 
 logger = logging.getLogger(__name__)
 
-#: Statuses under which a job exists and must not be started again.
-#: Failed/Terminated/Canceled jobs may be retried by uploading again or by redelivery.
+#: Statuses under which a job exists and a delivery of its upload must not start it again.
+#: A failed job is resumed by a redelivery (its finished windows are kept). A terminated job was
+#: cancelled by its user (the job API is the only thing that terminates one): only the API's
+#: retry starts it again, never an event delivered late or twice.
 _LIVE_OR_DONE = {
     df.OrchestrationRuntimeStatus.Pending,
     df.OrchestrationRuntimeStatus.Running,
     df.OrchestrationRuntimeStatus.Completed,
     df.OrchestrationRuntimeStatus.ContinuedAsNew,
     df.OrchestrationRuntimeStatus.Suspended,
+    df.OrchestrationRuntimeStatus.Terminated,
 }
 
 

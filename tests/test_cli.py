@@ -83,7 +83,7 @@ def test_no_storage_configured_runs_the_embedded_azurite_keeps_its_jobs_and_stop
     lines = listed.stdout.splitlines()
     assert lines[0].split() == ["JOB", "STATE", "PROGRESS", "AGE", "UPLOAD"]
     assert [line.split()[0] for line in lines[1:]] == [second_job["job_id"], first_job["job_id"]]  # newest first
-    assert all("Completed" in line and "4/4 windows" in line for line in lines[1:])
+    assert all("completed" in line and "4/4 windows" in line for line in lines[1:])
     assert azurites_using(state) == []
 
 
@@ -229,11 +229,11 @@ def test_process_status_and_exit_codes_on_configured_storage(storage, app_env, t
 
     status = run_cli(env, "status", summary["job_id"], "--hub", app_env.hub)
     assert status.returncode == 0, status.stderr
-    reported = json.loads(status.stdout)
-    assert reported["runtime_status"] == "Completed" and reported["windows"] == 4
-    assert reported["progress"]["windows_done"] == 4 and reported["mosaic_url"] == summary["mosaic_url"]
+    reported = json.loads(status.stdout)  # what GET /api/jobs/{id} answers: the same function
+    assert reported["state"] == "completed" and reported["summary"]["windows"] == 4
+    assert reported["progress"]["windows_done"] == 4 and reported["outputs"]["mosaic"] == summary["mosaic_url"]
     unknown = run_cli(env, "status", "0000000000000000", "--hub", app_env.hub)
-    assert unknown.returncode == 1 and json.loads(unknown.stdout)["status"] == "not-found"
+    assert unknown.returncode == 1 and json.loads(unknown.stdout)["error"]["code"] == "job-not-found"
     corrupt = tmp_path / "corrupt.tif"
     corrupt.write_bytes(b"II*\x00" + b"\x00" * 100)
     failed = run_cli(env, "process", str(corrupt), "--hub", app_env.hub)

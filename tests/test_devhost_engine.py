@@ -144,6 +144,43 @@ def test_the_real_durable_client_talks_to_the_local_http_api(store):
             api.stop()
 
 
+def test_terminate_through_the_real_client_ends_the_instance_and_fails_its_parents_task(store):
+    """terminate: 404 for an unknown id (the SDK raises), 202 for a running instance, which ends
+    Terminated with the reason as its output and schedules nothing more; 410 for a finished one
+    (the SDK accepts it). A terminated child is a failed task to its parent, as DTFx sends
+    SubOrchestrationInstanceFailed for both. The list answers pages with a continuation token."""
+    import azure.durable_functions as df
+
+    from devhost.functions import EventLoopThread
+    from devhost.rpc import DurableHttpApi
+
+    with make_engine(store) as engine:
+        api = DurableHttpApi(engine, store.hub).start()
+        try:
+            client = df.DurableOrchestrationClient(api.client_binding())
+            loop = EventLoopThread.shared()
+            with pytest.raises(Exception, match="No instance with ID 'nobody' found"):
+                loop.run(client.terminate("nobody", "why"))
+            job = {"seconds": 6, "run": 1, "child": 1, "fail": False, "key": "t"}
+            engine.start_new("parent_of_slow_child", "job-t", job)
+            child = "job-t-child-1"
+            deadline = time.monotonic() + 30
+            while (engine.status(child) or {}).get("status") != "Running" and time.monotonic() < deadline:
+                time.sleep(0.05)
+            loop.run(client.terminate(child, "stop, child"))
+            child_state = engine.wait_for(child, timeout=4)  # its 6 s activity is not waited for
+            parent_state = engine.wait_for("job-t", timeout=4)
+            loop.run(client.terminate("job-t", "too late"))  # 410: finished, accepted by the SDK
+            pages = [loop.run(client.get_status_by(instance_id_prefix="job-t"))]
+        finally:
+            api.stop()
+    assert (child_state["status"], child_state["output"]) == ("Terminated", "stop, child")
+    kinds = [e["EventType"] for ep in store.episodes(child) for e in ep.events]
+    assert kinds[-3:] == [3, 1, 13]  # ExecutionTerminated, ExecutionCompleted, OrchestratorCompleted
+    assert parent_state["status"] == "Failed" and "stop, child" in parent_state["error"], parent_state
+    assert sorted(s.instance_id for s in pages[0]) == ["job-t", child]
+
+
 def test_a_new_instance_found_ready_by_another_dispatcher_while_its_start_is_held_still_runs(store):
     """A start marks its new instance ready while its dispatcher still holds it; an idle
     dispatcher that wakes then finds it held and passes it by. The start's dispatcher is slowed

@@ -51,6 +51,20 @@ def test_functions_and_raw_bindings_as_the_worker_sends_them():
         "route": "jobs/{job_id}/verify",
     }
 
+    # The job API: function-key auth, each route with its one method.
+    routes = {
+        names.JOB_ROUTE: ("GET", "jobs/{job_id}"),
+        names.JOBS_ROUTE: ("GET", "jobs"),
+        names.CANCEL_ROUTE: ("POST", "jobs/{job_id}/cancel"),
+        names.RETRY_ROUTE: ("POST", "jobs/{job_id}/retry"),
+        names.VERIFY_ROUTE: ("POST", "jobs/{job_id}/verify"),
+    }
+    assert set(index.http_functions) == set(routes)
+    for name, (method, path) in routes.items():
+        trigger = next(b for b in index.raw_bindings[name] if b["type"] == "httpTrigger")
+        assert (trigger["methods"], trigger["authLevel"], trigger["route"]) == ([method], "FUNCTION", path)
+        assert {"direction": "IN", "type": "durableClient", "name": "client"} in index.raw_bindings[name]
+
     starter = sorted(index.raw_bindings[names.STARTER], key=lambda b: b["type"])
     assert starter == [
         {

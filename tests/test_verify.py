@@ -228,7 +228,7 @@ def test_the_http_route_starts_the_same_orchestration_and_refuses_an_unknown_job
     assert state["name"] == names.VERIFY_SCENE and state["status"] == "Completed", state
     assert state["output"]["reports"] == [] and state["output"]["mosaic"] is None  # a clean job: nothing written
     assert counter_total("ConditionalWrites", gate=gates.REPAIR_GATE, outcome="written") == written_before
-    assert unknown.status_code == 404 and "no job" in json.loads(unknown.get_body())["error"]
+    assert unknown.status_code == 404 and "no job" in json.loads(unknown.get_body())["error"]["message"]
 
 
 def test_the_cli_verifies_a_completed_job_and_refuses_an_unknown_one(storage, app_env, tmp_path):

@@ -94,6 +94,10 @@ class IncompatibleTilesError(TileCommitError):
     """The tiles cannot be block-copied (layout differs); the VRT path can still assemble them."""
 
 
+class JobCancelledError(TileCommitError):
+    """The job was cancelled: its work still queued stops before it reads or writes anything."""
+
+
 def retryable_status(status: int | None) -> bool:
     """Whether an HTTP status (None: no answer at all) may go away on a retry."""
     return status is None or status >= 500 or status in (408, 429)

@@ -46,7 +46,8 @@ SINGLE_PUT_CLIENT_OPTIONS = {"max_single_put_size": MAX_PUT_BLOB_BYTES}
 #: Conditional puts tried when a transport fault left the outcome unknown and evidence says absent.
 UNKNOWN_OUTCOME_ATTEMPTS = 3
 
-_TRANSPORT_FAULTS = (ServiceRequestError, ServiceResponseError)
+#: Exceptions that mean the request got no answer: its outcome is unknown.
+TRANSPORT_FAULTS = _TRANSPORT_FAULTS = (ServiceRequestError, ServiceResponseError)
 
 
 class Outcome(StrEnum):
@@ -541,7 +542,8 @@ def _entity_value(value: Any) -> Any:
     return value.value if isinstance(value, EntityProperty) else value
 
 
-def _manifest_entry(entity: dict) -> ManifestEntry:
+def manifest_entry(entity: dict) -> ManifestEntry:
+    """A manifest row as read from the table."""
     return ManifestEntry(
         window=entity["RowKey"],
         uri=entity["uri"],
@@ -633,7 +635,7 @@ def record_manifest_entry(
 def get_manifest_entry(table: TableClient, job_id: str, window: Window | str) -> ManifestEntry | None:
     """One point read: the window's manifest row, or None (used to skip work before encoding)."""
     entity = _read_entity(table, job_id, _window_id(window))
-    return None if entity is None else _manifest_entry(entity)
+    return None if entity is None else manifest_entry(entity)
 
 
 def _manifest_entity(job_id: str, window: Window | str, uri: str, nbytes: int, sha256: str, etag: str | None) -> dict:
@@ -657,7 +659,7 @@ def get_manifest_row(table: TableClient, job_id: str, window: Window | str) -> t
         return None
     except (HttpResponseError, *_TRANSPORT_FAULTS) as exc:
         raise storage_fault("reading entity", f"{job_id}/{_window_id(window)}", exc) from exc
-    return _manifest_entry(dict(entity)), entity.metadata["etag"]
+    return manifest_entry(dict(entity)), entity.metadata["etag"]
 
 
 def repair_manifest_entry(
@@ -721,12 +723,12 @@ def count_manifest(table: TableClient, job_id: str) -> ManifestSummary:
     entries: dict[str, ManifestEntry] = {}
     try:
         pages: Iterable[dict] = table.query_entities(
-            "PartitionKey eq @job",
+            f"PartitionKey eq @job and {jobs.WINDOW_ROWS_FILTER}",
             parameters={"job": job_id},
             select=["RowKey", "uri", "bytes", "sha256", "etag"],
         )
         for entity in pages:
-            entry = _manifest_entry(entity)
+            entry = manifest_entry(entity)
             entries[entry.window] = entry
     except (HttpResponseError, *_TRANSPORT_FAULTS) as exc:
         raise storage_fault("counting the manifest of", job_id, exc) from exc

@@ -96,6 +96,13 @@ def check_job_id(job_id: str) -> str:
     return job_id
 
 
+#: The manifest row that marks a job cancelled, in the job's own partition so a tile's one
+#: lookup sees it. Window ids are digits and ``_``; ``~`` sorts after all of them, so
+#: ``RowKey lt '~'`` is every window row and nothing else.
+CANCELLED_ROW_KEY = "~cancelled"
+WINDOW_ROWS_FILTER = "RowKey lt '~'"
+
+
 def tile_blob_name(job_id: str, window: Window) -> str:
     """``tiles/{job_id}/{row:04d}_{col:04d}.tif``: a pure function of the job id and the window."""
     check_job_id(job_id)

@@ -25,8 +25,8 @@ from rasterio.errors import RasterioIOError
 from rasterio.io import MemoryFile
 from rasterio.windows import Window as RioWindow
 
-from .. import gates, jobs
-from ..errors import InvalidRasterError
+from .. import cancellation, gates, jobs
+from ..errors import InvalidRasterError, JobCancelledError
 from ..grid import Window
 from ..records import Record
 from ..settings import Settings
@@ -243,7 +243,8 @@ def render_tile(
     """Render one window of ``source_path`` into the tiles container, at most once in effect,
     made to the job's output ``spec`` (``settings`` give GDAL's limits only).
 
-    1. A point read of the manifest: a row means the tile is done; nothing is read or encoded.
+    1. One lookup of the manifest: a row means the tile is done, and a cancelled job
+       (:mod:`tilecommit.cancellation`) renders nothing more; either way nothing is read or encoded.
     2. Read exactly this window, encode a COG in memory.
     3. Commit the blob create-only, then the manifest row. A crash between the two leaves a tile
        without a row; the retry re-encodes identical bytes, gets ``ALREADY_PRESENT`` for the blob
@@ -252,8 +253,10 @@ def render_tile(
     """
     timings: dict[str, float] = {}
     started = time.perf_counter()
-    entry = gates.get_manifest_entry(manifest, job_id, window)
+    entry, cancelled = cancellation.lookup_window(manifest, job_id, window)
     timings["manifest_check"] = time.perf_counter() - started
+    if cancelled:
+        raise JobCancelledError(f"job {job_id} was cancelled: window {window.id} is not rendered")
     if entry is not None:
         return TileResult(
             window=window.id,
