@@ -5,7 +5,9 @@ one activity per window through batch sub-orchestrations and fans in to the mosa
 """
 
 import json
+import logging
 import os
+from datetime import timedelta
 
 # PROJ fetches a grid file over the network when a CRS names one and PROJ_NETWORK is on; a CRS
 # comes from an upload, which is untrusted, so this worker process never lets it (PROJ reads the
@@ -19,12 +21,12 @@ import azurefunctions.extensions.bindings.blob as blob
 from activities import tiling as activities
 from activities import verify as verify_activities
 from activities.context import activity_context
-from orchestrators import job_api, names, starter, verify_start
+from orchestrators import job_api, names, retention, starter, verify_start
 from orchestrators import tiling as orchestrators
 from orchestrators import verify as verify_orchestrators
 from tilecommit import monitoring, telemetry
 from tilecommit.observed import observed_activity, observed_job
-from tilecommit.settings import SETTING_INPUT_CONTAINER, STORAGE_CONNECTION, Settings
+from tilecommit.settings import SETTING_INPUT_CONTAINER, SETTING_TILE_RETENTION_DAYS, STORAGE_CONNECTION, Settings
 
 # Application Insights (with the app's identity) when it is configured, OTEL_*_EXPORTER locally,
 # else nothing: see tilecommit/monitoring.py for what the host exports and what this process does.
@@ -168,6 +170,23 @@ async def verify_job(req: func.HttpRequest, client: df.DurableOrchestrationClien
         return json_response(job_api.JobApiError(404, "job-not-verifiable", str(exc)).body(), 404)
     body = {"id": instance_id, "job_id": job_id, "repair": repair, **client.create_http_management_payload(instance_id)}
     return json_response(body, 202)
+
+
+@app.function_name(names.RETENTION_SWEEP)
+# Daily at 03:30 UTC (NCRONTAB: second minute hour day month weekday). The platform wakes a
+# scaled-to-zero app for its timers; a run missed anyway runs late, as past due (the schedule
+# monitor keeps each run's time in the host's storage). A run that stops half-way is finished
+# by the next: the sweep is safe to repeat.
+@app.timer_trigger(arg_name="timer", schedule="0 30 3 * * *")
+@app.durable_client_input(client_name="client")
+async def retention_sweep(timer: func.TimerRequest, client: df.DurableOrchestrationClient) -> None:
+    """Purge the tiles, manifest rows and history of jobs finished more than the retention ago."""
+    settings = Settings.from_env()
+    if settings.tile_retention_days == 0:
+        logging.getLogger(__name__).info("retention: %s=0, tiles are kept forever", SETTING_TILE_RETENTION_DAYS)
+        return
+    ctx = activity_context()
+    await retention.sweep(client, ctx.manifest, ctx.tiles, older_than=timedelta(days=settings.tile_retention_days))
 
 
 @app.function_name(names.STARTER)

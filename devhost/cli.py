@@ -5,6 +5,8 @@
                                                   upload each PATH, process them at once, print
                                                   one JSON summary line per job
     python -m devhost status [JOB_ID]             a job's state and progress, or the recent jobs
+    python -m devhost purge [--older-than DAYS]  the retention sweep: finished jobs' tiles, rows
+                                                  and history go; their mosaics stay
     python -m devhost verify JOB_ID [--repair]    compare a finished job's tiles with its source;
                                                   --repair rewrites what differs, then the mosaic
     python -m devhost replay-dead-letters         deliver the events Event Grid dead-lettered
@@ -149,6 +151,20 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--hub", help="task hub name (default: host.json's hubName)")
     status.add_argument("--limit", type=int, default=20, help="how many recent jobs to list (default 20)")
 
+    purge = sub.add_parser(
+        "purge",
+        help="the retention sweep (the app's daily timer): purge the tiles, manifest rows and history of jobs "
+        "finished longer ago than the retention; print what went as JSON",
+    )
+    purge.add_argument(
+        "--older-than",
+        type=float,
+        metavar="DAYS",
+        help="retention in days; 0: every finished job (default: the TILECOMMIT_TILE_RETENTION_DAYS setting, "
+        "7, where 0 keeps everything)",
+    )
+    purge.add_argument("--hub", help="task hub name (default: host.json's hubName)")
+
     verify = sub.add_parser(
         "verify",
         help="compare a finished job's tiles with its source window by window, and its mosaic with its tiles; "
@@ -256,6 +272,8 @@ def check_usage(args: argparse.Namespace) -> None:
         raise UsageError(f"--events-file {events_file}: a folder, not a file")
     if getattr(args, "lease_seconds", 30.0) < 3:
         raise UsageError("--lease-seconds must be at least 3")
+    if args.command == "purge" and args.older_than is not None and args.older_than < 0:
+        raise UsageError(f"--older-than {args.older_than}: expected days >= 0 (0: every finished job)")
     if args.command == "status" and args.limit < 1:
         raise UsageError("--limit must be at least 1")
     if args.command != "process":
@@ -463,6 +481,28 @@ def list_jobs(views: list[dict], limit: int, hub: str | None) -> int:
     return EXIT_COMPLETED
 
 
+def purge(args: argparse.Namespace, storage) -> int:
+    """The timer's sweep, run once now; with no --older-than, the app setting decides (0: nothing)."""
+    from datetime import timedelta
+
+    from activities.context import activity_context
+    from orchestrators import retention
+    from tilecommit.settings import Settings
+
+    from .functions import EventLoopThread
+    from .session import job_client
+
+    with job_client(args.hub) as client:
+        days = args.older_than if args.older_than is not None else Settings.from_env().tile_retention_days
+        if args.older_than is None and days == 0:
+            print(json.dumps({"jobs": [], "kept": "forever (TILECOMMIT_TILE_RETENTION_DAYS=0)"}))
+            return EXIT_COMPLETED
+        ctx = activity_context()
+        sweep = retention.sweep(client, ctx.manifest, ctx.tiles, older_than=timedelta(days=days))
+        print(json.dumps(EventLoopThread.shared().run(sweep)))
+    return EXIT_COMPLETED
+
+
 def verify(args: argparse.Namespace, storage) -> int:
     """Exit 0: no differences, or all of them repaired by this run or a concurrent one; 1 otherwise."""
     from .verify import JobNotVerifiable, verify_job
@@ -487,6 +527,7 @@ COMMANDS = {
     "serve": serve,
     "process": process,
     "status": status,
+    "purge": purge,
     "verify": verify,
     "replay-dead-letters": replay_dead_letters,
 }

@@ -316,6 +316,17 @@ class Engine(Messaging, PartitionHandover):
         ]
         return sorted(chosen, key=lambda s: (s["created"], s["id"]))
 
+    def purge(self, instance_id: str) -> int:
+        """The client's ``purge_instance_history``: the instance's rows and large-message blobs
+        are deleted, whatever its state (AzureTableTrackingStore.PurgeInstanceHistoryAsync does not
+        look at it; callers purge finished instances). How many instances were deleted: 0 or 1."""
+        if self.status(instance_id) is None:
+            return 0
+        self.store.purge_history(instance_id)
+        with self._lock:
+            self._instances.pop(instance_id, None)
+        return 1
+
     def status(self, instance_id: str) -> dict | None:
         with self._lock:
             inst = self._instances.get(instance_id)

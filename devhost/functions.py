@@ -68,6 +68,9 @@ class FunctionIndex:
     #: HTTP-triggered functions, indexed as the worker reports them; the local host serves no
     #: HTTP routes, so only a caller (a test) invokes them, with a request it builds.
     http_functions: dict[str, Callable] = field(default_factory=dict)
+    #: Timer-triggered functions, indexed likewise; the local host does not schedule them (the
+    #: CLI's ``purge`` runs the retention sweep's function body; tests invoke them).
+    timer_functions: dict[str, Callable] = field(default_factory=dict)
     raw_bindings: dict[str, list[dict]] = field(default_factory=dict)
 
     @classmethod
@@ -102,6 +105,8 @@ class FunctionIndex:
                 index.activities[name] = (func, trigger["name"])
             elif trigger["type"] == "httpTrigger":
                 index.http_functions[name] = func
+            elif trigger["type"] == "timerTrigger":
+                index.timer_functions[name] = func
             elif trigger["type"] == "blobTrigger":
                 client = next((b for b in bindings if b["type"] == "durableClient"), None)
                 original = getattr(func, "client_function", func)

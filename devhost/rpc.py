@@ -103,6 +103,16 @@ class DurableHttpApi:
                 show_input = (query.get("showInput") or ["true"])[0].lower() == "true"
                 return self._reply(200, [api.status_json(s, show_input) for s in page], headers)
 
+            def do_DELETE(self):
+                """HandleDeleteHistoryByIdRequestAsync: 404 unknown, else 200 with the purge result."""
+                match = _STATUS.match(urlsplit(self.path).path)
+                if not match:
+                    return self._reply(404, None)
+                deleted = api.engine.purge(unquote(match.group(1)))
+                if not deleted:
+                    return self._reply(404, None)
+                return self._reply(200, {"instancesDeleted": deleted})
+
             def do_GET(self):
                 url = urlsplit(self.path)
                 if _LIST.match(url.path):

@@ -35,3 +35,5 @@ JOB_ROUTE = "get_job"
 JOBS_ROUTE = "list_jobs"
 CANCEL_ROUTE = "cancel_job"
 RETRY_ROUTE = "retry_job"
+#: The daily timer that purges what finished jobs no longer need (tiles, rows, history).
+RETENTION_SWEEP = "retention_sweep"

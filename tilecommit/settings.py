@@ -48,6 +48,8 @@ SETTING_ASSEMBLY_SHARE = "TILECOMMIT_ASSEMBLY_SHARE_MB"
 SETTING_EVENTS_ENDPOINT = "TILECOMMIT_EVENTS_ENDPOINT"
 #: A key for that endpoint, for the local host's stand-in topic only; in Azure the app's identity.
 SETTING_EVENTS_KEY = "TILECOMMIT_EVENTS_KEY"
+#: Days a finished job's tiles, manifest rows and Durable history are kept; 0: kept forever.
+SETTING_TILE_RETENTION_DAYS = "TILECOMMIT_TILE_RETENTION_DAYS"
 
 APP_SETTINGS = (
     SETTING_INPUT_CONTAINER,
@@ -60,6 +62,7 @@ APP_SETTINGS = (
     SETTING_GDAL_CACHEMAX,
     SETTING_ASSEMBLY_SHARE,
     SETTING_EVENTS_ENDPOINT,
+    SETTING_TILE_RETENTION_DAYS,
 )
 
 #: 1024 px windows: 0.17-0.21 s and ~115 MB a worker for 3-band uint16 (docs/design.md, 'GDAL settings and raster figures').
@@ -75,6 +78,9 @@ DEFAULT_GDAL_CACHEMAX_MB = 64
 #: more stages them in shares of this size, one activity each, then commits once (the budget:
 #: tilecommit/retries.py, ASSEMBLY_SHARE_MB).
 DEFAULT_ASSEMBLY_SHARE_MB = ASSEMBLY_SHARE_MB
+#: Tiles are intermediate: the mosaic holds their pixels. A week leaves time to verify, repair
+#: or retry a job from its tiles before they go (docs/operations.md, "Retention").
+DEFAULT_TILE_RETENTION_DAYS = 7
 
 #: Names of sidecar files: companions GDAL would read beside a raster (metadata, overviews,
 #: masks, world files, projection files). The app never reads them with a raster, and an upload
@@ -112,6 +118,7 @@ class Settings:
     gdal_cachemax_mb: int = DEFAULT_GDAL_CACHEMAX_MB
     assembly_share_mb: int = DEFAULT_ASSEMBLY_SHARE_MB
     events_endpoint: str = ""
+    tile_retention_days: int = DEFAULT_TILE_RETENTION_DAYS
 
     def __post_init__(self) -> None:
         if self.window_size <= 0 or self.window_size % 256:
@@ -129,6 +136,10 @@ class Settings:
             raise ConfigurationError(
                 f"{SETTING_EVENTS_ENDPOINT}={self.events_endpoint!r}: expected the topic's https:// endpoint "
                 "(or the local host's http://127.0.0.1: stand-in)"
+            )
+        if self.tile_retention_days < 0:
+            raise ConfigurationError(
+                f"{SETTING_TILE_RETENTION_DAYS}={self.tile_retention_days}: expected days >= 0 (0: keep forever)"
             )
         if not 1 <= self.assembly_share_mb <= DEFAULT_ASSEMBLY_SHARE_MB:
             raise ConfigurationError(
@@ -160,4 +171,5 @@ class Settings:
             gdal_cachemax_mb=integer(SETTING_GDAL_CACHEMAX, DEFAULT_GDAL_CACHEMAX_MB),
             assembly_share_mb=integer(SETTING_ASSEMBLY_SHARE, DEFAULT_ASSEMBLY_SHARE_MB),
             events_endpoint=env.get(SETTING_EVENTS_ENDPOINT, "").strip(),
+            tile_retention_days=integer(SETTING_TILE_RETENTION_DAYS, DEFAULT_TILE_RETENTION_DAYS),
         )
