@@ -296,13 +296,22 @@ def check_usage(args: argparse.Namespace) -> None:
 
 
 def _host(args: argparse.Namespace):
-    from .host import HostOptions, LocalHost
-    from .partitions import LeaseTimings
+    from .http_routes import PortTaken
 
     if args.crash_before_manifest:
         from .faults import crash_before_manifest_entry
 
         crash_before_manifest_entry(args.crash_before_manifest)
+    try:
+        return _local_host(args)
+    except PortTaken as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _local_host(args: argparse.Namespace):
+    from .host import HostOptions, LocalHost
+    from .partitions import LeaseTimings
+
     return LocalHost(
         HostOptions(
             deliveries=args.deliveries,
@@ -331,9 +340,10 @@ def serve(args: argparse.Namespace, storage) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     with host:
+        api = f"; the job API on {host.http.base_url}/api/jobs" if host.http is not None else ""
         print(
             f"devhost: watching container {host.settings.input_container!r} (task hub {host.hub}) "
-            f"on {storage.source}, blob endpoint {storage.blob_endpoint}; Ctrl-C stops",
+            f"on {storage.source}, blob endpoint {storage.blob_endpoint}{api}; Ctrl-C stops",
             file=sys.stderr,
         )
         stop.wait()

@@ -15,6 +15,7 @@ What is modelled, each as the host does it:
 
 from __future__ import annotations
 
+import errno
 import hmac
 import inspect
 import json
@@ -40,6 +41,10 @@ DEFAULT_HTTP_PORT = 7071
 FUNCTION_KEY_ENV = "DEVHOST_FUNCTION_KEY"
 KEY_HEADER = "x-functions-key"
 _PARAMETER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)(?::[^}]*)?\??\}")
+
+
+class PortTaken(OSError):
+    """The HTTP port is in use (``func start`` refuses to start then too)."""
 
 
 @dataclass(frozen=True)
@@ -110,7 +115,14 @@ class HttpRoutes:
 
             do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _serve
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        try:
+            self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+            raise PortTaken(
+                f"port {port} on 127.0.0.1 is taken: choose another with --http-port (0: any free one)"
+            ) from None
         self.thread = threading.Thread(target=self.server.serve_forever, name="devhost-http-routes", daemon=True)
 
     @property

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Deploy tilecommit to Azure: infrastructure (infra/main.bicep), code, Event Grid subscription.
 # Safe to run again: every step converges to the same state. See README.md, "Deploy to Azure".
+# `azd up` deploys the same template and code, then runs step 3 of this script
+# (infra/hooks/postdeploy.sh -> --subscribe-only).
 set -euo pipefail
 
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -13,19 +15,31 @@ readonly SUBSCRIPTION_TEMPLATE="${SCRIPT_DIR}/modules/event-subscription.bicep"
 # Seconds to wait before each new try of the subscription (Event Grid validates the webhook when
 # the subscription is created; a cold or restarting host can miss that handshake).
 readonly SUBSCRIBE_BACKOFF=(30 60 120 240)
+# Shared with azd, which fills its ${...} values; deploy() passes each of those itself.
 readonly PARAMETERS="${SCRIPT_DIR}/main.parameters.json"
 readonly DEPLOYMENT_NAME="tilecommit"
 readonly MIN_AZ_VERSION="2.60.0"
 # The Functions Python 3.11 workers run on x86-64 Linux (glibc >= 2.28).
 readonly PACKAGE_PLATFORMS=(manylinux_2_28_x86_64 manylinux2014_x86_64)
 
+# The outputs step 3 reads. With --subscribe-only they come from environment variables of the
+# same names: azd keeps every output of main.bicep in its environment under the output's own name,
+# and gives the environment to its hooks.
+readonly SUBSCRIBE_OUTPUTS=(functionAppName functionAppHostName storageAccountName storageAccountId
+  eventSubscriptionName systemTopicName triggerFunctionName inputContainer tilesContainer outputContainer
+  deadLetterContainer manifestTable applicationInsightsName)
+
 AZ="${AZ:-az}"
 PYTHON="${PYTHON:-python3}"
+# TILECOMMIT_DRY_RUN=1 (with --subscribe-only): print each az command, one line as a shell would
+# read it, instead of running it; so the tests run the subscription step without Azure.
+DRY_RUN="${TILECOMMIT_DRY_RUN:-0}"
 
 usage() {
   cat <<'EOF'
 Usage: infra/deploy.sh --resource-group NAME [options]
        infra/deploy.sh --package-only FILE.zip
+       infra/deploy.sh --subscribe-only --resource-group NAME
 
 Deploys tilecommit in three steps, each safe to repeat:
   1. az deployment group create: storage, identity, monitoring, function app, roles,
@@ -44,11 +58,18 @@ Options:
   -l, --location REGION      region for a new resource group (default: the group's own)
   -p, --plan PLAN            flex (Flex Consumption, default) or consumption (Y1, legacy)
   -n, --base-name NAME       prefix of resource names (default: tilecommit)
+      --vnet                 network isolation (Flex Consumption only): a virtual network for the
+                             app's outbound traffic, private endpoints for the storage account's
+                             blob, queue and table, its public endpoint closed to all but trusted
+                             Azure services (main.bicep vnetEnabled)
       --infra-only           step 1 only
       --no-deployer-access   do not grant the signed-in principal upload/read roles on the
                              input and output containers (Consumption still needs the package one)
       --package-only FILE    only build the Consumption-plan package (code and Linux
                              wheels) into FILE; no Azure needed
+      --subscribe-only       step 3 only, with the outputs of step 1 taken from environment
+                             variables of the same names (azd's postdeploy hook runs this);
+                             TILECOMMIT_DRY_RUN=1 prints its az commands instead of running them
   -h, --help                 this text
 
 Prerequisites: Azure CLI >= 2.60 signed in (az login; az account set -s SUBSCRIPTION),
@@ -71,6 +92,8 @@ base_name="tilecommit"
 infra_only=false
 deployer_access=true
 package_only=""
+vnet_enabled=false
+subscribe_only=false
 
 while (($# > 0)); do
   case "$1" in
@@ -79,6 +102,8 @@ while (($# > 0)); do
     -p | --plan) [[ $# -ge 2 ]] || usage_error "$1 needs a value"; plan="$2"; shift 2 ;;
     -n | --base-name) [[ $# -ge 2 ]] || usage_error "$1 needs a value"; base_name="$2"; shift 2 ;;
     --infra-only) infra_only=true; shift ;;
+    --vnet) vnet_enabled=true; shift ;;
+    --subscribe-only) subscribe_only=true; shift ;;
     --no-deployer-access) deployer_access=false; shift ;;
     --package-only) [[ $# -ge 2 ]] || usage_error "$1 needs a value"; package_only="$2"; shift 2 ;;
     -h | --help) usage; exit 0 ;;
@@ -96,6 +121,13 @@ if [[ -z "${package_only}" && -z "${resource_group}" ]]; then
 fi
 if [[ ! "${base_name}" =~ ^[a-z][a-z0-9-]{2,11}$ ]]; then
   usage_error "--base-name must be 3-12 lower-case letters, digits or hyphens, starting with a letter"
+fi
+if [[ "${vnet_enabled}" == true && "${hosting_plan}" != "FlexConsumption" ]]; then
+  # The template ignores vnetEnabled on Consumption; refuse it here rather than deploy without it.
+  usage_error "--vnet needs --plan flex: the Consumption plan has no VNet integration"
+fi
+if [[ "${DRY_RUN}" == 1 && "${subscribe_only}" != true ]]; then
+  usage_error "TILECOMMIT_DRY_RUN=1 works with --subscribe-only only: the other steps need Azure's answers"
 fi
 
 workdir="$(mktemp -d)"
@@ -180,145 +212,184 @@ if [[ -n "${package_only}" ]]; then
   exit 0
 fi
 
-# ------------------------------------------------------------------------------------------------
-# Prerequisites
-# ------------------------------------------------------------------------------------------------
-
-command -v "${AZ}" >/dev/null 2>&1 \
-  || die "Azure CLI ('${AZ}') not found: install it (https://learn.microsoft.com/cli/azure/install-azure-cli), then az login"
-az_version="$("${AZ}" version --query '"azure-cli"' --output tsv 2>/dev/null || true)"
-if [[ -z "${az_version}" ]]; then
-  die "could not run '${AZ} version': is the Azure CLI installed correctly?"
-fi
-if [[ "$(printf '%s\n%s\n' "${MIN_AZ_VERSION}" "${az_version}" | sort -V | head -n 1)" != "${MIN_AZ_VERSION}" ]]; then
-  die "Azure CLI ${az_version} is too old: ${MIN_AZ_VERSION} or later is needed (az upgrade)"
-fi
-subscription="$("${AZ}" account show --query '[name, id]' --output tsv 2>/dev/null | paste -sd' ' || true)"
-if [[ -z "${subscription}" ]]; then
-  die "not signed in to Azure: run 'az login' (and 'az account set --subscription NAME_OR_ID')"
-fi
-say "Subscription: ${subscription}"
-
-for namespace in Microsoft.Web Microsoft.Storage Microsoft.EventGrid Microsoft.Insights \
-  Microsoft.OperationalInsights Microsoft.ManagedIdentity; do
-  state="$("${AZ}" provider show --namespace "${namespace}" --query registrationState --output tsv 2>/dev/null || true)"
-  if [[ "${state}" != "Registered" ]]; then
-    say "Registering resource provider ${namespace}"
-    "${AZ}" provider register --namespace "${namespace}" --wait --output none
-  fi
-done
-
-# ------------------------------------------------------------------------------------------------
-# Resource group and deployer
-# ------------------------------------------------------------------------------------------------
-
-group_location="$("${AZ}" group show --name "${resource_group}" --query location --output tsv 2>/dev/null || true)"
-if [[ -n "${group_location}" ]]; then
-  say "Resource group ${resource_group} exists (${group_location})"
-  if [[ -n "${location}" && "${location}" != "${group_location}" ]]; then
-    warn "--location ${location} ignored: the resources go to the group's region, ${group_location}"
-  fi
-else
-  [[ -n "${location}" ]] || die "resource group ${resource_group} does not exist: give --location to create it"
-  say "Creating resource group ${resource_group} in ${location}"
-  "${AZ}" group create --name "${resource_group}" --location "${location}" --output none
-fi
-
-deployer_id=""
-deployer_type="User"
-if [[ "${deployer_access}" == true || "${hosting_plan}" == "Consumption" ]]; then
-  user_type="$("${AZ}" account show --query user.type --output tsv)"
-  if [[ "${user_type}" == "user" ]]; then
-    deployer_id="$("${AZ}" ad signed-in-user show --query id --output tsv 2>/dev/null || true)"
+# Every az command goes through here, so that a dry run prints them all (on the original standard
+# output, also from inside a command substitution) and runs none.
+exec 3>&1
+az_cli() {
+  if [[ "${DRY_RUN}" == 1 ]]; then
+    { printf 'az'; printf ' %q' "$@"; printf '\n'; } >&3
   else
-    deployer_type="ServicePrincipal"
-    app_id="$("${AZ}" account show --query user.name --output tsv)"
-    deployer_id="$("${AZ}" ad sp show --id "${app_id}" --query id --output tsv 2>/dev/null || true)"
+    "${AZ}" "$@"
   fi
-  if [[ -z "${deployer_id}" ]]; then
-    [[ "${hosting_plan}" != "Consumption" ]] \
-      || die "could not look up your object id in Entra ID; the Consumption plan needs it to upload the code"
-    warn "could not look up your object id in Entra ID: no data roles granted to you"
-  fi
-fi
+}
 
+output() {
+  if [[ "${subscribe_only}" == true ]]; then
+    printf '%s\n' "${!1}"
+  else
+    az_cli deployment group show --resource-group "${resource_group}" --name "${DEPLOYMENT_NAME}" \
+      --query "properties.outputs.${1}.value" --output tsv
+  fi
+}
+
+# Step 1: the template with main.parameters.json, whose ${...} placeholders (azd fills them) each
+# get a value here, after the file: the later --parameters win.
 deploy() {
   local with_subscription="$1"
-  "${AZ}" deployment group create \
+  az_cli deployment group create \
     --resource-group "${resource_group}" \
     --name "${DEPLOYMENT_NAME}" \
     --template-file "${TEMPLATE}" \
     --parameters "@${PARAMETERS}" \
     --parameters hostingPlan="${hosting_plan}" baseName="${base_name}" \
+    location="${deploy_location}" environmentName="" vnetEnabled="${vnet_enabled}" \
     deployerPrincipalId="${deployer_id}" deployerPrincipalType="${deployer_type}" \
     grantDeployerDataAccess="${deployer_access}" \
     deployEventSubscription="${with_subscription}" \
     --output none
 }
 
-output() {
-  "${AZ}" deployment group show --resource-group "${resource_group}" --name "${DEPLOYMENT_NAME}" \
-    --query "properties.outputs.${1}.value" --output tsv
-}
-
-# ------------------------------------------------------------------------------------------------
-# 1. Infrastructure
-# ------------------------------------------------------------------------------------------------
-
-say "1/3 Deploying infrastructure (${hosting_plan}) with ${TEMPLATE#"${REPO_ROOT}/"}"
-deploy false
-app_name="$(output functionAppName)"
-storage_account="$(output storageAccountName)"
-note "function app ${app_name}, storage account ${storage_account}"
-
-if [[ "${infra_only}" == true ]]; then
-  say "Done (--infra-only): run again without it to publish the code and subscribe the trigger"
-  exit 0
+if [[ "${subscribe_only}" == true ]]; then
+  for name in "${SUBSCRIBE_OUTPUTS[@]}"; do
+    [[ -n "${!name:-}" ]] \
+      || die "--subscribe-only: no ${name} in the environment (azd sets it from main.bicep's outputs after azd provision)"
+  done
 fi
 
 # ------------------------------------------------------------------------------------------------
-# 2. Code
+# Prerequisites
 # ------------------------------------------------------------------------------------------------
 
-say "2/3 Building and publishing the code"
-package="${workdir}/tilecommit.zip"
-if [[ "${hosting_plan}" == "FlexConsumption" ]]; then
-  # Flex Consumption: the CLI posts the package to the app's deployment endpoint with your Entra
-  # token; the platform installs requirements.txt for its own Linux image (remote build), keeps
-  # the result in the deployment container (read with the app's identity) and restarts the app.
-  build_package "${package}" false
-  note "package: $(du -h "${package}" | cut -f1)"
-  "${AZ}" functionapp deployment source config-zip --resource-group "${resource_group}" \
-    --name "${app_name}" --src "${package}" --build-remote true --output none
-  note "published with az functionapp deployment source config-zip (remote build)"
-else
-  build_package "${package}" true
-  note "package: $(du -h "${package}" | cut -f1)"
-  # Consumption (Linux): the app runs the package from its URL (WEBSITE_RUN_FROM_PACKAGE), read
-  # with its identity. A new role assignment can take minutes to apply, hence the retries.
-  container="$(output packageContainer)"
-  blob="$(output packageBlob)"
-  uploaded=false
-  for attempt in $(seq 1 20); do
-    if "${AZ}" storage blob upload --auth-mode login --account-name "${storage_account}" \
-      --container-name "${container}" --name "${blob}" --file "${package}" --overwrite \
-      --only-show-errors --output none; then
-      uploaded=true
-      break
+if [[ "${DRY_RUN}" != 1 ]]; then
+  command -v "${AZ}" >/dev/null 2>&1 \
+    || die "Azure CLI ('${AZ}') not found: install it (https://learn.microsoft.com/cli/azure/install-azure-cli), then az login"
+  az_version="$(az_cli version --query '"azure-cli"' --output tsv 2>/dev/null || true)"
+  if [[ -z "${az_version}" ]]; then
+    die "could not run '${AZ} version': is the Azure CLI installed correctly?"
+  fi
+  if [[ "$(printf '%s\n%s\n' "${MIN_AZ_VERSION}" "${az_version}" | sort -V | head -n 1)" != "${MIN_AZ_VERSION}" ]]; then
+    die "Azure CLI ${az_version} is too old: ${MIN_AZ_VERSION} or later is needed (az upgrade)"
+  fi
+  subscription="$(az_cli account show --query '[name, id]' --output tsv 2>/dev/null | paste -sd' ' || true)"
+  if [[ -z "${subscription}" ]]; then
+    die "not signed in to Azure: run 'az login' (and 'az account set --subscription NAME_OR_ID')"
+  fi
+  say "Subscription: ${subscription}"
+fi
+
+if [[ "${subscribe_only}" != true ]]; then
+  for namespace in Microsoft.Web Microsoft.Storage Microsoft.EventGrid Microsoft.Insights \
+    Microsoft.OperationalInsights Microsoft.ManagedIdentity; do
+    state="$(az_cli provider show --namespace "${namespace}" --query registrationState --output tsv 2>/dev/null || true)"
+    if [[ "${state}" != "Registered" ]]; then
+      say "Registering resource provider ${namespace}"
+      az_cli provider register --namespace "${namespace}" --wait --output none
     fi
-    note "upload refused (attempt ${attempt}/20; role assignments may still be propagating), retrying in 15 s"
-    sleep 15
   done
-  [[ "${uploaded}" == true ]] || die "could not upload the package to ${storage_account}/${container}"
-  app_id="$("${AZ}" functionapp show --resource-group "${resource_group}" --name "${app_name}" --query id --output tsv)"
-  "${AZ}" functionapp restart --resource-group "${resource_group}" --name "${app_name}" --output none
-  "${AZ}" rest --method post --url "${app_id}/syncfunctiontriggers?api-version=2023-12-01" --output none
-  note "uploaded ${container}/${blob}, restarted the app and synced its triggers"
+
+  # ------------------------------------------------------------------------------------------------
+  # Resource group and deployer
+  # ------------------------------------------------------------------------------------------------
+
+  group_location="$(az_cli group show --name "${resource_group}" --query location --output tsv 2>/dev/null || true)"
+  if [[ -n "${group_location}" ]]; then
+    say "Resource group ${resource_group} exists (${group_location})"
+    if [[ -n "${location}" && "${location}" != "${group_location}" ]]; then
+      warn "--location ${location} ignored: the resources go to the group's region, ${group_location}"
+    fi
+  else
+    [[ -n "${location}" ]] || die "resource group ${resource_group} does not exist: give --location to create it"
+    say "Creating resource group ${resource_group} in ${location}"
+    az_cli group create --name "${resource_group}" --location "${location}" --output none
+  fi
+
+  deployer_id=""
+  deployer_type="User"
+  if [[ "${deployer_access}" == true || "${hosting_plan}" == "Consumption" ]]; then
+    user_type="$(az_cli account show --query user.type --output tsv)"
+    if [[ "${user_type}" == "user" ]]; then
+      deployer_id="$(az_cli ad signed-in-user show --query id --output tsv 2>/dev/null || true)"
+    else
+      deployer_type="ServicePrincipal"
+      app_id="$(az_cli account show --query user.name --output tsv)"
+      deployer_id="$(az_cli ad sp show --id "${app_id}" --query id --output tsv 2>/dev/null || true)"
+    fi
+    if [[ -z "${deployer_id}" ]]; then
+      [[ "${hosting_plan}" != "Consumption" ]] \
+        || die "could not look up your object id in Entra ID; the Consumption plan needs it to upload the code"
+      warn "could not look up your object id in Entra ID: no data roles granted to you"
+    fi
+  fi
+
+  # The resources go to the group's region (main.bicep's own default); environmentName="" in
+  # deploy(): no azd environment, so no azd-env-name tag.
+  deploy_location="${group_location:-${location}}"
+
+  # ------------------------------------------------------------------------------------------------
+  # 1. Infrastructure
+  # ------------------------------------------------------------------------------------------------
+
+  say "1/3 Deploying infrastructure (${hosting_plan}) with ${TEMPLATE#"${REPO_ROOT}/"}"
+  deploy false
+  app_name="$(output functionAppName)"
+  storage_account="$(output storageAccountName)"
+  note "function app ${app_name}, storage account ${storage_account}"
+
+  if [[ "${infra_only}" == true ]]; then
+    say "Done (--infra-only): run again without it to publish the code and subscribe the trigger"
+    exit 0
+  fi
+
+  # ------------------------------------------------------------------------------------------------
+  # 2. Code
+  # ------------------------------------------------------------------------------------------------
+
+  say "2/3 Building and publishing the code"
+  package="${workdir}/tilecommit.zip"
+  if [[ "${hosting_plan}" == "FlexConsumption" ]]; then
+    # Flex Consumption: the CLI posts the package to the app's deployment endpoint with your Entra
+    # token; the platform installs requirements.txt for its own Linux image (remote build), keeps
+    # the result in the deployment container (read with the app's identity) and restarts the app.
+    build_package "${package}" false
+    note "package: $(du -h "${package}" | cut -f1)"
+    az_cli functionapp deployment source config-zip --resource-group "${resource_group}" \
+      --name "${app_name}" --src "${package}" --build-remote true --output none
+    note "published with az functionapp deployment source config-zip (remote build)"
+  else
+    build_package "${package}" true
+    note "package: $(du -h "${package}" | cut -f1)"
+    # Consumption (Linux): the app runs the package from its URL (WEBSITE_RUN_FROM_PACKAGE), read
+    # with its identity. A new role assignment can take minutes to apply, hence the retries.
+    container="$(output packageContainer)"
+    blob="$(output packageBlob)"
+    uploaded=false
+    for attempt in $(seq 1 20); do
+      if az_cli storage blob upload --auth-mode login --account-name "${storage_account}" \
+        --container-name "${container}" --name "${blob}" --file "${package}" --overwrite \
+        --only-show-errors --output none; then
+        uploaded=true
+        break
+      fi
+      note "upload refused (attempt ${attempt}/20; role assignments may still be propagating), retrying in 15 s"
+      sleep 15
+    done
+    [[ "${uploaded}" == true ]] || die "could not upload the package to ${storage_account}/${container}"
+    app_id="$(az_cli functionapp show --resource-group "${resource_group}" --name "${app_name}" --query id --output tsv)"
+    az_cli functionapp restart --resource-group "${resource_group}" --name "${app_name}" --output none
+    az_cli rest --method post --url "${app_id}/syncfunctiontriggers?api-version=2023-12-01" --output none
+    note "uploaded ${container}/${blob}, restarted the app and synced its triggers"
+  fi
+
 fi
 
 # ------------------------------------------------------------------------------------------------
 # 3. Event Grid subscription
 # ------------------------------------------------------------------------------------------------
+
+if [[ "${subscribe_only}" == true ]]; then
+  app_name="$(output functionAppName)"
+  storage_account="$(output storageAccountName)"
+fi
 
 say "3/3 Subscribing the blob trigger to blob-created events"
 note "waiting for the host to create the blob extension's webhook key (up to 10 minutes)"
@@ -327,9 +398,10 @@ for attempt in $(seq 1 40); do
   # Asks only whether the key exists: the key itself is never printed or stored here. In
   # JMESPath the null literal is `null` in backticks (a bare null is a field named "null").
   # shellcheck disable=SC2016  # the backticks are JMESPath's, not a command substitution
-  has_key="$("${AZ}" functionapp keys list --resource-group "${resource_group}" --name "${app_name}" \
+  has_key="$(az_cli functionapp keys list --resource-group "${resource_group}" --name "${app_name}" \
     --query 'systemKeys.blobs_extension != `null`' --output tsv 2>/dev/null || true)"
-  if [[ "${has_key}" == "true" ]]; then
+  # A dry run cannot ask: it goes on as if the key existed.
+  if [[ "${has_key}" == "true" || "${DRY_RUN}" == 1 ]]; then
     key_ready=true
     break
   fi
@@ -339,7 +411,7 @@ if [[ "${key_ready}" != true ]]; then
   die "no blobs_extension key after 10 minutes: check the app's logs (Application Insights) and run this script again"
 fi
 subscribe() {
-  "${AZ}" deployment group create \
+  az_cli deployment group create \
     --resource-group "${resource_group}" \
     --name "${DEPLOYMENT_NAME}-event-subscription" \
     --template-file "${SUBSCRIPTION_TEMPLATE}" \

@@ -1,7 +1,9 @@
 // tilecommit: an Azure Functions app (Python 3.11, v2 model, Durable) that turns uploaded rasters
-// into COG tiles and a mosaic. Deploy with infra/deploy.sh (README.md, "Deploy to Azure"), which runs this
-// template twice: once for everything, then with deployEventSubscription=true once the code is
-// published, because the Event Grid subscription needs the webhook key that the code creates.
+// into COG tiles and a mosaic. Deployed two ways (README.md, "Deploy to Azure"), both over this one
+// template: `azd up` (azure.yaml; azd fills main.parameters.json's ${...} values and runs
+// infra/hooks/postdeploy.sh once the code is published), or infra/deploy.sh with the Azure CLI alone.
+// Either way the Event Grid subscription is deployed last, on its own
+// (modules/event-subscription.bicep), because it needs the webhook key that the code creates.
 //
 // Names shared with the code live in tilecommit/settings.py; the literals below must equal them
 // and tests/test_infra_agreement.py fails until they do.
@@ -26,6 +28,16 @@ param baseName string = 'tilecommit'
   'Consumption'
 ])
 param hostingPlan string = 'FlexConsumption'
+
+// ARM has no way to reject one parameter because of another (Bicep's fail() would, but checkov
+// cannot parse it), so with Consumption the option is ignored and the output networkIsolated says
+// so; infra/deploy.sh refuses --vnet with --plan consumption before anything is deployed.
+@description('Flex Consumption only (ignored on Consumption, which has no VNet integration): a virtual network the app\'s outbound traffic goes through, private endpoints and DNS zones for the storage account\'s blob, queue and table services, and the account\'s public endpoint closed to all but trusted Azure services (Event Grid writing dead letters). The app\'s own endpoint stays public: Event Grid delivers to it.')
+param vnetEnabled bool = false
+
+@description('azd environment name (azd sets it from AZURE_ENV_NAME): tags every resource azd-env-name=<name>, the tag azd finds its resources by. Empty (infra/deploy.sh): no such tag.')
+@maxLength(64)
+param environmentName string = ''
 
 @description('Flex Consumption only: memory of each instance in MB. A 1024-px window needs about 115 MB a worker; the mosaic assembly about 300 MB.')
 @allowed([
@@ -125,6 +137,11 @@ var packageContainerName = 'app-package'
 var packageBlobName = 'tilecommit.zip'
 
 var isFlex = hostingPlan == 'FlexConsumption'
+var networkIsolated = vnetEnabled && isFlex
+// azd's conventions: azd-env-name on everything, azd-service-name on the app it deploys the
+// service `api` (azure.yaml) to.
+var resourceTags = empty(environmentName) ? tags : union(tags, { 'azd-env-name': environmentName })
+var azdServiceName = 'api'
 var token = uniqueString(resourceGroup().id, baseName)
 var storageAccountName = take('st${replace(toLower(baseName), '-', '')}${token}', 24)
 var functionAppName = '${baseName}-func-${token}'
@@ -134,6 +151,7 @@ var logAnalyticsName = '${baseName}-log-${token}'
 var applicationInsightsName = '${baseName}-appi-${token}'
 var systemTopicName = '${baseName}-evgt-${token}'
 var completionTopicName = '${baseName}-evt-${token}'
+var virtualNetworkName = '${baseName}-vnet-${token}'
 var eventSubscriptionName = '${replace(triggerFunctionName, '_', '-')}-blob-created'
 
 // ---------------------------------------------------------------------------------------------
@@ -148,7 +166,7 @@ var eventSubscriptionName = '${replace(triggerFunctionName, '_', '-')}-blob-crea
 resource identity 'Microsoft.ManagedIdentity/userAssignedIdentities@2023-01-31' = {
   name: identityName
   location: location
-  tags: tags
+  tags: resourceTags
 }
 
 module storage 'modules/storage.bicep' = {
@@ -156,7 +174,7 @@ module storage 'modules/storage.bicep' = {
   params: {
     name: storageAccountName
     location: location
-    tags: tags
+    tags: resourceTags
     skuName: storageSku
     containerNames: [
       inputContainerName
@@ -168,6 +186,31 @@ module storage 'modules/storage.bicep' = {
     tableNames: [
       manifestTableName
     ]
+    privateEndpointsOnly: networkIsolated
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Network isolation (vnetEnabled, Flex Consumption only)
+// ---------------------------------------------------------------------------------------------
+
+module virtualNetwork 'modules/vnet.bicep' = if (networkIsolated) {
+  name: 'virtual-network'
+  params: {
+    name: virtualNetworkName
+    location: location
+    tags: resourceTags
+  }
+}
+
+module storagePrivateEndpoints 'modules/storage-private-endpoints.bicep' = if (networkIsolated) {
+  name: 'storage-private-endpoints'
+  params: {
+    storageAccountName: storage.outputs.name
+    virtualNetworkId: networkIsolated ? virtualNetwork.outputs.id : ''
+    subnetId: networkIsolated ? virtualNetwork.outputs.privateEndpointSubnetId : ''
+    location: location
+    tags: resourceTags
   }
 }
 
@@ -177,7 +220,7 @@ module monitoring 'modules/monitoring.bicep' = {
     logAnalyticsName: logAnalyticsName
     applicationInsightsName: applicationInsightsName
     location: location
-    tags: tags
+    tags: resourceTags
     retentionInDays: logRetentionDays
     dailyQuotaGb: logDailyQuotaGb
     principalId: identity.properties.principalId
@@ -207,7 +250,7 @@ module storageRoles 'modules/storage-roles.bicep' = {
 resource plan 'Microsoft.Web/serverfarms@2024-04-01' = {
   name: planName
   location: location
-  tags: tags
+  tags: resourceTags
   kind: isFlex ? 'functionapp' : 'linux'
   sku: isFlex ? {
     name: 'FC1'
@@ -225,7 +268,7 @@ resource plan 'Microsoft.Web/serverfarms@2024-04-01' = {
 resource functionApp 'Microsoft.Web/sites@2024-04-01' = {
   name: functionAppName
   location: location
-  tags: tags
+  tags: union(resourceTags, { 'azd-service-name': azdServiceName })
   kind: 'functionapp,linux'
   identity: {
     type: 'UserAssigned'
@@ -238,6 +281,8 @@ resource functionApp 'Microsoft.Web/sites@2024-04-01' = {
     reserved: true
     httpsOnly: true
     clientAffinityEnabled: false
+    // Outbound only: the host reaches storage through the private endpoints; inbound stays public.
+    virtualNetworkSubnetId: networkIsolated ? virtualNetwork.outputs.appSubnetId : null
     functionAppConfig: isFlex ? {
       deployment: {
         storage: {
@@ -408,8 +453,10 @@ resource functionApp 'Microsoft.Web/sites@2024-04-01' = {
     }
   }
   dependsOn: [
-    // The host should find its storage roles in place when it first starts.
+    // The host should find its storage roles, and with vnetEnabled its private endpoints, in place
+    // when it first starts.
     storageRoles
+    storagePrivateEndpoints
   ]
 }
 
@@ -440,7 +487,7 @@ module events 'modules/events.bicep' = {
     name: systemTopicName
     storageAccountId: storage.outputs.id
     location: location
-    tags: tags
+    tags: resourceTags
   }
 }
 
@@ -462,7 +509,7 @@ module completionEvents 'modules/completion-events.bicep' = {
   params: {
     name: completionTopicName
     location: location
-    tags: tags
+    tags: resourceTags
     publisherPrincipalId: identity.properties.principalId
     webhookUrl: completionWebhookUrl
   }
@@ -475,12 +522,13 @@ module alerts 'modules/alerts.bicep' = {
     applicationInsightsId: monitoring.outputs.applicationInsightsId
     actionGroupId: alertActionGroupId
     location: location
-    tags: tags
+    tags: resourceTags
   }
 }
 
 // ---------------------------------------------------------------------------------------------
-// Outputs (read by infra/deploy.sh)
+// Outputs: read by infra/deploy.sh, and kept by azd in its environment under these same names,
+// where infra/hooks/postdeploy.sh finds them.
 // ---------------------------------------------------------------------------------------------
 
 output functionAppName string = functionApp.name
@@ -502,3 +550,12 @@ output deadLetterContainer string = deadLetterContainerName
 output completionTopicName string = completionEvents.outputs.name
 output eventSubscriptionName string = eventSubscriptionName
 output triggerFunctionName string = triggerFunctionName
+output networkIsolated bool = networkIsolated
+
+// The outputs azd's Functions quickstarts declare, for azd and for whoever reads `azd env get-values`.
+output AZURE_LOCATION string = location
+output AZURE_TENANT_ID string = tenant().tenantId
+output AZURE_RESOURCE_GROUP string = resourceGroup().name
+output AZURE_FUNCTION_APP_NAME string = functionApp.name
+output SERVICE_API_NAME string = functionApp.name
+output SERVICE_API_URI string = 'https://${functionApp.properties.defaultHostName}'

@@ -83,6 +83,8 @@ def serve(app_env: AppEnv, log: Path, *extra: str, module: tuple[str, ...] = ("d
         # One name for the test's host across restarts, as a restarted Azure instance keeps its
         # machine name: it takes its partitions back at once instead of waiting for their leases.
         extra = (*extra, "--worker-id", f"{app_env.hub}-serve")
+    if "--http-port" not in extra:
+        extra = (*extra, "--http-port", "0")  # several hosts at once: none on the default port
     with log.open("ab") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", *module, "serve", "--timer-scale", "0.01", "--hub", app_env.hub, *extra],

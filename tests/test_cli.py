@@ -90,7 +90,11 @@ def test_no_storage_configured_runs_the_embedded_azurite_keeps_its_jobs_and_stop
 def test_serve_on_the_embedded_azurite_shares_it_and_stops_it_on_ctrl_c(no_storage_configured):
     env, state = no_storage_configured
     serve = subprocess.Popen(
-        [sys.executable, "-m", "devhost", "serve"], cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True
+        [sys.executable, "-m", "devhost", "serve", "--http-port", "0"],
+        cwd=ROOT,
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         banner = serve.stderr.readline()

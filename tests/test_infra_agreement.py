@@ -172,13 +172,24 @@ def test_python_runtime_is_311_everywhere(plan: str) -> None:
     assert "--python-version 3.11" in (INFRA / "deploy.sh").read_text()
 
 
+# azd's placeholder: ${NAME} or ${NAME=default} (drone/envsubst, which azd uses).
+PLACEHOLDER = re.compile(r"\$\{(\w+)(?:=([^}]*))?\}")
+
+
 def test_parameters_file_only_sets_declared_and_allowed_parameters() -> None:
     document = json.loads((INFRA / "main.parameters.json").read_text())
     for name, entry in document["parameters"].items():
         assert name in MAIN.params, f"main.parameters.json sets {name}, which main.bicep does not declare"
+        value = entry["value"]
+        placeholder = PLACEHOLDER.fullmatch(value) if isinstance(value, str) else None
+        if placeholder:
+            # azd fills it; a default given must be a value the parameter takes.
+            value = placeholder.group(2)
+            if value is None:
+                continue
         allowed = MAIN.params[name].decorators.get("allowed")
         if allowed:
-            assert entry["value"] in MAIN.evaluate(allowed[0]), f"{name}={entry['value']}"
+            assert value in MAIN.evaluate(allowed[0]), f"{name}={entry['value']}"
     # The code's defaults are only set in one place: main.bicep's parameter defaults.
     for name in ("windowSize", "batchSize", "maxPixels", "gdalCacheMaxMb"):
         assert name not in document["parameters"]
@@ -191,10 +202,13 @@ def test_deploy_script_reads_only_outputs_the_template_has() -> None:
     assert used - set(MAIN.outputs) == set()
     # And passes only parameters the template declares (the `deploy` function's --parameters).
     deploy_function = script[script.index("\ndeploy() {") : script.index("\n}\n", script.index("\ndeploy() {"))]
-    passed = set(re.findall(r"(\w+)=\"\$\{", deploy_function))
+    passed = set(re.findall(r"(\w+)=\"", deploy_function)) - {"with_subscription"}  # its local variable
     assert passed == {
         "hostingPlan",
         "baseName",
+        "location",
+        "environmentName",
+        "vnetEnabled",
         "deployerPrincipalId",
         "deployerPrincipalType",
         "grantDeployerDataAccess",
@@ -202,6 +216,22 @@ def test_deploy_script_reads_only_outputs_the_template_has() -> None:
     }
     assert passed - set(MAIN.params) == set()
     assert "main.parameters.json" in script and (INFRA / "main.parameters.json").is_file()
+
+
+def test_deploy_script_gives_every_azd_placeholder_a_value() -> None:
+    """main.parameters.json is azd's and deploy.sh's: the Azure CLI passes a ${...} on literally, so
+    deploy.sh must set each such parameter itself, after the file (the later value wins)."""
+    document = json.loads((INFRA / "main.parameters.json").read_text())
+    placeholders = {
+        name
+        for name, entry in document["parameters"].items()
+        if isinstance(entry["value"], str) and PLACEHOLDER.search(entry["value"])
+    }
+    assert {"environmentName", "location"} <= placeholders  # azd's own conventions
+    script = (INFRA / "deploy.sh").read_text()
+    deploy_function = script[script.index("\ndeploy() {") : script.index("\n}\n", script.index("\ndeploy() {"))]
+    after_file = deploy_function[deploy_function.index('"@${PARAMETERS}"') :]
+    assert placeholders - set(re.findall(r"(\w+)=\"", after_file)) == set()
 
 
 @pytest.mark.parametrize("plan", PLANS)

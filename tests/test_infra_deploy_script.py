@@ -73,6 +73,7 @@ def test_help_explains_the_steps_and_options() -> None:
         (("-g", "rg", "--colour", "blue"), "unknown argument: --colour"),
         (("-g",), "-g needs a value"),
         (("-g", "rg", "--base-name", "Bad_Name"), "--base-name must be"),
+        (("-g", "rg", "--plan", "consumption", "--vnet"), "--vnet needs --plan flex"),
     ],
 )
 def test_usage_errors_exit_2_with_usage(args: tuple[str, ...], message: str) -> None:
@@ -146,3 +147,9 @@ def test_the_subscription_step_deploys_the_subscription_alone_with_backoff() -> 
     assert "deploy true" not in step3, "step 3 must not redeploy main.bicep (and the site) before the handshake"
     assert '--template-file "${SUBSCRIPTION_TEMPLATE}"' in step3
     assert "SUBSCRIBE_BACKOFF=(30 60 120 240)" in text
+
+
+def test_a_dry_run_is_refused_where_the_script_would_need_azures_answers() -> None:
+    result = run_script("-g", "rg", TILECOMMIT_DRY_RUN="1", AZ="az-that-is-not-called")
+    assert result.returncode == 2
+    assert "TILECOMMIT_DRY_RUN=1 works with --subscribe-only only" in result.stderr

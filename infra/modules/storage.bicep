@@ -1,6 +1,8 @@
 // The one storage account of the app: host and Durable state (AzureWebJobsStorage), the app's own
 // containers and tables, and (Flex Consumption) the deployment container / (Consumption) the
 // package container. Keys are off: every client, the Functions host included, signs in with Entra ID.
+// With privateEndpointsOnly (main.bicep vnetEnabled), only the private endpoints and trusted Azure
+// services reach it.
 
 @description('Storage account name (3-24 lower-case letters and digits, globally unique).')
 @minLength(3)
@@ -26,6 +28,9 @@ param tableNames array
 ])
 param skuName string = 'Standard_LRS'
 
+@description('The public endpoint refuses every network but trusted Azure services (Event Grid writing dead letters); the app comes in through private endpoints (storage-private-endpoints.bicep). False: every network, Entra-only.')
+param privateEndpointsOnly bool = false
+
 @description('Days a deleted blob or container can be restored (soft delete).')
 @minValue(1)
 @maxValue(365)
@@ -50,12 +55,14 @@ resource storageAccount 'Microsoft.Storage/storageAccounts@2023-05-01' = {
     allowCrossTenantReplication: false
     minimumTlsVersion: 'TLS1_2'
     supportsHttpsTrafficOnly: true
-    // Public endpoint, Entra-only (see infra/checkov-skips.toml, CKV_AZURE_35): Event Grid and
-    // the Consumption-plan workers reach the account over its public endpoint.
+    // Public endpoint on in both cases (checkov-skips.toml CKV_AZURE_59): Event Grid writes dead
+    // letters through it as a trusted Azure service, and network rules, that exception among them,
+    // only govern a public endpoint that is on. Without privateEndpointsOnly: every network, Entra-only
+    // (CKV_AZURE_35); the Consumption-plan workers and the users uploading have no fixed network.
     publicNetworkAccess: 'Enabled'
     networkAcls: {
       bypass: 'AzureServices'
-      defaultAction: 'Allow'
+      defaultAction: privateEndpointsOnly ? 'Deny' : 'Allow'
     }
     encryption: {
       keySource: 'Microsoft.Storage'
