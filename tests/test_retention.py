@@ -11,8 +11,8 @@ import time
 from datetime import timedelta
 
 import azure.durable_functions as df
-import azure.functions as func
 import pytest
+from azure.functions.timer import TimerRequest
 
 from devhost.functions import EventLoopThread
 from devhost.session import process_file
@@ -96,9 +96,7 @@ def test_the_timer_function_keeps_everything_at_zero_and_sweeps_past_the_retenti
         assert trigger["schedule"] == "0 30 3 * * *"
 
         def fire() -> None:  # as the worker invokes it: a TimerRequest and the durableClient JSON
-            EventLoopThread.shared().run(
-                timer(timer=func.TimerRequest(past_due=False), client=host.api.client_binding())
-            )
+            EventLoopThread.shared().run(timer(timer=TimerRequest(past_due=False), client=host.api.client_binding()))
 
         monkeypatch.setenv("TILECOMMIT_TILE_RETENTION_DAYS", "0")
         fire()

@@ -38,7 +38,7 @@ from .sidecars import write_sidecars
 #: Blob metadata key recording the mosaic's overview level count (read back by a duplicate call).
 OVERVIEW_LEVELS_METADATA_KEY = "overview_levels"
 #: Blob metadata key of a server-side mosaic's evidence: the sha256 of its plan (head, ranges and
-#: the tile versions they come from), since no one reads its bytes to hash them.
+#: the sha256 of the tile each comes from), since no one reads its bytes to hash them.
 PLAN_SHA256_METADATA_KEY = "plan_sha256"
 #: Blob metadata key naming the path that made the mosaic: one of :data:`COMMITTED_METHODS`.
 METHOD_METADATA_KEY = "method"
@@ -109,7 +109,10 @@ def planned_block_copy(
             plan = plan_copy(head, order, total, leaders=layout.writer.leaders, trailers=layout.writer.trailers)
             versions = {w.id: summary.entries[w.id].etag for w in windows}
             timings["check"] = time.perf_counter() - started
-            evidence = (PLAN_SHA256_METADATA_KEY, plan.digest(versions))
+            # Named by the tiles' contents, not their versions: a run that renders purged tiles
+            # again makes new versions of the same bytes, and must meet the same mosaic.
+            contents = {w.id: summary.entries[w.id].sha256 for w in windows}
+            evidence = (PLAN_SHA256_METADATA_KEY, plan.digest(contents))
             yield BlockCopy(
                 layout, plan, versions, PlannedMosaic("server", layout.levels, evidence, nbytes=total, head=head)
             )

@@ -72,17 +72,18 @@ class CopyPlan:
     def staged_blocks(self, local_block_bytes: int = LOCAL_BLOCK_BYTES) -> int:
         return sum(1 if isinstance(p, CopyRange) else -(-p.nbytes // local_block_bytes) for p in self.pieces)
 
-    def digest(self, versions: dict[str, str]) -> str:
+    def digest(self, contents: dict[str, str]) -> str:
         """A sha256 naming this mosaic's content without reading it: the head, the local blocks'
-        places, and each range with the version (ETag) of the tile it comes from.
+        places, and each range with the sha256 of the tile it comes from (the manifest row's).
 
-        It is the evidence the create-only commit stores and compares (two attempts over the same
-        tile versions plan the same mosaic); it is not the file's sha256, which no one computes.
+        It is the evidence the create-only commit stores and compares: two attempts over tiles of
+        the same bytes plan the same mosaic, whatever versions of them storage holds (a run after
+        the tiles were purged writes new ones). It is not the file's sha256, which no one computes.
         """
         digest = hashlib.sha256(self.head)
         for piece in self.pieces:
             if isinstance(piece, CopyRange):
-                text = f"range {piece.source} {versions.get(piece.source, '')} {piece.offset} {piece.length}\n"
+                text = f"range {piece.source} {contents.get(piece.source, '')} {piece.offset} {piece.length}\n"
             else:
                 text = f"local {len(piece.data)} " + " ".join(f"{b.offset}+{b.length}" for b in piece.blocks) + "\n"
             digest.update(text.encode())

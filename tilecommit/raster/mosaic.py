@@ -352,7 +352,7 @@ def assemble_mosaic(
 
         if used in ("server", "blocks"):
             # 5. One create-only Put Block List. A server-side mosaic's evidence is its plan's
-            #    digest (the tile versions included), since its bytes never pass through here.
+            #    digest (each tile's sha256 included), since its bytes never pass through here.
             started = time.perf_counter()
             outcome = commit_staged_blob(
                 output,
