@@ -93,6 +93,10 @@ param gdalCacheMaxMb int = 64
 @maxValue(2400)
 param assemblyShareMb int = 2400
 
+@description('TILECOMMIT_TILE_RETENTION_DAYS: days a finished job keeps its tiles, manifest rows and Durable history (the daily retention_sweep function purges them; its mosaic, STAC item and quicklook stay). 0: kept forever.')
+@minValue(0)
+param tileRetentionDays int = 7
+
 @description('Storage redundancy (see infra/checkov-skips.toml, CKV_AZURE_206).')
 @allowed([
   'Standard_LRS'
@@ -187,6 +191,8 @@ module storage 'modules/storage.bicep' = {
       manifestTableName
     ]
     privateEndpointsOnly: networkIsolated
+    tilesContainerName: tilesContainerName
+    tileRetentionDays: tileRetentionDays
   }
 }
 
@@ -398,6 +404,10 @@ resource functionApp 'Microsoft.Web/sites@2024-04-01' = {
           // The completion events' topic; the app publishes with its identity (EventGrid Data Sender).
           name: 'TILECOMMIT_EVENTS_ENDPOINT'
           value: completionEvents.outputs.endpoint
+        }
+        {
+          name: 'TILECOMMIT_TILE_RETENTION_DAYS'
+          value: string(tileRetentionDays)
         }
         // GDAL limits that keep the mosaic assembly near 300 MB however large the scene (docs/design.md,
         // 'GDAL settings and raster figures'), and /vsiaz/ reads that neither list the container nor give up on one slow request.

@@ -81,7 +81,7 @@ class Bicep:
 
     `evaluate(node, params)` computes literals, strings with interpolation, arrays, objects,
     identifiers (variables and parameters, parameters taken from `params` or their defaults),
-    `a ? b : c`, ==, !=, &&, ||, !, and a few functions (string, concat, empty, toLower, replace,
+    `a ? b : c`, ==, !=, &&, ||, !, + and > on whole numbers, and a few functions (string, concat, empty, toLower, replace,
     take). Anything else (module outputs, resource properties...) becomes `Unresolved`.
     """
 
@@ -222,6 +222,9 @@ class Bicep:
                 return bool(left and right)
             if operator == "||":
                 return bool(left or right)
+            numbers = all(isinstance(v, int) and not isinstance(v, bool) for v in (left, right))
+            if numbers and operator in ("+", ">"):
+                return left + right if operator == "+" else left > right
             return Unresolved(self.text(node))
         if kind == "call_expression":
             function = self.text(node.child_by_field_name("function"))

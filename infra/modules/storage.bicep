@@ -36,6 +36,16 @@ param privateEndpointsOnly bool = false
 @maxValue(365)
 param softDeleteRetentionDays int = 7
 
+@description('The container the tiles are in; its tiles/ prefix is what the lifecycle rule deletes.')
+param tilesContainerName string = ''
+
+@description('Days a finished job keeps its tiles (the app\'s retention sweep); 0: forever, and no lifecycle rule.')
+@minValue(0)
+param tileRetentionDays int = 0
+
+@description('Days the lifecycle rule waits past the retention before it deletes a tile the sweep has not: a backstop for a sweep that did not run, late enough never to race a sweep that does (it runs daily).')
+param tileBackstopDays int = 7
+
 resource storageAccount 'Microsoft.Storage/storageAccounts@2023-05-01' = {
   name: name
   location: location
@@ -112,6 +122,45 @@ resource containers 'Microsoft.Storage/storageAccounts/blobServices/containers@2
     publicAccess: 'None'
   }
 }]
+
+// The backstop of the retention sweep (orchestrators/retention.py): tiles only, never mosaics,
+// never anything younger than the retention plus the slack. The sweep deletes a job's rows
+// before its tiles; this rule cannot, so it waits long enough that the sweep has come first.
+resource tileLifecycle 'Microsoft.Storage/storageAccounts/managementPolicies@2023-05-01' = if (tileRetentionDays > 0) {
+  parent: storageAccount
+  name: 'default'
+  properties: {
+    policy: {
+      rules: [
+        {
+          name: 'delete-old-tiles'
+          enabled: true
+          type: 'Lifecycle'
+          definition: {
+            filters: {
+              blobTypes: [
+                'blockBlob'
+              ]
+              prefixMatch: [
+                '${tilesContainerName}/tiles/'
+              ]
+            }
+            actions: {
+              baseBlob: {
+                delete: {
+                  daysAfterModificationGreaterThan: tileRetentionDays + tileBackstopDays
+                }
+              }
+            }
+          }
+        }
+      ]
+    }
+  }
+  dependsOn: [
+    containers
+  ]
+}
 
 resource tableService 'Microsoft.Storage/storageAccounts/tableServices@2023-05-01' = {
   parent: storageAccount
