@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from tilecommit import events, jobs, raster
+from tilecommit import cost, events, jobs, raster
 from tilecommit.errors import CorruptTileError, InvalidRasterError, error_value, is_retryable
 from tilecommit.grid import Window
 from tilecommit.raster import shares as split
@@ -186,6 +186,10 @@ def publish_job_event(payload: dict) -> dict:
             for name, blob_name in OUTPUT_NAMES.items():
                 blob = ctx.output.get_blob_client(blob_name(job["job_id"]))
                 outputs[name] = {"url": blob.url, "etag": blob.get_blob_properties().etag.strip('"')}
+        tile_bytes = (payload.get("result") or {}).get("bytes") or 0
+        used = cost.estimate(
+            payload.get("usage"), instance_memory_mb=ctx.settings.instance_memory_mb, tile_bytes=tile_bytes
+        )
         event = events.job_event(
             job,
             outcome=payload["outcome"],
@@ -195,14 +199,15 @@ def publish_job_event(payload: dict) -> dict:
             result=payload.get("result"),
             error=payload.get("error"),
             outputs=outputs,
+            cost=used,
         )
         if not publishing:
             logger.info(
                 "job %s: %s, no events endpoint set: event %s not published", job["job_id"], event["type"], event["id"]
             )
-            return events.PublishResult("not-configured", event["id"], event["type"]).to_dict()
+            return events.PublishResult("not-configured", event["id"], event["type"], used).to_dict()
         events.publish(ctx.settings.events_endpoint, event, ctx.connection.credential)
         logger.info("job %s: published %s (event %s)", job["job_id"], event["type"], event["id"])
-        return events.PublishResult("published", event["id"], event["type"]).to_dict()
+        return events.PublishResult("published", event["id"], event["type"], used).to_dict()
 
     return run_activity("publish_job_event", job, work)

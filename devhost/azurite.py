@@ -55,10 +55,13 @@ class Azurite:
         workdir: str | None = None,
         log_path: str | None = None,
         key: str | None = None,
+        debug_log: str | None = None,
     ):
         self.in_memory = in_memory
         self.workdir = workdir
         self.log_path = log_path
+        #: Azurite's own request log (``--debug``): one entry per request it served.
+        self.debug_log = debug_log
         self.account = ACCOUNT_NAME
         self.key = key or new_account_key()
         self.blob_port = self.queue_port = self.table_port = 0
@@ -111,6 +114,8 @@ class Azurite:
             "--disableTelemetry",
             "--loose",
         ]
+        if self.debug_log:
+            args += ["--debug", self.debug_log]
         if self.in_memory:
             args.append("--inMemoryPersistence")
         else:

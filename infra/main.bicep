@@ -409,6 +409,11 @@ resource functionApp 'Microsoft.Web/sites@2024-04-01' = {
           name: 'TILECOMMIT_TILE_RETENTION_DAYS'
           value: string(tileRetentionDays)
         }
+        {
+          // Each job's compute estimate: the instance's memory (Consumption's instances have 1.5 GB).
+          name: 'TILECOMMIT_INSTANCE_MEMORY_MB'
+          value: string(isFlex ? instanceMemoryMB : 1536)
+        }
         // GDAL limits that keep the mosaic assembly near 300 MB however large the scene (docs/design.md,
         // 'GDAL settings and raster figures'), and /vsiaz/ reads that neither list the container nor give up on one slow request.
         {

@@ -55,7 +55,7 @@ def _job_input(status: DurableOrchestrationStatus) -> dict:
 
 
 def job_view(status: DurableOrchestrationStatus) -> dict:
-    """What the API says about one job: its state, progress, upload, profile, outputs, error."""
+    """What the API says about one job: its state, progress, upload, profile, outputs, cost, error."""
     job = _job_input(status)
     runtime = status.runtime_status
     view = {
@@ -69,12 +69,14 @@ def job_view(status: DurableOrchestrationStatus) -> dict:
         "progress": status.custom_status,
         "outputs": None,
         "summary": None,
+        "cost": None,
         "error": None,
     }
     if runtime == Status.Completed and isinstance(status.output, dict):
         summary = status.output
         view["summary"] = summary
         view["outputs"] = {key: summary.get(f"{key}_url") for key in ("mosaic", "stac", "quicklook")}
+        view["cost"] = summary.get("cost")
     elif runtime in (Status.Failed, Status.Terminated):
         view["error"] = {"type": "cancelled" if runtime == Status.Terminated else "failed", "message": status.output}
     return view

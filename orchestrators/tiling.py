@@ -13,6 +13,7 @@ from typing import Any
 
 import azure.durable_functions as df
 
+from tilecommit import usage
 from tilecommit.grid import Window, plan_windows
 from tilecommit.retries import ACTIVITY_RETRY as RETRY_POLICY
 from tilecommit.settings import DEFAULT_ASSEMBLY_SHARE_MB
@@ -86,13 +87,14 @@ def plan_batches(job: dict, scene: dict) -> list[list[Window]]:
 
 
 def empty_summary() -> dict:
-    return {"windows": 0, "written": 0, "already_present": 0, "skipped": 0, "bytes": 0, "errors": []}
+    return {"windows": 0, "written": 0, "already_present": 0, "skipped": 0, "bytes": 0, "errors": [], "usage": {}}
 
 
 def add_summary(total: dict, part: dict) -> None:
     for key in ("windows", "written", "already_present", "skipped", "bytes"):
         total[key] += part[key]
     total["errors"].extend(part["errors"])
+    usage.add(total["usage"], part.get("usage"))
 
 
 def fan_in(
@@ -131,7 +133,7 @@ def fan_out(
 
 
 def stage_in_shares(
-    context: df.DurableOrchestrationContext, job: dict, scene: dict, share_bytes: int, status: dict
+    context: df.DurableOrchestrationContext, job: dict, scene: dict, share_bytes: int, status: dict, used: dict
 ) -> Generator[Any, Any, dict | None]:
     """Plan the mosaic's staging for this attempt and stage its shares, one activity each, all at
     once; the plan (:class:`tilecommit.raster.shares.StagedShares`) for the commit, or None when
@@ -142,6 +144,7 @@ def stage_in_shares(
         ACTIVITY_RETRY,
         {"job": job, "scene": scene, "attempt": context.new_uuid(), "share_bytes": share_bytes},
     )
+    usage.add(used, planned.get("usage"))
     if planned.get("error"):
         raise failure_for(job, planned["error"])
     if not planned.get("shares"):
@@ -152,6 +155,7 @@ def stage_in_shares(
     unsupported = []
 
     def staged_one(result: dict) -> None:
+        usage.add(used, result.get("usage"))
         if result.get("error"):
             raise failure_for(job, result["error"])
         unsupported.extend([result["unsupported"]] if result.get("unsupported") else [])
@@ -169,7 +173,7 @@ def stage_in_shares(
 
 
 def assemble(
-    context: df.DurableOrchestrationContext, job: dict, scene: dict, tile_bytes: int, status: dict
+    context: df.DurableOrchestrationContext, job: dict, scene: dict, tile_bytes: int, status: dict, used: dict
 ) -> Generator[Any, Any, dict]:
     """The mosaic, by one activity; when the tiles hold more than one activity may copy (the
     job's ``assembly_share_bytes``), its ranges are staged in shares first and that activity
@@ -178,7 +182,7 @@ def assemble(
     payload = {"job": job, "scene": scene}
     try:
         if tile_bytes > share_bytes:
-            staged = yield from stage_in_shares(context, job, scene, share_bytes, status)
+            staged = yield from stage_in_shares(context, job, scene, share_bytes, status, used)
             if staged is not None:
                 payload["shares"] = staged
         mosaic = yield context.call_activity_with_retry(names.ASSEMBLE_MOSAIC, ACTIVITY_RETRY, payload)
@@ -186,6 +190,7 @@ def assemble(
         raise
     except Exception as exc:
         raise exhausted(job, "assembling the mosaic", exc) from exc
+    usage.add(used, mosaic.get("usage"))
     if mosaic.get("error"):
         raise failure_for(job, mosaic["error"])
     return mosaic
@@ -196,13 +201,15 @@ def tile_scene(context: df.DurableOrchestrationContext) -> Generator[Any, Any, d
     :func:`announce`). Input: the job dict made by the starter (job id, source blob, etag, sizes)."""
     job: dict = context.get_input()
     started = context.current_utc_datetime  # the first episode's clock, in every replay
+    used: dict = {}  # what every activity of the job used, added up as their results land
     try:
-        result = yield from run_job(context, job)
+        result = yield from run_job(context, job, used)
     except Exception as exc:
-        yield from announce(context, job, started, "failed", error={"type": type(exc).__name__, "message": str(exc)})
+        error = {"type": type(exc).__name__, "message": str(exc)}
+        yield from announce(context, job, started, "failed", error=error, used=used)
         raise
-    yield from announce(context, job, started, "completed", result=result)
-    return result
+    published = yield from announce(context, job, started, "completed", result=result, used=used)
+    return {**result, "cost": published.get("cost")}
 
 
 def announce(
@@ -213,8 +220,10 @@ def announce(
     *,
     result: dict | None = None,
     error: dict | None = None,
-) -> Generator[Any, Any, None]:
-    """Publish the job's completion event (activity ``publish_job_event``, with the retry policy).
+    used: dict | None = None,
+) -> Generator[Any, Any, dict]:
+    """Publish the job's completion event (activity ``publish_job_event``, with the retry policy);
+    what it answered, the job's cost estimate among it (from ``used``, the job's usage).
 
     A completed job whose event cannot be published fails, saying so, rather than end with
     nobody told: delivering the upload again finds every output present and publishes then. A
@@ -229,18 +238,20 @@ def announce(
         "duration_s": (ended - started).total_seconds(),
         "result": result,
         "error": error,
+        "usage": used or {},
     }
     try:
         published = yield context.call_activity_with_retry(names.PUBLISH_JOB_EVENT, ACTIVITY_RETRY, payload)
     except Exception as exc:
         if outcome == "completed":
             raise exhausted(job, "publishing the completion event", exc) from exc
-        return
+        return {}
     if published.get("error") and outcome == "completed":
         raise failure_for(job, published["error"])
+    return published
 
 
-def run_job(context: df.DurableOrchestrationContext, job: dict) -> Generator[Any, Any, dict]:
+def run_job(context: df.DurableOrchestrationContext, job: dict, used: dict) -> Generator[Any, Any, dict]:
     """Validate, render in batches, assemble; the job's summary."""
     job_id = job["job_id"]
     context.set_custom_status({"stage": "validating", "windows_done": 0, "windows_total": None})
@@ -249,6 +260,7 @@ def run_job(context: df.DurableOrchestrationContext, job: dict) -> Generator[Any
         validated = yield context.call_activity_with_retry(names.VALIDATE_SOURCE, ACTIVITY_RETRY, job)
     except Exception as exc:
         raise exhausted(job, "validating the upload", exc) from exc
+    usage.add(used, validated.get("usage"))
     if validated.get("error"):
         raise failure_for(job, validated["error"])
     scene = validated["scene"]
@@ -266,6 +278,7 @@ def run_job(context: df.DurableOrchestrationContext, job: dict) -> Generator[Any
     context.set_custom_status(status)
 
     def finished(summary: dict) -> None:
+        usage.add(used, summary.get("usage"))
         if summary["errors"]:
             raise failure_for(job, summary["errors"][0])
         add_summary(totals, summary)
@@ -301,9 +314,10 @@ def run_job(context: df.DurableOrchestrationContext, job: dict) -> Generator[Any
 
     status["stage"] = "assembling"
     context.set_custom_status(status)
-    mosaic = yield from assemble(context, job, scene, totals["bytes"], status)
+    mosaic = yield from assemble(context, job, scene, totals["bytes"], status, used)
     context.set_custom_status({**status, "stage": "done"})
     totals.pop("errors")
+    totals["usage"] = used  # the whole job's, not only its tiles'
     return {
         "job_id": job_id,
         "source": job["blob"],
@@ -347,6 +361,7 @@ def render_batch(context: df.DurableOrchestrationContext) -> Generator[Any, Any,
     results = yield context.task_all(tasks)
     summary = {**empty_summary(), "windows": len(results), "batches": 1}
     for result in results:
+        usage.add(summary["usage"], result.get("usage"))
         if result.get("error"):
             summary["errors"].append(result["error"])
             continue

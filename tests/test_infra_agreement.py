@@ -88,6 +88,10 @@ def test_every_setting_the_code_reads_is_set_with_its_default(plan: str) -> None
     assert isinstance(topic, Unresolved) and topic.text == "completionEvents.outputs.endpoint"
     unresolved = {n: v for n, v in values.items() if not isinstance(v, str)}
     assert unresolved == {}, "app settings whose value the test cannot compute"
+    # The one setting that follows the plan: the instance's memory (Consumption's is fixed).
+    memory = values.pop(settings.SETTING_INSTANCE_MEMORY_MB)
+    assert memory == ("2048" if plan == "FlexConsumption" else "1536")
+    assert settings.DEFAULT_INSTANCE_MEMORY_MB == 2048
     # The code reads the others back to exactly its own defaults.
     assert settings.Settings.from_env(values) == settings.Settings()
 

@@ -161,20 +161,35 @@ def batch_summary(windows, written, present, nbytes, batches=1):
 def test_fan_in_then_assembly_then_summary():
     history = validated_history()
     history.sub_created(1, names.RENDER_BATCH, "a").sub_created(2, names.RENDER_BATCH, "b").episode()
-    history.sub_completed(2, batch_summary(2, 2, 0, 200)).sub_completed(1, batch_summary(4, 3, 1, 400))
+    # What each part used rides with its result; the job adds it all up (tilecommit/usage.py).
+    tiles_used = {"functions": {"render_tile": {"executions": 4, "seconds": 2.0}}, "requests": {"blob.write": 4}}
+    history.sub_completed(2, batch_summary(2, 2, 0, 200)).sub_completed(
+        1, {**batch_summary(4, 3, 1, 400), "usage": tiles_used}
+    )
     state = run(tiling.tile_scene, history)
     assemble = leaf_actions(state)[-1]
     assert assemble["functionName"] == names.ASSEMBLE_MOSAIC
     assert json.loads(assemble["input"]) == {"job": JOB, "scene": SCENE}
     assert state["customStatus"]["stage"] == "assembling" and state["customStatus"]["windows_done"] == 6
 
+    assembly_used = {"functions": {"assemble_mosaic": {"executions": 1, "seconds": 1.5}}, "requests": {"blob.write": 3}}
     history.scheduled(3, names.ASSEMBLE_MOSAIC).episode().completed(
-        3, {"outcome": "written", "mosaic_url": "m", "stac_url": "s", "quicklook_url": "q"}
+        3, {"outcome": "written", "mosaic_url": "m", "stac_url": "s", "quicklook_url": "q", "usage": assembly_used}
     )
     publish = json.loads(leaf_actions(run(tiling.tile_scene, history))[-1]["input"])
-    state = run(tiling.tile_scene, announced(history, "completed"))
+    job_used = {
+        "functions": {
+            "render_tile": {"executions": 4, "seconds": 2.0},
+            "assemble_mosaic": {"executions": 1, "seconds": 1.5},
+        },
+        "requests": {"blob.write": 7},
+    }
+    assert publish["usage"] == job_used
+    answer = {"outcome": "published", "event_id": "e", "type": "completed", "cost": {"usd": 0.5}}
+    state = run(tiling.tile_scene, announced(history, "completed", answer))
     assert state["isDone"] is True
-    assert publish["result"] == state["output"] and publish["error"] is None
+    assert publish["result"] == {k: v for k, v in state["output"].items() if k != "cost"} and publish["error"] is None
+    assert state["output"]["cost"] == {"usd": 0.5}  # the publish priced it (it reads the settings)
     assert publish["started_at"] < publish["ended_at"] and publish["duration_s"] > 0
     assert state["output"] == {
         "job_id": JOB["job_id"],
@@ -189,6 +204,8 @@ def test_fan_in_then_assembly_then_summary():
         "mosaic_url": "m",
         "stac_url": "s",
         "quicklook_url": "q",
+        "usage": job_used,
+        "cost": {"usd": 0.5},
     }
     assert state["customStatus"]["stage"] == "done"
 
@@ -234,8 +251,11 @@ def test_render_batch_fans_out_one_activity_per_window_and_sums():
         history.scheduled(i, names.RENDER_TILE)
     history.episode()
     history.completed(1, {"window": "0000_0001", "outcome": "already-present", "skipped": True, "nbytes": 7})
-    history.completed(0, {"window": "0000_0000", "outcome": "written", "skipped": False, "nbytes": 5})
-    history.completed(2, {"window": "0000_0002", "outcome": "already-present", "skipped": False, "nbytes": 6})
+    one = {"functions": {"render_tile": {"executions": 1, "seconds": 0.5}}, "requests": {"blob.write": 1}}
+    history.completed(0, {"window": "0000_0000", "outcome": "written", "skipped": False, "nbytes": 5, "usage": one})
+    history.completed(
+        2, {"window": "0000_0002", "outcome": "already-present", "skipped": False, "nbytes": 6, "usage": one}
+    )
     state = run(tiling.render_batch, history)
     assert state["output"] == {
         "windows": 3,
@@ -243,6 +263,7 @@ def test_render_batch_fans_out_one_activity_per_window_and_sums():
         "already_present": 2,
         "skipped": 1,
         "bytes": 18,
+        "usage": {"functions": {"render_tile": {"executions": 2, "seconds": 1.0}}, "requests": {"blob.write": 2}},
         "errors": [],
         "batches": 1,
     }
@@ -360,8 +381,9 @@ def test_render_group_runs_its_own_batches_and_sums_them():
     state = run(tiling.render_group, history)
     assert len(leaf_actions(state)) == 8 and not state["isDone"]
     history.episode()
+    batch_used = {"functions": {"render_tile": {"executions": 2, "seconds": 1.0}}}
     for i in range(4, 8):
-        history.sub_completed(i, batch_summary(2, 2, 0, 20))
+        history.sub_completed(i, {**batch_summary(2, 2, 0, 20), "usage": batch_used})
     state = run(tiling.render_group, history)
     assert state["output"] == {
         "windows": 16,
@@ -369,6 +391,7 @@ def test_render_group_runs_its_own_batches_and_sums_them():
         "already_present": 4,
         "skipped": 4,
         "bytes": 120,
+        "usage": {"functions": {"render_tile": {"executions": 8, "seconds": 4.0}}},
         "errors": [],
         "batches": 8,
     }

@@ -111,12 +111,15 @@ def test_a_repeat_assembly_verifies_the_existing_mosaic_by_reading_it_back(rende
         )
     assert again.outcome == "already-present" and again.nbytes == first.nbytes
     assert "verify" in again.timings
-    # GDAL read the mosaic's directories back (check_mosaic_file), and the SDK read its bytes:
-    # the planned head of a server-side one (and, for its companions, the smallest overview
-    # through the pinned reader); all of a streamed or VRT one (whose sha256 a server-side plan
-    # cannot know: it is hashed from the stored bytes).
-    assert mosaic_gets(proxy, name), proxy.requests
+    # The SDK read the mosaic back, every read pinned to the version checked (If-Match): its
+    # directories (check_mosaic_file, through the pinned reader), the planned head of a
+    # server-side one (and, for its companions, the smallest overview); all of a streamed or VRT
+    # one (whose sha256 a server-side plan cannot know: it is hashed from the stored bytes).
+    # GDAL's own /vsiaz/ reads nothing: a version it read could not be pinned.
+    assert mosaic_gets(proxy, name) == [], proxy.requests
+    etag = stores["output"].get_blob_client(name).get_blob_properties().etag
     sdk_reads = [r for r in log.requests if r[0] == "GET" and r[1].endswith("/" + name)]
+    assert sdk_reads and all(r[3].get("If-Match") == etag for r in sdk_reads), [r[3] for r in sdk_reads]
     ranges = [r[3].get("x-ms-range") or r[3].get("Range") or "" for r in sdk_reads]
     assert any(found.startswith("bytes=0-") for found in ranges), ranges
     if method == "server":
@@ -148,19 +151,24 @@ def test_a_mosaic_replaced_with_other_pixels_fails_every_assembly_with_the_repai
 
 
 def test_a_verification_storage_kept_from_finishing_is_retried_then_passes(rendered, stores, storage, azurite):
-    """GDAL's reads of the existing mosaic are answered 503 (GDAL's own retries off, so the first
-    refusal reaches the check): the activity raises a retryable fault, never an already-present;
-    its retry, storage answering again, verifies and returns already-present."""
+    """The reads of the existing mosaic are answered 503 (the client's own retries off, so the
+    first refusal reaches the check): the activity raises a retryable fault, never an
+    already-present; its retry, storage answering again, verifies and returns already-present."""
+    from .test_read_faults import quick_client
+
     _, _, scene, settings, _ = rendered
     first = assemble(scene, settings, stores, storage)
     name = jobs.mosaic_blob_name(JOB)
     refusing = {"on": True}
-    plan = FaultPlan(busy=1.0, applies=lambda method, path: refusing["on"] and path.split("?")[0].endswith("/" + name))
+    plan = FaultPlan(
+        busy=1.0,
+        applies=lambda method, path: refusing["on"] and method == "GET" and path.split("?")[0].endswith("/" + name),
+    )
     with FaultProxy(f"http://127.0.0.1:{azurite.blob_port}", plan) as proxy:
-        options = proxied_gdal_options(storage, azurite, proxy, GDAL_HTTP_MAX_RETRY="0")
+        output = quick_client(azurite, proxy).get_container_client(stores["output"].container_name)
 
         def work() -> dict:
-            return assemble(scene, settings, stores, storage, gdal_options=options).to_dict()
+            return assemble(scene, settings, {**stores, "output": output}, storage).to_dict()
 
         with pytest.raises(Exception) as caught:
             run_activity("assemble_mosaic", {"job_id": JOB}, work)

@@ -52,10 +52,12 @@ def job_event(
     result: dict | None = None,
     error: dict | None = None,
     outputs: dict | None = None,
+    cost: dict | None = None,
 ) -> dict:
     """The event for a job that ended with ``outcome`` ("completed" or "failed"), as structured
     CloudEvents JSON. ``result``: the orchestration's output (completed); ``error``: ``{"type",
-    "message"}`` (failed); ``outputs``: ``{name: {"url", "etag"}}`` for :data:`OUTPUTS`."""
+    "message"}`` (failed); ``outputs``: ``{name: {"url", "etag"}}`` for :data:`OUTPUTS`; ``cost``:
+    what it used and its estimate (:func:`tilecommit.cost.estimate`)."""
     if outcome not in ("completed", "failed"):
         raise ValueError(f"outcome {outcome!r}: expected completed or failed")
     result = result or {}
@@ -72,6 +74,7 @@ def job_event(
         "ended": ended_at,
         "duration_s": round(duration_s, 3),
         "error": error,
+        "cost": cost,
     }
     return {
         "specversion": "1.0",
@@ -92,6 +95,8 @@ class PublishResult(Record):
     outcome: str
     event_id: str
     type: str
+    #: The job's cost estimate the event carries (the orchestration puts it in the job's summary).
+    cost: dict | None = None
 
 
 def publish(endpoint: str, event: dict, credential: Any) -> None:

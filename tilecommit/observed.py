@@ -4,8 +4,9 @@
 and the same recording runs under the Functions host and the local host.
 
 - :func:`observed_activity`: one span per execution (child of the job's trace context, linked to
-  the invocation's span when the host passed one), its duration on ``ActivityDuration``, and
-  whatever ``on_result`` counts from its result (the tile counters).
+  the invocation's span when the host passed one), its duration on ``ActivityDuration``,
+  whatever ``on_result`` counts from its result (the tile counters), and what it used (its
+  storage requests and seconds, :mod:`tilecommit.usage`) added to its result as ``usage``.
 - :func:`observed_job`: the orchestrator's end (completed, or failed with its error type) counted
   and logged once: only when the orchestrator is not replaying, since a replay re-runs the same
   code for events already recorded.
@@ -21,7 +22,7 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
-from . import telemetry
+from . import telemetry, usage
 
 
 def job_id_of(payload: Any) -> str | None:
@@ -47,13 +48,16 @@ def observed_activity(name: str, function: Callable[[Any], Any], on_result: Call
         token = telemetry.current_job.set(job_id)
         started = time.perf_counter()
         try:
-            with telemetry.tracer.start_as_current_span(
-                name,
-                context=parent,
-                kind=SpanKind.INTERNAL,
-                links=[Link(invocation)] if invocation.is_valid else [],
-                attributes=attributes,
-            ) as span:
+            with (
+                usage.measuring() as used,
+                telemetry.tracer.start_as_current_span(
+                    name,
+                    context=parent,
+                    kind=SpanKind.INTERNAL,
+                    links=[Link(invocation)] if invocation.is_valid else [],
+                    attributes=attributes,
+                ) as span,
+            ):
                 # An exception raised here is recorded on the span, which ends failed, by the SDK.
                 result = function(*args, **kwargs)
                 error_type = _returned_error_type(result)
@@ -66,10 +70,14 @@ def observed_activity(name: str, function: Callable[[Any], Any], on_result: Call
             raise
         finally:
             telemetry.current_job.reset(token)
+        seconds = time.perf_counter() - started
         outcome = {"outcome": "error" if error_type else "ok", "error_type": error_type}
-        telemetry.activity_duration.record(time.perf_counter() - started, {**attributes, **outcome})
-        if on_result is not None and isinstance(result, dict):
-            on_result(job_id, result)
+        telemetry.activity_duration.record(seconds, {**attributes, **outcome})
+        if isinstance(result, dict):
+            # What this execution used rides back with its result, for the job's cost.
+            result = {**result, "usage": used.to_dict(name, seconds)}
+            if on_result is not None:
+                on_result(job_id, result)
         return result
 
     return run

@@ -48,6 +48,8 @@ SETTING_ASSEMBLY_SHARE = "TILECOMMIT_ASSEMBLY_SHARE_MB"
 SETTING_EVENTS_ENDPOINT = "TILECOMMIT_EVENTS_ENDPOINT"
 #: A key for that endpoint, for the local host's stand-in topic only; in Azure the app's identity.
 SETTING_EVENTS_KEY = "TILECOMMIT_EVENTS_KEY"
+#: The instance's memory, in MB (the plan's instance size), for each job's compute estimate.
+SETTING_INSTANCE_MEMORY_MB = "TILECOMMIT_INSTANCE_MEMORY_MB"
 #: Days a finished job's tiles, manifest rows and Durable history are kept; 0: kept forever.
 SETTING_TILE_RETENTION_DAYS = "TILECOMMIT_TILE_RETENTION_DAYS"
 
@@ -63,6 +65,7 @@ APP_SETTINGS = (
     SETTING_ASSEMBLY_SHARE,
     SETTING_EVENTS_ENDPOINT,
     SETTING_TILE_RETENTION_DAYS,
+    SETTING_INSTANCE_MEMORY_MB,
 )
 
 #: 1024 px windows: 0.17-0.21 s and ~115 MB a worker for 3-band uint16 (docs/design.md, 'GDAL settings and raster figures').
@@ -81,6 +84,8 @@ DEFAULT_ASSEMBLY_SHARE_MB = ASSEMBLY_SHARE_MB
 #: Tiles are intermediate: the mosaic holds their pixels. A week leaves time to verify, repair
 #: or retry a job from its tiles before they go (docs/operations.md, "Retention").
 DEFAULT_TILE_RETENTION_DAYS = 7
+#: Flex Consumption's default instance size (infra/main.bicep, instanceMemoryMB).
+DEFAULT_INSTANCE_MEMORY_MB = 2048
 
 #: Names of sidecar files: companions GDAL would read beside a raster (metadata, overviews,
 #: masks, world files, projection files). The app never reads them with a raster, and an upload
@@ -119,6 +124,7 @@ class Settings:
     assembly_share_mb: int = DEFAULT_ASSEMBLY_SHARE_MB
     events_endpoint: str = ""
     tile_retention_days: int = DEFAULT_TILE_RETENTION_DAYS
+    instance_memory_mb: int = DEFAULT_INSTANCE_MEMORY_MB
 
     def __post_init__(self) -> None:
         if self.window_size <= 0 or self.window_size % 256:
@@ -137,6 +143,8 @@ class Settings:
                 f"{SETTING_EVENTS_ENDPOINT}={self.events_endpoint!r}: expected the topic's https:// endpoint "
                 "(or the local host's http://127.0.0.1: stand-in)"
             )
+        if self.instance_memory_mb <= 0:
+            raise ConfigurationError(f"{SETTING_INSTANCE_MEMORY_MB}={self.instance_memory_mb}: expected MB > 0")
         if self.tile_retention_days < 0:
             raise ConfigurationError(
                 f"{SETTING_TILE_RETENTION_DAYS}={self.tile_retention_days}: expected days >= 0 (0: keep forever)"
@@ -172,4 +180,5 @@ class Settings:
             assembly_share_mb=integer(SETTING_ASSEMBLY_SHARE, DEFAULT_ASSEMBLY_SHARE_MB),
             events_endpoint=env.get(SETTING_EVENTS_ENDPOINT, "").strip(),
             tile_retention_days=integer(SETTING_TILE_RETENTION_DAYS, DEFAULT_TILE_RETENTION_DAYS),
+            instance_memory_mb=integer(SETTING_INSTANCE_MEMORY_MB, DEFAULT_INSTANCE_MEMORY_MB),
         )

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 from azure.data.tables import TableServiceClient
 from azure.storage.blob import BlobServiceClient
 
-from . import retries
+from . import retries, usage
 from .errors import ConfigurationError, InvalidNameError
 from .settings import STORAGE_CONNECTION
 
@@ -124,15 +124,17 @@ class StorageConnection:
         return DefaultAzureCredential()
 
     def blob_service(self, **kwargs: Any) -> BlobServiceClient:
-        """A blob client with the retry policy and timeouts of :mod:`tilecommit.retries` (``kwargs`` win)."""
-        kwargs = {**retries.blob_client_options(), **kwargs}
+        """A blob client with the retry policy and timeouts of :mod:`tilecommit.retries`, whose
+        requests count toward the running activity's usage (:mod:`tilecommit.usage`); ``kwargs`` win."""
+        kwargs = {**retries.blob_client_options(), "raw_response_hook": usage.response_hook("blob"), **kwargs}
         if self.connection_string:
             return BlobServiceClient.from_connection_string(self.connection_string, **kwargs)
         return BlobServiceClient(self.blob_endpoint, credential=self.credential, **kwargs)
 
     def table_service(self, **kwargs: Any) -> TableServiceClient:
-        """A table client with the retry settings and timeouts of :mod:`tilecommit.retries` (``kwargs`` win)."""
-        kwargs = {**retries.table_client_options(), **kwargs}
+        """A table client with the retry settings and timeouts of :mod:`tilecommit.retries`, counted
+        as :meth:`blob_service`'s; ``kwargs`` win."""
+        kwargs = {**retries.table_client_options(), "raw_response_hook": usage.response_hook("table"), **kwargs}
         if self.connection_string:
             return TableServiceClient.from_connection_string(self.connection_string, **kwargs)
         return TableServiceClient(self.table_endpoint, credential=self.credential, **kwargs)

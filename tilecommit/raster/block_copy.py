@@ -30,6 +30,7 @@ from ..errors import IncompatibleTilesError, MosaicCheckError
 from ..grid import Window
 from ..settings import Settings
 from ..spec import OutputSpec
+from ..usage import ContextExecutor
 from . import tiff
 from .block_sources import FETCH_THREADS, TILE_HEAD_BYTES, BlockFetcher, FileRangeSource, read_tile_heads
 from .env import BLOCK_SIZE, gdal_env
@@ -226,7 +227,7 @@ def build_mosaic_blocks(
     process into the output blob) or a local file. ``check_head(head, levels)`` sees the planned
     header and directories before the first byte goes to ``out``; it raises to stop the build.
     """
-    with ThreadPoolExecutor(max_workers=FETCH_THREADS, thread_name_prefix="tilefetch") as executor:
+    with ContextExecutor(max_workers=FETCH_THREADS, thread_name_prefix="tilefetch") as executor:
         layout = prepare_block_copy(
             scene,
             windows,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 import rasterio
+from azure.core import MatchConditions
 from azure.core.exceptions import HttpResponseError, ResourceNotFoundError, ServiceRequestError, ServiceResponseError
 from azure.data.tables import TableClient
 from azure.storage.blob import ContainerClient
@@ -18,11 +19,12 @@ from ..errors import IncompleteManifestError, MosaicCheckError, StorageFaultErro
 from ..grid import plan_windows
 from ..settings import Settings
 from ..spec import OutputSpec
-from ..storage import vsiaz_path
 from .env import BLOCK_SIZE, gdal_env
 from .gdal_errors import gdal_step, recording, transport_fault
 from .pyramid import pyramid_problems
 from .scene import SceneInfo, crs_label, same_crs
+from .source import PinnedBlob, Source, open_upload, reading
+from .upload import upload_gdal_options
 
 _TRANSPORT_FAULTS = (ServiceRequestError, ServiceResponseError)
 
@@ -74,7 +76,7 @@ def check_manifest(job_id: str, scene: SceneInfo, *, tiles: ContainerClient, man
 
 
 def check_mosaic_file(
-    path: str,
+    path: str | Source,
     scene: SceneInfo,
     levels: int,
     *,
@@ -84,8 +86,9 @@ def check_mosaic_file(
 ) -> None:
     """Refuse a mosaic whose shape, georeferencing or overview levels are not what was planned.
 
-    ``path`` is anything GDAL opens: the VRT path's temporary file, the planned head of a
-    block-copy mosaic (``/vsimem/``), or the committed blob (``/vsiaz/``, with ``gdal_options``).
+    ``path`` is anything GDAL opens (the VRT path's temporary file, the planned head of a
+    block-copy mosaic in ``/vsimem/``), or the committed blob at the version checked, read
+    through the app's pinned reader (:class:`~.source.PinnedBlob`).
     Only directories are read, never a block. GDAL's COG validator passes a file with missing
     overview levels (docs/design.md, 'GDAL settings and raster figures'), so the levels are counted here, and their sizes checked.
     """
@@ -95,7 +98,7 @@ def check_mosaic_file(
         recording() as messages,
         gdal_env(settings, gdal_options),
         gdal_step(f"checking {label or path}"),
-        rasterio.open(path) as src,
+        reading(path) as src,
     ):
         problems = _mosaic_problems(src, path, scene, levels)
     if problems:
@@ -109,7 +112,7 @@ def check_mosaic_file(
         raise MosaicCheckError(f"{what} is wrong: " + "; ".join(problems))
 
 
-def _mosaic_problems(src, path: str, scene: SceneInfo, levels: int) -> list[str]:
+def _mosaic_problems(src, path: str | Source, scene: SceneInfo, levels: int) -> list[str]:
     problems = []
     if (src.width, src.height, src.count) != (scene.width, scene.height, scene.count):
         problems.append(f"size {src.width}x{src.height}x{src.count}")
@@ -135,7 +138,12 @@ def _mosaic_problems(src, path: str, scene: SceneInfo, levels: int) -> list[str]
         problems.append(f"{len(factors)} overview levels instead of {levels}")
     sizes = [(src.width, src.height)]
     for level in range(len(factors)):
-        with rasterio.open(path, overview_level=level) as overview:
+        opened = (
+            open_upload(path, overview_level=level)
+            if isinstance(path, Source)
+            else rasterio.open(path, overview_level=level)
+        )
+        with opened as overview:
             sizes.append((overview.width, overview.height))
     problems += pyramid_problems(sizes)
     if src.block_shapes[0] != (BLOCK_SIZE, BLOCK_SIZE) and (src.width > BLOCK_SIZE or src.height > BLOCK_SIZE):
@@ -152,11 +160,6 @@ def check_planned_mosaic(head: bytes, scene: SceneInfo, levels: int, *, settings
     """
     with MemoryFile(head, ext=".tif") as memory:
         check_mosaic_file(memory.name, scene, levels, settings=settings, label=f"planned mosaic of job {job_id}")
-
-
-def remote_gdal_options(gdal_options: dict | None, remote: str) -> dict:
-    """GDAL options for reading a just-committed blob: never from a cache filled before it existed."""
-    return {**(gdal_options or {}), "CPL_VSIL_CURL_NON_CACHED": remote}
 
 
 def blob_properties(container: ContainerClient, name: str):
@@ -222,7 +225,14 @@ def verify_committed_mosaic(
             problems.append(f"{key} {stored[key]}, ours is {value}")
     if head is not None:
         try:
-            stored_head = output.download_blob(name, offset=0, length=len(head), max_concurrency=1).readall()
+            stored_head = output.download_blob(
+                name,
+                offset=0,
+                length=len(head),
+                max_concurrency=1,
+                etag=props.etag,  # the version whose properties were just checked, or a 412: retried
+                match_condition=MatchConditions.IfNotModified,
+            ).readall()
         except (HttpResponseError, *_TRANSPORT_FAULTS) as exc:
             raise StorageFaultError(f"reading the head of {name} failed: {exc}") from exc
         if stored_head != head:
@@ -234,12 +244,15 @@ def verify_committed_mosaic(
             problems.append(f"its bytes hash to {found}, its {hash_content_from} says {recorded}")
     if problems:
         raise MosaicCheckError(f"committed mosaic {name}: " + "; ".join(problems))
-    remote = vsiaz_path(output.container_name, name)
+    # The version whose properties were just checked, read through the app's pinned, counted
+    # reader (GDAL's own network file systems are closed meanwhile): a newer version cannot be
+    # checked in its place, and every request counts toward the job's usage.
+    committed = PinnedBlob(output.get_blob_client(name), props.etag, upload=False)
     check_mosaic_file(
-        remote,
+        committed,
         scene,
         levels,
         settings=settings,
-        gdal_options=remote_gdal_options(gdal_options, remote),
+        gdal_options={**(gdal_options or {}), **upload_gdal_options(committed.path)},
         label=f"committed mosaic {name}",
     )

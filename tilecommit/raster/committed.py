@@ -14,7 +14,6 @@ from __future__ import annotations
 import shutil
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +25,7 @@ from .. import gates, jobs
 from ..errors import IncompatibleTilesError, MosaicCheckError, StorageFaultError
 from ..settings import Settings
 from ..spec import OutputSpec
+from ..usage import ContextExecutor
 from . import attempt
 from .block_copy import prepare_block_copy
 from .block_sources import FETCH_THREADS
@@ -90,7 +90,7 @@ def planned_block_copy(
     the head checked (:func:`check_planned_mosaic`), the copy ranges planned and pinned to the
     tile versions the manifest rows recorded. The layout stays open inside the block, for a
     stager that reads the coarse levels from it. Raises :class:`IncompatibleTilesError`."""
-    with ThreadPoolExecutor(max_workers=FETCH_THREADS, thread_name_prefix="tilefetch") as executor:
+    with ContextExecutor(max_workers=FETCH_THREADS, thread_name_prefix="tilefetch") as executor:
         layout = prepare_block_copy(
             scene,
             windows,

@@ -30,7 +30,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from datetime import UTC, datetime, timedelta
 
 from azure.core.exceptions import HttpResponseError, ServiceRequestError, ServiceResponseError
@@ -43,6 +43,7 @@ from azure.storage.blob._generated.models import SourceModifiedAccessConditions
 
 from .. import gates
 from ..errors import ConfigurationError, IncompleteManifestError, StorageFaultError
+from ..usage import ContextExecutor
 from . import attempt, tiff
 from .copy_plan import LOCAL_BLOCK_BYTES, CopyPlan, CopyRange, LocalRun
 from .staging import COMMITTED_ELSEWHERE_CHECK_S, CommitWatch
@@ -270,7 +271,7 @@ class ServerSideStager:
     def _run(self, requests: Iterator[tuple[str, Callable[[str], None], str]]) -> None:
         """Send the requests, at most ``in_flight`` at once, as the iterator makes them."""
         pending: deque[Future] = deque()
-        with ThreadPoolExecutor(max_workers=self.in_flight, thread_name_prefix="copyblock") as executor:
+        with ContextExecutor(max_workers=self.in_flight, thread_name_prefix="copyblock") as executor:
             try:
                 for block_id, request, what in requests:
                     self._watch.check()

@@ -32,7 +32,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from azure.core import MatchConditions
@@ -44,6 +43,7 @@ from .. import gates, jobs
 from ..errors import IncompatibleTilesError, IncompleteManifestError, MosaicCheckError
 from ..records import Record
 from ..spec import OutputSpec
+from ..usage import ContextExecutor
 from . import attempt
 from .block_copy import read_tile_levels
 from .block_sources import FETCH_THREADS
@@ -155,7 +155,7 @@ def plan_shares(
     windows, summary = check_manifest(job_id, scene, tiles=tiles, manifest=manifest, spec=spec)
     timings: dict[str, float] = {}
     try:
-        with ThreadPoolExecutor(max_workers=FETCH_THREADS, thread_name_prefix="tilefetch") as executor:
+        with ContextExecutor(max_workers=FETCH_THREADS, thread_name_prefix="tilefetch") as executor:
             levels = read_tile_levels(
                 scene, windows, summary, tiles=tiles, spec=spec, timings=timings, executor=executor
             )

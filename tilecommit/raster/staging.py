@@ -17,6 +17,7 @@ from azure.storage.blob import BlobClient, ContainerClient, ContentSettings
 
 from .. import gates
 from ..errors import StorageFaultError
+from ..usage import ContextExecutor
 from . import attempt
 
 _TRANSPORT_FAULTS = (ServiceRequestError, ServiceResponseError)
@@ -148,7 +149,7 @@ class StagedBlockSink:
         while len(self._pending) >= self.in_flight:
             self._wait_oldest()
         if self._executor is None:
-            self._executor = ThreadPoolExecutor(max_workers=self.in_flight, thread_name_prefix="stageblock")
+            self._executor = ContextExecutor(max_workers=self.in_flight, thread_name_prefix="stageblock")
         index = len(self.block_ids)
         self.block_ids.append(attempt.block_id(self.tag, index))
         # The buffer is not written again until this future is done (_wait_oldest frees it).

@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 from xml.sax.saxutils import escape
 
 import rasterio.shutil
@@ -27,6 +26,7 @@ from ..errors import IncompleteManifestError
 from ..grid import Window
 from ..settings import Settings
 from ..spec import OutputSpec
+from ..usage import ContextExecutor
 from .block_sources import FETCH_THREADS, BlobRangeSource
 from .env import NUM_THREADS, gdal_env
 from .gdal_errors import gdal_step
@@ -61,7 +61,7 @@ def fetch_tiles(windows: list[Window], summary, tiles: ContainerClient, folder: 
             f.write(body)
         return window.id, path
 
-    with ThreadPoolExecutor(max_workers=FETCH_THREADS, thread_name_prefix="vrtfetch") as executor:
+    with ContextExecutor(max_workers=FETCH_THREADS, thread_name_prefix="vrtfetch") as executor:
         return dict(executor.map(one, windows))
 
 
