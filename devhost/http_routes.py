@@ -24,13 +24,14 @@ import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 import azure.functions as func
 
 from .functions import EventLoopThread, FunctionIndex
+from .rpc import QuietHandler
 
 logger = logging.getLogger(__name__)
 
@@ -98,20 +99,11 @@ class HttpRoutes:
         self.function_key = function_key
         routes = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):  # keep the test output quiet
-                pass
-
+        class Handler(QuietHandler):
             def _serve(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
-                status, headers, data = routes.handle(self.command, self.path, dict(self.headers.items()), body)
-                self.send_response(status)
-                for name, value in headers.items():
-                    self.send_header(name, value)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                self.answer(*routes.handle(self.command, self.path, dict(self.headers.items()), body))
 
             do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _serve
 

@@ -40,19 +40,10 @@ class DurableHttpApi:
         self.hub = hub
         api = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):  # keep the test output quiet
-                pass
-
+        class Handler(QuietHandler):
             def _reply(self, status: int, body: object | None, headers: dict | None = None) -> None:
                 data = b"" if body is None else json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                for name, value in (headers or {}).items():
-                    self.send_header(name, value)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                self.answer(status, {"Content-Type": "application/json", **(headers or {})}, data)
 
             def do_POST(self):
                 url = urlsplit(self.path)
@@ -185,3 +176,18 @@ def _iso_param(query: dict, name: str) -> str | None:
     """A date query parameter as the instance rows hold it (``iso``), for string comparison."""
     value = (query.get(name) or [None])[0]
     return iso(parse_iso(value)) if value else None
+
+
+class QuietHandler(BaseHTTPRequestHandler):
+    """A request handler that logs nothing (the tests' output stays theirs) and answers in one call."""
+
+    def log_message(self, *args):
+        pass
+
+    def answer(self, status: int, headers: dict, data: bytes) -> None:
+        self.send_response(status)
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)

@@ -39,11 +39,13 @@ def test_bash_syntax() -> None:
     assert result.returncode == 0, result.stderr
 
 
-def test_shellcheck_is_clean() -> None:
+@pytest.mark.parametrize("script", [SCRIPT, INFRA / "hooks" / "postdeploy.sh"], ids=lambda p: p.name)
+def test_shellcheck_is_clean(script: Path) -> None:
+    """The deploy script and azd's postdeploy hook that runs its subscribe step."""
     if not SHELLCHECK.is_file():
         pytest.fail(f"shellcheck is not installed at {SHELLCHECK}: run `make setup` (requirements-dev.txt)")
     result = subprocess.run(
-        [str(SHELLCHECK), "--shell=bash", "--severity=style", str(SCRIPT)], capture_output=True, text=True
+        [str(SHELLCHECK), "--shell=bash", "--severity=style", str(script)], capture_output=True, text=True
     )
     assert result.returncode == 0, result.stdout + result.stderr
 

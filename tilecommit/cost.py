@@ -20,6 +20,7 @@ PRICE_TABLE = Path(__file__).with_name("prices.toml")
 #: What the estimate leaves out, said with every estimate.
 EXCLUDED = (
     "orchestrator executions and the task hub's queue and table transactions (the host's, not the app's)",
+    "the completion event's own publish (one execution, after the estimate is made)",
     "attempts that raised (a fault retried): their requests are billed but their usage is lost with them",
     "storage over time: tiles_per_month prices keeping the tiles for a month",
 )
