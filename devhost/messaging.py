@@ -125,7 +125,7 @@ class Messaging:
             elif item["EventType"] == EXECUTION_TERMINATED and inst is None:
                 # Sent just after its start, which this host has not run yet: it waits its turn,
                 # as it would in the control queue behind the ExecutionStarted message.
-                self.later(0.2, lambda: self._accept(event_body(instance_id, execution_id, item), receipt))
+                self.later(0.2, lambda: self._terminate_later(instance_id, execution_id, item, receipt))
                 return
             elif item["EventType"] == EXECUTION_TERMINATED and inst.status not in TERMINAL:
                 accepted = self._queue_event(inst, item, receipt)
@@ -139,6 +139,16 @@ class Messaging:
                 accepted = self._queue_event(inst, item, receipt)
         if not accepted:
             self._delete(receipt)
+
+    def _terminate_later(self, instance_id: str, execution_id: str, item: dict, receipt: Received | None) -> None:
+        """A terminate that came before its instance's start ran: delivered once the start has
+        run, dropped if that execution is gone or already finished (read from storage, not
+        under the engine lock)."""
+        state = self.store.read_state(instance_id)
+        if state is None or state.get("execution_id") != execution_id or state["status"] in TERMINAL:
+            self._delete(receipt)
+            return
+        self._accept(event_body(instance_id, execution_id, item), receipt)
 
     def _queue_event(self, inst: Instance, item: dict, receipt: Received | None) -> bool:
         """Hold an accepted message for the instance's next episode (under the engine lock)."""

@@ -181,6 +181,23 @@ def test_terminate_through_the_real_client_ends_the_instance_and_fails_its_paren
     assert sorted(s.instance_id for s in pages[0]) == ["job-t", child]
 
 
+def test_a_terminate_sent_before_the_start_ran_still_ends_the_instance(store):
+    """The terminate may reach the host before the instance's start has run (both are control
+    messages, the start first): it waits for the start instead of being dropped as a stray."""
+    with make_engine(store) as engine:
+        process_start = engine._process_start
+
+        def slow_start(message):  # a busy host: the start runs after the terminate has arrived
+            time.sleep(0.5)
+            return process_start(message)
+
+        engine._process_start = slow_start
+        engine.start_new("nap_once", "job-early", {"seconds": 5, "i": 1})
+        engine.terminate("job-early", "changed my mind")
+        state = engine.wait_for("job-early", timeout=4)  # not the 5 s nap
+    assert (state["status"], state["output"]) == ("Terminated", "changed my mind")
+
+
 def test_a_new_instance_found_ready_by_another_dispatcher_while_its_start_is_held_still_runs(store):
     """A start marks its new instance ready while its dispatcher still holds it; an idle
     dispatcher that wakes then finds it held and passes it by. The start's dispatcher is slowed
