@@ -161,15 +161,15 @@ def test_terminate_through_the_real_client_ends_the_instance_and_fails_its_paren
             loop = EventLoopThread.shared()
             with pytest.raises(Exception, match="No instance with ID 'nobody' found"):
                 loop.run(client.terminate("nobody", "why"))
-            job = {"seconds": 6, "run": 1, "child": 1, "fail": False, "key": "t"}
+            job = {"seconds": 3, "run": 1, "child": 1, "fail": False, "key": "t"}
             engine.start_new("parent_of_slow_child", "job-t", job)
             child = "job-t-child-1"
             deadline = time.monotonic() + 30
             while (engine.status(child) or {}).get("status") != "Running" and time.monotonic() < deadline:
                 time.sleep(0.05)
             loop.run(client.terminate(child, "stop, child"))
-            child_state = engine.wait_for(child, timeout=4)  # its 6 s activity is not waited for
-            parent_state = engine.wait_for("job-t", timeout=4)
+            child_state = engine.wait_for(child, timeout=2)  # its 3 s activity is not waited for
+            parent_state = engine.wait_for("job-t", timeout=2)
             loop.run(client.terminate("job-t", "too late"))  # 410: finished, accepted by the SDK
             pages = [loop.run(client.get_status_by(instance_id_prefix="job-t"))]
         finally:
@@ -192,9 +192,9 @@ def test_a_terminate_sent_before_the_start_ran_still_ends_the_instance(store):
             return process_start(message)
 
         engine._process_start = slow_start
-        engine.start_new("nap_once", "job-early", {"seconds": 5, "i": 1})
+        engine.start_new("nap_once", "job-early", {"seconds": 3, "i": 1})
         engine.terminate("job-early", "changed my mind")
-        state = engine.wait_for("job-early", timeout=4)  # not the 5 s nap
+        state = engine.wait_for("job-early", timeout=2)  # not the 3 s nap
     assert (state["status"], state["output"]) == ("Terminated", "changed my mind")
 
 

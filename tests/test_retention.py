@@ -47,7 +47,7 @@ def wait(predicate, timeout: float = 120):
 
 def test_a_sweep_purges_finished_jobs_keeps_their_products_spares_a_running_one(storage, app_env, tmp_path):
     finished_scene = make_scene(tmp_path / "done.tif", 600, 300)  # 3 x 2 windows
-    running_scene = make_scene(tmp_path / "busy.tif", 2560, 2560)  # 100 windows
+    running_scene = make_scene(tmp_path / "busy.tif", 2048, 2048)  # 64 windows
     tables, blobs = storage.table_service(), storage.blob_service()
     manifest, tiles = tables.get_table_client(app_env.manifest), blobs.get_container_client(app_env.tiles)
     with local_host(app_env) as host:
@@ -71,7 +71,7 @@ def test_a_sweep_purges_finished_jobs_keeps_their_products_spares_a_running_one(
 
         assert busy_rows >= 4 and host.engine.status(busy)["status"] in ("Running", "Pending")
         busy_state = host.engine.wait_for(busy, timeout=300)
-        assert busy_state["status"] == "Completed" and busy_state["output"]["written"] == 100
+        assert busy_state["status"] == "Completed" and busy_state["output"]["written"] == 64
 
         # The upload delivered again: no job under its id any more, so it runs from the start.
         mismatches = counter_total("ConditionalWriteContentMismatch", gate="mosaic")
