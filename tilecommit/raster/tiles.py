@@ -243,8 +243,9 @@ def render_tile(
     """Render one window of ``source_path`` into the tiles container, at most once in effect,
     made to the job's output ``spec`` (``settings`` give GDAL's limits only).
 
-    1. One lookup of the manifest: a row means the tile is done, and a cancelled job
-       (:mod:`tilecommit.cancellation`) renders nothing more; either way nothing is read or encoded.
+    1. A point read of the manifest: a row means the tile is done. Without one, a point read of
+       the job's cancellation row: a cancelled job (:mod:`tilecommit.cancellation`) renders
+       nothing more. Either way nothing is read or encoded.
     2. Read exactly this window, encode a COG in memory.
     3. Commit the blob create-only, then the manifest row. A crash between the two leaves a tile
        without a row; the retry re-encodes identical bytes, gets ``ALREADY_PRESENT`` for the blob
