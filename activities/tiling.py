@@ -106,6 +106,8 @@ def assemble_mosaic(payload: dict) -> dict:
     A mosaic that fails its own checks (a bug that repeating cannot fix) comes back as an error.
     ``payload["shares"]`` (a split staging's commit): the ranges were staged by
     :func:`stage_mosaic_share`; only the head and the coarse levels are staged here.
+    ``payload["usage"]`` and ``["tile_bytes"]``: what the job used before (added up by the
+    orchestration) and its tiles' bytes, for the cost the STAC item records.
     """
     job, scene = payload["job"], raster.SceneInfo.from_dict(payload["scene"])
     shares = split.StagedShares.from_dict(payload["shares"]) if payload.get("shares") else None
@@ -118,6 +120,11 @@ def assemble_mosaic(payload: dict) -> dict:
                 scene,
                 **ctx.mosaic_inputs(job),
                 shares=shares,
+                cost=lambda: cost.estimate_so_far(
+                    payload.get("usage"),
+                    instance_memory_mb=ctx.settings.instance_memory_mb,
+                    tile_bytes=payload.get("tile_bytes", 0),
+                ),
             )
         summary = result.to_dict()
 

@@ -177,14 +177,16 @@ def assemble(
 ) -> Generator[Any, Any, dict]:
     """The mosaic, by one activity; when the tiles hold more than one activity may copy (the
     job's ``assembly_share_bytes``), its ranges are staged in shares first and that activity
-    commits them."""
+    commits them. The activity is given what the job used until then, which its STAC item
+    records with what the activity itself used until it made the item."""
     share_bytes = job.get("assembly_share_bytes", DEFAULT_ASSEMBLY_SHARE_MB * 2**20)
-    payload = {"job": job, "scene": scene}
+    payload = {"job": job, "scene": scene, "tile_bytes": tile_bytes}
     try:
         if tile_bytes > share_bytes:
             staged = yield from stage_in_shares(context, job, scene, share_bytes, status, used)
             if staged is not None:
                 payload["shares"] = staged
+        payload["usage"] = usage.add({}, used)  # a copy: what the job used until now, for its STAC item
         mosaic = yield context.call_activity_with_retry(names.ASSEMBLE_MOSAIC, ACTIVITY_RETRY, payload)
     except BadInputFailure:
         raise

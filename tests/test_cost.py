@@ -10,10 +10,11 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from azure.storage.blob import BlobServiceClient
 
 from devhost.azurite import Azurite
 from devhost.session import process_file
-from tilecommit import cost, usage
+from tilecommit import cost, jobs, usage
 
 from .app_jobs import local_host, make_scene
 from .conftest import app_env_for
@@ -75,6 +76,10 @@ def test_the_requests_a_job_counts_are_the_requests_azurite_served(tmp_path, mon
             summary = process_file(host, scene, timeout=300)
             state = host.engine.wait_for(summary["job_id"], timeout=60)
         served = served_requests(log, start, app_env)
+        blobs = BlobServiceClient.from_connection_string(azurite.connection_string)
+        item = json.loads(
+            blobs.get_blob_client(app_env.output, jobs.stac_blob_name(summary["job_id"])).download_blob().readall()
+        )
     counted = Counter({k: v for k, v in state["output"]["usage"]["requests"].items() if v})
     total_served, total_counted = sum(served.values()), sum(counted.values())
     print(f"requests: counted {dict(counted)} ({total_counted}), served {dict(served)} ({total_served})")
@@ -82,6 +87,18 @@ def test_the_requests_a_job_counts_are_the_requests_azurite_served(tmp_path, mon
     assert abs(total_counted - total_served) <= 0.02 * total_served, (counted, served)
     for key in set(counted) | set(served):
         assert abs(counted[key] - served[key]) <= max(2, 0.02 * served[key]), (key, counted, served)
+
+    # The STAC item records the cost until it was made: everything before the assembly, and the
+    # assembly until then, so a little less than the job's (the rest of the assembly, the event).
+    in_item, job_cost = item["properties"]["tilecommit:cost"], state["output"]["cost"]
+    print(f"cost: item ${in_item['usd']:.8f} ({in_item['gb_seconds']} GB-s), job ${job_cost['usd']:.8f}")
+    assert set(in_item["functions"]) == {"validate_source", "render_tile", "assemble_mosaic"}
+    assert in_item["functions"]["render_tile"] == job_cost["functions"]["render_tile"]
+    assembly_in_item = in_item["functions"]["assemble_mosaic"]["seconds"]
+    assert 0 < assembly_in_item <= job_cost["functions"]["assemble_mosaic"]["seconds"]
+    assert 0 < in_item["usd"] <= job_cost["usd"]
+    for key, n in in_item["requests"].items():
+        assert n <= job_cost["requests"][key], key
 
 
 def test_the_estimate_prices_each_item_from_the_table_and_says_what_it_leaves_out():

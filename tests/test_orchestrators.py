@@ -169,7 +169,8 @@ def test_fan_in_then_assembly_then_summary():
     state = run(tiling.tile_scene, history)
     assemble = leaf_actions(state)[-1]
     assert assemble["functionName"] == names.ASSEMBLE_MOSAIC
-    assert json.loads(assemble["input"]) == {"job": JOB, "scene": SCENE}
+    # It is given what the job used until now (for the cost its STAC item records) and the tiles' bytes.
+    assert json.loads(assemble["input"]) == {"job": JOB, "scene": SCENE, "tile_bytes": 600, "usage": tiles_used}
     assert state["customStatus"]["stage"] == "assembling" and state["customStatus"]["windows_done"] == 6
 
     assembly_used = {"functions": {"assemble_mosaic": {"executions": 1, "seconds": 1.5}}, "requests": {"blob.write": 3}}

@@ -184,13 +184,18 @@ def test_a_verification_storage_kept_from_finishing_is_retried_then_passes(rende
 
 def test_companions_that_are_not_what_the_mosaic_gives_are_known_bad(rendered, stores, storage):
     """A STAC item with a null geometry (what a read fault used to bake in) and a quicklook of
-    other pixels, each put in place of the real one: the next assembly says which and how to repair."""
+    other pixels, each put in place of the real one: the next assembly says which and how to repair.
+    The item's cost is the one part that may differ (each run costs what it costs): the item keeps
+    the cost of the run that wrote it, and an item that differs only there is good."""
     _, _, scene, settings, _ = rendered
-    assemble(scene, settings, stores, storage)
+    assemble(scene, settings, stores, storage, cost=lambda: {"usd": 1.0})
     output = stores["output"]
     item_name, quicklook_name = jobs.stac_blob_name(JOB), jobs.quicklook_blob_name(JOB)
     real_item = output.download_blob(item_name).readall()
     item = json.loads(real_item)
+    assert item["properties"]["tilecommit:cost"] == {"usd": 1.0}
+    assert assemble(scene, settings, stores, storage, cost=lambda: {"usd": 2.0}).outcome == "already-present"
+    assert output.download_blob(item_name).readall() == real_item
     item["geometry"], item["properties"]["tilecommit:footprint"] = None, "none: the footprint could not be computed"
     item.pop("bbox")
     replace_as_a_hostile_writer(output, item_name, json.dumps(item, sort_keys=True, indent=2).encode() + b"\n")

@@ -75,3 +75,13 @@ def estimate(used: dict, *, instance_memory_mb: int, tile_bytes: int = 0, prices
         ),
         "excluded": list(EXCLUDED),
     }
+
+
+def estimate_so_far(before: dict | None, *, instance_memory_mb: int, tile_bytes: int = 0) -> dict:
+    """The estimate of what the job used until now: ``before`` (what its activities that ended
+    used, as the orchestration added it up) plus the running activity's own usage so far
+    (:func:`tilecommit.usage.so_far`). What the job does after it is made is left out, and said."""
+    used = usage.add(usage.add(usage.empty(), before), usage.so_far())
+    made = estimate(used, instance_memory_mb=instance_memory_mb, tile_bytes=tile_bytes)
+    made["excluded"].append("what the job did after this estimate was made (the rest of the activity that made it)")
+    return made

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -185,17 +185,26 @@ def content_sha256(blob: BlobClient, etag: str | None = None) -> str:
     attempt reads whichever version is stored then.
     """
     digest = hashlib.sha256()
+    for chunk in _content_chunks(blob, etag):
+        digest.update(chunk)
+    return digest.hexdigest()
+
+
+def content_bytes(blob: BlobClient, etag: str | None = None) -> bytes:
+    """The blob's bytes (a small one: a companion), read as :func:`content_sha256` reads them."""
+    return b"".join(_content_chunks(blob, etag))
+
+
+def _content_chunks(blob: BlobClient, etag: str | None) -> Iterator[bytes]:
     conditions = {"etag": etag, "match_condition": MatchConditions.IfNotModified} if etag else {}
     try:
-        for chunk in blob.download_blob(max_concurrency=1, **conditions).chunks():
-            digest.update(chunk)
+        yield from blob.download_blob(max_concurrency=1, **conditions).chunks()
     except HttpResponseError as exc:
         if exc.status_code == 412:
             raise StorageFaultError(f"{blob.blob_name!r} was replaced while its bytes were read (was {etag})") from exc
         raise storage_fault("reading the bytes of", blob.blob_name, exc) from exc
     except _TRANSPORT_FAULTS as exc:
         raise storage_fault("reading the bytes of", blob.blob_name, exc) from exc
-    return digest.hexdigest()
 
 
 def stored_blob(blob: BlobClient) -> StoredBlob | None:

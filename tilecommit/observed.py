@@ -49,7 +49,7 @@ def observed_activity(name: str, function: Callable[[Any], Any], on_result: Call
         started = time.perf_counter()
         try:
             with (
-                usage.measuring() as used,
+                usage.measuring(name) as used,
                 telemetry.tracer.start_as_current_span(
                     name,
                     context=parent,

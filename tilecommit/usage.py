@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextvars
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -54,7 +55,9 @@ def add(total: dict, part: dict | None) -> dict:
 class Usage:
     """One activity execution's counts; safe to add to from several threads."""
 
-    def __init__(self) -> None:
+    def __init__(self, function: str = "") -> None:
+        self.function = function
+        self.started = time.perf_counter()
         self._lock = threading.Lock()
         self.requests = dict.fromkeys(REQUEST_KEYS, 0)
         self.bytes_sent = 0
@@ -77,14 +80,24 @@ class Usage:
 
 
 @contextmanager
-def measuring() -> Iterator[Usage]:
-    """Count this context's storage requests (and those of threads started from a ContextExecutor)."""
-    usage = Usage()
+def measuring(function: str = "") -> Iterator[Usage]:
+    """Count this context's storage requests (and those of threads started from a ContextExecutor),
+    as the usage of one execution of activity ``function``."""
+    usage = Usage(function)
     token = _CURRENT.set(usage)
     try:
         yield usage
     finally:
         _CURRENT.reset(token)
+
+
+def so_far() -> dict:
+    """What the activity running in this context has used until now (:meth:`Usage.to_dict`, its
+    seconds counted from its start); nothing (:func:`empty`) outside any activity."""
+    usage = _CURRENT.get()
+    if usage is None:
+        return empty()
+    return usage.to_dict(usage.function, time.perf_counter() - usage.started)
 
 
 def blob_kind(method: str, url: str) -> str:

@@ -32,6 +32,7 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from azure.data.tables import TableClient
@@ -167,6 +168,7 @@ def assemble_mosaic(
     workdir: str | None = None,
     replace: dict[str, str | None] | None = None,
     shares: StagedShares | None = None,
+    cost: Callable[[], dict] | None = None,
 ) -> MosaicResult:
     """Assemble the job's tiles into ``jobs.mosaic_blob_name(job_id)`` once, plus STAC item and quicklook.
 
@@ -189,6 +191,8 @@ def assemble_mosaic(
 
     ``shares`` (the commit step of a split staging, :mod:`.shares`): the copied ranges were staged
     by share activities under that plan's ids; this call does everything else, as above.
+
+    ``cost`` gives what the job has cost so far; the STAC item made by this call records it.
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, not {method!r}")
@@ -203,6 +207,7 @@ def assemble_mosaic(
         spec=spec,
         source_name=source_name,
         timings=timings,
+        cost=cost,
     )
 
     def superseded() -> MosaicResult:

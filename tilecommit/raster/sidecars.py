@@ -6,6 +6,7 @@ mosaic has none).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from azure.storage.blob import ContainerClient
 
@@ -18,7 +19,7 @@ from .env import gdal_env
 from .gdal_errors import gdal_step
 from .scene import SceneInfo
 from .source import PinnedBlob, reading
-from .stac import mosaic_footprint, quicklook_png, stac_item_bytes
+from .stac import mosaic_footprint, quicklook_png, stac_item_bytes, without_run_facts
 from .upload import upload_gdal_options
 
 
@@ -33,8 +34,14 @@ def write_sidecars(
     timings: dict[str, float],
     replace: dict[str, str | None] | None = None,
     verify_only: bool = False,
+    cost: Callable[[], dict] | None = None,
 ) -> int:
     """Quicklook, then STAC item (which names both), each create-only, or verified when already there.
+
+    ``cost`` (the assembly's): what the job has cost until the item is made, recorded in it as
+    ``tilecommit:cost``. That is the one part of the item that is not a function of the mosaic:
+    an item already there is checked with it left out (:func:`.stac.without_run_facts`), and
+    keeps the cost of the run that wrote it.
 
     ``verify_only`` (a scrub): nothing is written; a companion that is absent is known bad too.
 
@@ -94,6 +101,7 @@ def write_sidecars(
             footprint=mosaic_footprint(mosaic, scene.crs),
             source_name=source_name,
             spec=spec,
+            cost=cost() if cost is not None else None,
         )
         _commit_or_verify(
             output,
@@ -104,6 +112,7 @@ def write_sidecars(
             replace=replace,
             key="stac",
             verify_only=verify_only,
+            comparable=without_run_facts,
         )
         timings["stac"] = time.perf_counter() - started
     return int(props.size)
@@ -119,9 +128,11 @@ def _commit_or_verify(
     replace: dict[str, str | None] | None = None,
     key: str = "",
     verify_only: bool = False,
+    comparable: Callable[[bytes], bytes] | None = None,
 ) -> None:
-    """Create ``name`` with ``body``, or check that what holds the key is ``body``; in a rebuild
-    (``replace``), write it with ``If-Match`` on the version ``replace[key]`` inspected before it.
+    """Create ``name`` with ``body``, or check that what holds the key is ``body`` (both seen
+    through ``comparable`` when given); in a rebuild (``replace``), write it with ``If-Match`` on
+    the version ``replace[key]`` inspected before it.
 
     A companion is a pure function of the committed mosaic, so one with other bytes describes
     another mosaic (or a fault that was baked into it, such as a missing footprint): it is known
@@ -143,8 +154,9 @@ def _commit_or_verify(
         return
     if replace is not None:
         return  # created by a concurrent rebuild since it was inspected: already-present
-    found = gates.content_sha256(output.get_blob_client(name))
-    ours = gates.sha256_hex(body)
+    comparable = comparable or bytes
+    found = gates.sha256_hex(comparable(gates.content_bytes(output.get_blob_client(name))))
+    ours = gates.sha256_hex(comparable(body))
     if found != ours:
         raise MosaicCheckError(
             f"{name} is not what the committed mosaic gives (stored sha256 {found}, from the mosaic {ours}); "

@@ -1,7 +1,9 @@
 """The mosaic's companions: a STAC item (projection, raster and file extensions) and a PNG quicklook.
 
 Both are pure functions of the committed mosaic (its pixels, size, checksum and creation time),
-so a retry that regenerates them produces the same bytes and its create-only commit agrees.
+so a retry that regenerates them produces the same bytes and its create-only commit agrees; the
+one exception is the item's ``tilecommit:cost`` (what the run that wrote it cost), which a check
+leaves out (:func:`without_run_facts`).
 
 The item's geometry is the footprint of the mosaic's valid pixels (:mod:`.footprint`); its
 projection fields follow the projection extension: ``proj:code`` when an EPSG code is
@@ -32,6 +34,7 @@ from .scene import SceneInfo, as_crs, same_crs
 from .source import Source, reading
 
 COG_MEDIA_TYPE = "image/tiff; application=geotiff; profile=cloud-optimized"
+COST_PROPERTY = "tilecommit:cost"
 logger = logging.getLogger(__name__)
 
 
@@ -92,12 +95,14 @@ def stac_item_bytes(
     footprint: Footprint,
     spec: OutputSpec,
     source_name: str = "",
+    cost: dict | None = None,
 ) -> bytes:
     """A STAC 1.x item describing the mosaic, as canonical JSON bytes (sorted keys).
 
     ``footprint`` (:func:`mosaic_footprint`) gives the geometry and bbox; when it has none the
     item has ``geometry: null`` and no bbox, and ``tilecommit:footprint`` says why.
-    ``tilecommit:spec`` is the job's output spec (window size, block size, profile).
+    ``tilecommit:spec`` is the job's output spec (window size, block size, profile);
+    ``tilecommit:cost`` the job's estimate when the item was made (:mod:`tilecommit.cost`).
     """
     properties = {
         "created": pystac.utils.datetime_to_str(created),
@@ -108,6 +113,8 @@ def stac_item_bytes(
     }
     if source_name:
         properties["tilecommit:source"] = source_name
+    if cost is not None:
+        properties[COST_PROPERTY] = cost
     item = pystac.Item(
         id=job_id, geometry=footprint.geometry, bbox=footprint.bbox, datetime=created, properties=properties
     )
@@ -142,8 +149,23 @@ def stac_item_bytes(
             href=quicklook_href, media_type=pystac.MediaType.PNG, roles=["thumbnail", "overview"], title="Quicklook"
         ),
     )
-    body = item.to_dict(include_self_link=False, transform_hrefs=False)
+    return _canonical(item.to_dict(include_self_link=False, transform_hrefs=False))
+
+
+def _canonical(body: dict) -> bytes:
     return (json.dumps(body, sort_keys=True, indent=2) + "\n").encode("utf-8")
+
+
+def without_run_facts(body: bytes) -> bytes:
+    """The item without what depends on the run that wrote it (``tilecommit:cost``), canonical:
+    what a check of an item already stored compares. Bytes that are not an item stay as they are
+    (and so differ from any item)."""
+    try:
+        item = json.loads(body)
+        item["properties"].pop(COST_PROPERTY, None)
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return body
+    return _canonical(item)
 
 
 def _stretch(band: np.ma.MaskedArray) -> np.ndarray:
