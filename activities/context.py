@@ -10,7 +10,7 @@ from azure.data.tables import TableClient
 from azure.storage.blob import ContainerClient
 
 from tilecommit import gates
-from tilecommit.settings import STORAGE_CONNECTION, Settings
+from tilecommit.settings import DATA_CONNECTION, STORAGE_CONNECTION, Settings
 from tilecommit.spec import spec_of
 from tilecommit.storage import StorageConnection
 
@@ -40,8 +40,9 @@ class ActivityContext:
 
 @lru_cache(maxsize=4)
 def _context_for(connection_key: str, settings: Settings) -> ActivityContext:
-    """Clients for one connection (``connection_key`` only keys the cache) and one set of settings."""
-    connection = StorageConnection.from_env()
+    """Clients for one connection (``connection_key`` only keys the cache) and one set of settings:
+    the code's data connection (``TilecommitData``, else the host's)."""
+    connection = StorageConnection.for_data()
     blobs = connection.blob_service()
     # Tiles are written only through the gates: each one Put Blob whatever its size. The output
     # container keeps the SDK's default, so a mosaic uploaded from a file goes up in blocks.
@@ -59,5 +60,6 @@ def _context_for(connection_key: str, settings: Settings) -> ActivityContext:
 
 def activity_context() -> ActivityContext:
     """The process's clients; rebuilt only when the connection or settings change."""
-    key = "|".join(f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith(STORAGE_CONNECTION))
+    prefixes = (STORAGE_CONNECTION, DATA_CONNECTION)
+    key = "|".join(f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith(prefixes))
     return _context_for(key, Settings.from_env())

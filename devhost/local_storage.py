@@ -49,17 +49,16 @@ class StorageChoice:
 def configured_source(root: Path = PROJECT_ROOT) -> str | None:
     """Where the storage setting comes from, or None when nothing configures it (the local default)."""
 
-    def names_storage(values: dict) -> bool:
-        return any(k == STORAGE_CONNECTION or k.startswith(f"{STORAGE_CONNECTION}__") for k in values)
+    from tilecommit.storage import configures
 
-    if names_storage({k: v for k, v in os.environ.items() if v.strip()}):
+    if configures({k: v for k, v in os.environ.items() if v.strip()}, STORAGE_CONNECTION):
         return f"{STORAGE_CONNECTION} from the environment"
     local = root / "local.settings.json"
     try:
         values = json.loads(local.read_text()).get("Values", {}) if local.exists() else {}
     except ValueError as exc:
         raise StorageUnavailable(f"{local}: not valid JSON ({exc}); fix it or remove it") from None
-    if names_storage(values):
+    if configures(values, STORAGE_CONNECTION):
         return f"{STORAGE_CONNECTION} from {local.name}"
     return None
 

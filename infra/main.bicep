@@ -151,6 +151,7 @@ var storageAccountName = take('st${replace(toLower(baseName), '-', '')}${token}'
 var functionAppName = '${baseName}-func-${token}'
 var planName = '${baseName}-plan-${token}'
 var identityName = '${baseName}-id-${token}'
+var dataIdentityName = '${baseName}-data-id-${token}'
 var logAnalyticsName = '${baseName}-log-${token}'
 var applicationInsightsName = '${baseName}-appi-${token}'
 var systemTopicName = '${baseName}-evgt-${token}'
@@ -169,6 +170,17 @@ var eventSubscriptionName = '${replace(triggerFunctionName, '_', '-')}-blob-crea
 // package download (WEBSITE_RUN_FROM_PACKAGE_BLOB_MI_RESOURCE_ID) can all name it.
 resource identity 'Microsoft.ManagedIdentity/userAssignedIdentities@2023-01-31' = {
   name: identityName
+  location: location
+  tags: resourceTags
+}
+
+// The code's identity (the TilecommitData connection, tilecommit/settings.py DATA_CONNECTION):
+// the one the raster code, which parses untrusted uploads, signs in to storage and Event Grid
+// with. Its roles are scoped to the app's own containers, manifest table and topic, so it cannot
+// read or write what the host keeps in the same account (azure-webjobs-secrets, the task hub,
+// the code package). docs/security.md has the matrix and what this buys and does not.
+resource dataIdentity 'Microsoft.ManagedIdentity/userAssignedIdentities@2023-01-31' = {
+  name: dataIdentityName
   location: location
   tags: resourceTags
 }
@@ -238,6 +250,9 @@ module storageRoles 'modules/storage-roles.bicep' = {
   params: {
     storageAccountName: storage.outputs.name
     appPrincipalId: identity.properties.principalId
+    dataPrincipalId: dataIdentity.properties.principalId
+    tilesContainerName: tilesContainerName
+    manifestTableName: manifestTableName
     deployerPrincipalId: deployerPrincipalId
     deployerPrincipalType: deployerPrincipalType
     grantDeployerDataAccess: grantDeployerDataAccess
@@ -280,6 +295,7 @@ resource functionApp 'Microsoft.Web/sites@2024-04-01' = {
     type: 'UserAssigned'
     userAssignedIdentities: {
       '${identity.id}': {}
+      '${dataIdentity.id}': {}
     }
   }
   properties: {
@@ -342,10 +358,29 @@ resource functionApp 'Microsoft.Web/sites@2024-04-01' = {
           name: 'AzureWebJobsStorage__clientId'
           value: identity.properties.clientId
         }
+        // The code's own connection (tilecommit/storage.py StorageConnection.for_data): the same
+        // account, the data identity. No queue: the code uses none.
         {
-          // Names the identity for azure-identity's DefaultAzureCredential anywhere in the code.
+          name: 'TilecommitData__blobServiceUri'
+          value: storage.outputs.blobEndpoint
+        }
+        {
+          name: 'TilecommitData__tableServiceUri'
+          value: storage.outputs.tableEndpoint
+        }
+        {
+          name: 'TilecommitData__credential'
+          value: 'managedidentity'
+        }
+        {
+          name: 'TilecommitData__clientId'
+          value: dataIdentity.properties.clientId
+        }
+        {
+          // Names the identity for azure-identity's DefaultAzureCredential anywhere in the code:
+          // the data identity, the least privileged of the two.
           name: 'AZURE_CLIENT_ID'
-          value: identity.properties.clientId
+          value: dataIdentity.properties.clientId
         }
         {
           // Identifies the component; it cannot authenticate, since local auth is off (Entra only).
@@ -525,7 +560,7 @@ module completionEvents 'modules/completion-events.bicep' = {
     name: completionTopicName
     location: location
     tags: resourceTags
-    publisherPrincipalId: identity.properties.principalId
+    publisherPrincipalId: dataIdentity.properties.principalId
     webhookUrl: completionWebhookUrl
   }
 }

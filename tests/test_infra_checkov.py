@@ -209,8 +209,8 @@ MUTATIONS = {
     ),
     "host-storage-not-identity": (
         "main.bicep",
-        "value: 'managedidentity'",
-        "value: 'connectionstring'",
+        "name: 'AzureWebJobsStorage__credential'\n          value: 'managedidentity'",
+        "name: 'AzureWebJobsStorage__credential'\n          value: 'connectionstring'",
         "CKV_TILECOMMIT_3",
         "Microsoft.Web/sites.functionApp",
     ),

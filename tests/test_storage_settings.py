@@ -1,6 +1,7 @@
 """Connection and app settings: StorageConnection.from_env and Settings.from_env.
 
-Nothing here calls Azure: clients and credentials are only constructed, never used.
+Nothing here calls Azure: clients and credentials are only constructed, never used (one test
+calls Azurite, to show which connection the activities' clients come from).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from azure.storage.blob import BlobServiceClient
 
 from tilecommit.errors import BadInputError, ConfigurationError
 from tilecommit.settings import (
+    DATA_CONNECTION,
     DEFAULT_BATCH_SIZE,
     DEFAULT_WINDOW_SIZE,
     SETTING_ASSEMBLY_SHARE,
@@ -248,3 +250,45 @@ def test_bad_settings_are_configuration_errors_naming_the_setting(setting, value
     assert setting in str(info.value)
     assert isinstance(info.value, ValueError)  # callers may treat it as plain bad input
     assert not info.value.retryable
+
+
+def test_the_codes_connection_is_its_own_when_set_and_the_hosts_when_not():
+    host = {STORAGE_CONNECTION: AZURITE_STYLE}
+    assert StorageConnection.for_data(host).connection_string == AZURITE_STYLE
+    own = {
+        **host,
+        f"{DATA_CONNECTION}__blobServiceUri": "http://127.0.0.1:10000/devacct",
+        f"{DATA_CONNECTION}__tableServiceUri": "http://127.0.0.1:10002/devacct",
+        f"{DATA_CONNECTION}__credential": "managedidentity",
+        f"{DATA_CONNECTION}__clientId": "data-client",
+    }
+    code = StorageConnection.for_data(own)
+    assert (code.connection_string, code.client_id) == (None, "data-client")
+    assert StorageConnection.from_env(environ=own).connection_string == AZURITE_STYLE  # the host's is untouched
+    with pytest.raises(ConfigurationError, match=DATA_CONNECTION):  # set, but not enough to connect
+        StorageConnection.for_data({**host, f"{DATA_CONNECTION}__credential": "managedidentity"})
+    # Another account than the host's: the activities would not find the uploads the trigger saw.
+    elsewhere = {**own, f"{DATA_CONNECTION}__blobServiceUri": "https://data.blob.core.windows.net"}
+    with pytest.raises(ConfigurationError, match="must name the same account"):
+        StorageConnection.for_data(elsewhere)
+
+
+def test_the_activities_clients_come_from_the_codes_own_connection(azurite, monkeypatch):
+    """The host's connection has a key Azurite refuses, the code's the right one: the activities'
+    stores work, so they were made from the code's connection, not the host's."""
+    from activities.context import activity_context
+
+    parts = parse_connection_string(azurite.connection_string)
+    wrong_key = azurite.connection_string.replace(parts["AccountKey"], "d3Jvbmcga2V5IGZvciB0aGUgaG9zdA==")
+    assert wrong_key != azurite.connection_string
+    monkeypatch.setenv(STORAGE_CONNECTION, wrong_key)
+    monkeypatch.setenv(DATA_CONNECTION, azurite.connection_string)
+    monkeypatch.setenv(SETTING_MANIFEST_TABLE, "manifestowndata")
+    ctx = activity_context()
+    assert ctx.connection.connection_string == azurite.connection_string
+    assert ctx.tiles.url.startswith(azurite.connection_string.split("BlobEndpoint=")[1].split(";")[0])
+    ctx.manifest.create_table()
+    try:
+        assert list(ctx.manifest.list_entities()) == []
+    finally:
+        ctx.manifest.delete_table()

@@ -13,9 +13,13 @@ from dataclasses import dataclass
 from .errors import ConfigurationError
 from .retries import ASSEMBLY_SHARE_MB
 
-#: The connection (app-setting prefix) used by the host, Durable and the code's own data.
+#: The host's connection (app-setting prefix): the Functions host, Durable and the blob trigger.
 #: Locally a connection string; in Azure identity-based (``AzureWebJobsStorage__blobServiceUri`` ...).
 STORAGE_CONNECTION = "AzureWebJobsStorage"
+#: The code's own connection, to the uploads, tiles, mosaics and manifest, when it is set (in
+#: Azure: the same account with an identity of its own, whose roles cannot reach the host's
+#: containers, docs/security.md); when it is not (locally), the code uses the host's.
+DATA_CONNECTION = "TilecommitData"
 
 #: Where users upload rasters; the blob trigger watches it.
 INPUT_CONTAINER = "raster-uploads"

@@ -1,6 +1,7 @@
 """Storage clients from the app's connection settings, for the SDK and for GDAL's ``/vsiaz/``.
 
-One connection (``AzureWebJobsStorage`` by default) serves the host, Durable and the code:
+The host and Durable use ``AzureWebJobsStorage``; the code uses ``TilecommitData`` when it is set
+and the host's connection when not (:meth:`StorageConnection.for_data`). Each is spelled either way:
 - locally, a connection string (Azurite's is spelled out in ``local.settings.example.json``);
 - in Azure, identity-based: ``<name>__blobServiceUri`` / ``__tableServiceUri`` /
   ``__queueServiceUri`` (or ``<name>__accountName``) with ``<name>__credential=managedidentity``
@@ -21,7 +22,7 @@ from azure.storage.blob import BlobServiceClient
 
 from . import retries, usage
 from .errors import ConfigurationError, InvalidNameError
-from .settings import STORAGE_CONNECTION
+from .settings import DATA_CONNECTION, STORAGE_CONNECTION
 
 #: The scope of a token for Azure Storage (blobs, tables and queues).
 STORAGE_TOKEN_SCOPE = "https://storage.azure.com/.default"
@@ -38,6 +39,11 @@ def parse_connection_string(value: str) -> dict[str, str]:
             raise ConfigurationError(f"malformed storage connection string near {key!r}")
         parts[key.strip()] = val.strip()
     return parts
+
+
+def configures(environ: Mapping[str, str], name: str) -> bool:
+    """Whether ``environ`` sets connection ``name``, as a string or as ``name__...`` settings."""
+    return any(key == name or key.startswith(f"{name}__") for key in environ)
 
 
 @dataclass(frozen=True)
@@ -82,6 +88,28 @@ class StorageConnection:
             queue_endpoint=queue.rstrip("/") or None,
             client_id=(env.get(f"{name}__clientId") or "").strip() or None,
         )
+
+    @classmethod
+    def for_data(cls, environ: Mapping[str, str] | None = None) -> StorageConnection:
+        """The connection the code reads and writes its data with: ``TilecommitData`` when any
+        setting of it is there, else the host's (one identity for both, as on a laptop).
+
+        Both must name the same blob endpoint: the blob trigger hands the starter the upload
+        through the host's connection, and the activities read it by name through this one.
+        """
+        env = os.environ if environ is None else environ
+        if not configures(env, DATA_CONNECTION):
+            return cls.from_env(STORAGE_CONNECTION, env)
+        data = cls.from_env(DATA_CONNECTION, env)
+        if configures(env, STORAGE_CONNECTION):
+            host = cls.from_env(STORAGE_CONNECTION, env)
+            if host.blob_endpoint != data.blob_endpoint:
+                raise ConfigurationError(
+                    f"{DATA_CONNECTION} names {data.blob_endpoint} and {STORAGE_CONNECTION} {host.blob_endpoint}: "
+                    f"they must name the same account (the blob trigger reads uploads through {STORAGE_CONNECTION}); "
+                    f"unset {DATA_CONNECTION} to use {STORAGE_CONNECTION} for both"
+                )
+        return data
 
     @classmethod
     def from_connection_string(cls, value: str) -> StorageConnection:

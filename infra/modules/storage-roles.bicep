@@ -1,14 +1,15 @@
 // Data-plane roles on the storage account, each at the narrowest scope that works.
 //
-// The app has ONE storage connection (tilecommit/settings.py STORAGE_CONNECTION =
-// "AzureWebJobsStorage") and one identity, shared by the Functions host, the Durable extension and
-// the code. What the host and Durable need is account-wide, because they create their own
-// containers, queues and tables at run time (azure-webjobs-hosts, azure-webjobs-secrets, blob
-// receipts, the webjobs-blobtrigger-poison queue, <hub>-control-NN and <hub>-workitems queues,
-// <hub>-leases / <hub>-largemessages containers, <hub>Instances / <hub>History tables), and
-// creating a container, queue or table needs a role on the account. Those account-wide roles also
-// cover the code's own containers and tables, so a container-scoped grant for the same identity
-// would add nothing. Narrowing the code's access further needs a second identity and connection.
+// Two identities (docs/security.md has the matrix, checked by tests/test_infra_trust_zones.py):
+// - the HOST's (AzureWebJobsStorage): the Functions host, the Durable extension and the blob
+//   trigger. What they need is account-wide, because they create their own containers, queues
+//   and tables at run time (azure-webjobs-hosts, azure-webjobs-secrets, blob receipts, the
+//   webjobs-blobtrigger-poison queue, <hub>-control-NN and <hub>-workitems queues, <hub>-leases /
+//   <hub>-largemessages containers, <hub>Instances / <hub>History tables), and creating a
+//   container, queue or table needs a role on the account.
+// - the DATA identity (TilecommitData, tilecommit/settings.py DATA_CONNECTION): the code, which
+//   parses untrusted uploads. Read on the uploads, write on the tiles and the mosaics, the
+//   manifest table; nothing on the account, so nothing on the host's containers.
 //
 // Not granted, though the Functions docs list it for the blob trigger: Storage Account Contributor.
 // It is a control-plane role (it can list keys and turn shared-key access back on). The reports
@@ -21,6 +22,15 @@ param storageAccountName string
 
 @description('Principal (object) id of the function app\'s user-assigned identity.')
 param appPrincipalId string
+
+@description('Principal (object) id of the code\'s user-assigned identity (the TilecommitData connection).')
+param dataPrincipalId string
+
+@description('Container the tiles are written to.')
+param tilesContainerName string
+
+@description('The manifest table (create-only rows, one per window).')
+param manifestTableName string
 
 @description('Object id of the person or pipeline that runs infra/deploy.sh; empty for none.')
 param deployerPrincipalId string = ''
@@ -75,6 +85,21 @@ resource outputContainer 'Microsoft.Storage/storageAccounts/blobServices/contain
   name: outputContainerName
 }
 
+resource tilesContainer 'Microsoft.Storage/storageAccounts/blobServices/containers@2023-05-01' existing = {
+  parent: blobService
+  name: tilesContainerName
+}
+
+resource tableService 'Microsoft.Storage/storageAccounts/tableServices@2023-05-01' existing = {
+  parent: storageAccount
+  name: 'default'
+}
+
+resource manifestTable 'Microsoft.Storage/storageAccounts/tableServices/tables@2023-05-01' existing = {
+  parent: tableService
+  name: manifestTableName
+}
+
 resource deadLetterContainer 'Microsoft.Storage/storageAccounts/blobServices/containers@2023-05-01' existing = {
   parent: blobService
   name: deadLetterContainerName
@@ -85,16 +110,13 @@ resource packageContainer 'Microsoft.Storage/storageAccounts/blobServices/contai
   name: empty(packageContainerName) ? 'unused' : packageContainerName
 }
 
-// ---- The function app's identity (account scope) ----
+// ---- The host's identity (account scope) ----
 
 // Storage Blob Data Owner: the Functions host's own minimum (its key store and coordination blobs,
-// containers it creates), blob receipts of the blob trigger, Durable's leases and large messages;
-// then the code: read uploads, write tiles and mosaics with conditional puts, and authorise the
-// service to read the tiles as the copy source of the mosaic's Put Block From URL (OAuth copy-source
-// authorisation with this identity's token: blob read on the tiles, write on the mosaic; no key and
-// no user delegation SAS, so no generateUserDelegationKey is needed). The Flex Consumption
-// host also reads the code package from the deployment container, the Consumption host from the
-// package container (WEBSITE_RUN_FROM_PACKAGE_BLOB_MI_RESOURCE_ID).
+// containers it creates), blob receipts of the blob trigger and the upload it hands the starter,
+// Durable's leases and large messages. The Flex Consumption host also reads the code package from
+// the deployment container, the Consumption host from the package container
+// (WEBSITE_RUN_FROM_PACKAGE_BLOB_MI_RESOURCE_ID).
 resource appBlobOwner 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
   name: guid(storageAccount.id, appPrincipalId, storageBlobDataOwnerRoleId)
   scope: storageAccount
@@ -102,7 +124,7 @@ resource appBlobOwner 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
     roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', storageBlobDataOwnerRoleId)
     principalId: appPrincipalId
     principalType: 'ServicePrincipal'
-    description: 'Functions host, blob trigger and Durable blobs; the app\'s tiles and mosaics.'
+    description: 'Functions host, blob trigger and Durable blobs.'
   }
 }
 
@@ -120,7 +142,7 @@ resource appQueueContributor 'Microsoft.Authorization/roleAssignments@2022-04-01
 }
 
 // Storage Table Data Contributor: Durable's instance and history tables, the host's diagnostic
-// events, and the code's create-only manifest table.
+// events.
 resource appTableContributor 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
   name: guid(storageAccount.id, appPrincipalId, storageTableDataContributorRoleId)
   scope: storageAccount
@@ -128,7 +150,62 @@ resource appTableContributor 'Microsoft.Authorization/roleAssignments@2022-04-01
     roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', storageTableDataContributorRoleId)
     principalId: appPrincipalId
     principalType: 'ServicePrincipal'
-    description: 'Durable Functions tables, host diagnostic events, the manifest table.'
+    description: 'Durable Functions tables, host diagnostic events.'
+  }
+}
+
+// ---- The data identity: the code (container and table scope) ----
+
+// Storage Blob Data Reader on the uploads: validate_source and render_tile read the upload, pinned
+// to its ETag; nothing of the code writes there.
+resource dataUploadReader 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(inputContainer.id, dataPrincipalId, storageBlobDataReaderRoleId)
+  scope: inputContainer
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', storageBlobDataReaderRoleId)
+    principalId: dataPrincipalId
+    principalType: 'ServicePrincipal'
+    description: 'The code: read the uploads.'
+  }
+}
+
+// Storage Blob Data Contributor on the tiles: create-only tile commits, the reads of the assembly,
+// retention's deletes, and the copy source of the mosaic's Put Block From URL (OAuth copy-source
+// authorisation with this identity's token needs read on the source: no key, no SAS).
+resource dataTileWriter 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(tilesContainer.id, dataPrincipalId, storageBlobDataContributorRoleId)
+  scope: tilesContainer
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', storageBlobDataContributorRoleId)
+    principalId: dataPrincipalId
+    principalType: 'ServicePrincipal'
+    description: 'The code: write, read and delete the tiles.'
+  }
+}
+
+// Storage Blob Data Contributor on the mosaics: the staged mosaic (Put Block From URL, Put Block
+// List with its condition), its STAC item and quicklook, the checks that read them back, repairs.
+resource dataMosaicWriter 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(outputContainer.id, dataPrincipalId, storageBlobDataContributorRoleId)
+  scope: outputContainer
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', storageBlobDataContributorRoleId)
+    principalId: dataPrincipalId
+    principalType: 'ServicePrincipal'
+    description: 'The code: write and read the mosaics, STAC items and quicklooks.'
+  }
+}
+
+// Storage Table Data Contributor on the manifest table only: its create-only rows, the point reads
+// and queries of the assembly, the cancellation row, retention's deletes.
+resource dataManifestWriter 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(manifestTable.id, dataPrincipalId, storageTableDataContributorRoleId)
+  scope: manifestTable
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', storageTableDataContributorRoleId)
+    principalId: dataPrincipalId
+    principalType: 'ServicePrincipal'
+    description: 'The code: the manifest rows.'
   }
 }
 
