@@ -5,9 +5,7 @@ one activity per window through batch sub-orchestrations and fans in to the mosa
 """
 
 import json
-import logging
 import os
-from datetime import timedelta
 
 # PROJ fetches a grid file over the network when a CRS names one and PROJ_NETWORK is on; a CRS
 # comes from an upload, which is untrusted, so this worker process never lets it (PROJ reads the
@@ -26,7 +24,7 @@ from orchestrators import tiling as orchestrators
 from orchestrators import verify as verify_orchestrators
 from tilecommit import monitoring, telemetry
 from tilecommit.observed import observed_activity, observed_job
-from tilecommit.settings import SETTING_INPUT_CONTAINER, SETTING_TILE_RETENTION_DAYS, STORAGE_CONNECTION, Settings
+from tilecommit.settings import SETTING_INPUT_CONTAINER, STORAGE_CONNECTION, Settings
 
 # Application Insights (with the app's identity) when it is configured, OTEL_*_EXPORTER locally,
 # else nothing: see tilecommit/monitoring.py for what the host exports and what this process does.
@@ -181,12 +179,10 @@ async def verify_job(req: func.HttpRequest, client: df.DurableOrchestrationClien
 @app.durable_client_input(client_name="client")
 async def retention_sweep(timer: func.TimerRequest, client: df.DurableOrchestrationClient) -> None:
     """Purge the tiles, manifest rows and history of jobs finished more than the retention ago."""
-    settings = Settings.from_env()
-    if settings.tile_retention_days == 0:
-        logging.getLogger(__name__).info("retention: %s=0, tiles are kept forever", SETTING_TILE_RETENTION_DAYS)
-        return
     ctx = activity_context()
-    await retention.sweep(client, ctx.manifest, ctx.tiles, older_than=timedelta(days=settings.tile_retention_days))
+    await retention.sweep_as_configured(
+        client, ctx.manifest, ctx.tiles, retention_days=Settings.from_env().tile_retention_days
+    )
 
 
 @app.function_name(names.STARTER)

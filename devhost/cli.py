@@ -493,8 +493,6 @@ def list_jobs(views: list[dict], limit: int, hub: str | None) -> int:
 
 def purge(args: argparse.Namespace, storage) -> int:
     """The timer's sweep, run once now; with no --older-than, the app setting decides (0: nothing)."""
-    from datetime import timedelta
-
     from activities.context import activity_context
     from orchestrators import retention
     from tilecommit.settings import Settings
@@ -503,12 +501,14 @@ def purge(args: argparse.Namespace, storage) -> int:
     from .session import job_client
 
     with job_client(args.hub) as client:
-        days = args.older_than if args.older_than is not None else Settings.from_env().tile_retention_days
-        if args.older_than is None and days == 0:
-            print(json.dumps({"jobs": [], "kept": "forever (TILECOMMIT_TILE_RETENTION_DAYS=0)"}))
-            return EXIT_COMPLETED
         ctx = activity_context()
-        sweep = retention.sweep(client, ctx.manifest, ctx.tiles, older_than=timedelta(days=days))
+        sweep = retention.sweep_as_configured(
+            client,
+            ctx.manifest,
+            ctx.tiles,
+            retention_days=Settings.from_env().tile_retention_days,
+            older_than_days=args.older_than,
+        )
         print(json.dumps(EventLoopThread.shared().run(sweep)))
     return EXIT_COMPLETED
 

@@ -23,6 +23,7 @@ from azure.data.tables import TableClient
 from azure.storage.blob import ContainerClient
 
 from tilecommit import retention
+from tilecommit.settings import SETTING_TILE_RETENTION_DAYS
 
 from . import names
 from .job_api import FINISHED, instances
@@ -30,6 +31,23 @@ from .job_api import FINISHED, instances
 logger = logging.getLogger(__name__)
 
 Status = df.OrchestrationRuntimeStatus
+
+
+async def sweep_as_configured(
+    client: df.DurableOrchestrationClient,
+    manifest: TableClient,
+    tiles: ContainerClient,
+    *,
+    retention_days: int,
+    older_than_days: float | None = None,
+) -> dict:
+    """:func:`sweep` with the app's retention (``TILECOMMIT_TILE_RETENTION_DAYS``, where 0 keeps
+    everything forever), or with ``older_than_days`` when one is given (``devhost purge --older-than``)."""
+    if older_than_days is None and retention_days == 0:
+        logger.info("retention: %s=0, tiles are kept forever", SETTING_TILE_RETENTION_DAYS)
+        return {"jobs": [], "kept": f"forever ({SETTING_TILE_RETENTION_DAYS}=0)"}
+    days = retention_days if older_than_days is None else older_than_days
+    return await sweep(client, manifest, tiles, older_than=timedelta(days=days))
 
 
 async def sweep(

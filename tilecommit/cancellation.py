@@ -52,13 +52,7 @@ def mark_cancelled(table: TableClient, job_id: str, reason: str) -> Outcome:
 
 
 def is_cancelled(table: TableClient, job_id: str) -> bool:
-    try:
-        table.get_entity(job_id, jobs.CANCELLED_ROW_KEY)
-    except ResourceNotFoundError:
-        return False
-    except (HttpResponseError, *gates.TRANSPORT_FAULTS) as exc:
-        raise gates.storage_fault("reading entity", f"{job_id}/{jobs.CANCELLED_ROW_KEY}", exc) from exc
-    return True
+    return gates.read_entity(table, job_id, jobs.CANCELLED_ROW_KEY) is not None
 
 
 def clear_cancelled(table: TableClient, job_id: str) -> bool:
@@ -68,13 +62,9 @@ def clear_cancelled(table: TableClient, job_id: str) -> bool:
     A row changed between the read and the delete (another retry removed it and a cancel wrote
     it again) is left alone, and False says so: that newer cancel stands.
     """
-    key = f"{job_id}/{jobs.CANCELLED_ROW_KEY}"
-    try:
-        row = table.get_entity(job_id, jobs.CANCELLED_ROW_KEY)
-    except ResourceNotFoundError:
+    row = gates.read_entity(table, job_id, jobs.CANCELLED_ROW_KEY)
+    if row is None:
         return True
-    except (HttpResponseError, *gates.TRANSPORT_FAULTS) as exc:
-        raise gates.storage_fault("reading entity", key, exc) from exc
     try:
         table.delete_entity(
             job_id, jobs.CANCELLED_ROW_KEY, etag=row.metadata["etag"], match_condition=MatchConditions.IfNotModified
@@ -84,5 +74,5 @@ def clear_cancelled(table: TableClient, job_id: str) -> bool:
     except ResourceNotFoundError:
         return True  # a concurrent retry removed it first
     except (HttpResponseError, *gates.TRANSPORT_FAULTS) as exc:
-        raise gates.storage_fault("deleting entity", key, exc) from exc
+        raise gates.storage_fault("deleting entity", f"{job_id}/{jobs.CANCELLED_ROW_KEY}", exc) from exc
     return True

@@ -24,7 +24,7 @@ from azure.core.exceptions import (
     ServiceRequestError,
     ServiceResponseError,
 )
-from azure.data.tables import EdmType, EntityProperty, TableClient, UpdateMode
+from azure.data.tables import EdmType, EntityProperty, TableClient, TableEntity, UpdateMode
 from azure.storage.blob import BlobClient, ContainerClient, ContentSettings
 
 from . import jobs, telemetry
@@ -562,9 +562,11 @@ def manifest_entry(entity: dict) -> ManifestEntry:
     )
 
 
-def _read_entity(table: TableClient, partition_key: str, row_key: str) -> dict | None:
+def read_entity(table: TableClient, partition_key: str, row_key: str) -> TableEntity | None:
+    """One point read: the entity, its ETag in ``.metadata["etag"]``, or None when there is
+    none; anything else storage answers (or does not) is a :func:`storage_fault`."""
     try:
-        return dict(table.get_entity(partition_key, row_key))
+        return table.get_entity(partition_key, row_key)
     except ResourceNotFoundError:
         return None
     except (HttpResponseError, *_TRANSPORT_FAULTS) as exc:
@@ -602,12 +604,12 @@ def _create_entity_once(
                 raise storage_fault("creating entity", key, exc) from exc
             count_rejection(gate, exc.status_code, job_id, key, "already present")
             if evidence_field:
-                stored = _read_entity(table, entity["PartitionKey"], entity["RowKey"]) or {}
+                stored = read_entity(table, entity["PartitionKey"], entity["RowKey"]) or {}
                 if stored.get(evidence_field) != entity[evidence_field]:
                     count_mismatch(gate, job_id, key, entity[evidence_field], stored.get(evidence_field))
             return Outcome.ALREADY_PRESENT
         except _TRANSPORT_FAULTS as exc:
-            stored = _read_entity(table, entity["PartitionKey"], entity["RowKey"])
+            stored = read_entity(table, entity["PartitionKey"], entity["RowKey"])
             if stored is None:
                 logger.warning("insert of %s had no answer (%s) and nothing is stored: trying again", key, exc)
                 continue
@@ -643,7 +645,7 @@ def record_manifest_entry(
 
 def get_manifest_entry(table: TableClient, job_id: str, window: Window | str) -> ManifestEntry | None:
     """One point read: the window's manifest row, or None (used to skip work before encoding)."""
-    entity = _read_entity(table, job_id, _window_id(window))
+    entity = read_entity(table, job_id, _window_id(window))
     return None if entity is None else manifest_entry(entity)
 
 
@@ -662,12 +664,9 @@ def _manifest_entity(job_id: str, window: Window | str, uri: str, nbytes: int, s
 
 def get_manifest_row(table: TableClient, job_id: str, window: Window | str) -> tuple[ManifestEntry, str] | None:
     """The window's manifest row and the row's own ETag (what a repair's If-Match names), or None."""
-    try:
-        entity = table.get_entity(job_id, _window_id(window))
-    except ResourceNotFoundError:
+    entity = read_entity(table, job_id, _window_id(window))
+    if entity is None:
         return None
-    except (HttpResponseError, *_TRANSPORT_FAULTS) as exc:
-        raise storage_fault("reading entity", f"{job_id}/{_window_id(window)}", exc) from exc
     return manifest_entry(dict(entity)), entity.metadata["etag"]
 
 
@@ -756,6 +755,7 @@ __all__ = [
     "repair_blob_versioned",
     "replace_once",
     "get_manifest_row",
+    "read_entity",
     "repair_manifest_entry",
     "record_manifest_entry",
     "get_manifest_entry",
