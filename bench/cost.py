@@ -1,4 +1,4 @@
-"""What a scene costs: ``python -m bench.cost [--sizes 10240 20480] [--duplicates]``.
+"""What a scene costs: ``python -m bench.cost [--sizes 10240 20480] [--duplicates] [--out cost.json]``.
 
 For each size, one job through the local host on the bench's own Azurite: the job's usage and
 estimate as its summary carries them (tilecommit/usage.py, tilecommit/cost.py), the tiles'
@@ -6,7 +6,8 @@ bytes, and what keeping them a month would cost. With ``--duplicates`` the same 
 a fresh job whose every activity runs twice (at-least-once made visible): the Python SDKs'
 requests of both runs, counted at the socket (bench.common.RequestCounter), give what the
 duplicates cost; the job's own usage counts each window once (a second completion is dropped
-with what it used). Prints a table and writes bench/results/cost.json; nothing is asserted.
+with what it used). Prints a table and writes bench/results/cost.json (or ``--out``); nothing
+is asserted.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.cost", description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[10240])
     parser.add_argument("--duplicates", action="store_true", help="also run each size with every activity twice")
+    parser.add_argument("--out", default="cost.json", help="file name under bench/results/ (default: cost.json)")
     args = parser.parse_args(argv)
     runs = []
     with BenchStorage() as storage:
@@ -72,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     headers += ["SDK requests (all)", "tiles GiB", "job", "tiles a month"]
     say(table(rows, headers))
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "cost.json").write_text(json.dumps(runs, indent=2) + "\n")
+    (RESULTS / args.out).write_text(json.dumps(runs, indent=2) + "\n")
     return 0
 
 
