@@ -41,8 +41,9 @@ lint: setup
 # before them. Exit 5 is "no test selected" (e.g. PYTEST_ARGS='-m "not slow"'), not a failure.
 FAULT_TESTS := tests/test_storage_faults.py
 
+# --durations: the slowest tests, in every run's log, so the suite's time is watched where it is spent.
 test: lint
-	$(PY) -m pytest $(PYTEST_ARGS) --ignore=$(FAULT_TESTS)
+	$(PY) -m pytest $(PYTEST_ARGS) --durations=30 --ignore=$(FAULT_TESTS)
 	$(PY) -m pytest $(PYTEST_ARGS) $(FAULT_TESTS); status=$$?; [ $$status -eq 0 ] || [ $$status -eq 5 ]
 
 bench: setup
