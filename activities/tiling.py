@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from tilecommit import cost, events, jobs, raster
-from tilecommit.errors import CorruptTileError, InvalidRasterError, error_value, is_retryable
+from tilecommit.errors import BadInputError, CorruptTileError, InvalidRasterError, error_value, is_retryable
 from tilecommit.grid import Window
 from tilecommit.raster import shares as split
 from tilecommit.raster.gdal_errors import job_messages
@@ -71,6 +71,8 @@ def validate_source(job: dict) -> dict:
     ctx = activity_context()
 
     def work() -> dict:
+        if job.get("profile_error"):  # the upload's metadata names a profile this build cannot make
+            raise BadInputError(job["profile_error"])
         scene = raster.inspect_source(pinned_upload(ctx, job), settings=ctx.settings, spec=spec_of(job))
         return {"scene": scene.to_dict()}
 

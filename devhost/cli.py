@@ -132,6 +132,12 @@ def build_parser() -> argparse.ArgumentParser:
     process.add_argument("paths", type=Path, nargs="+", metavar="PATH", help="raster files (GeoTIFF)")
     process.add_argument("--name", help="blob name in the input container, for one file (default: its name)")
     process.add_argument(
+        "--profile",
+        metavar="NAME[,level=N][,predictor=N]",
+        help="the output profile, set as the upload's blob metadata (default: the app's, or its path rule): "
+        "default (DEFLATE), zstd, lzw or raw",
+    )
+    process.add_argument(
         "--output",
         type=Path,
         metavar="DIR",
@@ -362,7 +368,14 @@ def process(args: argparse.Namespace, storage) -> int:
 
     def run(slot: int, path: Path) -> None:
         try:
-            summary = process_file(host, path, name=args.name, timeout=args.timeout, progress=board.updater(slot))
+            summary = process_file(
+                host,
+                path,
+                name=args.name,
+                timeout=args.timeout,
+                progress=board.updater(slot),
+                metadata=profile_metadata(args.profile),
+            )
         except Exception as exc:  # this upload's line says so; the other uploads go on
             summary = {"job_id": None, "status": "failed", "error": f"{path}: {exc}".splitlines()[0]}
         if args.output is not None and summary["status"] == "completed":
@@ -489,6 +502,22 @@ def list_jobs(views: list[dict], limit: int, hub: str | None) -> int:
     for line in table:
         print("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=False)) + "  " + line[4])
     return EXIT_COMPLETED
+
+
+def profile_metadata(text: str | None) -> dict[str, str] | None:
+    """``--profile zstd,level=19`` as the blob metadata the starter reads (tilecommit/profiles.py)."""
+    if not text:
+        return None
+    from tilecommit import profiles
+
+    name, *pairs = [part.strip() for part in text.split(",")]
+    metadata = {profiles.METADATA_PROFILE: name}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise UsageError(f"--profile: {pair!r} is not key=value")
+        metadata[profiles.METADATA_PREFIX + key.strip().lower()] = value.strip()
+    return metadata
 
 
 def purge(args: argparse.Namespace, storage) -> int:

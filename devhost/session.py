@@ -95,9 +95,13 @@ def process_file(
     name: str | None = None,
     timeout: float = 3600,
     progress: bool | Callable[[dict], None] = False,
+    metadata: dict[str, str] | None = None,
 ) -> dict:
     """Upload ``path``, let the watcher deliver its event, wait for the job; the summary as a dict.
-    ``progress``: a progress bar on stderr, or a callable that gets the job's state as it changes."""
+    ``progress``: a progress bar on stderr, or a callable that gets the job's state as it changes.
+    ``metadata``: the blob's metadata (``tilecommit_profile`` and its options choose the job's
+    output profile, tilecommit/profiles.py)."""
+    from tilecommit.errors import BadInputError
     from tilecommit.jobs import job_id_for
     from tilecommit.spec import OutputSpec
 
@@ -109,9 +113,17 @@ def process_file(
         # Content-MD5 on every block: the service checks each block against it, and Azurite,
         # given none, computes a CRC64 of every block in JavaScript instead (its Put Block).
         # 434 MiB scene: 0.5 -> 1.0 CPU-s here, 7.1 -> 1.9 CPU-s in Azurite, 8.5 -> 3.0 s wall.
-        uploaded = blob.upload_blob(data, overwrite=True, max_concurrency=4, validate_content=True)
-    # The starter gives the job the spec of this host's settings, and hashes it into the id.
-    job_id = job_id_for(blob.url, uploaded["etag"], OutputSpec.from_settings(host.settings))
+        uploaded = blob.upload_blob(
+            data, overwrite=True, max_concurrency=4, validate_content=True, metadata=metadata or None
+        )
+    # The starter gives the job the spec of this host's settings and the upload's metadata, and
+    # hashes it into the id (metadata naming no profile this build makes: the default's, see
+    # orchestrators/starter.py job_input).
+    try:
+        spec = OutputSpec.for_upload(host.settings, blob.blob_name, metadata)
+    except BadInputError:
+        spec = OutputSpec.from_settings(host.settings)
+    job_id = job_id_for(blob.url, uploaded["etag"], spec)
     board = None if callable(progress) else ProgressBoard(progress)
     update = progress if callable(progress) else board.updater(0)
     deadline = time.monotonic() + timeout

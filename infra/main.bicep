@@ -97,6 +97,12 @@ param assemblyShareMb int = 2400
 @minValue(0)
 param tileRetentionDays int = 7
 
+@description('TILECOMMIT_PROFILE: the output profile of uploads whose metadata names none and that match no rule: default (DEFLATE), zstd, lzw or raw, optionally with ,level=N and ,predictor=N (README, "Output profiles").')
+param outputProfile string = 'default'
+
+@description('TILECOMMIT_PROFILE_RULES: profiles by upload path, prefix=profile[,key=value...] separated by semicolons (e.g. dem/=zstd,predictor=3;previews/=lzw); the longest prefix wins. Empty: none.')
+param profileRules string = ''
+
 @description('Storage redundancy (see infra/checkov-skips.toml, CKV_AZURE_206).')
 @allowed([
   'Standard_LRS'
@@ -443,6 +449,14 @@ resource functionApp 'Microsoft.Web/sites@2024-04-01' = {
         {
           name: 'TILECOMMIT_TILE_RETENTION_DAYS'
           value: string(tileRetentionDays)
+        }
+        {
+          name: 'TILECOMMIT_PROFILE'
+          value: outputProfile
+        }
+        {
+          name: 'TILECOMMIT_PROFILE_RULES'
+          value: profileRules
         }
         {
           // Each job's compute estimate: the instance's memory (Consumption's instances have 1.5 GB).

@@ -14,7 +14,7 @@ import azure.durable_functions as df
 from azure.storage.blob import BlobClient
 
 from tilecommit import telemetry
-from tilecommit.errors import InvalidNameError
+from tilecommit.errors import BadInputError, InvalidNameError
 from tilecommit.jobs import check_upload_name, job_id_for
 from tilecommit.records import Record
 from tilecommit.settings import SIDECAR_SUFFIXES, Settings
@@ -64,15 +64,26 @@ def _decided(decision: StartDecision, level: int, message: str, *args) -> StartD
     return decision
 
 
-def job_input(name: str, url: str, etag: str, size: int, settings: Settings) -> dict:
+def job_input(
+    name: str, url: str, etag: str, size: int, settings: Settings, metadata: dict[str, str] | None = None
+) -> dict:
     """The payload of the job for one upload version: its id, its source and its output spec.
 
-    The spec comes from the settings of the instance that starts the job and is then the job's:
-    the orchestrator and every activity read it from here, so a change of the app settings
-    while a job runs cannot give it tiles of two grids.
+    The spec comes from the settings of the instance that starts the job and from the upload's
+    blob ``metadata`` (its profile, tilecommit/profiles.py), and is then the job's: the
+    orchestrator and every activity read it from here, so a change of the app settings while a
+    job runs cannot give it tiles of two grids or two encodings.
+
+    Metadata naming a profile this build cannot make still gives a job, which fails at once
+    (``profile_error``, raised by validate_source before the upload is read): the user finds the
+    reason where they find every job's, not in the host's log alone.
     """
-    spec = OutputSpec.from_settings(settings)
-    return {
+    profile_error = None
+    try:
+        spec = OutputSpec.for_upload(settings, name, metadata)
+    except BadInputError as exc:
+        spec, profile_error = OutputSpec.from_settings(settings), str(exc)
+    job = {
         "job_id": job_id_for(url, etag, spec),
         "blob": name,
         "url": url,
@@ -82,6 +93,9 @@ def job_input(name: str, url: str, etag: str, size: int, settings: Settings) -> 
         "batch_size": settings.batch_size,
         "assembly_share_bytes": settings.assembly_share_mb * 2**20,
     }
+    if profile_error:
+        job["profile_error"] = profile_error
+    return job
 
 
 async def start_job(source: BlobClient, client: df.DurableOrchestrationClient, settings: Settings) -> StartDecision:
@@ -116,7 +130,7 @@ async def start_job(source: BlobClient, client: df.DurableOrchestrationClient, s
             props.etag,
         )
 
-    job = job_input(name, source.url, props.etag, props.size, settings)
+    job = job_input(name, source.url, props.etag, props.size, settings, props.metadata)
     job_id = job["job_id"]
     status = await client.get_status(job_id)
     if status.runtime_status in _LIVE_OR_DONE:

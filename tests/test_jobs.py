@@ -370,7 +370,7 @@ def test_a_job_id_needs_a_spec():
         ({"window_size": 0}, "multiple of 256"),
         ({"window_size": -256}, "multiple of 256"),
         ({"block_size": 512}, "blocks of (256,) pixels only"),
-        ({"profile": "web"}, "expected one of default"),
+        ({"profile": "web"}, "is not one of default, zstd, lzw, raw"),
     ],
 )
 def test_a_spec_this_build_cannot_make_is_refused(fields, message):

@@ -26,11 +26,10 @@ from activities.tiling import run_activity
 from devhost.host import HostOptions, LocalHost
 from devhost.scenes import read_scene
 from devhost.session import job_summary, process_file
-from tilecommit import gates, jobs
+from tilecommit import gates, jobs, profiles
 from tilecommit.errors import MosaicCheckError, is_retryable
 from tilecommit.grid import plan_windows
 from tilecommit.raster import checks, stac
-from tilecommit.raster import tiles as tiles_module
 from tilecommit.raster.env import gdal_env
 from tilecommit.raster.pyramid import mosaic_overview_levels
 from tilecommit.settings import Settings
@@ -261,7 +260,7 @@ def test_an_already_present_tile_with_other_bytes_is_recorded_as_stored_and_the_
     scene = inspect_source(path, settings=settings, spec=output_spec)
     windows = plan_windows(scene.width, scene.height, settings.window_size)
     drifted, plain = windows[0], windows[4]
-    monkeypatch.setattr(tiles_module, "DEFLATE_LEVEL", 1)
+    monkeypatch.setitem(profiles.PROFILES, profiles.DEFAULT, ("DEFLATE", 1))  # an encoder that drifted
     for window in (drifted, plain):
         render_tile(
             path,
@@ -277,7 +276,7 @@ def test_an_already_present_tile_with_other_bytes_is_recorded_as_stored_and_the_
     plain_body = stores["tiles"].download_blob(plain_name).readall()
     stores["tiles"].delete_blob(plain_name)
     stores["tiles"].upload_blob(plain_name, plain_body)  # another writer: no sha256 in the metadata
-    monkeypatch.setattr(tiles_module, "DEFLATE_LEVEL", 6)
+    monkeypatch.setitem(profiles.PROFILES, profiles.DEFAULT, ("DEFLATE", 6))
 
     mismatches = counter_total("ConditionalWriteContentMismatch", gate="tile")
     results = {r.window: r for r in render_all(path, scene, settings, stores)}

@@ -10,6 +10,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from . import profiles
 from .errors import ConfigurationError
 from .retries import ASSEMBLY_SHARE_MB
 
@@ -56,6 +57,11 @@ SETTING_EVENTS_KEY = "TILECOMMIT_EVENTS_KEY"
 SETTING_INSTANCE_MEMORY_MB = "TILECOMMIT_INSTANCE_MEMORY_MB"
 #: Days a finished job's tiles, manifest rows and Durable history are kept; 0: kept forever.
 SETTING_TILE_RETENTION_DAYS = "TILECOMMIT_TILE_RETENTION_DAYS"
+#: The output profile of uploads that name none and match no rule (tilecommit/profiles.py):
+#: ``name[,level=N][,predictor=N]``.
+SETTING_PROFILE = "TILECOMMIT_PROFILE"
+#: Profiles by upload path: ``prefix=profile[,key=value...];...``, the longest prefix first.
+SETTING_PROFILE_RULES = "TILECOMMIT_PROFILE_RULES"
 
 APP_SETTINGS = (
     SETTING_INPUT_CONTAINER,
@@ -70,6 +76,8 @@ APP_SETTINGS = (
     SETTING_EVENTS_ENDPOINT,
     SETTING_TILE_RETENTION_DAYS,
     SETTING_INSTANCE_MEMORY_MB,
+    SETTING_PROFILE,
+    SETTING_PROFILE_RULES,
 )
 
 #: 1024 px windows: 0.17-0.21 s and ~115 MB a worker for 3-band uint16 (docs/design.md, 'GDAL settings and raster figures').
@@ -129,8 +137,11 @@ class Settings:
     events_endpoint: str = ""
     tile_retention_days: int = DEFAULT_TILE_RETENTION_DAYS
     instance_memory_mb: int = DEFAULT_INSTANCE_MEMORY_MB
+    profile: str = profiles.DEFAULT
+    profile_rules: str = ""
 
     def __post_init__(self) -> None:
+        self.default_profile(), self.profile_rule_list()  # refused here, at start, when malformed
         if self.window_size <= 0 or self.window_size % 256:
             raise ConfigurationError(
                 f"{SETTING_WINDOW_SIZE}={self.window_size}: the window size must be a positive "
@@ -159,6 +170,12 @@ class Settings:
                 "(more would not fit one function's time at the slowest copy rate planned for)"
             )
 
+    def default_profile(self) -> profiles.Choice:
+        return profiles.parse(self.profile, where=SETTING_PROFILE, error=ConfigurationError)
+
+    def profile_rule_list(self) -> list[tuple[str, profiles.Choice]]:
+        return profiles.parse_rules(self.profile_rules, where=SETTING_PROFILE_RULES)
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         env = os.environ if environ is None else environ
@@ -185,4 +202,6 @@ class Settings:
             events_endpoint=env.get(SETTING_EVENTS_ENDPOINT, "").strip(),
             tile_retention_days=integer(SETTING_TILE_RETENTION_DAYS, DEFAULT_TILE_RETENTION_DAYS),
             instance_memory_mb=integer(SETTING_INSTANCE_MEMORY_MB, DEFAULT_INSTANCE_MEMORY_MB),
+            profile=env.get(SETTING_PROFILE, "").strip() or profiles.DEFAULT,
+            profile_rules=env.get(SETTING_PROFILE_RULES, "").strip(),
         )

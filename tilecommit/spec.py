@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from . import profiles
 from .errors import ConfigurationError
 from .records import Record
 from .settings import DEFAULT_WINDOW_SIZE, SETTING_WINDOW_SIZE, Settings
@@ -22,24 +23,29 @@ DEFAULT_BLOCK_SIZE = 256
 #: The block sizes this build encodes and assembles: the tile encoder, the block-copy assembly
 #: and the mosaic's checks are written and measured for this one, so a spec naming another is refused.
 SUPPORTED_BLOCK_SIZES = (DEFAULT_BLOCK_SIZE,)
-#: Output profiles: a profile names the tile and mosaic creation options. One for now.
-DEFAULT_PROFILE = "default"
-PROFILES = (DEFAULT_PROFILE,)
+#: The profile of jobs that name none (tilecommit/profiles.py has them all).
+DEFAULT_PROFILE = profiles.DEFAULT
+
+
+def _options_in(value: Any) -> tuple[tuple[str, int], ...]:
+    return tuple(sorted((str(k), int(v)) for k, v in dict(value or {}).items()))
 
 
 @dataclass(frozen=True)
 class OutputSpec(Record):
     """The values, besides the upload itself, that decide a job's outputs.
 
-    A field added later must keep today's jobs' ids unchanged only if its default is left out
-    of :meth:`canonical`; as it stands, every field is hashed.
+    A field added later keeps today's jobs' ids (and their STAC items) unchanged by being left
+    out of :meth:`to_dict`, and so of :meth:`canonical`, while it has its default: so
+    ``profile_options`` (the options given on top of the profile, tilecommit/profiles.py).
     """
 
     window_size: int = DEFAULT_WINDOW_SIZE
     block_size: int = DEFAULT_BLOCK_SIZE
     profile: str = DEFAULT_PROFILE
+    profile_options: tuple[tuple[str, int], ...] = ()
 
-    JSON_IN = {"window_size": int, "block_size": int, "profile": str}
+    JSON_IN = {"window_size": int, "block_size": int, "profile": str, "profile_options": _options_in}
 
     def __post_init__(self) -> None:
         if self.block_size not in SUPPORTED_BLOCK_SIZES:
@@ -51,13 +57,44 @@ class OutputSpec(Record):
                 f"{SETTING_WINDOW_SIZE}={self.window_size}: the window size must be a positive "
                 f"multiple of {self.block_size} (the mosaic's internal block size)"
             )
-        if self.profile not in PROFILES:
-            raise ConfigurationError(f"output profile {self.profile!r}: expected one of {', '.join(PROFILES)}")
+        checked = profiles.choose(
+            self.profile, dict(self.profile_options), where="output spec", error=ConfigurationError
+        )
+        if checked != self.choice:
+            raise ConfigurationError(f"output spec: profile {self.profile!r} is spelled {checked.name!r} here")
+
+    @property
+    def choice(self) -> profiles.Choice:
+        return profiles.Choice(self.profile, self.profile_options)
+
+    def to_dict(self) -> dict:
+        data = super().to_dict()
+        if self.profile_options:
+            data["profile_options"] = dict(self.profile_options)
+        else:
+            del data["profile_options"]
+        return data
 
     @classmethod
     def from_settings(cls, settings: Settings) -> OutputSpec:
-        """The spec a job started now gets: the window size the app settings name."""
-        return cls(window_size=settings.window_size)
+        """The spec of a job that names no profile and matches no rule: the window size and
+        default profile the app settings name."""
+        return cls.with_choice(settings.window_size, settings.default_profile())
+
+    @classmethod
+    def for_upload(cls, settings: Settings, blob_name: str, metadata: dict[str, str] | None) -> OutputSpec:
+        """The spec of a job started now for the upload ``blob_name`` with its blob ``metadata``:
+        the window size of the app settings, the profile :func:`tilecommit.profiles.resolve`
+        chooses. Raises :class:`~tilecommit.errors.BadInputError` for metadata naming what this
+        build cannot make."""
+        choice = profiles.resolve(
+            metadata or {}, blob_name, rules=settings.profile_rule_list(), default=settings.default_profile()
+        )
+        return cls.with_choice(settings.window_size, choice)
+
+    @classmethod
+    def with_choice(cls, window_size: int, choice: profiles.Choice) -> OutputSpec:
+        return cls(window_size=window_size, profile=choice.name, profile_options=choice.options)
 
     def canonical(self) -> str:
         """One text for one spec (sorted keys, no spaces): what the job id hashes."""

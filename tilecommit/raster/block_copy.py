@@ -26,6 +26,7 @@ from azure.storage.blob import ContainerClient
 from rasterio.enums import Resampling
 from rasterio.errors import NotGeoreferencedWarning
 
+from .. import profiles
 from ..errors import IncompatibleTilesError, MosaicCheckError
 from ..grid import Window
 from ..settings import Settings
@@ -37,7 +38,6 @@ from .env import BLOCK_SIZE, gdal_env
 from .gdal_errors import gdal_step
 from .pyramid import halve_ceil, levels_to_fit, plan_tile_levels
 from .scene import SceneInfo
-from .tiles import predictor_for
 
 
 def build_coarse_levels(
@@ -49,6 +49,7 @@ def build_coarse_levels(
     fetch: BlockFetcher,
     workdir: str,
     settings: Settings,
+    spec: OutputSpec,
 ) -> tuple[list[tiff.OutputDirectory], FileRangeSource]:
     """The levels below ``first_level``, computed by GDAL from a copy of level ``first_level``.
 
@@ -56,6 +57,7 @@ def build_coarse_levels(
     (bounded by GDAL_CACHEMAX and GDAL_OVR_CHUNK_MAX_SIZE) and their directories become the
     mosaic's coarse levels. A level with an internal mask is copied with it; GDAL then builds the
     mask's overviews too (after the image's, in the copy) and each is paired with its image by size.
+    They are encoded as the tiles are, to the job's profile (:func:`tilecommit.profiles.overview_options`).
     """
     base_path = os.path.join(workdir, f"level{first_level}.tif")
     tags = dict(base_directory.tags)
@@ -73,7 +75,7 @@ def build_coarse_levels(
     with open(base_path, "wb") as out:
         tiff.TiffWriter(byte_order).write(out, [base], fetch)
     factors = [2**j for j in range(1, levels_to_fit(base.width, base.height, halve_ceil) + 1)]
-    with gdal_env(settings, {"PREDICTOR_OVERVIEW": predictor_for(scene.dtype)}), warnings.catch_warnings():
+    with gdal_env(settings, profiles.overview_options(spec.choice, scene.dtype)), warnings.catch_warnings():
         # The level copy carries no georeferencing on purpose: only its blocks are reused.
         warnings.simplefilter("ignore", NotGeoreferencedWarning)
         step = f"computing the mosaic's overview levels below level {first_level}"
@@ -199,7 +201,7 @@ def prepare_block_copy(
     if directories[-1].width > spec.block_size or directories[-1].height > spec.block_size:
         nodata = reference.directories[0].tags.get(tiff.GDAL_NODATA)
         coarse, coarse_source = build_coarse_levels(
-            scene, directories[-1], nodata, reference.byte_order, len(directories) - 1, fetch, workdir, settings
+            scene, directories[-1], nodata, reference.byte_order, len(directories) - 1, fetch, workdir, settings, spec
         )
         sources["coarse"] = coarse_source
         directories.extend(coarse)

@@ -20,6 +20,7 @@ from rasterio.enums import MaskFlags
 from rasterio.errors import RasterioIOError
 from rasterio.windows import Window as RioWindow
 
+from .. import profiles
 from ..errors import InvalidRasterError, UnsupportedRasterError
 from ..grid import plan_windows
 from ..records import Record
@@ -422,6 +423,7 @@ def inspect_source(
                     "pixels: split the scene, or raise the limit if the plan's time and memory allow"
                 )
             _check_samples(path, src)
+            profiles.check_for(spec.choice, src.dtypes[0])
             _check_window_budget(path, src, spec)
             _check_georeferencing(path, src)
             _check_block_layout(path, src)

@@ -27,6 +27,7 @@ from rasterio.crs import CRS
 from rasterio.errors import NotGeoreferencedWarning
 from rasterio.io import MemoryFile
 
+from .. import profiles
 from ..spec import OutputSpec
 from .footprint import Footprint, footprint
 from .gdal_errors import gdal_step
@@ -102,6 +103,7 @@ def stac_item_bytes(
     ``footprint`` (:func:`mosaic_footprint`) gives the geometry and bbox; when it has none the
     item has ``geometry: null`` and no bbox, and ``tilecommit:footprint`` says why.
     ``tilecommit:spec`` is the job's output spec (window size, block size, profile);
+    ``tilecommit:profile`` the compression, level and predictor that profile gave this data;
     ``tilecommit:cost`` the job's estimate when the item was made (:mod:`tilecommit.cost`).
     """
     properties = {
@@ -110,6 +112,11 @@ def stac_item_bytes(
         "tilecommit:overview_levels": overview_levels,
         "tilecommit:footprint": footprint.note,
         "tilecommit:spec": spec.to_dict(),
+        # What the profile made of this data: the codec and the options the tiles were encoded with.
+        "tilecommit:profile": {
+            "name": spec.profile,
+            **{k.lower(): v for k, v in profiles.creation_options(spec.choice, scene.dtype).items()},
+        },
     }
     if source_name:
         properties["tilecommit:source"] = source_name

@@ -1,8 +1,8 @@
 """One window of a source raster as a Cloud-Optimized GeoTIFF tile, committed exactly once.
 
 Tiles are encoded so the mosaic can be assembled from their compressed blocks without decoding
-them (see :mod:`tilecommit.raster.mosaic`): 256-pixel blocks, DEFLATE with the predictor that
-suits the sample type, and exactly as many internal overview levels as stay block-aligned in the
+them (see :mod:`tilecommit.raster.mosaic`): 256-pixel blocks, the job's profile (by default
+DEFLATE with the predictor that suits the sample type, :mod:`tilecommit.profiles`), and exactly as many internal overview levels as stay block-aligned in the
 mosaic (:func:`tile_overview_count`), for edge windows too.
 """
 
@@ -25,7 +25,7 @@ from rasterio.errors import RasterioIOError
 from rasterio.io import MemoryFile
 from rasterio.windows import Window as RioWindow
 
-from .. import cancellation, gates, jobs
+from .. import cancellation, gates, jobs, profiles
 from ..errors import InvalidRasterError, JobCancelledError
 from ..grid import Window
 from ..records import Record
@@ -38,14 +38,6 @@ from .source import Source, as_source, open_upload, prefetch_window
 from .upload import upload_gdal_options
 
 logger = logging.getLogger(__name__)
-
-#: DEFLATE level: libdeflate's level 6 is the GDAL default; pinned so bytes do not drift with it.
-DEFLATE_LEVEL = 6
-
-
-def predictor_for(dtype: str) -> int:
-    """TIFF predictor: 2 (horizontal differencing) for integers, 3 (floating point) for floats."""
-    return 3 if np.dtype(dtype).kind == "f" else 2
 
 
 def tile_overview_count(window_size: int, block_size: int = BLOCK_SIZE) -> int:
@@ -63,9 +55,17 @@ def tile_overview_count(window_size: int, block_size: int = BLOCK_SIZE) -> int:
 
 
 def cog_creation_options(
-    dtype: str, *, block_size: int, overview_count: int, resampling: str, num_threads: int = NUM_THREADS
+    dtype: str,
+    *,
+    block_size: int,
+    overview_count: int,
+    resampling: str,
+    choice: profiles.Choice = profiles.DEFAULT_CHOICE,
+    num_threads: int = NUM_THREADS,
 ) -> dict:
-    """COG driver options for a tile. Nothing in them varies between runs, so neither do the bytes.
+    """COG driver options for a tile made to the profile ``choice`` (its compression, level and
+    predictor: :func:`tilecommit.profiles.creation_options`). Nothing in them varies between
+    runs, so neither do the bytes.
 
     No overviews is said with OVERVIEWS=NONE: GDAL 3.10's COG driver fails with an unnamed error
     on OVERVIEW_COUNT=0 for an image larger than one block.
@@ -73,9 +73,7 @@ def cog_creation_options(
     overviews = {"OVERVIEW_COUNT": overview_count} if overview_count else {"OVERVIEWS": "NONE"}
     return {
         "BLOCKSIZE": block_size,
-        "COMPRESS": "DEFLATE",
-        "LEVEL": DEFLATE_LEVEL,
-        "PREDICTOR": predictor_for(dtype),
+        **profiles.creation_options(choice, dtype),
         **overviews,
         "OVERVIEW_RESAMPLING": resampling.upper(),
         # Statistics of one window would be wrong for the mosaic, which copies this directory's tags.
@@ -146,6 +144,7 @@ def encode_tile(
         block_size=spec.block_size,
         overview_count=tile_overview_count(spec.window_size, spec.block_size),
         resampling=overview_resampling_for(src),
+        choice=spec.choice,
         num_threads=num_threads,
     )
     profile = {

@@ -182,6 +182,7 @@ def build_mosaic_vrt(
         block_size=spec.block_size,
         overview_count=levels,
         resampling=scene.overview_resampling,
+        choice=spec.choice,
         num_threads=num_threads,
     )
     if levels:

@@ -1,0 +1,241 @@
+"""Output profiles: how a profile is chosen (metadata, path rule, default), what is refused and
+how, and each profile through the local host on a uint8 RGB, a uint16 four-band and a float32
+scene: a valid COG with every overview level, pixel for pixel the source, in the codec chosen.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import rasterio
+from rio_cogeo.cogeo import cog_validate
+
+from devhost.scenes import SceneSpec, write_scene
+from devhost.session import process_file
+from orchestrators import names
+from tilecommit import profiles
+from tilecommit.errors import BadInputError, ConfigurationError
+from tilecommit.jobs import job_id_for
+from tilecommit.settings import SETTING_PROFILE, Settings
+from tilecommit.spec import OutputSpec
+
+from .app_jobs import WINDOW, download, local_host, read_pixels
+from .conftest import counter_total
+from .raster_jobs import assert_complete_pyramid
+
+SCENES = {
+    "uint8-rgb": SceneSpec(600, 520, 3, "uint8", blocksize=WINDOW),
+    "uint16-4band": SceneSpec(600, 520, 4, "uint16", nodata=0, blocksize=WINDOW),
+    "float32": SceneSpec(600, 520, 1, "float32", nodata=-9999.0, blocksize=WINDOW),
+}
+#: The profile as the upload's metadata names it, and the TIFF compression GDAL reports for it.
+CASES = {
+    "default": ({}, "deflate"),
+    "zstd": ({"tilecommit_profile": "zstd", "tilecommit_level": "15"}, "zstd"),
+    "lzw": ({"tilecommit_profile": "lzw"}, "lzw"),
+    "raw": ({"tilecommit_profile": "raw"}, None),
+}
+
+
+# ------------------------------------------------------------------------------------ choosing
+
+
+def test_metadata_then_path_rule_then_default() -> None:
+    settings = Settings(profile="lzw", profile_rules="dem/=zstd,predictor=3;dem/raw/=raw")
+    rules, default = settings.profile_rule_list(), settings.default_profile()
+
+    def chosen(name: str, metadata: dict | None = None) -> profiles.Choice:
+        return profiles.resolve(metadata or {}, name, rules=rules, default=default)
+
+    assert chosen("scene.tif") == profiles.Choice("lzw")
+    assert chosen("dem/a.tif") == profiles.Choice("zstd", (("predictor", 3),))
+    assert chosen("dem/raw/a.tif") == profiles.Choice("raw")  # the longest prefix wins
+    # Metadata keys are case-insensitive (storage keeps what the uploader typed).
+    assert chosen("dem/a.tif", {"TileCommit_Profile": "DEFLATE"}) == profiles.Choice("default")
+    # Options alone in the metadata: on the default profile, not on the rule's.
+    assert chosen("dem/a.tif", {"tilecommit_level": "9"}) == profiles.Choice("default", (("level", 9),))
+    assert chosen("dem/a.tif", {"other": "x"}) == profiles.Choice("zstd", (("predictor", 3),))
+
+
+def test_the_default_profile_keeps_every_existing_job_id() -> None:
+    """The spec a job hashes is today's three fields while the profile is the default: no job
+    started before profiles existed gets another id, tiles or manifest."""
+    assert OutputSpec().canonical() == '{"block_size":256,"profile":"default","window_size":1024}'
+    assert OutputSpec.for_upload(Settings(), "a.tif", {"tilecommit_profile": "deflate"}) == OutputSpec()
+    other = OutputSpec.for_upload(Settings(), "a.tif", {"tilecommit_profile": "zstd"})
+    assert job_id_for("https://a/b/c.tif", "0x1", other) != job_id_for("https://a/b/c.tif", "0x1", OutputSpec())
+    assert OutputSpec.from_dict(other.to_dict()) == other
+
+
+@pytest.mark.parametrize(
+    ("metadata", "message"),
+    [
+        ({"tilecommit_profile": "jpeg"}, "profile 'jpeg' is refused: lossy"),
+        ({"tilecommit_profile": "webp"}, "accepted: default, zstd, lzw, raw"),
+        ({"tilecommit_profile": "gzip"}, "profile 'gzip' is not one of default, zstd, lzw, raw"),
+        ({"tilecommit_profile": "zstd", "tilecommit_level": "30"}, "level=30 for ZSTD: accepted 1..22"),
+        ({"tilecommit_profile": "lzw", "tilecommit_level": "3"}, "level=3 for LZW: accepted none"),
+        ({"tilecommit_profile": "raw", "tilecommit_predictor": "2"}, "predictor=2 for NONE"),
+        ({"tilecommit_blocksize": "512"}, "option 'blocksize' is not one of level, predictor"),
+        ({"tilecommit_level": "high"}, "level='high' is not a whole number"),
+    ],
+)
+def test_metadata_this_build_cannot_make_is_refused_naming_the_key_the_value_and_what_is_accepted(
+    metadata, message
+) -> None:
+    with pytest.raises(BadInputError, match="blob metadata tilecommit_profile") as refused:
+        OutputSpec.for_upload(Settings(), "a.tif", metadata)
+    assert message in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("environ", "message"),
+    [
+        ({SETTING_PROFILE: "jpeg"}, "TILECOMMIT_PROFILE: profile 'jpeg' is refused"),
+        ({"TILECOMMIT_PROFILE_RULES": "dem/"}, "rule 'dem/' is not prefix=profile"),
+        ({"TILECOMMIT_PROFILE_RULES": "dem/=zstd,level"}, "'level' is not key=value"),
+    ],
+)
+def test_settings_this_build_cannot_make_stop_the_app_at_start(environ, message) -> None:
+    with pytest.raises(ConfigurationError, match="TILECOMMIT_PROFILE") as refused:
+        Settings.from_env(environ)
+    assert message in str(refused.value)
+
+
+def test_each_profile_gives_gdal_its_creation_and_overview_options() -> None:
+    assert profiles.creation_options(profiles.Choice(), "uint16") == {"COMPRESS": "DEFLATE", "LEVEL": 6, "PREDICTOR": 2}
+    assert profiles.creation_options(profiles.Choice(), "float32")["PREDICTOR"] == 3
+    assert profiles.creation_options(profiles.Choice("raw"), "uint8") == {"COMPRESS": "NONE"}
+    zstd = profiles.Choice("zstd", (("level", 15), ("predictor", 1)))
+    assert profiles.creation_options(zstd, "uint8") == {"COMPRESS": "ZSTD", "LEVEL": 15, "PREDICTOR": 1}
+    assert profiles.overview_options(zstd, "uint8") == {
+        "COMPRESS_OVERVIEW": "ZSTD",
+        "PREDICTOR_OVERVIEW": 1,
+        "ZSTD_LEVEL_OVERVIEW": 15,
+    }
+    with pytest.raises(BadInputError, match="predictor=3 .* on uint16 data: accepted for float32"):
+        profiles.check_for(profiles.Choice("zstd", (("predictor", 3),)), "uint16")
+
+
+# ------------------------------------------------------------------------ through the local host
+
+
+@pytest.fixture(scope="module")
+def scenes(tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("profile-scenes")
+    return {name: Path(write_scene(str(root / f"{name}.tif"), spec)) for name, spec in SCENES.items()}
+
+
+@pytest.fixture
+def host(app_env):
+    with local_host(app_env) as running:
+        running.ensure_storage()
+        yield running
+
+
+def compression(data: bytes) -> str | None:
+    from rasterio.io import MemoryFile
+
+    with MemoryFile(data) as memory, memory.open() as src:
+        return src.compression.value.lower() if src.compression else None
+
+
+@pytest.mark.slow
+def test_each_profile_makes_a_valid_cog_of_every_scene_pixel_for_pixel(host, storage, app_env, scenes, tmp_path):
+    for profile, (metadata, codec) in CASES.items():
+        for scene_name, path in scenes.items():
+            name = f"{profile}-{scene_name}.tif"
+            summary = process_file(host, path, name=name, timeout=300, metadata=metadata)
+            assert summary["status"] == "completed", (profile, scene_name, summary)
+            job = summary["job_id"]
+            mosaic = download(storage, app_env.output, f"mosaics/{job}/mosaic.tif")
+            local = tmp_path / name
+            local.write_bytes(mosaic)
+            valid, errors, warnings = cog_validate(str(local))
+            assert valid and not errors, (profile, scene_name, errors, warnings)
+            assert_complete_pyramid(str(local))
+            np.testing.assert_array_equal(read_pixels(mosaic), read_pixels(path), err_msg=f"{profile} {scene_name}")
+            with rasterio.open(local) as src, rasterio.open(path) as source:
+                assert src.nodata == source.nodata and src.dtypes == source.dtypes
+                for level in range(len(src.overviews(1))):
+                    with rasterio.open(local, overview_level=level) as overview:
+                        assert overview.read().shape[0] == source.count  # every level holds every band
+                        # The coarse levels the assembly computes are encoded as the tiles are.
+                        found = overview.compression.value.lower() if overview.compression else None
+                        assert found == codec, (profile, scene_name, level)
+            assert compression(mosaic) == codec, (profile, scene_name)
+            tile = download(storage, app_env.tiles, f"tiles/{job}/0000_0000.tif")
+            assert compression(tile) == codec
+            item = json.loads(download(storage, app_env.output, f"mosaics/{job}/item.json"))
+            assert item["properties"]["tilecommit:profile"]["name"] == (profile if metadata else "default")
+            assert item["properties"]["tilecommit:profile"]["compress"] == (codec or "none").upper()
+
+
+@pytest.mark.slow
+def test_a_profile_the_data_cannot_take_fails_the_job_at_once_with_the_reason(host, scenes):
+    refused = process_file(
+        host, scenes["uint8-rgb"], name="jpeg.tif", timeout=120, metadata={"tilecommit_profile": "jpeg"}
+    )
+    # Failed while validating: no window was planned, none rendered.
+    assert refused["status"] == "failed" and refused["windows"] is None, refused
+    assert "tilecommit_profile: profile 'jpeg' is refused" in str(refused["error"])
+    assert "BadInputError" in str(refused["error"])
+    on_integers = process_file(
+        host,
+        scenes["uint16-4band"],
+        name="predictor3.tif",
+        timeout=120,
+        metadata={"tilecommit_profile": "zstd", "tilecommit_predictor": "3"},
+    )
+    assert on_integers["status"] == "failed" and on_integers["windows"] is None, on_integers
+    assert "predictor=3 (floating point) on uint16 data" in str(on_integers["error"])
+
+
+@pytest.mark.slow
+def test_one_upload_under_two_profiles_is_two_jobs_and_each_delivered_again_a_duplicate(
+    host, storage, app_env, scenes, monkeypatch
+):
+    path = scenes["uint16-4band"]
+    first = process_file(host, path, name="twice.tif", timeout=300)
+    assert first["status"] == "completed"
+    blob = host.blobs.get_blob_client(app_env.input, "twice.tif")
+    etag = blob.get_blob_properties().etag
+    zstd = job_id_for(blob.url, etag, OutputSpec(window_size=WINDOW, profile="zstd"))
+    assert zstd != first["job_id"]
+    monkeypatch.setenv(SETTING_PROFILE, "zstd")  # the app's default changes; the upload does not
+    host.deliver_blob_created("twice.tif")
+    second = host.engine.wait_for(zstd, timeout=300)
+    assert second["status"] == "Completed", second
+    duplicates = counter_total("StartDecisions", action="duplicate")
+    host.deliver_blob_created("twice.tif")  # the zstd job's upload again
+    monkeypatch.setenv(SETTING_PROFILE, "default")
+    host.deliver_blob_created("twice.tif")  # and the default one's
+    assert_eventually(lambda: counter_total("StartDecisions", action="duplicate") - duplicates == 2)
+    for job, codec in ((first["job_id"], "deflate"), (zstd, "zstd")):
+        mosaic = download(storage, app_env.output, f"mosaics/{job}/mosaic.tif")
+        np.testing.assert_array_equal(read_pixels(mosaic), read_pixels(path))
+        assert compression(mosaic) == codec
+    jobs = [i["id"] for i in host.engine.list_instances() if i["name"] == names.TILE_SCENE]
+    assert sorted(jobs) == sorted([first["job_id"], zstd])
+
+
+def assert_eventually(condition, timeout: float = 30) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "not within the time"
+        time.sleep(0.1)
+
+
+def test_the_clis_profile_option_is_the_uploads_metadata() -> None:
+    from devhost.cli import profile_metadata
+    from devhost.session import UsageError
+
+    assert profile_metadata(None) is None
+    assert profile_metadata("zstd, Level=19") == {"tilecommit_profile": "zstd", "tilecommit_level": "19"}
+    with pytest.raises(UsageError, match="'19' is not key=value"):
+        profile_metadata("zstd,19")
