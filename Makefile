@@ -6,6 +6,11 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 CHECKOV_VENV := .venv-checkov
 PYTEST_ARGS ?=
+# The main suite runs in this many pytest-xdist workers, whole files per worker (--dist loadfile:
+# a module's fixtures, its Azurite included, stay in one process). Each worker starts its own
+# Azurite. Two keep the suite within its time on a two-core machine, and every test runs beside
+# another, as on a shared machine; 0 runs it in one process.
+PYTEST_WORKERS ?= 2
 
 .PHONY: setup demo test bench bench-quick lint clean
 
@@ -43,7 +48,7 @@ FAULT_TESTS := tests/test_storage_faults.py
 
 # --durations: the slowest tests, in every run's log, so the suite's time is watched where it is spent.
 test: lint
-	$(PY) -m pytest $(PYTEST_ARGS) --durations=30 --ignore=$(FAULT_TESTS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS) --durations=30 --ignore=$(FAULT_TESTS)
 	$(PY) -m pytest $(PYTEST_ARGS) $(FAULT_TESTS); status=$$?; [ $$status -eq 0 ] || [ $$status -eq 5 ]
 
 bench: setup

@@ -119,12 +119,15 @@ def local_host(storage: BenchStorage, env: dict, **options: Any) -> Iterator[Ins
             yield Instruments(index, timer, requests, host, env)
 
 
-def process(inst: Instruments, path: Path, *, name: str | None = None, timeout: float = 3600) -> dict:
-    """``devhost.cli.process_file`` (upload, event, job) with the submit time recorded."""
+def process(
+    inst: Instruments, path: Path, *, name: str | None = None, timeout: float = 3600, metadata: dict | None = None
+) -> dict:
+    """``devhost.cli.process_file`` (upload, event, job) with the submit time recorded;
+    ``metadata``: the upload's blob metadata (its output profile)."""
     from devhost.cli import process_file
 
     submitted = time.perf_counter()
-    summary = process_file(inst.host, path, name=name, timeout=timeout)
+    summary = process_file(inst.host, path, name=name, timeout=timeout, metadata=metadata)
     finished = time.perf_counter()
     summary["_submitted"] = submitted
     summary["_finished"] = finished

@@ -143,13 +143,13 @@ def test_commands_started_at_once_all_read_the_one_account_key_the_first_made(tm
 
 def test_a_missing_file_is_one_line_and_exit_2_before_any_connection(no_storage_configured, tmp_path):
     env, state = no_storage_configured
-    began = time.monotonic()
     missing = run_cli(env, "process", str(tmp_path / "nonexistent.tif"), timeout=30)
-    elapsed = time.monotonic() - began
     assert missing.returncode == 2 and missing.stdout == ""
     assert missing.stderr.splitlines() == [f"python -m devhost process: {tmp_path / 'nonexistent.tif'}: no such file"]
-    assert elapsed < 1.0, f"{elapsed:.2f} s"
-    assert not state.exists()  # no Azurite was started for it
+    # The evidence that nothing was connected to: no embedded Azurite was started for it (it
+    # leaves its state folder). A bound on the wall time was here; under load the interpreter's
+    # start alone passed it, and speed is the benches' to show.
+    assert not state.exists()
     # With storage configured at an address that accepts and never answers, nothing connects to it.
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))

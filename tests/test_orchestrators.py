@@ -405,6 +405,9 @@ def tiled_history(job: dict) -> History:
     return history.sub_completed(2, batch_summary(2, 2, 0, 200)).sub_completed(1, batch_summary(4, 3, 1, 400))
 
 
+#: What the assembly is given besides the job, the scene and the shares: the tiles' bytes and what
+#: the job used before it (these histories' results carry no usage), for its STAC item's cost.
+USED_BEFORE = {"tile_bytes": 600, "usage": {}}
 PLANNED = {"name": "plans/x/ab12.json", "etag": "0x9", "tag": "ab12", "shares": 3, "ranges": 30, "copied_bytes": 590}
 
 
@@ -434,14 +437,14 @@ def test_tiles_over_one_share_are_planned_staged_in_shares_at_once_then_committe
         history.completed(event_id, {"share": event_id - 4, "staged": 10, "stopped": False})
     commit = leaf_actions(run(tiling.tile_scene, history))[-1]
     assert commit["functionName"] == names.ASSEMBLE_MOSAIC
-    assert json.loads(commit["input"]) == {"job": job, "scene": SCENE, "shares": PLANNED}
+    assert json.loads(commit["input"]) == {"job": job, "scene": SCENE, "shares": PLANNED, **USED_BEFORE}
 
 
 def test_tiles_within_one_share_go_straight_to_the_one_activity_assembly():
     job = {**JOB, "assembly_share_bytes": 600}
     assemble = leaf_actions(run(tiling.tile_scene, tiled_history(job)))[-1]
     assert assemble["functionName"] == names.ASSEMBLE_MOSAIC
-    assert json.loads(assemble["input"]) == {"job": job, "scene": SCENE}
+    assert json.loads(assemble["input"]) == {"job": job, "scene": SCENE, **USED_BEFORE}
 
 
 def test_a_share_that_found_a_tile_changed_fails_the_job_naming_the_window():
@@ -459,7 +462,11 @@ def test_a_plan_that_says_single_and_a_service_without_copy_from_url_fall_back_t
     job = {**JOB, "assembly_share_bytes": 500}
     single = tiled_history(job).scheduled(3, names.PLAN_MOSAIC_SHARES).episode()
     single.completed(3, {"single": "the mosaic exists already"})
-    assert json.loads(leaf_actions(run(tiling.tile_scene, single))[-1]["input"]) == {"job": job, "scene": SCENE}
+    assert json.loads(leaf_actions(run(tiling.tile_scene, single))[-1]["input"]) == {
+        "job": job,
+        "scene": SCENE,
+        **USED_BEFORE,
+    }
 
     history = tiled_history(job).scheduled(3, names.PLAN_MOSAIC_SHARES).episode().completed(3, {"shares": PLANNED})
     for event_id in (4, 5, 6):
@@ -468,4 +475,4 @@ def test_a_plan_that_says_single_and_a_service_without_copy_from_url_fall_back_t
     for event_id in (4, 5, 6):
         history.completed(event_id, {"share": event_id - 4, "staged": 0, "unsupported": "Put Block From URL: 501"})
     commit = leaf_actions(run(tiling.tile_scene, history))[-1]
-    assert json.loads(commit["input"]) == {"job": job, "scene": SCENE}
+    assert json.loads(commit["input"]) == {"job": job, "scene": SCENE, **USED_BEFORE}
