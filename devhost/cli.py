@@ -509,15 +509,13 @@ def profile_metadata(text: str | None) -> dict[str, str] | None:
     if not text:
         return None
     from tilecommit import profiles
+    from tilecommit.errors import BadInputError
 
-    name, *pairs = [part.strip() for part in text.split(",")]
-    metadata = {profiles.METADATA_PROFILE: name}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep:
-            raise UsageError(f"--profile: {pair!r} is not key=value")
-        metadata[profiles.METADATA_PREFIX + key.strip().lower()] = value.strip()
-    return metadata
+    try:
+        name, options = profiles.split(text, where="--profile")
+    except BadInputError as exc:
+        raise UsageError(str(exc)) from None
+    return {profiles.METADATA_PROFILE: name, **{profiles.METADATA_PREFIX + k: v for k, v in options.items()}}
 
 
 def purge(args: argparse.Namespace, storage) -> int:

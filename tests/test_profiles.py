@@ -65,6 +65,8 @@ def test_the_default_profile_keeps_every_existing_job_id() -> None:
     started before profiles existed gets another id, tiles or manifest."""
     assert OutputSpec().canonical() == '{"block_size":256,"profile":"default","window_size":1024}'
     assert OutputSpec.for_upload(Settings(), "a.tif", {"tilecommit_profile": "deflate"}) == OutputSpec()
+    same = {"tilecommit_profile": "default", "tilecommit_level": "6"}  # the profile's own level, given
+    assert OutputSpec.for_upload(Settings(), "a.tif", same) == OutputSpec()
     other = OutputSpec.for_upload(Settings(), "a.tif", {"tilecommit_profile": "zstd"})
     assert job_id_for("https://a/b/c.tif", "0x1", other) != job_id_for("https://a/b/c.tif", "0x1", OutputSpec())
     assert OutputSpec.from_dict(other.to_dict()) == other

@@ -101,6 +101,8 @@ def choose(name: str, options: Mapping[str, Any], *, where: str, error: type[Bad
         if option == "predictor" and (value not in PREDICTORS or (compress == "NONE" and value != 1)):
             allowed = "1 (no compression, no predictor)" if compress == "NONE" else "1, 2 or 3"
             raise error(f"{where}: predictor={value} for {compress}: accepted {allowed}")
+        if option == "level" and value == PROFILES[key][1]:
+            continue  # the profile's own level: the same output, so the same job
         checked[option] = value
     return Choice(key, tuple(sorted(checked.items())))
 
@@ -109,15 +111,21 @@ def accepted() -> list[str]:
     return [*PROFILES, *ALIASES]
 
 
-def parse(text: str, *, where: str, error: type[BadInputError] = BadInputError) -> Choice:
-    """``name[,key=value...]`` (a setting's or a rule's text) as a :class:`Choice`."""
+def split(text: str, *, where: str, error: type[BadInputError] = BadInputError) -> tuple[str, dict[str, str]]:
+    """``name[,key=value...]`` as the name and its options, unchecked (keys in lower case)."""
     name, *pairs = [part.strip() for part in text.split(",")]
     options = {}
     for pair in pairs:
         option, sep, value = pair.partition("=")
         if not sep:
             raise error(f"{where}: {pair!r} is not key=value")
-        options[option.strip().lower()] = value
+        options[option.strip().lower()] = value.strip()
+    return name, options
+
+
+def parse(text: str, *, where: str, error: type[BadInputError] = BadInputError) -> Choice:
+    """``name[,key=value...]`` (a setting's or a rule's text) as a :class:`Choice`."""
+    name, options = split(text, where=where, error=error)
     return choose(name, options, where=where, error=error)
 
 
