@@ -27,6 +27,25 @@ def module_params(name: str, plan: str) -> dict[str, Any]:
     return MAIN.property(MAIN.evaluate(MAIN.modules[name].value, {"hostingPlan": plan}), "params")
 
 
+#: Plausible values for what is only known once deployed (module outputs, identities' ids).
+STAND_INS = {
+    "storage.outputs.blobEndpoint": "https://stexample.blob.core.windows.net/",
+    "storage.outputs.queueEndpoint": "https://stexample.queue.core.windows.net/",
+    "storage.outputs.tableEndpoint": "https://stexample.table.core.windows.net/",
+    "monitoring.outputs.connectionString": "InstrumentationKey=00000000-0000-0000-0000-000000000002",
+    "identity.properties.clientId": "00000000-0000-0000-0000-000000000001",
+    "dataIdentity.properties.clientId": "00000000-0000-0000-0000-000000000003",
+}
+
+
+def with_stand_ins(deployed: dict[str, Any]) -> dict[str, str]:
+    """The app settings as the app would read them: what deployment decides, a stand-in."""
+    return {
+        name: STAND_INS.get(value.text, str(value)) if isinstance(value, Unresolved) else str(value)
+        for name, value in deployed.items()
+    }
+
+
 def app_settings(plan: str) -> dict[str, Any]:
     """The function app's app settings, name -> value, as deployed on `plan`."""
     site = MAIN.resources["functionApp"]
@@ -112,24 +131,16 @@ def test_storage_connection_is_identity_based_and_the_code_reads_it(plan: str) -
         assert f"{prefix}__{suffix}" in deployed
     assert deployed[f"{prefix}__credential"] == "managedidentity"
     # The deployed values are module outputs; give them plausible values and let the app read them.
-    stand_ins = {
-        "storage.outputs.blobEndpoint": "https://stexample.blob.core.windows.net/",
-        "storage.outputs.queueEndpoint": "https://stexample.queue.core.windows.net/",
-        "storage.outputs.tableEndpoint": "https://stexample.table.core.windows.net/",
-        "identity.properties.clientId": "00000000-0000-0000-0000-000000000001",
-    }
-    environ = {}
     for name, value in deployed.items():
         if isinstance(value, Unresolved):
-            assert value.text in stand_ins or not name.startswith(prefix), f"{name} = {value}"
-            value = stand_ins.get(value.text, str(value))
-        environ[name] = value
+            assert value.text in STAND_INS or not name.startswith(prefix), f"{name} = {value}"
+    environ = with_stand_ins(deployed)
     connection = StorageConnection.from_env(environ=environ)
     assert connection.connection_string is None
     assert connection.blob_endpoint == "https://stexample.blob.core.windows.net"
     assert connection.table_endpoint == "https://stexample.table.core.windows.net"
     assert connection.queue_endpoint == "https://stexample.queue.core.windows.net"
-    assert connection.client_id == stand_ins["identity.properties.clientId"]
+    assert connection.client_id == STAND_INS["identity.properties.clientId"]
     assert connection.account_name == "stexample"
     # The task hub is host.json's (settings.TASK_HUB); an app setting may only repeat it.
     for name, value in deployed.items():
@@ -243,22 +254,14 @@ def test_telemetry_goes_to_application_insights_with_the_identity_and_once(plan:
     from tilecommit import monitoring
 
     deployed = app_settings(plan)
-    stand_ins = {
-        "monitoring.outputs.connectionString": "InstrumentationKey=00000000-0000-0000-0000-000000000002",
-        "identity.properties.clientId": "00000000-0000-0000-0000-000000000001",
-    }
-    environ = {}
-    for name, value in deployed.items():
-        if isinstance(value, Unresolved):
-            value = stand_ins.get(value.text, str(value))
-        environ[name] = str(value)
+    environ = with_stand_ins(deployed)
     authentication = environ[monitoring.AUTHENTICATION_STRING]
     environ[monitoring.AUTHENTICATION_STRING] = authentication.replace(
-        "{identity.properties.clientId}", stand_ins["identity.properties.clientId"]
+        "{identity.properties.clientId}", STAND_INS["identity.properties.clientId"]
     )
     plan_ = monitoring.plan_telemetry(environ)
     assert plan_.kind == "azure-monitor"
-    assert plan_.managed_identity_client_id == stand_ins["identity.properties.clientId"]
+    assert plan_.managed_identity_client_id == STAND_INS["identity.properties.clientId"]
     # The worker streams its own telemetry (the host stops forwarding its logs) and does not
     # configure the distro a second time: function_app.py does, with the credential.
     assert deployed["PYTHON_ENABLE_OPENTELEMETRY"] == "true"

@@ -20,7 +20,7 @@ from tests.test_infra_roles import role_name
 from tilecommit import settings
 from tilecommit.storage import StorageConnection
 
-from .test_infra_agreement import PLANS, app_settings
+from .test_infra_agreement import PLANS, STAND_INS, app_settings, with_stand_ins
 
 MAIN = Bicep(INFRA / "main.bicep")
 SECURITY = Path(__file__).resolve().parents[1] / "docs" / "security.md"
@@ -137,18 +137,8 @@ def test_the_host_and_the_code_sign_in_as_their_own_identities(plan: str) -> Non
     assert "identity.id" in str(assigned["userAssignedIdentities"])
     assert "dataIdentity.id" in str(assigned["userAssignedIdentities"])
     # The code reads its connection from those settings.
-    stand_ins = {
-        "storage.outputs.blobEndpoint": "https://stexample.blob.core.windows.net/",
-        "storage.outputs.queueEndpoint": "https://stexample.queue.core.windows.net/",
-        "storage.outputs.tableEndpoint": "https://stexample.table.core.windows.net/",
-        "identity.properties.clientId": "00000000-0000-0000-0000-00000000000h",
-        "dataIdentity.properties.clientId": "00000000-0000-0000-0000-00000000000d",
-    }
-    environ = {
-        name: stand_ins.get(value.text, str(value)) if isinstance(value, Unresolved) else value
-        for name, value in deployed.items()
-    }
+    environ = with_stand_ins(deployed)
     code = StorageConnection.for_data(environ)
-    assert code.client_id == stand_ins["dataIdentity.properties.clientId"]
+    assert code.client_id == STAND_INS["dataIdentity.properties.clientId"]
     assert code.blob_endpoint == "https://stexample.blob.core.windows.net"
-    assert StorageConnection.from_env(environ=environ).client_id == stand_ins["identity.properties.clientId"]
+    assert StorageConnection.from_env(environ=environ).client_id == STAND_INS["identity.properties.clientId"]
