@@ -101,7 +101,6 @@ def process_file(
     ``progress``: a progress bar on stderr, or a callable that gets the job's state as it changes.
     ``metadata``: the blob's metadata (``tilecommit_profile`` and its options choose the job's
     output profile, tilecommit/profiles.py)."""
-    from tilecommit.errors import BadInputError
     from tilecommit.jobs import job_id_for
     from tilecommit.spec import OutputSpec
 
@@ -117,12 +116,8 @@ def process_file(
             data, overwrite=True, max_concurrency=4, validate_content=True, metadata=metadata or None
         )
     # The starter gives the job the spec of this host's settings and the upload's metadata, and
-    # hashes it into the id (metadata naming no profile this build makes: the default's, see
-    # orchestrators/starter.py job_input).
-    try:
-        spec = OutputSpec.for_upload(host.settings, blob.blob_name, metadata)
-    except BadInputError:
-        spec = OutputSpec.from_settings(host.settings)
+    # hashes it into the id.
+    spec, _ = OutputSpec.started_for(host.settings, blob.blob_name, metadata)
     job_id = job_id_for(blob.url, uploaded["etag"], spec)
     board = None if callable(progress) else ProgressBoard(progress)
     update = progress if callable(progress) else board.updater(0)

@@ -14,7 +14,7 @@ import azure.durable_functions as df
 from azure.storage.blob import BlobClient
 
 from tilecommit import telemetry
-from tilecommit.errors import BadInputError, InvalidNameError
+from tilecommit.errors import InvalidNameError
 from tilecommit.jobs import check_upload_name, job_id_for
 from tilecommit.records import Record
 from tilecommit.settings import SIDECAR_SUFFIXES, Settings
@@ -78,11 +78,7 @@ def job_input(
     (``profile_error``, raised by validate_source before the upload is read): the user finds the
     reason where they find every job's, not in the host's log alone.
     """
-    profile_error = None
-    try:
-        spec = OutputSpec.for_upload(settings, name, metadata)
-    except BadInputError as exc:
-        spec, profile_error = OutputSpec.from_settings(settings), str(exc)
+    spec, profile_error = OutputSpec.started_for(settings, name, metadata)
     job = {
         "job_id": job_id_for(url, etag, spec),
         "blob": name,

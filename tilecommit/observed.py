@@ -75,7 +75,7 @@ def observed_activity(name: str, function: Callable[[Any], Any], on_result: Call
         telemetry.activity_duration.record(seconds, {**attributes, **outcome})
         if isinstance(result, dict):
             # What this execution used rides back with its result, for the job's cost.
-            result = {**result, "usage": used.to_dict(name, seconds)}
+            result = {**result, "usage": used.to_dict(seconds)}
             if on_result is not None:
                 on_result(job_id, result)
         return result

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import profiles
-from .errors import ConfigurationError
+from .errors import BadInputError, ConfigurationError
 from .records import Record
 from .settings import DEFAULT_WINDOW_SIZE, SETTING_WINDOW_SIZE, Settings
 
@@ -91,6 +91,18 @@ class OutputSpec(Record):
             metadata or {}, blob_name, rules=settings.profile_rule_list(), default=settings.default_profile()
         )
         return cls.with_choice(settings.window_size, choice)
+
+    @classmethod
+    def started_for(
+        cls, settings: Settings, blob_name: str, metadata: dict[str, str] | None
+    ) -> tuple[OutputSpec, str | None]:
+        """The spec a job started for this upload gets, and why its metadata cannot be made
+        (None when it can). Metadata naming what this build cannot make still gives a job, with
+        the settings' spec, which fails at once saying why (orchestrators/starter.py)."""
+        try:
+            return cls.for_upload(settings, blob_name, metadata), None
+        except BadInputError as exc:
+            return cls.from_settings(settings), str(exc)
 
     @classmethod
     def with_choice(cls, window_size: int, choice: profiles.Choice) -> OutputSpec:

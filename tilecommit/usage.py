@@ -69,10 +69,12 @@ class Usage:
             self.bytes_sent += sent
             self.bytes_received += received
 
-    def to_dict(self, function: str, seconds: float) -> dict:
+    def to_dict(self, seconds: float | None = None) -> dict:
+        """This execution's usage; ``seconds`` (default: since it started) as its duration."""
+        seconds = time.perf_counter() - self.started if seconds is None else seconds
         with self._lock:
             return {
-                "functions": {function: {"executions": 1, "seconds": round(seconds, 6)}},
+                "functions": {self.function: {"executions": 1, "seconds": round(seconds, 6)}},
                 "requests": {key: n for key, n in self.requests.items() if n},  # histories hold it: keep it small
                 "bytes_sent": self.bytes_sent,
                 "bytes_received": self.bytes_received,
@@ -97,7 +99,7 @@ def so_far() -> dict:
     usage = _CURRENT.get()
     if usage is None:
         return empty()
-    return usage.to_dict(usage.function, time.perf_counter() - usage.started)
+    return usage.to_dict()
 
 
 def blob_kind(method: str, url: str) -> str:
