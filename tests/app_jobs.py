@@ -146,3 +146,12 @@ def serve_until_finished(storage, app_env: AppEnv, log: Path, job_id: str) -> di
     finally:
         os.killpg(host.pid, signal.SIGTERM)
         host.wait(timeout=60)
+
+
+def wait_until(predicate, timeout: float = 120) -> None:
+    """Return once ``predicate()`` is true; TimeoutError after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError("condition not reached")
+        time.sleep(0.05)

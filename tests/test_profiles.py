@@ -22,7 +22,7 @@ from tilecommit.jobs import job_id_for
 from tilecommit.settings import SETTING_PROFILE, Settings
 from tilecommit.spec import OutputSpec
 
-from .app_jobs import WINDOW, download, local_host, read_pixels
+from .app_jobs import WINDOW, download, local_host, read_pixels, wait_until
 from .conftest import counter_total
 from .raster_jobs import assert_complete_pyramid
 
@@ -215,22 +215,13 @@ def test_one_upload_under_two_profiles_is_two_jobs_and_each_delivered_again_a_du
     host.deliver_blob_created("twice.tif")  # the zstd job's upload again
     monkeypatch.setenv(SETTING_PROFILE, "default")
     host.deliver_blob_created("twice.tif")  # and the default one's
-    assert_eventually(lambda: counter_total("StartDecisions", action="duplicate") - duplicates == 2)
+    wait_until(lambda: counter_total("StartDecisions", action="duplicate") - duplicates == 2, timeout=30)
     for job, codec in ((first["job_id"], "deflate"), (zstd, "zstd")):
         mosaic = download(storage, app_env.output, f"mosaics/{job}/mosaic.tif")
         np.testing.assert_array_equal(read_pixels(mosaic), read_pixels(path))
         assert compression(mosaic) == codec
     jobs = [i["id"] for i in host.engine.list_instances() if i["name"] == names.TILE_SCENE]
     assert sorted(jobs) == sorted([first["job_id"], zstd])
-
-
-def assert_eventually(condition, timeout: float = 30) -> None:
-    import time
-
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "not within the time"
-        time.sleep(0.1)
 
 
 def test_the_clis_profile_option_is_the_uploads_metadata() -> None:

@@ -13,7 +13,7 @@ import pytest
 
 from devhost.azurite import Azurite
 from devhost.session import job_summary, process_file
-from tests.app_jobs import AppEnv, local_host, make_scene
+from tests.app_jobs import AppEnv, local_host, make_scene, wait_until
 from tilecommit import settings as names
 from tilecommit.gates import count_manifest
 from tilecommit.jobs import job_id_for
@@ -38,14 +38,6 @@ def outputs(connection: StorageConnection, app_env: AppEnv, job_id: str) -> dict
     }
     mosaic = blobs.get_blob_client(app_env.output, f"mosaics/{job_id}/mosaic.tif").download_blob().readall()
     return {**found, "mosaic": sha256(mosaic)}
-
-
-def wait_until(predicate, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not reached")
-        time.sleep(0.05)
 
 
 @pytest.fixture
