@@ -62,6 +62,9 @@ Options:
                              app's outbound traffic, private endpoints for the storage account's
                              blob, queue and table, its public endpoint closed to all but trusted
                              Azure services (main.bicep vnetEnabled)
+      --durable-backend B    where Durable keeps its task hub: storage (the storage account,
+                             default) or scheduler (a Durable Task Scheduler and task hub;
+                             main.bicep durableBackend)
       --infra-only           step 1 only
       --no-deployer-access   do not grant the signed-in principal upload/read roles on the
                              input and output containers (Consumption still needs the package one)
@@ -93,6 +96,7 @@ infra_only=false
 deployer_access=true
 package_only=""
 vnet_enabled=false
+durable="storage"
 subscribe_only=false
 
 while (($# > 0)); do
@@ -103,6 +107,7 @@ while (($# > 0)); do
     -n | --base-name) [[ $# -ge 2 ]] || usage_error "$1 needs a value"; base_name="$2"; shift 2 ;;
     --infra-only) infra_only=true; shift ;;
     --vnet) vnet_enabled=true; shift ;;
+    --durable-backend) [[ $# -ge 2 ]] || usage_error "$1 needs a value"; durable="$2"; shift 2 ;;
     --subscribe-only) subscribe_only=true; shift ;;
     --no-deployer-access) deployer_access=false; shift ;;
     --package-only) [[ $# -ge 2 ]] || usage_error "$1 needs a value"; package_only="$2"; shift 2 ;;
@@ -115,6 +120,11 @@ case "${plan}" in
   flex) hosting_plan="FlexConsumption" ;;
   consumption) hosting_plan="Consumption" ;;
   *) usage_error "--plan must be flex or consumption, not '${plan}'" ;;
+esac
+case "${durable}" in
+  storage) durable_backend="AzureStorage" ;;
+  scheduler) durable_backend="DurableTaskScheduler" ;;
+  *) usage_error "--durable-backend must be storage or scheduler, not '${durable}'" ;;
 esac
 if [[ -z "${package_only}" && -z "${resource_group}" ]]; then
   usage_error "--resource-group is required"
@@ -243,6 +253,7 @@ deploy() {
     --parameters "@${PARAMETERS}" \
     --parameters hostingPlan="${hosting_plan}" baseName="${base_name}" \
     location="${deploy_location}" environmentName="" vnetEnabled="${vnet_enabled}" \
+    durableBackend="${durable_backend}" \
     deployerPrincipalId="${deployer_id}" deployerPrincipalType="${deployer_type}" \
     grantDeployerDataAccess="${deployer_access}" \
     deployEventSubscription="${with_subscription}" \

@@ -35,6 +35,23 @@ param hostingPlan string = 'FlexConsumption'
 @description('Flex Consumption only (ignored on Consumption, which has no VNet integration): a virtual network the app\'s outbound traffic goes through, private endpoints and DNS zones for the storage account\'s blob, queue and table services, and the account\'s public endpoint closed to all but trusted Azure services (Event Grid writing dead letters). The app\'s own endpoint stays public: Event Grid delivers to it.')
 param vnetEnabled bool = false
 
+// host.json names the Azure Storage provider's settings; the app settings below switch it to the
+// scheduler (azureManaged), so one code package runs on either backend. README.md, "The Durable
+// backend", says what changes and what does not.
+@description('Where Durable keeps its task hub: AzureStorage (the storage account: queues, tables, leases; the default) or DurableTaskScheduler (a Durable Task Scheduler and task hub, Microsoft\'s recommended backend for throughput; the host\'s identity holds Durable Task Data Contributor on that task hub only).')
+@allowed([
+  'AzureStorage'
+  'DurableTaskScheduler'
+])
+param durableBackend string = 'AzureStorage'
+
+@description('durableBackend DurableTaskScheduler only: the scheduler\'s SKU, Consumption (per action, scales to zero) or Dedicated (one capacity unit, bought ahead).')
+@allowed([
+  'Consumption'
+  'Dedicated'
+])
+param durableTaskSchedulerSku string = 'Consumption'
+
 @description('azd environment name (azd sets it from AZURE_ENV_NAME): tags every resource azd-env-name=<name>, the tag azd finds its resources by. Empty (infra/deploy.sh): no such tag.')
 @maxLength(64)
 param environmentName string = ''
@@ -147,6 +164,11 @@ var packageContainerName = 'app-package'
 var packageBlobName = 'tilecommit.zip'
 
 var isFlex = hostingPlan == 'FlexConsumption'
+var useScheduler = durableBackend == 'DurableTaskScheduler'
+// host.json's extensions.durableTask.hubName: the scheduler's task hub has the same name.
+var taskHubName = 'TileCommitHub'
+// The app setting the azureManaged provider reads its connection from (host.json override below).
+var schedulerConnectionSetting = 'DURABLE_TASK_SCHEDULER_CONNECTION_STRING'
 var networkIsolated = vnetEnabled && isFlex
 // azd's conventions: azd-env-name on everything, azd-service-name on the app it deploys the
 // service `api` (azure.yaml) to.
@@ -163,6 +185,7 @@ var applicationInsightsName = '${baseName}-appi-${token}'
 var systemTopicName = '${baseName}-evgt-${token}'
 var completionTopicName = '${baseName}-evt-${token}'
 var virtualNetworkName = '${baseName}-vnet-${token}'
+var schedulerName = '${baseName}-dts-${token}'
 var eventSubscriptionName = '${replace(triggerFunctionName, '_', '-')}-blob-created'
 
 // ---------------------------------------------------------------------------------------------
@@ -235,6 +258,22 @@ module storagePrivateEndpoints 'modules/storage-private-endpoints.bicep' = if (n
     subnetId: networkIsolated ? virtualNetwork.outputs.privateEndpointSubnetId : ''
     location: location
     tags: resourceTags
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Durable Task Scheduler (durableBackend DurableTaskScheduler)
+// ---------------------------------------------------------------------------------------------
+
+module durableTaskScheduler 'modules/durable-task-scheduler.bicep' = if (useScheduler) {
+  name: 'durable-task-scheduler'
+  params: {
+    name: schedulerName
+    location: location
+    tags: resourceTags
+    taskHubName: taskHubName
+    skuName: durableTaskSchedulerSku
+    hostPrincipalId: identity.properties.principalId
   }
 }
 
@@ -493,7 +532,27 @@ resource functionApp 'Microsoft.Web/sites@2024-04-01' = {
           name: 'GDAL_HTTP_RETRY_DELAY'
           value: '2'
         }
-      ], isFlex ? [] : [
+      ], useScheduler ? [
+        // durableBackend DurableTaskScheduler only. Each AzureFunctionsJobHost__<path> setting
+        // overrides host.json's value at that path (the Functions host reads app settings over
+        // host.json), so host.json stays the Azure Storage provider's; the storageProvider section is
+        // a dictionary each provider reads its own keys from (ext Options/DurableTaskOptions.cs,
+        // StorageProvider), so partitionCount there is ignored by azureManaged.
+        {
+          name: 'AzureFunctionsJobHost__extensions__durableTask__storageProvider__type'
+          value: 'azureManaged'
+        }
+        {
+          name: 'AzureFunctionsJobHost__extensions__durableTask__storageProvider__connectionStringName'
+          value: schedulerConnectionSetting
+        }
+        {
+          // Not a secret: an endpoint and the host identity's client id; the scheduler takes
+          // Entra ID only.
+          name: schedulerConnectionSetting
+          value: 'Endpoint=${useScheduler ? durableTaskScheduler.outputs.endpoint : ''};Authentication=ManagedIdentity;ClientID=${identity.properties.clientId}'
+        }
+      ] : [], isFlex ? [] : [
         // Consumption (Y1, Linux) only; on Flex Consumption these are replaced by functionAppConfig.
         // Without Azure Files and without keys, Linux Consumption runs the code from a package URL,
         // downloaded with the user-assigned identity.
@@ -521,6 +580,7 @@ resource functionApp 'Microsoft.Web/sites@2024-04-01' = {
     // when it first starts.
     storageRoles
     storagePrivateEndpoints
+    durableTaskScheduler
   ]
 }
 
@@ -615,6 +675,9 @@ output completionTopicName string = completionEvents.outputs.name
 output eventSubscriptionName string = eventSubscriptionName
 output triggerFunctionName string = triggerFunctionName
 output networkIsolated bool = networkIsolated
+output durableBackend string = durableBackend
+output durableTaskSchedulerName string = useScheduler ? durableTaskScheduler.outputs.name : ''
+output durableTaskSchedulerEndpoint string = useScheduler ? durableTaskScheduler.outputs.endpoint : ''
 
 // The outputs azd's Functions quickstarts declare, for azd and for whoever reads `azd env get-values`.
 output AZURE_LOCATION string = location

@@ -95,7 +95,9 @@ def test_host_json_fits_the_consumption_plan():
     host = json.loads((ROOT / "host.json").read_text())
     assert host["version"] == "2.0"
     assert host["functionTimeout"] == "00:10:00"
-    assert host["extensionBundle"] == {"id": "Microsoft.Azure.Functions.ExtensionBundle", "version": "[4.*, 5.0.0)"}
+    # 4.32.0: the first bundle with the Durable Task Scheduler provider (azureManaged), which
+    # main.bicep's durableBackend can switch to; the Azure Storage provider is in every 4.x.
+    assert host["extensionBundle"] == {"id": "Microsoft.Azure.Functions.ExtensionBundle", "version": "[4.32.0, 5.0.0)"}
     durable = host["extensions"]["durableTask"]
     assert durable["hubName"] == settings.TASK_HUB
     # README's memory arithmetic: 4 activities x <= 300 MB tile worker (or one 1 GB assembly) < 1.5 GB.

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.bicep import INFRA, Bicep, Unresolved
+from tests.bicep import INFRA, REPO_ROOT, Bicep, Unresolved
 from tilecommit import settings
 from tilecommit.storage import StorageConnection
 
@@ -46,11 +46,11 @@ def with_stand_ins(deployed: dict[str, Any]) -> dict[str, str]:
     }
 
 
-def app_settings(plan: str) -> dict[str, Any]:
-    """The function app's app settings, name -> value, as deployed on `plan`."""
+def app_settings(plan: str, **params: Any) -> dict[str, Any]:
+    """The function app's app settings, name -> value, as deployed on `plan` (with `params`)."""
     site = MAIN.resources["functionApp"]
     assert site.type_or_path.startswith("Microsoft.Web/sites@")
-    body = MAIN.evaluate(site.value, {"hostingPlan": plan})
+    body = MAIN.evaluate(site.value, {"hostingPlan": plan, **params})
     entries = MAIN.property(body, "properties", "siteConfig", "appSettings")
     assert isinstance(entries, list), f"appSettings on {plan} cannot be read: {entries}"
     names = [entry["name"] for entry in entries]
@@ -224,6 +224,7 @@ def test_deploy_script_reads_only_outputs_the_template_has() -> None:
         "location",
         "environmentName",
         "vnetEnabled",
+        "durableBackend",
         "deployerPrincipalId",
         "deployerPrincipalType",
         "grantDeployerDataAccess",
@@ -277,3 +278,72 @@ def test_the_workbook_shows_every_query_in_the_repository_once() -> None:
     assert sorted(loaded) == on_disk and len(set(loaded)) == len(loaded)
     workbooks = Bicep(INFRA / "modules" / "monitoring.bicep").resources_of_type("Microsoft.Insights/workbooks")
     assert len(workbooks) == 1
+
+
+# ------------------------------------------------------------------------------------------------
+# The Durable backend: host.json is the Azure Storage provider's; app settings switch it.
+# ------------------------------------------------------------------------------------------------
+
+HOST_OVERRIDE = "AzureFunctionsJobHost__"
+BACKENDS = MAIN.evaluate(MAIN.params["durableBackend"].decorators["allowed"][0])
+SCHEDULER = Bicep(INFRA / "modules" / "durable-task-scheduler.bicep")
+
+
+def effective_host_json(deployed: dict[str, Any]) -> dict[str, Any]:
+    """host.json as the Functions host reads it on Azure: each `AzureFunctionsJobHost__a__b`
+    app setting replaces the value at a.b (the host's configuration, app settings over host.json)."""
+    host = json.loads((REPO_ROOT / "host.json").read_text())
+    for name, value in deployed.items():
+        if name.startswith(HOST_OVERRIDE):
+            *path, leaf = name[len(HOST_OVERRIDE) :].split("__")
+            node = host
+            for key in path:
+                node = node.setdefault(key, {})
+            node[leaf] = value
+    return host
+
+
+def test_the_storage_provider_is_the_default_backend_and_the_scheduler_the_other() -> None:
+    assert BACKENDS == ["AzureStorage", "DurableTaskScheduler"]
+    assert MAIN.evaluate(MAIN.params["durableBackend"].value) == "AzureStorage"
+
+
+@pytest.mark.parametrize("plan", PLANS)
+def test_the_default_backend_deploys_host_json_as_it_is(plan: str) -> None:
+    deployed = app_settings(plan)
+    assert [n for n in deployed if n.startswith(HOST_OVERRIDE) or "SCHEDULER" in n] == []
+    durable = effective_host_json(deployed)["extensions"]["durableTask"]
+    assert "type" not in durable["storageProvider"]  # the Azure Storage provider
+    assert durable["hubName"] == settings.TASK_HUB
+
+
+@pytest.mark.parametrize("plan", PLANS)
+def test_the_scheduler_backend_switches_the_provider_and_signs_in_as_the_host(plan: str) -> None:
+    deployed = app_settings(plan, durableBackend="DurableTaskScheduler")
+    host = effective_host_json(deployed)
+    provider = host["extensions"]["durableTask"]["storageProvider"]
+    assert provider["type"] == "azureManaged"
+    # The provider's connection: the scheduler's endpoint, Entra ID as the host's identity.
+    connection = deployed[provider["connectionStringName"]]
+    expected = "Endpoint={durableTaskScheduler.outputs.endpoint};Authentication=ManagedIdentity;ClientID={identity.properties.clientId}"
+    assert str(connection) == expected
+    # The task hub the host uses is the one the module creates and grants the host a role on.
+    inputs = MAIN.property(MAIN.evaluate(MAIN.modules["durableTaskScheduler"].value, {}), "params")
+    assert inputs["taskHubName"] == host["extensions"]["durableTask"]["hubName"] == settings.TASK_HUB
+    assert isinstance(inputs["hostPrincipalId"], Unresolved)
+    assert inputs["hostPrincipalId"].text == "identity.properties.principalId"
+    # The bundle has the provider (4.32.0 and later), and the module uses the GA resource API.
+    assert host["extensionBundle"]["version"].startswith("[4.32.0,")
+    for resource in SCHEDULER.resources.values():
+        if resource.type_or_path.startswith("Microsoft.DurableTask/"):
+            assert resource.type_or_path.endswith("@2025-11-01")
+    # Nothing else of the app changes with the backend.
+    assert {
+        n: v for n, v in deployed.items() if not n.startswith(HOST_OVERRIDE) and n != provider["connectionStringName"]
+    } == app_settings(plan)
+
+
+def test_the_scheduler_module_is_deployed_only_for_its_backend() -> None:
+    module = MAIN.modules["durableTaskScheduler"]
+    assert MAIN.evaluate(module.condition, {"durableBackend": "DurableTaskScheduler"}) is True
+    assert MAIN.evaluate(module.condition, {"durableBackend": "AzureStorage"}) is False

@@ -216,10 +216,17 @@ MUTATIONS = {
     ),
     "account-key-on-consumption": (
         "main.bicep",
-        "      ], isFlex ? [] : [\n",
-        "      ], isFlex ? [] : [\n        {\n          name: 'AzureWebJobsStorage'\n"
+        "      ] : [], isFlex ? [] : [\n",
+        "      ] : [], isFlex ? [] : [\n        {\n          name: 'AzureWebJobsStorage'\n"
         "          value: 'DefaultEndpointsProtocol=https;AccountName=x;AccountKey=${storageAccountName}'\n"
         "        }\n",
+        "CKV_TILECOMMIT_4",
+        "Microsoft.Web/sites.functionApp",
+    ),
+    "scheduler-connection-without-identity": (
+        "main.bicep",
+        ";Authentication=ManagedIdentity;",
+        ";Authentication=None;",
         "CKV_TILECOMMIT_4",
         "Microsoft.Web/sites.functionApp",
     ),

@@ -76,6 +76,7 @@ def test_help_explains_the_steps_and_options() -> None:
         (("-g",), "-g needs a value"),
         (("-g", "rg", "--base-name", "Bad_Name"), "--base-name must be"),
         (("-g", "rg", "--plan", "consumption", "--vnet"), "--vnet needs --plan flex"),
+        (("-g", "rg", "--durable-backend", "netherite"), "--durable-backend must be storage or scheduler"),
     ],
 )
 def test_usage_errors_exit_2_with_usage(args: tuple[str, ...], message: str) -> None:

@@ -38,9 +38,15 @@ SCOPES = {
     "Microsoft.Storage/storageAccounts/tableServices/tables": lambda name: f"table {name}",
     "Microsoft.Insights/components": lambda name: "Application Insights",
     "Microsoft.EventGrid/topics": lambda name: "completion topic",
+    "Microsoft.DurableTask/schedulers/taskHubs": lambda name: f"task hub {name}",
 }
-#: Every plan, with a deployer and its data access, so that every conditional grant is made.
-DEPLOYER = {"deployerPrincipalId": "<deployer>", "grantDeployerDataAccess": True}
+#: Every plan, with a deployer and its data access and the scheduler backend, so that every
+#: conditional grant is made.
+DEPLOYER = {
+    "deployerPrincipalId": "<deployer>",
+    "grantDeployerDataAccess": True,
+    "durableBackend": "DurableTaskScheduler",
+}
 
 
 def matrix() -> set[tuple[str, str, str]]:

@@ -236,6 +236,14 @@ SECRET_NAME_PATTERN = re.compile(
 # Identifies an Application Insights component and cannot authenticate on its own when the
 # component has local auth disabled (CKV_TILECOMMIT_5).
 ALLOWED_SETTING_NAMES = {"applicationinsights_connection_string"}
+# Two kinds of setting pass despite a name that says connection string (their values are still
+# checked for keys below): one that names another setting (a host.json override such as
+# ...__storageProvider__connectionStringName, whose value is that setting's name, checked itself),
+# and a connection string that names an identity instead of holding a secret: the Durable Task
+# Scheduler's (Endpoint=...;Authentication=ManagedIdentity;ClientID=...), a service that takes
+# Entra ID only.
+SETTING_REFERENCE_PATTERN = re.compile(r"(connectionStringName|connectionName)$", re.IGNORECASE)
+IDENTITY_CONNECTION_PATTERN = re.compile(r";\s*Authentication=ManagedIdentity\b", re.IGNORECASE)
 SECRET_VALUE_PATTERN = re.compile(
     r"(AccountKey=|SharedAccessSignature|SharedAccessKey|InstrumentationKey=|"
     r"DefaultEndpointsProtocol=|[?&]sig=)",
@@ -248,7 +256,10 @@ def secret_looking(name: Any, value: Any) -> bool:
     lowered = name_text.lower()
     if lowered in SECRET_SETTING_NAMES:
         return True
-    if lowered not in ALLOWED_SETTING_NAMES and SECRET_NAME_PATTERN.search(name_text):
+    not_a_secret = SETTING_REFERENCE_PATTERN.search(name_text) or any(
+        IDENTITY_CONNECTION_PATTERN.search(text) for text in iter_strings(value)
+    )
+    if lowered not in ALLOWED_SETTING_NAMES and SECRET_NAME_PATTERN.search(name_text) and not not_a_secret:
         return True
     if any(SECRET_VALUE_PATTERN.search(text) for text in iter_strings(value)):
         return True
