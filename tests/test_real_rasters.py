@@ -24,6 +24,7 @@ from rio_cogeo.cogeo import cog_validate
 from tilecommit.errors import BadInputError, UnsupportedRasterError
 from tilecommit.grid import plan_windows
 from tilecommit.raster import SceneInfo, inspect_source
+from tilecommit.raster.metadata import said
 from tilecommit.raster.mosaic import mosaic_overview_levels
 from tilecommit.raster.scene import same_crs
 from tilecommit.settings import Settings
@@ -126,6 +127,9 @@ def check_mosaic(source: str, mosaic_path: str, levels: int) -> None:
         else:
             assert math.isnan(m.nodata)
         assert len(m.overviews(1)) == levels == mosaic_overview_levels(src.width, src.height)
+        # Nothing the source says is lost: tags of every carried domain, band tags, descriptions,
+        # scales, offsets, units, colour interpretation, colormap (tilecommit/raster/metadata.py).
+        assert said(m) == said(src)
     assert_complete_pyramid(mosaic_path)
 
 

@@ -27,6 +27,7 @@ from ..records import Record
 from ..settings import Settings
 from ..spec import OutputSpec
 from .env import gdal_env
+from .metadata import has_colormap
 from .source import Source, as_source, open_upload, prefetch_window, source_of
 from .upload import ACCEPTED_FORMATS, HEADER_BYTES, check_upload_content, upload_gdal_options
 
@@ -189,14 +190,6 @@ def _mask_kind(src) -> str:
     if all(MaskFlags.per_dataset in band for band in flags):
         return "per-dataset"
     return "none"
-
-
-def has_colormap(src) -> bool:
-    try:
-        src.colormap(1)
-    except ValueError:
-        return False
-    return True
 
 
 def overview_resampling_for(src) -> str:

@@ -31,9 +31,10 @@ from ..grid import Window
 from ..records import Record
 from ..settings import Settings
 from ..spec import OutputSpec
+from . import metadata
 from .env import BLOCK_SIZE, NUM_THREADS, gdal_env
 from .gdal_errors import gdal_step
-from .scene import has_colormap, overview_resampling_for, read_classified
+from .scene import overview_resampling_for, read_classified
 from .source import Source, as_source, open_upload, prefetch_window
 from .upload import upload_gdal_options
 
@@ -76,8 +77,10 @@ def cog_creation_options(
         **profiles.creation_options(choice, dtype),
         **overviews,
         "OVERVIEW_RESAMPLING": resampling.upper(),
-        # Statistics of one window would be wrong for the mosaic, which copies this directory's tags.
-        "STATISTICS": "NO",
+        # Copied when the source has them (they describe the whole scene, so the mosaic too),
+        # never computed: statistics of one window would be wrong for the mosaic, which copies
+        # this directory's tags. AUTO copies and does not compute (GDAL's COG driver docs).
+        "STATISTICS": "AUTO",
         "BIGTIFF": "IF_SAFER",
         "NUM_THREADS": num_threads,
     }
@@ -165,17 +168,7 @@ def encode_tile(
         staged.write(data)
         if mask is not None:
             staged.write_mask(mask)
-        staged.colorinterp = src.colorinterp
-        for band, description in enumerate(src.descriptions, start=1):
-            if description:
-                staged.set_band_description(band, description)
-        if any(scale != 1.0 for scale in src.scales) or any(offset != 0.0 for offset in src.offsets):
-            staged.scales = src.scales
-            staged.offsets = src.offsets
-        if any(src.units):
-            staged.units = src.units
-        if has_colormap(src):
-            staged.write_colormap(1, src.colormap(1))
+        metadata.carry(src, staged)
         with MemoryFile() as memory:
             rasterio.shutil.copy(staged, memory.name, driver="COG", **options)
             body = memory.read()

@@ -27,6 +27,7 @@ from ..grid import Window
 from ..settings import Settings
 from ..spec import OutputSpec
 from ..usage import ContextExecutor
+from . import metadata
 from .block_sources import FETCH_THREADS, BlobRangeSource
 from .env import NUM_THREADS, gdal_env
 from .gdal_errors import gdal_step
@@ -171,12 +172,13 @@ def build_mosaic_vrt(
             TEMP_BUDGET_BYTES // 10**6,
         )
     vrt_path = os.path.join(workdir, "mosaic.vrt")
+    paths = fetch_tiles(windows, summary, tiles, os.path.join(workdir, "tiles"))
     with open(vrt_path, "w", encoding="utf-8") as f:
-        f.write(
-            _vrt_xml(
-                scene, windows, fetch_tiles(windows, summary, tiles, os.path.join(workdir, "tiles")), spec.block_size
-            )
-        )
+        f.write(_vrt_xml(scene, windows, paths, spec.block_size))
+    # The mosaic says what its tiles say, and each tile says what the source does
+    # (tilecommit/raster/metadata.py): one tile's tags onto the VRT, which the COG driver copies.
+    with rasterio.open(paths[windows[0].id]) as tile, rasterio.open(vrt_path, "r+") as vrt:
+        metadata.carry(tile, vrt)
     options = cog_creation_options(
         scene.dtype,
         block_size=spec.block_size,
