@@ -6,8 +6,6 @@ plain grid where the point is a place on the Earth (the antimeridian).
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import rasterio
 from rasterio.crs import CRS
@@ -17,11 +15,11 @@ from rasterio.warp import transform_geom
 from tilecommit.raster.footprint import footprint
 from tilecommit.raster.stac import projection_fields
 
-REAL = Path(__file__).resolve().parent / "fixtures" / "real"
+from .test_real_rasters import corpus
 
 
 def real(name: str):
-    with rasterio.open(REAL / name) as src:
+    with rasterio.open(corpus(name)) as src:
         return src.crs, src.dataset_mask(), src.transform
 
 
@@ -63,7 +61,7 @@ def test_geostationary_disk_keeps_its_edge_where_the_corners_have_no_position():
 
 
 def test_polar_stereographic_footprint_is_closed_through_the_pole():
-    found = footprint(*real("nt_20201024_f18_nrt_s.tif"))
+    found = footprint(*real("polar_stereographic_south.tif"))
     assert found.bbox[0] == -180.0 and found.bbox[2] == 180.0 and found.bbox[1] == -90.0
     assert -60 < found.bbox[3] < -30
     points = ring_points(found.geometry)
@@ -105,5 +103,5 @@ def test_projection_fields_name_an_epsg_code_only_when_it_is_equivalent():
     fields = projection_fields(laea.to_wkt(version="WKT2_2019"))
     assert fields["code"] is None and CRS.from_wkt(fields["wkt2"]) == laea
     assert fields["projjson"]["type"] == "ProjectedCRS"
-    polar, _, _ = real("nt_20201024_f18_nrt_s.tif")
+    polar, _, _ = real("polar_stereographic_south.tif")
     assert projection_fields(polar.to_wkt(version="WKT2_2019"))["code"] == "EPSG:3412"

@@ -20,7 +20,7 @@ from tilecommit.settings import Settings
 from tilecommit.spec import OutputSpec
 
 from .raster_jobs import assemble, download, render_all
-from .test_real_rasters import ACCEPTED, REAL, check_mosaic, derived, window_size_for
+from .test_real_rasters import ACCEPTED, check_mosaic, corpus, derived, window_size_for
 
 #: rio-cogeo's own product tag (the overview resampling it used): not something the source said.
 RIO_PRODUCT_TAGS = ("OVERVIEW_RESAMPLING",)
@@ -58,7 +58,7 @@ def rio_cogeo_says(source: str, tmp_path) -> dict:
 
 @pytest.mark.parametrize("name", ACCEPTED)
 def test_the_mosaic_carries_all_that_rio_cogeo_carries(name, stores, storage, tmp_path):
-    source = str(REAL / name)
+    source = str(corpus(name))
     mosaic, _ = mosaic_of(source, stores, storage, tmp_path)
     with rasterio.open(mosaic) as m, rasterio.open(source) as src:
         ours, theirs = said(m), said(src)
@@ -74,7 +74,7 @@ def test_the_mosaic_carries_all_that_rio_cogeo_carries(name, stores, storage, tm
 
 @pytest.mark.parametrize("name", RICH)
 def test_the_vrt_path_carries_it_too(name, stores, storage, tmp_path):
-    source = str(REAL / name)
+    source = str(corpus(name))
     mosaic, method = mosaic_of(source, stores, storage, tmp_path, method="vrt")
     assert method == "vrt"
     with rasterio.open(mosaic) as m, rasterio.open(source) as src:
@@ -84,7 +84,7 @@ def test_the_vrt_path_carries_it_too(name, stores, storage, tmp_path):
 def test_the_rich_files_say_more_than_the_raster_type(tmp_path):
     # The control for the VRT test: each of its files has metadata a dropped copy would lose.
     for name in RICH:
-        with rasterio.open(REAL / name) as src:
+        with rasterio.open(corpus(name)) as src:
             says = said(src)
         beyond = {k: v for k, v in says["tags"].items() if k != "AREA_OR_POINT"}
         assert beyond or says["domains"] or any(says["band_tags"]) or any(says["units"]) or says["colormap"], name
