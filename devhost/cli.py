@@ -133,9 +133,10 @@ def build_parser() -> argparse.ArgumentParser:
     process.add_argument("--name", help="blob name in the input container, for one file (default: its name)")
     process.add_argument(
         "--profile",
-        metavar="NAME[,level=N][,predictor=N]",
+        metavar="NAME[,OPTION=VALUE...]",
         help="the output profile, set as the upload's blob metadata (default: the app's, or its path rule): "
-        "default (DEFLATE), zstd, lzw or raw",
+        "default (DEFLATE), zstd, lzw, raw, jpeg, webp, lerc, lerc_deflate or lerc_zstd; options level, "
+        "predictor, quality, max_z_error (README, 'Output profiles')",
     )
     process.add_argument(
         "--output",

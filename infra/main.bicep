@@ -114,7 +114,7 @@ param assemblyShareMb int = 2400
 @minValue(0)
 param tileRetentionDays int = 7
 
-@description('TILECOMMIT_PROFILE: the output profile of uploads whose metadata names none and that match no rule: default (DEFLATE), zstd, lzw or raw, optionally with ,level=N and ,predictor=N (README, "Output profiles").')
+@description('TILECOMMIT_PROFILE: the output profile of uploads whose metadata names none and that match no rule: default (DEFLATE), zstd, lzw, raw, jpeg, webp, lerc, lerc_deflate or lerc_zstd, optionally with ,level=N ,predictor=N ,quality=N ,max_z_error=X (README, "Output profiles").')
 param outputProfile string = 'default'
 
 @description('TILECOMMIT_PROFILE_RULES: profiles by upload path, prefix=profile[,key=value...] separated by semicolons (e.g. dem/=zstd,predictor=3;previews/=lzw); the longest prefix wins. Empty: none.')

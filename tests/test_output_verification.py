@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -260,7 +261,9 @@ def test_an_already_present_tile_with_other_bytes_is_recorded_as_stored_and_the_
     scene = inspect_source(path, settings=settings, spec=output_spec)
     windows = plan_windows(scene.width, scene.height, settings.window_size)
     drifted, plain = windows[0], windows[4]
-    monkeypatch.setitem(profiles.PROFILES, profiles.DEFAULT, ("DEFLATE", 1))  # an encoder that drifted
+    default = profiles.PROFILES[profiles.DEFAULT]
+    drift = dataclasses.replace(default, level=1)  # an encoder that drifted
+    monkeypatch.setitem(profiles.PROFILES, profiles.DEFAULT, drift)
     for window in (drifted, plain):
         render_tile(
             path,
@@ -276,7 +279,7 @@ def test_an_already_present_tile_with_other_bytes_is_recorded_as_stored_and_the_
     plain_body = stores["tiles"].download_blob(plain_name).readall()
     stores["tiles"].delete_blob(plain_name)
     stores["tiles"].upload_blob(plain_name, plain_body)  # another writer: no sha256 in the metadata
-    monkeypatch.setitem(profiles.PROFILES, profiles.DEFAULT, ("DEFLATE", 6))
+    monkeypatch.setitem(profiles.PROFILES, profiles.DEFAULT, default)
 
     mismatches = counter_total("ConditionalWriteContentMismatch", gate="tile")
     results = {r.window: r for r in render_all(path, scene, settings, stores)}

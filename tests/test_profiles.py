@@ -75,13 +75,26 @@ def test_the_default_profile_keeps_every_existing_job_id() -> None:
 @pytest.mark.parametrize(
     ("metadata", "message"),
     [
-        ({"tilecommit_profile": "jpeg"}, "profile 'jpeg' is refused: lossy"),
-        ({"tilecommit_profile": "webp"}, "accepted: default, zstd, lzw, raw"),
-        ({"tilecommit_profile": "gzip"}, "profile 'gzip' is not one of default, zstd, lzw, raw"),
+        ({"tilecommit_profile": "packbits"}, "profile 'packbits' is refused: PackBits"),
+        (
+            {"tilecommit_profile": "packbits"},
+            "accepted: default, zstd, lzw, raw, jpeg, webp, lerc, lerc_deflate, lerc_zstd",
+        ),
+        ({"tilecommit_profile": "gzip"}, "profile 'gzip' is not one of default, zstd, lzw, raw, jpeg"),
+        ({"tilecommit_profile": "jpeg", "tilecommit_quality": "0"}, "quality=0 for JPEG: accepted 1..100"),
+        ({"tilecommit_profile": "zstd", "tilecommit_quality": "80"}, "quality=80 for ZSTD: accepted none"),
+        ({"tilecommit_profile": "jpeg", "tilecommit_predictor": "2"}, "predictor=2 for JPEG: accepted none"),
+        ({"tilecommit_profile": "lerc", "tilecommit_max_z_error": "-1"}, "max_z_error=-1 for LERC: accepted a finite"),
+        ({"tilecommit_profile": "lerc", "tilecommit_max_z_error": "nan"}, "accepted a finite number >= 0"),
+        (
+            {"tilecommit_profile": "webp", "tilecommit_max_z_error": "1"},
+            "accepted for lerc, lerc_deflate and lerc_zstd",
+        ),
+        ({"tilecommit_profile": "lerc", "tilecommit_max_z_error": "small"}, "max_z_error='small' is not a number"),
         ({"tilecommit_profile": "zstd", "tilecommit_level": "30"}, "level=30 for ZSTD: accepted 1..22"),
         ({"tilecommit_profile": "lzw", "tilecommit_level": "3"}, "level=3 for LZW: accepted none"),
         ({"tilecommit_profile": "raw", "tilecommit_predictor": "2"}, "predictor=2 for NONE"),
-        ({"tilecommit_blocksize": "512"}, "option 'blocksize' is not one of level, predictor"),
+        ({"tilecommit_blocksize": "512"}, "option 'blocksize' is not one of level, predictor, quality, max_z_error"),
         ({"tilecommit_level": "high"}, "level='high' is not a whole number"),
     ],
 )
@@ -96,7 +109,7 @@ def test_metadata_this_build_cannot_make_is_refused_naming_the_key_the_value_and
 @pytest.mark.parametrize(
     ("environ", "message"),
     [
-        ({SETTING_PROFILE: "jpeg"}, "TILECOMMIT_PROFILE: profile 'jpeg' is refused"),
+        ({SETTING_PROFILE: "packbits"}, "TILECOMMIT_PROFILE: profile 'packbits' is refused"),
         ({"TILECOMMIT_PROFILE_RULES": "dem/"}, "rule 'dem/' is not prefix=profile"),
         ({"TILECOMMIT_PROFILE_RULES": "dem/=zstd,level"}, "'level' is not key=value"),
     ],
@@ -118,8 +131,81 @@ def test_each_profile_gives_gdal_its_creation_and_overview_options() -> None:
         "PREDICTOR_OVERVIEW": 1,
         "ZSTD_LEVEL_OVERVIEW": 15,
     }
-    with pytest.raises(BadInputError, match="predictor=3 .* on uint16 data: accepted for float32"):
-        profiles.check_for(profiles.Choice("zstd", (("predictor", 3),)), "uint16")
+    jpeg = profiles.Choice("jpeg", (("quality", 90),))
+    assert profiles.creation_options(jpeg, "uint8") == {"COMPRESS": "JPEG", "QUALITY": 90}
+    assert profiles.overview_options(jpeg, "uint8") == {
+        "COMPRESS_OVERVIEW": "JPEG",
+        "PREDICTOR_OVERVIEW": 1,
+        "JPEG_QUALITY_OVERVIEW": 90,
+    }
+    # The mosaic's coarse levels as the COG driver writes the tiles' overviews: RGB JPEG as YCbCr.
+    assert profiles.coarse_level_options(jpeg, "uint8", 3)["PHOTOMETRIC_OVERVIEW"] == "YCBCR"
+    assert "PHOTOMETRIC_OVERVIEW" not in profiles.coarse_level_options(jpeg, "uint8", 1)
+    assert profiles.creation_options(profiles.Choice("webp"), "uint8") == {"COMPRESS": "WEBP", "QUALITY": 75}
+    lerc = profiles.Choice("lerc_zstd", (("max_z_error", 0.25),))
+    assert profiles.creation_options(lerc, "float32") == {"COMPRESS": "LERC_ZSTD", "MAX_Z_ERROR": 0.25}
+    assert profiles.overview_options(lerc, "float32")["MAX_Z_ERROR_OVERVIEW"] == 0.25
+    assert profiles.creation_options(profiles.Choice("lerc"), "uint16") == {"COMPRESS": "LERC", "MAX_Z_ERROR": 0.0}
+
+
+def test_a_profiles_own_defaults_given_make_the_same_job_and_options_keep_their_type() -> None:
+    assert OutputSpec.for_upload(Settings(), "a.tif", {"tilecommit_profile": "jpeg", "tilecommit_quality": "75"}) == (
+        OutputSpec(profile="jpeg")
+    )
+    assert OutputSpec.for_upload(
+        Settings(), "a.tif", {"tilecommit_profile": "lerc", "tilecommit_max_z_error": "0"}
+    ) == (OutputSpec(profile="lerc"))
+    lossy = OutputSpec.for_upload(Settings(), "a.tif", {"tilecommit_profile": "lerc", "tilecommit_max_z_error": "0.01"})
+    assert lossy.profile_options == (("max_z_error", 0.01),) and lossy.choice.lossy
+    assert OutputSpec.from_dict(lossy.to_dict()) == lossy
+    assert lossy.canonical() == (
+        '{"block_size":256,"profile":"lerc","profile_options":{"max_z_error":0.01},"window_size":1024}'
+    )
+    assert not OutputSpec(profile="lerc").choice.lossy and OutputSpec(profile="webp").choice.lossy
+
+
+@pytest.mark.parametrize(
+    ("name", "dtype", "count", "nodata", "alpha", "message"),
+    [
+        (
+            "zstd,predictor=3",
+            "uint16",
+            1,
+            None,
+            False,
+            "predictor=3 (floating point) on uint16 data: accepted for float32",
+        ),
+        ("jpeg", "uint16", 3, None, False, "JPEG on 3-band uint16 data: JPEG takes 8-bit data"),
+        ("jpeg", "uint8", 5, None, False, "JPEG on 5-band uint8 data"),
+        ("jpeg", "uint8", 4, None, True, "JPEG would blur the alpha band's edges"),
+        ("webp", "uint8", 1, None, False, "WEBP on 1-band uint8 data: WEBP takes 8-bit RGB or RGBA"),
+        ("webp", "float32", 3, None, False, "WEBP on 3-band float32 data"),
+        ("jpeg", "uint8", 3, 0, False, "JPEG on data with a nodata value (0): a lossy codec moves pixels"),
+        ("webp", "uint8", 4, 255, True, "WEBP on data with a nodata value (255)"),
+        ("lerc,max_z_error=2", "uint16", 1, 0, False, "max_z_error=2.0 on uint16 data with a nodata value (0)"),
+    ],
+)
+def test_a_profile_is_refused_on_data_it_cannot_take_or_would_damage(name, dtype, count, nodata, alpha, message):
+    choice = profiles.parse(name, where="test")
+    with pytest.raises(BadInputError) as refused:
+        profiles.check_for(choice, dtype, count=count, nodata=nodata, alpha=alpha)
+    assert message in str(refused.value)
+    assert str(refused.value).startswith(f"profile {choice.name!r}")
+
+
+@pytest.mark.parametrize(
+    ("name", "dtype", "count", "nodata", "alpha"),
+    [
+        ("jpeg", "uint8", 3, None, False),
+        ("jpeg", "uint8", 1, None, False),
+        ("webp", "uint8", 4, None, True),
+        ("lerc,max_z_error=0.5", "float32", 1, -9999.0, False),  # LERC keeps a float nodata exactly
+        ("lerc", "uint16", 4, 0, False),  # max_z_error 0: lossless
+        ("lerc_deflate,max_z_error=3", "int16", 2, None, False),
+    ],
+)
+def test_the_same_profiles_are_taken_where_they_do_no_damage(name, dtype, count, nodata, alpha):
+    profiles.check_for(profiles.parse(name, where="test"), dtype, count=count, nodata=nodata, alpha=alpha)
 
 
 # ------------------------------------------------------------------------ through the local host
@@ -179,11 +265,11 @@ def test_each_profile_makes_a_valid_cog_of_every_scene_pixel_for_pixel(host, sto
 @pytest.mark.slow
 def test_a_profile_the_data_cannot_take_fails_the_job_at_once_with_the_reason(host, scenes):
     refused = process_file(
-        host, scenes["uint8-rgb"], name="jpeg.tif", timeout=120, metadata={"tilecommit_profile": "jpeg"}
+        host, scenes["uint16-4band"], name="jpeg.tif", timeout=120, metadata={"tilecommit_profile": "jpeg"}
     )
     # Failed while validating: no window was planned, none rendered.
     assert refused["status"] == "failed" and refused["windows"] is None, refused
-    assert "tilecommit_profile: profile 'jpeg' is refused" in str(refused["error"])
+    assert "profile 'jpeg': JPEG on 4-band uint16 data" in str(refused["error"])
     assert "BadInputError" in str(refused["error"])
     on_integers = process_file(
         host,
@@ -232,3 +318,19 @@ def test_the_clis_profile_option_is_the_uploads_metadata() -> None:
     assert profile_metadata("zstd, Level=19") == {"tilecommit_profile": "zstd", "tilecommit_level": "19"}
     with pytest.raises(UsageError, match="'19' is not key=value"):
         profile_metadata("zstd,19")
+
+
+@pytest.mark.slow
+def test_a_lossy_profile_through_the_local_host_names_its_quality_in_the_item(host, storage, app_env, scenes, tmp_path):
+    metadata = {"tilecommit_profile": "webp", "tilecommit_quality": "60"}
+    summary = process_file(host, scenes["uint8-rgb"], name="webp.tif", timeout=300, metadata=metadata)
+    assert summary["status"] == "completed", summary
+    job = summary["job_id"]
+    mosaic = download(storage, app_env.output, f"mosaics/{job}/mosaic.tif")
+    local = tmp_path / "webp.tif"
+    local.write_bytes(mosaic)
+    assert cog_validate(str(local))[0]
+    assert compression(mosaic) == "webp"
+    item = json.loads(download(storage, app_env.output, f"mosaics/{job}/item.json"))
+    assert item["properties"]["tilecommit:profile"] == {"name": "webp", "compress": "WEBP", "quality": 60}
+    assert item["properties"]["tilecommit:spec"]["profile_options"] == {"quality": 60}

@@ -1,11 +1,12 @@
 """Output profiles: how a job's tiles and mosaic are compressed, chosen per upload.
 
 A profile is a named set of COG creation options, as ``rio cogeo create --cog-profile`` names
-them, plus the options a user may set on top (``level``, ``predictor``). The choice, in order:
+them, plus the options a user may set on top (``level``, ``predictor``, ``quality``,
+``max_z_error``). The choice, in order:
 
 1. the upload's blob metadata: ``tilecommit_profile`` and the option keys ``tilecommit_level``,
-   ``tilecommit_predictor`` (any of them present: the metadata decides, from the default profile
-   when it names none);
+   ``tilecommit_predictor``, ``tilecommit_quality``, ``tilecommit_max_z_error`` (any of them
+   present: the metadata decides, from the default profile when it names none);
 2. the first path rule of ``TILECOMMIT_PROFILE_RULES`` whose prefix the upload's name starts with
    (``dem/=zstd,predictor=3;previews/=lzw``; the longest prefix wins);
 3. the app's default, ``TILECOMMIT_PROFILE`` (``default``).
@@ -14,14 +15,23 @@ The resolved choice is part of the job's output spec, and so of its id: the same
 with another profile is another job. Nothing here reads storage or settings: the starter hands
 in the metadata and the name, :mod:`tilecommit.settings` the two settings' text.
 
-The profiles this build makes are lossless, so every one of them is checked pixel for pixel like
-the default. Lossy compressions (JPEG, WEBP, LERC) are refused with that reason: the mosaic is
-assembled from the tiles' compressed blocks, and the checks that a tile and the mosaic hold
-exactly the source's pixels would need a tolerance that says what each loses first.
+Lossless profiles (``default``, ``zstd``, ``lzw``, ``raw``, and the LERC family with
+``max_z_error=0``, their default) make tiles whose pixels are the source's, and a scrub compares
+them with the source. Lossy ones (``jpeg``, ``webp``; LERC with a ``max_z_error`` above 0) make
+tiles whose pixels are what that codec makes of the source: encoding is deterministic, so a scrub
+compares a tile with the same window encoded again, and LERC's error is bounded by its
+``max_z_error``. A lossy profile is refused, with the reason, on data it would damage
+(:func:`check_for`): JPEG on anything but 8-bit data of 1, 3 or 4 bands without alpha, WEBP on
+anything but 8-bit RGB or RGBA, either on data with a nodata value (a pixel moved onto or off
+that value changes the mask), LERC above 0 on integers with a nodata value (measured: 13 valid
+pixels of 262,144 became the nodata value at ``max_z_error=2``). The mosaic is assembled from the
+tiles' compressed blocks, so its full resolution holds exactly the tiles' pixels, for every
+profile; its coarse levels are computed and encoded to the same profile.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -31,30 +41,58 @@ import numpy as np
 from .errors import BadInputError, ConfigurationError
 
 DEFAULT = "default"
-#: Name -> (COMPRESS, default level or None when the codec takes none). ``default`` is what every
-#: job was made with before profiles existed: DEFLATE at libdeflate's level 6, pinned so the bytes
-#: do not drift with GDAL's default.
-PROFILES: dict[str, tuple[str, int | None]] = {
-    DEFAULT: ("DEFLATE", 6),
-    "zstd": ("ZSTD", 9),
-    "lzw": ("LZW", None),
-    "raw": ("NONE", None),
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One profile's codec (GDAL's COMPRESS) and the options it takes, with their defaults."""
+
+    compress: str
+    #: LEVEL's default; None: the codec takes none.
+    level: int | None = None
+    #: Whether PREDICTOR applies (the lossless byte codecs).
+    predictor: bool = False
+    #: QUALITY's default (JPEG, WEBP); None: the codec takes none.
+    quality: int | None = None
+    #: Whether MAX_Z_ERROR applies (the LERC family; 0, lossless, by default).
+    max_z_error: bool = False
+    #: Always lossy (JPEG, WEBP), whatever its options.
+    lossy: bool = False
+
+
+#: ``default`` is what every job was made with before profiles existed: DEFLATE at libdeflate's
+#: level 6, pinned so the bytes do not drift with GDAL's default. The others are rio-cogeo's
+#: profile names; QUALITY 75 is GDAL's own default for JPEG and WEBP, pinned for the same reason.
+PROFILES: dict[str, Profile] = {
+    DEFAULT: Profile("DEFLATE", level=6, predictor=True),
+    "zstd": Profile("ZSTD", level=9, predictor=True),
+    "lzw": Profile("LZW", predictor=True),
+    "raw": Profile("NONE"),
+    "jpeg": Profile("JPEG", quality=75, lossy=True),
+    "webp": Profile("WEBP", quality=75, lossy=True),
+    "lerc": Profile("LERC", max_z_error=True),
+    "lerc_deflate": Profile("LERC_DEFLATE", max_z_error=True),
+    "lerc_zstd": Profile("LERC_ZSTD", max_z_error=True),
 }
 #: Other spellings of the same output, so they make the same job (``deflate`` is rio-cogeo's name).
 ALIASES = {"deflate": DEFAULT}
 #: Names users may know from rio-cogeo or GDAL that this build refuses, and why.
 REFUSED = {
-    name: "lossy: this build makes lossless outputs only (the tiles and the mosaic are checked to hold "
-    "exactly the source's pixels)"
-    for name in ("jpeg", "webp", "lerc", "lerc_deflate", "lerc_zstd")
+    "packbits": "PackBits compresses little and is not one of the codecs this build encodes; use lzw or zstd",
 }
 #: Each codec's levels (GDAL's LEVEL creation option).
 LEVELS = {"DEFLATE": range(1, 13), "ZSTD": range(1, 23)}
+QUALITIES = range(1, 101)
 #: PREDICTOR values: 1 none, 2 horizontal differencing, 3 floating point (floats only).
 PREDICTORS = (1, 2, 3)
-OPTION_KEYS = ("level", "predictor")
+OPTION_KEYS = ("level", "predictor", "quality", "max_z_error")
 METADATA_PREFIX = "tilecommit_"
 METADATA_PROFILE = f"{METADATA_PREFIX}profile"
+
+
+def option_value(option: str, raw: Any) -> int | float:
+    """An option's value as the spec keeps it: a float for ``max_z_error``, else a whole number."""
+    return float(raw) if option == "max_z_error" else int(raw)
 
 
 @dataclass(frozen=True)
@@ -62,17 +100,73 @@ class Choice:
     """A resolved profile: its name and the options given on top of it (sorted pairs)."""
 
     name: str = DEFAULT
-    options: tuple[tuple[str, int], ...] = ()
+    options: tuple[tuple[str, int | float], ...] = ()
+
+    @property
+    def profile(self) -> Profile:
+        return PROFILES[self.name]
 
     @property
     def compress(self) -> str:
-        return PROFILES[self.name][0]
+        return self.profile.compress
 
-    def option(self, key: str) -> int | None:
+    def option(self, key: str) -> int | float | None:
         return dict(self.options).get(key)
+
+    @property
+    def lossy(self) -> bool:
+        """Whether a tile's pixels may differ from the source's (then a scrub compares a tile
+        with the window encoded again, not with the source)."""
+        return self.profile.lossy or bool(self.option("max_z_error"))
 
 
 DEFAULT_CHOICE = Choice()
+
+
+def _checked_option(option: str, raw: Any, profile: Profile, *, where: str, error: type[BadInputError]):
+    """``raw`` as the option's value for ``profile``, or ``error`` saying what is accepted."""
+    compress = profile.compress
+    if option == "max_z_error":
+        try:
+            value = float(str(raw).strip())
+        except ValueError:
+            raise error(f"{where}: max_z_error={raw!r} is not a number") from None
+        if not profile.max_z_error:
+            raise error(f"{where}: max_z_error for {compress}: accepted for lerc, lerc_deflate and lerc_zstd only")
+        if not math.isfinite(value) or value < 0:
+            raise error(f"{where}: max_z_error={raw} for {compress}: accepted a finite number >= 0 (0: lossless)")
+        return value
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        raise error(f"{where}: {option}={raw!r} is not a whole number") from None
+    if option == "level" and value not in LEVELS.get(compress, ()):
+        levels = LEVELS.get(compress)
+        allowed = f"{levels.start}..{levels.stop - 1}" if levels else "none (the codec has no levels)"
+        raise error(f"{where}: level={value} for {compress}: accepted {allowed}")
+    if option == "predictor" and not (
+        (profile.predictor and value in PREDICTORS) or (compress == "NONE" and value == 1)
+    ):
+        if compress == "NONE":
+            allowed = "1 (no compression, no predictor)"
+        elif profile.predictor:
+            allowed = "1, 2 or 3"
+        else:
+            allowed = "none (the codec takes no predictor)"
+        raise error(f"{where}: predictor={value} for {compress}: accepted {allowed}")
+    if option == "quality" and (profile.quality is None or value not in QUALITIES):
+        allowed = "1..100" if profile.quality is not None else "none (jpeg and webp only)"
+        raise error(f"{where}: quality={value} for {compress}: accepted {allowed}")
+    return value
+
+
+def _default_of(option: str, profile: Profile) -> int | float | None:
+    """The value an option has when not given: giving it makes the same output, so the same job."""
+    return {
+        "level": profile.level,
+        "quality": profile.quality,
+        "max_z_error": 0.0 if profile.max_z_error else None,
+    }.get(option)
 
 
 def choose(name: str, options: Mapping[str, Any], *, where: str, error: type[BadInputError] = BadInputError) -> Choice:
@@ -85,24 +179,14 @@ def choose(name: str, options: Mapping[str, Any], *, where: str, error: type[Bad
         raise error(f"{where}: profile {name!r} is refused: {REFUSED[key]}; accepted: {', '.join(accepted())}")
     if key not in PROFILES:
         raise error(f"{where}: profile {name!r} is not one of {', '.join(accepted())}")
-    compress = PROFILES[key][0]
-    checked: dict[str, int] = {}
+    profile = PROFILES[key]
+    checked: dict[str, int | float] = {}
     for option, raw in options.items():
         if option not in OPTION_KEYS:
             raise error(f"{where}: option {option!r} is not one of {', '.join(OPTION_KEYS)}")
-        try:
-            value = int(str(raw).strip())
-        except ValueError:
-            raise error(f"{where}: {option}={raw!r} is not a whole number") from None
-        if option == "level" and value not in LEVELS.get(compress, ()):
-            levels = LEVELS.get(compress)
-            allowed = f"{levels.start}..{levels.stop - 1}" if levels else "none (the codec has no levels)"
-            raise error(f"{where}: level={value} for {compress}: accepted {allowed}")
-        if option == "predictor" and (value not in PREDICTORS or (compress == "NONE" and value != 1)):
-            allowed = "1 (no compression, no predictor)" if compress == "NONE" else "1, 2 or 3"
-            raise error(f"{where}: predictor={value} for {compress}: accepted {allowed}")
-        if option == "level" and value == PROFILES[key][1]:
-            continue  # the profile's own level: the same output, so the same job
+        value = _checked_option(option, raw, profile, where=where, error=error)
+        if value == _default_of(option, profile):
+            continue  # the profile's own value: the same output, so the same job
         checked[option] = value
     return Choice(key, tuple(sorted(checked.items())))
 
@@ -160,33 +244,54 @@ def resolve(metadata: Mapping[str, str], blob_name: str, *, rules: list[tuple[st
 
 
 def creation_options(choice: Choice, dtype: str) -> dict[str, Any]:
-    """The COMPRESS / LEVEL / PREDICTOR creation options of a tile (and of the mosaic) of ``dtype``.
+    """The COG driver's COMPRESS / LEVEL / PREDICTOR / QUALITY / MAX_Z_ERROR options of a tile
+    (and of the mosaic through a VRT) of ``dtype``.
 
     The predictor, unless the choice names one: 2 (horizontal differencing) for integers, 3
-    (floating point) for floats; none without compression.
+    (floating point) for floats; none without compression and for the codecs that take none.
+    JPEG on three bands is written as YCbCr by the COG driver itself, as rio-cogeo's profile asks.
     """
-    compress, level = PROFILES[choice.name]
-    options: dict[str, Any] = {"COMPRESS": compress}
-    level = choice.option("level") or level
+    profile = choice.profile
+    options: dict[str, Any] = {"COMPRESS": profile.compress}
+    level = choice.option("level") or profile.level
     if level is not None:
         options["LEVEL"] = level
-    if compress != "NONE":
+    if profile.predictor:
         options["PREDICTOR"] = choice.option("predictor") or default_predictor(dtype)
+    if profile.quality is not None:
+        options["QUALITY"] = choice.option("quality") or profile.quality
+    if profile.max_z_error:
+        options["MAX_Z_ERROR"] = choice.option("max_z_error") or 0.0
     return options
 
 
 def overview_options(choice: Choice, dtype: str) -> dict[str, Any]:
-    """The same encoding as GDAL's configuration options for overviews built into a GeoTIFF
-    (the mosaic's coarse levels)."""
+    """The same encoding as GDAL's configuration options for overviews (GTiff's ``*_OVERVIEW``
+    options, read when overviews are built into a GeoTIFF and when the COG driver writes a
+    tile's overviews)."""
     made = creation_options(choice, dtype)
-    options: dict[str, Any] = {
-        "COMPRESS_OVERVIEW": made["COMPRESS"],
-        "PREDICTOR_OVERVIEW": made.get("PREDICTOR", 1),
-    }
-    if made["COMPRESS"] == "DEFLATE":
+    compress = made["COMPRESS"]
+    options: dict[str, Any] = {"COMPRESS_OVERVIEW": compress, "PREDICTOR_OVERVIEW": made.get("PREDICTOR", 1)}
+    if compress == "DEFLATE":
         options["ZLEVEL_OVERVIEW"] = made["LEVEL"]
-    elif made["COMPRESS"] == "ZSTD":
+    elif compress == "ZSTD":
         options["ZSTD_LEVEL_OVERVIEW"] = made["LEVEL"]
+    elif compress == "JPEG":
+        options["JPEG_QUALITY_OVERVIEW"] = made["QUALITY"]
+    elif compress == "WEBP":
+        options["WEBP_LEVEL_OVERVIEW"] = made["QUALITY"]
+    if "MAX_Z_ERROR" in made:
+        options["MAX_Z_ERROR_OVERVIEW"] = made["MAX_Z_ERROR"]
+    return options
+
+
+def coarse_level_options(choice: Choice, dtype: str, count: int) -> dict[str, Any]:
+    """:func:`overview_options` for the mosaic's coarse levels, built on a copy of one of its
+    levels: three-band JPEG as YCbCr, as the COG driver writes the tiles (it sets that itself
+    for a tile's overviews, and refuses the option on its temporary uncompressed file)."""
+    options = overview_options(choice, dtype)
+    if choice.compress == "JPEG" and count == 3:
+        options.update(PHOTOMETRIC_OVERVIEW="YCBCR", INTERLEAVE_OVERVIEW="PIXEL")
     return options
 
 
@@ -194,11 +299,30 @@ def default_predictor(dtype: str) -> int:
     return 3 if np.dtype(dtype).kind == "f" else 2
 
 
-def check_for(choice: Choice, dtype: str) -> None:
-    """Refuse, with the reason, a choice the data cannot take (GDAL would fail later, per tile):
-    the floating-point predictor on integers."""
-    if choice.option("predictor") == 3 and np.dtype(dtype).kind != "f":
-        raise BadInputError(
-            f"profile {choice.name!r} with predictor=3 (floating point) on {dtype} data: accepted for "
-            "float32 and float64 only; use predictor=2 for integers"
+def check_for(choice: Choice, dtype: str, *, count: int, nodata: float | None, alpha: bool) -> None:
+    """Refuse, with the reason, a choice the data cannot take (GDAL would fail later, per tile)
+    or would damage (the module's notes). ``alpha``: the source has an alpha band."""
+    compress, kind = choice.compress, np.dtype(dtype).kind
+    error = choice.option("max_z_error")
+    name = choice.name
+    if choice.option("predictor") == 3 and kind != "f":
+        why = f"predictor=3 (floating point) on {dtype} data: accepted for float32 and float64 only; use predictor=2 for integers"
+    elif compress == "JPEG" and (dtype != "uint8" or count not in (1, 3, 4)):
+        why = f"JPEG on {count}-band {dtype} data: JPEG takes 8-bit data (uint8) of 1, 3 or 4 bands; use lerc or zstd"
+    elif compress == "JPEG" and alpha:
+        why = "JPEG on data with an alpha band: JPEG would blur the alpha band's edges; use webp, whose alpha is exact"
+    elif compress == "WEBP" and (dtype != "uint8" or count not in (3, 4)):
+        why = f"WEBP on {count}-band {dtype} data: WEBP takes 8-bit RGB or RGBA (uint8, 3 or 4 bands)"
+    elif choice.profile.lossy and nodata is not None:
+        why = (
+            f"{compress} on data with a nodata value ({nodata}): a lossy codec moves pixels onto and off that "
+            "value, so the valid area would change; use a lossless profile, or an internal mask instead of nodata"
         )
+    elif error and kind in "iu" and nodata is not None:
+        why = (
+            f"max_z_error={error} on {dtype} data with a nodata value ({nodata}): LERC rounds valid pixels onto "
+            "the nodata value; use max_z_error=0, or an internal mask instead of nodata"
+        )
+    else:
+        return
+    raise BadInputError(f"profile {name!r} with {why}" if why.startswith("predictor") else f"profile {name!r}: {why}")

@@ -27,8 +27,8 @@ SUPPORTED_BLOCK_SIZES = (DEFAULT_BLOCK_SIZE,)
 DEFAULT_PROFILE = profiles.DEFAULT
 
 
-def _options_in(value: Any) -> tuple[tuple[str, int], ...]:
-    return tuple(sorted((str(k), int(v)) for k, v in dict(value or {}).items()))
+def _options_in(value: Any) -> tuple[tuple[str, int | float], ...]:
+    return tuple(sorted((str(k), profiles.option_value(str(k), v)) for k, v in dict(value or {}).items()))
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ class OutputSpec(Record):
     window_size: int = DEFAULT_WINDOW_SIZE
     block_size: int = DEFAULT_BLOCK_SIZE
     profile: str = DEFAULT_PROFILE
-    profile_options: tuple[tuple[str, int], ...] = ()
+    profile_options: tuple[tuple[str, int | float], ...] = ()
 
     JSON_IN = {"window_size": int, "block_size": int, "profile": str, "profile_options": _options_in}
 

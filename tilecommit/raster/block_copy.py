@@ -75,7 +75,10 @@ def build_coarse_levels(
     with open(base_path, "wb") as out:
         tiff.TiffWriter(byte_order).write(out, [base], fetch)
     factors = [2**j for j in range(1, levels_to_fit(base.width, base.height, halve_ceil) + 1)]
-    with gdal_env(settings, profiles.overview_options(spec.choice, scene.dtype)), warnings.catch_warnings():
+    with (
+        gdal_env(settings, profiles.coarse_level_options(spec.choice, scene.dtype, scene.count)),
+        warnings.catch_warnings(),
+    ):
         # The level copy carries no georeferencing on purpose: only its blocks are reused.
         warnings.simplefilter("ignore", NotGeoreferencedWarning)
         step = f"computing the mosaic's overview levels below level {first_level}"

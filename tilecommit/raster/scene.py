@@ -416,7 +416,9 @@ def inspect_source(
                     "pixels: split the scene, or raise the limit if the plan's time and memory allow"
                 )
             _check_samples(path, src)
-            profiles.check_for(spec.choice, src.dtypes[0])
+            profiles.check_for(
+                spec.choice, src.dtypes[0], count=src.count, nodata=src.nodata, alpha=_mask_kind(src) == "alpha"
+            )
             _check_window_budget(path, src, spec)
             _check_georeferencing(path, src)
             _check_block_layout(path, src)

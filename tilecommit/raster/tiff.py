@@ -47,9 +47,11 @@ SUB_IFDS = 330
 EXTRA_SAMPLES = 338
 SAMPLE_FORMAT = 339
 JPEG_TABLES = 347
+YCBCR_SUBSAMPLING = 530
 EXIF_IFD = 34665
 GPS_IFD = 34853
 GDAL_NODATA = 42113
+LERC_PARAMETERS = 50674
 
 #: Tags whose values are file offsets into the *source* file: copying them would point nowhere.
 #: The block arrays are rebuilt; any other offset-valued tag makes a directory uncopyable.
@@ -172,6 +174,8 @@ class Directory:
                 EXTRA_SAMPLES,
                 SAMPLE_FORMAT,
                 JPEG_TABLES,
+                YCBCR_SUBSAMPLING,
+                LERC_PARAMETERS,
             )
         ) + (self.byte_order,)
 

@@ -86,6 +86,19 @@ def cog_creation_options(
     }
 
 
+def write_cog(src, path: str, options: dict, *, choice: profiles.Choice, dtype: str) -> None:
+    """``src`` (a dataset or a path) as a COG at ``path``, every level encoded to ``choice``.
+
+    The COG driver encodes the overviews through GTiff's ``*_OVERVIEW`` configuration options and
+    sets them from its own options only where they are not set already (GDAL's cogdriver.cpp,
+    ``CPLConfigOptionSetter(..., bSetOnlyIfUndefined=true)``); the app's environment names DEFLATE
+    for them (env.py), which every other profile's overviews would otherwise get. So the
+    profile's are set here, around the copy.
+    """
+    with rasterio.Env(**profiles.overview_options(choice, dtype)):
+        rasterio.shutil.copy(src, path, driver="COG", **options)
+
+
 def _per_dataset_mask(src) -> bool:
     flags = src.mask_flag_enums
     return all(MaskFlags.per_dataset in f for f in flags) and not any(
@@ -170,7 +183,7 @@ def encode_tile(
             staged.write_mask(mask)
         metadata.carry(src, staged)
         with MemoryFile() as memory:
-            rasterio.shutil.copy(staged, memory.name, driver="COG", **options)
+            write_cog(staged, memory.name, options, choice=spec.choice, dtype=src.dtypes[0])
             body = memory.read()
     encode_s = time.perf_counter() - started
     return body, {"read": read_s, "encode": encode_s}

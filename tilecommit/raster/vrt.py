@@ -33,7 +33,7 @@ from .env import NUM_THREADS, gdal_env
 from .gdal_errors import gdal_step
 from .pyramid import mosaic_overview_levels
 from .scene import SceneInfo, as_crs
-from .tiles import cog_creation_options, tile_overview_count
+from .tiles import cog_creation_options, tile_overview_count, write_cog
 
 logger = logging.getLogger(__name__)
 
@@ -157,6 +157,12 @@ def build_mosaic_vrt(
     num_threads: int = NUM_THREADS,
 ) -> tuple[int, int]:
     levels = mosaic_overview_levels(scene.width, scene.height, spec.block_size)
+    if spec.choice.lossy:
+        logger.warning(
+            "VRT assembly with the lossy profile %r: the tiles are decoded and the mosaic encoded again, so its "
+            "pixels lose twice and are not the tiles' (a LERC error up to twice max_z_error); block copy keeps them",
+            spec.profile,
+        )
     estimate = estimate_vrt_temp_bytes(scene, summary, spec)
     if estimate > TEMP_BUDGET_BYTES:
         logger.warning(
@@ -200,6 +206,6 @@ def build_mosaic_vrt(
             window=f"{scene.width}x{scene.height}, {len(windows)} tiles",
         ),
     ):
-        rasterio.shutil.copy(vrt_path, out_path, driver="COG", **options)
+        write_cog(vrt_path, out_path, options, choice=spec.choice, dtype=scene.dtype)
     timings["write"] = time.perf_counter() - started
     return os.path.getsize(out_path), levels
