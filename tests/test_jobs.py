@@ -369,7 +369,8 @@ def test_a_job_id_needs_a_spec():
         ({"window_size": 300}, "multiple of 256"),
         ({"window_size": 0}, "multiple of 256"),
         ({"window_size": -256}, "multiple of 256"),
-        ({"block_size": 512}, "blocks of (256,) pixels only"),
+        ({"block_size": 1024}, "blocks of (256, 512) pixels only"),
+        ({"block_size": 512, "window_size": 768}, "multiple of 512"),
         ({"profile": "web"}, "is not one of default, zstd, lzw, raw"),
     ],
 )

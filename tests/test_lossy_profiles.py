@@ -150,3 +150,45 @@ def test_the_scrub_compares_a_lossy_tile_with_its_window_encoded_again(case, sce
     )
     report = check_window(source, first, spec=spec, **common)
     assert OTHER_PIXELS in report.differences, report
+
+
+BLOCK_CASES = {
+    "default-512": ("default,blocksize=512", SceneSpec(2300, 1700, 3, "uint16", nodata=0), "deflate"),
+    "jpeg-512": ("jpeg,blocksize=512", SceneSpec(2300, 1700, 3, "uint8"), "jpeg"),
+    "lerc-512-mask": ("lerc_zstd,blocksize=512", SceneSpec(2300, 1700, 1, "float32", nodata=-9999.0), "lerc_zstd"),
+}
+
+
+def block_shapes(path: str) -> set[tuple[int, int]]:
+    with rasterio.open(path) as src:
+        levels = len(src.overviews(1))
+        shapes = {src.block_shapes[0]}
+    for level in range(levels):
+        with rasterio.open(path, overview_level=level) as src:
+            if src.width > 512 or src.height > 512:
+                shapes.add(src.block_shapes[0])
+    return shapes
+
+
+@pytest.mark.parametrize("method", ["server", "blocks", "vrt"])
+@pytest.mark.parametrize("case", BLOCK_CASES)
+def test_blocks_of_512_on_every_level_and_every_path(case, method, stores, storage, tmp_path):
+    profile, scene_spec, codec = BLOCK_CASES[case]
+    source = write_scene(str(tmp_path / "scene.tif"), scene_spec)
+    settings = Settings(window_size=1024, profile=profile)
+    spec = OutputSpec.from_settings(settings)
+    assert spec.block_size == 512 and "blocksize" not in dict(spec.profile_options)
+    scene = inspect_source(source, settings=settings, spec=spec)
+    render_all(source, scene, settings, stores)
+    result = assemble(scene, settings, stores, storage, method=method)
+    assert result.method == method
+    mosaic = download(stores["output"], result.mosaic, tmp_path / "mosaic.tif")
+    valid, errors, _ = cog_validate(mosaic, quiet=True)
+    assert valid, errors
+    assert_complete_pyramid(mosaic, block=512)
+    assert block_shapes(mosaic) == {(512, 512)}
+    assert set(codecs(mosaic)) == {codec}
+    with rasterio.open(mosaic) as m, rasterio.open(source) as src:
+        assert np.array_equal(m.read_masks(), src.read_masks())
+        if not spec.choice.lossy:
+            assert np.array_equal(m.read(), src.read())

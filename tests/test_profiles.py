@@ -94,7 +94,8 @@ def test_the_default_profile_keeps_every_existing_job_id() -> None:
         ({"tilecommit_profile": "zstd", "tilecommit_level": "30"}, "level=30 for ZSTD: accepted 1..22"),
         ({"tilecommit_profile": "lzw", "tilecommit_level": "3"}, "level=3 for LZW: accepted none"),
         ({"tilecommit_profile": "raw", "tilecommit_predictor": "2"}, "predictor=2 for NONE"),
-        ({"tilecommit_blocksize": "512"}, "option 'blocksize' is not one of level, predictor, quality, max_z_error"),
+        ({"tilecommit_tilesize": "512"}, "option 'tilesize' is not one of level, predictor, quality, max_z_error"),
+        ({"tilecommit_blocksize": "1024"}, "blocksize=1024: accepted 256 or 512"),
         ({"tilecommit_level": "high"}, "level='high' is not a whole number"),
     ],
 )
@@ -146,6 +147,22 @@ def test_each_profile_gives_gdal_its_creation_and_overview_options() -> None:
     assert profiles.creation_options(lerc, "float32") == {"COMPRESS": "LERC_ZSTD", "MAX_Z_ERROR": 0.25}
     assert profiles.overview_options(lerc, "float32")["MAX_Z_ERROR_OVERVIEW"] == 0.25
     assert profiles.creation_options(profiles.Choice("lerc"), "uint16") == {"COMPRESS": "LERC", "MAX_Z_ERROR": 0.0}
+
+
+def test_the_block_size_is_the_specs_and_must_divide_the_window() -> None:
+    spec = OutputSpec.for_upload(Settings(), "a.tif", {"tilecommit_profile": "zstd", "tilecommit_blocksize": "512"})
+    assert (spec.block_size, spec.profile, spec.profile_options) == (512, "zstd", ())
+    assert spec.canonical() == '{"block_size":512,"profile":"zstd","window_size":1024}'
+    assert OutputSpec.for_upload(Settings(), "a.tif", {"tilecommit_blocksize": "256"}) == OutputSpec()
+    assert OutputSpec.from_settings(Settings(profile="jpeg,blocksize=512")).block_size == 512
+    with pytest.raises(BadInputError, match="blob metadata tilecommit_profile: .*multiple of 512") as refused:
+        OutputSpec.for_upload(Settings(window_size=768), "a.tif", {"tilecommit_blocksize": "512"})
+    assert not isinstance(refused.value, ConfigurationError)  # the upload's job fails, not the app
+    # A setting or rule naming a block size the app's window size is not a multiple of stops the app at start.
+    with pytest.raises(ConfigurationError, match="TILECOMMIT_PROFILE: blocksize=512 with TILECOMMIT_WINDOW_SIZE=768"):
+        Settings(window_size=768, profile="default,blocksize=512")
+    with pytest.raises(ConfigurationError, match="TILECOMMIT_PROFILE_RULES rule 'web/': blocksize=512"):
+        Settings(window_size=768, profile_rules="web/=jpeg,blocksize=512")
 
 
 def test_a_profiles_own_defaults_given_make_the_same_job_and_options_keep_their_type() -> None:

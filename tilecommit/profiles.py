@@ -2,11 +2,13 @@
 
 A profile is a named set of COG creation options, as ``rio cogeo create --cog-profile`` names
 them, plus the options a user may set on top (``level``, ``predictor``, ``quality``,
-``max_z_error``). The choice, in order:
+``max_z_error``, and ``blocksize``, which the job's spec keeps as its block size). The choice,
+in order:
 
 1. the upload's blob metadata: ``tilecommit_profile`` and the option keys ``tilecommit_level``,
-   ``tilecommit_predictor``, ``tilecommit_quality``, ``tilecommit_max_z_error`` (any of them
-   present: the metadata decides, from the default profile when it names none);
+   ``tilecommit_predictor``, ``tilecommit_quality``, ``tilecommit_max_z_error``,
+   ``tilecommit_blocksize`` (any of them present: the metadata decides, from the default
+   profile when it names none);
 2. the first path rule of ``TILECOMMIT_PROFILE_RULES`` whose prefix the upload's name starts with
    (``dem/=zstd,predictor=3;previews/=lzw``; the longest prefix wins);
 3. the app's default, ``TILECOMMIT_PROFILE`` (``default``).
@@ -83,9 +85,13 @@ REFUSED = {
 #: Each codec's levels (GDAL's LEVEL creation option).
 LEVELS = {"DEFLATE": range(1, 13), "ZSTD": range(1, 23)}
 QUALITIES = range(1, 101)
+#: Edge of the tiles' and the mosaic's internal blocks, in pixels (the ``blocksize`` option; the
+#: job's spec keeps it as its ``block_size``). 256 is what every job had before it was an option.
+BLOCK_SIZES = (256, 512)
+DEFAULT_BLOCK_SIZE = 256
 #: PREDICTOR values: 1 none, 2 horizontal differencing, 3 floating point (floats only).
 PREDICTORS = (1, 2, 3)
-OPTION_KEYS = ("level", "predictor", "quality", "max_z_error")
+OPTION_KEYS = ("level", "predictor", "quality", "max_z_error", "blocksize")
 METADATA_PREFIX = "tilecommit_"
 METADATA_PROFILE = f"{METADATA_PREFIX}profile"
 
@@ -154,6 +160,8 @@ def _checked_option(option: str, raw: Any, profile: Profile, *, where: str, erro
         else:
             allowed = "none (the codec takes no predictor)"
         raise error(f"{where}: predictor={value} for {compress}: accepted {allowed}")
+    if option == "blocksize" and value not in BLOCK_SIZES:
+        raise error(f"{where}: blocksize={value}: accepted {' or '.join(map(str, BLOCK_SIZES))}")
     if option == "quality" and (profile.quality is None or value not in QUALITIES):
         allowed = "1..100" if profile.quality is not None else "none (jpeg and webp only)"
         raise error(f"{where}: quality={value} for {compress}: accepted {allowed}")
@@ -166,6 +174,7 @@ def _default_of(option: str, profile: Profile) -> int | float | None:
         "level": profile.level,
         "quality": profile.quality,
         "max_z_error": 0.0 if profile.max_z_error else None,
+        "blocksize": DEFAULT_BLOCK_SIZE,
     }.get(option)
 
 

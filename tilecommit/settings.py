@@ -141,12 +141,21 @@ class Settings:
     profile_rules: str = ""
 
     def __post_init__(self) -> None:
-        self.default_profile(), self.profile_rule_list()  # refused here, at start, when malformed
+        # Refused here, at start, when malformed.
+        choices = [(SETTING_PROFILE, self.default_profile())]
+        choices += [(f"{SETTING_PROFILE_RULES} rule {prefix!r}", c) for prefix, c in self.profile_rule_list()]
         if self.window_size <= 0 or self.window_size % 256:
             raise ConfigurationError(
                 f"{SETTING_WINDOW_SIZE}={self.window_size}: the window size must be a positive "
                 "multiple of 256 (the mosaic's internal block size)"
             )
+        for where, choice in choices:
+            block_size = choice.option("blocksize") or profiles.DEFAULT_BLOCK_SIZE
+            if self.window_size % block_size:
+                raise ConfigurationError(
+                    f"{where}: blocksize={block_size} with {SETTING_WINDOW_SIZE}={self.window_size}: the window "
+                    "size must be a multiple of the block size"
+                )
         if not 1 <= self.batch_size <= 1000:
             raise ConfigurationError(f"{SETTING_BATCH_SIZE}={self.batch_size}: expected 1..1000")
         if self.max_pixels <= 0:

@@ -18,11 +18,12 @@ from .errors import BadInputError, ConfigurationError
 from .records import Record
 from .settings import DEFAULT_WINDOW_SIZE, SETTING_WINDOW_SIZE, Settings
 
-#: Edge of every tile's and the mosaic's internal blocks, in pixels.
-DEFAULT_BLOCK_SIZE = 256
-#: The block sizes this build encodes and assembles: the tile encoder, the block-copy assembly
-#: and the mosaic's checks are written and measured for this one, so a spec naming another is refused.
-SUPPORTED_BLOCK_SIZES = (DEFAULT_BLOCK_SIZE,)
+#: Edge of every tile's and the mosaic's internal blocks, in pixels, unless the profile's
+#: ``blocksize`` names another (tilecommit/profiles.py).
+DEFAULT_BLOCK_SIZE = profiles.DEFAULT_BLOCK_SIZE
+#: The block sizes this build encodes and assembles (the tile encoder, the block-copy assembly,
+#: the mosaic's checks); a spec naming another is refused.
+SUPPORTED_BLOCK_SIZES = profiles.BLOCK_SIZES
 #: The profile of jobs that name none (tilecommit/profiles.py has them all).
 DEFAULT_PROFILE = profiles.DEFAULT
 
@@ -90,7 +91,10 @@ class OutputSpec(Record):
         choice = profiles.resolve(
             metadata or {}, blob_name, rules=settings.profile_rule_list(), default=settings.default_profile()
         )
-        return cls.with_choice(settings.window_size, choice)
+        try:
+            return cls.with_choice(settings.window_size, choice)
+        except ConfigurationError as exc:  # the metadata's block size and the app's window size
+            raise BadInputError(f"blob metadata {profiles.METADATA_PROFILE}: {exc}") from exc
 
     @classmethod
     def started_for(
@@ -106,7 +110,16 @@ class OutputSpec(Record):
 
     @classmethod
     def with_choice(cls, window_size: int, choice: profiles.Choice) -> OutputSpec:
-        return cls(window_size=window_size, profile=choice.name, profile_options=choice.options)
+        """The spec of ``choice`` at ``window_size``: its ``blocksize`` option is the spec's block
+        size, the others stay the profile's options."""
+        options = dict(choice.options)
+        block_size = int(options.pop("blocksize", DEFAULT_BLOCK_SIZE))
+        return cls(
+            window_size=window_size,
+            block_size=block_size,
+            profile=choice.name,
+            profile_options=tuple(sorted(options.items())),
+        )
 
     def canonical(self) -> str:
         """One text for one spec (sorted keys, no spaces): what the job id hashes."""

@@ -34,7 +34,7 @@ from ..spec import OutputSpec
 from ..usage import ContextExecutor
 from . import tiff
 from .block_sources import FETCH_THREADS, TILE_HEAD_BYTES, BlockFetcher, FileRangeSource, read_tile_heads
-from .env import BLOCK_SIZE, gdal_env
+from .env import gdal_env
 from .gdal_errors import gdal_step
 from .pyramid import halve_ceil, levels_to_fit, plan_tile_levels
 from .scene import SceneInfo
@@ -74,9 +74,14 @@ def build_coarse_levels(
         base.mask = tiff.OutputDirectory(tags=mask_tags, blocks=mask.blocks, width=mask.width, height=mask.height)
     with open(base_path, "wb") as out:
         tiff.TiffWriter(byte_order).write(out, [base], fetch)
-    factors = [2**j for j in range(1, levels_to_fit(base.width, base.height, halve_ceil) + 1)]
+    factors = [2**j for j in range(1, levels_to_fit(base.width, base.height, halve_ceil, spec.block_size) + 1)]
+    # GDAL builds them in blocks of GDAL_TIFF_OVR_BLOCKSIZE: the spec's.
+    encoding = {
+        **profiles.coarse_level_options(spec.choice, scene.dtype, scene.count),
+        "GDAL_TIFF_OVR_BLOCKSIZE": spec.block_size,
+    }
     with (
-        gdal_env(settings, profiles.coarse_level_options(spec.choice, scene.dtype, scene.count)),
+        gdal_env(settings, encoding),
         warnings.catch_warnings(),
     ):
         # The level copy carries no georeferencing on purpose: only its blocks are reused.
@@ -92,8 +97,7 @@ def build_coarse_levels(
         layout = tiff.read_layout(f.read(TILE_HEAD_BYTES), source.read, max_directories=2 * len(factors) + 4)
 
     def coarse(d: tiff.Directory, subfile_type: int, what: str) -> tiff.OutputDirectory:
-        # GDAL builds them in blocks of GDAL_TIFF_OVR_BLOCKSIZE (env.py), the one block size a spec may name.
-        if d.tile_width != BLOCK_SIZE or d.tile_height != BLOCK_SIZE or d.planar_config != 1:
+        if d.tile_width != spec.block_size or d.tile_height != spec.block_size or d.planar_config != 1:
             raise MosaicCheckError(f"computed {what} has blocks of {d.tile_width}x{d.tile_height}")
         blocks = [tiff.BlockRef("coarse", o, c) for o, c in zip(d.block_offsets, d.block_byte_counts, strict=True)]
         tags = tiff.copyable_tags(d, width=d.width, height=d.height, subfile_type=subfile_type)

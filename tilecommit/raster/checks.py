@@ -83,8 +83,10 @@ def check_mosaic_file(
     settings: Settings,
     gdal_options: dict | None = None,
     label: str | None = None,
+    block_size: int = BLOCK_SIZE,
 ) -> None:
-    """Refuse a mosaic whose shape, georeferencing or overview levels are not what was planned.
+    """Refuse a mosaic whose shape, georeferencing, blocks or overview levels are not what was
+    planned (``block_size``: the job's spec's).
 
     ``path`` is anything GDAL opens (the VRT path's temporary file, the planned head of a
     block-copy mosaic in ``/vsimem/``), or the committed blob at the version checked, read
@@ -100,7 +102,7 @@ def check_mosaic_file(
         gdal_step(f"checking {label or path}"),
         reading(path) as src,
     ):
-        problems = _mosaic_problems(src, path, scene, levels)
+        problems = _mosaic_problems(src, path, scene, levels, block_size)
     if problems:
         what = label or f"assembled mosaic {path}"
         fault = transport_fault(messages)
@@ -112,7 +114,7 @@ def check_mosaic_file(
         raise MosaicCheckError(f"{what} is wrong: " + "; ".join(problems))
 
 
-def _mosaic_problems(src, path: str | Source, scene: SceneInfo, levels: int) -> list[str]:
+def _mosaic_problems(src, path: str | Source, scene: SceneInfo, levels: int, block_size: int) -> list[str]:
     problems = []
     if (src.width, src.height, src.count) != (scene.width, scene.height, scene.count):
         problems.append(f"size {src.width}x{src.height}x{src.count}")
@@ -145,13 +147,15 @@ def _mosaic_problems(src, path: str | Source, scene: SceneInfo, levels: int) -> 
         )
         with opened as overview:
             sizes.append((overview.width, overview.height))
-    problems += pyramid_problems(sizes)
-    if src.block_shapes[0] != (BLOCK_SIZE, BLOCK_SIZE) and (src.width > BLOCK_SIZE or src.height > BLOCK_SIZE):
+    problems += pyramid_problems(sizes, block_size)
+    if src.block_shapes[0] != (block_size, block_size) and (src.width > block_size or src.height > block_size):
         problems.append(f"blocks {src.block_shapes[0]}")
     return problems
 
 
-def check_planned_mosaic(head: bytes, scene: SceneInfo, levels: int, *, settings: Settings, job_id: str = "") -> None:
+def check_planned_mosaic(
+    head: bytes, scene: SceneInfo, levels: int, *, settings: Settings, job_id: str = "", block_size: int = BLOCK_SIZE
+) -> None:
     """:func:`check_mosaic_file` on the planned header and directories of a block-copy mosaic.
 
     Everything the check reads lives in the directories, which are complete before the first
@@ -159,7 +163,14 @@ def check_planned_mosaic(head: bytes, scene: SceneInfo, levels: int, *, settings
     without a byte sent (the head is a few tens of KB, held in /vsimem/).
     """
     with MemoryFile(head, ext=".tif") as memory:
-        check_mosaic_file(memory.name, scene, levels, settings=settings, label=f"planned mosaic of job {job_id}")
+        check_mosaic_file(
+            memory.name,
+            scene,
+            levels,
+            settings=settings,
+            label=f"planned mosaic of job {job_id}",
+            block_size=block_size,
+        )
 
 
 def blob_properties(container: ContainerClient, name: str):
@@ -194,6 +205,7 @@ def verify_committed_mosaic(
     metadata: dict[str, str | None] | None = None,
     head: bytes | None = None,
     hash_content_from: str | None = None,
+    block_size: int = BLOCK_SIZE,
 ) -> None:
     """The checks of :func:`check_mosaic_file`, on the committed blob through /vsiaz/ (directories only),
     after those of what the assembly planned:
@@ -255,4 +267,5 @@ def verify_committed_mosaic(
         settings=settings,
         gdal_options={**(gdal_options or {}), **upload_gdal_options(committed.path)},
         label=f"committed mosaic {name}",
+        block_size=block_size,
     )

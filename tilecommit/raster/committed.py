@@ -105,7 +105,9 @@ def planned_block_copy(
         try:
             started = time.perf_counter()
             head, order, total = layout.writer.block_order(layout.directories)
-            check_planned_mosaic(head, scene, layout.levels, settings=settings, job_id=job_id)
+            check_planned_mosaic(
+                head, scene, layout.levels, settings=settings, job_id=job_id, block_size=spec.block_size
+            )
             plan = plan_copy(head, order, total, leaders=layout.writer.leaders, trailers=layout.writer.trailers)
             versions = {w.id: summary.entries[w.id].etag for w in windows}
             timings["check"] = time.perf_counter() - started
@@ -147,6 +149,7 @@ def verify_mosaic(
     *,
     output: ContainerClient,
     settings: Settings,
+    spec: OutputSpec,
     gdal_options: dict | None,
     timings: dict[str, float],
 ):
@@ -184,7 +187,11 @@ def verify_mosaic(
                 raise MosaicCheckError(
                     f"committed mosaic {name} says it was block-copied ({method}), but its tiles cannot be: {exc}"
                 ) from exc
-        levels = planned.levels if planned is not None else mosaic_overview_levels(scene.width, scene.height)
+        levels = (
+            planned.levels
+            if planned is not None
+            else mosaic_overview_levels(scene.width, scene.height, spec.block_size)
+        )
         key = PLAN_SHA256_METADATA_KEY if method == "server" else gates.SHA256_METADATA_KEY
         ours = planned.evidence[1] if planned is not None and planned.evidence[0] == key else None
         verify_committed_mosaic(
@@ -198,6 +205,7 @@ def verify_mosaic(
             metadata={OVERVIEW_LEVELS_METADATA_KEY: str(levels), key: ours},
             head=planned.head if planned is not None else None,
             hash_content_from=key if ours is None and key == gates.SHA256_METADATA_KEY else None,
+            block_size=spec.block_size,
         )
     except MosaicCheckError as exc:
         raise MosaicCheckError(f"{exc}; {repair_instruction(job_id)}") from exc
@@ -229,7 +237,15 @@ def verifier(
 
     def verify(planned: PlannedMosaic | None):
         return verify_mosaic(
-            job_id, scene, planned, plan, output=output, settings=settings, gdal_options=gdal_options, timings=timings
+            job_id,
+            scene,
+            planned,
+            plan,
+            output=output,
+            settings=settings,
+            spec=spec,
+            gdal_options=gdal_options,
+            timings=timings,
         )
 
     return verify

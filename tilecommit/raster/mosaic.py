@@ -317,7 +317,9 @@ def assemble_mosaic(
             planned_head: list[bytes] = []
 
             def check_head(head: bytes, planned_levels: int) -> None:
-                check_planned_mosaic(head, scene, planned_levels, settings=settings, job_id=job_id)
+                check_planned_mosaic(
+                    head, scene, planned_levels, settings=settings, job_id=job_id, block_size=spec.block_size
+                )
                 planned_head.append(head)
 
             try:
@@ -389,7 +391,7 @@ def assemble_mosaic(
             )
             sha256 = _file_sha256(out_path)
             started = time.perf_counter()
-            check_mosaic_file(out_path, scene, levels, settings=settings)
+            check_mosaic_file(out_path, scene, levels, settings=settings, block_size=spec.block_size)
             timings["check"] = time.perf_counter() - started
             planned = PlannedMosaic("vrt", levels, (gates.SHA256_METADATA_KEY, sha256), nbytes=nbytes)
             started = time.perf_counter()

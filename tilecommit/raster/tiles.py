@@ -86,16 +86,17 @@ def cog_creation_options(
     }
 
 
-def write_cog(src, path: str, options: dict, *, choice: profiles.Choice, dtype: str) -> None:
+def write_cog(src, path: str, options: dict, *, choice: profiles.Choice, dtype: str, block_size: int) -> None:
     """``src`` (a dataset or a path) as a COG at ``path``, every level encoded to ``choice``.
 
     The COG driver encodes the overviews through GTiff's ``*_OVERVIEW`` configuration options and
     sets them from its own options only where they are not set already (GDAL's cogdriver.cpp,
     ``CPLConfigOptionSetter(..., bSetOnlyIfUndefined=true)``); the app's environment names DEFLATE
     for them (env.py), which every other profile's overviews would otherwise get. So the
-    profile's are set here, around the copy.
+    profile's are set here, around the copy, and so is the overviews' block size (GTiff's
+    GDAL_TIFF_OVR_BLOCKSIZE, 256 in the app's environment): the spec's, as the full resolution's.
     """
-    with rasterio.Env(**profiles.overview_options(choice, dtype)):
+    with rasterio.Env(**profiles.overview_options(choice, dtype), GDAL_TIFF_OVR_BLOCKSIZE=block_size):
         rasterio.shutil.copy(src, path, driver="COG", **options)
 
 
@@ -183,7 +184,7 @@ def encode_tile(
             staged.write_mask(mask)
         metadata.carry(src, staged)
         with MemoryFile() as memory:
-            write_cog(staged, memory.name, options, choice=spec.choice, dtype=src.dtypes[0])
+            write_cog(staged, memory.name, options, choice=spec.choice, dtype=src.dtypes[0], block_size=spec.block_size)
             body = memory.read()
     encode_s = time.perf_counter() - started
     return body, {"read": read_s, "encode": encode_s}

@@ -206,6 +206,6 @@ def build_mosaic_vrt(
             window=f"{scene.width}x{scene.height}, {len(windows)} tiles",
         ),
     ):
-        write_cog(vrt_path, out_path, options, choice=spec.choice, dtype=scene.dtype)
+        write_cog(vrt_path, out_path, options, choice=spec.choice, dtype=scene.dtype, block_size=spec.block_size)
     timings["write"] = time.perf_counter() - started
     return os.path.getsize(out_path), levels
