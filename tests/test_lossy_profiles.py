@@ -20,6 +20,7 @@ from rio_cogeo.cogeo import cog_validate
 from devhost.scenes import SceneSpec, write_scene
 from tilecommit.grid import plan_windows
 from tilecommit.raster import inspect_source
+from tilecommit.raster.pyramid import mosaic_overview_levels
 from tilecommit.raster.scrub import OTHER_PIXELS, _pixel_difference, check_window
 from tilecommit.raster.tiles import read_window
 from tilecommit.settings import Settings
@@ -192,3 +193,40 @@ def test_blocks_of_512_on_every_level_and_every_path(case, method, stores, stora
         assert np.array_equal(m.read_masks(), src.read_masks())
         if not spec.choice.lossy:
             assert np.array_equal(m.read(), src.read())
+
+
+def whole_scene_overviews(source: str, resampling: str, tmp_path) -> list[np.ndarray]:
+    """GDAL's own overviews of the whole source (what rio-cogeo would compute), every level."""
+    import shutil
+
+    from rasterio.enums import Resampling
+
+    copy = tmp_path / "whole.tif"
+    shutil.copy(source, copy)
+    with rasterio.open(source) as src:
+        levels = mosaic_overview_levels(src.width, src.height)
+    with rasterio.open(copy, "r+") as dst:
+        dst.build_overviews([2**k for k in range(1, levels + 1)], Resampling[resampling])
+    out = []
+    for level in range(levels):
+        with rasterio.open(copy, overview_level=level) as overview:
+            out.append(overview.read())
+    return out
+
+
+@pytest.mark.parametrize("resampling", ["nearest", "average", "rms", "mode"])
+def test_the_overviews_resampling_is_the_profiles_and_shows_no_seam_at_the_windows(
+    resampling, stores, storage, tmp_path
+):
+    source = write_scene(str(tmp_path / "scene.tif"), SceneSpec(1100, 1300, 1, "uint8"))
+    settings = Settings(window_size=WINDOW, profile=f"zstd,resampling={resampling}")
+    spec = OutputSpec.from_settings(settings)
+    assert spec.overview_resampling("average") == resampling
+    scene = inspect_source(source, settings=settings, spec=spec)
+    render_all(source, scene, settings, stores)
+    result = assemble(scene, settings, stores, storage, method="server")
+    mosaic = download(stores["output"], result.mosaic, tmp_path / "mosaic.tif")
+    expected = whole_scene_overviews(source, resampling, tmp_path)
+    with rasterio.open(mosaic, overview_level=0) as first:
+        # The first level is the tiles' own overviews side by side, made window by window.
+        assert np.array_equal(first.read(), expected[0]), f"{resampling}: the tiles' overviews show seams"

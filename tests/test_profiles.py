@@ -94,8 +94,13 @@ def test_the_default_profile_keeps_every_existing_job_id() -> None:
         ({"tilecommit_profile": "zstd", "tilecommit_level": "30"}, "level=30 for ZSTD: accepted 1..22"),
         ({"tilecommit_profile": "lzw", "tilecommit_level": "3"}, "level=3 for LZW: accepted none"),
         ({"tilecommit_profile": "raw", "tilecommit_predictor": "2"}, "predictor=2 for NONE"),
-        ({"tilecommit_tilesize": "512"}, "option 'tilesize' is not one of level, predictor, quality, max_z_error"),
+        (
+            {"tilecommit_tilesize": "512"},
+            "option 'tilesize' is not one of level, predictor, quality, max_z_error, blocksize, resampling",
+        ),
         ({"tilecommit_blocksize": "1024"}, "blocksize=1024: accepted 256 or 512"),
+        ({"tilecommit_resampling": "cubic"}, "resampling=cubic is refused: its kernel reaches past the 2 x 2"),
+        ({"tilecommit_resampling": "sharpest"}, "resampling='sharpest': accepted nearest, average, rms, mode"),
         ({"tilecommit_level": "high"}, "level='high' is not a whole number"),
     ],
 )

@@ -28,7 +28,7 @@ SUPPORTED_BLOCK_SIZES = profiles.BLOCK_SIZES
 DEFAULT_PROFILE = profiles.DEFAULT
 
 
-def _options_in(value: Any) -> tuple[tuple[str, int | float], ...]:
+def _options_in(value: Any) -> tuple[tuple[str, int | float | str], ...]:
     return tuple(sorted((str(k), profiles.option_value(str(k), v)) for k, v in dict(value or {}).items()))
 
 
@@ -44,7 +44,7 @@ class OutputSpec(Record):
     window_size: int = DEFAULT_WINDOW_SIZE
     block_size: int = DEFAULT_BLOCK_SIZE
     profile: str = DEFAULT_PROFILE
-    profile_options: tuple[tuple[str, int | float], ...] = ()
+    profile_options: tuple[tuple[str, int | float | str], ...] = ()
 
     JSON_IN = {"window_size": int, "block_size": int, "profile": str, "profile_options": _options_in}
 
@@ -67,6 +67,11 @@ class OutputSpec(Record):
     @property
     def choice(self) -> profiles.Choice:
         return profiles.Choice(self.profile, self.profile_options)
+
+    def overview_resampling(self, default: str) -> str:
+        """The overviews' resampling: the profile's ``resampling`` option, else ``default`` (the
+        scene's: average, nearest for paletted data)."""
+        return str(self.choice.option("resampling") or default)
 
     def to_dict(self) -> dict:
         data = super().to_dict()

@@ -91,7 +91,7 @@ def build_coarse_levels(
             gdal_step(step, window=f"level {first_level}, {base.width}x{base.height}"),
             rasterio.open(base_path, "r+") as dst,
         ):
-            dst.build_overviews(factors, Resampling[scene.overview_resampling])
+            dst.build_overviews(factors, Resampling[spec.overview_resampling(scene.overview_resampling)])
     source = FileRangeSource(base_path)
     with open(base_path, "rb") as f:
         layout = tiff.read_layout(f.read(TILE_HEAD_BYTES), source.read, max_directories=2 * len(factors) + 4)

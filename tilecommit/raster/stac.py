@@ -118,6 +118,11 @@ def stac_item_bytes(
             **{k.lower(): v for k, v in profiles.creation_options(spec.choice, scene.dtype).items()},
         },
     }
+    if spec.choice.option("resampling") or spec.block_size != profiles.DEFAULT_BLOCK_SIZE:
+        # Named only when the profile's options name them: the items of jobs that do not stay as they were.
+        properties["tilecommit:profile"].update(
+            overview_resampling=spec.overview_resampling(scene.overview_resampling), blocksize=spec.block_size
+        )
     if source_name:
         properties["tilecommit:source"] = source_name
     if cost is not None:

@@ -160,7 +160,7 @@ def encode_tile(
         src.dtypes[0],
         block_size=spec.block_size,
         overview_count=tile_overview_count(spec.window_size, spec.block_size),
-        resampling=overview_resampling_for(src),
+        resampling=spec.overview_resampling(overview_resampling_for(src)),
         choice=spec.choice,
         num_threads=num_threads,
     )

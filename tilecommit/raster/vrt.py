@@ -189,7 +189,7 @@ def build_mosaic_vrt(
         scene.dtype,
         block_size=spec.block_size,
         overview_count=levels,
-        resampling=scene.overview_resampling,
+        resampling=spec.overview_resampling(scene.overview_resampling),
         choice=spec.choice,
         num_threads=num_threads,
     )
