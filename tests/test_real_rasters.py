@@ -178,7 +178,44 @@ def in_bbox(lon: float, lat: float, bbox: list[float], tolerance: float) -> bool
     return lat_ok and (lon >= west - tolerance or lon <= east + tolerance)  # across the antimeridian
 
 
+def validate_against_the_core_schema(item: dict) -> None:
+    """The item against STAC's own item schema (the copy pystac ships, the item's version).
+
+    The extensions' schemas are published only on their web sites and no registry package ships
+    them, so they cannot be read here; their fields are checked against the source instead."""
+    from jsonschema import Draft7Validator
+    from pystac.validation.local_validator import VERSION, get_local_schema_cache
+    from referencing import Registry, Resource
+
+    assert item["stac_version"] == VERSION
+    cache = get_local_schema_cache()
+    registry = Registry().with_resources((uri, Resource.from_contents(schema)) for uri, schema in cache.items())
+    schema = cache[f"https://schemas.stacspec.org/v{VERSION}/item-spec/json-schema/item.json"]
+    Draft7Validator(schema, registry=registry).validate(item)
+
+
+def check_band_fields(item: dict, source: str) -> None:
+    """``raster:bands`` and ``eo:bands`` say what the source says about its bands."""
+    asset = item["assets"]["data"]
+    with rasterio.open(source) as src:
+        bands = asset["raster:bands"]
+        assert len(bands) == src.count
+        for band, scale, offset, unit in zip(bands, src.scales, src.offsets, src.units, strict=True):
+            assert band.get("scale", 1.0) == scale and band.get("offset", 0.0) == offset
+            assert band.get("unit") == (unit or None)
+            assert band["data_type"] == src.dtypes[0]
+        named = any(src.descriptions) or any(c.name in ("red", "green", "blue") for c in src.colorinterp)
+        assert ("eo:bands" in asset) == named
+        if named:
+            for eo, description, colour in zip(asset["eo:bands"], src.descriptions, src.colorinterp, strict=True):
+                assert eo["name"] == (description or eo.get("common_name") or eo["name"])
+                if colour.name in ("red", "green", "blue"):
+                    assert eo["common_name"] == colour.name
+
+
 def check_stac(item: dict, source: str) -> None:
+    validate_against_the_core_schema(item)
+    check_band_fields(item, source)
     with rasterio.open(source) as src:
         crs = src.crs
         has_valid = bool(src.dataset_mask().any())
@@ -331,3 +368,23 @@ def test_real_raster_as_a_whole_job_on_the_local_host(name, storage, app_env, tm
     check_mosaic(str(source), str(mosaic_path), levels)
     item = json.loads(download_blob(storage, app_env.output, f"mosaics/{summary['job_id']}/item.json"))
     check_stac(item, str(source))
+
+
+def test_the_core_schema_check_refuses_an_item_stac_refuses():
+    """The control for check_stac's schema check: a null datetime without an interval is refused."""
+    from jsonschema import ValidationError
+    from pystac.validation.local_validator import VERSION
+
+    item = {
+        "type": "Feature",
+        "stac_version": VERSION,
+        "id": "x",
+        "geometry": None,
+        "properties": {"datetime": None},
+        "links": [],
+        "assets": {},
+    }
+    with pytest.raises(ValidationError):
+        validate_against_the_core_schema(item)
+    item["properties"] = {"datetime": "2026-01-01T00:00:00Z"}
+    validate_against_the_core_schema(item)

@@ -50,6 +50,9 @@ SCENE = {
     "mask": "nodata",
     "overview_resampling": "average",
     "nbytes": 1234,
+    "scales": [0.01],
+    "offsets": [],
+    "units": ["m"],
 }
 
 

@@ -105,6 +105,11 @@ class SceneInfo(Record):
     #: The overview resampling used for tiles and mosaic ("nearest" for paletted data, else "average").
     overview_resampling: str = "average"
     nbytes: int | None = None
+    #: Per band, what a pixel value means: value x scale + offset, in unit (empty: 1, 0, none;
+    #: payloads from before these were kept have none).
+    scales: list[float] = field(default_factory=list)
+    offsets: list[float] = field(default_factory=list)
+    units: list[str | None] = field(default_factory=list)
 
     @property
     def pixels(self) -> int:
@@ -375,6 +380,10 @@ def scene_from_dataset(src, *, nbytes: int | None = None) -> SceneInfo:
         mask=_mask_kind(src),
         overview_resampling=overview_resampling_for(src),
         nbytes=nbytes,
+        # Kept only when some band says something, so a scene without them is described as before.
+        scales=[float(v) for v in src.scales] if any(v != 1.0 for v in src.scales) else [],
+        offsets=[float(v) for v in src.offsets] if any(v != 0.0 for v in src.offsets) else [],
+        units=[u or None for u in src.units] if any(src.units) else [],
     )
 
 

@@ -1,4 +1,4 @@
-"""The mosaic's companions: a STAC item (projection, raster and file extensions) and a PNG quicklook.
+"""The mosaic's companions: a STAC item (projection, raster, eo and file extensions) and a PNG quicklook.
 
 Both are pure functions of the committed mosaic (its pixels, size, checksum and creation time),
 so a retry that regenerates them produces the same bytes and its create-only commit agrees; the
@@ -20,6 +20,8 @@ from datetime import datetime
 
 import numpy as np
 import pystac
+from pystac.extensions.eo import Band as EOBand
+from pystac.extensions.eo import EOExtension
 from pystac.extensions.file import FileExtension
 from pystac.extensions.projection import ProjectionExtension
 from pystac.extensions.raster import DataType, RasterBand, RasterExtension
@@ -147,10 +149,13 @@ def stac_item_bytes(
     resolution = abs(scene.transform[0])
     RasterExtension.ext(mosaic, add_if_missing=True).apply(
         bands=[
-            RasterBand.create(nodata=nodata, data_type=DataType(scene.dtype), spatial_resolution=resolution)
-            for _ in range(scene.count)
+            RasterBand.create(nodata=nodata, data_type=DataType(scene.dtype), spatial_resolution=resolution, **meaning)
+            for meaning in band_meanings(scene)
         ]
     )
+    names = eo_bands(scene)
+    if names is not None:
+        EOExtension.ext(mosaic, add_if_missing=True).apply(bands=names)
     # A mosaic the storage service assembled has no sha256 (no one reads its bytes): size only.
     FileExtension.ext(mosaic, add_if_missing=True).apply(
         size=mosaic_nbytes, checksum="1220" + mosaic_sha256 if mosaic_sha256 else None
@@ -162,6 +167,46 @@ def stac_item_bytes(
         ),
     )
     return _canonical(item.to_dict(include_self_link=False, transform_hrefs=False))
+
+
+def band_meanings(scene: SceneInfo) -> list[dict]:
+    """Per band, the ``raster:bands`` fields that say what a value means (``scale``, ``offset``,
+    ``unit``), where the source says it: rio-stac's fields, from the source's own."""
+    out = []
+    for band in range(scene.count):
+        meaning = {}
+        if scene.scales and scene.scales[band] != 1.0:
+            meaning["scale"] = scene.scales[band]
+        if scene.offsets and scene.offsets[band] != 0.0:
+            meaning["offset"] = scene.offsets[band]
+        if scene.units and scene.units[band]:
+            meaning["unit"] = scene.units[band]
+        out.append(meaning)
+    return out
+
+
+def _eo_common_name(colour: str, description: str | None) -> str | None:
+    """The EO common band name (pystac's ``Band.band_range`` knows them) a band's colour
+    interpretation (GDAL's red, green, blue) or description (``nir``, ``swir16``...) is, if any."""
+    for candidate in (colour.lower(), (description or "").strip().lower()):
+        if candidate and EOBand.band_range(candidate) is not None:
+            return candidate
+    return None
+
+
+def eo_bands(scene: SceneInfo) -> list[EOBand] | None:
+    """``eo:bands`` where the source names its bands (a description, or a colour interpretation
+    that is an EO common name), else None: no band list made up of placeholders. A band the
+    source does not name is ``b<N>``, as rio-stac calls it."""
+    descriptions = scene.descriptions or [None] * scene.count
+    colours = scene.colorinterp or [""] * scene.count
+    common = [_eo_common_name(c, d) for c, d in zip(colours, descriptions, strict=True)]
+    if not any(descriptions) and not any(common):
+        return None
+    bands = []
+    for index, (description, common_name) in enumerate(zip(descriptions, common, strict=True), start=1):
+        bands.append(EOBand.create(name=description or common_name or f"b{index}", common_name=common_name))
+    return bands
 
 
 def _canonical(body: dict) -> bytes:
