@@ -159,7 +159,12 @@ def encode_tile(
     options = cog_creation_options(
         src.dtypes[0],
         block_size=spec.block_size,
-        overview_count=tile_overview_count(spec.window_size, spec.block_size),
+        # GDAL's COG driver cannot make any overview of a single pixel (it fails with an unnamed
+        # error): a 1 x 1 window (the corner of a scene one pixel past a window edge both ways)
+        # gets none, and its mosaic is assembled through the VRT (the tiles' levels disagree).
+        overview_count=0
+        if window.width == window.height == 1
+        else tile_overview_count(spec.window_size, spec.block_size),
         resampling=spec.overview_resampling(overview_resampling_for(src)),
         choice=spec.choice,
         num_threads=num_threads,
