@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 from rasterio.crs import CRS
-from rasterio.enums import MaskFlags
+from rasterio.enums import ColorInterp, MaskFlags
 from rasterio.errors import RasterioIOError
 from rasterio.windows import Window as RioWindow
 
@@ -425,9 +425,12 @@ def inspect_source(
                     "pixels: split the scene, or raise the limit if the plan's time and memory allow"
                 )
             _check_samples(path, src)
-            profiles.check_for(
-                spec.choice, src.dtypes[0], count=src.count, nodata=src.nodata, alpha=_mask_kind(src) == "alpha"
-            )
+            # The alpha band from the header's colour interpretation, not from GDAL's mask flags:
+            # asking for those before the checks below let a damaged file of the fuzz corpus
+            # (directory-field-025-striped-raw-rgb.tif) pass the decode check it fails otherwise
+            # (its first window then failed at rendering; observed, the mechanism not traced).
+            alpha = any(ci == ColorInterp.alpha for ci in src.colorinterp)
+            profiles.check_for(spec.choice, src.dtypes[0], count=src.count, nodata=src.nodata, alpha=alpha)
             _check_window_budget(path, src, spec)
             _check_georeferencing(path, src)
             _check_block_layout(path, src)
