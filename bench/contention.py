@@ -63,7 +63,7 @@ def worker(
     import logging
     import random
 
-    logging.getLogger("tilecommit.gates").setLevel(logging.WARNING)  # refusals are logged at INFO
+    logging.getLogger("tilecommit.conditional").setLevel(logging.WARNING)  # refusals are logged at INFO
     from tilecommit.gates import commit_blob
     from tilecommit.storage import StorageConnection
 

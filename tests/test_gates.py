@@ -39,7 +39,7 @@ from azure.core.pipeline.policies import HTTPPolicy
 from azure.data.tables import EdmType, EntityProperty, TableClient
 from azure.storage.blob import ContainerClient, ExponentialRetry
 
-from tilecommit import gates
+from tilecommit import conditional, gates
 from tilecommit.errors import BadInputError, BodyTooLargeError, ConfigurationError, StorageFaultError
 from tilecommit.gates import Outcome
 from tilecommit.grid import Window
@@ -236,7 +236,7 @@ def test_second_commit_leaves_etag_last_modified_size_and_content_unchanged(cont
 
 
 def test_other_bytes_under_a_taken_key_warn_and_count_a_mismatch(container, caplog):
-    caplog.set_level(logging.INFO, logger="tilecommit.gates")
+    caplog.set_level(logging.INFO, logger="tilecommit.conditional")
     name = "tiles/y/0001_0001.tif"
     ours, theirs = b"ours" * 300, b"theirs" * 300
     assert gates.commit_blob(container, name, ours, job_id="aaaaaaaaaaaaaaaa") is Outcome.WRITTEN
@@ -273,7 +273,7 @@ def test_other_bytes_under_a_taken_key_warn_and_count_a_mismatch(container, capl
 
 
 def test_32_writers_20_rounds_exactly_one_winner_each(storage, container, record_property, capsys, caplog):
-    caplog.set_level(logging.INFO, logger="tilecommit.gates")
+    caplog.set_level(logging.INFO, logger="tilecommit.conditional")
     writers, rounds = 32, 20
     clients = [
         ContainerClient.from_connection_string(storage.connection_string, container.container_name)
@@ -592,7 +592,7 @@ def test_no_answer_at_all_is_a_retryable_fault_and_every_put_stayed_conditional(
         gates.commit_blob(client, "lost/never.tif", b"x", job_id=JOB)
     assert info.value.retryable is True
     puts = fail.puts()
-    assert len(puts) == gates.UNKNOWN_OUTCOME_ATTEMPTS
+    assert len(puts) == conditional.UNKNOWN_OUTCOME_ATTEMPTS
     assert all(s.headers.get("if-none-match") == "*" for s in puts)
     assert not container.get_blob_client("lost/never.tif").exists()
 
@@ -701,7 +701,7 @@ def raw_row(table: TableClient, job: str, window: str) -> dict:
 
 
 def test_manifest_entry_is_create_only_and_the_first_row_stays(table, caplog):
-    caplog.set_level(logging.INFO, logger="tilecommit.gates")
+    caplog.set_level(logging.INFO, logger="tilecommit.conditional")
     window = Window(0, 3, 0, 3072, 1024, 1024)
     first = dict(uri="https://a/tiles/x/0000_0003.tif", nbytes=5_000_000_000, sha256=sha(b"first"))
     counters = Counters("manifest")

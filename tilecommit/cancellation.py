@@ -20,7 +20,7 @@ from azure.core import MatchConditions
 from azure.core.exceptions import HttpResponseError, ResourceModifiedError, ResourceNotFoundError
 from azure.data.tables import TableClient
 
-from . import gates, jobs
+from . import gates, jobs, storage
 from .gates import ManifestEntry, Outcome
 from .grid import Window
 
@@ -73,6 +73,6 @@ def clear_cancelled(table: TableClient, job_id: str) -> bool:
         return False
     except ResourceNotFoundError:
         return True  # a concurrent retry removed it first
-    except (HttpResponseError, *gates.TRANSPORT_FAULTS) as exc:
-        raise gates.storage_fault("deleting entity", f"{job_id}/{jobs.CANCELLED_ROW_KEY}", exc) from exc
+    except (HttpResponseError, *storage.TRANSPORT_FAULTS) as exc:
+        raise storage.storage_fault("deleting entity", f"{job_id}/{jobs.CANCELLED_ROW_KEY}", exc) from exc
     return True

@@ -1,11 +1,13 @@
-"""The storage gates: create-only blob, If-Match repair, create-only entity. One outcome type.
+"""The Azure backends of the one conditional write (:mod:`tilecommit.conditional`): a blob's
+create-only Put Blob or Put Block List (``If-None-Match: *``) and its ``If-Match`` replacement
+(a repair), a table entity's create-only insert and its ``If-Match`` update; and the manifest's
+rows, which are such entities.
 
-The storage engine refuses the second copy in the same request that performs the first, so a
-refused conditional write is the mechanism succeeding: it returns ``Outcome.ALREADY_PRESENT``
-(or ``SUPERSEDED`` for a repair), is logged at INFO and counted, and never raises. Only genuine
-faults raise (:class:`~tilecommit.errors.StorageFaultError`). A transport fault whose outcome is
-unknown is resolved from the evidence written with the object (its sha256), never by dropping
-the condition.
+The rules (a refusal is an outcome, logged at INFO and counted, never raised; an unknown outcome
+resolved from the stored evidence, never by dropping the condition) are :mod:`~tilecommit.conditional`'s;
+what is here is how Azure Storage is asked and how its answers read: 409 ``BlobAlreadyExists`` /
+``EntityAlreadyExists`` and 412 ``ConditionNotMet`` for a taken key; 412 or 404 for a replaced or
+vanished version; the evidence a sha256 in the blob's metadata or a property of the entity.
 """
 
 from __future__ import annotations
@@ -14,22 +16,18 @@ import hashlib
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
 from azure.core import MatchConditions
-from azure.core.exceptions import (
-    HttpResponseError,
-    ResourceNotFoundError,
-    ServiceRequestError,
-    ServiceResponseError,
-)
+from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
 from azure.data.tables import EdmType, EntityProperty, TableClient, TableEntity, UpdateMode
 from azure.storage.blob import BlobClient, ContainerClient, ContentSettings
 
-from . import jobs, telemetry
+from . import conditional, jobs
+from .conditional import Outcome, Stored
 from .errors import BodyTooLargeError, ConfigurationError, StorageFaultError
 from .grid import Window
+from .storage import TRANSPORT_FAULTS, blob_head, storage_fault
 
 logger = logging.getLogger(__name__)
 
@@ -43,22 +41,6 @@ MAX_PUT_BLOB_BYTES = 5000 * 1024 * 1024
 #: Block List, after every byte moved. Built with these options, a client sends every body a gate
 #: accepts as the one conditional Put Blob.
 SINGLE_PUT_CLIENT_OPTIONS = {"max_single_put_size": MAX_PUT_BLOB_BYTES}
-#: Conditional puts tried when a transport fault left the outcome unknown and evidence says absent.
-UNKNOWN_OUTCOME_ATTEMPTS = 3
-
-#: Exceptions that mean the request got no answer: its outcome is unknown.
-TRANSPORT_FAULTS = _TRANSPORT_FAULTS = (ServiceRequestError, ServiceResponseError)
-
-
-class Outcome(StrEnum):
-    """What a gated write did. A refusal is an outcome, not an error."""
-
-    WRITTEN = "written"
-    ALREADY_PRESENT = "already-present"
-    SUPERSEDED = "superseded"
-
-    def __str__(self) -> str:  # "written", not "Outcome.WRITTEN", in logs and JSON
-        return self.value
 
 
 def sha256_hex(body: bytes) -> str:
@@ -97,37 +79,48 @@ def is_create_rejection(exc: HttpResponseError) -> bool:
     return False
 
 
-def storage_fault(action: str, key: str, exc: Exception) -> StorageFaultError:
-    """The :class:`StorageFaultError` for a failed storage call (retryable unless a plain 4xx)."""
-    status = getattr(exc, "status_code", None)
-    return StorageFaultError(f"{action} {key!r} failed: {type(exc).__name__} (status {status}): {exc}", status=status)
+#: A replacement's refusals: the version is not the one named (412 ConditionNotMet), or the
+#: object is gone (404 BlobNotFound / ResourceNotFound). A 412 about a lease (LeaseIdMissing...)
+#: is not a newer version, nor is a missing container a blob that is gone.
+SUPERSEDED_ANSWERS = (
+    (404, None),
+    (404, "BlobNotFound"),
+    (404, "ResourceNotFound"),
+    (412, None),
+    (412, "ConditionNotMet"),
+    (412, "UpdateConditionNotSatisfied"),
+)
 
 
-def count_rejection(gate: str, status: int | None, job_id: str, key: str, what: str) -> None:
-    """Log a refused conditional write at INFO with the job id and count it (the mechanism working)."""
-    logger.info(
-        "conditional write refused (%s): gate=%s job_id=%s key=%s status=%s",
-        what,
-        gate,
-        job_id or "-",
-        key,
-        status,
-    )
-    telemetry.precondition_failed.add(1, telemetry.job_attributes(job_id, gate=gate, status=str(status)))
+@dataclass
+class AzureWrite:
+    """One conditional request to Azure Storage (:class:`conditional.Backend`): ``send`` carries
+    the condition; ``read`` reads what is stored at the key; ``replace``: an If-Match one."""
 
+    key: str
+    send: Callable[[], Any]
+    read: Callable[[], Stored]
+    action: str
+    replace: bool = False
 
-def count_mismatch(gate: str, job_id: str, key: str, ours: str, stored: str | None) -> None:
-    """Log and count a refused create whose stored content is not ours."""
-    logger.warning(
-        "refused write holds other content: gate=%s job_id=%s key=%s ours=%s stored=%s "
-        "(encoding is not deterministic, or another job wrote this key)",
-        gate,
-        job_id or "-",
-        key,
-        ours,
-        stored,
-    )
-    telemetry.content_mismatch.add(1, telemetry.job_attributes(job_id, gate=gate))
+    def refused(self, exc: BaseException) -> bool:
+        if not isinstance(exc, HttpResponseError):
+            return False
+        if self.replace:
+            return (exc.status_code, _error_code(exc)) in SUPERSEDED_ANSWERS
+        return is_create_rejection(exc)
+
+    def unanswered(self, exc: BaseException) -> bool:
+        return isinstance(exc, TRANSPORT_FAULTS)
+
+    def stored(self) -> Stored:
+        return self.read()
+
+    def status(self, exc: BaseException) -> int | None:
+        return getattr(exc, "status_code", None)
+
+    def fault(self, exc: BaseException) -> StorageFaultError:
+        return storage_fault(self.action, self.key, exc)
 
 
 # --------------------------------------------------------------------------- blobs
@@ -158,15 +151,20 @@ def _single_put_client(container: ContainerClient, name: str, size: int) -> Blob
 
 def stored_blob_sha256(blob: BlobClient, digest_key: str = SHA256_METADATA_KEY) -> tuple[str | None, str | None]:
     """(sha256 from the blob's metadata (``digest_key``), etag), or (None, None) when there is no blob."""
-    try:
-        props = blob.get_blob_properties()
-    except ResourceNotFoundError:
+    props = blob_head(blob)
+    if props is None:
         return None, None
-    except HttpResponseError as exc:
-        raise storage_fault("reading the properties of", blob.blob_name, exc) from exc
-    except _TRANSPORT_FAULTS as exc:
-        raise storage_fault("reading the properties of", blob.blob_name, exc) from exc
     return (props.metadata or {}).get(digest_key), props.etag
+
+
+def _blob_evidence(blob: BlobClient, digest_key: str) -> Callable[[], Stored]:
+    def read() -> Stored:
+        props = blob_head(blob)
+        if props is None:
+            return conditional.ABSENT
+        return Stored(True, (props.metadata or {}).get(digest_key), props.etag)
+
+    return read
 
 
 @dataclass(frozen=True)
@@ -203,7 +201,7 @@ def _content_chunks(blob: BlobClient, etag: str | None) -> Iterator[bytes]:
         if exc.status_code == 412:
             raise StorageFaultError(f"{blob.blob_name!r} was replaced while its bytes were read (was {etag})") from exc
         raise storage_fault("reading the bytes of", blob.blob_name, exc) from exc
-    except _TRANSPORT_FAULTS as exc:
+    except TRANSPORT_FAULTS as exc:
         raise storage_fault("reading the bytes of", blob.blob_name, exc) from exc
 
 
@@ -211,12 +209,9 @@ def stored_blob(blob: BlobClient) -> StoredBlob | None:
     """What storage holds under ``blob``'s key (None: nothing). The sha256 is the one the gates
     store in the blob's metadata; a blob written without one (by another writer) has its bytes
     read, pinned to the ETag of the same HEAD, and hashed."""
-    try:
-        props = blob.get_blob_properties()
-    except ResourceNotFoundError:
+    props = blob_head(blob)
+    if props is None:
         return None
-    except (HttpResponseError, *_TRANSPORT_FAULTS) as exc:
-        raise storage_fault("reading the properties of", blob.blob_name, exc) from exc
     digest = (props.metadata or {}).get(SHA256_METADATA_KEY) or content_sha256(blob, props.etag)
     return StoredBlob(etag=props.etag, nbytes=int(props.size), sha256=digest)
 
@@ -265,47 +260,8 @@ def create_once(
     the metadata key holding the evidence (a mosaic the storage service copied stores its plan's digest).
     """
     name = blob.blob_name
-    gate = gate or jobs.blob_gate(name)
-    outcome = _create_once(blob, put, digest=digest, job_id=job_id, gate=gate, digest_key=digest_key)
-    telemetry.count_write(gate, outcome, job_id)
-    return outcome
-
-
-def _create_once(
-    blob: BlobClient, put: Callable[[], Any], *, digest: str, job_id: str, gate: str, digest_key: str
-) -> Outcome:
-    name = blob.blob_name
-    for _ in range(UNKNOWN_OUTCOME_ATTEMPTS):
-        try:
-            put()
-            return Outcome.WRITTEN
-        except HttpResponseError as exc:
-            if not is_create_rejection(exc):
-                raise storage_fault("creating blob", name, exc) from exc
-            count_rejection(gate, exc.status_code, job_id, name, "already present")
-            stored, _ = stored_blob_sha256(blob, digest_key)
-            if stored != digest:
-                count_mismatch(gate, job_id, name, digest, stored)
-            return Outcome.ALREADY_PRESENT
-        except _TRANSPORT_FAULTS as exc:
-            stored, _ = stored_blob_sha256(blob, digest_key)
-            if stored is None:
-                logger.warning(
-                    "create of %r had no answer (%s) and nothing is stored: sending the same conditional request again",
-                    name,
-                    exc,
-                )
-                continue
-            telemetry.unknown_outcome_resolved.add(1, telemetry.job_attributes(job_id, gate=gate))
-            if stored == digest:
-                logger.info("create of %r had no answer (%s); the stored sha256 is ours: written", name, exc)
-                return Outcome.WRITTEN
-            count_rejection(gate, None, job_id, name, "already present, found after a lost response")
-            count_mismatch(gate, job_id, name, digest, stored)
-            return Outcome.ALREADY_PRESENT
-    raise StorageFaultError(
-        f"creating blob {name!r}: no answer after {UNKNOWN_OUTCOME_ATTEMPTS} conditional requests and nothing stored"
-    )
+    write = AzureWrite(name, put, _blob_evidence(blob, digest_key), "creating blob")
+    return conditional.create_once(write, digest=digest, gate=gate or jobs.blob_gate(name), job_id=job_id)
 
 
 def commit_blob(
@@ -471,47 +427,8 @@ def replace_once(
     what is stored: the old version still there means the same conditional request again; our
     evidence means written; anything else is superseded.
     """
-    outcome = _replace_once(
-        blob, put, expect_etag=expect_etag, digest=digest, job_id=job_id, gate=gate, digest_key=digest_key
-    )
-    telemetry.count_write(gate, outcome, job_id)
-    return outcome
-
-
-def _replace_once(
-    blob: BlobClient, put: Callable[[], Any], *, expect_etag: str, digest: str, job_id: str, gate: str, digest_key: str
-) -> Outcome:
-    name = blob.blob_name
-    for _ in range(UNKNOWN_OUTCOME_ATTEMPTS):
-        try:
-            put()
-            return Outcome.WRITTEN
-        except HttpResponseError as exc:
-            # A 412 about a lease (LeaseIdMissing ...) is not a newer version: only ConditionNotMet is.
-            # Nor is a missing container a blob that is gone: only BlobNotFound is.
-            superseded = (exc.status_code, _error_code(exc)) in (
-                (404, None),
-                (404, "BlobNotFound"),
-                (412, None),
-                (412, "ConditionNotMet"),
-            )
-            if not superseded:
-                raise storage_fault("repairing blob", name, exc) from exc
-            count_rejection(gate, exc.status_code, job_id, name, "superseded")
-            return Outcome.SUPERSEDED
-        except _TRANSPORT_FAULTS as exc:
-            stored, etag = stored_blob_sha256(blob, digest_key)
-            if etag == expect_etag:
-                logger.warning(
-                    "repair of %r had no answer (%s); the old version is still there: trying again", name, exc
-                )
-                continue
-            telemetry.unknown_outcome_resolved.add(1, telemetry.job_attributes(job_id, gate=gate))
-            if stored == digest:
-                return Outcome.WRITTEN
-            count_rejection(gate, None, job_id, name, "superseded, found after a lost response")
-            return Outcome.SUPERSEDED
-    raise StorageFaultError(f"repairing blob {name!r}: no answer after {UNKNOWN_OUTCOME_ATTEMPTS} attempts")
+    write = AzureWrite(blob.blob_name, put, _blob_evidence(blob, digest_key), "repairing blob", replace=True)
+    return conditional.replace_once(write, expect_version=expect_etag, digest=digest, gate=gate, job_id=job_id)
 
 
 # --------------------------------------------------------------------------- table entities
@@ -569,7 +486,7 @@ def read_entity(table: TableClient, partition_key: str, row_key: str) -> TableEn
         return table.get_entity(partition_key, row_key)
     except ResourceNotFoundError:
         return None
-    except (HttpResponseError, *_TRANSPORT_FAULTS) as exc:
+    except (HttpResponseError, *TRANSPORT_FAULTS) as exc:
         raise storage_fault("reading entity", f"{partition_key}/{row_key}", exc) from exc
 
 
@@ -586,41 +503,17 @@ def create_entity_once(
     ``evidence_field`` names a property that identifies the content (a sha256): on a refusal it
     is compared with the stored row, and after a transport fault it tells ours from theirs.
     """
-    outcome = _create_entity_once(table, entity, gate=gate, job_id=job_id, evidence_field=evidence_field)
-    telemetry.count_write(gate, outcome, job_id)
-    return outcome
+    partition, row = entity["PartitionKey"], entity["RowKey"]
 
+    def read() -> Stored:
+        stored = read_entity(table, partition, row)
+        if stored is None:
+            return conditional.ABSENT
+        return Stored(True, stored.get(evidence_field) if evidence_field else None, stored.metadata.get("etag"))
 
-def _create_entity_once(
-    table: TableClient, entity: dict, *, gate: str, job_id: str, evidence_field: str | None
-) -> Outcome:
-    key = f"{entity['PartitionKey']}/{entity['RowKey']}"
-    for _ in range(UNKNOWN_OUTCOME_ATTEMPTS):
-        try:
-            table.create_entity(entity)
-            return Outcome.WRITTEN
-        except HttpResponseError as exc:
-            if not is_create_rejection(exc):
-                raise storage_fault("creating entity", key, exc) from exc
-            count_rejection(gate, exc.status_code, job_id, key, "already present")
-            if evidence_field:
-                stored = read_entity(table, entity["PartitionKey"], entity["RowKey"]) or {}
-                if stored.get(evidence_field) != entity[evidence_field]:
-                    count_mismatch(gate, job_id, key, entity[evidence_field], stored.get(evidence_field))
-            return Outcome.ALREADY_PRESENT
-        except _TRANSPORT_FAULTS as exc:
-            stored = read_entity(table, entity["PartitionKey"], entity["RowKey"])
-            if stored is None:
-                logger.warning("insert of %s had no answer (%s) and nothing is stored: trying again", key, exc)
-                continue
-            telemetry.unknown_outcome_resolved.add(1, telemetry.job_attributes(job_id, gate=gate))
-            if evidence_field and stored.get(evidence_field) == entity[evidence_field]:
-                return Outcome.WRITTEN
-            count_rejection(gate, None, job_id, key, "already present, found after a lost response")
-            if evidence_field:
-                count_mismatch(gate, job_id, key, entity[evidence_field], stored.get(evidence_field))
-            return Outcome.ALREADY_PRESENT
-    raise StorageFaultError(f"creating entity {key}: no answer after {UNKNOWN_OUTCOME_ATTEMPTS} attempts")
+    write = AzureWrite(f"{partition}/{row}", lambda: table.create_entity(entity), read, "creating entity")
+    digest = entity[evidence_field] if evidence_field else None
+    return conditional.create_once(write, digest=digest, gate=gate, job_id=job_id)
 
 
 def _window_id(window: Window | str) -> str:
@@ -690,40 +583,36 @@ def repair_manifest_entry(
     tile ETag mean written, anything else superseded.
     """
     entity = _manifest_entity(job_id, window, uri, nbytes, sha256, etag)
-    outcome = _repair_entity(table, entity, expect_row_etag, job_id=job_id)
-    telemetry.count_write(MANIFEST_REPAIR_GATE, outcome, job_id)
-    return outcome
+    key = f"{job_id}/{entity['RowKey']}"
+
+    def send() -> None:
+        table.update_entity(
+            entity, mode=UpdateMode.REPLACE, etag=expect_row_etag, match_condition=MatchConditions.IfNotModified
+        )
+
+    def read() -> Stored:
+        # The evidence of a row is what it names: the tile's sha256 and ETag.
+        stored = get_manifest_row(table, job_id, window)
+        if stored is None:
+            return conditional.ABSENT
+        return Stored(True, _row_evidence(stored[0].sha256, stored[0].etag), stored[1])
+
+    write = AzureWrite(key, send, read, "repairing entity", replace=True)
+    return conditional.replace_once(
+        write,
+        expect_version=expect_row_etag,
+        digest=_row_evidence(sha256, etag),
+        gate=MANIFEST_REPAIR_GATE,
+        job_id=job_id,
+    )
 
 
 #: The gate an If-Match replacement of a manifest row is counted under.
 MANIFEST_REPAIR_GATE = "manifest-repair"
 
 
-def _repair_entity(table: TableClient, entity: dict, expect_row_etag: str, *, job_id: str) -> Outcome:
-    key = f"{entity['PartitionKey']}/{entity['RowKey']}"
-    gate = MANIFEST_REPAIR_GATE
-    for _ in range(UNKNOWN_OUTCOME_ATTEMPTS):
-        try:
-            table.update_entity(
-                entity, mode=UpdateMode.REPLACE, etag=expect_row_etag, match_condition=MatchConditions.IfNotModified
-            )
-            return Outcome.WRITTEN
-        except HttpResponseError as exc:
-            if exc.status_code not in (404, 412):
-                raise storage_fault("repairing entity", key, exc) from exc
-            count_rejection(gate, exc.status_code, job_id, key, "superseded")
-            return Outcome.SUPERSEDED
-        except _TRANSPORT_FAULTS as exc:
-            stored = get_manifest_row(table, entity["PartitionKey"], entity["RowKey"])
-            if stored is not None and stored[1] == expect_row_etag:
-                logger.warning("repair of %s had no answer (%s); the old row is still there: trying again", key, exc)
-                continue
-            telemetry.unknown_outcome_resolved.add(1, telemetry.job_attributes(job_id, gate=gate))
-            if stored is not None and (stored[0].sha256, stored[0].etag) == (entity["sha256"], entity.get("etag")):
-                return Outcome.WRITTEN
-            count_rejection(gate, None, job_id, key, "superseded, found after a lost response")
-            return Outcome.SUPERSEDED
-    raise StorageFaultError(f"repairing entity {key}: no answer after {UNKNOWN_OUTCOME_ATTEMPTS} attempts")
+def _row_evidence(sha256: str, etag: str | None) -> str:
+    return f"{sha256}|{etag or ''}"
 
 
 def count_manifest(table: TableClient, job_id: str) -> ManifestSummary:
@@ -738,7 +627,7 @@ def count_manifest(table: TableClient, job_id: str) -> ManifestSummary:
         for entity in pages:
             entry = manifest_entry(entity)
             entries[entry.window] = entry
-    except (HttpResponseError, *_TRANSPORT_FAULTS) as exc:
+    except (HttpResponseError, *TRANSPORT_FAULTS) as exc:
         raise storage_fault("counting the manifest of", job_id, exc) from exc
     return ManifestSummary(job_id=job_id, entries=entries)
 

@@ -19,7 +19,7 @@ from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
 from azure.data.tables import TableClient, TableTransactionError
 from azure.storage.blob import ContainerClient
 
-from . import gates
+from . import storage
 from .jobs import check_job_id
 from .records import Record
 
@@ -47,8 +47,8 @@ def delete_manifest_rows(manifest: TableClient, job_id: str) -> int:
             except TableTransactionError:  # a row another sweep deleted fails the whole transaction
                 for key in batch:
                     manifest.delete_entity(job_id, key)  # answers nothing for a row already gone
-    except (HttpResponseError, *gates.TRANSPORT_FAULTS) as exc:
-        raise gates.storage_fault("deleting the manifest rows of", job_id, exc) from exc
+    except (HttpResponseError, *storage.TRANSPORT_FAULTS) as exc:
+        raise storage.storage_fault("deleting the manifest rows of", job_id, exc) from exc
     return len(keys)
 
 
@@ -62,8 +62,8 @@ def delete_tiles(tiles: ContainerClient, job_id: str) -> int:
                 deleted += 1
             except ResourceNotFoundError:
                 pass  # a concurrent sweep, or the lifecycle rule, got there first
-    except (HttpResponseError, *gates.TRANSPORT_FAULTS) as exc:
-        raise gates.storage_fault("deleting the tiles of", job_id, exc) from exc
+    except (HttpResponseError, *storage.TRANSPORT_FAULTS) as exc:
+        raise storage.storage_fault("deleting the tiles of", job_id, exc) from exc
     return deleted
 
 

@@ -14,18 +14,15 @@ from azure.core.exceptions import (
     HttpResponseError,
     ResourceModifiedError,
     ResourceNotFoundError,
-    ServiceRequestError,
-    ServiceResponseError,
 )
 from azure.storage.blob import ContainerClient
 
 from ..errors import CorruptTileError, IncompleteManifestError, StorageFaultError
 from ..grid import Window
+from ..storage import TRANSPORT_FAULTS
 from . import tiff
 from .env import BLOCK_SIZE
 from .pyramid import TileHead
-
-_TRANSPORT_FAULTS = (ServiceRequestError, ServiceResponseError)
 
 #: Bytes read from the start of each tile: a tile COG's directories and block arrays fit.
 TILE_HEAD_BYTES = 16 * 1024
@@ -73,7 +70,7 @@ class BlobRangeSource:
                 f"window {self.window}: tile {self.name} is in the manifest but not in storage",
                 mismatched=[self.window],
             ) from exc
-        except (HttpResponseError, *_TRANSPORT_FAULTS) as exc:
+        except (HttpResponseError, *TRANSPORT_FAULTS) as exc:
             raise StorageFaultError(
                 f"reading {length} bytes at {offset} of {self.name} failed: {exc}",
                 status=getattr(exc, "status_code", None),

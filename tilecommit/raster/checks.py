@@ -8,25 +8,24 @@ import math
 
 import rasterio
 from azure.core import MatchConditions
-from azure.core.exceptions import HttpResponseError, ResourceNotFoundError, ServiceRequestError, ServiceResponseError
+from azure.core.exceptions import HttpResponseError
 from azure.data.tables import TableClient
 from azure.storage.blob import ContainerClient
 from rasterio.enums import MaskFlags
 from rasterio.io import MemoryFile
 
-from .. import gates
+from .. import gates, storage
 from ..errors import IncompleteManifestError, MosaicCheckError, StorageFaultError
 from ..grid import plan_windows
 from ..settings import Settings
 from ..spec import OutputSpec
+from ..storage import TRANSPORT_FAULTS
 from .env import BLOCK_SIZE, gdal_env
 from .gdal_errors import gdal_step, recording, transport_fault
 from .pyramid import pyramid_problems
 from .scene import SceneInfo, crs_label, same_crs
 from .source import PinnedBlob, Source, open_upload, reading
 from .upload import upload_gdal_options
-
-_TRANSPORT_FAULTS = (ServiceRequestError, ServiceResponseError)
 
 
 def check_manifest(job_id: str, scene: SceneInfo, *, tiles: ContainerClient, manifest: TableClient, spec: OutputSpec):
@@ -49,7 +48,7 @@ def check_manifest(job_id: str, scene: SceneInfo, *, tiles: ContainerClient, man
     prefix = f"tiles/{job_id}/"
     try:
         sizes = {b.name: int(b.size) for b in tiles.list_blobs(name_starts_with=prefix)}
-    except (HttpResponseError, *_TRANSPORT_FAULTS) as exc:
+    except (HttpResponseError, *TRANSPORT_FAULTS) as exc:
         raise StorageFaultError(
             f"listing the sizes of {prefix} failed: {exc}", status=getattr(exc, "status_code", None)
         ) from exc
@@ -59,10 +58,8 @@ def check_manifest(job_id: str, scene: SceneInfo, *, tiles: ContainerClient, man
         entry = summary.entries[window.id]
         stored = sizes.get(entry.uri)
         if stored is None and not entry.uri.startswith(prefix):
-            try:
-                stored = int(tiles.get_blob_client(entry.uri).get_blob_properties().size)
-            except ResourceNotFoundError:
-                stored = None
+            props = storage.blob_head(tiles.get_blob_client(entry.uri))
+            stored = None if props is None else int(props.size)
         if stored != entry.nbytes:
             mismatched.append(window.id)
             details.append(f"{window.id} ({entry.uri}: manifest {entry.nbytes} bytes, stored {stored})")
@@ -174,14 +171,8 @@ def check_planned_mosaic(
 
 
 def blob_properties(container: ContainerClient, name: str):
-    try:
-        return container.get_blob_client(name).get_blob_properties()
-    except ResourceNotFoundError:
-        return None
-    except (HttpResponseError, *_TRANSPORT_FAULTS) as exc:
-        raise StorageFaultError(
-            f"reading the properties of {name} failed: {exc}", status=getattr(exc, "status_code", None)
-        ) from exc
+    """The properties of ``name`` in ``container``, or None when there is no such blob."""
+    return storage.blob_head(container.get_blob_client(name))
 
 
 def repair_instruction(job_id: str) -> str:
@@ -245,7 +236,7 @@ def verify_committed_mosaic(
                 etag=props.etag,  # the version whose properties were just checked, or a 412: retried
                 match_condition=MatchConditions.IfNotModified,
             ).readall()
-        except (HttpResponseError, *_TRANSPORT_FAULTS) as exc:
+        except (HttpResponseError, *TRANSPORT_FAULTS) as exc:
             raise StorageFaultError(f"reading the head of {name} failed: {exc}") from exc
         if stored_head != head:
             problems.append("its head differs from the planned header and directories")

@@ -24,7 +24,7 @@ from rasterio.errors import RasterioIOError
 from rasterio.io import MemoryFile
 from rasterio.windows import Window as RioWindow
 
-from .. import gates, jobs, telemetry
+from .. import gates, jobs, storage, telemetry
 from ..errors import IncompleteManifestError, InvalidRasterError, MosaicCheckError
 from ..grid import Window
 from ..records import Record
@@ -88,7 +88,7 @@ def _stored_tile(tiles: ContainerClient, name: str) -> StoredTile | None:
     except ResourceNotFoundError:
         return None
     except HttpResponseError as exc:
-        raise gates.storage_fault("reading tile", name, exc) from exc
+        raise storage.storage_fault("reading tile", name, exc) from exc
 
 
 def _decoded(body: bytes) -> tuple[np.ndarray, np.ndarray | None]:

@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from datetime import UTC, datetime, timedelta
 
-from azure.core.exceptions import HttpResponseError, ServiceRequestError, ServiceResponseError
+from azure.core.exceptions import HttpResponseError
 from azure.storage.blob import BlobClient, BlobSasPermissions, ContainerClient, generate_blob_sas
 
 # Private import, on purpose: the public stage_block_from_url has no keyword for the source's
@@ -41,8 +41,9 @@ from azure.storage.blob import BlobClient, BlobSasPermissions, ContainerClient, 
 # lives only here (azure-storage-blob 12.x). It is the one way to send x-ms-source-if-match.
 from azure.storage.blob._generated.models import SourceModifiedAccessConditions
 
-from .. import gates
+from .. import conditional
 from ..errors import ConfigurationError, IncompleteManifestError, StorageFaultError
+from ..storage import TRANSPORT_FAULTS
 from ..usage import ContextExecutor
 from . import attempt, tiff
 from .copy_plan import LOCAL_BLOCK_BYTES, CopyPlan, CopyRange, LocalRun
@@ -50,7 +51,6 @@ from .staging import COMMITTED_ELSEWHERE_CHECK_S, CommitWatch
 
 logger = logging.getLogger(__name__)
 
-_TRANSPORT_FAULTS = (ServiceRequestError, ServiceResponseError)
 
 #: How long a tile's SAS stays valid: longer than one assembly may run (the 10-minute limit).
 SAS_LIFETIME = timedelta(minutes=30)
@@ -255,17 +255,17 @@ class ServerSideStager:
         self.local_bytes_sent += len(chunk)
 
     def _send(self, block_id: str, request: Callable[[str], None], what: str) -> None:
-        for _ in range(gates.UNKNOWN_OUTCOME_ATTEMPTS):
+        for _ in range(conditional.UNKNOWN_OUTCOME_ATTEMPTS):
             try:
                 request(block_id)
                 return
-            except _TRANSPORT_FAULTS as exc:
+            except TRANSPORT_FAULTS as exc:
                 # Staging an id again with the same bytes is harmless: the later one replaces it.
                 logger.warning(
                     "block %s of %s (%s) had no answer (%s): staging it again", block_id, self.blob.blob_name, what, exc
                 )
         raise StorageFaultError(
-            f"staging block {block_id} of {self.blob.blob_name}: no answer after {gates.UNKNOWN_OUTCOME_ATTEMPTS} attempts"
+            f"staging block {block_id} of {self.blob.blob_name}: no answer after {conditional.UNKNOWN_OUTCOME_ATTEMPTS} attempts"
         )
 
     def _run(self, requests: Iterator[tuple[str, Callable[[str], None], str]]) -> None:

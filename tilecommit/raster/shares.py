@@ -35,14 +35,15 @@ import logging
 from dataclasses import dataclass
 
 from azure.core import MatchConditions
-from azure.core.exceptions import HttpResponseError, ServiceRequestError, ServiceResponseError
+from azure.core.exceptions import HttpResponseError
 from azure.data.tables import TableClient
 from azure.storage.blob import ContainerClient
 
-from .. import gates, jobs
+from .. import gates, jobs, storage
 from ..errors import IncompatibleTilesError, IncompleteManifestError, MosaicCheckError
 from ..records import Record
 from ..spec import OutputSpec
+from ..storage import TRANSPORT_FAULTS
 from ..usage import ContextExecutor
 from . import attempt
 from .block_copy import read_tile_levels
@@ -55,7 +56,6 @@ from .staging import CommittedElsewhere
 
 logger = logging.getLogger(__name__)
 
-_TRANSPORT_FAULTS = (ServiceRequestError, ServiceResponseError)
 
 #: Shares of one mosaic at most: one activity each in the job's history (cut_shares doubles the
 #: share size above it).
@@ -201,9 +201,9 @@ def read_share_plan(tiles: ContainerClient, staged: StagedShares) -> SharePlan:
                 f"the mosaic's staging plan {staged.name} is not the version its attempt recorded "
                 f"({staged.etag}): {exc.status_code}; nothing was committed, deliver the upload again"
             ) from exc
-        raise gates.storage_fault("reading", staged.name, exc) from exc
-    except _TRANSPORT_FAULTS as exc:
-        raise gates.storage_fault("reading", staged.name, exc) from exc
+        raise storage.storage_fault("reading", staged.name, exc) from exc
+    except TRANSPORT_FAULTS as exc:
+        raise storage.storage_fault("reading", staged.name, exc) from exc
     plan = SharePlan.from_json(body)
     if plan.tag != staged.tag:
         raise MosaicCheckError(f"{staged.name} holds the plan of attempt {plan.tag}, not {staged.tag}")

@@ -12,15 +12,14 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from azure.core import MatchConditions
-from azure.core.exceptions import HttpResponseError, ServiceRequestError, ServiceResponseError
+from azure.core.exceptions import HttpResponseError
 from azure.storage.blob import BlobClient, ContainerClient, ContentSettings
 
-from .. import gates
+from .. import conditional, gates
 from ..errors import StorageFaultError
+from ..storage import TRANSPORT_FAULTS
 from ..usage import ContextExecutor
 from . import attempt
-
-_TRANSPORT_FAULTS = (ServiceRequestError, ServiceResponseError)
 
 logger = logging.getLogger(__name__)
 
@@ -157,7 +156,7 @@ class StagedBlockSink:
 
     def _put_block(self, index: int, chunk: memoryview) -> None:
         name = self.blob.blob_name
-        for _ in range(gates.UNKNOWN_OUTCOME_ATTEMPTS):
+        for _ in range(conditional.UNKNOWN_OUTCOME_ATTEMPTS):
             try:
                 self.blob.stage_block(attempt.block_id(self.tag, index), chunk, length=chunk.nbytes)
                 return
@@ -166,11 +165,11 @@ class StagedBlockSink:
                     f"staging block {index} ({chunk.nbytes} bytes) of {name} failed: {exc}",
                     status=exc.status_code,
                 ) from exc
-            except _TRANSPORT_FAULTS as exc:
+            except TRANSPORT_FAULTS as exc:
                 # Staging our own id with the same bytes again is harmless: the later one replaces it.
                 logger.warning("staging block %d of %s had no answer (%s): staging it again", index, name, exc)
         raise StorageFaultError(
-            f"staging block {index} of {name}: no answer after {gates.UNKNOWN_OUTCOME_ATTEMPTS} attempts"
+            f"staging block {index} of {name}: no answer after {conditional.UNKNOWN_OUTCOME_ATTEMPTS} attempts"
         )
 
     def close(self) -> list[str]:

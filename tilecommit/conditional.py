@@ -1,0 +1,191 @@
+"""One conditional write, written once, for every store the idea applies to.
+
+The storage service evaluates the condition in the request that performs the write, so the
+second copy is refused by the same request that would have made it:
+
+- **create once**: the request carries "only if the key is free" (Azure Blob and S3
+  ``If-None-Match: *``, Cloud Storage ``ifGenerationMatch=0``, an Azure Table insert, DynamoDB
+  ``attribute_not_exists``). The service's refusal means the key is taken: ``ALREADY_PRESENT``,
+  logged at INFO and counted, never raised; the stored evidence (a sha256 written in the same
+  request) is compared with ours, and a difference is logged at WARNING and counted.
+- **replace once** (a repair): the request carries "only if the version is the one inspected"
+  (``If-Match``, ``ifGenerationMatch=<generation>``, a condition on the item). The refusal means
+  something newer landed, or the object is gone: ``SUPERSEDED``, left untouched.
+
+A request without an answer (a transport fault) has an unknown outcome. It is resolved from what
+is stored, never by sending the write without its condition: nothing stored (or the old version
+still there) means the same conditional request again; our evidence means ``WRITTEN``; anything
+else is the refusal's outcome. Only a genuine fault raises (:class:`StorageFaultError`).
+
+What differs between stores is only how a request is sent, how its refusal and a lost answer
+look, and where the evidence is read: a :class:`Backend`. The Azure ones are in
+:mod:`tilecommit.gates`; S3, Cloud Storage and DynamoDB in :mod:`tilecommit.providers`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Protocol
+
+from . import telemetry
+from .errors import StorageFaultError
+
+logger = logging.getLogger(__name__)
+
+#: Conditional requests sent while a lost answer leaves the outcome unknown and the evidence
+#: says nothing was written.
+UNKNOWN_OUTCOME_ATTEMPTS = 3
+
+
+class Outcome(StrEnum):
+    """What a conditional write did. A refusal is an outcome, not an error."""
+
+    WRITTEN = "written"
+    ALREADY_PRESENT = "already-present"
+    SUPERSEDED = "superseded"
+
+    def __str__(self) -> str:  # "written", not "Outcome.WRITTEN", in logs and JSON
+        return self.value
+
+
+@dataclass(frozen=True)
+class Stored:
+    """What the store holds at the key: nothing (``present`` False), or a version (``version``:
+    its ETag, generation...) and the evidence written with it (``digest``, None when there is none)."""
+
+    present: bool
+    digest: str | None = None
+    version: str | None = None
+
+
+ABSENT = Stored(False)
+
+
+class Backend(Protocol):
+    """One conditional request to one store, and how to read its answers."""
+
+    #: What the write is to (a blob name, a table key), for logs and errors.
+    key: str
+
+    def send(self) -> None:
+        """Send the request, its condition in it. Raises what the store's client raises."""
+
+    def refused(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is the store refusing the condition (the key taken; for a replace,
+        the version not the one named, or the object gone), and nothing else."""
+
+    def unanswered(self, exc: BaseException) -> bool:
+        """Whether ``exc`` means the request got no answer: its outcome is unknown."""
+
+    def stored(self) -> Stored:
+        """What the store holds at the key now (one read; a fault raises StorageFaultError)."""
+
+    def status(self, exc: BaseException) -> int | None:
+        """The status a refusal came with, for the counter."""
+
+    def fault(self, exc: BaseException) -> StorageFaultError:
+        """The error to raise for anything else the store answered."""
+
+
+def count_refusal(gate: str, status: int | None, job_id: str, key: str, what: str) -> None:
+    """Log a refused conditional write at INFO with the job id and count it (the mechanism working)."""
+    logger.info(
+        "conditional write refused (%s): gate=%s job_id=%s key=%s status=%s", what, gate, job_id or "-", key, status
+    )
+    telemetry.precondition_failed.add(1, telemetry.job_attributes(job_id, gate=gate, status=str(status)))
+
+
+def count_mismatch(gate: str, job_id: str, key: str, ours: str | None, stored: str | None) -> None:
+    """Log and count a refused create whose stored content is not ours."""
+    logger.warning(
+        "refused write holds other content: gate=%s job_id=%s key=%s ours=%s stored=%s "
+        "(encoding is not deterministic, or another job wrote this key)",
+        gate,
+        job_id or "-",
+        key,
+        ours,
+        stored,
+    )
+    telemetry.content_mismatch.add(1, telemetry.job_attributes(job_id, gate=gate))
+
+
+def create_once(backend: Backend, *, digest: str | None, gate: str, job_id: str = "") -> Outcome:
+    """Send ``backend``'s create-only request and classify it (the module's rules). ``digest``:
+    the evidence our request writes (None: the store keeps none, so a stored object found after
+    a lost answer cannot be told from another writer's and is ``ALREADY_PRESENT``)."""
+    outcome = _create_once(backend, digest=digest, gate=gate, job_id=job_id)
+    telemetry.count_write(gate, outcome, job_id)
+    return outcome
+
+
+def _create_once(backend: Backend, *, digest: str | None, gate: str, job_id: str) -> Outcome:
+    key = backend.key
+    for _ in range(UNKNOWN_OUTCOME_ATTEMPTS):
+        try:
+            backend.send()
+            return Outcome.WRITTEN
+        except Exception as exc:  # noqa: BLE001 - classified below; anything unknown re-raised as a fault
+            if backend.refused(exc):
+                count_refusal(gate, backend.status(exc), job_id, key, "already present")
+                if digest is not None:
+                    held = backend.stored().digest
+                    if held != digest:
+                        count_mismatch(gate, job_id, key, digest, held)
+                return Outcome.ALREADY_PRESENT
+            if not backend.unanswered(exc):
+                raise backend.fault(exc) from exc
+            held = backend.stored()
+            if not held.present:
+                logger.warning(
+                    "create of %r had no answer (%s) and nothing is stored: sending the same conditional request again",
+                    key,
+                    exc,
+                )
+                continue
+            telemetry.unknown_outcome_resolved.add(1, telemetry.job_attributes(job_id, gate=gate))
+            if digest is not None and held.digest == digest:
+                logger.info("create of %r had no answer (%s); the stored evidence is ours: written", key, exc)
+                return Outcome.WRITTEN
+            count_refusal(gate, None, job_id, key, "already present, found after a lost response")
+            if digest is not None:
+                count_mismatch(gate, job_id, key, digest, held.digest)
+            return Outcome.ALREADY_PRESENT
+    raise StorageFaultError(
+        f"creating {key!r}: no answer after {UNKNOWN_OUTCOME_ATTEMPTS} conditional requests and nothing stored"
+    )
+
+
+def replace_once(backend: Backend, *, expect_version: str, digest: str, gate: str, job_id: str = "") -> Outcome:
+    """Send ``backend``'s request replacing exactly the version ``expect_version`` and classify
+    it: ``WRITTEN``, or ``SUPERSEDED`` (the module's rules)."""
+    outcome = _replace_once(backend, expect_version=expect_version, digest=digest, gate=gate, job_id=job_id)
+    telemetry.count_write(gate, outcome, job_id)
+    return outcome
+
+
+def _replace_once(backend: Backend, *, expect_version: str, digest: str, gate: str, job_id: str) -> Outcome:
+    key = backend.key
+    for _ in range(UNKNOWN_OUTCOME_ATTEMPTS):
+        try:
+            backend.send()
+            return Outcome.WRITTEN
+        except Exception as exc:  # noqa: BLE001 - classified below; anything unknown re-raised as a fault
+            if backend.refused(exc):
+                count_refusal(gate, backend.status(exc), job_id, key, "superseded")
+                return Outcome.SUPERSEDED
+            if not backend.unanswered(exc):
+                raise backend.fault(exc) from exc
+            held = backend.stored()
+            if held.present and held.version == expect_version:
+                logger.warning(
+                    "replace of %r had no answer (%s); the old version is still there: trying again", key, exc
+                )
+                continue
+            telemetry.unknown_outcome_resolved.add(1, telemetry.job_attributes(job_id, gate=gate))
+            if held.present and held.digest == digest:
+                return Outcome.WRITTEN
+            count_refusal(gate, None, job_id, key, "superseded, found after a lost response")
+            return Outcome.SUPERSEDED
+    raise StorageFaultError(f"replacing {key!r}: no answer after {UNKNOWN_OUTCOME_ATTEMPTS} attempts")
