@@ -79,16 +79,13 @@ def is_create_rejection(exc: HttpResponseError) -> bool:
     return False
 
 
-#: A replacement's refusals: the version is not the one named (412 ConditionNotMet), or the
-#: object is gone (404 BlobNotFound / ResourceNotFound). A 412 about a lease (LeaseIdMissing...)
-#: is not a newer version, nor is a missing container a blob that is gone.
-SUPERSEDED_ANSWERS = (
-    (404, None),
-    (404, "BlobNotFound"),
-    (404, "ResourceNotFound"),
-    (412, None),
-    (412, "ConditionNotMet"),
-    (412, "UpdateConditionNotSatisfied"),
+#: A blob replacement's refusals: the version is not the one named (412 ConditionNotMet), or the
+#: blob is gone (404 BlobNotFound). A 412 about a lease (LeaseIdMissing...) is not a newer
+#: version, nor is a missing container a blob that is gone.
+BLOB_SUPERSEDED = frozenset({(404, None), (404, "BlobNotFound"), (412, None), (412, "ConditionNotMet")})
+#: An entity update's: a stale ETag (412 UpdateConditionNotSatisfied), or no such entity (404).
+ENTITY_SUPERSEDED = frozenset(
+    {(404, None), (404, "ResourceNotFound"), (412, None), (412, "UpdateConditionNotSatisfied")}
 )
 
 
@@ -101,13 +98,14 @@ class AzureWrite:
     send: Callable[[], Any]
     read: Callable[[], Stored]
     action: str
-    replace: bool = False
+    #: For a replacement: the answers (status, error code) that mean superseded.
+    superseded: frozenset | None = None
 
     def refused(self, exc: BaseException) -> bool:
         if not isinstance(exc, HttpResponseError):
             return False
-        if self.replace:
-            return (exc.status_code, _error_code(exc)) in SUPERSEDED_ANSWERS
+        if self.superseded is not None:
+            return (exc.status_code, _error_code(exc)) in self.superseded
         return is_create_rejection(exc)
 
     def unanswered(self, exc: BaseException) -> bool:
@@ -427,7 +425,7 @@ def replace_once(
     what is stored: the old version still there means the same conditional request again; our
     evidence means written; anything else is superseded.
     """
-    write = AzureWrite(blob.blob_name, put, _blob_evidence(blob, digest_key), "repairing blob", replace=True)
+    write = AzureWrite(blob.blob_name, put, _blob_evidence(blob, digest_key), "repairing blob", BLOB_SUPERSEDED)
     return conditional.replace_once(write, expect_version=expect_etag, digest=digest, gate=gate, job_id=job_id)
 
 
@@ -597,7 +595,7 @@ def repair_manifest_entry(
             return conditional.ABSENT
         return Stored(True, _row_evidence(stored[0].sha256, stored[0].etag), stored[1])
 
-    write = AzureWrite(key, send, read, "repairing entity", replace=True)
+    write = AzureWrite(key, send, read, "repairing entity", ENTITY_SUPERSEDED)
     return conditional.replace_once(
         write,
         expect_version=expect_row_etag,
