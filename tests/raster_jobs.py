@@ -31,6 +31,17 @@ def render_all(path, scene: SceneInfo, settings: Settings, stores, job_id: str =
     ]
 
 
+def run_steps(source: str, settings: Settings, stores, storage, **assembly):
+    """A job's steps on ``source`` as its activities run them: inspect, render every window,
+    assemble (``assembly``: :func:`assemble`'s keywords). Returns the spec, the scene and the result."""
+    from tilecommit.raster import inspect_source
+
+    spec = OutputSpec.from_settings(settings)
+    scene = inspect_source(source, settings=settings, spec=spec)
+    render_all(source, scene, settings, stores)
+    return spec, scene, assemble(scene, settings, stores, storage, **assembly)
+
+
 def assemble(scene, settings, stores, storage, job_id: str = JOB, **kwargs):
     return assemble_mosaic(
         job_id,

@@ -19,14 +19,12 @@ from rio_cogeo.cogeo import cog_validate
 
 from devhost.scenes import SceneSpec, write_scene
 from tilecommit.grid import plan_windows
-from tilecommit.raster import inspect_source
 from tilecommit.raster.pyramid import mosaic_overview_levels
 from tilecommit.raster.scrub import OTHER_PIXELS, _pixel_difference, check_window
 from tilecommit.raster.tiles import read_window
 from tilecommit.settings import Settings
-from tilecommit.spec import OutputSpec
 
-from .raster_jobs import JOB, assemble, assert_complete_pyramid, download, render_all
+from .raster_jobs import JOB, assert_complete_pyramid, download, run_steps
 
 #: (profile text as TILECOMMIT_PROFILE takes it, the scene, the codec GDAL reports, LERC's bound).
 CASES = {
@@ -51,10 +49,7 @@ def scenes(tmp_path_factory) -> dict[str, str]:
 
 def run_job(source: str, profile: str, stores, storage, **assembly):
     settings = Settings(window_size=WINDOW, profile=profile)
-    spec = OutputSpec.from_settings(settings)
-    scene = inspect_source(source, settings=settings, spec=spec)
-    render_all(source, scene, settings, stores)
-    return settings, spec, scene, assemble(scene, settings, stores, storage, **assembly)
+    return (settings, *run_steps(source, settings, stores, storage, **assembly))
 
 
 def codecs(path: str) -> list[str]:
@@ -176,12 +171,8 @@ def block_shapes(path: str) -> set[tuple[int, int]]:
 def test_blocks_of_512_on_every_level_and_every_path(case, method, stores, storage, tmp_path):
     profile, scene_spec, codec = BLOCK_CASES[case]
     source = write_scene(str(tmp_path / "scene.tif"), scene_spec)
-    settings = Settings(window_size=1024, profile=profile)
-    spec = OutputSpec.from_settings(settings)
+    spec, _, result = run_steps(source, Settings(window_size=1024, profile=profile), stores, storage, method=method)
     assert spec.block_size == 512 and "blocksize" not in dict(spec.profile_options)
-    scene = inspect_source(source, settings=settings, spec=spec)
-    render_all(source, scene, settings, stores)
-    result = assemble(scene, settings, stores, storage, method=method)
     assert result.method == method
     mosaic = download(stores["output"], result.mosaic, tmp_path / "mosaic.tif")
     valid, errors, _ = cog_validate(mosaic, quiet=True)
@@ -220,11 +211,8 @@ def test_the_overviews_resampling_is_the_profiles_and_shows_no_seam_at_the_windo
 ):
     source = write_scene(str(tmp_path / "scene.tif"), SceneSpec(1100, 1300, 1, "uint8"))
     settings = Settings(window_size=WINDOW, profile=f"zstd,resampling={resampling}")
-    spec = OutputSpec.from_settings(settings)
+    spec, _, result = run_steps(source, settings, stores, storage, method="server")
     assert spec.overview_resampling("average") == resampling
-    scene = inspect_source(source, settings=settings, spec=spec)
-    render_all(source, scene, settings, stores)
-    result = assemble(scene, settings, stores, storage, method="server")
     mosaic = download(stores["output"], result.mosaic, tmp_path / "mosaic.tif")
     expected = whole_scene_overviews(source, resampling, tmp_path)
     with rasterio.open(mosaic, overview_level=0) as first:
@@ -249,11 +237,7 @@ def test_every_size_from_a_single_pixel_up_makes_a_valid_mosaic(
     profile, width, height, count, dtype, stores, storage, tmp_path
 ):
     source = write_scene(str(tmp_path / "scene.tif"), SceneSpec(width, height, count, dtype, blocksize=256))
-    settings = Settings(window_size=1024, profile=profile)
-    spec = OutputSpec.from_settings(settings)
-    scene = inspect_source(source, settings=settings, spec=spec)
-    render_all(source, scene, settings, stores)
-    result = assemble(scene, settings, stores, storage)
+    spec, _, result = run_steps(source, Settings(window_size=1024, profile=profile), stores, storage)
     mosaic = download(stores["output"], result.mosaic, tmp_path / "mosaic.tif")
     valid, errors, _ = cog_validate(mosaic, quiet=True)
     if width == 1:

@@ -14,12 +14,10 @@ import rasterio
 from rio_cogeo.cogeo import cog_translate
 from rio_cogeo.profiles import cog_profiles
 
-from tilecommit.raster import inspect_source
 from tilecommit.raster.metadata import said
 from tilecommit.settings import Settings
-from tilecommit.spec import OutputSpec
 
-from .raster_jobs import assemble, download, render_all
+from .raster_jobs import download, run_steps
 from .test_real_rasters import ACCEPTED, check_mosaic, corpus, derived, window_size_for
 
 #: rio-cogeo's own product tag (the overview resampling it used): not something the source said.
@@ -39,9 +37,7 @@ RICH = [
 
 def mosaic_of(source: str, stores, storage, tmp_path, **assembly) -> tuple[str, str]:
     settings = Settings(window_size=window_size_for(source))
-    scene = inspect_source(source, settings=settings, spec=OutputSpec.from_settings(settings))
-    render_all(source, scene, settings, stores)
-    result = assemble(scene, settings, stores, storage, **assembly)
+    _, _, result = run_steps(source, settings, stores, storage, **assembly)
     return download(stores["output"], result.mosaic, tmp_path / "mosaic.tif"), result.method
 
 

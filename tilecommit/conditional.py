@@ -25,6 +25,7 @@ look, and where the evidence is read: a :class:`Backend`. The Azure ones are in
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
@@ -115,77 +116,85 @@ def create_once(backend: Backend, *, digest: str | None, gate: str, job_id: str 
     """Send ``backend``'s create-only request and classify it (the module's rules). ``digest``:
     the evidence our request writes (None: the store keeps none, so a stored object found after
     a lost answer cannot be told from another writer's and is ``ALREADY_PRESENT``)."""
-    outcome = _create_once(backend, digest=digest, gate=gate, job_id=job_id)
-    telemetry.count_write(gate, outcome, job_id)
-    return outcome
-
-
-def _create_once(backend: Backend, *, digest: str | None, gate: str, job_id: str) -> Outcome:
     key = backend.key
-    for _ in range(UNKNOWN_OUTCOME_ATTEMPTS):
-        try:
-            backend.send()
+
+    def refused(exc: BaseException) -> Outcome:
+        count_refusal(gate, backend.status(exc), job_id, key, "already present")
+        if digest is not None:
+            held = backend.stored().digest
+            if held != digest:
+                count_mismatch(gate, job_id, key, digest, held)
+        return Outcome.ALREADY_PRESENT
+
+    def lost(held: Stored, exc: BaseException) -> Outcome | None:
+        if not held.present:
+            logger.warning(
+                "create of %r had no answer (%s) and nothing is stored: sending the same conditional request again",
+                key,
+                exc,
+            )
+            return None
+        telemetry.unknown_outcome_resolved.add(1, telemetry.job_attributes(job_id, gate=gate))
+        if digest is not None and held.digest == digest:
+            logger.info("create of %r had no answer (%s); the stored evidence is ours: written", key, exc)
             return Outcome.WRITTEN
-        except Exception as exc:  # noqa: BLE001 - classified below; anything unknown re-raised as a fault
-            if backend.refused(exc):
-                count_refusal(gate, backend.status(exc), job_id, key, "already present")
-                if digest is not None:
-                    held = backend.stored().digest
-                    if held != digest:
-                        count_mismatch(gate, job_id, key, digest, held)
-                return Outcome.ALREADY_PRESENT
-            if not backend.unanswered(exc):
-                raise backend.fault(exc) from exc
-            held = backend.stored()
-            if not held.present:
-                logger.warning(
-                    "create of %r had no answer (%s) and nothing is stored: sending the same conditional request again",
-                    key,
-                    exc,
-                )
-                continue
-            telemetry.unknown_outcome_resolved.add(1, telemetry.job_attributes(job_id, gate=gate))
-            if digest is not None and held.digest == digest:
-                logger.info("create of %r had no answer (%s); the stored evidence is ours: written", key, exc)
-                return Outcome.WRITTEN
-            count_refusal(gate, None, job_id, key, "already present, found after a lost response")
-            if digest is not None:
-                count_mismatch(gate, job_id, key, digest, held.digest)
-            return Outcome.ALREADY_PRESENT
-    raise StorageFaultError(
-        f"creating {key!r}: no answer after {UNKNOWN_OUTCOME_ATTEMPTS} conditional requests and nothing stored"
-    )
+        count_refusal(gate, None, job_id, key, "already present, found after a lost response")
+        if digest is not None:
+            count_mismatch(gate, job_id, key, digest, held.digest)
+        return Outcome.ALREADY_PRESENT
+
+    return _conditional(backend, refused, lost, gate=gate, job_id=job_id, what="creating")
 
 
 def replace_once(backend: Backend, *, expect_version: str, digest: str, gate: str, job_id: str = "") -> Outcome:
     """Send ``backend``'s request replacing exactly the version ``expect_version`` and classify
     it: ``WRITTEN``, or ``SUPERSEDED`` (the module's rules)."""
-    outcome = _replace_once(backend, expect_version=expect_version, digest=digest, gate=gate, job_id=job_id)
-    telemetry.count_write(gate, outcome, job_id)
-    return outcome
-
-
-def _replace_once(backend: Backend, *, expect_version: str, digest: str, gate: str, job_id: str) -> Outcome:
     key = backend.key
+
+    def refused(exc: BaseException) -> Outcome:
+        count_refusal(gate, backend.status(exc), job_id, key, "superseded")
+        return Outcome.SUPERSEDED
+
+    def lost(held: Stored, exc: BaseException) -> Outcome | None:
+        if held.present and held.version == expect_version:
+            logger.warning("replace of %r had no answer (%s); the old version is still there: trying again", key, exc)
+            return None
+        telemetry.unknown_outcome_resolved.add(1, telemetry.job_attributes(job_id, gate=gate))
+        if held.present and held.digest == digest:
+            return Outcome.WRITTEN
+        count_refusal(gate, None, job_id, key, "superseded, found after a lost response")
+        return Outcome.SUPERSEDED
+
+    return _conditional(backend, refused, lost, gate=gate, job_id=job_id, what="replacing")
+
+
+def _conditional(
+    backend: Backend,
+    refused: Callable[[BaseException], Outcome],
+    lost: Callable[[Stored, BaseException], Outcome | None],
+    *,
+    gate: str,
+    job_id: str,
+    what: str,
+) -> Outcome:
+    """The one loop: the request; its refusal (``refused``); a lost answer resolved from what is
+    stored (``lost``: an outcome, or None for the same conditional request again); a fault."""
     for _ in range(UNKNOWN_OUTCOME_ATTEMPTS):
         try:
             backend.send()
-            return Outcome.WRITTEN
-        except Exception as exc:  # noqa: BLE001 - classified below; anything unknown re-raised as a fault
+            outcome = Outcome.WRITTEN
+        except Exception as exc:  # noqa: BLE001 - classified here; anything unknown re-raised as a fault
             if backend.refused(exc):
-                count_refusal(gate, backend.status(exc), job_id, key, "superseded")
-                return Outcome.SUPERSEDED
-            if not backend.unanswered(exc):
+                outcome = refused(exc)
+            elif not backend.unanswered(exc):
                 raise backend.fault(exc) from exc
-            held = backend.stored()
-            if held.present and held.version == expect_version:
-                logger.warning(
-                    "replace of %r had no answer (%s); the old version is still there: trying again", key, exc
-                )
-                continue
-            telemetry.unknown_outcome_resolved.add(1, telemetry.job_attributes(job_id, gate=gate))
-            if held.present and held.digest == digest:
-                return Outcome.WRITTEN
-            count_refusal(gate, None, job_id, key, "superseded, found after a lost response")
-            return Outcome.SUPERSEDED
-    raise StorageFaultError(f"replacing {key!r}: no answer after {UNKNOWN_OUTCOME_ATTEMPTS} attempts")
+            else:
+                decided = lost(backend.stored(), exc)
+                if decided is None:
+                    continue
+                outcome = decided
+        telemetry.count_write(gate, outcome, job_id)
+        return outcome
+    raise StorageFaultError(
+        f"{what} {backend.key!r}: no answer after {UNKNOWN_OUTCOME_ATTEMPTS} conditional requests and nothing changed"
+    )
