@@ -92,7 +92,8 @@ ENTITY_SUPERSEDED = frozenset(
 @dataclass
 class AzureWrite:
     """One conditional request to Azure Storage (:class:`conditional.Backend`): ``send`` carries
-    the condition; ``read`` reads what is stored at the key; ``replace``: an If-Match one."""
+    the condition; ``read`` reads what is stored at the key; ``superseded``, for an If-Match
+    replacement, the answers that mean a newer version or none (else it is a create)."""
 
     key: str
     send: Callable[[], Any]
