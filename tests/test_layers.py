@@ -1,0 +1,105 @@
+"""The map of docs/design.md ("Layers"), checked: every module of the app, the library, the local
+host and the benches belongs to a part of the table, and imports nothing its part must never
+import. Imports are read with ``ast`` (every ``import`` and ``from ... import``, relative ones
+resolved), so one inside a function counts too."""
+
+from __future__ import annotations
+
+import ast
+import fnmatch
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DESIGN = ROOT / "docs" / "design.md"
+CHECKED = ["function_app.py", "orchestrators", "activities", "tilecommit", "devhost", "bench"]
+
+
+def cell_items(cell: str) -> list[str]:
+    return [item.strip().strip("`") for item in cell.split(",") if item.strip().strip("`")]
+
+
+def the_map() -> list[tuple[str, list[str], list[str]]]:
+    """(part, file patterns, module prefixes it must never import), from the table."""
+    rows, seen_header = [], False
+    for line in DESIGN.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if cells[:3] == ["part", "files", "never imports"]:
+            seen_header = True
+        elif seen_header and line.startswith("|"):
+            if not set(cells[0]) <= {"-"}:
+                rows.append((cells[0], cell_items(cells[1]), cell_items(cells[2])))
+        elif seen_header:
+            break
+    assert rows, f"no map in {DESIGN}"
+    return rows
+
+
+def project_files() -> list[Path]:
+    files = []
+    for entry in CHECKED:
+        path = ROOT / entry
+        files += [path] if path.is_file() else sorted(path.rglob("*.py"))
+    return [f for f in files if "__pycache__" not in f.parts]
+
+
+def imports_of(path: Path) -> set[str]:
+    package = list(path.relative_to(ROOT).parent.parts)
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - (node.level - 1)]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module
+            # A name imported from a package may be a module of it (``from . import storage``).
+            found |= {module, *(f"{module}.{alias.name}" for alias in node.names)}
+    return found
+
+
+def matches(relative: str, pattern: str) -> bool:
+    """``pattern`` matches ``relative`` part by part (``*`` never crosses a ``/``)."""
+    parts, wanted = relative.split("/"), pattern.split("/")
+    return len(parts) == len(wanted) and all(fnmatch.fnmatchcase(p, w) for p, w in zip(parts, wanted, strict=True))
+
+
+def parts_of(path: Path, rows) -> list[tuple[str, list[str]]]:
+    relative = path.relative_to(ROOT).as_posix()
+    return [(part, never) for part, patterns, never in rows if any(matches(relative, p) for p in patterns)]
+
+
+def forbidden(imported: set[str], never: list[str]) -> list[str]:
+    return sorted(m for m in imported for prefix in never if m == prefix or m.startswith(prefix + "."))
+
+
+def test_every_module_belongs_to_a_part_of_the_map() -> None:
+    rows = the_map()
+    homeless = [f.relative_to(ROOT).as_posix() for f in project_files() if not parts_of(f, rows)]
+    assert homeless == [], "modules no row of docs/design.md's map names"
+
+
+@pytest.mark.parametrize("path", project_files(), ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_no_module_imports_what_its_part_must_never_import(path: Path) -> None:
+    imported = imports_of(path)
+    for part, never in parts_of(path, the_map()):
+        assert forbidden(imported, never) == [], f"{path.relative_to(ROOT)} ({part})"
+
+
+def test_the_check_catches_a_forbidden_import(tmp_path) -> None:
+    """The control: the reader sees a relative and a nested import the rules forbid."""
+    module = ROOT / "tilecommit" / "probe_for_the_layer_test.py"
+    text = "from .raster import tiles\n\ndef f():\n    import azure.functions\n"
+    imported = set()
+    try:
+        module.write_text(text)
+        imported = imports_of(module)
+    finally:
+        module.unlink()
+    assert forbidden(imported, ["azure.functions"]) == ["azure.functions"]
+    assert forbidden(imported, ["tilecommit.raster"]) == ["tilecommit.raster", "tilecommit.raster.tiles"]
+    assert matches("tilecommit/gates.py", "tilecommit/*.py")
+    assert not matches("tilecommit/providers/aws.py", "tilecommit/*.py")
