@@ -20,6 +20,7 @@ from tests.test_infra_roles import role_name
 from tilecommit import settings
 from tilecommit.storage import StorageConnection
 
+from .markdown_tables import table_rows
 from .test_infra_agreement import PLANS, STAND_INS, app_settings, with_stand_ins
 
 MAIN = Bicep(INFRA / "main.bicep")
@@ -51,18 +52,7 @@ DEPLOYER = {
 
 def matrix() -> set[tuple[str, str, str]]:
     """The (identity, role, scope) rows of docs/security.md's matrix."""
-    rows, in_table = set(), False
-    for line in SECURITY.read_text().splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if cells[:3] == ["identity", "role", "scope"]:
-            in_table = True
-        elif in_table and line.startswith("|"):
-            if not set(cells[0]) <= {"-"}:
-                rows.add((cells[0], cells[1], cells[2]))
-        elif in_table:
-            break
-    assert rows, f"no matrix in {SECURITY}"
-    return rows
+    return {tuple(cells[:3]) for cells in table_rows(SECURITY, ["identity", "role", "scope"])}
 
 
 def granted(replaced: dict[str, Path] | None = None) -> set[tuple[str, str, str]]:

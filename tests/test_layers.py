@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from .markdown_tables import table_rows
+
 ROOT = Path(__file__).resolve().parents[1]
 DESIGN = ROOT / "docs" / "design.md"
 CHECKED = ["function_app.py", "orchestrators", "activities", "tilecommit", "devhost", "bench"]
@@ -22,18 +24,8 @@ def cell_items(cell: str) -> list[str]:
 
 def the_map() -> list[tuple[str, list[str], list[str]]]:
     """(part, file patterns, module prefixes it must never import), from the table."""
-    rows, seen_header = [], False
-    for line in DESIGN.read_text().splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if cells[:3] == ["part", "files", "never imports"]:
-            seen_header = True
-        elif seen_header and line.startswith("|"):
-            if not set(cells[0]) <= {"-"}:
-                rows.append((cells[0], cell_items(cells[1]), cell_items(cells[2])))
-        elif seen_header:
-            break
-    assert rows, f"no map in {DESIGN}"
-    return rows
+    rows = table_rows(DESIGN, ["part", "files", "never imports"])
+    return [(cells[0], cell_items(cells[1]), cell_items(cells[2])) for cells in rows]
 
 
 def project_files() -> list[Path]:

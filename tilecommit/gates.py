@@ -150,10 +150,8 @@ def _single_put_client(container: ContainerClient, name: str, size: int) -> Blob
 
 def stored_blob_sha256(blob: BlobClient, digest_key: str = SHA256_METADATA_KEY) -> tuple[str | None, str | None]:
     """(sha256 from the blob's metadata (``digest_key``), etag), or (None, None) when there is no blob."""
-    props = blob_head(blob)
-    if props is None:
-        return None, None
-    return (props.metadata or {}).get(digest_key), props.etag
+    held = _blob_evidence(blob, digest_key)()
+    return held.digest, held.version
 
 
 def _blob_evidence(blob: BlobClient, digest_key: str) -> Callable[[], Stored]:
