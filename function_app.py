@@ -23,6 +23,7 @@ from orchestrators import job_api, names, retention, starter, verify_start
 from orchestrators import tiling as orchestrators
 from orchestrators import verify as verify_orchestrators
 from tilecommit import monitoring, telemetry
+from tilecommit.errors import JobApiError, JobNotVerifiable
 from tilecommit.observed import observed_activity, observed_job
 from tilecommit.settings import SETTING_INPUT_CONTAINER, STORAGE_CONNECTION, Settings
 
@@ -105,7 +106,7 @@ async def answer(call, status_code: int = 200) -> func.HttpResponse:
     """The job API's answer to one request: ``await call`` as JSON, or its refusal as JSON."""
     try:
         return json_response(await call, status_code)
-    except job_api.JobApiError as exc:
+    except JobApiError as exc:
         return json_response(exc.body(), exc.status)
 
 
@@ -125,7 +126,7 @@ async def list_jobs(req: func.HttpRequest, client: df.DurableOrchestrationClient
     try:
         limit = int(req.params.get("limit") or job_api.DEFAULT_LIMIT)
     except ValueError:
-        return json_response(job_api.JobApiError(400, "invalid-limit", "limit must be a whole number").body(), 400)
+        return json_response(JobApiError(400, "invalid-limit", "limit must be a whole number").body(), 400)
     page = job_api.list_jobs(
         client,
         state=req.params.get("state"),
@@ -164,8 +165,8 @@ async def verify_job(req: func.HttpRequest, client: df.DurableOrchestrationClien
     repair = req.params.get("repair", "").lower() in ("true", "1", "yes")
     try:
         instance_id = await verify_start.start_verify(client, job_id, repair=repair)
-    except verify_start.JobNotVerifiable as exc:
-        return json_response(job_api.JobApiError(404, "job-not-verifiable", str(exc)).body(), 404)
+    except JobNotVerifiable as exc:
+        return json_response(JobApiError(404, "job-not-verifiable", str(exc)).body(), 404)
     body = {"id": instance_id, "job_id": job_id, "repair": repair, **client.create_http_management_payload(instance_id)}
     return json_response(body, 202)
 

@@ -67,7 +67,7 @@ def run_activity(name: str, job: dict, work: Callable[[], dict], *, window: str 
 
 
 def validate_source(job: dict) -> dict:
-    """Inspect the upload; ``{"scene": ...}`` or ``{"error": {"type", "message", "window"}}``."""
+    """Inspect the upload; ``{"scene": ...}`` or ``{"error": {"kind", "type", "message", "window"}}``."""
     ctx = activity_context()
 
     def work() -> dict:

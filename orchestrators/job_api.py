@@ -19,7 +19,7 @@ from azure.data.tables import TableClient
 from azure.durable_functions.models.DurableOrchestrationStatus import DurableOrchestrationStatus
 
 from tilecommit import cancellation
-from tilecommit.errors import InvalidNameError
+from tilecommit.errors import InvalidNameError, JobApiError
 from tilecommit.jobs import check_job_id
 
 from . import names
@@ -38,15 +38,6 @@ INSTANCES_PER_REQUEST = 100
 CONTINUATION_HEADER = "x-ms-continuation-token"
 #: The sub-orchestrations of a job, stopped with it on a cancel.
 CHILD_ORCHESTRATORS = {names.RENDER_BATCH, names.RENDER_GROUP}
-
-
-class JobApiError(Exception):
-    def __init__(self, status: int, code: str, message: str):
-        super().__init__(message)
-        self.status, self.code, self.message = status, code, message
-
-    def body(self) -> dict:
-        return {"error": {"code": self.code, "message": self.message}}
 
 
 def _job_input(status: DurableOrchestrationStatus) -> dict:

@@ -14,6 +14,7 @@ from typing import Any
 import azure.durable_functions as df
 
 from tilecommit import usage
+from tilecommit.errors import BAD_INPUT, CHECK, FAULT, BadInputFailure, MosaicFailure, RetriesExhaustedFailure
 from tilecommit.grid import Window, plan_windows
 from tilecommit.retries import ACTIVITY_RETRY as RETRY_POLICY
 from tilecommit.settings import DEFAULT_ASSEMBLY_SHARE_MB
@@ -33,18 +34,6 @@ ACTIVITY_RETRY = ACTIVITY_RETRY_OPTIONS
 GROUP_BATCHES = 16
 
 
-class BadInputFailure(Exception):
-    """An activity returned an error that is not retryable: fail the orchestration once with it."""
-
-
-class MosaicFailure(BadInputFailure):
-    """The assembled mosaic failed its checks: a bug, not worth a retry."""
-
-
-class RetriesExhaustedFailure(Exception):
-    """A retryable fault outlasted the retry policy: storage stayed unavailable too long."""
-
-
 def describe_error(error: dict) -> str:
     """An activity's error value (type, message, window) as one line."""
     where = f"window {error['window']}: " if error.get("window") else ""
@@ -52,10 +41,13 @@ def describe_error(error: dict) -> str:
 
 
 def failure_for(job: dict, error: dict) -> BadInputFailure:
-    """The failure of a job whose activity returned ``error``, worded by what is to blame."""
-    if error["type"] == "MosaicCheckError":
+    """The failure of a job whose activity returned ``error``, worded by its kind (who is to
+    blame, :func:`tilecommit.errors.error_value`). An error value without one, from an activity
+    of an older release still in a job's history, is a fault."""
+    kind = error.get("kind", FAULT)
+    if kind == CHECK:
         return MosaicFailure(f"job {job['job_id']}: mosaic check failed: {describe_error(error)}")
-    if error["type"] in ("InvalidRasterError", "UnsupportedRasterError", "InvalidNameError", "SourceChangedError"):
+    if kind == BAD_INPUT:
         return BadInputFailure(f"job {job['job_id']}: bad input {job['blob']!r}: {describe_error(error)}")
     return BadInputFailure(f"job {job['job_id']}: failed, not retryable: {describe_error(error)}")
 

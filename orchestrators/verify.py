@@ -12,11 +12,12 @@ from typing import Any
 
 import azure.durable_functions as df
 
+from tilecommit.errors import BadInputFailure
+
 from . import names
 from .tiling import (
     ACTIVITY_RETRY,
     GROUP_BATCHES,
-    BadInputFailure,
     exhausted,
     failure_for,
     fan_out,

@@ -8,13 +8,11 @@ import secrets
 
 import azure.durable_functions as df
 
+from tilecommit.errors import JobNotVerifiable
+
 from . import names
 
 logger = logging.getLogger(__name__)
-
-
-class JobNotVerifiable(LookupError):
-    """The job does not exist or is still running: there is nothing finished to verify."""
 
 
 #: A finished job can be verified: a completed one, and a failed one too (a mosaic known bad

@@ -6,9 +6,18 @@ import json
 
 import azure.durable_functions as df
 import pytest
+from azure.core.exceptions import HttpResponseError
 
 from orchestrators import names, tiling
 from tests.durable_history import History, leaf_actions
+from tilecommit.errors import (
+    BodyTooLargeError,
+    ConfigurationError,
+    IncompleteManifestError,
+    InvalidRasterError,
+    MosaicCheckError,
+    error_value,
+)
 from tilecommit.spec import OutputSpec
 
 JOB = {
@@ -23,9 +32,9 @@ JOB = {
 SCENE = {"width": 2500, "height": 1800}  # 3 x 2 windows of 1024
 
 
-def error(kind: str, message: str, window: str | None = None) -> dict:
-    """An activity's error value (tilecommit.errors.error_value's shape)."""
-    return {"type": kind, "message": message, "window": window}
+def error(exc: Exception, window: str | None = None) -> dict:
+    """The value an activity returns for ``exc`` (:func:`tilecommit.errors.error_value`)."""
+    return error_value(exc, window=window)
 
 
 def run(fn, history: History) -> dict:
@@ -213,7 +222,7 @@ def test_fan_in_then_assembly_then_summary():
 
 def test_bad_input_fails_the_job_at_once_with_the_message():
     history = History(names.TILE_SCENE, JOB).scheduled(0, names.VALIDATE_SOURCE).episode()
-    history.completed(0, {"error": error("InvalidRasterError", "not a raster: zero bytes")})
+    history.completed(0, {"error": error(InvalidRasterError("not a raster: zero bytes"))})
     message = run_failing(tiling.tile_scene, history)
     assert "bad input 'scene.tif': not a raster: zero bytes (InvalidRasterError)" in message
     state = json.loads(message.split("$OutOfProcData$:")[1])
@@ -226,7 +235,7 @@ def test_bad_input_fails_the_job_at_once_with_the_message():
 def test_bad_window_in_a_batch_fails_the_job():
     history = validated_history()
     history.sub_created(1, names.RENDER_BATCH, "a").sub_created(2, names.RENDER_BATCH, "b").episode()
-    bad = error("InvalidRasterError", "truncated TIFF", "0000_0001")
+    bad = error(InvalidRasterError("truncated TIFF"), "0000_0001")
     history.sub_completed(1, {**batch_summary(4, 3, 0, 300), "errors": [bad]})
     message = run_failing(tiling.tile_scene, history)
     assert "bad input 'scene.tif': window 0000_0001: truncated TIFF (InvalidRasterError)" in message
@@ -314,7 +323,7 @@ def test_a_completed_job_whose_event_cannot_be_published_fails_saying_so():
     history.sub_completed(1, batch_summary(4, 4, 0, 400)).sub_completed(2, batch_summary(2, 2, 0, 200))
     history.scheduled(3, names.ASSEMBLE_MOSAIC).episode()
     history.completed(3, {"outcome": "written", "mosaic_url": "m", "stac_url": "s", "quicklook_url": "q"})
-    refused = {"error": error("HttpResponseError", "(Unauthorized) the principal lacks EventGrid Data Sender")}
+    refused = {"error": error(HttpResponseError("(Unauthorized) the principal lacks EventGrid Data Sender"))}
     history = announced(history, "completed", refused)
     with pytest.raises(Exception) as info:
         df.Orchestrator.create(tiling.tile_scene)(history.context())
@@ -323,8 +332,8 @@ def test_a_completed_job_whose_event_cannot_be_published_fails_saying_so():
 
 def test_a_failed_jobs_failure_stands_when_its_event_cannot_be_published():
     history = History(names.TILE_SCENE, JOB).scheduled(0, names.VALIDATE_SOURCE).episode()
-    history.completed(0, {"error": error("InvalidRasterError", "not a raster: zero bytes")})
-    history = announced(history, "failed", {"error": error("HttpResponseError", "(Unauthorized) no role")})
+    history.completed(0, {"error": error(InvalidRasterError("not a raster: zero bytes"))})
+    history = announced(history, "failed", {"error": error(HttpResponseError("(Unauthorized) no role"))})
     with pytest.raises(Exception) as info:
         df.Orchestrator.create(tiling.tile_scene)(history.context())
     assert "bad input 'scene.tif': not a raster: zero bytes" in str(info.value) and "no role" not in str(info.value)
@@ -340,8 +349,38 @@ def test_a_mosaic_that_fails_its_checks_fails_the_job():
     history.sub_created(1, names.RENDER_BATCH, "a").sub_created(2, names.RENDER_BATCH, "b").episode()
     history.sub_completed(1, batch_summary(4, 4, 0, 400)).sub_completed(2, batch_summary(2, 2, 0, 200))
     history.scheduled(3, names.ASSEMBLE_MOSAIC).episode()
-    history.completed(3, {"error": error("MosaicCheckError", "2 levels, 3 expected")})
+    history.completed(3, {"error": error(MosaicCheckError("2 levels, 3 expected"))})
     assert "mosaic check failed: 2 levels, 3 expected" in run_failing(tiling.tile_scene, history)
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [ConfigurationError("tilecommit_profile 'gif': expected one of default, zstd"), BodyTooLargeError("6 GB")],
+    ids=["ConfigurationError", "BodyTooLargeError"],
+)
+def test_every_bad_input_error_is_worded_as_bad_input_by_its_kind_not_its_name(exc):
+    """The orchestrator reads the error value's kind; no list of type names to keep up to date."""
+    history = History(names.TILE_SCENE, JOB).scheduled(0, names.VALIDATE_SOURCE).episode()
+    history.completed(0, {"error": error(exc)})
+    assert f"bad input 'scene.tif': {exc} ({type(exc).__name__})" in run_failing(tiling.tile_scene, history)
+
+
+def test_the_kind_decides_the_wording_whatever_the_type_is_called():
+    renamed = {**error(MosaicCheckError("2 levels, 3 expected")), "type": "SomeNewCheckError"}
+    history = validated_history()
+    history.sub_created(1, names.RENDER_BATCH, "a").sub_created(2, names.RENDER_BATCH, "b").episode()
+    history.sub_completed(1, batch_summary(4, 4, 0, 400)).sub_completed(2, batch_summary(2, 2, 0, 200))
+    history.scheduled(3, names.ASSEMBLE_MOSAIC).episode()
+    history.completed(3, {"error": renamed})
+    assert "mosaic check failed: 2 levels, 3 expected (SomeNewCheckError)" in run_failing(tiling.tile_scene, history)
+
+
+def test_an_error_value_without_a_kind_from_an_older_release_is_a_fault():
+    old = {"type": "InvalidRasterError", "message": "not a raster: zero bytes", "window": None}
+    history = History(names.TILE_SCENE, JOB).scheduled(0, names.VALIDATE_SOURCE).episode()
+    history.completed(0, {"error": old})
+    message = run_failing(tiling.tile_scene, history)
+    assert "failed, not retryable: not a raster: zero bytes" in message and "bad input" not in message
 
 
 BIG_JOB = {**JOB, "spec": OutputSpec(window_size=256).to_dict(), "batch_size": 2}
@@ -452,7 +491,11 @@ def test_a_share_that_found_a_tile_changed_fails_the_job_naming_the_window():
     history = tiled_history(job).scheduled(3, names.PLAN_MOSAIC_SHARES).episode().completed(3, {"shares": PLANNED})
     for event_id in (4, 5, 6):
         history.scheduled(event_id, names.STAGE_MOSAIC_SHARE)
-    changed = error("IncompleteManifestError", "window 0001_0002: tile t changed after its manifest row was written")
+    changed = error(
+        IncompleteManifestError(
+            "window 0001_0002: tile t changed after its manifest row was written", mismatched=["0001_0002"]
+        )
+    )
     history.episode().completed(5, {"error": changed})
     message = run_failing(tiling.tile_scene, history)
     assert "failed, not retryable: window 0001_0002: tile t changed after its manifest row" in message

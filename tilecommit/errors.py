@@ -3,11 +3,19 @@
 Every error says whether repeating the same call may succeed (``retryable``; :func:`is_retryable`
 for any exception). Activities raise only retryable faults, which the orchestrator's retry policy
 repeats; every other error comes back as a value of one shape (:func:`error_value`) and fails
-the job once with its message. :class:`BadInputError` (the input or configuration is wrong) is
+the job once with its message, worded by its ``kind`` (who is to blame), which the orchestrator
+reads instead of exception type names: ``bad_input`` (the upload or its metadata is wrong),
+``check`` (an output failed its own checks: a bug, not bad input) or ``fault`` (anything else). :class:`BadInputError` (the input or configuration is wrong) is
 never retryable; :class:`StorageFaultError` (transport, throttling, 5xx) is, unless storage
 answered a plain 4xx. A rejected conditional write is neither: it is an outcome
 (:class:`tilecommit.gates.Outcome`), not an exception.
 """
+
+#: The kinds of a non-retryable error (``error_value(...)["kind"]``).
+BAD_INPUT = "bad_input"
+CHECK = "check"
+FAULT = "fault"
+KINDS = (BAD_INPUT, CHECK, FAULT)
 
 
 class TileCommitError(Exception):
@@ -15,10 +23,14 @@ class TileCommitError(Exception):
 
     #: Whether repeating the same call may succeed.
     retryable = False
+    #: Who is to blame when it fails a job (one of :data:`KINDS`).
+    kind = FAULT
 
 
 class BadInputError(TileCommitError, ValueError):
     """The input is wrong; never worth a retry."""
+
+    kind = BAD_INPUT
 
 
 class InvalidNameError(BadInputError):
@@ -77,6 +89,8 @@ class IncompleteManifestError(TileCommitError):
 class MosaicCheckError(TileCommitError):
     """The mosaic built locally failed its own checks (a bug, not bad input): nothing was uploaded."""
 
+    kind = CHECK
+
 
 class GdalStepError(TileCommitError):
     """GDAL failed in a step of the pipeline; the message names the step, the window and GDAL's own words."""
@@ -96,6 +110,35 @@ class IncompatibleTilesError(TileCommitError):
 
 class JobCancelledError(TileCommitError):
     """The job was cancelled: its work still queued stops before it reads or writes anything."""
+
+
+class BadInputFailure(Exception):
+    """How an orchestration fails when an activity returned an error that is not retryable: once,
+    with the error's message (its name is what a failed job's event and telemetry show)."""
+
+
+class MosaicFailure(BadInputFailure):
+    """The assembled mosaic failed its checks (an error of kind ``check``): a bug, not worth a retry."""
+
+
+class RetriesExhaustedFailure(Exception):
+    """How an orchestration fails when a retryable fault outlasted the retry policy: storage
+    stayed unavailable too long."""
+
+
+class JobApiError(Exception):
+    """A refusal of the job API: the HTTP status, a code and a message, which the routes send as JSON."""
+
+    def __init__(self, status: int, code: str, message: str):
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+    def body(self) -> dict:
+        return {"error": {"code": self.code, "message": self.message}}
+
+
+class JobNotVerifiable(LookupError):
+    """The job does not exist or is still running: there is nothing finished to verify."""
 
 
 def retryable_status(status: int | None) -> bool:
@@ -118,9 +161,19 @@ def is_retryable(exc: BaseException) -> bool:
     return True
 
 
+def kind_of(exc: BaseException) -> str:
+    """Who is to blame for ``exc`` (one of :data:`KINDS`): any exception not of this family is a fault."""
+    return exc.kind if isinstance(exc, TileCommitError) else FAULT
+
+
 def error_value(exc: BaseException, *, window: str | None = None) -> dict:
-    """The one shape in which an activity returns a non-retryable error: type, message, window."""
+    """The one shape in which an activity returns a non-retryable error: kind, type, message, window.
+
+    ``kind`` decides how the job's failure is worded; ``type`` is the exception's name, for
+    people and telemetry only.
+    """
     return {
+        "kind": kind_of(exc),
         "type": type(exc).__name__,
         "message": str(exc),
         "window": window if window is not None else getattr(exc, "window", None),

@@ -84,7 +84,7 @@ def observed_activity(name: str, function: Callable[[Any], Any], on_result: Call
 
 
 def _returned_error_type(result: Any) -> str:
-    """Activities return a non-retryable error as a value, ``{"error": {"type", "message", "window"}}``
+    """Activities return a non-retryable error as a value, ``{"error": {"kind", "type", "message", "window"}}``
     (:func:`tilecommit.errors.error_value`), never raise it."""
     error = result.get("error") if isinstance(result, dict) else None
     return str(error.get("type") or "Error") if isinstance(error, dict) else ""

@@ -1,0 +1,65 @@
+"""The exception family (tilecommit/errors.py): one home for every exception class of the app and
+the library, and a kind for each that decides how a failed job is worded."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import re
+from pathlib import Path
+
+import pytest
+from azure.core.exceptions import HttpResponseError
+
+from tilecommit import errors
+from tilecommit.errors import KINDS, error_value, kind_of
+
+ROOT = Path(__file__).resolve().parents[1]
+APP_AND_LIBRARY = ["function_app.py", "orchestrators", "activities", "tilecommit"]
+#: A base that makes a class an exception: a builtin one (``LookupError``, ``IOError``) or ours.
+EXCEPTION_BASE = re.compile(r"(Exception|Error|Failure)$")
+
+FAMILY = [c for _, c in inspect.getmembers(errors, inspect.isclass) if issubclass(c, errors.TileCommitError)]
+
+
+def classes_outside_errors_py() -> list[str]:
+    found = []
+    for entry in APP_AND_LIBRARY:
+        path = ROOT / entry
+        for file in [path] if path.is_file() else sorted(path.rglob("*.py")):
+            if file == ROOT / "tilecommit" / "errors.py" or "__pycache__" in file.parts:
+                continue
+            for node in ast.walk(ast.parse(file.read_text())):
+                if isinstance(node, ast.ClassDef) and any(
+                    EXCEPTION_BASE.search(ast.unparse(base)) for base in node.bases
+                ):
+                    found.append(f"{file.relative_to(ROOT)}: {node.name}")
+    return found
+
+
+def test_every_exception_class_of_the_app_and_the_library_is_defined_in_errors_py():
+    assert classes_outside_errors_py() == []
+
+
+@pytest.mark.parametrize("cls", FAMILY, ids=lambda c: c.__name__)
+def test_every_error_of_the_family_has_a_kind(cls):
+    assert cls.kind in KINDS
+
+
+def test_the_kinds_are_who_is_to_blame():
+    assert {c.__name__ for c in FAMILY if c.kind == errors.BAD_INPUT} == {
+        c.__name__ for c in FAMILY if issubclass(c, errors.BadInputError)
+    }
+    assert [c.__name__ for c in FAMILY if c.kind == errors.CHECK] == ["MosaicCheckError"]
+    assert kind_of(HttpResponseError("(Unauthorized) no role")) == errors.FAULT
+    assert kind_of(RuntimeError("a bug nobody foresaw")) == errors.FAULT
+
+
+def test_the_error_value_carries_the_kind_type_message_and_window():
+    value = error_value(errors.InvalidRasterError("truncated TIFF"), window="0000_0001")
+    assert value == {
+        "kind": "bad_input",
+        "type": "InvalidRasterError",
+        "message": "truncated TIFF",
+        "window": "0000_0001",
+    }
