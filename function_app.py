@@ -19,7 +19,8 @@ import azurefunctions.extensions.bindings.blob as blob
 from activities import tiling as activities
 from activities import verify as verify_activities
 from activities.context import activity_context
-from orchestrators import job_api, names, retention, starter, verify_start
+from client_functions import job_api, retention, starter, verify_start
+from orchestrators import names
 from orchestrators import tiling as orchestrators
 from orchestrators import verify as verify_orchestrators
 from tilecommit import monitoring, telemetry

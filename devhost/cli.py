@@ -459,8 +459,8 @@ def _job_counter_reader():
 
 def status(args: argparse.Namespace, storage) -> int:
     """``status [JOB_ID]``: what GET /api/jobs/{id} and GET /api/jobs answer (the same functions,
-    :mod:`orchestrators.job_api`, through the real Durable client), with no host running."""
-    from orchestrators import job_api
+    :mod:`client_functions.job_api`, through the real Durable client), with no host running."""
+    from client_functions import job_api
 
     from .functions import EventLoopThread
     from .session import job_client
@@ -522,7 +522,7 @@ def profile_metadata(text: str | None) -> dict[str, str] | None:
 def purge(args: argparse.Namespace, storage) -> int:
     """The timer's sweep, run once now; with no --older-than, the app setting decides (0: nothing)."""
     from activities.context import activity_context
-    from orchestrators import retention
+    from client_functions import retention
     from tilecommit.settings import Settings
 
     from .functions import EventLoopThread

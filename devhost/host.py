@@ -206,7 +206,7 @@ class LocalHost:
     def start(self, watch: bool = True) -> LocalHost:
         logging.getLogger().addHandler(self._decision_log)
         if logging.getLogger().getEffectiveLevel() > logging.INFO:
-            logging.getLogger("orchestrators").setLevel(logging.INFO)
+            logging.getLogger("client_functions").setLevel(logging.INFO)
         self.ensure_storage()
         if self.events is not None:
             self.events.start()

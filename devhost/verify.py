@@ -2,7 +2,7 @@
 
 The local host serves no HTTP functions (only the Durable extension's own API), so the command
 starts ``verify_scene`` with the same start function the app's HTTP route calls
-(:func:`orchestrators.verify_start.start_verify`), through the real Durable client.
+(:func:`client_functions.verify_start.start_verify`), through the real Durable client.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ def verify_job(host, job_id: str, *, repair: bool, timeout: float = 3600) -> dic
     """Start a scrub (a repair with ``repair``) of ``job_id``, wait for it; its summary as a dict."""
     import azure.durable_functions as df
 
-    from orchestrators import verify_start
+    from client_functions import verify_start
 
     started = time.perf_counter()
     client = df.DurableOrchestrationClient(host.api.client_binding())

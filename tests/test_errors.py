@@ -15,7 +15,7 @@ from tilecommit import errors
 from tilecommit.errors import KINDS, error_value, kind_of
 
 ROOT = Path(__file__).resolve().parents[1]
-APP_AND_LIBRARY = ["function_app.py", "orchestrators", "activities", "tilecommit"]
+APP_AND_LIBRARY = ["function_app.py", "orchestrators", "client_functions", "activities", "tilecommit"]
 #: A base that makes a class an exception: a builtin one (``LookupError``, ``IOError``) or ours.
 EXCEPTION_BASE = re.compile(r"(Exception|Error|Failure)$")
 

@@ -140,7 +140,15 @@ def deploy_package(destination: Path) -> Path:
 def test_deploy_package_holds_the_app_and_nothing_else(tmp_path):
     package = deploy_package(tmp_path / "package")
     top = {p.name for p in package.iterdir()}
-    assert {"function_app.py", "host.json", "requirements.txt", "orchestrators", "activities", "tilecommit"} <= top
+    assert {
+        "function_app.py",
+        "host.json",
+        "requirements.txt",
+        "orchestrators",
+        "client_functions",
+        "activities",
+        "tilecommit",
+    } <= top
     assert not top & {"tests", "devhost", "infra", "bench", "node_modules", ".venv", "local.settings.example.json"}
 
 

@@ -10,8 +10,9 @@ import urllib.request
 
 import pytest
 
+from client_functions import job_api
 from devhost.session import job_summary, process_file
-from orchestrators import job_api, names
+from orchestrators import names
 from tilecommit.gates import count_manifest
 from tilecommit.jobs import CANCELLED_ROW_KEY
 

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from orchestrators.starter import job_input
+from client_functions.starter import job_input
 from tilecommit.errors import BadInputError, ConfigurationError, InvalidNameError
 from tilecommit.grid import Window
 from tilecommit.jobs import (

@@ -15,7 +15,7 @@ from .markdown_tables import table_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 DESIGN = ROOT / "docs" / "design.md"
-CHECKED = ["function_app.py", "orchestrators", "activities", "tilecommit", "devhost", "bench"]
+CHECKED = ["function_app.py", "orchestrators", "client_functions", "activities", "tilecommit", "devhost", "bench"]
 
 
 def cell_items(cell: str) -> list[str]:

@@ -14,9 +14,10 @@ import azure.durable_functions as df
 import pytest
 from azure.functions.timer import TimerRequest
 
+from client_functions import retention
 from devhost.functions import EventLoopThread
 from devhost.session import process_file
-from orchestrators import names, retention
+from orchestrators import names
 from tilecommit import gates
 from tilecommit.gates import count_manifest
 

@@ -38,7 +38,7 @@ OTEL_EXPORTER_SETTINGS = {
     "logs": "OTEL_LOGS_EXPORTER",
 }
 #: The app's loggers: set to INFO (the counters' companions) and, locally, given the exporter's handler.
-APP_LOGGERS = ("tilecommit", "orchestrators", "activities")
+APP_LOGGERS = ("tilecommit", "orchestrators", "client_functions", "activities")
 
 
 @dataclass(frozen=True)

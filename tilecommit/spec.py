@@ -107,7 +107,7 @@ class OutputSpec(Record):
     ) -> tuple[OutputSpec, str | None]:
         """The spec a job started for this upload gets, and why its metadata cannot be made
         (None when it can). Metadata naming what this build cannot make still gives a job, with
-        the settings' spec, which fails at once saying why (orchestrators/starter.py)."""
+        the settings' spec, which fails at once saying why (client_functions/starter.py)."""
         try:
             return cls.for_upload(settings, blob_name, metadata), None
         except BadInputError as exc:

@@ -22,10 +22,10 @@ import azure.durable_functions as df
 from azure.data.tables import TableClient
 from azure.storage.blob import ContainerClient
 
+from orchestrators import names
 from tilecommit import retention
 from tilecommit.settings import SETTING_TILE_RETENTION_DAYS
 
-from . import names
 from .job_api import FINISHED, instances
 
 logger = logging.getLogger(__name__)

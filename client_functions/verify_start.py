@@ -8,9 +8,8 @@ import secrets
 
 import azure.durable_functions as df
 
+from orchestrators import names
 from tilecommit.errors import JobNotVerifiable
-
-from . import names
 
 logger = logging.getLogger(__name__)
 

@@ -18,11 +18,10 @@ import azure.durable_functions as df
 from azure.data.tables import TableClient
 from azure.durable_functions.models.DurableOrchestrationStatus import DurableOrchestrationStatus
 
+from orchestrators import names
 from tilecommit import cancellation
 from tilecommit.errors import InvalidNameError, JobApiError
 from tilecommit.jobs import check_job_id
-
-from . import names
 
 Status = df.OrchestrationRuntimeStatus
 #: What a job's state can be: the Durable runtime status, lower case. Only a cancel terminates.

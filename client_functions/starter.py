@@ -13,14 +13,13 @@ from dataclasses import dataclass
 import azure.durable_functions as df
 from azure.storage.blob import BlobClient
 
+from orchestrators import names
 from tilecommit import telemetry
 from tilecommit.errors import InvalidNameError
 from tilecommit.jobs import check_upload_name, job_id_for
 from tilecommit.records import Record
 from tilecommit.settings import SIDECAR_SUFFIXES, Settings
 from tilecommit.spec import OutputSpec
-
-from . import names
 
 logger = logging.getLogger(__name__)
 
