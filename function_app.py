@@ -23,13 +23,13 @@ from client_functions import job_api, retention, starter, verify_start
 from orchestrators import names
 from orchestrators import tiling as orchestrators
 from orchestrators import verify as verify_orchestrators
-from tilecommit import monitoring, telemetry
 from tilecommit.errors import JobApiError, JobNotVerifiable
-from tilecommit.observed import observed_activity, observed_job
+from tilecommit.observability import monitoring, telemetry
+from tilecommit.observability.observed import observed_activity, observed_job
 from tilecommit.settings import SETTING_INPUT_CONTAINER, STORAGE_CONNECTION, Settings
 
 # Application Insights (with the app's identity) when it is configured, OTEL_*_EXPORTER locally,
-# else nothing: see tilecommit/monitoring.py for what the host exports and what this process does.
+# else nothing: see tilecommit/observability/monitoring.py for what the host exports and what this process does.
 monitoring.configure_telemetry()
 
 
@@ -41,7 +41,7 @@ def tiling_functions(activity_functions=activities) -> df.Blueprint:
     the real ones for this app; bench/null_app.py passes stand-ins that do no raster work, so
     the benchmark runs the same orchestrators with the same bindings. A fresh blueprint on each
     call: the SDK wraps each function as it registers it, and an app indexes its functions once.
-    Each activity execution and each job's end is recorded (:mod:`tilecommit.observed`).
+    Each activity execution and each job's end is recorded (:mod:`tilecommit.observability.observed`).
     """
     bp = df.Blueprint()
     bp.orchestration_trigger(context_name="context", orchestration=names.TILE_SCENE)(

@@ -14,9 +14,9 @@ import azure.durable_functions as df
 from azure.storage.blob import BlobClient
 
 from orchestrators import names
-from tilecommit import telemetry
 from tilecommit.errors import InvalidNameError
 from tilecommit.jobs import check_upload_name, job_id_for
+from tilecommit.observability import telemetry
 from tilecommit.records import Record
 from tilecommit.settings import SIDECAR_SUFFIXES, Settings
 from tilecommit.spec import OutputSpec

@@ -384,7 +384,7 @@ def process(args: argparse.Namespace, storage) -> int:
             summary["saved"] = save_outputs(host, summary, folder)
         summary = process_summary(host, summary, args.name or path.name, deliveries=args.deliveries)
         if reader is not None and summary.get("job_id"):
-            from tilecommit.monitoring import job_counters
+            from tilecommit.observability.monitoring import job_counters
 
             summary["counters"] = job_counters(reader.get_metrics_data(), summary["job_id"])
         summaries[slot] = summary
@@ -448,7 +448,7 @@ def _job_counter_reader():
     """
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-    from tilecommit.monitoring import configure_telemetry
+    from tilecommit.observability.monitoring import configure_telemetry
 
     from .host import apply_settings, load_local_settings
 

@@ -25,10 +25,10 @@ from tilecommit.storage import StorageConnection
 from .app_jobs import WINDOW, AppEnv
 from .raster_jobs import render_all
 
-# Installed before any test touches tilecommit.telemetry's counters (the API proxies them).
+# Installed before any test touches tilecommit.observability.telemetry's counters (the API proxies them).
 METRIC_READER = InMemoryMetricReader()
 metrics.set_meter_provider(MeterProvider(metric_readers=[METRIC_READER]))
-#: Every span the app makes in this test process (the activity spans of tilecommit.observed).
+#: Every span the app makes in this test process (the activity spans of tilecommit.observability.observed).
 SPANS = InMemorySpanExporter()
 _tracer_provider = TracerProvider()
 _tracer_provider.add_span_processor(SimpleSpanProcessor(SPANS))

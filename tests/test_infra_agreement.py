@@ -252,7 +252,7 @@ def test_deploy_script_gives_every_azd_placeholder_a_value() -> None:
 
 @pytest.mark.parametrize("plan", PLANS)
 def test_telemetry_goes_to_application_insights_with_the_identity_and_once(plan: str) -> None:
-    from tilecommit import monitoring
+    from tilecommit.observability import monitoring
 
     deployed = app_settings(plan)
     environ = with_stand_ins(deployed)

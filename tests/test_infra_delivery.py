@@ -7,7 +7,8 @@ from __future__ import annotations
 import re
 
 from tests.bicep import INFRA, Bicep
-from tilecommit import events, settings, telemetry
+from tilecommit import events, settings
+from tilecommit.observability import telemetry
 
 MAIN = Bicep(INFRA / "main.bicep")
 SUBSCRIPTION = Bicep(INFRA / "modules" / "event-subscription.bicep")

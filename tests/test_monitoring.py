@@ -10,8 +10,8 @@ import pytest
 from azure.identity import ManagedIdentityCredential
 from azure.monitor.opentelemetry.exporter import AzureMonitorTraceExporter
 
-from tilecommit import monitoring
 from tilecommit.errors import ConfigurationError
+from tilecommit.observability import monitoring
 
 from .app_jobs import ROOT
 
@@ -58,7 +58,7 @@ connects = []
 sys.addaudithook(lambda event, args: connects.append(str(args[1])) if event == "socket.connect" else None)
 import function_app  # configures telemetry at import, as in the worker
 from opentelemetry import metrics, trace
-from tilecommit import telemetry
+from tilecommit.observability import telemetry
 telemetry.tiles_written.add(1, {"job_id": "0123456789abcdef"})
 with telemetry.tracer.start_as_current_span("probe"):
     pass

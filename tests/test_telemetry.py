@@ -25,9 +25,9 @@ from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, SimpleLogR
 
 from devhost.cli import process_file
 from tilecommit import settings as names
-from tilecommit import telemetry
 from tilecommit.errors import BadInputError
 from tilecommit.gates import count_manifest
+from tilecommit.observability import telemetry
 from tilecommit.raster import inspect_source
 from tilecommit.settings import Settings
 from tilecommit.spec import OutputSpec

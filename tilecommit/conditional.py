@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
-from . import telemetry
 from .errors import StorageFaultError
+from .observability import telemetry
 
 logger = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ Every storage client the app makes (:class:`tilecommit.storage.StorageConnection
 answered request to :func:`count_response`, through the Azure SDK's ``raw_response_hook``, which
 runs once per attempt (a retried request is billed again, and counted again). The request is
 added to the :class:`Usage` of the activity running in that context (:func:`measuring`, around
-each activity in :mod:`tilecommit.observed`); threads the activity starts carry it along when
+each activity in :mod:`tilecommit.observability.observed`); threads the activity starts carry it along when
 they come from a :class:`ContextExecutor`. A request outside any activity (the host's own, a
 test's) counts nowhere.
 

@@ -71,7 +71,7 @@ resource eventAlerts 'Microsoft.Insights/metricAlerts@2018-03-01' = [for alert i
   }
 }]
 
-// Failed jobs: the JobsFinished counter (tilecommit/telemetry.py) with status "failed", as the
+// Failed jobs: the JobsFinished counter (tilecommit/observability/telemetry.py) with status "failed", as the
 // workbook's errors-by-type query reads it.
 resource failedJobs 'Microsoft.Insights/scheduledQueryRules@2022-06-15' = {
   name: '${last(split(applicationInsightsId, '/'))}-failed-jobs'

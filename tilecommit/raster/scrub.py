@@ -24,9 +24,10 @@ from rasterio.errors import RasterioIOError
 from rasterio.io import MemoryFile
 from rasterio.windows import Window as RioWindow
 
-from .. import gates, jobs, storage, telemetry
+from .. import gates, jobs, storage
 from ..errors import IncompleteManifestError, InvalidRasterError, MosaicCheckError
 from ..grid import Window
+from ..observability import telemetry
 from ..records import Record
 from ..settings import Settings
 from ..spec import OutputSpec

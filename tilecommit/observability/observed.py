@@ -22,7 +22,8 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
-from . import telemetry, usage
+from .. import usage
+from . import telemetry
 
 
 def job_id_of(payload: Any) -> str | None:

@@ -1,6 +1,6 @@
 """What the app records, on the OpenTelemetry API: counters, histograms, spans and structured logs.
 
-Where it goes is decided once per process (:mod:`tilecommit.monitoring`): Application Insights in
+Where it goes is decided once per process (:mod:`tilecommit.observability.monitoring`): Application Insights in
 Azure, an OTLP or console exporter when the standard ``OTEL_*_EXPORTER`` variables ask for one, an
 in-memory reader in tests; with nothing configured every call here is a no-op.
 
@@ -23,7 +23,7 @@ logger = logging.getLogger("tilecommit.jobs")
 
 #: ``job_id`` of records that belong to no job (an upload the starter ignored).
 NO_JOB = "none"
-#: The job whose activity runs in this context (set by :func:`tilecommit.observed.observed_activity`).
+#: The job whose activity runs in this context (set by :func:`tilecommit.observability.observed.observed_activity`).
 current_job: contextvars.ContextVar[str | None] = contextvars.ContextVar("tilecommit_job_id", default=None)
 
 

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 
 from opentelemetry import trace
 
+from ..errors import ConfigurationError
 from . import telemetry
-from .errors import ConfigurationError
 
 logger = logging.getLogger(__name__)
 
