@@ -11,11 +11,11 @@ import os
 import signal
 import threading
 
-from tilecommit import gates
+from tilecommit import manifest
 
 
 def crash_before_manifest_entry(n: int) -> None:
-    original = gates.record_manifest_entry
+    original = manifest.record_manifest_entry
     lock = threading.Lock()
     calls = 0
 
@@ -27,4 +27,4 @@ def crash_before_manifest_entry(n: int) -> None:
                 os.kill(os.getpid(), signal.SIGKILL)
         return original(*args, **kwargs)
 
-    gates.record_manifest_entry = record_manifest_entry
+    manifest.record_manifest_entry = record_manifest_entry

@@ -18,9 +18,9 @@ from rasterio.io import MemoryFile
 
 from devhost.host import HostOptions, LocalHost
 from devhost.scenes import SceneSpec, write_scene
-from tilecommit.gates import count_manifest
 from tilecommit.grid import plan_windows
 from tilecommit.jobs import job_id_for
+from tilecommit.manifest import count_manifest
 from tilecommit.settings import Settings
 from tilecommit.spec import OutputSpec
 

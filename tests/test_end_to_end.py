@@ -21,8 +21,8 @@ from devhost.metrics import max_overlap, slot_use
 from devhost.session import job_summary
 from orchestrators import names as orchestrator_names
 from tilecommit import settings as names
-from tilecommit.gates import count_manifest
 from tilecommit.jobs import job_id_for
+from tilecommit.manifest import count_manifest
 from tilecommit.settings import Settings
 from tilecommit.spec import OutputSpec
 

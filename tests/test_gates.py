@@ -44,6 +44,7 @@ from tilecommit.errors import BadInputError, BodyTooLargeError, ConfigurationErr
 from tilecommit.gates import Outcome
 from tilecommit.grid import Window
 from tilecommit.jobs import tile_blob_name
+from tilecommit.manifest import ManifestEntry, count_manifest, get_manifest_entry, record_manifest_entry
 
 from .conftest import counter_total
 
@@ -706,17 +707,17 @@ def test_manifest_entry_is_create_only_and_the_first_row_stays(table, caplog):
     first = dict(uri="https://a/tiles/x/0000_0003.tif", nbytes=5_000_000_000, sha256=sha(b"first"))
     counters = Counters("manifest")
 
-    assert gates.record_manifest_entry(table, job_id=JOB, window=window, **first) is Outcome.WRITTEN
+    assert record_manifest_entry(table, job_id=JOB, window=window, **first) is Outcome.WRITTEN
     row = raw_row(table, JOB, window.id)
     caplog.clear()
     assert (
-        gates.record_manifest_entry(
+        record_manifest_entry(
             table, job_id=JOB, window=window.id, uri="https://b/other.tif", nbytes=1, sha256=sha(b"second")
         )
         is Outcome.ALREADY_PRESENT
     )
     assert raw_row(table, JOB, window.id) == row
-    assert gates.get_manifest_entry(table, JOB, window) == gates.ManifestEntry(
+    assert get_manifest_entry(table, JOB, window) == ManifestEntry(
         window=window.id, uri=first["uri"], nbytes=first["nbytes"], sha256=first["sha256"]
     )
     delta = counters.delta()
@@ -726,19 +727,19 @@ def test_manifest_entry_is_create_only_and_the_first_row_stays(table, caplog):
 
     # The same row again (a retried activity): refused, and no mismatch this time.
     counters = Counters("manifest")
-    assert gates.record_manifest_entry(table, job_id=JOB, window=window, **first) is Outcome.ALREADY_PRESENT
+    assert record_manifest_entry(table, job_id=JOB, window=window, **first) is Outcome.ALREADY_PRESENT
     assert counters.delta()["rejected"] == 1 and counters.delta()["mismatch"] == 0
 
 
 def test_get_manifest_entry_returns_the_row_or_none(table):
     window = Window(4, 5, 4096, 5120, 512, 1024)
-    assert gates.get_manifest_entry(table, JOB, window) is None
-    gates.record_manifest_entry(table, job_id=JOB, window=window, uri="u", nbytes=12, sha256="s" * 64)
-    expected = gates.ManifestEntry(window="0004_0005", uri="u", nbytes=12, sha256="s" * 64)
-    assert gates.get_manifest_entry(table, JOB, window) == expected
-    assert gates.get_manifest_entry(table, JOB, "0004_0005") == expected
-    assert gates.get_manifest_entry(table, "fedcba9876543210", window) is None
-    assert gates.get_manifest_entry(table, JOB, "0005_0004") is None
+    assert get_manifest_entry(table, JOB, window) is None
+    record_manifest_entry(table, job_id=JOB, window=window, uri="u", nbytes=12, sha256="s" * 64)
+    expected = ManifestEntry(window="0004_0005", uri="u", nbytes=12, sha256="s" * 64)
+    assert get_manifest_entry(table, JOB, window) == expected
+    assert get_manifest_entry(table, JOB, "0004_0005") == expected
+    assert get_manifest_entry(table, "fedcba9876543210", window) is None
+    assert get_manifest_entry(table, JOB, "0005_0004") is None
 
 
 def test_count_manifest_reads_every_page_of_2500_rows(storage, table):
@@ -757,15 +758,13 @@ def test_count_manifest_reads_every_page_of_2500_rows(storage, table):
         table.submit_transaction([("create", row) for row in rows[start : start + 100]])
     # Another job's rows in the same table must not be counted.
     for i in range(3):
-        gates.record_manifest_entry(
-            table, job_id="fedcba9876543210", window=f"{i:04d}_0000", uri="x", nbytes=1, sha256="y"
-        )
+        record_manifest_entry(table, job_id="fedcba9876543210", window=f"{i:04d}_0000", uri="x", nbytes=1, sha256="y")
 
     pages = Recorder()
     counted = TableClient.from_connection_string(
         storage.connection_string, table.table_name, per_retry_policies=[pages]
     )
-    summary = gates.count_manifest(counted, JOB)
+    summary = count_manifest(counted, JOB)
 
     assert summary.job_id == JOB
     assert summary.rows == 2500
@@ -774,7 +773,7 @@ def test_count_manifest_reads_every_page_of_2500_rows(storage, table):
     assert summary.entries["0049_0049"].uri.endswith("/0049_0049.tif")
     assert summary.entries["0012_0034"].sha256 == sha(b"0012_0034")
     assert [s.method for s in pages.seen] == ["GET", "GET", "GET"]  # 1,000 + 1,000 + 500
-    assert gates.count_manifest(table, "0000000000000000").rows == 0
+    assert count_manifest(table, "0000000000000000").rows == 0
 
 
 def test_manifest_row_whose_answer_is_lost_is_resolved_from_its_sha256(storage, table):
@@ -787,14 +786,14 @@ def test_manifest_row_whose_answer_is_lost_is_resolved_from_its_sha256(storage, 
     )
     counters = Counters("manifest")
     assert (
-        gates.record_manifest_entry(client, job_id=JOB, window="0000_0000", uri="u", nbytes=1, sha256="a" * 64)
+        record_manifest_entry(client, job_id=JOB, window="0000_0000", uri="u", nbytes=1, sha256="a" * 64)
         is Outcome.WRITTEN
     )
     assert lose.lost == [201]  # Insert Entity, created
     assert counters.delta()["resolved"] == 1
 
     def other_writer_first():
-        gates.record_manifest_entry(table, job_id=JOB, window="0000_0001", uri="theirs", nbytes=2, sha256="b" * 64)
+        record_manifest_entry(table, job_id=JOB, window="0000_0001", uri="theirs", nbytes=2, sha256="b" * 64)
 
     lose = LoseResponses("POST", times=1, before=other_writer_first)
     client = TableClient.from_connection_string(
@@ -802,9 +801,9 @@ def test_manifest_row_whose_answer_is_lost_is_resolved_from_its_sha256(storage, 
     )
     counters = Counters("manifest")
     assert (
-        gates.record_manifest_entry(client, job_id=JOB, window="0000_0001", uri="ours", nbytes=3, sha256="c" * 64)
+        record_manifest_entry(client, job_id=JOB, window="0000_0001", uri="ours", nbytes=3, sha256="c" * 64)
         is Outcome.ALREADY_PRESENT
     )
     assert lose.lost == [409]
     assert counters.delta()["resolved"] == 1 and counters.delta()["mismatch"] == 1
-    assert gates.get_manifest_entry(table, JOB, "0000_0001").uri == "theirs"
+    assert get_manifest_entry(table, JOB, "0000_0001").uri == "theirs"

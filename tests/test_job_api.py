@@ -13,8 +13,8 @@ import pytest
 from client_functions import job_api
 from devhost.session import job_summary, process_file
 from orchestrators import names
-from tilecommit.gates import count_manifest
 from tilecommit.jobs import CANCELLED_ROW_KEY
+from tilecommit.manifest import count_manifest
 
 from .app_jobs import check_outputs, local_host, make_scene, upload
 

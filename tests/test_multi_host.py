@@ -26,7 +26,7 @@ from devhost.history import (
 )
 from devhost.queues import queue_service
 from devhost.store import HistoryStore
-from tilecommit.gates import count_manifest
+from tilecommit.manifest import count_manifest
 
 from .app_jobs import AppEnv, check_outputs, make_scene, serve, upload
 

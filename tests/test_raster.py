@@ -26,6 +26,7 @@ from devhost.scenes import SceneSpec, read_scene, write_scene
 from tilecommit import gates, jobs
 from tilecommit.errors import IncompleteManifestError, InvalidRasterError
 from tilecommit.grid import plan_windows
+from tilecommit.manifest import count_manifest, get_manifest_entry
 from tilecommit.raster import (
     MosaicCheckError,
     SceneInfo,
@@ -319,7 +320,7 @@ def test_render_after_a_crash_between_blob_and_manifest_row_completes_the_row(sm
     )
     assert result.outcome == "already-present" and not result.skipped
     assert result.sha256 == hashlib.sha256(body).hexdigest()
-    entry = gates.get_manifest_entry(stores["manifest"], JOB, window)
+    entry = get_manifest_entry(stores["manifest"], JOB, window)
     assert entry is not None and entry.sha256 == result.sha256 and entry.nbytes == len(body)
 
 
@@ -791,7 +792,7 @@ def test_vrt_path_warns_when_its_temporary_file_may_exceed_the_budget(stores, st
     settings = Settings(window_size=512)
     scene = inspect_source(path, settings=settings, spec=OutputSpec.from_settings(settings))
     render_all(path, scene, settings, stores)
-    summary = gates.count_manifest(stores["manifest"], JOB)
+    summary = count_manifest(stores["manifest"], JOB)
     estimate = mosaic_module.estimate_vrt_temp_bytes(scene, summary, OutputSpec.from_settings(settings))
     monkeypatch.setattr(vrt_module, "TEMP_BUDGET_BYTES", estimate - 1)
     with caplog.at_level(logging.WARNING, logger=vrt_module.logger.name):

@@ -19,7 +19,7 @@ from devhost.functions import EventLoopThread
 from devhost.session import process_file
 from orchestrators import names
 from tilecommit import gates
-from tilecommit.gates import count_manifest
+from tilecommit.manifest import count_manifest
 
 from .app_jobs import check_outputs, download, local_host, make_scene, upload
 from .conftest import counter_total

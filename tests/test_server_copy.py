@@ -13,9 +13,10 @@ import rasterio
 from azure.core.credentials import AccessToken
 
 from devhost.scenes import SceneSpec, read_scene, write_scene
-from tilecommit import gates, jobs
+from tilecommit import jobs
 from tilecommit.errors import IncompleteManifestError
 from tilecommit.grid import plan_windows
+from tilecommit.manifest import get_manifest_entry
 from tilecommit.raster import inspect_source, render_tile, tiff
 from tilecommit.raster.copy_plan import MAX_COMMITTED_BLOCKS, CopyRange, LocalRun, plan_copy
 from tilecommit.raster.pyramid import TileHead, plan_tile_levels
@@ -42,7 +43,7 @@ def test_a_tile_changed_after_its_manifest_row_fails_the_assembly_naming_the_win
     scene = inspect_source(path, settings=settings, spec=OutputSpec.from_settings(settings))
     render_all(path, scene, settings, stores)
     changed = "0001_0002"
-    row = gates.get_manifest_entry(stores["manifest"], JOB, changed)
+    row = get_manifest_entry(stores["manifest"], JOB, changed)
     assert row.etag  # recorded from the tile's commit
     tile = stores["tiles"].get_blob_client(row.uri)
     body = tile.download_blob().readall()

@@ -11,8 +11,9 @@ import pytest
 from rasterio.io import MemoryFile
 
 from devhost.scenes import SceneSpec, read_scene, write_scene
-from tilecommit import gates, jobs
+from tilecommit import jobs
 from tilecommit.errors import IncompleteManifestError
+from tilecommit.manifest import count_manifest
 from tilecommit.raster import inspect_source, shares
 from tilecommit.settings import Settings
 from tilecommit.spec import OutputSpec
@@ -101,7 +102,7 @@ def test_shares_run_twice_and_at_once_commit_the_one_activity_mosaic_byte_for_by
 
     # Requests as sent: every Put Block From URL pinned to its tile's recorded ETag.
     name = jobs.mosaic_blob_name(JOB)
-    rows = {r.uri: r.etag for r in gates.count_manifest(stores["manifest"], JOB).entries.values()}
+    rows = {r.uri: r.etag for r in count_manifest(stores["manifest"], JOB).entries.values()}
     copies = [r for r in log.put_blocks(name) if "x-ms-copy-source" in {k.lower() for k in r[3]}]
     assert len(copies) == staged.ranges + results[1]["ranges"] * 2
     for _, _, _, headers in copies:

@@ -17,8 +17,9 @@ import pytest
 
 from devhost.session import process_file
 from orchestrators import names
-from tilecommit import gates, jobs
+from tilecommit import jobs
 from tilecommit import settings as setting_names
+from tilecommit.manifest import count_manifest
 from tilecommit.raster import SceneInfo, assemble_mosaic
 from tilecommit.settings import Settings
 from tilecommit.spec import spec_of
@@ -101,7 +102,7 @@ def test_a_large_mosaic_is_staged_in_shares_committed_once_and_equals_the_one_ac
 
     # Every range request on the wire carries the source If-Match of its tile's manifest row.
     manifest = storage.table_service().get_table_client(app_env.manifest)
-    rows = {r.uri: r.etag for r in gates.count_manifest(manifest, job_id).entries.values()}
+    rows = {r.uri: r.etag for r in count_manifest(manifest, job_id).entries.values()}
     copies = [r for r in mosaic_requests(proxy, job_id, "block") if "x-ms-copy-source" in r[2]]
     assert len(copies) >= planned["ranges"] * per_task
     assert {block_id(r[1]) for r in copies} == {f"{planned['tag']}{i:04x}" for i in range(planned["ranges"])}

@@ -15,8 +15,8 @@ from devhost.azurite import Azurite
 from devhost.session import job_summary, process_file
 from tests.app_jobs import AppEnv, local_host, make_scene, wait_until
 from tilecommit import settings as names
-from tilecommit.gates import count_manifest
 from tilecommit.jobs import job_id_for
+from tilecommit.manifest import count_manifest
 from tilecommit.spec import OutputSpec
 from tilecommit.storage import StorageConnection
 

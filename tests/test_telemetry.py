@@ -26,7 +26,7 @@ from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, SimpleLogR
 from devhost.cli import process_file
 from tilecommit import settings as names
 from tilecommit.errors import BadInputError
-from tilecommit.gates import count_manifest
+from tilecommit.manifest import count_manifest
 from tilecommit.observability import telemetry
 from tilecommit.raster import inspect_source
 from tilecommit.settings import Settings

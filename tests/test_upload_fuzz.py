@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from devhost.cli import process_file
-from tilecommit.gates import count_manifest
+from tilecommit.manifest import count_manifest
 from tilecommit.raster.scene import MAX_WINDOW_BYTES
 
 from .app_jobs import WINDOW, local_host

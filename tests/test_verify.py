@@ -26,6 +26,7 @@ from orchestrators import names
 from tilecommit import gates, jobs
 from tilecommit import settings as setting_names
 from tilecommit.grid import plan_windows
+from tilecommit.manifest import get_manifest_entry, get_manifest_row, record_manifest_entry, repair_manifest_entry
 
 from .app_jobs import WINDOW, AppEnv, check_outputs, download, local_host, make_scene
 from .conftest import counter_total
@@ -72,7 +73,7 @@ def _rows_match_tiles(storage, app_env: AppEnv, job_id: str, windows) -> None:
     table = storage.table_service().get_table_client(app_env.manifest)
     tiles = storage.blob_service().get_container_client(app_env.tiles)
     for window in windows:
-        entry = gates.get_manifest_entry(table, job_id, window)
+        entry = get_manifest_entry(table, job_id, window)
         stored = tiles.get_blob_client(entry.uri).download_blob()
         body = stored.readall()
         assert (entry.etag, entry.nbytes, entry.sha256) == (stored.properties.etag, len(body), gates.sha256_hex(body))
@@ -252,18 +253,15 @@ def test_the_cli_verifies_a_completed_job_and_refuses_an_unknown_one(storage, ap
 
 
 def test_a_row_repair_on_a_stale_row_etag_is_superseded_and_leaves_the_newer_row(table):
-    gates.record_manifest_entry(table, job_id=JOB_ID, window="0000_0000", uri="t.tif", nbytes=1, sha256="a", etag="e1")
-    _, first = gates.get_manifest_row(table, JOB_ID, "0000_0000")
+    record_manifest_entry(table, job_id=JOB_ID, window="0000_0000", uri="t.tif", nbytes=1, sha256="a", etag="e1")
+    _, first = get_manifest_row(table, JOB_ID, "0000_0000")
     fields = dict(job_id=JOB_ID, window="0000_0000", uri="t.tif")
-    assert (
-        gates.repair_manifest_entry(table, **fields, nbytes=2, sha256="b", etag="e2", expect_row_etag=first)
-        == "written"
-    )
-    stale = gates.repair_manifest_entry(table, **fields, nbytes=3, sha256="c", etag="e3", expect_row_etag=first)
+    assert repair_manifest_entry(table, **fields, nbytes=2, sha256="b", etag="e2", expect_row_etag=first) == "written"
+    stale = repair_manifest_entry(table, **fields, nbytes=3, sha256="c", etag="e3", expect_row_etag=first)
     assert stale is gates.Outcome.SUPERSEDED
-    entry, _ = gates.get_manifest_row(table, JOB_ID, "0000_0000")
+    entry, _ = get_manifest_row(table, JOB_ID, "0000_0000")
     assert (entry.nbytes, entry.sha256, entry.etag) == (2, "b", "e2")
-    gone = gates.repair_manifest_entry(
+    gone = repair_manifest_entry(
         table, **{**fields, "window": "0000_0001"}, nbytes=1, sha256="a", etag="e", expect_row_etag=first
     )
     assert gone is gates.Outcome.SUPERSEDED  # no row: a repair never creates one under If-Match

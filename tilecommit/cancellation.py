@@ -21,8 +21,9 @@ from azure.core.exceptions import HttpResponseError, ResourceModifiedError, Reso
 from azure.data.tables import TableClient
 
 from . import gates, jobs, storage
-from .gates import ManifestEntry, Outcome
+from .gates import Outcome
 from .grid import Window
+from .manifest import ManifestEntry, get_manifest_entry
 
 
 def lookup_window(table: TableClient, job_id: str, window: Window) -> tuple[ManifestEntry | None, bool]:
@@ -34,7 +35,7 @@ def lookup_window(table: TableClient, job_id: str, window: Window) -> tuple[Mani
     point or range reads (Microsoft's Table storage design guide says so of exactly this
     filter): with thousands of windows in it, each tile would pay for the job's size.
     """
-    entry = gates.get_manifest_entry(table, job_id, window)
+    entry = get_manifest_entry(table, job_id, window)
     if entry is not None:
         return entry, False
     return None, is_cancelled(table, job_id)

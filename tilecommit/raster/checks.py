@@ -17,6 +17,7 @@ from rasterio.io import MemoryFile
 from .. import gates, storage
 from ..errors import IncompleteManifestError, MosaicCheckError, StorageFaultError
 from ..grid import plan_windows
+from ..manifest import count_manifest
 from ..settings import Settings
 from ..spec import OutputSpec
 from ..storage import TRANSPORT_FAULTS
@@ -37,7 +38,7 @@ def check_manifest(job_id: str, scene: SceneInfo, *, tiles: ContainerClient, man
     as a mismatch.
     """
     windows = plan_windows(scene.width, scene.height, spec.window_size)
-    summary = gates.count_manifest(manifest, job_id)
+    summary = count_manifest(manifest, job_id)
     missing = [w.id for w in windows if w.id not in summary.entries]
     if missing:
         shown = ", ".join(missing[:20]) + (f" and {len(missing) - 20} more" if len(missing) > 20 else "")

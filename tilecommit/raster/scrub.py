@@ -27,6 +27,7 @@ from rasterio.windows import Window as RioWindow
 from .. import gates, jobs, storage
 from ..errors import IncompleteManifestError, InvalidRasterError, MosaicCheckError
 from ..grid import Window
+from ..manifest import get_manifest_row, record_manifest_entry, repair_manifest_entry
 from ..observability import telemetry
 from ..records import Record
 from ..settings import Settings
@@ -150,7 +151,7 @@ def check_window(
     repair: bool = False,
 ) -> WindowReport:
     """Compare one window's row and tile with the source window; with ``repair``, fix what differs."""
-    row = gates.get_manifest_row(manifest, job_id, window)
+    row = get_manifest_row(manifest, job_id, window)
     name = row[0].uri if row else jobs.tile_blob_name(job_id, window)
     stored = _stored_tile(tiles, name)
     with (
@@ -207,9 +208,9 @@ def repair_window(
         return str(tile), str(gates.Outcome.SUPERSEDED)
     fields = dict(job_id=job_id, window=window, uri=name, nbytes=len(now.body), sha256=digest, etag=now.etag)
     if row is None:
-        recorded = gates.record_manifest_entry(manifest, **fields)
+        recorded = record_manifest_entry(manifest, **fields)
     elif (row[0].uri, row[0].nbytes, row[0].sha256, row[0].etag) != (name, len(now.body), digest, now.etag):
-        recorded = gates.repair_manifest_entry(manifest, **fields, expect_row_etag=row[1])
+        recorded = repair_manifest_entry(manifest, **fields, expect_row_etag=row[1])
     else:
         recorded = UNCHANGED
     logger.info("job %s: window %s repaired: tile %s, row %s", job_id, window.id, tile, recorded)
