@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Deploy tilecommit to Azure: infrastructure (infra/main.bicep), code, Event Grid subscription.
-# Safe to run again: every step converges to the same state. See README.md, "Deploy to Azure".
+# Safe to run again: every step converges to the same state. See docs/deployment.md.
 # `azd up` deploys the same template and code, then runs step 3 of this script
 # (infra/hooks/postdeploy.sh -> --subscribe-only).
 set -euo pipefail

@@ -1,5 +1,5 @@
 // tilecommit: an Azure Functions app (Python 3.11, v2 model, Durable) that turns uploaded rasters
-// into COG tiles and a mosaic. Deployed two ways (README.md, "Deploy to Azure"), both over this one
+// into COG tiles and a mosaic. Deployed two ways (docs/deployment.md), both over this one
 // template: `azd up` (azure.yaml; azd fills main.parameters.json's ${...} values and runs
 // infra/hooks/postdeploy.sh once the code is published), or infra/deploy.sh with the Azure CLI alone.
 // Either way the Event Grid subscription is deployed last, on its own
@@ -36,7 +36,7 @@ param hostingPlan string = 'FlexConsumption'
 param vnetEnabled bool = false
 
 // host.json names the Azure Storage provider's settings; the app settings below switch it to the
-// scheduler (azureManaged), so one code package runs on either backend. README.md, "The Durable
+// scheduler (azureManaged), so one code package runs on either backend. docs/deployment.md, "The Durable
 // backend", says what changes and what does not.
 @description('Where Durable keeps its task hub: AzureStorage (the storage account: queues, tables, leases; the default) or DurableTaskScheduler (a Durable Task Scheduler and task hub, Microsoft\'s recommended backend for throughput; the host\'s identity holds Durable Task Data Contributor on that task hub only).')
 @allowed([
@@ -114,7 +114,7 @@ param assemblyShareMb int = 2400
 @minValue(0)
 param tileRetentionDays int = 7
 
-@description('TILECOMMIT_PROFILE: the output profile of uploads whose metadata names none and that match no rule: default (DEFLATE), zstd, lzw, raw, jpeg, webp, lerc, lerc_deflate or lerc_zstd, optionally with ,level=N ,predictor=N ,quality=N ,max_z_error=X (README, "Output profiles").')
+@description('TILECOMMIT_PROFILE: the output profile of uploads whose metadata names none and that match no rule: default (DEFLATE), zstd, lzw, raw, jpeg, webp, lerc, lerc_deflate or lerc_zstd, optionally with ,level=N ,predictor=N ,quality=N ,max_z_error=X (docs/configuration.md, "Output profiles").')
 param outputProfile string = 'default'
 
 @description('TILECOMMIT_PROFILE_RULES: profiles by upload path, prefix=profile[,key=value...] separated by semicolons (e.g. dem/=zstd,predictor=3;previews/=lzw); the longest prefix wins. Empty: none.')

@@ -100,7 +100,8 @@ def test_host_json_fits_the_consumption_plan():
     assert host["extensionBundle"] == {"id": "Microsoft.Azure.Functions.ExtensionBundle", "version": "[4.32.0, 5.0.0)"}
     durable = host["extensions"]["durableTask"]
     assert durable["hubName"] == settings.TASK_HUB
-    # README's memory arithmetic: 4 activities x <= 300 MB tile worker (or one 1 GB assembly) < 1.5 GB.
+    # The sizing (docs/design.md, "Sizing for the Consumption plan"): 4 activities x <= 300 MB tile worker
+    # (or one 1 GB assembly) < 1.5 GB.
     assert 1 <= durable["maxConcurrentActivityFunctions"] <= 4
     assert host["extensions"]["blobs"]["poisonBlobThreshold"] >= 1
 

@@ -5,7 +5,7 @@
 // code's identity gets nothing here, because the code never calls Durable itself: the starter,
 // the job API and the retention sweep go through the host's Durable client binding.
 //
-// README.md ("The Durable backend") says what changes with this backend and what does not;
+// docs/deployment.md ("The Durable backend") says what changes with this backend and what does not;
 // docs/local-host.md says what the local host models of it.
 
 param name string
