@@ -123,7 +123,7 @@ resource containers 'Microsoft.Storage/storageAccounts/blobServices/containers@2
   }
 }]
 
-// The backstop of the retention sweep (orchestrators/retention.py): tiles only, never mosaics,
+// The backstop of the retention sweep (client_functions/retention.py): tiles only, never mosaics,
 // never anything younger than the retention plus the slack. The sweep deletes a job's rows
 // before its tiles; this rule cannot, so it waits long enough that the sweep has come first.
 resource tileLifecycle 'Microsoft.Storage/storageAccounts/managementPolicies@2023-05-01' = if (tileRetentionDays > 0) {
