@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from .functions import EventLoopThread
+from .durable.functions import EventLoopThread
 
 
 class JobNotVerifiable(LookupError):

@@ -15,11 +15,10 @@ from pathlib import Path
 import pytest
 from rasterio.io import MemoryFile
 
-from devhost.cli import process_file
-from devhost.metrics import max_overlap, slot_use
-from devhost.session import job_summary
+from devhost.session import job_summary, process_file
 from orchestrators import names as orchestrator_names
 from orchestrators.starter import job_input
+from testkit.metrics import max_overlap, slot_use
 from tilecommit import settings as names
 from tilecommit.gates import count_manifest
 from tilecommit.jobs import job_id_for

@@ -14,7 +14,7 @@ import azure.durable_functions as df
 import pytest
 from azure.functions.timer import TimerRequest
 
-from devhost.functions import EventLoopThread
+from devhost.durable.functions import EventLoopThread
 from devhost.session import process_file
 from orchestrators import names, retention
 from tilecommit import gates

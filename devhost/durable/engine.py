@@ -3,9 +3,9 @@
 It plays the part of the Durable extension and the Durable Task Framework (DTFx) with the Azure
 Storage provider. For each orchestration episode it hands the registered orchestrator the
 history JSON the extension would send, walks the returned actions as the extension's shim does
-(:mod:`devhost.shim`: in order, awaiting each top-level action), appends the events DTFx would
-append, executes the work (activities in a bounded pool, sub-orchestrations, timers, retries),
-and replays again when results arrive.
+(:mod:`devhost.durable.shim`: in order, awaiting each top-level action), appends the events DTFx
+would append, executes the work (activities in a bounded pool, sub-orchestrations, timers,
+retries), and replays again when results arrive.
 
 Rules of the real host it imitates (docs/local-host.md has the sources, row by row):
 - activities run at least once (``duplicate_activities`` runs every one twice, concurrently);
@@ -23,9 +23,10 @@ Rules of the real host it imitates (docs/local-host.md has the sources, row by r
 - instance ids, custom status and failure wording as the extension's;
 - any number of hosts share one task hub: an instance's starts, results and timers go to its
   partition's control queue and only the partition's owner runs its episodes (leases as the
-  provider's table partition manager keeps them, :mod:`devhost.partitions`); activities go to
-  one work-item queue that every host reads (:mod:`devhost.messaging`, :mod:`devhost.receivers`);
-  partitions move between hosts without losing a message (:mod:`devhost.handover`).
+  provider's table partition manager keeps them, :mod:`devhost.durable.partitions`); activities
+  go to one work-item queue that every host reads (:mod:`devhost.durable.messaging`,
+  :mod:`devhost.durable.receivers`); partitions move between hosts without losing a message
+  (:mod:`devhost.durable.handover`).
 
 Sequence numbers: the SDK numbers tasks in the order it meets them while replaying. Retry
 timers and rescheduled attempts get their numbers while the SDK processes the failure or timer
@@ -55,13 +56,8 @@ from . import shim
 from .episode import EpisodePlan, order_new_events, plan_episode
 from .functions import FunctionIndex
 from .handover import STALLED_START_S, WATCHDOG_INTERVAL_S, PartitionHandover
-from .history import (  # noqa: F401  (flatten_actions and the errors are part of this module's API)
-    CALL_ACTIVITY,
-    CALL_ACTIVITY_WITH_RETRY,
-    CALL_SUB_ORCHESTRATOR,
-    CALL_SUB_ORCHESTRATOR_WITH_RETRY,
+from .history import (
     COMPLETED,
-    CREATE_TIMER,
     EXECUTION_COMPLETED,
     EXECUTION_STARTED,
     EXECUTION_TERMINATED,
@@ -73,26 +69,17 @@ from .history import (  # noqa: F401  (flatten_actions and the errors are part o
     PENDING,
     RUNNING,
     SUB_ORCHESTRATION_COMPLETED,
-    SUB_ORCHESTRATION_CREATED,
     SUB_ORCHESTRATION_FAILED,
-    TASK_COMPLETED,
-    TASK_FAILED,
-    TASK_SCHEDULED,
     TERMINAL,
     TERMINATED,
-    TIMER_CREATED,
-    TIMER_FIRED,
     InstanceAlreadyExists,
     InstanceFinished,
     InstanceNotFound,
-    InvalidInstanceId,
     check_instance_id,
     completion_task_id,
     event,
-    flatten_actions,
     iso,
     now,
-    parse_iso,
     top_level_actions,
 )
 from .instance import ActivityExecution, EngineStats, Instance, new_execution_id
@@ -126,8 +113,8 @@ def new_worker_id() -> str:
 
 class Engine(Messaging, PartitionHandover):
     """Runs orchestrations and activities of one app against one task hub, as one of any number of
-    hosts sharing it: episodes of the partitions this host owns (:mod:`devhost.partitions`),
-    activities from the shared work-item queue (:mod:`devhost.receivers`)."""
+    hosts sharing it: episodes of the partitions this host owns (:mod:`devhost.durable.partitions`),
+    activities from the shared work-item queue (:mod:`devhost.durable.receivers`)."""
 
     def __init__(
         self,
