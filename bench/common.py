@@ -181,7 +181,7 @@ def scene_path(size: int) -> Path:
     If another process is writing the same scene right now (its ``.partial.tif`` is growing),
     waits for it instead of writing it twice.
     """
-    from devhost.scenes import SceneSpec, write_scene
+    from testkit.scenes import SceneSpec, write_scene
 
     DATA.mkdir(parents=True, exist_ok=True)
     final = DATA / f"scene_{size}x{size}x3_uint16.tif"
@@ -201,7 +201,7 @@ def scene_path(size: int) -> Path:
 
 def tiny_scene(path: Path, size: int) -> Path:
     """A small deterministic scene outside the cache (for smoke tests)."""
-    from devhost.scenes import SceneSpec, write_scene
+    from testkit.scenes import SceneSpec, write_scene
 
     return Path(write_scene(str(path), SceneSpec(size, size, 3, "uint16", nodata=0)))
 

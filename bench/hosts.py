@@ -3,7 +3,7 @@ activities that answer at once, :mod:`bench.null_app`) on 1, 2 and 4 host proces
 
     .venv/bin/python -m bench.hosts --hosts 1,2,4 --jobs 8 --windows 200
 
-Each host is a process of its own (``python -m bench.hosts host``): a :class:`devhost.engine.Engine`
+Each host is a process of its own (``python -m bench.hosts host``): a :class:`devhost.durable.engine.Engine`
 with host.json's concurrency (4 activities, 4 orchestrator dispatchers) on one Azurite. This
 process starts the jobs as a client (an engine that is never started owns no partition, so its
 starts go to the control queues) and waits for them. Printed per host count: windows per second
@@ -31,10 +31,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _host(hub: str, worker_id: str) -> int:
     """One host: run until SIGTERM, then print its counters and CPU seconds as one JSON line."""
-    from devhost.engine import Engine
-    from devhost.functions import FunctionIndex
-    from devhost.queues import queue_service
-    from devhost.store import HistoryStore
+    from devhost.durable.engine import Engine
+    from devhost.durable.functions import FunctionIndex
+    from devhost.durable.queues import queue_service
+    from devhost.durable.store import HistoryStore
     from tilecommit.storage import StorageConnection
 
     from . import null_app
@@ -58,11 +58,11 @@ def _host(hub: str, worker_id: str) -> int:
 
 
 def one_run(storage: BenchStorage, hosts: int, jobs: int, windows: int) -> dict:
-    from devhost.engine import Engine
-    from devhost.functions import FunctionIndex
-    from devhost.history import TERMINAL
-    from devhost.queues import queue_service
-    from devhost.store import HistoryStore
+    from devhost.durable.engine import Engine
+    from devhost.durable.functions import FunctionIndex
+    from devhost.durable.history import TERMINAL
+    from devhost.durable.queues import queue_service
+    from devhost.durable.store import HistoryStore
     from orchestrators import names
 
     from . import null_app

@@ -1,6 +1,6 @@
 """The local host run in-process with bench instruments attached (nothing in devhost/ changes).
 
-- a proxy around the host's :class:`devhost.functions.FunctionIndex` times every orchestrator
+- a proxy around the host's :class:`devhost.durable.functions.FunctionIndex` times every orchestrator
   replay (by orchestrator name) and every activity (start and end on one clock);
 - the engine's ``_run_episode`` (the whole episode on the orchestrator thread: building the
   context JSON, the SDK replay, the store commit, dispatch) and the history store's writes are
@@ -108,7 +108,7 @@ def instrument(host: Any) -> tuple[TimedIndex, MethodTimer]:
 @contextmanager
 def local_host(storage: BenchStorage, env: dict, **options: Any) -> Iterator[Instruments]:
     """A started, instrumented LocalHost on ``env``'s containers, tables and task hub."""
-    from devhost.host import HostOptions, LocalHost
+    from devhost.durable.host import HostOptions, LocalHost
 
     storage.ensure(env)
     ports = {storage.blob_port: "blob", storage.table_port: "table"}
@@ -122,9 +122,9 @@ def local_host(storage: BenchStorage, env: dict, **options: Any) -> Iterator[Ins
 def process(
     inst: Instruments, path: Path, *, name: str | None = None, timeout: float = 3600, metadata: dict | None = None
 ) -> dict:
-    """``devhost.cli.process_file`` (upload, event, job) with the submit time recorded;
+    """``devhost.session.process_file`` (upload, event, job) with the submit time recorded;
     ``metadata``: the upload's blob metadata (its output profile)."""
-    from devhost.cli import process_file
+    from devhost.session import process_file
 
     submitted = time.perf_counter()
     summary = process_file(inst.host, path, name=name, timeout=timeout, metadata=metadata)

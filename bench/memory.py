@@ -30,7 +30,7 @@ FLAT_TOLERANCE = 1.25
 
 
 def host_concurrency() -> int:
-    from devhost.host import read_host_json
+    from devhost.durable.host import read_host_json
 
     return int(read_host_json().get("extensions", {}).get("durableTask", {}).get("maxConcurrentActivityFunctions", 10))
 

@@ -1,8 +1,8 @@
 """Scale of orchestration: 1,000 and 10,000 windows through the REAL orchestrators, no raster work.
 
 ``orchestrators.tiling.tile_scene`` and ``render_batch`` run in :mod:`bench.null_app` with
-activities that answer at once, driven by :class:`devhost.engine.Engine` (the replay driver over
-the real Durable SDK) with a :class:`devhost.store.HistoryStore` on the bench Azurite, with the
+activities that answer at once, driven by :class:`devhost.durable.engine.Engine` (the replay driver over
+the real Durable SDK) with a :class:`devhost.durable.store.HistoryStore` on the bench Azurite, with the
 host's settings (4 activities at once, batches of 64, 4 batches in flight).
 
 Measured per run: wall time from ``start_new`` to completion; the SDK's replay seconds (total,
@@ -23,10 +23,10 @@ LINEARITY_TARGET = 1.3
 
 
 def one_run(ctx: Context, windows: int, *, batch_size: int = 64, max_activities: int = 4, tag: str = "") -> dict:
-    from devhost.engine import Engine
-    from devhost.functions import FunctionIndex
-    from devhost.queues import queue_service
-    from devhost.store import HistoryStore
+    from devhost.durable.engine import Engine
+    from devhost.durable.functions import FunctionIndex
+    from devhost.durable.queues import queue_service
+    from devhost.durable.store import HistoryStore
     from orchestrators import names
     from tilecommit.spec import spec_of
 

@@ -1,6 +1,6 @@
 """A scene that compresses like imagery: fractal terrain, 3 correlated uint16 bands, a little sensor noise.
 
-The noisy bench scene (devhost.scenes) barely compresses; real imagery does, 2-4x with DEFLATE and
+The noisy bench scene (testkit.scenes) barely compresses; real imagery does, 2-4x with DEFLATE and
 a horizontal predictor. This one is value noise summed over octaves (amplitude growing with the
 cell size, as in fractional Brownian terrain), bilinear between grid nodes, so it is smooth at
 every scale and deterministic; bands are the terrain under different gains plus independent

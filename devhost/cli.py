@@ -33,11 +33,10 @@ from pathlib import Path
 
 from tilecommit.settings import DEAD_LETTER_CONTAINER
 
-from .http_routes import DEFAULT_HTTP_PORT, FUNCTION_KEY_ENV
-from .limits import CONSUMPTION_INSTANCE_MB
-from .session import UsageError, job_summary, process_file
+from .durable.http_routes import DEFAULT_HTTP_PORT, FUNCTION_KEY_ENV
+from .durable.limits import CONSUMPTION_INSTANCE_MB
+from .session import UsageError, process_file
 
-__all__ = ["main", "process_file", "job_summary", "UsageError"]
 EXIT_COMPLETED, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
@@ -303,10 +302,10 @@ def check_usage(args: argparse.Namespace) -> None:
 
 
 def _host(args: argparse.Namespace):
-    from .http_routes import PortTaken
+    from .durable.http_routes import PortTaken
 
     if args.crash_before_manifest:
-        from .faults import crash_before_manifest_entry
+        from testkit.faults import crash_before_manifest_entry
 
         crash_before_manifest_entry(args.crash_before_manifest)
     try:
@@ -316,8 +315,8 @@ def _host(args: argparse.Namespace):
 
 
 def _local_host(args: argparse.Namespace):
-    from .host import HostOptions, LocalHost
-    from .partitions import LeaseTimings
+    from .durable.host import HostOptions, LocalHost
+    from .durable.partitions import LeaseTimings
 
     return LocalHost(
         HostOptions(
@@ -450,7 +449,7 @@ def _job_counter_reader():
 
     from tilecommit.observability.monitoring import configure_telemetry
 
-    from .host import apply_settings, load_local_settings
+    from .durable.host import apply_settings, load_local_settings
 
     apply_settings(load_local_settings())  # as the host will: a connection string may come from there
     reader = InMemoryMetricReader()
@@ -461,8 +460,9 @@ def status(args: argparse.Namespace, storage) -> int:
     """``status [JOB_ID]``: what GET /api/jobs/{id} and GET /api/jobs answer (the same functions,
     :mod:`client_functions.job_api`, through the real Durable client), with no host running."""
     from client_functions import job_api
+    from tilecommit.errors import JobApiError
 
-    from .functions import EventLoopThread
+    from .durable.functions import EventLoopThread
     from .session import job_client
 
     with job_client(args.hub) as client:
@@ -470,7 +470,7 @@ def status(args: argparse.Namespace, storage) -> int:
         if args.job_id is not None:
             try:
                 view = run(job_api.get_job(client, args.job_id))
-            except job_api.JobApiError as exc:
+            except JobApiError as exc:
                 print(json.dumps({"job_id": args.job_id, **exc.body()}))
                 return EXIT_FAILED
             print(json.dumps(view))
@@ -525,7 +525,7 @@ def purge(args: argparse.Namespace, storage) -> int:
     from client_functions import retention
     from tilecommit.settings import Settings
 
-    from .functions import EventLoopThread
+    from .durable.functions import EventLoopThread
     from .session import job_client
 
     with job_client(args.hub) as client:
@@ -543,7 +543,9 @@ def purge(args: argparse.Namespace, storage) -> int:
 
 def verify(args: argparse.Namespace, storage) -> int:
     """Exit 0: no differences, or all of them repaired by this run or a concurrent one; 1 otherwise."""
-    from .verify import JobNotVerifiable, verify_job
+    from tilecommit.errors import JobNotVerifiable
+
+    from .verify import verify_job
 
     host = _host(args)
     host.start(watch=False)  # a scrub reads finished jobs; new uploads are left to serve/process

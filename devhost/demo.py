@@ -15,14 +15,14 @@ import sys
 import time
 from pathlib import Path
 
-from .scenes import SceneSpec, write_scene
+from testkit.scenes import SceneSpec, write_scene
 
 
 def run_demo(args: argparse.Namespace) -> int:
     from tilecommit.settings import SETTING_WINDOW_SIZE, STORAGE_CONNECTION
 
     from .azurite import Azurite
-    from .host import HostOptions, LocalHost
+    from .durable.host import HostOptions, LocalHost
     from .session import process_file, process_summary, save_outputs
 
     output: Path = args.output

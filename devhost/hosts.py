@@ -1,7 +1,8 @@
 """``python -m devhost serve --hosts N``: N hosts on one task hub, each a process of its own, as
 Azure scales a function app out to N instances. They share the hub through its partition table
-and queues (:mod:`devhost.partitions`, :mod:`devhost.receivers`); this process only starts them,
-passes Ctrl-C / SIGTERM on, and keeps the embedded Azurite (if that is the storage) running for them.
+and queues (:mod:`devhost.durable.partitions`, :mod:`devhost.durable.receivers`); this process
+only starts them, passes Ctrl-C / SIGTERM on, and keeps the embedded Azurite (if that is the
+storage) running for them.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import sys
 import threading
 import uuid
 
-from .http_routes import FUNCTION_KEY_ENV
+from .durable.http_routes import FUNCTION_KEY_ENV
 
 
 def host_command(args: argparse.Namespace, worker_id: str, number: int = 0) -> list[str]:

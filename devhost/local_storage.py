@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 from tilecommit.settings import STORAGE_CONNECTION
 
 from .azurite import ACCOUNT_NAME, Azurite, new_account_key
-from .host import PROJECT_ROOT, load_local_settings
+from .durable.host import PROJECT_ROOT, load_local_settings
 
 #: Where the embedded Azurite keeps its data, key and log (the tests point it elsewhere).
 STATE_DIR_VARIABLE = "DEVHOST_STATE_DIR"
@@ -67,7 +67,7 @@ def probe_endpoints(source: str) -> StorageChoice:
     """One short connect to each endpoint of the configured storage; StorageUnavailable if one fails."""
     from tilecommit.storage import StorageConnection
 
-    from .host import apply_settings
+    from .durable.host import apply_settings
 
     apply_settings(load_local_settings())
     connection = StorageConnection.from_env()

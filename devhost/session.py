@@ -279,12 +279,12 @@ def job_client(hub: str | None) -> Iterator[df.DurableOrchestrationClient]:
     from tilecommit.settings import TASK_HUB
     from tilecommit.storage import StorageConnection
 
-    from .engine import Engine
-    from .functions import FunctionIndex
-    from .host import apply_settings, close_durable_client_session, load_local_settings, read_host_json
-    from .queues import queue_service
-    from .rpc import DurableHttpApi
-    from .store import HistoryStore
+    from .durable.engine import Engine
+    from .durable.functions import FunctionIndex
+    from .durable.host import apply_settings, close_durable_client_session, load_local_settings, read_host_json
+    from .durable.queues import queue_service
+    from .durable.rpc import DurableHttpApi
+    from .durable.store import HistoryStore
 
     apply_settings(load_local_settings())
     hub = hub or read_host_json().get("extensions", {}).get("durableTask", {}).get("hubName", TASK_HUB)

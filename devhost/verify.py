@@ -9,11 +9,7 @@ from __future__ import annotations
 
 import time
 
-from .functions import EventLoopThread
-
-
-class JobNotVerifiable(LookupError):
-    pass
+from .durable.functions import EventLoopThread
 
 
 def verify_job(host, job_id: str, *, repair: bool, timeout: float = 3600) -> dict:
@@ -24,10 +20,8 @@ def verify_job(host, job_id: str, *, repair: bool, timeout: float = 3600) -> dic
 
     started = time.perf_counter()
     client = df.DurableOrchestrationClient(host.api.client_binding())
-    try:
-        instance_id = EventLoopThread.shared().run(verify_start.start_verify(client, job_id, repair=repair))
-    except verify_start.JobNotVerifiable as exc:
-        raise JobNotVerifiable(str(exc)) from None
+    # A job that is not there or still running raises tilecommit.errors.JobNotVerifiable.
+    instance_id = EventLoopThread.shared().run(verify_start.start_verify(client, job_id, repair=repair))
     state = host.engine.wait_for(instance_id, timeout=timeout)
     return verify_summary(state, elapsed=time.perf_counter() - started)
 

@@ -16,8 +16,8 @@ import numpy as np
 import rasterio
 from rasterio.io import MemoryFile
 
-from devhost.host import HostOptions, LocalHost
-from devhost.scenes import SceneSpec, write_scene
+from devhost.durable.host import HostOptions, LocalHost
+from testkit.scenes import SceneSpec, write_scene
 from tilecommit.grid import plan_windows
 from tilecommit.jobs import job_id_for
 from tilecommit.manifest import count_manifest
@@ -122,8 +122,8 @@ def upload_until_killed(storage, app_env: AppEnv, scene: Path, log: Path, *extra
 
 
 def wait_for_state(storage, app_env: AppEnv, job_id: str, predicate, timeout: float = 180) -> dict:
-    from devhost.queues import queue_service
-    from devhost.store import HistoryStore
+    from devhost.durable.queues import queue_service
+    from devhost.durable.store import HistoryStore
 
     store = HistoryStore(storage.blob_service(), storage.table_service(), app_env.hub, queue_service(storage))
     deadline = time.monotonic() + timeout

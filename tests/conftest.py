@@ -15,7 +15,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from devhost.azurite import Azurite
-from devhost.scenes import SceneSpec, write_scene
+from testkit.scenes import SceneSpec, write_scene
 from tilecommit import settings as names
 from tilecommit.raster import inspect_source
 from tilecommit.settings import Settings

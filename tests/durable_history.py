@@ -6,7 +6,7 @@ import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from devhost.engine import flatten_actions
+from devhost.durable.history import flatten_actions
 
 _T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

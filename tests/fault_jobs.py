@@ -8,7 +8,7 @@ from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
 
-from devhost.host import HostOptions, LocalHost
+from devhost.durable.host import HostOptions, LocalHost
 from devhost.session import process_file
 from tilecommit import settings as setting_names
 

@@ -10,9 +10,8 @@ import time
 
 import pytest
 
-from devhost.engine import InstanceAlreadyExists
-from devhost.history import EXECUTION_STARTED, TIMER_CREATED, parse_iso
-from devhost.metrics import max_overlap, slot_use
+from devhost.durable.history import EXECUTION_STARTED, TIMER_CREATED, InstanceAlreadyExists, parse_iso
+from testkit.metrics import max_overlap, slot_use
 from tests.apps import toy_app
 from tests.test_devhost_engine import hub_store, make_engine
 

@@ -7,13 +7,14 @@ import time
 
 import pytest
 
-from devhost.engine import Engine, InstanceAlreadyExists, InvalidInstanceId
-from devhost.functions import FunctionIndex
-from devhost.instance import Instance
-from devhost.partitions import LeaseTimings
-from devhost.queues import queue_service
+from devhost.durable.engine import Engine
+from devhost.durable.functions import FunctionIndex
+from devhost.durable.history import InstanceAlreadyExists, InvalidInstanceId
+from devhost.durable.instance import Instance
+from devhost.durable.partitions import LeaseTimings
+from devhost.durable.queues import queue_service
+from devhost.durable.store import HistoryStore
 from devhost.session import StallReporter
-from devhost.store import HistoryStore
 from tests.apps import toy_app
 
 
@@ -121,8 +122,8 @@ def test_the_real_durable_client_talks_to_the_local_http_api(store):
     """start_new / get_status through azure-functions-durable's client over the local HTTP API."""
     import azure.durable_functions as df
 
-    from devhost.functions import EventLoopThread
-    from devhost.rpc import DurableHttpApi
+    from devhost.durable.functions import EventLoopThread
+    from devhost.durable.rpc import DurableHttpApi
 
     with make_engine(store) as engine:
         api = DurableHttpApi(engine, store.hub).start()
@@ -151,8 +152,8 @@ def test_terminate_through_the_real_client_ends_the_instance_and_fails_its_paren
     SubOrchestrationInstanceFailed for both. The list answers pages with a continuation token."""
     import azure.durable_functions as df
 
-    from devhost.functions import EventLoopThread
-    from devhost.rpc import DurableHttpApi
+    from devhost.durable.functions import EventLoopThread
+    from devhost.durable.rpc import DurableHttpApi
 
     with make_engine(store) as engine:
         api = DurableHttpApi(engine, store.hub).start()

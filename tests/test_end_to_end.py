@@ -16,10 +16,9 @@ import pytest
 from rasterio.io import MemoryFile
 
 from client_functions.starter import job_input
-from devhost.cli import process_file
-from devhost.metrics import max_overlap, slot_use
-from devhost.session import job_summary
+from devhost.session import job_summary, process_file
 from orchestrators import names as orchestrator_names
+from testkit.metrics import max_overlap, slot_use
 from tilecommit import settings as names
 from tilecommit.jobs import job_id_for
 from tilecommit.manifest import count_manifest

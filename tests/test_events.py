@@ -15,7 +15,7 @@ import pytest
 from azure.core.exceptions import ClientAuthenticationError
 from azure.core.messaging import CloudEvent
 
-from devhost.event_sink import FORWARD_TRIES, EventSink
+from devhost.durable.event_sink import FORWARD_TRIES, EventSink
 from tilecommit import events
 from tilecommit.settings import SETTING_EVENTS_KEY
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import azurefunctions.extensions.bindings.blob as blob
 
-from devhost.functions import FunctionIndex
+from devhost.durable.functions import FunctionIndex
 from orchestrators import names
 from tilecommit import settings
 
@@ -150,7 +150,16 @@ def test_deploy_package_holds_the_app_and_nothing_else(tmp_path):
         "activities",
         "tilecommit",
     } <= top
-    assert not top & {"tests", "devhost", "infra", "bench", "node_modules", ".venv", "local.settings.example.json"}
+    assert not top & {
+        "tests",
+        "devhost",
+        "testkit",
+        "infra",
+        "bench",
+        "node_modules",
+        ".venv",
+        "local.settings.example.json",
+    }
 
 
 def test_azure_functions_doctor_finds_no_failure(tmp_path):

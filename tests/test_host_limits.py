@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from devhost.limits import MemoryWatchdog, resident_mb
+from devhost.durable.limits import MemoryWatchdog, resident_mb
 from tests.app_jobs import check_outputs, make_scene, serve, serve_until_finished, upload_until_killed
 
 

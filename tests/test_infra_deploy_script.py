@@ -109,6 +109,7 @@ def test_package_holds_the_app_and_its_linux_dependencies(tmp_path: Path) -> Non
         "tests",
         "infra",
         "devhost",
+        "testkit",
         "bench",
         "docs",
         ".venv",

@@ -1,7 +1,7 @@
 """The map of docs/design.md ("Layers"), checked: every module of the app, the library, the local
-host and the benches belongs to a part of the table, and imports nothing its part must never
-import. Imports are read with ``ast`` (every ``import`` and ``from ... import``, relative ones
-resolved), so one inside a function counts too."""
+host, the test kit and the benches belongs to a part of the table, and imports nothing its part
+must never import. Imports are read with ``ast`` (every ``import`` and ``from ... import``,
+relative ones resolved), so one inside a function counts too."""
 
 from __future__ import annotations
 
@@ -15,7 +15,16 @@ from .markdown_tables import table_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 DESIGN = ROOT / "docs" / "design.md"
-CHECKED = ["function_app.py", "orchestrators", "client_functions", "activities", "tilecommit", "devhost", "bench"]
+CHECKED = [
+    "function_app.py",
+    "orchestrators",
+    "client_functions",
+    "activities",
+    "tilecommit",
+    "devhost",
+    "testkit",
+    "bench",
+]
 
 
 def cell_items(cell: str) -> list[str]:

@@ -17,7 +17,7 @@ import rasterio
 from rasterio.io import MemoryFile
 from rio_cogeo.cogeo import cog_validate
 
-from devhost.scenes import SceneSpec, write_scene
+from testkit.scenes import SceneSpec, write_scene
 from tilecommit.grid import plan_windows
 from tilecommit.raster.pyramid import mosaic_overview_levels
 from tilecommit.raster.scrub import OTHER_PIXELS, _pixel_difference, check_window

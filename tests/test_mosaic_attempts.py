@@ -12,7 +12,7 @@ import time
 
 from rasterio.io import MemoryFile
 
-from devhost.scenes import read_scene
+from testkit.scenes import read_scene
 from tilecommit import gates, jobs
 from tilecommit.raster import attempt, staging
 from tilecommit.raster import mosaic as mosaic_module

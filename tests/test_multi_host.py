@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from devhost.history import (
+from devhost.durable.history import (
     COMPLETED,
     EXECUTION_STARTED,
     SUB_ORCHESTRATION_CREATED,
@@ -24,8 +24,8 @@ from devhost.history import (
     TIMER_CREATED,
     completion_task_id,
 )
-from devhost.queues import queue_service
-from devhost.store import HistoryStore
+from devhost.durable.queues import queue_service
+from devhost.durable.store import HistoryStore
 from tilecommit.manifest import count_manifest
 
 from .app_jobs import AppEnv, check_outputs, make_scene, serve, upload
@@ -196,9 +196,9 @@ def test_an_upload_another_hosts_starter_ignored_is_reported_as_ignored(storage,
     another host delivered (and ignored) says why instead of waiting for a job that never comes."""
     from types import SimpleNamespace
 
+    from devhost.durable.store import events_table_name
+    from devhost.durable.watcher import BlobEventWatcher
     from devhost.session import _ignored_because
-    from devhost.store import events_table_name
-    from devhost.watcher import BlobEventWatcher
 
     acks = storage.table_service().get_table_client(events_table_name(app_env.hub))
     watcher = BlobEventWatcher(

@@ -24,9 +24,9 @@ from azure.core import MatchConditions
 from rasterio.io import MemoryFile
 
 from activities.tiling import run_activity
-from devhost.host import HostOptions, LocalHost
-from devhost.scenes import read_scene
+from devhost.durable.host import HostOptions, LocalHost
 from devhost.session import job_summary, process_file
+from testkit.scenes import read_scene
 from tilecommit import gates, jobs, profiles
 from tilecommit.errors import MosaicCheckError, is_retryable
 from tilecommit.grid import plan_windows

@@ -13,9 +13,9 @@ import pytest
 import rasterio
 from rio_cogeo.cogeo import cog_validate
 
-from devhost.scenes import SceneSpec, write_scene
 from devhost.session import process_file
 from orchestrators import names
+from testkit.scenes import SceneSpec, write_scene
 from tilecommit import profiles
 from tilecommit.errors import BadInputError, ConfigurationError
 from tilecommit.jobs import job_id_for

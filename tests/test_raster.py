@@ -1,6 +1,6 @@
 """The geospatial half against Azurite and real GeoTIFFs: tiles, manifest gating, mosaic assembly.
 
-Scenes are made by the tests (devhost.scenes, deterministic) in tmp_path; window sizes of 256 and
+Scenes are made by the tests (testkit.scenes, deterministic) in tmp_path; window sizes of 256 and
 512 keep them to a handful of windows each.
 """
 
@@ -22,7 +22,7 @@ from rasterio.transform import from_origin
 from rasterio.windows import Window as RioWindow
 from rio_cogeo.cogeo import cog_validate
 
-from devhost.scenes import SceneSpec, read_scene, write_scene
+from testkit.scenes import SceneSpec, read_scene, write_scene
 from tilecommit import gates, jobs
 from tilecommit.errors import IncompleteManifestError, InvalidRasterError
 from tilecommit.grid import plan_windows

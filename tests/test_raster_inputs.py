@@ -10,7 +10,7 @@ from rasterio.control import GroundControlPoint
 from rasterio.transform import Affine, from_origin
 from rasterio.windows import Window
 
-from devhost.scenes import SceneSpec, write_scene
+from testkit.scenes import SceneSpec, write_scene
 from tilecommit.errors import BadInputError, InvalidRasterError, UnsupportedRasterError
 from tilecommit.raster import inspect_source
 from tilecommit.raster.scene import MAX_WINDOW_BYTES

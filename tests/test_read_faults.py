@@ -16,7 +16,7 @@ import rasterio
 from azure.storage.blob import ExponentialRetry
 from rasterio.windows import Window as RioWindow
 
-from devhost.scenes import SceneSpec, write_scene
+from testkit.scenes import SceneSpec, write_scene
 from tilecommit.errors import InvalidRasterError, SourceChangedError, StorageFaultError, is_retryable
 from tilecommit.raster import inspect_source
 from tilecommit.raster.env import gdal_env

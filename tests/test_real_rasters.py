@@ -347,7 +347,7 @@ WHOLE_JOBS = ["float_raster_with_extra_nodata.tif", "goes.tif", "polar_stereogra
 @pytest.mark.slow
 @pytest.mark.parametrize("name", WHOLE_JOBS)
 def test_real_raster_as_a_whole_job_on_the_local_host(name, storage, app_env, tmp_path):
-    from devhost.cli import process_file
+    from devhost.session import process_file
 
     source = corpus(name)
     with local_host(app_env) as host:

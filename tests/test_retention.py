@@ -15,7 +15,7 @@ import pytest
 from azure.functions.timer import TimerRequest
 
 from client_functions import retention
-from devhost.functions import EventLoopThread
+from devhost.durable.functions import EventLoopThread
 from devhost.session import process_file
 from orchestrators import names
 from tilecommit import gates

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from devhost.host import HostOptions, LocalHost
+from devhost.durable.host import HostOptions, LocalHost
 from devhost.session import job_summary, process_file
 from orchestrators import names
 from tilecommit import retries

@@ -27,8 +27,8 @@ import pytest
 import rasterio
 from rasterio.io import MemoryFile
 
-from devhost.scenes import SceneSpec, write_scene
 from devhost.session import job_summary, process_file
+from testkit.scenes import SceneSpec, write_scene
 from tilecommit import jobs
 from tilecommit.grid import plan_windows
 from tilecommit.settings import SETTING_WINDOW_SIZE

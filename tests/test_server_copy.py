@@ -12,7 +12,7 @@ import pytest
 import rasterio
 from azure.core.credentials import AccessToken
 
-from devhost.scenes import SceneSpec, read_scene, write_scene
+from testkit.scenes import SceneSpec, read_scene, write_scene
 from tilecommit import jobs
 from tilecommit.errors import IncompleteManifestError
 from tilecommit.grid import plan_windows

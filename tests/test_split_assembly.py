@@ -10,7 +10,7 @@ import threading
 import pytest
 from rasterio.io import MemoryFile
 
-from devhost.scenes import SceneSpec, read_scene, write_scene
+from testkit.scenes import SceneSpec, read_scene, write_scene
 from tilecommit import jobs
 from tilecommit.errors import IncompleteManifestError
 from tilecommit.manifest import count_manifest

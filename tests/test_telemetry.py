@@ -23,7 +23,7 @@ from opentelemetry.instrumentation.logging.handler import LoggingHandler
 from opentelemetry.sdk._logs import LoggerProvider
 from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, SimpleLogRecordProcessor
 
-from devhost.cli import process_file
+from devhost.session import process_file
 from tilecommit import settings as names
 from tilecommit.errors import BadInputError
 from tilecommit.manifest import count_manifest

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from devhost.cli import process_file
+from devhost.session import process_file
 from tilecommit.manifest import count_manifest
 from tilecommit.raster.scene import MAX_WINDOW_BYTES
 

@@ -18,9 +18,8 @@ import pytest
 from azure.core import MatchConditions
 from rasterio.io import MemoryFile
 
-from devhost.cli import process_file
-from devhost.functions import EventLoopThread
-from devhost.session import job_summary
+from devhost.durable.functions import EventLoopThread
+from devhost.session import job_summary, process_file
 from devhost.verify import verify_job
 from orchestrators import names
 from tilecommit import gates, jobs

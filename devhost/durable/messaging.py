@@ -1,4 +1,4 @@
-"""How the host's messages travel (mixed into :class:`devhost.engine.Engine`).
+"""How the host's messages travel (mixed into :class:`devhost.durable.engine.Engine`).
 
 A control message (an instance's start, a task's result, a due timer) goes straight into this
 host's memory when the host owns the instance's partition, else into the partition's control
@@ -7,7 +7,7 @@ queue. An activity starts at once on the host that scheduled it when one of its 
 trips), else it goes to the shared work-item queue, which any host with a free slot reads. What
 runs or waits only in a host's memory is sent again by the next owner if that host dies. What a message carries is kept until what it led to is committed; then it is
 deleted, and one that shows up again is dropped as a duplicate. Sends that meet a storage fault
-are tried again until they land (:class:`devhost.work.HostBackoff`): nothing is dropped.
+are tried again until they land (:class:`devhost.durable.work.HostBackoff`): nothing is dropped.
 """
 
 from __future__ import annotations

@@ -12,18 +12,19 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from .engine import (
+from .engine import Engine
+from .functions import FunctionNotFound
+from .history import (
     FAILED,
     PENDING,
     RUNNING,
-    Engine,
     InstanceAlreadyExists,
     InstanceFinished,
     InstanceNotFound,
     InvalidInstanceId,
+    iso,
+    parse_iso,
 )
-from .functions import FunctionNotFound
-from .history import iso, parse_iso
 
 _START = re.compile(r"^/runtime/webhooks/durabletask/orchestrators/([^/]+)(?:/([^/]+))?$")
 _STATUS = re.compile(r"^/runtime/webhooks/durabletask/instances/([^/]+)$")

@@ -6,7 +6,7 @@ DEFLATE ratios close to real imagery. Every window's pixels depend only on the s
 and the window position (the noise is seeded per window), and the scene is written window by
 window, so a 20480² scene never needs more than one window in memory.
 
-    python -m devhost.scenes OUT.tif --width 2048 --height 2048 --count 3 --dtype uint16
+    python -m testkit.scenes OUT.tif --width 2048 --height 2048 --count 3 --dtype uint16
 """
 
 from __future__ import annotations

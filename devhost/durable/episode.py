@@ -1,6 +1,6 @@
 """What one orchestration episode appends to history and schedules, as DTFx would, before the
 engine commits it: retry timers and re-attempts first (numbered while the failure or timer is
-processed), then the leaf actions the extension's shim reaches (:mod:`devhost.shim`)."""
+processed), then the leaf actions the extension's shim reaches (:mod:`devhost.durable.shim`)."""
 
 from __future__ import annotations
 

@@ -74,7 +74,7 @@ class Episode:
 
 class HistoryStore:
     """The task hub's storage: history and instance rows, payload blobs, the queues
-    (:mod:`devhost.queues`) and the partition table (:mod:`devhost.partitions`)."""
+    (:mod:`devhost.durable.queues`) and the partition table (:mod:`devhost.durable.partitions`)."""
 
     def __init__(
         self,

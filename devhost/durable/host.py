@@ -24,7 +24,7 @@ from .store import DEFAULT_PARTITION_COUNT, HistoryStore, events_table_name
 from .watcher import BlobEventWatcher
 
 logger = logging.getLogger(__name__)
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
 def load_local_settings(root: Path = PROJECT_ROOT) -> dict[str, str]:
@@ -80,7 +80,7 @@ class HostOptions:
     #: Partition lease timings (the provider's: 30 s lease, 10 s between rounds).
     lease: LeaseTimings = PROVIDER_LEASE
     #: Completion events (the app's Event Grid topic, played here): appended to this JSONL file
-    #: and/or posted to this URL (:mod:`devhost.event_sink`). Neither: the app publishes none.
+    #: and/or posted to this URL (:mod:`devhost.durable.event_sink`). Neither: the app publishes none.
     events_file: Path | None = None
     events_url: str | None = None
     #: Serve the app's HTTP functions on 127.0.0.1 at this port (0: any free one); None: not at all.

@@ -1,4 +1,4 @@
-"""Partitions coming and going, and work that stalls (mixed into :class:`devhost.engine.Engine`).
+"""Partitions coming and going, and work that stalls (mixed into :class:`devhost.durable.engine.Engine`).
 
 - **Acquired**: the partition's unfinished instances are loaded from storage before the host
   counts it as owned; after a crash (the row expired under its owner) their open work is sent
@@ -42,7 +42,7 @@ QUIET_ACTIVITY_MARGIN_S = 60.0
 
 
 class PartitionHandover:
-    """The engine's side of :class:`devhost.partitions.PartitionManager`'s callbacks, and its watchdog."""
+    """The engine's side of :class:`devhost.durable.partitions.PartitionManager`'s callbacks, and its watchdog."""
 
     def _unfinished_of(self, partition: int) -> list[Instance]:
         """The partition's Pending and Running instances, with their history, from storage."""

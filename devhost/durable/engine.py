@@ -3,9 +3,10 @@
 It plays the part of the Durable extension and the Durable Task Framework (DTFx) with the Azure
 Storage provider. For each orchestration episode it hands the registered orchestrator the
 history JSON the extension would send, walks the returned actions as the extension's shim does
-(:mod:`devhost.shim`: in order, awaiting each top-level action), appends the events DTFx would
-append, executes the work (activities in a bounded pool, sub-orchestrations, timers, retries),
-and replays again when results arrive.
+(:mod:`devhost.durable.shim`: in order, awaiting each top-level action), appends the events DTFx
+would append, executes the work (activities in a bounded pool, sub-orchestrations, timers,
+retries), and replays again when results arrive. Here: the dispatchers, starts and timers; one
+episode is :mod:`devhost.durable.replay`, the client's operations :mod:`devhost.durable.client`.
 
 Rules of the real host it imitates (docs/local-host.md has the sources, row by row):
 - activities run at least once (``duplicate_activities`` runs every one twice, concurrently);
@@ -23,9 +24,10 @@ Rules of the real host it imitates (docs/local-host.md has the sources, row by r
 - instance ids, custom status and failure wording as the extension's;
 - any number of hosts share one task hub: an instance's starts, results and timers go to its
   partition's control queue and only the partition's owner runs its episodes (leases as the
-  provider's table partition manager keeps them, :mod:`devhost.partitions`); activities go to
-  one work-item queue that every host reads (:mod:`devhost.messaging`, :mod:`devhost.receivers`);
-  partitions move between hosts without losing a message (:mod:`devhost.handover`).
+  provider's table partition manager keeps them, :mod:`devhost.durable.partitions`); activities
+  go to one work-item queue that every host reads (:mod:`devhost.durable.messaging`,
+  :mod:`devhost.durable.receivers`); partitions move between hosts without losing a message
+  (:mod:`devhost.durable.handover`).
 
 Sequence numbers: the SDK numbers tasks in the order it meets them while replaying. Retry
 timers and rescheduled attempts get their numbers while the SDK processes the failure or timer
@@ -38,7 +40,6 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import json
 import logging
 import os
 import socket
@@ -49,58 +50,17 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from azure.core.exceptions import ResourceNotFoundError
-
-from . import shim
-from .episode import EpisodePlan, order_new_events, plan_episode
+from .client import TaskHubClient
 from .functions import FunctionIndex
 from .handover import STALLED_START_S, WATCHDOG_INTERVAL_S, PartitionHandover
-from .history import (  # noqa: F401  (flatten_actions and the errors are part of this module's API)
-    CALL_ACTIVITY,
-    CALL_ACTIVITY_WITH_RETRY,
-    CALL_SUB_ORCHESTRATOR,
-    CALL_SUB_ORCHESTRATOR_WITH_RETRY,
-    COMPLETED,
-    CREATE_TIMER,
-    EXECUTION_COMPLETED,
-    EXECUTION_STARTED,
-    EXECUTION_TERMINATED,
-    FAILED,
-    ORCHESTRATION_STATUS_CODE,
-    ORCHESTRATOR_COMPLETED,
-    ORCHESTRATOR_STARTED,
-    OUT_OF_PROC_MARKER,
-    PENDING,
-    RUNNING,
-    SUB_ORCHESTRATION_COMPLETED,
-    SUB_ORCHESTRATION_CREATED,
-    SUB_ORCHESTRATION_FAILED,
-    TASK_COMPLETED,
-    TASK_FAILED,
-    TASK_SCHEDULED,
-    TERMINAL,
-    TERMINATED,
-    TIMER_CREATED,
-    TIMER_FIRED,
-    InstanceAlreadyExists,
-    InstanceFinished,
-    InstanceNotFound,
-    InvalidInstanceId,
-    check_instance_id,
-    completion_task_id,
-    event,
-    flatten_actions,
-    iso,
-    now,
-    parse_iso,
-    top_level_actions,
-)
-from .instance import ActivityExecution, EngineStats, Instance, new_execution_id
-from .messaging import Messaging, event_body, start_body
+from .history import TERMINAL
+from .instance import ActivityExecution, EngineStats, Instance
+from .messaging import Messaging, start_body
 from .partitions import PROVIDER_LEASE, LeaseTimings, PartitionManager
 from .queues import Received
 from .receivers import ControlReader, WorkItemReader
-from .store import Episode, EpisodeAlreadyCommitted, HistoryStore
+from .replay import EpisodeRunner
+from .store import HistoryStore
 from .work import ActivityRunner, HostBackoff, StartMessage
 
 logger = logging.getLogger(__name__)
@@ -124,10 +84,10 @@ def new_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
-class Engine(Messaging, PartitionHandover):
+class Engine(TaskHubClient, EpisodeRunner, Messaging, PartitionHandover):
     """Runs orchestrations and activities of one app against one task hub, as one of any number of
-    hosts sharing it: episodes of the partitions this host owns (:mod:`devhost.partitions`),
-    activities from the shared work-item queue (:mod:`devhost.receivers`)."""
+    hosts sharing it: episodes of the partitions this host owns (:mod:`devhost.durable.partitions`),
+    activities from the shared work-item queue (:mod:`devhost.durable.receivers`)."""
 
     def __init__(
         self,
@@ -248,108 +208,6 @@ class Engine(Messaging, PartitionHandover):
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
-
-    # ------------------------------------------------------------------ client API
-
-    def start_new(self, name: str, instance_id: str, input_value: Any = None, *, input_json: str | None = None) -> str:
-        """The client's ``start_new``, in the Azure Storage provider's steps
-        (AzureStorageOrchestrationService.CreateTaskOrchestrationAsync): read the instance row;
-        refuse if it is Pending/Running; queue the ExecutionStarted message; then write the row,
-        create-only for a new id (a conflict from a concurrent starter is ignored). So starters
-        that race on a new id all succeed; the host drops the later ExecutionStarted."""
-        check_instance_id(instance_id)
-        self.index.orchestrator(name)
-        if input_json is None and input_value is not None:
-            input_json = json.dumps(input_value)
-        existing, etag = self.store.read_state_and_etag(instance_id)
-        if existing is not None and existing["status"] in (PENDING, RUNNING):
-            raise InstanceAlreadyExists(
-                f"An Orchestration instance with the status {existing['status']} already exists."
-            )
-        message = StartMessage(name, instance_id, input_json, None, new_execution_id())
-        self._send(instance_id, start_body(message))
-        row = Instance(instance_id, name, input_json, execution_id=message.execution_id).state()
-        self.store.write_new_state(instance_id, row, etag)
-        with self._lock:
-            finished = self._instances.get(instance_id)
-            if finished is not None and finished.status in TERMINAL:
-                del self._instances[instance_id]  # its status is the new row's now (Pending)
-        return instance_id
-
-    def terminate(self, instance_id: str, reason: str) -> None:
-        """The client's ``terminate``: an ExecutionTerminated message to the instance's current
-        execution (AzureStorageOrchestrationService.ForceTerminateTaskOrchestrationAsync sends it
-        to the control queue; the extension's HttpApiHandler answers 404 for an unknown id and 410
-        for a finished one before it sends anything). Its activities already queued still run;
-        their results reach a finished instance and are dropped."""
-        state = self.status(instance_id)
-        if state is None:
-            raise InstanceNotFound(f"No instance with ID '{instance_id}' found.")
-        if state["status"] in TERMINAL:
-            raise InstanceFinished(f"Instance '{instance_id}' is already {state['status']}.")
-        item = event(EXECUTION_TERMINATED, now(), Input=json.dumps(reason))
-        self._send(instance_id, event_body(instance_id, state["execution_id"], item))
-
-    def list_instances(
-        self,
-        *,
-        created_from: str | None = None,
-        created_to: str | None = None,
-        statuses: tuple[str, ...] = (),
-        prefix: str | None = None,
-    ) -> list[dict]:
-        """The instances matching the query, oldest first (the Instances table's order is the
-        provider's; ours is by creation time, then id, so a page boundary is stable)."""
-        try:
-            stored = self.store.instances()
-        except ResourceNotFoundError:  # no instance has ever run in this task hub
-            return []
-        with self._lock:  # an instance this host runs is newer in memory than in its row
-            states = [self._instances[s["id"]].state() if s["id"] in self._instances else s for s in stored]
-        chosen = [
-            s
-            for s in states
-            if (created_from is None or s["created"] >= created_from)
-            and (created_to is None or s["created"] <= created_to)
-            and (not statuses or s["status"] in statuses)
-            and (prefix is None or s["id"].startswith(prefix))
-        ]
-        return sorted(chosen, key=lambda s: (s["created"], s["id"]))
-
-    def purge(self, instance_id: str) -> int:
-        """The client's ``purge_instance_history``: the instance's rows and large-message blobs
-        are deleted, whatever its state (AzureTableTrackingStore.PurgeInstanceHistoryAsync does not
-        look at it; callers purge finished instances). How many instances were deleted: 0 or 1."""
-        if self.status(instance_id) is None:
-            return 0
-        self.store.purge_history(instance_id)
-        with self._lock:
-            self._instances.pop(instance_id, None)
-        return 1
-
-    def status(self, instance_id: str) -> dict | None:
-        with self._lock:
-            inst = self._instances.get(instance_id)
-            if inst is not None:
-                return inst.state()
-        return self.store.read_state(instance_id)
-
-    def wait_for(
-        self, instance_id: str, timeout: float | None = None, progress: Callable[[dict], None] | None = None
-    ) -> dict:
-        """Block until the instance is finished (on whichever host runs it); returns its state."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self._lock:
-            while True:
-                state = self.status(instance_id)
-                if state is not None and state["status"] in TERMINAL:
-                    return state
-                if progress and state is not None:
-                    progress(state)
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    raise TimeoutError(f"instance {instance_id} not finished after {timeout} s")
-                self._changed.wait(timeout=0.5 if remaining is None else min(0.5, remaining))
 
     def _record_activity(self, execution: ActivityExecution) -> None:
         with self._lock:
@@ -529,162 +387,6 @@ class Engine(Messaging, PartitionHandover):
         with self._lock:
             self._resting.pop(instance_id, None)
             self._mark_ready(instance_id)
-
-    def _run_episode(self, inst: Instance, events: list[dict]) -> list[tuple]:
-        """Replay, plan and commit one episode; what it sends (``_send_all``) once committed."""
-        moment = now()
-        ordered = order_new_events(inst, events)
-        retry_failures, retry_timers, rest = ordered
-        new_events: list[dict] = [event(ORCHESTRATOR_STARTED, moment)]
-        if not inst.history:
-            new_events.append(
-                event(
-                    EXECUTION_STARTED, moment, Name=inst.name, Input=inst.input, Version="", ParentInstance=inst.parent
-                )
-            )
-        new_events += retry_failures + retry_timers + rest
-
-        context = {
-            "history": inst.history + new_events,
-            "instanceId": inst.id,
-            "isReplaying": bool(inst.history),
-            "parentInstanceId": inst.parent["id"] if inst.parent else None,
-            "input": inst.input,
-            "upperSchemaVersion": 1,
-            "upperSchemaVersionNew": 2,
-        }
-        terminated = next((e for e in events if e["EventType"] == EXECUTION_TERMINATED), None)
-        started = time.perf_counter()
-        error = None
-        if terminated is not None:
-            # TaskOrchestrationContext.HandleExecutionTerminatedEvent: the execution ends Terminated
-            # with the reason as its output, and nothing the orchestrator would do is scheduled.
-            state = {
-                "actions": [],
-                "isDone": True,
-                "output": json.loads(terminated["Input"]),
-                "customStatus": inst.custom_status,
-            }
-        else:
-            try:
-                state = json.loads(self.index.orchestrator(inst.name)(json.dumps(context)))
-            except Exception as exc:  # the SDK reports a failed orchestrator as an exception
-                message, _, state_json = str(exc).partition(OUT_OF_PROC_MARKER)
-                state = json.loads(state_json) if state_json else {"actions": [], "isDone": False}
-                error = shim.orchestrator_failure(inst.name, state.get("error") or message)
-        elapsed = time.perf_counter() - started
-
-        custom_status = state.get("customStatus")
-        too_big = shim.custom_status_error(custom_status)
-        if terminated is not None:
-            plan = EpisodePlan([], {}, [], [], inst.next_id)
-        elif too_big:
-            # The extension rejects it in SetCustomStatus, before it replays any action.
-            plan = EpisodePlan([], {}, [], [], inst.next_id)
-            error, custom_status = shim.orchestrator_failure(inst.name, too_big), inst.custom_status
-        else:
-            plan = plan_episode(
-                inst,
-                moment,
-                ordered,
-                top_level_actions(state),
-                timer_scale=self.timer_scale,
-                strict=self.strict_determinism,
-            )
-            if plan.nondeterminism:  # DTFx fails the instance during replay: nothing new is scheduled
-                error = shim.orchestrator_failure(inst.name, plan.nondeterminism)
-
-        status, output = RUNNING, None
-        appended = plan.appended
-        if error is not None:
-            status = FAILED
-        elif state.get("isDone"):
-            status, output = TERMINATED if terminated is not None else COMPLETED, state.get("output")
-        if status in TERMINAL:
-            result = json.dumps(error if status == FAILED else output)
-            code = ORCHESTRATION_STATUS_CODE[status]
-            appended.append(event(EXECUTION_COMPLETED, moment, OrchestrationStatus=code, Result=result))
-        appended.append(event(ORCHESTRATOR_COMPLETED, moment))
-
-        # Only the dispatcher holding this instance writes its fields, so the new state can be built and
-        # committed without the engine lock (deliveries keep flowing during the transaction).
-        new_state = {
-            **inst.state(),
-            "episodes": inst.episodes + 1,
-            "next_id": plan.next_id,
-            "status": status,
-            "output": output,
-            "error": error.strip() if error else None,
-            "custom_status": custom_status,
-            "updated": iso(moment),
-        }
-        episode = Episode(
-            new_state["episodes"],
-            new_events + appended,
-            {str(k): v for k, v in plan.scheduled.items()},
-            plan.new_leaves,
-            plan.finished,
-            inst.execution_id,
-        )
-        try:
-            # Commit first: if storage fails, the instance is untouched and the episode replays.
-            self.store.commit_episode(inst.id, episode, new_state)
-        except EpisodeAlreadyCommitted:
-            # An earlier attempt was committed although its answer was lost: carry on from storage.
-            episode, new_state = self.store.read_episode(inst.id, episode.number), self.store.read_state(inst.id)
-            self._requeue_undelivered(inst, events, episode)
-            with self._lock:
-                self.stats.episodes_found_committed += 1
-        outbound: list[tuple] = []
-        with self._lock:
-            inst.episodes, inst.next_id = new_state["episodes"], new_state["next_id"]
-            inst.status, inst.output, inst.error = new_state["status"], new_state["output"], new_state["error"]
-            inst.custom_status, inst.updated = new_state["custom_status"], new_state["updated"]
-            inst.apply(episode.events, episode.scheduled, episode.actions, episode.finished)
-            self.stats.episodes += 1
-            self.stats.replay_seconds += elapsed
-            self.stats.history_events += len(episode.events)
-            # DTFx sends every decision of the episode, also when the orchestrator failed in it.
-            for task_id, meta in sorted((int(k), v) for k, v in episode.scheduled.items()):
-                outbound += self._work_for(inst, task_id, meta)
-                inst.dispatched[task_id] = time.monotonic()
-            if inst.status in TERMINAL:
-                outbound.append(self._report_to_parent(inst))
-            elif inst.pending:
-                self._mark_ready(inst.id)
-            self._changed.notify_all()
-        return outbound
-
-    def _requeue_undelivered(self, inst: Instance, events: list[dict], committed: Episode) -> None:
-        landed = {completion_task_id(e) for e in committed.events} - {None}
-        with self._lock:
-            inst.pending = [e for e in events if completion_task_id(e) not in landed] + inst.pending
-
-    def _report_to_parent(self, inst: Instance) -> tuple | None:
-        """DTFx sends a finished sub-orchestration's outcome to its parent's execution."""
-        self._changed.notify_all()
-        if not inst.parent:
-            return None
-        moment = now()
-        if inst.status == COMPLETED:
-            item = event(
-                SUB_ORCHESTRATION_COMPLETED,
-                moment,
-                TaskScheduledId=inst.parent["task_id"],
-                Result=json.dumps(inst.output),
-            )
-        else:
-            # SubOrchestrationInstanceFailed carries the child's result: its failure message, or
-            # the reason it was terminated (TaskOrchestrationDispatcher sends the same event for both).
-            item = event(
-                SUB_ORCHESTRATION_FAILED,
-                moment,
-                TaskScheduledId=inst.parent["task_id"],
-                Reason=inst.error if inst.status == FAILED else json.dumps(inst.output),
-                Details=None,
-            )
-        parent = inst.parent["id"]
-        return ("control", parent, event_body(parent, inst.parent["execution_id"], item), 0.0)
 
     def _timer_loop(self) -> None:
         while True:
