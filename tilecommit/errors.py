@@ -7,6 +7,10 @@ the job once with its message. :class:`BadInputError` (the input or configuratio
 never retryable; :class:`StorageFaultError` (transport, throttling, 5xx) is, unless storage
 answered a plain 4xx. A rejected conditional write is neither: it is an outcome
 (:class:`tilecommit.gates.Outcome`), not an exception.
+
+Two exceptions are not errors but answers that change the assembly's course, and so are not
+:class:`TileCommitError`: :class:`CommittedElsewhere` (stop staging, the mosaic exists) and
+:class:`CopyFromUrlUnsupported` (the service cannot copy; ``auto`` streams the bytes instead).
 """
 
 
@@ -96,6 +100,21 @@ class IncompatibleTilesError(TileCommitError):
 
 class JobCancelledError(TileCommitError):
     """The job was cancelled: its work still queued stops before it reads or writes anything."""
+
+
+class CommittedElsewhere(Exception):
+    """Raised inside a stream when another attempt committed the blob meanwhile: stop, nothing to do.
+
+    Not an error: the assembly that meets it verifies the mosaic the other attempt committed and
+    returns ``already-present`` (``superseded`` in a rebuild); a share that meets it stops."""
+
+
+class CopyFromUrlUnsupported(Exception):
+    """The service does not implement Put Block From URL (501: an emulator older than 3.37).
+
+    ``auto`` assembly then streams the mosaic's bytes through this process (``blocks``); asked
+    for ``server`` alone, it is raised out of the assembly (no status: retried, as an unforeseen
+    fault is)."""
 
 
 def retryable_status(status: int | None) -> bool:

@@ -39,7 +39,7 @@ from azure.data.tables import TableClient
 from azure.storage.blob import ContainerClient
 
 from .. import gates, jobs
-from ..errors import IncompatibleTilesError, MosaicCheckError
+from ..errors import CommittedElsewhere, CopyFromUrlUnsupported, IncompatibleTilesError, MosaicCheckError
 from ..records import Record
 from ..settings import Settings
 from ..spec import OutputSpec
@@ -61,10 +61,10 @@ from .committed import (
 )
 from .pyramid import mosaic_overview_levels
 from .scene import SceneInfo
-from .server_copy import CopyFromUrlUnsupported, ServerSideStager, copy_source_for
+from .server_copy import ServerSideStager, copy_source_for
 from .shares import StagedShares, check_against_plan, read_share_plan
 from .sidecars import write_sidecars
-from .staging import STAGE_IN_FLIGHT, CommittedElsewhere, StagedBlockSink, commit_file, commit_staged_blob
+from .staging import STAGE_IN_FLIGHT, StagedBlockSink, commit_file, commit_staged_blob
 from .vrt import build_mosaic_vrt, estimate_vrt_temp_bytes
 
 logger = logging.getLogger(__name__)
@@ -470,7 +470,6 @@ def _file_sha256(path: str) -> str:
 __all__ = [
     "COG_CONTENT_TYPE",
     "OVERVIEW_LEVELS_METADATA_KEY",
-    "CommittedElsewhere",
     "MosaicCheckError",
     "MosaicResult",
     "STAGE_IN_FLIGHT",

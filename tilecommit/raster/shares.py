@@ -40,7 +40,13 @@ from azure.data.tables import TableClient
 from azure.storage.blob import ContainerClient
 
 from .. import gates, jobs, storage
-from ..errors import IncompatibleTilesError, IncompleteManifestError, MosaicCheckError
+from ..errors import (
+    CommittedElsewhere,
+    CopyFromUrlUnsupported,
+    IncompatibleTilesError,
+    IncompleteManifestError,
+    MosaicCheckError,
+)
 from ..records import Record
 from ..spec import OutputSpec
 from ..storage import TRANSPORT_FAULTS
@@ -51,8 +57,7 @@ from .block_sources import FETCH_THREADS
 from .checks import blob_properties, check_manifest
 from .copy_plan import CopyPlan, CopyRange, cut_shares, plan_copy
 from .scene import SceneInfo
-from .server_copy import CopyFromUrlUnsupported, ServerSideStager, copy_source_for
-from .staging import CommittedElsewhere
+from .server_copy import ServerSideStager, copy_source_for
 
 logger = logging.getLogger(__name__)
 
