@@ -14,8 +14,8 @@ from rasterio.io import MemoryFile
 
 from devhost.scenes import read_scene
 from tilecommit import gates, jobs
-from tilecommit.raster import attempt, staging
-from tilecommit.raster import mosaic as mosaic_module
+from tilecommit.raster.assembly import attempt, staging
+from tilecommit.raster.assembly import mosaic as mosaic_module
 
 from .conftest import counter_total
 from .raster_jobs import JOB, RequestLog, assemble, assert_same_pixels, hooked_stores

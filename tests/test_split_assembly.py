@@ -1,4 +1,4 @@
-"""The mosaic's staging split over activities (tilecommit/raster/shares.py), step by step against
+"""The mosaic's staging split over activities (tilecommit/raster/assembly/shares.py), step by step against
 Azurite 3.37: plan, shares (run twice, concurrently, or superseded), one commit. The whole job
 through the Durable SDK is in tests/test_split_jobs.py."""
 
@@ -13,7 +13,8 @@ from rasterio.io import MemoryFile
 from devhost.scenes import SceneSpec, read_scene, write_scene
 from tilecommit import gates, jobs
 from tilecommit.errors import IncompleteManifestError
-from tilecommit.raster import inspect_source, shares
+from tilecommit.raster import inspect_source
+from tilecommit.raster.assembly import shares
 from tilecommit.settings import Settings
 from tilecommit.spec import OutputSpec
 

@@ -15,10 +15,10 @@ from azure.core import MatchConditions
 from azure.core.exceptions import HttpResponseError
 from azure.storage.blob import BlobClient, ContainerClient, ContentSettings
 
-from .. import conditional, gates
-from ..errors import CommittedElsewhere, StorageFaultError
-from ..storage import TRANSPORT_FAULTS
-from ..usage import ContextExecutor
+from ... import conditional, gates
+from ...errors import CommittedElsewhere, StorageFaultError
+from ...storage import TRANSPORT_FAULTS
+from ...usage import ContextExecutor
 from . import attempt
 
 logger = logging.getLogger(__name__)

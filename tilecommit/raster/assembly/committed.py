@@ -21,18 +21,18 @@ from typing import Any
 from azure.data.tables import TableClient
 from azure.storage.blob import ContainerClient
 
-from .. import gates, jobs
-from ..errors import IncompatibleTilesError, MosaicCheckError, StorageFaultError
-from ..settings import Settings
-from ..spec import OutputSpec
-from ..usage import ContextExecutor
+from ... import gates, jobs
+from ...errors import IncompatibleTilesError, MosaicCheckError, StorageFaultError
+from ...settings import Settings
+from ...spec import OutputSpec
+from ...usage import ContextExecutor
+from ..reading.scene import SceneInfo
 from . import attempt
 from .block_copy import prepare_block_copy
 from .block_sources import FETCH_THREADS
 from .checks import blob_properties, check_manifest, check_planned_mosaic, repair_instruction, verify_committed_mosaic
 from .copy_plan import plan_copy
 from .pyramid import mosaic_overview_levels
-from .scene import SceneInfo
 from .sidecars import write_sidecars
 
 #: Blob metadata key recording the mosaic's overview level count (read back by a duplicate call).

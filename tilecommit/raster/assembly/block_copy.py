@@ -26,18 +26,18 @@ from azure.storage.blob import ContainerClient
 from rasterio.enums import Resampling
 from rasterio.errors import NotGeoreferencedWarning
 
-from .. import profiles
-from ..errors import IncompatibleTilesError, MosaicCheckError
-from ..grid import Window
-from ..settings import Settings
-from ..spec import OutputSpec
-from ..usage import ContextExecutor
-from . import tiff
+from ... import profiles
+from ...errors import IncompatibleTilesError, MosaicCheckError
+from ...grid import Window
+from ...settings import Settings
+from ...spec import OutputSpec
+from ...usage import ContextExecutor
+from .. import tiff
+from ..env import gdal_env
+from ..gdal_errors import gdal_step
+from ..reading.scene import SceneInfo
 from .block_sources import FETCH_THREADS, TILE_HEAD_BYTES, BlockFetcher, FileRangeSource, read_tile_heads
-from .env import gdal_env
-from .gdal_errors import gdal_step
 from .pyramid import halve_ceil, levels_to_fit, plan_tile_levels
-from .scene import SceneInfo
 
 
 def build_coarse_levels(

@@ -21,19 +21,19 @@ from xml.sax.saxutils import escape
 import rasterio.shutil
 from azure.storage.blob import ContainerClient
 
-from .. import gates
-from ..errors import IncompleteManifestError
-from ..grid import Window
-from ..settings import Settings
-from ..spec import OutputSpec
-from ..usage import ContextExecutor
-from . import metadata
+from ... import gates
+from ...errors import IncompleteManifestError
+from ...grid import Window
+from ...settings import Settings
+from ...spec import OutputSpec
+from ...usage import ContextExecutor
+from ..env import NUM_THREADS, gdal_env
+from ..gdal_errors import gdal_step
+from ..reading import metadata
+from ..reading.scene import SceneInfo, as_crs
+from ..tiling.encode import cog_creation_options, tile_overview_count, write_cog
 from .block_sources import FETCH_THREADS, BlobRangeSource
-from .env import NUM_THREADS, gdal_env
-from .gdal_errors import gdal_step
 from .pyramid import mosaic_overview_levels
-from .scene import SceneInfo, as_crs
-from .tiles import cog_creation_options, tile_overview_count, write_cog
 
 logger = logging.getLogger(__name__)
 

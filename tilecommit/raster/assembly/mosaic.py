@@ -38,11 +38,12 @@ from dataclasses import dataclass, field
 from azure.data.tables import TableClient
 from azure.storage.blob import ContainerClient
 
-from .. import gates, jobs
-from ..errors import CommittedElsewhere, CopyFromUrlUnsupported, IncompatibleTilesError, MosaicCheckError
-from ..records import Record
-from ..settings import Settings
-from ..spec import OutputSpec
+from ... import gates, jobs
+from ...errors import CommittedElsewhere, CopyFromUrlUnsupported, IncompatibleTilesError, MosaicCheckError
+from ...records import Record
+from ...settings import Settings
+from ...spec import OutputSpec
+from ..reading.scene import SceneInfo
 from . import attempt
 from .block_copy import build_mosaic_blocks
 from .checks import (
@@ -60,7 +61,6 @@ from .committed import (
     verifier,
 )
 from .pyramid import mosaic_overview_levels
-from .scene import SceneInfo
 from .server_copy import ServerSideStager, copy_source_for
 from .shares import StagedShares, check_against_plan, read_share_plan
 from .sidecars import write_sidecars
@@ -178,7 +178,7 @@ def assemble_mosaic(
     row, or, server-side, a tile changed since its row: named by window). Attempts running at
     the same time take no claim and never wait for each other: each stages under block ids of
     its own, the create-only commit lets one mosaic through and the other attempts return
-    ``already-present`` (see :mod:`tilecommit.raster.attempt`). ``workdir`` (default: a private
+    ``already-present`` (see :mod:`tilecommit.raster.assembly.attempt`). ``workdir`` (default: a private
     temporary directory, removed afterwards) holds the coarse-level copy, or the VRT path's files.
     ``spec`` is the job's output spec: the windows planned and the blocks laid out are its; the
     STAC item records it.

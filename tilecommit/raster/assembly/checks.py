@@ -14,18 +14,18 @@ from azure.storage.blob import ContainerClient
 from rasterio.enums import MaskFlags
 from rasterio.io import MemoryFile
 
-from .. import gates, storage
-from ..errors import IncompleteManifestError, MosaicCheckError, StorageFaultError
-from ..grid import plan_windows
-from ..settings import Settings
-from ..spec import OutputSpec
-from ..storage import TRANSPORT_FAULTS
-from .env import BLOCK_SIZE, gdal_env
-from .gdal_errors import gdal_step, recording, transport_fault
+from ... import gates, storage
+from ...errors import IncompleteManifestError, MosaicCheckError, StorageFaultError
+from ...grid import plan_windows
+from ...settings import Settings
+from ...spec import OutputSpec
+from ...storage import TRANSPORT_FAULTS
+from ..env import BLOCK_SIZE, gdal_env
+from ..gdal_errors import gdal_step, recording, transport_fault
+from ..reading.scene import SceneInfo, crs_label, same_crs
+from ..reading.source import PinnedBlob, Source, open_upload, reading
+from ..reading.upload import upload_gdal_options
 from .pyramid import pyramid_problems
-from .scene import SceneInfo, crs_label, same_crs
-from .source import PinnedBlob, Source, open_upload, reading
-from .upload import upload_gdal_options
 
 
 def check_manifest(job_id: str, scene: SceneInfo, *, tiles: ContainerClient, manifest: TableClient, spec: OutputSpec):
@@ -87,7 +87,7 @@ def check_mosaic_file(
 
     ``path`` is anything GDAL opens (the VRT path's temporary file, the planned head of a
     block-copy mosaic in ``/vsimem/``), or the committed blob at the version checked, read
-    through the app's pinned reader (:class:`~.source.PinnedBlob`).
+    through the app's pinned reader (:class:`~tilecommit.raster.reading.source.PinnedBlob`).
     Only directories are read, never a block. GDAL's COG validator passes a file with missing
     overview levels (docs/design.md, 'GDAL settings and raster figures'), so the levels are counted here, and their sizes checked.
     """

@@ -41,11 +41,12 @@ from azure.storage.blob import BlobClient, BlobSasPermissions, ContainerClient, 
 # lives only here (azure-storage-blob 12.x). It is the one way to send x-ms-source-if-match.
 from azure.storage.blob._generated.models import SourceModifiedAccessConditions
 
-from .. import conditional
-from ..errors import ConfigurationError, CopyFromUrlUnsupported, IncompleteManifestError, StorageFaultError
-from ..storage import TRANSPORT_FAULTS
-from ..usage import ContextExecutor
-from . import attempt, tiff
+from ... import conditional
+from ...errors import ConfigurationError, CopyFromUrlUnsupported, IncompleteManifestError, StorageFaultError
+from ...storage import TRANSPORT_FAULTS
+from ...usage import ContextExecutor
+from .. import tiff
+from . import attempt
 from .copy_plan import LOCAL_BLOCK_BYTES, CopyPlan, CopyRange, LocalRun
 from .staging import COMMITTED_ELSEWHERE_CHECK_S, CommitWatch
 
