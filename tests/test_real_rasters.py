@@ -24,7 +24,7 @@ from rio_cogeo.cogeo import cog_validate
 from tilecommit.errors import BadInputError, UnsupportedRasterError
 from tilecommit.grid import plan_windows
 from tilecommit.raster import SceneInfo, inspect_source
-from tilecommit.raster.assembly.mosaic import mosaic_overview_levels
+from tilecommit.raster.assembly.pyramid import mosaic_overview_levels
 from tilecommit.raster.reading.metadata import said
 from tilecommit.raster.reading.scene import same_crs
 from tilecommit.settings import Settings

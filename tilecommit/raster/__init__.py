@@ -24,7 +24,8 @@ is). At this level, what serves more than one room, or none in particular:
 
 from ..errors import MosaicCheckError
 from ..grid import Window, plan_windows
-from .assembly.mosaic import MosaicResult, assemble_mosaic
+from .assembly.commit import MosaicResult
+from .assembly.mosaic import assemble_mosaic
 from .assembly.pyramid import mosaic_overview_levels
 from .env import BLOCK_SIZE, gdal_config, gdal_env
 from .reading.scene import SUPPORTED_DTYPES, SceneInfo, inspect_source

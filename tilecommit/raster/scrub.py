@@ -31,8 +31,9 @@ from ..records import Record
 from ..settings import Settings
 from ..spec import OutputSpec
 from .assembly.checks import blob_properties
+from .assembly.commit import MosaicResult
 from .assembly.committed import verify_outputs
-from .assembly.mosaic import MosaicResult, assemble_mosaic
+from .assembly.mosaic import assemble_mosaic
 from .gdal_errors import gdal_step
 from .reading.scene import SceneInfo
 from .reading.source import Source

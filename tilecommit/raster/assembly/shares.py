@@ -55,8 +55,9 @@ from ..reading.scene import SceneInfo
 from . import attempt
 from .block_copy import read_tile_levels
 from .block_sources import FETCH_THREADS
-from .checks import blob_properties, check_manifest
+from .checks import blob_properties
 from .copy_plan import CopyPlan, CopyRange, cut_shares, plan_copy
+from .manifest import check_manifest
 from .server_copy import ServerSideStager, copy_source_for
 
 logger = logging.getLogger(__name__)
