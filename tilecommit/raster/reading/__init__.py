@@ -6,7 +6,8 @@
   counted (:class:`~.source.PinnedBlob`, :class:`~.source.LocalFile`);
 - :mod:`.scene`: :func:`~.scene.inspect_source`, the bad-input gate, and :class:`~.scene.SceneInfo`;
 - :mod:`.metadata`: what a source says about its pixels (tags, band descriptions, scales,
-  colormap), which a tile carries.
+  colormap). It is read from the source (inspection asks it for a colormap), so it lives here,
+  though its main callers carry it on: a tile's encoding, and the VRT mosaic from one tile.
 
 Tiling and assembly read through this room (a tile reads its source window; assembly reads the
 committed mosaic with the same pinned reader and compares CRSs as :mod:`.scene` does); it imports
