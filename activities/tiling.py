@@ -1,5 +1,5 @@
 """The job's activities: validate the source, render one window, assemble the mosaic (in one
-activity, or planned, staged in shares and committed: :mod:`tilecommit.raster.shares`), and
+activity, or planned, staged in shares and committed: :mod:`tilecommit.raster.assembly.shares`), and
 publish the job's completion event (:mod:`tilecommit.events`) once it ended.
 
 Each reads what decides its outputs (the window grid, the block size, the profile) from the
@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from tilecommit import cost, events, jobs, raster
 from tilecommit.errors import BadInputError, CorruptTileError, InvalidRasterError, error_value, is_retryable
 from tilecommit.grid import Window
-from tilecommit.raster import shares as split
+from tilecommit.raster.assembly import shares as split
 from tilecommit.raster.gdal_errors import job_messages
 from tilecommit.spec import spec_of
 from tilecommit.storage import readable_blob_name
@@ -104,7 +104,7 @@ def assemble_mosaic(payload: dict) -> dict:
 
     Activities run at least once, so another execution may be assembling the same mosaic, or
     may have died half-way. Neither is waited for: each execution assembles, the first commit
-    wins and the others return ``already-present`` (see :mod:`tilecommit.raster.attempt`).
+    wins and the others return ``already-present`` (see :mod:`tilecommit.raster.assembly.attempt`).
     A mosaic that fails its own checks (a bug that repeating cannot fix) comes back as an error.
     ``payload["shares"]`` (a split staging's commit): the ranges were staged by
     :func:`stage_mosaic_share`; only the head and the coarse levels are staged here.

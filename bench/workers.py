@@ -141,7 +141,8 @@ def assemble_in_shares(job_id: str, scene_json: str, share_bytes: str, slots: st
     import time
     from concurrent.futures import ThreadPoolExecutor
 
-    from tilecommit.raster import SceneInfo, assemble_mosaic, shares
+    from tilecommit.raster import SceneInfo, assemble_mosaic
+    from tilecommit.raster.assembly import shares
     from tilecommit.spec import OutputSpec
 
     connection, settings, blobs, tables = _clients()

@@ -128,7 +128,7 @@ def stage_in_shares(
     context: df.DurableOrchestrationContext, job: dict, scene: dict, share_bytes: int, status: dict, used: dict
 ) -> Generator[Any, Any, dict | None]:
     """Plan the mosaic's staging for this attempt and stage its shares, one activity each, all at
-    once; the plan (:class:`tilecommit.raster.shares.StagedShares`) for the commit, or None when
+    once; the plan (:class:`tilecommit.raster.assembly.shares.StagedShares`) for the commit, or None when
     one activity assembles the mosaic instead (the plan says why, or the service has no Put
     Block From URL). The attempt id is new for each execution of the job and the same on replay."""
     planned = yield context.call_activity_with_retry(

@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--block-kib", type=int, default=0)
     args = parser.parse_args(argv[:split])
     if args.block_kib:
-        from tilecommit.raster import staging
+        from tilecommit.raster.assembly import staging
 
         staging.STREAM_BLOCK_BYTES = args.block_kib * 1024
     install(args.point)

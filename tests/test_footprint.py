@@ -12,8 +12,8 @@ from rasterio.crs import CRS
 from rasterio.transform import from_origin
 from rasterio.warp import transform_geom
 
-from tilecommit.raster.footprint import footprint
-from tilecommit.raster.stac import projection_fields
+from tilecommit.raster.assembly.footprint import footprint
+from tilecommit.raster.assembly.stac import projection_fields
 
 from .test_real_rasters import corpus
 

@@ -19,9 +19,9 @@ from rio_cogeo.cogeo import cog_validate
 
 from testkit.scenes import SceneSpec, write_scene
 from tilecommit.grid import plan_windows
-from tilecommit.raster.pyramid import mosaic_overview_levels
+from tilecommit.raster.assembly.pyramid import mosaic_overview_levels
 from tilecommit.raster.scrub import OTHER_PIXELS, _pixel_difference, check_window
-from tilecommit.raster.tiles import read_window
+from tilecommit.raster.tiling.encode import read_window
 from tilecommit.settings import Settings
 
 from .raster_jobs import JOB, assert_complete_pyramid, download, run_steps
@@ -113,7 +113,7 @@ def test_every_level_of_the_mosaic_is_the_profiles_and_holds_the_tiles_pixels(
 
 
 def test_the_vrt_path_takes_a_lossy_profile_and_says_it_loses_twice(scenes, stores, storage, tmp_path, caplog):
-    with caplog.at_level(logging.WARNING, logger="tilecommit.raster.vrt"):
+    with caplog.at_level(logging.WARNING, logger="tilecommit.raster.assembly.vrt_strategy"):
         _, _, _, result = run_job(scenes["jpeg-rgb"], "jpeg", stores, storage, method="vrt")
     assert result.method == "vrt"
     assert "lose twice" in caplog.text

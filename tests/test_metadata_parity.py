@@ -14,7 +14,7 @@ import rasterio
 from rio_cogeo.cogeo import cog_translate
 from rio_cogeo.profiles import cog_profiles
 
-from tilecommit.raster.metadata import said
+from tilecommit.raster.reading.metadata import said
 from tilecommit.settings import Settings
 
 from .raster_jobs import download, run_steps

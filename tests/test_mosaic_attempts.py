@@ -14,8 +14,7 @@ from rasterio.io import MemoryFile
 
 from testkit.scenes import read_scene
 from tilecommit import gates, jobs
-from tilecommit.raster import attempt, staging
-from tilecommit.raster import mosaic as mosaic_module
+from tilecommit.raster.assembly import attempt, commit, staging, strategy
 
 from .conftest import counter_total
 from .raster_jobs import JOB, RequestLog, assemble, assert_same_pixels, hooked_stores
@@ -161,19 +160,19 @@ def test_an_attempt_stops_streaming_when_another_commits_the_mosaic(rendered, st
             # The other attempt commits as attempts do: its own staged blocks, one create-only list.
             # (Not one Put Blob: Azurite refuses a Put Blob with If-None-Match: * while the name
             # has uncommitted blocks, with 409 BlobAlreadyExists, although no blob exists.)
-            sink = mosaic_module.StagedBlockSink(stores["output"].get_blob_client(name))
+            sink = staging.StagedBlockSink(stores["output"].get_blob_client(name))
             sink.write(body)
             assert (
-                mosaic_module.commit_staged_blob(
+                staging.commit_staged_blob(
                     stores["output"],
                     name,
                     sink.close(),
                     sha256=first.sha256,
-                    content_type=mosaic_module.COG_CONTENT_TYPE,
+                    content_type=commit.COG_CONTENT_TYPE,
                     job_id=JOB,
                     metadata={
-                        mosaic_module.OVERVIEW_LEVELS_METADATA_KEY: str(first.overview_levels),
-                        mosaic_module.METHOD_METADATA_KEY: "blocks",
+                        strategy.OVERVIEW_LEVELS_METADATA_KEY: str(first.overview_levels),
+                        strategy.METHOD_METADATA_KEY: "blocks",
                     },
                 )
                 is gates.Outcome.WRITTEN
@@ -184,7 +183,7 @@ def test_an_attempt_stops_streaming_when_another_commits_the_mosaic(rendered, st
     assert other.is_set()
     assert result.outcome == "already-present" and result.sha256 == first.sha256
     staged = log.put_blocks(name)
-    assert len(staged) <= 3 + mosaic_module.STAGE_IN_FLIGHT < total_blocks
+    assert len(staged) <= 3 + staging.STAGE_IN_FLIGHT < total_blocks
     assert log.put_block_lists(name) == []
     tags = {base64.b64decode(r[2]["blockid"]).decode()[:4] for r in staged}
     assert len(tags) == 1

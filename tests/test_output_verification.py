@@ -30,9 +30,9 @@ from testkit.scenes import read_scene
 from tilecommit import gates, jobs, profiles
 from tilecommit.errors import MosaicCheckError, is_retryable
 from tilecommit.grid import plan_windows
-from tilecommit.raster import checks, stac
+from tilecommit.raster.assembly import checks, stac
+from tilecommit.raster.assembly.pyramid import mosaic_overview_levels
 from tilecommit.raster.env import gdal_env
-from tilecommit.raster.pyramid import mosaic_overview_levels
 from tilecommit.settings import Settings
 from tilecommit.spec import OutputSpec
 
@@ -214,7 +214,7 @@ def test_companions_that_are_not_what_the_mosaic_gives_are_known_bad(rendered, s
 
 def test_a_footprint_storage_did_not_deliver_raises_a_retryable_fault(rendered, stores, storage, azurite):
     """The mosaic is read as the sidecars read it: pinned to its version, every byte counted."""
-    from tilecommit.raster.source import PinnedBlob
+    from tilecommit.raster.reading.source import PinnedBlob
 
     from .test_read_faults import quick_client
 

@@ -34,7 +34,7 @@ from tilecommit.raster import (
     inspect_source,
     render_tile,
 )
-from tilecommit.raster.source import PinnedBlob, open_upload
+from tilecommit.raster.reading.source import PinnedBlob, open_upload
 from tilecommit.settings import Settings
 from tilecommit.spec import OutputSpec
 
@@ -365,7 +365,7 @@ def test_a_block_that_cannot_be_decoded_fails_its_window_and_writes_nothing(tmp_
     """In a source over the full-decode budget (the budget lowered here, so the file can stay small),
     inspection decodes only the block stored last; damage elsewhere is found when its window is
     read: InvalidRasterError, and no blob or row for that window."""
-    from tilecommit.raster import scene as scene_module
+    from tilecommit.raster.reading import scene as scene_module
 
     monkeypatch.setattr(scene_module, "FULL_DECODE_MAX_FILE_BYTES", 0)
     path = _damage_first_block(tmp_path)
@@ -536,7 +536,7 @@ def test_mosaic_is_streamed_as_staged_blocks_committed_with_if_none_match(
     Put Block List carrying If-None-Match: * and the sha256; a second assembly stages nothing."""
     import base64
 
-    from tilecommit.raster import staging
+    from tilecommit.raster.assembly import staging
 
     spec, _, scene, settings, _ = rendered
     block = 64 * 1024
@@ -594,7 +594,7 @@ def test_a_plan_that_fails_its_check_stages_no_block(rendered, stores, storage):
 
 
 def _stream(container, name: str, body: bytes, *, block: int = 1000):
-    from tilecommit.raster.mosaic import StagedBlockSink
+    from tilecommit.raster.assembly.staging import StagedBlockSink
 
     sink = StagedBlockSink(container.get_blob_client(name), block_bytes=block, in_flight=2)
     for start in range(0, len(body), 777):  # writes that straddle block boundaries
@@ -607,7 +607,7 @@ def _stream(container, name: str, body: bytes, *, block: int = 1000):
 def test_commit_staged_blob_is_create_only(output):
     """Committing the same stream twice: the second is ALREADY_PRESENT and the stored blob is untouched;
     a different stream is refused too, and counted as a content mismatch."""
-    from tilecommit.raster.mosaic import commit_staged_blob
+    from tilecommit.raster.assembly.staging import commit_staged_blob
 
     from .conftest import counter_total
 
@@ -669,7 +669,7 @@ def test_a_lost_commit_response_is_resolved_from_the_stored_sha256(output, monke
     from azure.core.exceptions import ServiceRequestError, ServiceResponseError
     from azure.storage.blob import BlobClient
 
-    from tilecommit.raster.mosaic import commit_staged_blob
+    from tilecommit.raster.assembly.staging import commit_staged_blob
 
     original = BlobClient.commit_block_list
     calls = []
@@ -716,10 +716,10 @@ def test_a_committed_mosaic_that_fails_its_check_raises(rendered, stores, storag
     says how to repair it."""
     import struct
 
-    from tilecommit.raster import mosaic as mosaic_module
+    from tilecommit.raster.assembly import staging
 
     _, _, scene, settings, _ = rendered
-    original_write = mosaic_module.StagedBlockSink.write
+    original_write = staging.StagedBlockSink.write
     tiepoint = struct.pack("<6d", 0.0, 0.0, 0.0, scene.transform[2], scene.transform[5], 0.0)
 
     def corrupting_write(self, data):
@@ -729,7 +729,7 @@ def test_a_committed_mosaic_that_fails_its_check_raises(rendered, stores, storag
             data = bytes(data[:position]) + moved + bytes(data[position + len(tiepoint) :])
         return original_write(self, data)
 
-    monkeypatch.setattr(mosaic_module.StagedBlockSink, "write", corrupting_write)
+    monkeypatch.setattr(staging.StagedBlockSink, "write", corrupting_write)
     with pytest.raises(MosaicCheckError, match="committed mosaic .*: its head differs from the planned.*--repair"):
         assemble(scene, settings, stores, storage, method="blocks")
     # Left in place to be examined (a bug, not a fault).
@@ -784,8 +784,7 @@ def test_vrt_path_warns_when_its_temporary_file_may_exceed_the_budget(stores, st
     """The VRT path keeps its file; its size is estimated up front and a WARNING names the budget."""
     import logging
 
-    from tilecommit.raster import mosaic as mosaic_module
-    from tilecommit.raster import vrt as vrt_module
+    from tilecommit.raster.assembly import vrt_strategy as vrt_module
 
     spec = SceneSpec(1024, 768, 3, "uint16", nodata=0)
     path = write_scene(str(tmp_path / "scene.tif"), spec)
@@ -793,7 +792,7 @@ def test_vrt_path_warns_when_its_temporary_file_may_exceed_the_budget(stores, st
     scene = inspect_source(path, settings=settings, spec=OutputSpec.from_settings(settings))
     render_all(path, scene, settings, stores)
     summary = count_manifest(stores["manifest"], JOB)
-    estimate = mosaic_module.estimate_vrt_temp_bytes(scene, summary, OutputSpec.from_settings(settings))
+    estimate = vrt_module.estimate_vrt_temp_bytes(scene, summary, OutputSpec.from_settings(settings))
     monkeypatch.setattr(vrt_module, "TEMP_BUDGET_BYTES", estimate - 1)
     with caplog.at_level(logging.WARNING, logger=vrt_module.logger.name):
         result = assemble(scene, settings, stores, storage, method="vrt")

@@ -13,8 +13,8 @@ from rasterio.windows import Window
 from testkit.scenes import SceneSpec, write_scene
 from tilecommit.errors import BadInputError, InvalidRasterError, UnsupportedRasterError
 from tilecommit.raster import inspect_source
-from tilecommit.raster.scene import MAX_WINDOW_BYTES
-from tilecommit.raster.source import PinnedBlob
+from tilecommit.raster.reading.scene import MAX_WINDOW_BYTES
+from tilecommit.raster.reading.source import PinnedBlob
 from tilecommit.settings import Settings
 from tilecommit.spec import OutputSpec
 

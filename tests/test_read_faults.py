@@ -1,6 +1,6 @@
 """A read that failed is not bad input, and a read that was not answered in full never makes a tile.
 
-The upload is read through the app's own reader (tilecommit/raster/source.py): every range GET
+The upload is read through the app's own reader (tilecommit/raster/reading/source.py): every range GET
 pinned to the job's ETag with If-Match, every answer counted. Storage is Azurite behind the
 fault-injecting proxy (503 ServerBusy, reset connections, answers cut half-way), with the SDK's
 retries shortened so a refused read fails here in about a second.
@@ -20,8 +20,8 @@ from testkit.scenes import SceneSpec, write_scene
 from tilecommit.errors import InvalidRasterError, SourceChangedError, StorageFaultError, is_retryable
 from tilecommit.raster import inspect_source
 from tilecommit.raster.env import gdal_env
-from tilecommit.raster.source import LocalFile, PinnedBlob, open_upload
-from tilecommit.raster.tiles import encode_tile
+from tilecommit.raster.reading.source import LocalFile, PinnedBlob, open_upload
+from tilecommit.raster.tiling.encode import encode_tile
 from tilecommit.settings import Settings
 from tilecommit.spec import OutputSpec
 from tilecommit.storage import StorageConnection

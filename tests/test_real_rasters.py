@@ -24,9 +24,9 @@ from rio_cogeo.cogeo import cog_validate
 from tilecommit.errors import BadInputError, UnsupportedRasterError
 from tilecommit.grid import plan_windows
 from tilecommit.raster import SceneInfo, inspect_source
-from tilecommit.raster.metadata import said
-from tilecommit.raster.mosaic import mosaic_overview_levels
-from tilecommit.raster.scene import same_crs
+from tilecommit.raster.assembly.pyramid import mosaic_overview_levels
+from tilecommit.raster.reading.metadata import said
+from tilecommit.raster.reading.scene import same_crs
 from tilecommit.settings import Settings
 from tilecommit.spec import OutputSpec
 
@@ -136,7 +136,7 @@ def check_mosaic(source: str, mosaic_path: str, levels: int) -> None:
             assert math.isnan(m.nodata)
         assert len(m.overviews(1)) == levels == mosaic_overview_levels(src.width, src.height)
         # Nothing the source says is lost: tags of every carried domain, band tags, descriptions,
-        # scales, offsets, units, colour interpretation, colormap (tilecommit/raster/metadata.py).
+        # scales, offsets, units, colour interpretation, colormap (tilecommit/raster/reading/metadata.py).
         assert said(m) == said(src)
     assert_complete_pyramid(mosaic_path)
 

@@ -10,8 +10,8 @@ import pytest
 
 from tilecommit.grid import Window
 from tilecommit.raster import SceneInfo
-from tilecommit.raster.mosaic import MosaicResult
-from tilecommit.raster.tiles import TileResult
+from tilecommit.raster.assembly.commit import MosaicResult
+from tilecommit.raster.tiling.render import TileResult
 
 WINDOW = {"row": 1, "col": 2, "row_off": 1024, "col_off": 2048, "height": 1024, "width": 512}
 TILE = {

@@ -18,15 +18,15 @@ from tilecommit.errors import IncompleteManifestError
 from tilecommit.grid import plan_windows
 from tilecommit.manifest import get_manifest_entry
 from tilecommit.raster import inspect_source, render_tile, tiff
-from tilecommit.raster.copy_plan import MAX_COMMITTED_BLOCKS, CopyRange, LocalRun, plan_copy
-from tilecommit.raster.pyramid import TileHead, plan_tile_levels
-from tilecommit.raster.server_copy import (
+from tilecommit.raster.assembly.copy_plan import MAX_COMMITTED_BLOCKS, CopyRange, LocalRun, plan_copy
+from tilecommit.raster.assembly.pyramid import TileHead, plan_tile_levels
+from tilecommit.raster.assembly.server_copy import (
     BearerCopySource,
     SasCopySource,
     ServerSideStager,
     copy_source_for,
 )
-from tilecommit.raster.tiles import encode_tile
+from tilecommit.raster.tiling.encode import encode_tile
 from tilecommit.settings import Settings
 from tilecommit.spec import OutputSpec
 

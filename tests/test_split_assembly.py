@@ -1,4 +1,4 @@
-"""The mosaic's staging split over activities (tilecommit/raster/shares.py), step by step against
+"""The mosaic's staging split over activities (tilecommit/raster/assembly/shares.py), step by step against
 Azurite 3.37: plan, shares (run twice, concurrently, or superseded), one commit. The whole job
 through the Durable SDK is in tests/test_split_jobs.py."""
 
@@ -14,7 +14,8 @@ from testkit.scenes import SceneSpec, read_scene, write_scene
 from tilecommit import jobs
 from tilecommit.errors import IncompleteManifestError
 from tilecommit.manifest import count_manifest
-from tilecommit.raster import inspect_source, shares
+from tilecommit.raster import inspect_source
+from tilecommit.raster.assembly import shares
 from tilecommit.settings import Settings
 from tilecommit.spec import OutputSpec
 

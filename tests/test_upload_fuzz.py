@@ -23,7 +23,7 @@ import pytest
 
 from devhost.session import process_file
 from tilecommit.manifest import count_manifest
-from tilecommit.raster.scene import MAX_WINDOW_BYTES
+from tilecommit.raster.reading.scene import MAX_WINDOW_BYTES
 
 from .app_jobs import WINDOW, local_host
 from .tiff_fuzz import make_corpus, write_window_budget_files

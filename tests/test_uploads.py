@@ -21,9 +21,9 @@ from rasterio.errors import RasterioIOError
 
 from tilecommit.errors import BadInputError, InvalidNameError, UnsupportedRasterError
 from tilecommit.raster import inspect_source
-from tilecommit.raster.scene import same_crs
-from tilecommit.raster.source import PinnedBlob
-from tilecommit.raster.upload import check_upload_content, describe_header
+from tilecommit.raster.reading.scene import same_crs
+from tilecommit.raster.reading.source import PinnedBlob
+from tilecommit.raster.reading.upload import check_upload_content, describe_header
 from tilecommit.settings import Settings
 from tilecommit.spec import OutputSpec
 from tilecommit.storage import StorageConnection, vsiaz_path

@@ -361,8 +361,8 @@ def check_file(path: str, settings) -> dict:
     from tilecommit.errors import BadInputError
     from tilecommit.grid import plan_windows
     from tilecommit.raster import encode_tile, gdal_env, inspect_source
-    from tilecommit.raster.source import open_upload
-    from tilecommit.raster.upload import upload_gdal_options
+    from tilecommit.raster.reading.source import open_upload
+    from tilecommit.raster.reading.upload import upload_gdal_options
     from tilecommit.spec import OutputSpec
 
     try:

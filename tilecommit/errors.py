@@ -9,6 +9,10 @@ reads instead of exception type names: ``bad_input`` (the upload or its metadata
 never retryable; :class:`StorageFaultError` (transport, throttling, 5xx) is, unless storage
 answered a plain 4xx. A rejected conditional write is neither: it is an outcome
 (:class:`tilecommit.gates.Outcome`), not an exception.
+
+Two exceptions are not errors but answers that change the assembly's course, and so are not
+:class:`TileCommitError`: :class:`CommittedElsewhere` (stop staging, the mosaic exists) and
+:class:`CopyFromUrlUnsupported` (the service cannot copy; ``auto`` streams the bytes instead).
 """
 
 #: The kinds of a non-retryable error (``error_value(...)["kind"]``).
@@ -139,6 +143,21 @@ class JobApiError(Exception):
 
 class JobNotVerifiable(LookupError):
     """The job does not exist or is still running: there is nothing finished to verify."""
+
+
+class CommittedElsewhere(Exception):
+    """Raised inside a stream when another attempt committed the blob meanwhile: stop, nothing to do.
+
+    Not an error: the assembly that meets it verifies the mosaic the other attempt committed and
+    returns ``already-present`` (``superseded`` in a rebuild); a share that meets it stops."""
+
+
+class CopyFromUrlUnsupported(Exception):
+    """The service does not implement Put Block From URL (501: an emulator older than 3.37).
+
+    ``auto`` assembly then streams the mosaic's bytes through this process (``blocks``); asked
+    for ``server`` alone, it is raised out of the assembly (no status: retried, as an unforeseen
+    fault is)."""
 
 
 def retryable_status(status: int | None) -> bool:

@@ -43,7 +43,7 @@ SLOWEST_COPY_BYTES_PER_S = 8 * 2**20
 #: What one activity may copy through the service: at the slowest rate, the share of the
 #: function's time that is not left to storage retries (2400 MiB). A mosaic whose tiles hold
 #: more is staged in shares of at most this many bytes, each its own activity
-#: (tilecommit/raster/shares.py); the default of TILECOMMIT_ASSEMBLY_SHARE_MB.
+#: (tilecommit/raster/assembly/shares.py); the default of TILECOMMIT_ASSEMBLY_SHARE_MB.
 ASSEMBLY_SHARE_MB = int(FUNCTION_TIMEOUT_S * (1 - RETRY_SHARE) * SLOWEST_COPY_BYTES_PER_S) // 2**20
 
 # -- SDK clients -----------------------------------------------------------------------------

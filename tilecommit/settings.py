@@ -102,7 +102,7 @@ DEFAULT_INSTANCE_MEMORY_MB = 2048
 #: Names of sidecar files: companions GDAL would read beside a raster (metadata, overviews,
 #: masks, world files, projection files). The app never reads them with a raster, and an upload
 #: with such a name starts no job (it is logged and ignored). Whether any other upload is a
-#: raster is decided by its content, never its name (tilecommit/raster/upload.py).
+#: raster is decided by its content, never its name (tilecommit/raster/reading/upload.py).
 SIDECAR_SUFFIXES = (
     ".aux.xml",
     ".aux",

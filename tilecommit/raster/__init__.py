@@ -1,28 +1,37 @@
-"""The geospatial half: inspect a source, render windows as COG tiles, assemble the mosaic.
+"""The geospatial half: read an upload, render its windows as COG tiles, assemble the mosaic.
 
-- :mod:`.scene`: :class:`SceneInfo` and :func:`inspect_source` (the bad-input gate).
-- :mod:`.tiles`: :func:`render_tile` and the tile encoding (:func:`encode_tile`).
-- :mod:`.mosaic`: :func:`assemble_mosaic`; its parts: :mod:`.pyramid`, :mod:`.block_sources`,
-  :mod:`.block_copy`, :mod:`.copy_plan` and :mod:`.server_copy` (the service copies the tiles' blocks),
-  :mod:`.staging` (Put Block, create-only commits), :mod:`.checks`, :mod:`.vrt`, :mod:`.sidecars`.
-- :mod:`.attempt`: what one assembly attempt owns (its block ids, its temporary directory).
-- :mod:`.scrub`: verify a finished job's tiles against its source and repair them (If-Match).
-- :mod:`.tiff`: the few TIFF structures block copying needs.
-- :mod:`.stac`: STAC item and quicklook.
-- :mod:`.env`: the GDAL settings that bound memory.
+Three rooms, each a subpackage:
+
+- :mod:`.reading`: the upload: what it may be, every byte read at the job's version, what it is
+  (:func:`inspect_source`, :class:`SceneInfo`);
+- :mod:`.tiling`: one window as a tile, committed once (:func:`render_tile`, :func:`encode_tile`);
+- :mod:`.assembly`: the tiles as one mosaic with its STAC item and quicklook, committed once and
+  verified (:func:`assemble_mosaic`).
+
+Reading imports neither of the others; tiling imports reading; assembly imports both (it reads
+the committed mosaic with the reading room's pinned reader, and a VRT mosaic is encoded as a tile
+is). At this level, what serves more than one room, or none in particular:
+
+- :mod:`.env`: the GDAL settings that bound memory, under which every room runs GDAL;
+- :mod:`.gdal_errors`: GDAL failures named (step, window, GDAL's words), for tiling, assembly,
+  the scrub and the activities' job messages;
+- :mod:`.tiff`: the TIFF codec. A file format, not a step: it imports no other raster module
+  (docs/design.md, "Layers", says so and the layer test holds it to that); block copy is its user;
+- :mod:`.scrub`: a finished job verified and repaired, its windows as tiling makes them and its
+  outputs as the assembly checks and rebuilds them. It uses both rooms, so it stands above them
+  and no room imports it.
 """
 
+from ..errors import MosaicCheckError
 from ..grid import Window, plan_windows
+from .assembly.commit import MosaicResult
+from .assembly.mosaic import assemble_mosaic
+from .assembly.pyramid import mosaic_overview_levels
 from .env import BLOCK_SIZE, gdal_config, gdal_env
-from .mosaic import (
-    MosaicCheckError,
-    MosaicResult,
-    assemble_mosaic,
-    mosaic_overview_levels,
-)
-from .scene import SUPPORTED_DTYPES, SceneInfo, inspect_source
-from .source import LocalFile, PinnedBlob, Source
-from .tiles import TileResult, encode_tile, render_tile, tile_overview_count
+from .reading.scene import SUPPORTED_DTYPES, SceneInfo, inspect_source
+from .reading.source import LocalFile, PinnedBlob, Source
+from .tiling.encode import encode_tile, tile_overview_count
+from .tiling.render import TileResult, render_tile
 
 __all__ = [
     "LocalFile",

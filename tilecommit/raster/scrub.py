@@ -3,7 +3,7 @@
 A tile deleted or replaced after its manifest row was written is never rendered again (the row
 says the window is done), so nothing but a scrub finds it. :func:`check_window` reads the
 window's row, its tile blob and the source window at the job's version, and names every
-difference; asked to repair, it makes the tile the bytes :func:`~.tiles.render_tile` would
+difference; asked to repair, it makes the tile the bytes :func:`~.tiling.render.render_tile` would
 write and the row name that blob, each write conditional on the version it inspected
 (``If-Match``; create-only where nothing was there). :func:`rebuild_outputs` then replaces the
 mosaic and its companions through the assembly's own commit, ``If-Match`` on their inspected
@@ -32,13 +32,15 @@ from ..observability import telemetry
 from ..records import Record
 from ..settings import Settings
 from ..spec import OutputSpec
-from .checks import blob_properties
-from .committed import verify_outputs
+from .assembly.checks import blob_properties
+from .assembly.commit import MosaicResult
+from .assembly.committed import verify_outputs
+from .assembly.mosaic import assemble_mosaic
 from .gdal_errors import gdal_step
-from .mosaic import MosaicResult, assemble_mosaic
-from .scene import SceneInfo
-from .source import Source
-from .tiles import encode_tile, read_window, window_of_upload
+from .reading.scene import SceneInfo
+from .reading.source import Source
+from .tiling.encode import encode_tile, read_window
+from .tiling.render import window_of_upload
 
 logger = logging.getLogger(__name__)
 

@@ -15,10 +15,10 @@ from azure.core import MatchConditions
 from azure.core.exceptions import HttpResponseError
 from azure.storage.blob import BlobClient, ContainerClient, ContentSettings
 
-from .. import conditional, gates
-from ..errors import StorageFaultError
-from ..storage import TRANSPORT_FAULTS
-from ..usage import ContextExecutor
+from ... import conditional, gates
+from ...errors import CommittedElsewhere, StorageFaultError
+from ...storage import TRANSPORT_FAULTS
+from ...usage import ContextExecutor
 from . import attempt
 
 logger = logging.getLogger(__name__)
@@ -36,13 +36,9 @@ COMMITTED_ELSEWHERE_CHECK_S = 2.0
 STAGE_IN_FLIGHT = 2
 
 
-class CommittedElsewhere(Exception):
-    """Raised inside a stream when another attempt committed the blob meanwhile: stop, nothing to do."""
-
-
 class CommitWatch:
     """Asks ``committed_elsewhere`` at most every ``every_s`` seconds whether another attempt has
-    committed ``blob_name``, and stops this one with :class:`CommittedElsewhere` when it has."""
+    committed ``blob_name``, and stops this one with :class:`~tilecommit.errors.CommittedElsewhere` when it has."""
 
     def __init__(self, blob_name: str, committed_elsewhere: Callable[[], bool] | None, every_s: float):
         self.blob_name = blob_name
@@ -74,7 +70,7 @@ class StagedBlockSink:
 
     ``committed_elsewhere`` (a callable, asked at most every ``check_every_s`` seconds before a
     block is staged, the first time before the first block) ends the stream with
-    :class:`CommittedElsewhere` when it answers True.
+    :class:`~tilecommit.errors.CommittedElsewhere` when it answers True.
 
     Memory: ``in_flight + 1`` buffers of ``block_bytes``, allocated once and reused (one being
     filled, the others being sent; a block is sent from its buffer without a copy). Allocating a

@@ -20,13 +20,13 @@ from rasterio.enums import ColorInterp, MaskFlags
 from rasterio.errors import RasterioIOError
 from rasterio.windows import Window as RioWindow
 
-from .. import profiles
-from ..errors import InvalidRasterError, UnsupportedRasterError
-from ..grid import plan_windows
-from ..records import Record
-from ..settings import Settings
-from ..spec import OutputSpec
-from .env import gdal_env
+from ... import profiles
+from ...errors import InvalidRasterError, UnsupportedRasterError
+from ...grid import plan_windows
+from ...records import Record
+from ...settings import Settings
+from ...spec import OutputSpec
+from ..env import gdal_env
 from .metadata import has_colormap
 from .source import Source, as_source, open_upload, prefetch_window, source_of
 from .upload import ACCEPTED_FORMATS, HEADER_BYTES, check_upload_content, upload_gdal_options

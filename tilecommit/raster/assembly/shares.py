@@ -39,20 +39,26 @@ from azure.core.exceptions import HttpResponseError
 from azure.data.tables import TableClient
 from azure.storage.blob import ContainerClient
 
-from .. import gates, jobs, storage
-from ..errors import IncompatibleTilesError, IncompleteManifestError, MosaicCheckError
-from ..records import Record
-from ..spec import OutputSpec
-from ..storage import TRANSPORT_FAULTS
-from ..usage import ContextExecutor
+from ... import gates, jobs, storage
+from ...errors import (
+    CommittedElsewhere,
+    CopyFromUrlUnsupported,
+    IncompatibleTilesError,
+    IncompleteManifestError,
+    MosaicCheckError,
+)
+from ...records import Record
+from ...spec import OutputSpec
+from ...storage import TRANSPORT_FAULTS
+from ...usage import ContextExecutor
+from ..reading.scene import SceneInfo
 from . import attempt
 from .block_copy import read_tile_levels
 from .block_sources import FETCH_THREADS
-from .checks import blob_properties, check_manifest
+from .checks import blob_properties
 from .copy_plan import CopyPlan, CopyRange, cut_shares, plan_copy
-from .scene import SceneInfo
-from .server_copy import CopyFromUrlUnsupported, ServerSideStager, copy_source_for
-from .staging import CommittedElsewhere
+from .manifest_check import check_manifest
+from .server_copy import ServerSideStager, copy_source_for
 
 logger = logging.getLogger(__name__)
 

@@ -1,45 +1,31 @@
-"""One window of a source raster as a Cloud-Optimized GeoTIFF tile, committed exactly once.
+"""What a tile's bytes are: one window of a source read exactly and encoded as a Cloud-Optimized GeoTIFF.
 
 Tiles are encoded so the mosaic can be assembled from their compressed blocks without decoding
-them (see :mod:`tilecommit.raster.mosaic`): 256-pixel blocks, the job's profile (by default
+them (see :mod:`tilecommit.raster.assembly.mosaic`): 256-pixel blocks, the job's profile (by default
 DEFLATE with the predictor that suits the sample type, :mod:`tilecommit.profiles`), and exactly as many internal overview levels as stay block-aligned in the
-mosaic (:func:`tile_overview_count`), for edge windows too.
+mosaic (:func:`tile_overview_count`), for edge windows too. Nothing here touches storage: the
+render step (:mod:`.render`) commits what :func:`encode_tile` makes, and the VRT assembly and the
+scrub encode with the same options.
 """
 
 from __future__ import annotations
 
-import logging
-import os
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
 
 import numpy as np
 import rasterio
 import rasterio.shutil
-from azure.data.tables import TableClient
-from azure.storage.blob import ContainerClient
 from rasterio.enums import MaskFlags
-from rasterio.errors import RasterioIOError
 from rasterio.io import MemoryFile
 from rasterio.windows import Window as RioWindow
 
-from .. import cancellation, gates, jobs, profiles
-from .. import manifest as manifest_rows
-from ..errors import InvalidRasterError, JobCancelledError
-from ..grid import Window
-from ..records import Record
-from ..settings import Settings
-from ..spec import OutputSpec
-from . import metadata
-from .env import BLOCK_SIZE, NUM_THREADS, gdal_env
-from .gdal_errors import gdal_step
-from .scene import overview_resampling_for, read_classified
-from .source import Source, as_source, open_upload, prefetch_window
-from .upload import upload_gdal_options
-
-logger = logging.getLogger(__name__)
+from ... import profiles
+from ...grid import Window
+from ...spec import OutputSpec
+from ..env import BLOCK_SIZE, NUM_THREADS
+from ..reading import metadata
+from ..reading.scene import overview_resampling_for, read_classified
+from ..reading.source import prefetch_window
 
 
 def tile_overview_count(window_size: int, block_size: int = BLOCK_SIZE) -> int:
@@ -117,8 +103,8 @@ def _rio_window(window: RioWindow | Window) -> RioWindow:
 def read_window(src, window: RioWindow | Window) -> tuple[np.ndarray, np.ndarray | None]:
     """The pixels of exactly ``window`` of the open dataset ``src``, and its per-dataset mask
     (None when the source has none): what a tile of that window encodes. For an upload opened
-    with :func:`~.source.open_upload`, every byte is read at its version and counted
-    (:func:`~.scene.read_classified`)."""
+    with :func:`~tilecommit.raster.reading.source.open_upload`, every byte is read at its version and counted
+    (:func:`~tilecommit.raster.reading.scene.read_classified`)."""
     window = _rio_window(window)
     return read_classified(
         src,
@@ -194,122 +180,3 @@ def encode_tile(
             body = memory.read()
     encode_s = time.perf_counter() - started
     return body, {"read": read_s, "encode": encode_s}
-
-
-@contextmanager
-def window_of_upload(
-    upload: str | os.PathLike | Source,
-    window: Window,
-    *,
-    settings: Settings,
-    purpose: str,
-    gdal_options: dict | None = None,
-    num_threads: int = NUM_THREADS,
-) -> Iterator:
-    """The upload opened to read ``window`` (to ``purpose`` it: render, verify): the GTiff driver
-    alone, every byte read through its pinned, counted reader, every GDAL call in the block
-    checked (:meth:`~.source.Source.checked`). validate_source checked the content of this same
-    version, so an open that fails on bytes that all arrived is the file's, not storage's."""
-    source = as_source(upload)
-    with gdal_env(settings, {**(gdal_options or {}), **upload_gdal_options(source.path)}, num_threads=num_threads):
-        try:
-            src = open_upload(source)
-        except RasterioIOError as exc:
-            raise InvalidRasterError(f"{source.name} cannot be opened to {purpose} window {window.id}: {exc}") from exc
-        with src, source.checked():
-            if window.col_off + window.width > src.width or window.row_off + window.height > src.height:
-                raise InvalidRasterError(
-                    f"window {window.id} ({window.col_off},{window.row_off} {window.width}x{window.height}) lies "
-                    f"outside the {src.width}x{src.height} source: the source changed since it was planned"
-                )
-            yield src
-
-
-@dataclass(frozen=True)
-class TileResult(Record):
-    """What :func:`render_tile` did for one window."""
-
-    window: str
-    outcome: str
-    skipped: bool
-    nbytes: int
-    sha256: str
-    uri: str
-    timings: dict[str, float] = field(default_factory=dict)
-
-    JSON_IN = {"timings": lambda timings: dict(timings or {})}
-
-
-def render_tile(
-    upload: str | os.PathLike | Source,
-    window: Window,
-    *,
-    job_id: str,
-    tiles: ContainerClient,
-    manifest: TableClient,
-    settings: Settings,
-    spec: OutputSpec,
-    gdal_options: dict | None = None,
-    num_threads: int = NUM_THREADS,
-) -> TileResult:
-    """Render one window of ``source_path`` into the tiles container, at most once in effect,
-    made to the job's output ``spec`` (``settings`` give GDAL's limits only).
-
-    1. A point read of the manifest: a row means the tile is done. Without one, a point read of
-       the job's cancellation row: a cancelled job (:mod:`tilecommit.cancellation`) renders
-       nothing more. Either way nothing is read or encoded.
-    2. Read exactly this window, encode a COG in memory.
-    3. Commit the blob create-only, then the manifest row. A crash between the two leaves a tile
-       without a row; the retry re-encodes identical bytes, gets ``ALREADY_PRESENT`` for the blob
-       (same sha256) and writes the row. The row is written only after the blob exists, so the
-       manifest never names a tile that is not there.
-    """
-    timings: dict[str, float] = {}
-    started = time.perf_counter()
-    entry, cancelled = cancellation.lookup_window(manifest, job_id, window)
-    timings["manifest_check"] = time.perf_counter() - started
-    if cancelled:
-        raise JobCancelledError(f"job {job_id} was cancelled: window {window.id} is not rendered")
-    if entry is not None:
-        return TileResult(
-            window=window.id,
-            outcome=str(gates.Outcome.ALREADY_PRESENT),
-            skipped=True,
-            nbytes=entry.nbytes,
-            sha256=entry.sha256,
-            uri=entry.uri,
-            timings=timings,
-        )
-
-    name = jobs.tile_blob_name(job_id, window)
-    with window_of_upload(
-        upload, window, settings=settings, purpose="render", gdal_options=gdal_options, num_threads=num_threads
-    ) as src:
-        where = f"col={window.col_off} row={window.row_off} {window.width}x{window.height}"
-        with gdal_step(f"rendering tile {window.id} of {src.name}", window=where):
-            body, encode_timings = encode_tile(src, window, spec=spec, num_threads=num_threads)
-    # Every read of this window was answered in full at the job's version (checked() above
-    # raised otherwise): only now may its tile be committed, once and for good.
-    timings.update(encode_timings)
-
-    started = time.perf_counter()
-    outcome, stored = gates.commit_blob_versioned(tiles, name, body, job_id=job_id)
-    timings["commit"] = time.perf_counter() - started
-
-    # The row describes the tile storage holds (ours, or an already-present one with other bytes).
-    started = time.perf_counter()
-    # Called through its module, where the crash tests' fault injection replaces it.
-    manifest_rows.record_manifest_entry(
-        manifest, job_id=job_id, window=window, uri=name, nbytes=stored.nbytes, sha256=stored.sha256, etag=stored.etag
-    )
-    timings["manifest"] = time.perf_counter() - started
-    logger.info("tile %s of job %s: %s, %d bytes", window.id, job_id, outcome, stored.nbytes)
-    return TileResult(
-        window=window.id,
-        outcome=str(outcome),
-        skipped=False,
-        nbytes=stored.nbytes,
-        sha256=stored.sha256,
-        uri=name,
-        timings=timings,
-    )

@@ -1,14 +1,15 @@
-"""Block copy: the mosaic laid out from the tiles' own compressed blocks.
+"""Block copy: the mosaic laid out from the tiles' own compressed blocks, and planned.
 
 Windows are a multiple of the 256-pixel block, so every tile block is a mosaic block: the
 mosaic's full resolution and the overview levels the tiles carry are the tiles' blocks in a new
-TIFF layout (:mod:`tilecommit.raster.tiff`, :func:`pyramid.plan_tile_levels`). Only the coarser
+TIFF layout (:mod:`tilecommit.raster.tiff`, :func:`.pyramid.plan_tile_levels`). Only the coarser
 levels are computed, by GDAL, from a local copy of the last reused level.
 
-:func:`prepare_block_copy` does the part both ways of writing share (tile heads, the planned
-directories, the coarse levels); then either :func:`build_mosaic_blocks` writes the file through
-this process (a local file, or a stream of Put Block), or :mod:`.server_copy` has the storage
-service stage the tiles' byte ranges itself.
+:func:`prepare_block_copy` does the part both block-copy strategies share (tile heads, the
+planned directories, the coarse levels); :func:`planned_block_copy` adds the checked head and
+the copy plan, pinned to the tile versions, which the ``server`` strategy stages and against
+which any block-copied mosaic is verified. The ``blocks`` strategy writes the same layout
+through this process (:mod:`.blocks_strategy`).
 """
 
 from __future__ import annotations
@@ -16,28 +17,31 @@ from __future__ import annotations
 import os
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import BinaryIO
 
 import rasterio
 from azure.storage.blob import ContainerClient
 from rasterio.enums import Resampling
 from rasterio.errors import NotGeoreferencedWarning
 
-from .. import profiles
-from ..errors import IncompatibleTilesError, MosaicCheckError
-from ..grid import Window
-from ..settings import Settings
-from ..spec import OutputSpec
-from ..usage import ContextExecutor
-from . import tiff
+from ... import profiles
+from ...errors import IncompatibleTilesError, MosaicCheckError
+from ...grid import Window
+from ...settings import Settings
+from ...spec import OutputSpec
+from ...usage import ContextExecutor
+from .. import tiff
+from ..env import gdal_env
+from ..gdal_errors import gdal_step
+from ..reading.scene import SceneInfo
 from .block_sources import FETCH_THREADS, TILE_HEAD_BYTES, BlockFetcher, FileRangeSource, read_tile_heads
-from .env import gdal_env
-from .gdal_errors import gdal_step
+from .checks import check_planned_mosaic
+from .copy_plan import CopyPlan, plan_copy
 from .pyramid import halve_ceil, levels_to_fit, plan_tile_levels
-from .scene import SceneInfo
+from .strategy import PLAN_SHA256_METADATA_KEY, MosaicJob, PlannedMosaic
 
 
 def build_coarse_levels(
@@ -182,25 +186,17 @@ def read_tile_levels(
     return TileLevels(plan_tile_levels(scene, heads, spec), writer, sources, reference)
 
 
-def prepare_block_copy(
-    scene: SceneInfo,
-    windows: list[Window],
-    summary,
-    *,
-    tiles: ContainerClient,
-    settings: Settings,
-    spec: OutputSpec,
-    workdir: str,
-    timings: dict[str, float],
-    executor: ThreadPoolExecutor,
-) -> BlockCopyLayout:
+def prepare_block_copy(job: MosaicJob, executor: ThreadPoolExecutor) -> BlockCopyLayout:
     """Read the tiles' heads, plan the mosaic's directories and compute its coarse levels.
 
     Raises :class:`IncompatibleTilesError` when the tiles cannot be block-copied. The only bytes
     of pixel data read here are those of the last reused level (1/16 of the pixels with
-    1024-pixel windows), from which GDAL computes the coarse levels into ``workdir``.
+    1024-pixel windows), from which GDAL computes the coarse levels into the job's ``workdir``.
     """
-    levels = read_tile_levels(scene, windows, summary, tiles=tiles, spec=spec, timings=timings, executor=executor)
+    scene, spec, timings = job.scene, job.spec, job.timings
+    levels = read_tile_levels(
+        scene, job.windows, job.summary, tiles=job.tiles, spec=spec, timings=timings, executor=executor
+    )
     started = time.perf_counter()
     directories, sources, reference = list(levels.directories), levels.sources, levels.reference
     fetch = BlockFetcher(sources, executor, spec.block_size)
@@ -208,7 +204,15 @@ def prepare_block_copy(
     if directories[-1].width > spec.block_size or directories[-1].height > spec.block_size:
         nodata = reference.directories[0].tags.get(tiff.GDAL_NODATA)
         coarse, coarse_source = build_coarse_levels(
-            scene, directories[-1], nodata, reference.byte_order, len(directories) - 1, fetch, workdir, settings, spec
+            scene,
+            directories[-1],
+            nodata,
+            reference.byte_order,
+            len(directories) - 1,
+            fetch,
+            job.workdir,
+            job.settings,
+            spec,
         )
         sources["coarse"] = coarse_source
         directories.extend(coarse)
@@ -216,47 +220,46 @@ def prepare_block_copy(
     return BlockCopyLayout(directories, levels.writer, sources, fetch, coarse_source)
 
 
-def build_mosaic_blocks(
-    job_id: str,
-    scene: SceneInfo,
-    windows: list[Window],
-    summary,
-    out: BinaryIO,
-    *,
-    tiles: ContainerClient,
-    settings: Settings,
-    spec: OutputSpec,
-    workdir: str,
-    timings: dict[str, float],
-    check_head: Callable[[bytes, int], None] | None = None,
-) -> tuple[tiff.WrittenTiff, int]:
-    """Lay the mosaic out from the tiles' directories and write it, front to back, into ``out``.
+@dataclass(frozen=True)
+class BlockCopy:
+    """A block-copy mosaic planned, nothing staged: the layout (its local sources still open), the
+    copy plan, the tile versions its ranges are pinned to, and what the mosaic must be."""
 
-    ``out`` needs only ``write``: a :class:`staging.StagedBlockSink` (the bytes pass through this
-    process into the output blob) or a local file. ``check_head(head, levels)`` sees the planned
-    header and directories before the first byte goes to ``out``; it raises to stop the build.
-    """
+    layout: BlockCopyLayout
+    plan: CopyPlan
+    versions: dict[str, str | None]
+    planned: PlannedMosaic
+
+
+@contextmanager
+def planned_block_copy(job: MosaicJob) -> Iterator[BlockCopy]:
+    """The block-copy mosaic these tiles make, planned: tile heads read, coarse levels computed,
+    the head checked (:func:`.checks.check_planned_mosaic`), the copy ranges planned and pinned to
+    the tile versions the manifest rows recorded. The layout stays open inside the block, for a
+    stager that reads the coarse levels from it. Raises :class:`IncompatibleTilesError`."""
     with ContextExecutor(max_workers=FETCH_THREADS, thread_name_prefix="tilefetch") as executor:
-        layout = prepare_block_copy(
-            scene,
-            windows,
-            summary,
-            tiles=tiles,
-            settings=settings,
-            spec=spec,
-            workdir=workdir,
-            timings=timings,
-            executor=executor,
-        )
+        layout = prepare_block_copy(job, executor)
         try:
-            if check_head is not None:
-                started = time.perf_counter()
-                head, _ = layout.writer.head(layout.directories)
-                check_head(head, layout.levels)
-                timings["check"] = time.perf_counter() - started
             started = time.perf_counter()
-            written = layout.writer.write(out, layout.directories, layout.fetch)
-            timings["write"] = time.perf_counter() - started
+            head, order, total = layout.writer.block_order(layout.directories)
+            check_planned_mosaic(
+                head, job.scene, layout.levels, settings=job.settings, job_id=job.job_id, block_size=job.spec.block_size
+            )
+            plan = plan_copy(head, order, total, leaders=layout.writer.leaders, trailers=layout.writer.trailers)
+            versions = {w.id: job.summary.entries[w.id].etag for w in job.windows}
+            job.timings["check"] = time.perf_counter() - started
+            # Named by the tiles' contents, not their versions: a run that renders purged tiles
+            # again makes new versions of the same bytes, and must meet the same mosaic.
+            contents = {w.id: job.summary.entries[w.id].sha256 for w in job.windows}
+            evidence = (PLAN_SHA256_METADATA_KEY, plan.digest(contents))
+            yield BlockCopy(
+                layout, plan, versions, PlannedMosaic("server", layout.levels, evidence, nbytes=total, head=head)
+            )
         finally:
             layout.close()
-    return written, layout.levels
+
+
+def plan_block_copy(job: MosaicJob) -> PlannedMosaic:
+    """What an existing block-copied mosaic of these tiles must be (:func:`planned_block_copy`)."""
+    with planned_block_copy(job) as copy:
+        return copy.planned

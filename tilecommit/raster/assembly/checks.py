@@ -1,5 +1,6 @@
-"""The checks around assembly: the manifest is complete and matches storage, and a mosaic (planned,
-or committed) has the shape, georeferencing and complete pyramid the scene asks for.
+"""The checks of a mosaic: planned (its head, before a byte is staged), written (the VRT path's
+file) or committed (the blob, read back at its version), it has the shape, georeferencing and
+complete pyramid the scene asks for. (That the manifest is complete is :mod:`.manifest`'s.)
 """
 
 from __future__ import annotations
@@ -9,68 +10,20 @@ import math
 import rasterio
 from azure.core import MatchConditions
 from azure.core.exceptions import HttpResponseError
-from azure.data.tables import TableClient
 from azure.storage.blob import ContainerClient
 from rasterio.enums import MaskFlags
 from rasterio.io import MemoryFile
 
-from .. import gates, storage
-from ..errors import IncompleteManifestError, MosaicCheckError, StorageFaultError
-from ..grid import plan_windows
-from ..manifest import count_manifest
-from ..settings import Settings
-from ..spec import OutputSpec
-from ..storage import TRANSPORT_FAULTS
-from .env import BLOCK_SIZE, gdal_env
-from .gdal_errors import gdal_step, recording, transport_fault
+from ... import gates, storage
+from ...errors import MosaicCheckError, StorageFaultError
+from ...settings import Settings
+from ...storage import TRANSPORT_FAULTS
+from ..env import BLOCK_SIZE, gdal_env
+from ..gdal_errors import gdal_step, recording, transport_fault
+from ..reading.scene import SceneInfo, crs_label, same_crs
+from ..reading.source import PinnedBlob, Source, open_upload, reading
+from ..reading.upload import upload_gdal_options
 from .pyramid import pyramid_problems
-from .scene import SceneInfo, crs_label, same_crs
-from .source import PinnedBlob, Source, open_upload, reading
-from .upload import upload_gdal_options
-
-
-def check_manifest(job_id: str, scene: SceneInfo, *, tiles: ContainerClient, manifest: TableClient, spec: OutputSpec):
-    """The planned windows and their manifest rows, or :class:`IncompleteManifestError`.
-
-    Completeness comes from the manifest (never from listing the tiles); each row's byte count is
-    then compared with its blob's stored size. The listing below only reads sizes, one request
-    per 5,000 tiles instead of one HEAD per tile; a row naming a blob the listing lacks counts
-    as a mismatch.
-    """
-    windows = plan_windows(scene.width, scene.height, spec.window_size)
-    summary = count_manifest(manifest, job_id)
-    missing = [w.id for w in windows if w.id not in summary.entries]
-    if missing:
-        shown = ", ".join(missing[:20]) + (f" and {len(missing) - 20} more" if len(missing) > 20 else "")
-        raise IncompleteManifestError(
-            f"job {job_id}: {len(missing)} of {len(windows)} planned windows have no manifest row: {shown}",
-            missing=missing,
-        )
-    prefix = f"tiles/{job_id}/"
-    try:
-        sizes = {b.name: int(b.size) for b in tiles.list_blobs(name_starts_with=prefix)}
-    except (HttpResponseError, *TRANSPORT_FAULTS) as exc:
-        raise StorageFaultError(
-            f"listing the sizes of {prefix} failed: {exc}", status=getattr(exc, "status_code", None)
-        ) from exc
-    mismatched = []
-    details = []
-    for window in windows:
-        entry = summary.entries[window.id]
-        stored = sizes.get(entry.uri)
-        if stored is None and not entry.uri.startswith(prefix):
-            props = storage.blob_head(tiles.get_blob_client(entry.uri))
-            stored = None if props is None else int(props.size)
-        if stored != entry.nbytes:
-            mismatched.append(window.id)
-            details.append(f"{window.id} ({entry.uri}: manifest {entry.nbytes} bytes, stored {stored})")
-    if mismatched:
-        raise IncompleteManifestError(
-            f"job {job_id}: {len(mismatched)} tiles differ in size from their manifest rows: "
-            + ", ".join(details[:20]),
-            mismatched=mismatched,
-        )
-    return windows, summary
 
 
 def check_mosaic_file(
@@ -88,7 +41,7 @@ def check_mosaic_file(
 
     ``path`` is anything GDAL opens (the VRT path's temporary file, the planned head of a
     block-copy mosaic in ``/vsimem/``), or the committed blob at the version checked, read
-    through the app's pinned reader (:class:`~.source.PinnedBlob`).
+    through the app's pinned reader (:class:`~tilecommit.raster.reading.source.PinnedBlob`).
     Only directories are read, never a block. GDAL's COG validator passes a file with missing
     overview levels (docs/design.md, 'GDAL settings and raster figures'), so the levels are counted here, and their sizes checked.
     """

@@ -10,17 +10,17 @@ from collections.abc import Callable
 
 from azure.storage.blob import ContainerClient
 
-from .. import gates, jobs
-from ..errors import MosaicCheckError, StorageFaultError
-from ..settings import Settings
-from ..spec import OutputSpec
+from ... import gates, jobs
+from ...errors import MosaicCheckError, StorageFaultError
+from ...settings import Settings
+from ...spec import OutputSpec
+from ..env import gdal_env
+from ..gdal_errors import gdal_step
+from ..reading.scene import SceneInfo
+from ..reading.source import PinnedBlob, reading
+from ..reading.upload import upload_gdal_options
 from .checks import blob_properties, repair_instruction
-from .env import gdal_env
-from .gdal_errors import gdal_step
-from .scene import SceneInfo
-from .source import PinnedBlob, reading
 from .stac import mosaic_footprint, quicklook_png, stac_item_bytes, without_run_facts
-from .upload import upload_gdal_options
 
 
 def write_sidecars(

@@ -29,12 +29,12 @@ from rasterio.crs import CRS
 from rasterio.errors import NotGeoreferencedWarning
 from rasterio.io import MemoryFile
 
-from .. import profiles
-from ..spec import OutputSpec
+from ... import profiles
+from ...spec import OutputSpec
+from ..gdal_errors import gdal_step
+from ..reading.scene import SceneInfo, as_crs, same_crs
+from ..reading.source import Source, reading
 from .footprint import Footprint, footprint
-from .gdal_errors import gdal_step
-from .scene import SceneInfo, as_crs, same_crs
-from .source import Source, reading
 
 COG_MEDIA_TYPE = "image/tiff; application=geotiff; profile=cloud-optimized"
 COST_PROPERTY = "tilecommit:cost"

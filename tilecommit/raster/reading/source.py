@@ -47,7 +47,7 @@ from azure.core.exceptions import (
 )
 from rasterio.abc import FileContainer
 
-from ..errors import InvalidRasterError, SourceChangedError, StorageFaultError
+from ...errors import InvalidRasterError, SourceChangedError, StorageFaultError
 from .upload import UPLOAD_DRIVER, UPLOAD_OPEN_OPTIONS
 
 #: Small reads (GDAL walking the header and directories) are served from chunks of this size,
@@ -402,7 +402,7 @@ def open_upload(path_or_source: str | os.PathLike | Source, **open_options) -> r
     every byte read through its :class:`Source`.
 
     Call inside :func:`~tilecommit.raster.env.gdal_env` with
-    :func:`~tilecommit.raster.upload.upload_gdal_options`, after the content check. The open
+    :func:`~tilecommit.raster.reading.upload.upload_gdal_options`, after the content check. The open
     itself runs under :meth:`Source.checked`: a directory read that failed is a fault, not a
     corrupt file. ``open_options`` go to GTiff (``overview_level``, say).
     """

@@ -1,8 +1,9 @@
-"""The VRT fallback: a VRT over the tiles, translated by GDAL's COG driver into a local file.
+"""The ``vrt`` strategy: a VRT over the tiles, translated by GDAL's COG driver into a local file.
 
 Used only when the tiles cannot be block-copied (tiles from another encoding) and as the
 benchmark's reference. It decodes and re-encodes the whole scene and needs about 2.6x the
-mosaic in temporary disk (:func:`estimate_vrt_temp_bytes`).
+mosaic in temporary disk (:func:`estimate_vrt_temp_bytes`). The file is checked
+(:func:`.checks.check_mosaic_file`) before the shared commit uploads it, create-only.
 
 GDAL reads the tiles from local copies, never from storage: each copy is fetched at the version
 its manifest row recorded (``If-Match`` on the row's ETag, every byte counted,
@@ -13,6 +14,7 @@ read storage did not answer in full.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import time
@@ -21,19 +23,20 @@ from xml.sax.saxutils import escape
 import rasterio.shutil
 from azure.storage.blob import ContainerClient
 
-from .. import gates
-from ..errors import IncompleteManifestError
-from ..grid import Window
-from ..settings import Settings
-from ..spec import OutputSpec
-from ..usage import ContextExecutor
-from . import metadata
+from ... import gates
+from ...errors import IncompleteManifestError
+from ...grid import Window
+from ...spec import OutputSpec
+from ...usage import ContextExecutor
+from ..env import NUM_THREADS, gdal_env
+from ..gdal_errors import gdal_step
+from ..reading import metadata
+from ..reading.scene import SceneInfo, as_crs
+from ..tiling.encode import cog_creation_options, tile_overview_count, write_cog
 from .block_sources import FETCH_THREADS, BlobRangeSource
-from .env import NUM_THREADS, gdal_env
-from .gdal_errors import gdal_step
+from .checks import check_mosaic_file
 from .pyramid import mosaic_overview_levels
-from .scene import SceneInfo, as_crs
-from .tiles import cog_creation_options, tile_overview_count, write_cog
+from .strategy import BuiltMosaic, MosaicJob, PlannedMosaic
 
 logger = logging.getLogger(__name__)
 
@@ -142,21 +145,64 @@ def estimate_vrt_temp_bytes(scene: SceneInfo, summary, spec: OutputSpec) -> int:
     return int(summary.total_bytes + full * pyramid + full * (pyramid - 1) * VRT_OVR_TMP_FACTOR)
 
 
-def build_mosaic_vrt(
-    scene: SceneInfo,
-    windows: list[Window],
-    summary,
-    out_path: str,
-    *,
-    tiles: ContainerClient,
-    settings: Settings,
-    spec: OutputSpec,
-    gdal_options: dict | None,
-    workdir: str,
-    timings: dict[str, float],
-    num_threads: int = NUM_THREADS,
-) -> tuple[int, int]:
+def build(job: MosaicJob) -> BuiltMosaic:
+    """Write the mosaic into the job's ``workdir`` through the COG driver and check the file;
+    nothing is committed (the shared commit uploads the file and removes it)."""
+    out_path = os.path.join(job.workdir, "mosaic.tif")
+    nbytes, levels = build_mosaic_vrt(job, out_path)
+    sha256 = file_sha256(out_path)
+    started = time.perf_counter()
+    check_mosaic_file(out_path, job.scene, levels, settings=job.settings, block_size=job.spec.block_size)
+    job.timings["check"] = time.perf_counter() - started
+    planned = PlannedMosaic("vrt", levels, (gates.SHA256_METADATA_KEY, sha256), nbytes=nbytes)
+    return BuiltMosaic(planned, {"sent_from_instance": nbytes}, sha256=sha256, path=out_path)
+
+
+def build_mosaic_vrt(job: MosaicJob, out_path: str, num_threads: int = NUM_THREADS) -> tuple[int, int]:
+    """The mosaic at ``out_path``, written by the COG driver from a VRT over local copies of the
+    tiles; (its size, its overview levels). Its size is estimated first, and a WARNING logged
+    when the temporary disk it needs exceeds :data:`TEMP_BUDGET_BYTES`."""
+    scene, windows, summary, spec, workdir = job.scene, job.windows, job.summary, job.spec, job.workdir
     levels = mosaic_overview_levels(scene.width, scene.height, spec.block_size)
+    _warn_of_its_costs(job)
+    vrt_path = os.path.join(workdir, "mosaic.vrt")
+    paths = fetch_tiles(windows, summary, job.tiles, os.path.join(workdir, "tiles"))
+    with open(vrt_path, "w", encoding="utf-8") as f:
+        f.write(_vrt_xml(scene, windows, paths, spec.block_size))
+    # The mosaic says what its tiles say, and each tile says what the source does
+    # (tilecommit/raster/reading/metadata.py): one tile's tags onto the VRT, which the COG driver copies.
+    with rasterio.open(paths[windows[0].id]) as tile, rasterio.open(vrt_path, "r+") as vrt:
+        metadata.carry(tile, vrt)
+    options = cog_creation_options(
+        scene.dtype,
+        block_size=spec.block_size,
+        overview_count=levels,
+        resampling=spec.overview_resampling(scene.overview_resampling),
+        choice=spec.choice,
+        num_threads=num_threads,
+    )
+    if levels:
+        # A VRT over tiles lends their overviews; the COG driver would then copy those (2 of 5
+        # levels when measured) instead of computing every level.
+        options["OVERVIEWS"] = "IGNORE_EXISTING"
+    started = time.perf_counter()
+    # The COG driver writes its overviews to a temporary file beside the output: keep it in workdir.
+    with (
+        gdal_env(job.settings, {**(job.gdal_options or {}), "CPL_TMPDIR": workdir}, num_threads=num_threads),
+        gdal_step(
+            "assembling the mosaic through a VRT (COG driver)",
+            window=f"{scene.width}x{scene.height}, {len(windows)} tiles",
+        ),
+    ):
+        write_cog(vrt_path, out_path, options, choice=spec.choice, dtype=scene.dtype, block_size=spec.block_size)
+    job.timings["write"] = time.perf_counter() - started
+    return os.path.getsize(out_path), levels
+
+
+def _warn_of_its_costs(job: MosaicJob) -> None:
+    """A WARNING for what the VRT path costs this job beyond the block copy's: a lossy profile's
+    second loss, and temporary disk over :data:`TEMP_BUDGET_BYTES`."""
+    scene, summary, spec, workdir = job.scene, job.summary, job.spec, job.workdir
     if spec.choice.lossy:
         logger.warning(
             "VRT assembly with the lossy profile %r: the tiles are decoded and the mosaic encoded again, so its "
@@ -177,35 +223,11 @@ def build_mosaic_vrt(
             workdir,
             TEMP_BUDGET_BYTES // 10**6,
         )
-    vrt_path = os.path.join(workdir, "mosaic.vrt")
-    paths = fetch_tiles(windows, summary, tiles, os.path.join(workdir, "tiles"))
-    with open(vrt_path, "w", encoding="utf-8") as f:
-        f.write(_vrt_xml(scene, windows, paths, spec.block_size))
-    # The mosaic says what its tiles say, and each tile says what the source does
-    # (tilecommit/raster/metadata.py): one tile's tags onto the VRT, which the COG driver copies.
-    with rasterio.open(paths[windows[0].id]) as tile, rasterio.open(vrt_path, "r+") as vrt:
-        metadata.carry(tile, vrt)
-    options = cog_creation_options(
-        scene.dtype,
-        block_size=spec.block_size,
-        overview_count=levels,
-        resampling=spec.overview_resampling(scene.overview_resampling),
-        choice=spec.choice,
-        num_threads=num_threads,
-    )
-    if levels:
-        # A VRT over tiles lends their overviews; the COG driver would then copy those (2 of 5
-        # levels when measured) instead of computing every level.
-        options["OVERVIEWS"] = "IGNORE_EXISTING"
-    started = time.perf_counter()
-    # The COG driver writes its overviews to a temporary file beside the output: keep it in workdir.
-    with (
-        gdal_env(settings, {**(gdal_options or {}), "CPL_TMPDIR": workdir}, num_threads=num_threads),
-        gdal_step(
-            "assembling the mosaic through a VRT (COG driver)",
-            window=f"{scene.width}x{scene.height}, {len(windows)} tiles",
-        ),
-    ):
-        write_cog(vrt_path, out_path, options, choice=spec.choice, dtype=scene.dtype, block_size=spec.block_size)
-    timings["write"] = time.perf_counter() - started
-    return os.path.getsize(out_path), levels
+
+
+def file_sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import IncompatibleTilesError
-from ..grid import Window
-from ..spec import OutputSpec
-from . import tiff
-from .env import BLOCK_SIZE
-from .scene import SceneInfo
-from .tiles import tile_overview_count
+from ...errors import IncompatibleTilesError
+from ...grid import Window
+from ...spec import OutputSpec
+from .. import tiff
+from ..env import BLOCK_SIZE
+from ..reading.scene import SceneInfo
+from ..tiling.encode import tile_overview_count
 
 
 def halve_floor(n: int) -> int:

@@ -17,11 +17,11 @@ from azure.core.exceptions import (
 )
 from azure.storage.blob import ContainerClient
 
-from ..errors import CorruptTileError, IncompleteManifestError, StorageFaultError
-from ..grid import Window
-from ..storage import TRANSPORT_FAULTS
-from . import tiff
-from .env import BLOCK_SIZE
+from ...errors import CorruptTileError, IncompleteManifestError, StorageFaultError
+from ...grid import Window
+from ...storage import TRANSPORT_FAULTS
+from .. import tiff
+from ..env import BLOCK_SIZE
 from .pyramid import TileHead
 
 #: Bytes read from the start of each tile: a tile COG's directories and block arrays fit.

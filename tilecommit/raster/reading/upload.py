@@ -16,7 +16,7 @@ docs/uploads.md for the whole list and the tests that show each.
 
 from __future__ import annotations
 
-from ..errors import InvalidRasterError, UnsupportedRasterError
+from ...errors import InvalidRasterError, UnsupportedRasterError
 
 #: How many leading bytes decide what a file is (enough for every signature below).
 HEADER_BYTES = 64

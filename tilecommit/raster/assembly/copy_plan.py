@@ -20,8 +20,8 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
-from ..errors import MosaicCheckError
-from . import tiff
+from ...errors import MosaicCheckError
+from .. import tiff
 
 #: Blocks one blob may commit (Azure Blob Storage's limit for block blobs).
 MAX_COMMITTED_BLOCKS = 50_000

@@ -41,11 +41,12 @@ from azure.storage.blob import BlobClient, BlobSasPermissions, ContainerClient, 
 # lives only here (azure-storage-blob 12.x). It is the one way to send x-ms-source-if-match.
 from azure.storage.blob._generated.models import SourceModifiedAccessConditions
 
-from .. import conditional
-from ..errors import ConfigurationError, IncompleteManifestError, StorageFaultError
-from ..storage import TRANSPORT_FAULTS
-from ..usage import ContextExecutor
-from . import attempt, tiff
+from ... import conditional
+from ...errors import ConfigurationError, CopyFromUrlUnsupported, IncompleteManifestError, StorageFaultError
+from ...storage import TRANSPORT_FAULTS
+from ...usage import ContextExecutor
+from .. import tiff
+from . import attempt
 from .copy_plan import LOCAL_BLOCK_BYTES, CopyPlan, CopyRange, LocalRun
 from .staging import COMMITTED_ELSEWHERE_CHECK_S, CommitWatch
 
@@ -61,10 +62,6 @@ TOKEN_MARGIN_S = 300
 #: Put Block (From URL) requests in flight at once (within the SDK's pool of 10 connections). The service moves the bytes, so these wait
 #: on the service, not on this process's network.
 COPY_IN_FLIGHT = 8
-
-
-class CopyFromUrlUnsupported(Exception):
-    """The service does not implement Put Block From URL (501: an emulator older than 3.37)."""
 
 
 class SasCopySource:
@@ -123,7 +120,7 @@ class ServerSideStager:
     manifest row recorded; ``read_local(ref)`` returns a local block's bytes (the coarse levels).
     ``range_tag`` (default: the stager's own tag) names the ranges' blocks. ``committed_elsewhere``
     is asked at most every ``check_every_s`` seconds: when another attempt has committed the
-    mosaic meanwhile, staging stops with :class:`CommittedElsewhere`.
+    mosaic meanwhile, staging stops with :class:`~tilecommit.errors.CommittedElsewhere`.
     """
 
     def __init__(
@@ -301,7 +298,6 @@ class ServerSideStager:
 
 __all__ = [
     "BearerCopySource",
-    "CopyFromUrlUnsupported",
     "SasCopySource",
     "ServerSideStager",
     "copy_source_for",

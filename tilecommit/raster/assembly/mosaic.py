@@ -1,0 +1,195 @@
+"""Assemble a job's tiles into one COG mosaic, committed once, with its STAC item and quicklook.
+
+A job walks through assembly in a straight line:
+
+1. what is there: a mosaic already committed is not built again but verified
+   (:func:`.commit.already_present`); a rebuild whose inspected version changed is ``superseded``;
+2. the plan: the manifest holds every planned window, each tile the size its row says
+   (:func:`.manifest.check_manifest`); the attempt gets a temporary directory of its own
+   (:mod:`.attempt`: no claim, each attempt stages under block ids of its own);
+3. a strategy builds the mosaic and commits nothing (:mod:`.strategy`): ``server`` by default,
+   ``auto`` falling back to ``blocks`` or ``vrt`` when the service or the tiles cannot
+   (:data:`FALLBACKS`, each fallback logged with its reason);
+4. the one shared step commits it create-only and verifies what holds the name
+   (:func:`.commit.commit_and_verify`), companions included;
+5. the result, a :class:`.commit.MosaicResult`.
+
+An attempt that meets the mosaic committed by another while it stages stops and verifies that
+mosaic instead. All three strategies are exact at full resolution; one known bad mosaic fails
+the assembly, every time, saying how to repair it.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from collections.abc import Callable
+
+from azure.data.tables import TableClient
+from azure.storage.blob import ContainerClient
+
+from ... import jobs
+from ...errors import CommittedElsewhere, CopyFromUrlUnsupported, IncompatibleTilesError
+from ...settings import Settings
+from ...spec import OutputSpec
+from ..reading.scene import SceneInfo
+from . import attempt, blocks_strategy, server_strategy, vrt_strategy
+from .checks import blob_properties
+from .commit import MosaicResult, already_present, commit_and_verify, superseded
+from .manifest_check import check_manifest
+from .shares import StagedShares
+from .strategy import BuiltMosaic, MosaicJob, Strategy
+
+logger = logging.getLogger(__name__)
+
+METHODS = ("auto", "server", "blocks", "vrt")
+STRATEGIES: dict[str, Strategy] = {
+    "server": server_strategy.build,
+    "blocks": blocks_strategy.build,
+    "vrt": vrt_strategy.build,
+}
+#: Where ``auto`` goes when a strategy cannot build the mosaic: (what it raised, the next
+#: strategy, the WARNING that says why, with the job id and the exception).
+FALLBACKS: dict[str, tuple[tuple[type[Exception], str, str], ...]] = {
+    "server": (
+        (CopyFromUrlUnsupported, "blocks", "job %s: %s; the mosaic's bytes pass through this process instead"),
+        (IncompatibleTilesError, "vrt", "job %s: tiles cannot be block-copied (%s); assembling through a VRT"),
+    ),
+    "blocks": ((IncompatibleTilesError, "vrt", "job %s: tiles cannot be block-copied (%s); assembling through a VRT"),),
+}
+
+
+def assemble_mosaic(
+    job_id: str,
+    scene: SceneInfo,
+    *,
+    tiles: ContainerClient,
+    output: ContainerClient,
+    manifest: TableClient,
+    settings: Settings,
+    spec: OutputSpec,
+    gdal_options: dict | None = None,
+    source_name: str = "",
+    method: str = "auto",
+    workdir: str | None = None,
+    replace: dict[str, str | None] | None = None,
+    shares: StagedShares | None = None,
+    cost: Callable[[], dict] | None = None,
+) -> MosaicResult:
+    """Assemble the job's tiles into ``jobs.mosaic_blob_name(job_id)`` once, plus STAC item and quicklook.
+
+    ``method``: "auto" (server-side block copy; through this process when the service lacks Put
+    Block From URL; VRT when the tiles cannot be block-copied), "server", "blocks" or "vrt".
+    Raises :class:`IncompleteManifestError` (missing windows, a tile whose size differs from its
+    row, or, server-side, a tile changed since its row: named by window). Attempts running at
+    the same time take no claim and never wait for each other: each stages under block ids of
+    its own, the create-only commit lets one mosaic through and the other attempts return
+    ``already-present`` (see :mod:`tilecommit.raster.assembly.attempt`). ``workdir`` (default: a
+    private temporary directory, removed afterwards) holds the coarse-level copy, or the VRT
+    path's files. ``spec`` is the job's output spec: the windows planned and the blocks laid out
+    are its; the STAC item records it.
+
+    ``replace`` (a rebuild after a repair): ``{"mosaic": etag, "stac": etag, "quicklook": etag}``,
+    the versions inspected before it (None: absent). The mosaic is then assembled whatever is
+    there and committed with ``If-Match`` on its inspected ETag in the same one Put Block List
+    (create-only where it was None), then its companions likewise (:func:`.sidecars.write_sidecars`);
+    ``superseded`` (companions untouched) when something newer landed first.
+
+    ``shares`` (the commit step of a split staging, :mod:`.shares`): the copied ranges were staged
+    by share activities under that plan's ids; this call does everything else, as above.
+
+    ``cost`` gives what the job has cost so far; the STAC item made by this call records it.
+    """
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, not {method!r}")
+    if shares is not None and (method not in ("auto", "server") or replace is not None):
+        raise ValueError("ranges staged in shares are committed by the server method, never as a rebuild")
+    mosaic_name = jobs.mosaic_blob_name(job_id)
+    timings: dict[str, float] = {}
+    committed_elsewhere = _committed_elsewhere(output, mosaic_name, replace)
+
+    # 1. What is there: a mosaic already committed is not rebuilt (but verified, below), unless
+    #    this is a rebuild of the version that was inspected.
+    started = time.perf_counter()
+    existing = blob_properties(output, mosaic_name)
+    timings["exists_check"] = time.perf_counter() - started
+    if replace is not None and committed_elsewhere():
+        return superseded(job_id, timings)
+
+    # 2. The plan: the manifest says every window is done, with the stored sizes (and ETags) it
+    #    recorded. No claim: a dead attempt's temporary directories are removed, its staged
+    #    blocks are never in our list (and are discarded by our commit).
+    started = time.perf_counter()
+    windows, summary = check_manifest(job_id, scene, tiles=tiles, manifest=manifest, spec=spec)
+    timings["manifest"] = time.perf_counter() - started
+    own_workdir = workdir is None
+    if own_workdir:
+        attempt.sweep_dead_workdirs()
+        workdir = attempt.new_workdir(job_id)
+    job = MosaicJob(
+        job_id,
+        scene,
+        windows,
+        summary,
+        tiles=tiles,
+        output=output,
+        settings=settings,
+        spec=spec,
+        workdir=workdir,
+        timings=timings,
+        gdal_options=gdal_options,
+        committed_elsewhere=committed_elsewhere,
+        shares=shares,
+        replace=replace,
+        source_name=source_name,
+        cost=cost,
+    )
+    try:
+        if existing is not None and replace is None:
+            return already_present(job)
+        # 3.-5. A strategy builds it, the shared step commits and verifies it.
+        return commit_and_verify(job, build(job, method))
+    except CommittedElsewhere:
+        if replace is not None:
+            return superseded(job_id, timings)
+        logger.info("job %s: another attempt committed the mosaic while this one staged; stopped", job_id)
+        return already_present(job)
+    finally:
+        if own_workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def build(job: MosaicJob, method: str) -> BuiltMosaic:
+    """The mosaic built by ``method``'s strategy, nothing committed; ``auto`` starts with
+    ``server`` and follows :data:`FALLBACKS`, any other method raises what its strategy raised."""
+    name = "server" if method == "auto" else method
+    while True:
+        try:
+            return STRATEGIES[name](job)
+        except (CopyFromUrlUnsupported, IncompatibleTilesError) as exc:
+            fallback = _fallback(name, exc) if method == "auto" else None
+            if fallback is None:
+                raise
+            name, why = fallback
+            logger.warning(why, job.job_id, exc)
+
+
+def _fallback(name: str, exc: Exception) -> tuple[str, str] | None:
+    for kind, next_name, why in FALLBACKS.get(name, ()):
+        if isinstance(exc, kind):
+            return next_name, why
+    return None
+
+
+def _committed_elsewhere(output: ContainerClient, mosaic_name: str, replace: dict | None) -> Callable[[], bool]:
+    """Asks (one HEAD) whether someone else committed the mosaic: any mosaic at all, or, for a
+    rebuild, a version other than the one it inspected."""
+
+    def committed_elsewhere() -> bool:
+        props = blob_properties(output, mosaic_name)
+        if replace is None:
+            return props is not None
+        return (props.etag if props is not None else None) != replace.get("mosaic")
+
+    return committed_elsewhere

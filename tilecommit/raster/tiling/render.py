@@ -1,0 +1,152 @@
+"""One window of a source raster rendered into the tiles container as a COG tile, committed exactly once.
+
+The upload is opened for one window (:func:`window_of_upload`), the window encoded
+(:func:`.encode.encode_tile`), the tile committed create-only, then its manifest row.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from azure.data.tables import TableClient
+from azure.storage.blob import ContainerClient
+from rasterio.errors import RasterioIOError
+
+from ... import cancellation, gates, jobs
+from ... import manifest as manifest_rows
+from ...errors import InvalidRasterError, JobCancelledError
+from ...grid import Window
+from ...records import Record
+from ...settings import Settings
+from ...spec import OutputSpec
+from ..env import NUM_THREADS, gdal_env
+from ..gdal_errors import gdal_step
+from ..reading.source import Source, as_source, open_upload
+from ..reading.upload import upload_gdal_options
+from .encode import encode_tile
+
+logger = logging.getLogger(__name__)
+
+
+@contextmanager
+def window_of_upload(
+    upload: str | os.PathLike | Source,
+    window: Window,
+    *,
+    settings: Settings,
+    purpose: str,
+    gdal_options: dict | None = None,
+    num_threads: int = NUM_THREADS,
+) -> Iterator:
+    """The upload opened to read ``window`` (to ``purpose`` it: render, verify): the GTiff driver
+    alone, every byte read through its pinned, counted reader, every GDAL call in the block
+    checked (:meth:`~tilecommit.raster.reading.source.Source.checked`). validate_source checked the content of this same
+    version, so an open that fails on bytes that all arrived is the file's, not storage's."""
+    source = as_source(upload)
+    with gdal_env(settings, {**(gdal_options or {}), **upload_gdal_options(source.path)}, num_threads=num_threads):
+        try:
+            src = open_upload(source)
+        except RasterioIOError as exc:
+            raise InvalidRasterError(f"{source.name} cannot be opened to {purpose} window {window.id}: {exc}") from exc
+        with src, source.checked():
+            if window.col_off + window.width > src.width or window.row_off + window.height > src.height:
+                raise InvalidRasterError(
+                    f"window {window.id} ({window.col_off},{window.row_off} {window.width}x{window.height}) lies "
+                    f"outside the {src.width}x{src.height} source: the source changed since it was planned"
+                )
+            yield src
+
+
+@dataclass(frozen=True)
+class TileResult(Record):
+    """What :func:`render_tile` did for one window."""
+
+    window: str
+    outcome: str
+    skipped: bool
+    nbytes: int
+    sha256: str
+    uri: str
+    timings: dict[str, float] = field(default_factory=dict)
+
+    JSON_IN = {"timings": lambda timings: dict(timings or {})}
+
+
+def render_tile(
+    upload: str | os.PathLike | Source,
+    window: Window,
+    *,
+    job_id: str,
+    tiles: ContainerClient,
+    manifest: TableClient,
+    settings: Settings,
+    spec: OutputSpec,
+    gdal_options: dict | None = None,
+    num_threads: int = NUM_THREADS,
+) -> TileResult:
+    """Render one window of ``source_path`` into the tiles container, at most once in effect,
+    made to the job's output ``spec`` (``settings`` give GDAL's limits only).
+
+    1. A point read of the manifest: a row means the tile is done. Without one, a point read of
+       the job's cancellation row: a cancelled job (:mod:`tilecommit.cancellation`) renders
+       nothing more. Either way nothing is read or encoded.
+    2. Read exactly this window, encode a COG in memory.
+    3. Commit the blob create-only, then the manifest row. A crash between the two leaves a tile
+       without a row; the retry re-encodes identical bytes, gets ``ALREADY_PRESENT`` for the blob
+       (same sha256) and writes the row. The row is written only after the blob exists, so the
+       manifest never names a tile that is not there.
+    """
+    timings: dict[str, float] = {}
+    started = time.perf_counter()
+    entry, cancelled = cancellation.lookup_window(manifest, job_id, window)
+    timings["manifest_check"] = time.perf_counter() - started
+    if cancelled:
+        raise JobCancelledError(f"job {job_id} was cancelled: window {window.id} is not rendered")
+    if entry is not None:
+        return TileResult(
+            window=window.id,
+            outcome=str(gates.Outcome.ALREADY_PRESENT),
+            skipped=True,
+            nbytes=entry.nbytes,
+            sha256=entry.sha256,
+            uri=entry.uri,
+            timings=timings,
+        )
+
+    name = jobs.tile_blob_name(job_id, window)
+    with window_of_upload(
+        upload, window, settings=settings, purpose="render", gdal_options=gdal_options, num_threads=num_threads
+    ) as src:
+        where = f"col={window.col_off} row={window.row_off} {window.width}x{window.height}"
+        with gdal_step(f"rendering tile {window.id} of {src.name}", window=where):
+            body, encode_timings = encode_tile(src, window, spec=spec, num_threads=num_threads)
+    # Every read of this window was answered in full at the job's version (checked() above
+    # raised otherwise): only now may its tile be committed, once and for good.
+    timings.update(encode_timings)
+
+    started = time.perf_counter()
+    outcome, stored = gates.commit_blob_versioned(tiles, name, body, job_id=job_id)
+    timings["commit"] = time.perf_counter() - started
+
+    # The row describes the tile storage holds (ours, or an already-present one with other bytes).
+    started = time.perf_counter()
+    # Called through its module, where the crash tests' fault injection replaces it.
+    manifest_rows.record_manifest_entry(
+        manifest, job_id=job_id, window=window, uri=name, nbytes=stored.nbytes, sha256=stored.sha256, etag=stored.etag
+    )
+    timings["manifest"] = time.perf_counter() - started
+    logger.info("tile %s of job %s: %s, %d bytes", window.id, job_id, outcome, stored.nbytes)
+    return TileResult(
+        window=window.id,
+        outcome=str(outcome),
+        skipped=False,
+        nbytes=stored.nbytes,
+        sha256=stored.sha256,
+        uri=name,
+        timings=timings,
+    )
