@@ -1,7 +1,7 @@
 """Assembling a mosaic: the job's tiles as one COG, committed once and verified, with its STAC
 item and quicklook.
 
-One job's walk (:mod:`.mosaic`): what is there (one HEAD), the plan (:mod:`.manifest`), a
+One job's walk (:mod:`.mosaic`): what is there (one HEAD), the plan (:mod:`.manifest_check`), a
 strategy builds the mosaic (:mod:`.strategy`, their one interface: :mod:`.server_strategy`,
 :mod:`.blocks_strategy`, :mod:`.vrt_strategy`), and the one shared step commits and verifies it
 (:mod:`.commit`: the requests are :mod:`.staging`'s, the verification :mod:`.committed`'s, the

@@ -1,6 +1,6 @@
 """The checks of a mosaic: planned (its head, before a byte is staged), written (the VRT path's
 file) or committed (the blob, read back at its version), it has the shape, georeferencing and
-complete pyramid the scene asks for. (That the manifest is complete is :mod:`.manifest`'s.)
+complete pyramid the scene asks for. (That the manifest is complete is :mod:`.manifest_check`'s.)
 """
 
 from __future__ import annotations

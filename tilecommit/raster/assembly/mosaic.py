@@ -5,7 +5,7 @@ A job walks through assembly in a straight line:
 1. what is there: a mosaic already committed is not built again but verified
    (:func:`.commit.already_present`); a rebuild whose inspected version changed is ``superseded``;
 2. the plan: the manifest holds every planned window, each tile the size its row says
-   (:func:`.manifest.check_manifest`); the attempt gets a temporary directory of its own
+   (:func:`.manifest_check.check_manifest`); the attempt gets a temporary directory of its own
    (:mod:`.attempt`: no claim, each attempt stages under block ids of its own);
 3. a strategy builds the mosaic and commits nothing (:mod:`.strategy`): ``server`` by default,
    ``auto`` falling back to ``blocks`` or ``vrt`` when the service or the tiles cannot
