@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import rasterio
+from rasterio.io import MemoryFile
 from rio_cogeo.cogeo import cog_validate
 
 from devhost.session import process_file
@@ -247,8 +248,6 @@ def host(app_env):
 
 
 def compression(data: bytes) -> str | None:
-    from rasterio.io import MemoryFile
-
     with MemoryFile(data) as memory, memory.open() as src:
         return src.compression.value.lower() if src.compression else None
 
@@ -356,3 +355,26 @@ def test_a_lossy_profile_through_the_local_host_names_its_quality_in_the_item(ho
     item = json.loads(download(storage, app_env.output, f"mosaics/{job}/item.json"))
     assert item["properties"]["tilecommit:profile"] == {"name": "webp", "compress": "WEBP", "quality": 60}
     assert item["properties"]["tilecommit:spec"]["profile_options"] == {"quality": 60}
+
+
+@pytest.mark.slow
+def test_a_nodata_override_in_the_upload_metadata_reaches_the_tiles_the_mosaic_and_the_item(
+    host, storage, app_env, scenes
+):
+    """The uint16 scene says nodata 0; ``tilecommit_nodata=7`` makes 7 its outputs' nodata (the
+    pixels stay the source's). That it is another job than the same version without it:
+    tests/test_nodata_override.py."""
+    summary = process_file(
+        host, scenes["uint16-4band"], name="nodata.tif", timeout=300, metadata={"tilecommit_nodata": "7"}
+    )
+    assert summary["status"] == "completed", summary
+    job = summary["job_id"]
+    mosaic = download(storage, app_env.output, f"mosaics/{job}/mosaic.tif")
+    tile = download(storage, app_env.tiles, f"tiles/{job}/0000_0000.tif")
+    for body in (mosaic, tile):
+        with MemoryFile(body) as memory, memory.open() as src:
+            assert src.nodata == 7
+    np.testing.assert_array_equal(read_pixels(mosaic), read_pixels(scenes["uint16-4band"]))
+    item = json.loads(download(storage, app_env.output, f"mosaics/{job}/item.json"))
+    assert {band["nodata"] for band in item["assets"]["data"]["raster:bands"]} == {7}
+    assert item["properties"]["tilecommit:spec"]["profile_options"] == {"nodata": "7.0"}

@@ -2,13 +2,14 @@
 
 A profile is a named set of COG creation options, as ``rio cogeo create --cog-profile`` names
 them, plus the options a user may set on top (``level``, ``predictor``, ``quality``,
-``max_z_error``, and ``blocksize``, which the job's spec keeps as its block size). The choice,
-in order:
+``max_z_error``, ``blocksize``, which the job's spec keeps as its block size, ``resampling``, and
+``nodata``, which overrides the source's nodata value as ``rio cogeo create --nodata`` does). The
+choice, in order:
 
 1. the upload's blob metadata: ``tilecommit_profile`` and the option keys ``tilecommit_level``,
    ``tilecommit_predictor``, ``tilecommit_quality``, ``tilecommit_max_z_error``,
-   ``tilecommit_blocksize`` (any of them present: the metadata decides, from the default
-   profile when it names none);
+   ``tilecommit_blocksize``, ``tilecommit_resampling``, ``tilecommit_nodata`` (any of them
+   present: the metadata decides, from the default profile when it names none);
 2. the first path rule of ``TILECOMMIT_PROFILE_RULES`` whose prefix the upload's name starts with
    (``dem/=zstd,predictor=3;previews/=lzw``; the longest prefix wins);
 3. the app's default, ``TILECOMMIT_PROFILE`` (``default``).
@@ -99,15 +100,15 @@ RESAMPLINGS = ("nearest", "average", "rms", "mode")
 #: about 0.3 % of the first level's pixels differ from GDAL's overviews of the whole scene with
 #: cubic or bilinear; none with the four above, tests/test_lossy_profiles.py).
 WIDE_RESAMPLINGS = ("bilinear", "cubic", "cubic_spline", "lanczos", "gauss")
-OPTION_KEYS = ("level", "predictor", "quality", "max_z_error", "blocksize", "resampling")
+OPTION_KEYS = ("level", "predictor", "quality", "max_z_error", "blocksize", "resampling", "nodata")
 METADATA_PREFIX = "tilecommit_"
 METADATA_PROFILE = f"{METADATA_PREFIX}profile"
 
 
 def option_value(option: str, raw: Any) -> int | float | str:
     """An option's value as the spec keeps it: a float for ``max_z_error``, a name for
-    ``resampling``, else a whole number."""
-    if option == "resampling":
+    ``resampling``, the number's text for ``nodata`` (NaN is no JSON number), else a whole number."""
+    if option in ("resampling", "nodata"):
         return str(raw)
     return float(raw) if option == "max_z_error" else int(raw)
 
@@ -129,6 +130,12 @@ class Choice:
 
     def option(self, key: str) -> int | float | str | None:
         return dict(self.options).get(key)
+
+    @property
+    def nodata(self) -> float | None:
+        """The nodata value that overrides the source's (the ``nodata`` option), or None."""
+        text = self.option("nodata")
+        return None if text is None else float(text)
 
     @property
     def lossy(self) -> bool:
@@ -154,6 +161,14 @@ def _checked_option(option: str, raw: Any, profile: Profile, *, where: str, erro
         if value not in RESAMPLINGS:
             raise error(f"{where}: resampling={raw!r}: accepted {', '.join(RESAMPLINGS)}")
         return value
+    if option == "nodata":
+        try:
+            value = float(str(raw).strip())
+        except ValueError:
+            raise error(f"{where}: nodata={raw!r} is not a number (nan for not-a-number)") from None
+        if math.isinf(value):
+            raise error(f"{where}: nodata={raw}: accepted a finite number, or nan")
+        return "nan" if math.isnan(value) else repr(value)
     if option == "max_z_error":
         try:
             value = float(str(raw).strip())
@@ -336,7 +351,10 @@ def check_for(choice: Choice, dtype: str, *, count: int, nodata: float | None, a
     compress, kind = choice.compress, np.dtype(dtype).kind
     error = choice.option("max_z_error")
     name = choice.name
-    if choice.option("predictor") == 3 and kind != "f":
+    unfit = _nodata_unfit(choice.nodata, dtype) if choice.nodata is not None else None
+    if unfit:
+        why = unfit
+    elif choice.option("predictor") == 3 and kind != "f":
         why = f"predictor=3 (floating point) on {dtype} data: accepted for float32 and float64 only; use predictor=2 for integers"
     elif compress == "JPEG" and (dtype != "uint8" or count not in (1, 3, 4)):
         why = f"JPEG on {count}-band {dtype} data: JPEG takes 8-bit data (uint8) of 1, 3 or 4 bands; use lerc or zstd"
@@ -356,4 +374,19 @@ def check_for(choice: Choice, dtype: str, *, count: int, nodata: float | None, a
         )
     else:
         return
-    raise BadInputError(f"profile {name!r} with {why}" if why.startswith("predictor") else f"profile {name!r}: {why}")
+    raise BadInputError(
+        f"profile {name!r} with {why}" if why.startswith(("predictor", "nodata")) else f"profile {name!r}: {why}"
+    )
+
+
+def _nodata_unfit(nodata: float, dtype: str) -> str | None:
+    """Why ``nodata`` cannot be a value of ``dtype`` data (GDAL would compare the pixels with a
+    value none of them can hold), or None."""
+    kind = np.dtype(dtype).kind
+    if kind in "iu":
+        info = np.iinfo(dtype)
+        if math.isnan(nodata) or nodata != int(nodata) or not info.min <= nodata <= info.max:
+            return f"nodata={nodata:g} on {dtype} data: accepted a whole number from {info.min} to {info.max}"
+    elif not math.isnan(nodata) and abs(nodata) > float(np.finfo(dtype).max):
+        return f"nodata={nodata:g} on {dtype} data: beyond the largest {dtype} ({float(np.finfo(dtype).max):g})"
+    return None

@@ -364,7 +364,10 @@ def _check_blocks_present(path: str, src, size: int | None, window_size: int) ->
     _decode(path, src, _block_window(src, *last_at))
 
 
-def scene_from_dataset(src, *, nbytes: int | None = None) -> SceneInfo:
+def scene_from_dataset(src, *, nbytes: int | None = None, nodata: float | None = None) -> SceneInfo:
+    """``src`` described as the job's outputs will be: with ``nodata`` (the profile's override of
+    the source's nodata value), that value is the nodata and decides the mask, as ``rio cogeo
+    create --nodata`` makes it (a source with an internal mask keeps one, masked by the value too)."""
     return SceneInfo(
         width=src.width,
         height=src.height,
@@ -372,12 +375,12 @@ def scene_from_dataset(src, *, nbytes: int | None = None) -> SceneInfo:
         dtype=src.dtypes[0],
         crs=src.crs.to_wkt(version="WKT2_2019"),
         transform=[float(v) for v in tuple(src.transform)[:6]],
-        nodata=None if src.nodata is None else float(src.nodata),
+        nodata=nodata if nodata is not None else None if src.nodata is None else float(src.nodata),
         block_shapes=[[int(h), int(w)] for h, w in src.block_shapes],
         driver=src.driver,
         descriptions=list(src.descriptions),
         colorinterp=[ci.name for ci in src.colorinterp],
-        mask=_mask_kind(src),
+        mask="nodata" if nodata is not None and _mask_kind(src) != "per-dataset" else _mask_kind(src),
         overview_resampling=overview_resampling_for(src),
         nbytes=nbytes,
         # Kept only when some band says something, so a scene without them is described as before.
@@ -430,9 +433,10 @@ def inspect_source(
             # (directory-field-025-striped-raw-rgb.tif) pass the decode check it fails otherwise
             # (its first window then failed at rendering; observed, the mechanism not traced).
             alpha = any(ci == ColorInterp.alpha for ci in src.colorinterp)
-            profiles.check_for(spec.choice, src.dtypes[0], count=src.count, nodata=src.nodata, alpha=alpha)
+            nodata = spec.choice.nodata if spec.choice.nodata is not None else src.nodata
+            profiles.check_for(spec.choice, src.dtypes[0], count=src.count, nodata=nodata, alpha=alpha)
             _check_window_budget(path, src, spec)
             _check_georeferencing(path, src)
             _check_block_layout(path, src)
             _check_blocks_present(path, src, size, spec.window_size)
-            return scene_from_dataset(src, nbytes=size)
+            return scene_from_dataset(src, nbytes=size, nodata=spec.choice.nodata)

@@ -100,13 +100,19 @@ def _rio_window(window: RioWindow | Window) -> RioWindow:
     return window
 
 
-def read_window(src, window: RioWindow | Window) -> tuple[np.ndarray, np.ndarray | None]:
+def read_window(
+    src, window: RioWindow | Window, *, nodata: float | None = None
+) -> tuple[np.ndarray, np.ndarray | None]:
     """The pixels of exactly ``window`` of the open dataset ``src``, and its per-dataset mask
-    (None when the source has none): what a tile of that window encodes. For an upload opened
+    (None when the source has none): what a tile of that window encodes. With ``nodata`` (the
+    profile's override of the source's nodata value) a source with an internal mask gets the
+    mask ``rio cogeo create --nodata`` writes: its own, and masked besides where every band holds
+    that value (rio-cogeo writes the mask of a warped VRT whose source nodata is the override,
+    and GDAL's warper honours both). For an upload opened
     with :func:`~tilecommit.raster.reading.source.open_upload`, every byte is read at its version and counted
     (:func:`~tilecommit.raster.reading.scene.read_classified`)."""
     window = _rio_window(window)
-    return read_classified(
+    data, mask = read_classified(
         src,
         lambda: (
             prefetch_window(src, window),
@@ -119,6 +125,15 @@ def read_window(src, window: RioWindow | Window) -> tuple[np.ndarray, np.ndarray
             f"{int(window.width)}x{int(window.height)} cannot be decoded ({exc}): the file is corrupt"
         ),
     )
+    if nodata is not None and mask is not None:
+        mask = np.where(holds_nodata(data, nodata), 0, mask).astype(np.uint8)
+    return data, mask
+
+
+def holds_nodata(data: np.ndarray, nodata: float) -> np.ndarray:
+    """Where every band of ``data`` holds ``nodata``: the pixels GDAL masks by that value."""
+    missing = np.isnan(data) if np.isnan(nodata) else data == data.dtype.type(nodata)
+    return missing.all(axis=0)
 
 
 def encode_tile(
@@ -139,7 +154,8 @@ def encode_tile(
     """
     window = _rio_window(window)
     started = time.perf_counter()
-    data, mask = pixels if pixels is not None else read_window(src, window)
+    override = spec.choice.nodata
+    data, mask = pixels if pixels is not None else read_window(src, window, nodata=override)
     read_s = time.perf_counter() - started
 
     started = time.perf_counter()
@@ -164,7 +180,7 @@ def encode_tile(
         "dtype": src.dtypes[0],
         "crs": src.crs,
         "transform": src.window_transform(window),
-        "nodata": src.nodata,
+        "nodata": override if override is not None else src.nodata,
     }
     # The pixels go into a MEM dataset and the COG driver copies it, which is what rasterio's
     # buffered COG writer does on close; but rasterio.shutil.copy releases the GIL around

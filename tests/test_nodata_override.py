@@ -1,0 +1,125 @@
+"""The ``nodata`` profile option: the source's nodata value overridden, as ``rio cogeo create
+--nodata`` does. The value is part of the job; the tiles and the mosaic carry it as their nodata
+and mask (an internal mask of the source gives way to it, as rio-cogeo gives way); the pixels
+stay the source's; and what the data type cannot hold is refused at validation."""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import pytest
+import rasterio
+from rasterio.enums import MaskFlags
+from rasterio.transform import from_origin
+from rio_cogeo.cogeo import cog_translate, cog_validate
+from rio_cogeo.errors import NodataAlphaMaskWarning
+from rio_cogeo.profiles import cog_profiles
+
+from tilecommit import profiles
+from tilecommit.errors import BadInputError
+from tilecommit.grid import plan_windows
+from tilecommit.jobs import job_id_for
+from tilecommit.raster.scrub import check_window
+from tilecommit.settings import Settings
+from tilecommit.spec import OutputSpec
+
+from .raster_jobs import JOB, download, run_steps
+
+WHERE = "blob metadata tilecommit_profile"
+
+
+def write_source(path, *, masked: bool = False) -> str:
+    """A 3-band uint16 scene of 1100 x 900 (windows of 512 cross it unevenly) with no nodata
+    value and a corner of zeros; ``masked``: with an internal per-dataset mask besides."""
+    rng = np.random.default_rng(11)
+    data = rng.integers(1, 4000, size=(3, 900, 1100), dtype=np.uint16)
+    rows, cols = np.mgrid[0:900, 0:1100]
+    data[:, rows + cols < 400] = 0
+    profile = dict(driver="GTiff", width=1100, height=900, count=3, dtype="uint16", crs="EPSG:32633")
+    profile.update(transform=from_origin(500000, 4600000, 10, 10), tiled=True, blockxsize=256, blockysize=256)
+    with rasterio.Env(GDAL_TIFF_INTERNAL_MASK=True), rasterio.open(path, "w", **profile) as dst:
+        dst.write(data)
+        if masked:
+            dst.write_mask(np.where(cols < 1000, 255, 0).astype(np.uint8))
+    return str(path)
+
+
+def test_the_option_is_checked_and_kept_as_text():
+    assert profiles.choose("default", {"nodata": "0"}, where=WHERE).options == (("nodata", "0.0"),)
+    assert profiles.choose("zstd", {"nodata": " -9999 "}, where=WHERE).nodata == -9999.0
+    assert profiles.choose("lerc", {"nodata": "NaN"}, where=WHERE).options == (("nodata", "nan"),)
+    for raw in ("none", "inf", ""):
+        with pytest.raises(BadInputError, match=rf"{WHERE}: nodata="):
+            profiles.choose("default", {"nodata": raw}, where=WHERE)
+    # From the upload's metadata, as every option.
+    chosen = profiles.resolve({"tilecommit_nodata": "0"}, "a.tif", rules=[], default=profiles.DEFAULT_CHOICE)
+    assert chosen == profiles.Choice("default", (("nodata", "0.0"),))
+
+
+def test_the_override_is_part_of_the_job_id():
+    plain = OutputSpec(window_size=512)
+    overridden = OutputSpec.with_choice(512, profiles.choose("default", {"nodata": "0"}, where=WHERE))
+    assert OutputSpec.from_dict(overridden.to_dict()) == overridden
+    url, etag = "https://a.blob.core.windows.net/in/s.tif", '"0x1"'
+    assert job_id_for(url, etag, plain) != job_id_for(url, etag, overridden)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "raw", "why"),
+    [
+        ("uint8", "300", "nodata=300 on uint8 data: accepted a whole number from 0 to 255"),
+        ("uint16", "0.5", "nodata=0.5 on uint16 data: accepted a whole number"),
+        ("int16", "nan", "nodata=nan on int16 data: accepted a whole number"),
+        ("float32", "1e39", "nodata=1e\\+39 on float32 data: beyond the largest float32"),
+    ],
+)
+def test_a_value_the_data_type_cannot_hold_is_refused_saying_what_is(dtype, raw, why):
+    choice = profiles.choose("default", {"nodata": raw}, where=WHERE)
+    with pytest.raises(BadInputError, match=why):
+        profiles.check_for(choice, dtype, count=1, nodata=choice.nodata, alpha=False)
+
+
+def test_a_lossy_codec_with_an_override_is_refused_as_with_the_sources_own_nodata():
+    choice = profiles.choose("webp", {"nodata": "0"}, where=WHERE)
+    with pytest.raises(BadInputError, match="WEBP on data with a nodata value"):
+        profiles.check_for(choice, "uint8", count=3, nodata=choice.nodata, alpha=False)
+
+
+@pytest.mark.parametrize("method", ["server", "vrt"])
+@pytest.mark.parametrize("masked", [False, True], ids=["no-mask", "internal-mask"])
+def test_the_mosaic_carries_the_override_as_rio_cogeo_does(tmp_path, stores, storage, method, masked):
+    source = write_source(tmp_path / "source.tif", masked=masked)
+    settings = Settings(window_size=512, profile="default,nodata=0")
+    spec, scene, result = run_steps(source, settings, stores, storage, method=method)
+    assert (scene.nodata, scene.mask) == (0.0, "per-dataset" if masked else "nodata")
+    assert result.outcome == "written"
+    mosaic = download(stores["output"], result.mosaic, tmp_path / "mosaic.tif")
+
+    reference = str(tmp_path / "rio.tif")
+    # rio-cogeo says so when the override wins over the source's internal mask.
+    with pytest.warns(NodataAlphaMaskWarning) if masked else contextlib.nullcontext():
+        cog_translate(source, reference, cog_profiles.get("deflate"), nodata=0, quiet=True)
+    valid, errors, _ = cog_validate(mosaic)
+    assert valid and not errors, errors
+    with rasterio.open(mosaic) as ours, rasterio.open(reference) as theirs, rasterio.open(source) as src:
+        assert ours.nodata == theirs.nodata == 0
+        # With the source's internal mask, rio-cogeo writes one too: the source's, and the override's.
+        flags = [MaskFlags.per_dataset] if masked else [MaskFlags.nodata]
+        assert ours.mask_flag_enums == theirs.mask_flag_enums == (flags,) * 3
+        assert np.array_equal(ours.read(), src.read())  # the pixels are the source's, the zeros too
+        assert np.array_equal(ours.dataset_mask(), theirs.dataset_mask())
+        assert not ours.dataset_mask()[0, 0] and ours.dataset_mask()[-1, 500]  # the zeros masked, the rest not
+
+    # A scrub of the job finds every tile as the override makes it.
+    for window in plan_windows(scene.width, scene.height, spec.window_size):
+        report = check_window(
+            source,
+            window,
+            job_id=JOB,
+            tiles=stores["tiles"],
+            manifest=stores["manifest"],
+            settings=settings,
+            spec=spec,
+        )
+        assert report.differences == [], report.details
