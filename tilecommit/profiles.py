@@ -2,14 +2,15 @@
 
 A profile is a named set of COG creation options, as ``rio cogeo create --cog-profile`` names
 them, plus the options a user may set on top (``level``, ``predictor``, ``quality``,
-``max_z_error``, ``blocksize``, which the job's spec keeps as its block size, ``resampling``, and
-``nodata``, which overrides the source's nodata value as ``rio cogeo create --nodata`` does). The
-choice, in order:
+``max_z_error``, ``blocksize``, which the job's spec keeps as its block size, ``resampling``,
+``nodata``, which overrides the source's nodata value as ``rio cogeo create --nodata`` does, and
+``add_mask``, which makes the nodata an internal mask as ``--add-mask`` does). The choice, in order:
 
 1. the upload's blob metadata: ``tilecommit_profile`` and the option keys ``tilecommit_level``,
    ``tilecommit_predictor``, ``tilecommit_quality``, ``tilecommit_max_z_error``,
-   ``tilecommit_blocksize``, ``tilecommit_resampling``, ``tilecommit_nodata`` (any of them
-   present: the metadata decides, from the default profile when it names none);
+   ``tilecommit_blocksize``, ``tilecommit_resampling``, ``tilecommit_nodata``,
+   ``tilecommit_add_mask`` (any of them present: the metadata decides, from the default profile
+   when it names none);
 2. the first path rule of ``TILECOMMIT_PROFILE_RULES`` whose prefix the upload's name starts with
    (``dem/=zstd,predictor=3;previews/=lzw``; the longest prefix wins);
 3. the app's default, ``TILECOMMIT_PROFILE`` (``default``).
@@ -100,15 +101,18 @@ RESAMPLINGS = ("nearest", "average", "rms", "mode")
 #: about 0.3 % of the first level's pixels differ from GDAL's overviews of the whole scene with
 #: cubic or bilinear; none with the four above, tests/test_lossy_profiles.py).
 WIDE_RESAMPLINGS = ("bilinear", "cubic", "cubic_spline", "lanczos", "gauss")
-OPTION_KEYS = ("level", "predictor", "quality", "max_z_error", "blocksize", "resampling", "nodata")
+OPTION_KEYS = ("level", "predictor", "quality", "max_z_error", "blocksize", "resampling", "nodata", "add_mask")
+#: How ``add_mask`` may be spelled, and what each spelling means.
+BOOLEANS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
 METADATA_PREFIX = "tilecommit_"
 METADATA_PROFILE = f"{METADATA_PREFIX}profile"
 
 
 def option_value(option: str, raw: Any) -> int | float | str:
     """An option's value as the spec keeps it: a float for ``max_z_error``, a name for
-    ``resampling``, the number's text for ``nodata`` (NaN is no JSON number), else a whole number."""
-    if option in ("resampling", "nodata"):
+    ``resampling``, the number's text for ``nodata`` (NaN is no JSON number), ``true`` for
+    ``add_mask``, else a whole number."""
+    if option in ("resampling", "nodata", "add_mask"):
         return str(raw)
     return float(raw) if option == "max_z_error" else int(raw)
 
@@ -138,6 +142,11 @@ class Choice:
         return None if text is None else float(text)
 
     @property
+    def add_mask(self) -> bool:
+        """Whether the outputs get an internal mask for the nodata value (the ``add_mask`` option)."""
+        return self.option("add_mask") == "true"
+
+    @property
     def lossy(self) -> bool:
         """Whether a tile's pixels may differ from the source's (then a scrub compares a tile
         with the window encoded again, not with the source)."""
@@ -161,6 +170,11 @@ def _checked_option(option: str, raw: Any, profile: Profile, *, where: str, erro
         if value not in RESAMPLINGS:
             raise error(f"{where}: resampling={raw!r}: accepted {', '.join(RESAMPLINGS)}")
         return value
+    if option == "add_mask":
+        value = str(raw).strip().lower()
+        if value not in BOOLEANS:
+            raise error(f"{where}: add_mask={raw!r}: accepted {', '.join(BOOLEANS)}")
+        return "true" if BOOLEANS[value] else "false"
     if option == "nodata":
         try:
             value = float(str(raw).strip())
@@ -212,6 +226,7 @@ def _default_of(option: str, profile: Profile) -> int | float | None:
         "quality": profile.quality,
         "max_z_error": 0.0 if profile.max_z_error else None,
         "blocksize": DEFAULT_BLOCK_SIZE,
+        "add_mask": "false",
     }.get(option)
 
 
@@ -352,8 +367,15 @@ def check_for(choice: Choice, dtype: str, *, count: int, nodata: float | None, a
     error = choice.option("max_z_error")
     name = choice.name
     unfit = _nodata_unfit(choice.nodata, dtype) if choice.nodata is not None else None
+    if choice.add_mask:
+        nodata = None  # it becomes the mask, which the codec leaves exact: no value to move pixels onto
     if unfit:
         why = unfit
+    elif choice.add_mask and alpha:
+        why = (
+            "add_mask on data with an alpha band: turning the alpha band into the mask (which drops the band, as "
+            "rio cogeo create --add-mask does) is not built; leave add_mask out, the alpha band is kept as it is"
+        )
     elif choice.option("predictor") == 3 and kind != "f":
         why = f"predictor=3 (floating point) on {dtype} data: accepted for float32 and float64 only; use predictor=2 for integers"
     elif compress == "JPEG" and (dtype != "uint8" or count not in (1, 3, 4)):
@@ -365,17 +387,19 @@ def check_for(choice: Choice, dtype: str, *, count: int, nodata: float | None, a
     elif choice.profile.lossy and nodata is not None:
         why = (
             f"{compress} on data with a nodata value ({nodata}): a lossy codec moves pixels onto and off that "
-            "value, so the valid area would change; use a lossless profile, or an internal mask instead of nodata"
+            "value, so the valid area would change; use a lossless profile, or add_mask=true (an internal mask instead of nodata)"
         )
     elif error and kind in "iu" and nodata is not None:
         why = (
             f"max_z_error={error} on {dtype} data with a nodata value ({nodata}): LERC rounds valid pixels onto "
-            "the nodata value; use max_z_error=0, or an internal mask instead of nodata"
+            "the nodata value; use max_z_error=0, or add_mask=true (an internal mask instead of nodata)"
         )
     else:
         return
     raise BadInputError(
-        f"profile {name!r} with {why}" if why.startswith(("predictor", "nodata")) else f"profile {name!r}: {why}"
+        f"profile {name!r} with {why}"
+        if why.startswith(("predictor", "nodata", "add_mask"))
+        else f"profile {name!r}: {why}"
     )
 
 

@@ -160,7 +160,7 @@ def check_window(
         window_of_upload(upload, window, settings=settings, purpose="verify") as src,
         gdal_step(f"verifying tile {window.id} of {src.name}", window=window.id),
     ):
-        pixels = read_window(src, window, nodata=spec.choice.nodata)
+        pixels = read_window(src, window, choice=spec.choice)
         body = None
         expected, against = pixels, "the source window"
         if spec.choice.lossy:

@@ -364,10 +364,19 @@ def _check_blocks_present(path: str, src, size: int | None, window_size: int) ->
     _decode(path, src, _block_window(src, *last_at))
 
 
-def scene_from_dataset(src, *, nbytes: int | None = None, nodata: float | None = None) -> SceneInfo:
-    """``src`` described as the job's outputs will be: with ``nodata`` (the profile's override of
-    the source's nodata value), that value is the nodata and decides the mask, as ``rio cogeo
-    create --nodata`` makes it (a source with an internal mask keeps one, masked by the value too)."""
+def scene_from_dataset(
+    src, *, nbytes: int | None = None, choice: profiles.Choice = profiles.DEFAULT_CHOICE
+) -> SceneInfo:
+    """``src`` described as the job's outputs will be, made with the profile ``choice``: its
+    ``nodata`` override is the nodata value and decides the mask, as ``rio cogeo create --nodata``
+    makes it (a source with an internal mask keeps one, masked by the value too); with
+    ``add_mask`` the outputs have an internal mask and no nodata value, as ``--add-mask`` makes them."""
+    nodata = choice.nodata if choice.nodata is not None else None if src.nodata is None else float(src.nodata)
+    mask = _mask_kind(src)
+    if choice.add_mask:
+        nodata, mask = None, "per-dataset"
+    elif choice.nodata is not None and mask != "per-dataset":
+        mask = "nodata"
     return SceneInfo(
         width=src.width,
         height=src.height,
@@ -375,12 +384,12 @@ def scene_from_dataset(src, *, nbytes: int | None = None, nodata: float | None =
         dtype=src.dtypes[0],
         crs=src.crs.to_wkt(version="WKT2_2019"),
         transform=[float(v) for v in tuple(src.transform)[:6]],
-        nodata=nodata if nodata is not None else None if src.nodata is None else float(src.nodata),
+        nodata=nodata,
         block_shapes=[[int(h), int(w)] for h, w in src.block_shapes],
         driver=src.driver,
         descriptions=list(src.descriptions),
         colorinterp=[ci.name for ci in src.colorinterp],
-        mask="nodata" if nodata is not None and _mask_kind(src) != "per-dataset" else _mask_kind(src),
+        mask=mask,
         overview_resampling=overview_resampling_for(src),
         nbytes=nbytes,
         # Kept only when some band says something, so a scene without them is described as before.
@@ -439,4 +448,4 @@ def inspect_source(
             _check_georeferencing(path, src)
             _check_block_layout(path, src)
             _check_blocks_present(path, src, size, spec.window_size)
-            return scene_from_dataset(src, nbytes=size, nodata=spec.choice.nodata)
+            return scene_from_dataset(src, nbytes=size, choice=spec.choice)

@@ -101,14 +101,19 @@ def _rio_window(window: RioWindow | Window) -> RioWindow:
 
 
 def read_window(
-    src, window: RioWindow | Window, *, nodata: float | None = None
+    src, window: RioWindow | Window, *, choice: profiles.Choice = profiles.DEFAULT_CHOICE
 ) -> tuple[np.ndarray, np.ndarray | None]:
-    """The pixels of exactly ``window`` of the open dataset ``src``, and its per-dataset mask
-    (None when the source has none): what a tile of that window encodes. With ``nodata`` (the
-    profile's override of the source's nodata value) a source with an internal mask gets the
-    mask ``rio cogeo create --nodata`` writes: its own, and masked besides where every band holds
-    that value (rio-cogeo writes the mask of a warped VRT whose source nodata is the override,
-    and GDAL's warper honours both). For an upload opened
+    """The pixels of exactly ``window`` of the open dataset ``src``, and the internal mask a tile
+    of that window carries (None: none): what a tile made with the profile ``choice`` encodes.
+
+    The mask is the source's per-dataset mask, as the profile's nodata options leave it, as
+    ``rio cogeo create`` writes it: with ``nodata`` (the override of the source's nodata value)
+    or ``add_mask``, a source's own mask is masked besides where every band holds the nodata
+    value (the override, else the source's: rio-cogeo writes the mask of a warped VRT whose
+    source nodata is that value, and GDAL's warper honours both); with ``add_mask``, a source
+    without a mask of its own gets one, masked where every band holds the nodata value, all
+    valid without one.
+    For an upload opened
     with :func:`~tilecommit.raster.reading.source.open_upload`, every byte is read at its version and counted
     (:func:`~tilecommit.raster.reading.scene.read_classified`)."""
     window = _rio_window(window)
@@ -125,9 +130,25 @@ def read_window(
             f"{int(window.width)}x{int(window.height)} cannot be decoded ({exc}): the file is corrupt"
         ),
     )
-    if nodata is not None and mask is not None:
+    override = choice.nodata
+    nodata = override if override is not None else src.nodata
+    if mask is not None and nodata is not None and (override is not None or choice.add_mask):
         mask = np.where(holds_nodata(data, nodata), 0, mask).astype(np.uint8)
+    elif mask is None and choice.add_mask:
+        mask = (
+            np.full(data.shape[1:], 255, np.uint8) if nodata is None else np.where(holds_nodata(data, nodata), 0, 255)
+        )
+        mask = mask.astype(np.uint8)
     return data, mask
+
+
+def output_nodata(src, choice: profiles.Choice) -> float | None:
+    """The nodata value of a tile of ``src`` made with ``choice``: none with ``add_mask`` (the
+    mask stands for it, as ``rio cogeo create --add-mask`` drops it), else the override, else
+    the source's."""
+    if choice.add_mask:
+        return None
+    return choice.nodata if choice.nodata is not None else src.nodata
 
 
 def holds_nodata(data: np.ndarray, nodata: float) -> np.ndarray:
@@ -154,8 +175,7 @@ def encode_tile(
     """
     window = _rio_window(window)
     started = time.perf_counter()
-    override = spec.choice.nodata
-    data, mask = pixels if pixels is not None else read_window(src, window, nodata=override)
+    data, mask = pixels if pixels is not None else read_window(src, window, choice=spec.choice)
     read_s = time.perf_counter() - started
 
     started = time.perf_counter()
@@ -180,7 +200,7 @@ def encode_tile(
         "dtype": src.dtypes[0],
         "crs": src.crs,
         "transform": src.window_transform(window),
-        "nodata": override if override is not None else src.nodata,
+        "nodata": output_nodata(src, spec.choice),
     }
     # The pixels go into a MEM dataset and the COG driver copies it, which is what rasterio's
     # buffered COG writer does on close; but rasterio.shutil.copy releases the GIL around
