@@ -141,6 +141,15 @@ class Choice:
         text = self.option("nodata")
         return None if text is None else float(text)
 
+    def nodata_for(self, source: float | None) -> float | None:
+        """The value that marks no data in a source whose own is ``source``: the override, else that."""
+        return self.nodata if self.nodata is not None else None if source is None else float(source)
+
+    def output_nodata(self, source: float | None) -> float | None:
+        """The outputs' nodata value: none with ``add_mask`` (the mask stands for it, as
+        ``rio cogeo create --add-mask`` drops it), else :meth:`nodata_for`."""
+        return None if self.add_mask else self.nodata_for(source)
+
     @property
     def add_mask(self) -> bool:
         """Whether the outputs get an internal mask for the nodata value (the ``add_mask`` option)."""

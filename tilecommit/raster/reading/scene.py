@@ -371,10 +371,9 @@ def scene_from_dataset(
     ``nodata`` override is the nodata value and decides the mask, as ``rio cogeo create --nodata``
     makes it (a source with an internal mask keeps one, masked by the value too); with
     ``add_mask`` the outputs have an internal mask and no nodata value, as ``--add-mask`` makes them."""
-    nodata = choice.nodata if choice.nodata is not None else None if src.nodata is None else float(src.nodata)
     mask = _mask_kind(src)
     if choice.add_mask:
-        nodata, mask = None, "per-dataset"
+        mask = "per-dataset"
     elif choice.nodata is not None and mask != "per-dataset":
         mask = "nodata"
     return SceneInfo(
@@ -384,7 +383,7 @@ def scene_from_dataset(
         dtype=src.dtypes[0],
         crs=src.crs.to_wkt(version="WKT2_2019"),
         transform=[float(v) for v in tuple(src.transform)[:6]],
-        nodata=nodata,
+        nodata=choice.output_nodata(src.nodata),
         block_shapes=[[int(h), int(w)] for h, w in src.block_shapes],
         driver=src.driver,
         descriptions=list(src.descriptions),
@@ -442,7 +441,7 @@ def inspect_source(
             # (directory-field-025-striped-raw-rgb.tif) pass the decode check it fails otherwise
             # (its first window then failed at rendering; observed, the mechanism not traced).
             alpha = any(ci == ColorInterp.alpha for ci in src.colorinterp)
-            nodata = spec.choice.nodata if spec.choice.nodata is not None else src.nodata
+            nodata = spec.choice.nodata_for(src.nodata)
             profiles.check_for(spec.choice, src.dtypes[0], count=src.count, nodata=nodata, alpha=alpha)
             _check_window_budget(path, src, spec)
             _check_georeferencing(path, src)

@@ -130,25 +130,15 @@ def read_window(
             f"{int(window.width)}x{int(window.height)} cannot be decoded ({exc}): the file is corrupt"
         ),
     )
-    override = choice.nodata
-    nodata = override if override is not None else src.nodata
-    if mask is not None and nodata is not None and (override is not None or choice.add_mask):
-        mask = np.where(holds_nodata(data, nodata), 0, mask).astype(np.uint8)
-    elif mask is None and choice.add_mask:
-        mask = (
-            np.full(data.shape[1:], 255, np.uint8) if nodata is None else np.where(holds_nodata(data, nodata), 0, 255)
-        )
-        mask = mask.astype(np.uint8)
-    return data, mask
-
-
-def output_nodata(src, choice: profiles.Choice) -> float | None:
-    """The nodata value of a tile of ``src`` made with ``choice``: none with ``add_mask`` (the
-    mask stands for it, as ``rio cogeo create --add-mask`` drops it), else the override, else
-    the source's."""
-    if choice.add_mask:
-        return None
-    return choice.nodata if choice.nodata is not None else src.nodata
+    if mask is None and not choice.add_mask:  # no internal mask, and none asked for
+        return data, None
+    if not choice.add_mask and choice.nodata is None:  # the source's own mask, as it is
+        return data, mask
+    valid = np.full(data.shape[1:], 255, np.uint8) if mask is None else mask
+    nodata = choice.nodata_for(src.nodata)
+    if nodata is not None:
+        valid = np.where(holds_nodata(data, nodata), 0, valid).astype(np.uint8)
+    return data, valid
 
 
 def holds_nodata(data: np.ndarray, nodata: float) -> np.ndarray:
@@ -200,7 +190,7 @@ def encode_tile(
         "dtype": src.dtypes[0],
         "crs": src.crs,
         "transform": src.window_transform(window),
-        "nodata": output_nodata(src, spec.choice),
+        "nodata": spec.choice.output_nodata(src.nodata),
     }
     # The pixels go into a MEM dataset and the COG driver copies it, which is what rasterio's
     # buffered COG writer does on close; but rasterio.shutil.copy releases the GIL around
