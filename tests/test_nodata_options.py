@@ -128,7 +128,7 @@ def test_the_mosaic_carries_the_options_as_rio_cogeo_does(tmp_path, stores, stor
         masks_zeros = own_nodata != 5000
         assert ours.dataset_mask()[0, 0] == (0 if masks_zeros else 255) and ours.dataset_mask()[-1, 500]
 
-    # A scrub of the job finds every tile as the override makes it.
+    # A scrub of the job finds every tile as the options make it.
     for window in plan_windows(scene.width, scene.height, spec.window_size):
         report = check_window(
             source,
