@@ -1,23 +1,31 @@
 """Each output profile against ``rio cogeo create`` with the same profile, side by side in one run:
 ``python -m bench.profiles [--size 4096]``.
 
-For each lossless profile (tilecommit/profiles.py): rio-cogeo on the local scene (256-pixel blocks
-and overview blocks, average overviews, as bench.e2e) in a child process, then our pipeline on the
+For each profile (tilecommit/profiles.py): rio-cogeo on the local scene (256-pixel blocks and
+overview blocks, average overviews, as bench.e2e) in a child process, then our pipeline on the
 bench's own Azurite, in process (upload, job, mosaic committed), with the upload's metadata naming
-the profile. Prints wall time, CPU seconds (ours: this process, and Azurite beside it) and output
-size; writes bench/results/profiles.json. Nothing is asserted: the tests check the outputs.
+the profile. The lossless ones run on the bench's uint16 scene (nodata 0); JPEG and WEBP on a
+uint8 RGB scene of the same size (they take 8-bit data only); LERC with a ``max_z_error`` on the
+uint16 scene with ``add_mask`` (on integers with a nodata value it is refused otherwise). Prints
+wall time, CPU seconds (ours: this process, and Azurite beside it), output size and, for the lossy
+ones, the full resolution's error against the source (PSNR over the valid pixels, and the largest
+absolute error); writes bench/results/profiles.json. Nothing is asserted: the tests check the outputs.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import resource
 import tempfile
 import time
 
-from .common import RESULTS, RIO, BenchStorage, run_measured, say, scene_path, table
+import numpy as np
+import rasterio
+
+from .common import DATA, RESULTS, RIO, BenchStorage, run_measured, say, scene_path, table
 from .instrumented import local_host, process
 
 #: Our profile, the metadata that names it, and rio-cogeo's options for the same output: its
@@ -28,7 +36,16 @@ PROFILES = {
     "zstd": ({"tilecommit_profile": "zstd"}, ["--cog-profile", "zstd", "--co", "LEVEL=9", "--co", "PREDICTOR=2"]),
     "lzw": ({"tilecommit_profile": "lzw"}, ["--cog-profile", "lzw", "--co", "PREDICTOR=2"]),
     "raw": ({"tilecommit_profile": "raw"}, ["--cog-profile", "raw"]),
+    # rio-cogeo's jpeg and webp profiles leave QUALITY to GDAL (75), our default too.
+    "jpeg": ({"tilecommit_profile": "jpeg"}, ["--cog-profile", "jpeg"]),
+    "webp": ({"tilecommit_profile": "webp"}, ["--cog-profile", "webp"]),
+    "lerc_zstd,max_z_error=1,add_mask": (
+        {"tilecommit_profile": "lerc_zstd", "tilecommit_max_z_error": "1", "tilecommit_add_mask": "true"},
+        ["--cog-profile", "lerc_zstd", "--co", "MAX_Z_ERROR=1", "--add-mask"],
+    ),
 }
+#: The profiles that take 8-bit data only, run on the uint8 RGB scene.
+EIGHT_BIT = ("jpeg", "webp")
 COMMON = ["--blocksize", "256", "--overview-blocksize", "256", "--overview-resampling", "average", "--quiet"]
 
 
@@ -37,15 +54,43 @@ def cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def rio(src, options: list[str]) -> dict:
+def rgb_scene_path(size: int):
+    """The cached deterministic size x size uint8 RGB scene (no nodata) under bench/data/."""
+    from testkit.scenes import SceneSpec, write_scene
+
+    DATA.mkdir(parents=True, exist_ok=True)
+    final = DATA / f"scene_{size}x{size}x3_uint8.tif"
+    if not final.exists():
+        partial = final.with_suffix(".partial.tif")
+        write_scene(str(partial), SceneSpec(size, size, 3, "uint8"))
+        partial.rename(final)
+    return final
+
+
+def error_against(src, out: str) -> dict:
+    """The full resolution of ``out`` against the source: PSNR over the pixels valid in both
+    (peak: the data type's largest value) and the largest absolute error."""
+    with rasterio.open(src) as source, rasterio.open(out) as made:
+        want, got = source.read().astype(np.float64), made.read().astype(np.float64)
+        valid = (source.dataset_mask() > 0) & (made.dataset_mask() > 0)
+        peak = float(np.iinfo(source.dtypes[0]).max)
+    diff = (got - want)[:, valid]
+    mse = float(np.mean(diff**2)) if diff.size else 0.0
+    return {
+        "psnr_db": None if mse == 0 else round(10 * math.log10(peak**2 / mse), 2),
+        "max_abs_error": float(np.abs(diff).max()) if diff.size else 0.0,
+    }
+
+
+def rio(src, options: list[str], *, lossy: bool) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-profiles-") as workdir:
         out = os.path.join(workdir, "rio.tif")
         measured = run_measured([RIO, "cogeo", "create", str(src), out, *options, *COMMON])
-        return {**measured.summary(), "nbytes": os.path.getsize(out)}
+        return {**measured.summary(), "nbytes": os.path.getsize(out), **(error_against(src, out) if lossy else {})}
 
 
-def ours(storage: BenchStorage, src, name: str, metadata: dict) -> dict:
-    env = storage.app_env(f"profiles-{name}")
+def ours(storage: BenchStorage, src, name: str, metadata: dict, *, lossy: bool) -> dict:
+    env = storage.app_env(f"profiles-{name.split(',')[0]}")
     with local_host(storage, env) as inst:
         azurite_before, cpu_before, started = storage.azurite_cpu_s(), cpu_s(), time.perf_counter()
         summary = process(inst, src, metadata=metadata)
@@ -55,12 +100,20 @@ def ours(storage: BenchStorage, src, name: str, metadata: dict) -> dict:
             inst.host.settings.output_container, f"mosaics/{summary['job_id']}/mosaic.tif"
         )
         nbytes = mosaic.get_blob_properties().size
+        errors = {}
+        if lossy:
+            with tempfile.TemporaryDirectory(prefix="bench-profiles-") as workdir:
+                out = os.path.join(workdir, "ours.tif")
+                with open(out, "wb") as f:
+                    mosaic.download_blob().readinto(f)
+                errors = error_against(src, out)
     return {
         "wall_s": round(wall, 2),
         "cpu_s": round(cpu, 2),
         "azurite_cpu_s": None if azurite is None else round(azurite - azurite_before, 2),
         "nbytes": nbytes,
         "job_id": summary["job_id"],
+        **errors,
     }
 
 
@@ -68,11 +121,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.profiles", description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", type=int, default=4096, help="scene edge in pixels (default 4096)")
     args = parser.parse_args(argv)
-    src = scene_path(args.size)
+    scenes = {"uint16": scene_path(args.size), "uint8": rgb_scene_path(args.size)}
     runs = {}
     with BenchStorage() as storage:
         for name, (metadata, rio_options) in PROFILES.items():
-            runs[name] = {"rio": rio(src, rio_options), "ours": ours(storage, src, name, metadata)}
+            src = scenes["uint8" if name in EIGHT_BIT else "uint16"]
+            lossy = name in EIGHT_BIT or "max_z_error" in name
+            runs[name] = {
+                "scene": src.name,
+                "rio": rio(src, rio_options, lossy=lossy),
+                "ours": ours(storage, src, name, metadata, lossy=lossy),
+            }
     rows = []
     for name, run in runs.items():
         theirs, mine = run["rio"], run["ours"]
@@ -87,15 +146,25 @@ def main(argv: list[str] | None = None) -> int:
                 f"{theirs['nbytes'] / 2**20:.1f}",
                 f"{mine['nbytes'] / 2**20:.1f}",
                 f"{mine['nbytes'] / theirs['nbytes']:.3f}",
+                _error_cell(theirs),
+                _error_cell(mine),
             ]
         )
     headers = ["profile", "rio wall s", "ours wall s", "ratio", "rio CPU s", "ours CPU s + Azurite"]
-    headers += ["rio MiB", "ours MiB", "size ratio"]
-    say(f"{args.size}² x 3 uint16, file to file (ours: upload, job, mosaic committed in the bench's Azurite)")
+    headers += ["rio MiB", "ours MiB", "size ratio", "rio PSNR dB / max err", "ours PSNR dB / max err"]
+    say(f"{args.size}² x 3 (uint8 RGB for jpeg and webp, else uint16), file to file (ours: upload, job, mosaic")
+    say("committed in the bench's Azurite)")
     say(table(rows, headers))
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "profiles.json").write_text(json.dumps({"size": args.size, "runs": runs}, indent=2) + "\n")
     return 0
+
+
+def _error_cell(run: dict) -> str:
+    if "max_abs_error" not in run:
+        return "lossless"
+    psnr = "inf" if run["psnr_db"] is None else f"{run['psnr_db']:.2f}"
+    return f"{psnr} / {run['max_abs_error']:g}"
 
 
 if __name__ == "__main__":
