@@ -28,7 +28,8 @@ compares a tile with the same window encoded again, and LERC's error is bounded 
 (:func:`check_for`): JPEG on anything but 8-bit data of 1, 3 or 4 bands without alpha, WEBP on
 anything but 8-bit RGB or RGBA, either on data with a nodata value (a pixel moved onto or off
 that value changes the mask), LERC above 0 on integers with a nodata value (measured: 13 valid
-pixels of 262,144 became the nodata value at ``max_z_error=2``). The mosaic is assembled from the
+pixels of 262,144 became the nodata value at ``max_z_error=2``); with ``add_mask`` the mask,
+encoded losslessly, says what is valid, so those two refusals do not apply. The mosaic is assembled from the
 tiles' compressed blocks, so its full resolution holds exactly the tiles' pixels, for every
 profile; its coarse levels are computed and encoded to the same profile.
 """
