@@ -33,7 +33,7 @@ from ..records import Record
 from ..settings import Settings
 from ..spec import OutputSpec
 from .assembly.checks import blob_properties
-from .assembly.commit import MosaicResult
+from .assembly.commit import MosaicResult, output_names
 from .assembly.committed import verify_outputs
 from .assembly.mosaic import assemble_mosaic
 from .gdal_errors import gdal_step
@@ -254,12 +254,7 @@ def check_outputs(
 
 def inspect_outputs(output: ContainerClient, job_id: str) -> dict[str, str | None]:
     """The ETags of the job's mosaic, STAC item and quicklook as they are now (None: absent)."""
-    names = {
-        "mosaic": jobs.mosaic_blob_name(job_id),
-        "stac": jobs.stac_blob_name(job_id),
-        "quicklook": jobs.quicklook_blob_name(job_id),
-    }
-    found = {key: blob_properties(output, name) for key, name in names.items()}
+    found = {key: blob_properties(output, name) for key, name in output_names(job_id).items()}
     return {key: props.etag if props is not None else None for key, props in found.items()}
 
 
