@@ -10,10 +10,12 @@ import pytest
 from devhost.durable.engine import Engine
 from devhost.durable.functions import FunctionIndex
 from devhost.durable.history import InstanceAlreadyExists, InvalidInstanceId
-from devhost.durable.instance import Instance
+from devhost.durable.instance import Instance, new_execution_id
+from devhost.durable.messaging import start_body
 from devhost.durable.partitions import LeaseTimings
 from devhost.durable.queues import queue_service
 from devhost.durable.store import HistoryStore
+from devhost.durable.work import StartMessage
 from devhost.session import StallReporter
 from tests.apps import toy_app
 
@@ -235,6 +237,30 @@ def test_a_stored_instance_no_host_ever_heard_of_is_started_by_the_watchdog(stor
         state = engine.wait_for("orphan", timeout=60)
     assert state["status"] == "Completed" and state["output"]["total"] == sum(n * n for n in range(4))
     assert engine.stats.watchdog_redispatches >= 1
+
+
+def test_a_start_sent_again_for_a_child_that_already_finished_reports_it_to_the_parent(store):
+    """A host that takes over a partition sends its instances' open tasks again, the start of a
+    sub-orchestration among them. When that child already finished (on the host that died before
+    its parent heard), the new owner reads the child from storage and reports its outcome to the
+    parent instead of running it again. The report used to raise in the host (it woke waiters
+    without the lock held), so the start failed on every try and the parent waited for ever."""
+    with make_engine(store) as engine:
+        engine.start_new("fan", "job-12", {"count": 4, "batch": 2})
+        assert engine.wait_for("job-12", timeout=60)["status"] == "Completed"
+    child = store.read_state("job-12-b000")
+    assert child["status"] == "Completed" and child["parent"]["id"] == "job-12"
+    episodes_before = len(list(store.episodes("job-12-b000")))
+    again = StartMessage(child["name"], child["id"], child["input"], child["parent"], new_execution_id())
+    with make_engine(store) as engine:
+        engine.queues.send_control(engine.partition(child["id"]), start_body(again))
+        deadline = time.monotonic() + 30
+        while engine.stats.duplicate_completions_dropped == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        # The report reached the parent's partition: the parent has finished, so it is dropped there.
+        assert engine.stats.duplicate_completions_dropped == 1
+        assert engine.stats.episodes == 0  # the child was not run again
+    assert len(list(store.episodes("job-12-b000"))) == episodes_before
 
 
 def test_a_job_that_makes_no_progress_is_reported_instead_of_waited_on_in_silence():

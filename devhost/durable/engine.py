@@ -254,9 +254,10 @@ class Engine(TaskHubClient, EpisodeRunner, Messaging, PartitionHandover):
         ):
             # The child finished before the host stopped, but its parent never heard: tell it now.
             finished = Instance.from_state(stored)
-            with self._lock:
+            with self._lock:  # _report_to_parent wakes the waiters, which needs the lock held
                 self._instances[finished.id] = finished
-            return [self._report_to_parent(finished)], None
+                report = self._report_to_parent(finished)
+            return [report], None
         if stored is not None or current is not None:
             # An earlier execution of this id: its history goes; the new one starts from scratch.
             self.store.purge_history(message.instance_id, keep_execution=message.execution_id)
