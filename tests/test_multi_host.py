@@ -103,7 +103,31 @@ def wait_all(store: HistoryStore, job_ids: list[str], timeout: float) -> dict[st
             return states
         time.sleep(0.5)
     unfinished = {k: (v or {}).get("status") for k, v in states.items() if not v or v["status"] not in TERMINAL}
-    raise TimeoutError(f"{len(unfinished)} job(s) not finished after {timeout} s: {unfinished}")
+    evidence = "\n".join(where_it_waits(store, job_id) for job_id in unfinished)
+    raise TimeoutError(f"{len(unfinished)} job(s) not finished after {timeout} s: {unfinished}\n{evidence}")
+
+
+def where_it_waits(store: HistoryStore, job_id: str) -> str:
+    """What an unfinished job and each of its children wait for, as stored: status, episodes and
+    the tasks scheduled but not completed (the evidence a hang needs, read when it happens)."""
+    lines = []
+    for state in store.instances():
+        if not state["id"].startswith(job_id):
+            continue
+        events = [item for episode in store.episodes(state["id"]) for item in episode.events]
+        scheduled = {
+            i["EventId"]: i.get("Name") or i["EventType"]
+            for i in events
+            if i["EventType"] in (TASK_SCHEDULED, TIMER_CREATED, SUB_ORCHESTRATION_CREATED)
+        }
+        done = {completion_task_id(i) for i in events} - {None}
+        open_tasks = {k: v for k, v in scheduled.items() if k not in done}
+        lines.append(
+            f"  {state['id']}: {state['status']}, execution {state.get('execution_id')}, "
+            f"{len(events)} events, custom status {state.get('custom_status')}, open tasks {open_tasks}"
+        )
+    owners = {r["RowKey"]: r.get("CurrentOwner") for r in store.partition_table.query_entities("PartitionKey eq ''")}
+    return f"{job_id}:\n" + "\n".join(lines) + f"\n  partition owners {owners}"
 
 
 def assert_history_runs_each_episode_once(store: HistoryStore) -> int:
