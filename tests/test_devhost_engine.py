@@ -239,28 +239,60 @@ def test_a_stored_instance_no_host_ever_heard_of_is_started_by_the_watchdog(stor
     assert engine.stats.watchdog_redispatches >= 1
 
 
-def test_a_start_sent_again_for_a_child_that_already_finished_reports_it_to_the_parent(store):
+@pytest.mark.parametrize("where", ["on the host that ran it", "on a host that took over"])
+def test_a_start_sent_again_for_a_child_that_already_finished_reports_it_to_the_parent(store, where):
     """A host that takes over a partition sends its instances' open tasks again, the start of a
-    sub-orchestration among them. When that child already finished (on the host that died before
-    its parent heard), the new owner reads the child from storage and reports its outcome to the
-    parent instead of running it again. The report used to raise in the host (it woke waiters
-    without the lock held), so the start failed on every try and the parent waited for ever."""
-    with make_engine(store) as engine:
-        engine.start_new("fan", "job-12", {"count": 4, "batch": 2})
-        assert engine.wait_for("job-12", timeout=60)["status"] == "Completed"
-    child = store.read_state("job-12-b000")
-    assert child["status"] == "Completed" and child["parent"]["id"] == "job-12"
-    episodes_before = len(list(store.episodes("job-12-b000")))
-    again = StartMessage(child["name"], child["id"], child["input"], child["parent"], new_execution_id())
-    with make_engine(store) as engine:
+    sub-orchestration among them. When that child already finished (on this host, or on a host
+    that stopped before its parent heard), its outcome is reported to the parent instead of the
+    child being run again. The report from storage used to raise in the host (it woke waiters
+    without the lock held), and the start's retry then purged the finished child and re-ran it."""
+    first = make_engine(store).start()
+    try:
+        first.start_new("fan", "job-12", {"count": 4, "batch": 2})
+        assert first.wait_for("job-12", timeout=60)["status"] == "Completed"
+        child = store.read_state("job-12-b000")
+        assert child["status"] == "Completed" and child["parent"]["id"] == "job-12"
+        episodes_before = len(list(store.episodes("job-12-b000")))
+        if where == "on a host that took over":
+            first.stop()
+            engine = make_engine(store).start()
+        else:
+            engine = first
+        dropped_before, ran_before = engine.stats.duplicate_completions_dropped, engine.stats.episodes
+        again = StartMessage(child["name"], child["id"], child["input"], child["parent"], new_execution_id())
         engine.queues.send_control(engine.partition(child["id"]), start_body(again))
         deadline = time.monotonic() + 30
-        while engine.stats.duplicate_completions_dropped == 0 and time.monotonic() < deadline:
+        while engine.stats.duplicate_completions_dropped == dropped_before and time.monotonic() < deadline:
             time.sleep(0.05)
         # The report reached the parent's partition: the parent has finished, so it is dropped there.
-        assert engine.stats.duplicate_completions_dropped == 1
-        assert engine.stats.episodes == 0  # the child was not run again
+        assert engine.stats.duplicate_completions_dropped == dropped_before + 1
+        assert engine.stats.episodes == ran_before  # the child was not run again
+        assert engine.backoff._failures == {}  # and its start did not fail
+    finally:
+        engine.stop()
+        first.stop()
     assert len(list(store.episodes("job-12-b000"))) == episodes_before
+    assert store.read_state("job-12-b000")["execution_id"] == child["execution_id"]
+
+
+def test_an_instance_loaded_with_its_partition_runs_at_once_not_at_the_watchdogs_next_round(store):
+    """A host taking up a partition loads its Pending instances before the partition counts as
+    its own. They used to be made ready then, and a dispatcher that took one in that moment found
+    the partition not yet owned and put it aside: it ran only when the watchdog looked again (10 s
+    later by default). Here the taking up is slowed, as on a busy machine, and the watchdog is
+    kept out of the way: the instance must run without it."""
+
+    class SlowTakeUp(Engine):
+        def _acquired(self, partition: int, after_crash: bool) -> None:
+            super()._acquired(partition, after_crash)
+            time.sleep(0.3)  # between loading the partition and owning it, the dispatchers look
+
+    row = Instance("loaded", "fan", '{"count": 4, "batch": 2}').state()
+    assert store.write_new_state("loaded", row, None)
+    with SlowTakeUp(FunctionIndex.from_app(toy_app.app), store, timer_scale=0.01, watchdog_interval=600) as engine:
+        state = engine.wait_for("loaded", timeout=30)
+    assert state["status"] == "Completed" and state["output"]["total"] == sum(n * n for n in range(4))
+    assert engine.stats.watchdog_redispatches == 0
 
 
 def test_a_job_that_makes_no_progress_is_reported_instead_of_waited_on_in_silence():

@@ -159,6 +159,7 @@ class Engine(TaskHubClient, EpisodeRunner, Messaging, PartitionHandover):
             drain=self._drain,
             lost=self._lost,
             crowded=self._crowded,
+            taken_up=self._taken_up,
             timings=lease,
         )
         self.control = ControlReader(self.queues, self.partitions.owns, self._accept)
@@ -245,20 +246,22 @@ class Engine(TaskHubClient, EpisodeRunner, Messaging, PartitionHandover):
                 self.stats.duplicate_starts_dropped += 1
             logger.info("dropping a duplicate start event for %s", message.instance_id)
             return [], None
-        stored = None if current is not None else self.store.read_state(message.instance_id)
+        previous = current.state() if current is not None else self.store.read_state(message.instance_id)
         if (
-            stored is not None
+            previous is not None
             and message.parent
-            and stored.get("parent") == message.parent
-            and stored["status"] in TERMINAL
+            and previous.get("parent") == message.parent
+            and previous["status"] in TERMINAL
         ):
-            # The child finished before the host stopped, but its parent never heard: tell it now.
-            finished = Instance.from_state(stored)
+            # The child finished (here, or on a host that stopped), and its parent's start of it
+            # came again (sent again when the parent's partition changed hands): the parent may
+            # never have heard, so tell it now instead of running the child a second time.
+            finished = current or Instance.from_state(previous)
             with self._lock:  # _report_to_parent wakes the waiters, which needs the lock held
                 self._instances[finished.id] = finished
                 report = self._report_to_parent(finished)
             return [report], None
-        if stored is not None or current is not None:
+        if previous is not None:
             # An earlier execution of this id: its history goes; the new one starts from scratch.
             self.store.purge_history(message.instance_id, keep_execution=message.execution_id)
         inst = Instance(

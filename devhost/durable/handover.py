@@ -74,9 +74,7 @@ class PartitionHandover:
                     continue
                 self._instances[inst.id] = inst
                 resumed += 1
-                if inst.status == PENDING or not inst.history:
-                    self._mark_ready(inst.id)
-                elif after_crash:
+                if inst.status != PENDING and inst.history and after_crash:
                     for task_id in sorted(inst.open):
                         outbound += self._work_for(inst, task_id, inst.scheduled[task_id])
                 for task_id in inst.open:
@@ -84,6 +82,15 @@ class PartitionHandover:
         self._send_all(outbound)
         if resumed:
             logger.info("partition %d: %d unfinished instance(s) taken up", partition, resumed)
+
+    def _taken_up(self, partition: int) -> None:
+        """The partition counts as owned from now on: its instances that have not run a first
+        episode run now. (Made ready while it was being taken up, a dispatcher would have found
+        the partition not yet this host's and put them aside until the watchdog's next round.)"""
+        with self._lock:
+            for inst in self._instances.values():
+                if self.partition(inst.id) == partition and (inst.status == PENDING or not inst.history):
+                    self._mark_ready(inst.id)
 
     def _take_partition(self, partition: int) -> tuple[list[Instance], list, list]:
         """Remove everything of ``partition`` from memory: its instances, starts and held timers."""
@@ -156,6 +163,7 @@ class PartitionHandover:
         episode that no host took up. How many things it sent or started."""
         owned = set(self.partitions.owned())
         outbound: list[tuple] = []
+        what: list[str] = []  # one line per thing sent or started, for the log
         moment = time.monotonic()
         with self._lock:
             for inst in self._instances.values():
@@ -169,9 +177,15 @@ class PartitionHandover:
                 if not inst.history and inst.id not in self._ready:
                     self._mark_ready(inst.id)
                     outbound.append(None)
+                    what.append(f"{inst.id}: held, never run")
                 for task_id in sorted(inst.open):
                     if self._overdue(inst, task_id, moment):
-                        outbound += self._work_for(inst, task_id, inst.scheduled[task_id])
+                        meta = inst.scheduled[task_id]
+                        silent = moment - inst.dispatched.get(task_id, moment)
+                        what.append(
+                            f"{inst.id}: task {task_id} ({meta['kind']} {meta.get('name', '')}) silent {silent:.0f} s"
+                        )
+                        outbound += self._work_for(inst, task_id, meta)
                         inst.dispatched[task_id] = moment
             known = set(self._instances)
         stalled = [
@@ -188,9 +202,12 @@ class PartitionHandover:
                     self._instances[inst.id] = inst
                     self._mark_ready(inst.id)
                     outbound.append(None)
+                    what.append(f"{inst.id}: stored Pending, held by no host")
         if outbound:
             with self._lock:
                 self.stats.watchdog_redispatches += len(outbound)
-            logger.warning("watchdog: %d stalled start(s) or unanswered task(s) sent again", len(outbound))
+            logger.warning(
+                "watchdog: %d stalled start(s) or unanswered task(s) sent again: %s", len(outbound), "; ".join(what)
+            )
         self._send_all(outbound)
         return len(outbound)

@@ -24,7 +24,9 @@ became true).
 The host learns what it gained and lost through two callbacks: ``acquired(partition,
 after_crash)`` (``after_crash`` when the row expired under another owner, or was this worker's
 before this process started: the previous owner may have died between committing an episode and
-sending its messages) and ``drain(partition) -> bool`` (True once nothing of the partition is in
+sending its messages), then ``taken_up(partition)`` once the partition counts as owned (what was
+loaded may run from then on: an episode taken before that would find the partition not its host's
+and be put aside), ``drain(partition) -> bool`` (True once nothing of the partition is in
 hand, so the row can be released; called again each loop until then), and ``lost(partition)``
 when another host holds a row this one thought its own (its lease lapsed while storage was
 unreachable): whatever it holds of the partition is dropped, since the new owner, which claimed
@@ -107,6 +109,7 @@ class PartitionManager:
         drain: Callable[[int], bool],
         lost: Callable[[int], None],
         crowded: Callable[[], None] = lambda: None,
+        taken_up: Callable[[int], None] = lambda partition: None,
         timings: LeaseTimings = PROVIDER_LEASE,
     ):
         self.table = table
@@ -114,6 +117,7 @@ class PartitionManager:
         self.worker_id = worker_id
         self.timings = timings
         self._acquired, self._drain, self._lost, self._crowded = acquired, drain, lost, crowded
+        self._taken_up = taken_up
         #: No other host is on the task hub (known after the first loop; until then: not alone).
         self._alone = False
         #: Partitions this process works on, with the monotonic time its lease is good until.
@@ -335,7 +339,8 @@ class PartitionManager:
         )
         owner = row.get("CurrentOwner")
         good_until = time.monotonic() + (row["ExpiresAt"] - _now()).total_seconds() if row.get("ExpiresAt") else 0.0
-        if owner == self.worker_id and partition not in self._owned:
+        newly_owned = owner == self.worker_id and partition not in self._owned
+        if newly_owned:
             # The host takes the partition up (loads its instances) before it counts as owned, so
             # nothing of the partition is read or run here until that is done.
             after_crash = self._taking_up.pop(partition, False) or after_crash
@@ -358,3 +363,5 @@ class PartitionManager:
                 self._draining.discard(partition)
                 self.releases += 1
                 logger.info("released partition %d", partition)
+        if newly_owned and owner == self.worker_id:
+            self._taken_up(partition)
