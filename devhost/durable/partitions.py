@@ -21,7 +21,7 @@ became true).
   proportion. A host that cannot renew for a lease interval stops working on the partition by
   itself, before another host may claim it.
 
-The host learns what it gained and lost through two callbacks: ``acquired(partition,
+The host learns what it gained and lost through callbacks: ``acquired(partition,
 after_crash)`` (``after_crash`` when the row expired under another owner, or was this worker's
 before this process started: the previous owner may have died between committing an episode and
 sending its messages), then ``taken_up(partition)`` once the partition counts as owned (what was
@@ -363,5 +363,5 @@ class PartitionManager:
                 self._draining.discard(partition)
                 self.releases += 1
                 logger.info("released partition %d", partition)
-        if newly_owned and owner == self.worker_id:
+        if newly_owned:
             self._taken_up(partition)
