@@ -9,6 +9,11 @@ killed just before it:
 - ``block:N``: the N-th Put Block (N-1 were sent or are in flight on other threads)
 - ``commit``: the Put Block List (every block staged, nothing committed)
 
+or, for the local host itself:
+
+- ``child-report``: a sub-orchestration's report to a parent in another host's partition (the
+  child's last episode is committed, its report not yet sent)
+
 The trigger wraps the blob SDK's ``stage_block`` and ``commit_block_list``: the kill itself
 is real (``os.kill(getpid(), SIGKILL)``), so nothing runs after it, no ``finally``, no release.
 ``--block-kib`` shrinks the streamed mosaic's block size so a small test scene has many blocks.
@@ -33,8 +38,33 @@ def _kill() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def install_child_report() -> None:
+    """Wrap the host's sending of what an episode made (after its commit) so that a finished
+    child's report to a parent this host does not own kills the process instead of leaving."""
+    from devhost.durable.engine import Engine
+    from devhost.durable.history import SUB_ORCHESTRATION_COMPLETED
+
+    send_all = Engine._send_all
+
+    def sending(self, outbound):
+        for message in outbound:
+            if (
+                message is not None
+                and message[0] == "control"
+                and message[2].get("item", {}).get("EventType") == SUB_ORCHESTRATION_COMPLETED
+                and not self.partitions.owns(self.partition(message[1]))
+            ):
+                _kill()
+        return send_all(self, outbound)
+
+    Engine._send_all = sending
+
+
 def install(point: str) -> None:
     """Wrap the SDK so that the request named by ``point`` kills this process instead of leaving."""
+    if point == "child-report":
+        install_child_report()
+        return
     if point == "first-block":
         kind, n = "block", 1
     elif point.startswith("block:"):

@@ -215,6 +215,42 @@ def test_a_host_killed_mid_job_costs_the_others_no_more_than_its_lease(storage, 
     assert_history_runs_each_episode_once(store)
 
 
+def test_a_host_killed_between_a_childs_last_episode_and_its_report_costs_no_more_than_its_lease(
+    storage, app_env, tmp_path
+):
+    """A host commits an episode before it sends what the episode made, so one killed in between,
+    just after a sub-orchestration's last episode, takes that child's report to its parent with it.
+    With the parent in the other host's partition, the host that takes the dead one's partitions
+    sends the report again: the jobs finish within the lease, not at the watchdog's 2 minutes."""
+    made = scenes(tmp_path, 4, width=1100, height=600)  # 15 windows, 4 batches each
+    lease = ("--lease-seconds", str(TEST_LEASE_S))
+    steady_log, crashing_log = tmp_path / "steady.log", tmp_path / "crashing.log"
+    steady = serve(app_env, steady_log, "--worker-id", f"{app_env.hub}-steady", *lease)
+    crashing = serve(
+        app_env,
+        crashing_log,
+        "--worker-id",
+        f"{app_env.hub}-crashing",
+        *lease,
+        module=("tests.crash_host", "child-report", "--"),
+    )
+    hosts = [(steady, steady_log), (crashing, crashing_log)]
+    store = hub_store(storage, app_env)
+    try:
+        wait_until_balanced(store, 2)
+        job_ids = [upload(storage, app_env, scene) for scene in made]
+        assert crashing.wait(timeout=120) == -signal.SIGKILL
+        killed_at = time.monotonic()
+        states = wait_all(store, job_ids, timeout=TEST_LEASE_S + 60)
+        recovered_in = time.monotonic() - killed_at
+    finally:
+        stop_hosts(hosts)
+    assert "crash_host: SIGKILL" in crashing_log.read_text()
+    assert_outputs(storage, app_env, states, dict(zip(job_ids, made, strict=True)), one_attempt_each=False)
+    assert recovered_in < TEST_LEASE_S + 60
+    assert_history_runs_each_episode_once(store)
+
+
 def test_an_upload_another_hosts_starter_ignored_is_reported_as_ignored(storage, app_env, tmp_path):
     """The acknowledgement of a delivery keeps the starter's decision, so a command whose upload
     another host delivered (and ignored) says why instead of waiting for a job that never comes."""

@@ -44,9 +44,9 @@ QUIET_ACTIVITY_MARGIN_S = 60.0
 class PartitionHandover:
     """The engine's side of :class:`devhost.durable.partitions.PartitionManager`'s callbacks, and its watchdog."""
 
-    def _unfinished_of(self, partition: int) -> list[Instance]:
-        """The partition's Pending and Running instances, with their history, from storage."""
-        states = self.backoff.call("read the task hub", self.store.instances, lambda: self._stopping)
+    def _unfinished_of(self, partition: int, states: list[dict]) -> list[Instance]:
+        """The partition's Pending and Running instances (of the task hub's ``states``), with their
+        history, from storage."""
         found = []
         for state in states:
             if state["status"] not in (PENDING, RUNNING) or self.partition(state["id"]) != partition:
@@ -65,9 +65,10 @@ class PartitionHandover:
         """A partition came to this host: load its unfinished instances. After a crash (the row
         expired under its owner) also send their open work again: the owner may have died between
         committing an episode and sending what it scheduled, or holding results in memory."""
-        outbound: list[tuple] = []
+        states = self.backoff.call("read the task hub", self.store.instances, lambda: self._stopping)
+        outbound: list[tuple] = self._reports_lost_with(partition, states) if after_crash else []
         resumed = 0
-        for inst in self._unfinished_of(partition):
+        for inst in self._unfinished_of(partition, states):
             with self._lock:
                 current = self._instances.get(inst.id)
                 if current is not None and current.status not in TERMINAL:
@@ -82,6 +83,27 @@ class PartitionHandover:
         self._send_all(outbound)
         if resumed:
             logger.info("partition %d: %d unfinished instance(s) taken up", partition, resumed)
+
+    def _reports_lost_with(self, partition: int, states: list[dict]) -> list[tuple]:
+        """The reports of the partition's finished sub-orchestrations whose parents still run, sent
+        again. A host commits an episode before it sends what the episode made (docs/local-host.md
+        says why), so a host that died in between took a finished child's report to its parent
+        with it; when the parent is in another host's partition, nothing else sends it again (the
+        open work sent again is this partition's). A parent that had the report drops the copy."""
+        running = {s["id"]: s for s in states if s["status"] in (PENDING, RUNNING)}
+        reports = []
+        with self._lock:  # _report_to_parent wakes the waiters, which needs the lock held
+            for state in states:
+                parent = state.get("parent") or {}
+                waiting = running.get(parent.get("id"))
+                if (
+                    state["status"] in TERMINAL
+                    and self.partition(state["id"]) == partition
+                    and waiting is not None
+                    and waiting.get("execution_id") == parent.get("execution_id")
+                ):
+                    reports.append(self._report_to_parent(Instance.from_state(state)))
+        return reports
 
     def _taken_up(self, partition: int) -> None:
         """The partition counts as owned from now on: its instances that have not run a first
