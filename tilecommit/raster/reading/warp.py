@@ -1,0 +1,175 @@
+"""A web-optimized job's grid, and the upload seen on it: warped by GDAL with the exact transformer.
+
+:func:`web_optimized_grid` is the grid ``rio cogeo create --web-optimized`` makes (rio-cogeo
+7.0.4, ``rio_cogeo.utils.get_web_optimized_params`` with its defaults): WebMercatorQuad
+(EPSG:3857), the zoom level whose resolution is closest to the source's as GDAL would warp it
+("auto" zoom level strategy, morecantile's ``zoom_for_res``), the bounds widened to the tiles of
+that zoom which hold the source's corners (no aligned levels). It is a pure function of the source
+version, so every activity of a job computes the same one.
+
+:func:`warped` opens the upload on that grid as a GDAL warped VRT whose transformer is GDAL's
+exact one (gdalwarp's ``-et 0``), written here as the VRT's XML because rasterio 1.4.4 cannot
+make one: its ``WarpedVRT`` with ``tolerance=0`` and a given grid leaves the transformer unset
+(GDAL: "pfnTransformer is NULL"), and ``rasterio.warp.reproject`` always wraps the transformer in
+the approximating one, 0.125 pixel of error, whatever is asked. With the exact transformer each
+output pixel's source position is computed on its own, so reading one window of the VRT gives
+the pixels a warp of the whole scene gives there, for the kernels that use the source pixels
+under an output pixel alone (nearest, average, mode, rms: tilecommit/profiles.py says why the
+wider ones are refused); GDAL reads the source window each chunk needs, the kernel's margin
+included. Nothing is written: the VRT is opened from text.
+"""
+
+from __future__ import annotations
+
+import weakref
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import morecantile
+import rasterio
+from affine import Affine
+from rasterio.crs import CRS
+from rasterio.dtypes import _gdal_typename
+from rasterio.vrt import WarpedVRT
+
+from .source import reads_through, source_of
+
+#: The tile matrix set of ``--web-optimized`` (rio-cogeo's default ``tms``).
+TILE_MATRIX_SET = "WebMercatorQuad"
+#: Finest zoom considered, as rio-cogeo asks ``zoom_for_res``.
+MAX_ZOOM = 30
+#: GDAL's names of the warp kernels (GDALWarpOptions' ResampleAlg in a VRT's XML).
+GDAL_KERNELS = {
+    "nearest": "NearestNeighbour",
+    "average": "Average",
+    "mode": "Mode",
+    "rms": "RMS",
+}
+#: Edge of the warped VRT's blocks: the warper works a block at a time, and a window (a multiple
+#: of 256) is then whole blocks.
+WARP_BLOCK = 256
+#: Memory the warper may use for one chunk (GDAL's default, 64 MB).
+WARP_MEMORY = 64 * 1024 * 1024
+
+#: The dataset each open warped VRT warps (its tags, colours and palette are the outputs').
+_ORIGINS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+@dataclass(frozen=True)
+class TargetGrid:
+    """The output grid of a web-optimized job: CRS, transform, size and the zoom it is at."""
+
+    crs: CRS
+    transform: Affine
+    width: int
+    height: int
+    zoom: int
+
+    def tags(self) -> dict[str, str]:
+        """The tiling scheme tags rio-cogeo writes on a web-optimized COG."""
+        return {"TILING_SCHEME_NAME": TILE_MATRIX_SET, "TILING_SCHEME_ZOOM_LEVEL": str(self.zoom)}
+
+
+def tile_matrix_set() -> morecantile.TileMatrixSet:
+    return morecantile.tms.get(TILE_MATRIX_SET)
+
+
+def web_optimized_grid(src) -> TargetGrid:
+    """The grid ``rio cogeo create --web-optimized`` gives ``src`` (the module's notes).
+
+    Step for step rio-cogeo's ``get_web_optimized_params``: the bounds and resolution GDAL
+    suggests for the warp to EPSG:3857 (``GDALSuggestedWarpOutput2``, through a WarpedVRT made
+    for nothing else), the zoom whose resolution is closest to the coarser of the two axes, and
+    the tiles of that zoom holding the upper-left and lower-right corners.
+    """
+    tms = tile_matrix_set()
+    crs = tms.rasterio_crs
+    if src.crs != crs:
+        with WarpedVRT(src, crs=crs) as suggested:
+            bounds, transform = suggested.bounds, suggested.transform
+    else:
+        bounds, transform = src.bounds, src.transform
+    zoom = tms.zoom_for_res(max(abs(transform.a), abs(transform.e)), max_z=MAX_ZOOM, zoom_level_strategy="auto")
+    # morecantile's _tile is the tile holding a point given in the set's CRS: what rio-cogeo calls.
+    upper_left = tms._tile(bounds[0], bounds[3], zoom)
+    west, _, _, north = tms.xy_bounds(upper_left)
+    lower_right = tms._tile(bounds[2], bounds[1], zoom)
+    east, _, _, south = tms.xy_bounds(morecantile.Tile(lower_right.x + 1, lower_right.y + 1, zoom))
+    resolution = tms.matrix(zoom).cellSize
+    grid = Affine(resolution, 0, west, 0, -resolution, north)
+    width = max(1, round((east - west) / grid.a))
+    height = max(1, round((south - north) / grid.e))
+    return TargetGrid(crs=crs, transform=grid, width=width, height=height, zoom=zoom)
+
+
+def _geotransform(transform: Affine) -> str:
+    return ",".join(repr(float(v)) for v in transform.to_gdal())
+
+
+def exact_warp_xml(src, grid: TargetGrid, *, resampling: str, nodata: float | None, block: int = WARP_BLOCK) -> str:
+    """A VRTWarpedDataset of ``src`` on ``grid`` whose transformer is GDAL's exact one.
+
+    ``nodata``: the value that marks no data in the source and fills the output where no source
+    pixel falls (as rio-cogeo warps with ``src_nodata`` and ``nodata`` both that value); None:
+    the output is 0 there, unmasked, as rio-cogeo's is for a source without nodata or mask.
+    """
+    dtype = _gdal_typename(src.dtypes[0])
+    root = ET.Element(
+        "VRTDataset", rasterXSize=str(grid.width), rasterYSize=str(grid.height), subClass="VRTWarpedDataset"
+    )
+    ET.SubElement(root, "SRS").text = grid.crs.to_wkt()
+    ET.SubElement(root, "GeoTransform").text = _geotransform(grid.transform)
+    for band in src.indexes:
+        element = ET.SubElement(root, "VRTRasterBand", dataType=dtype, band=str(band), subClass="VRTWarpedRasterBand")
+        if nodata is not None:
+            ET.SubElement(element, "NoDataValue").text = repr(float(nodata))
+    ET.SubElement(root, "BlockXSize").text = str(block)
+    ET.SubElement(root, "BlockYSize").text = str(block)
+    options = ET.SubElement(root, "GDALWarpOptions")
+    ET.SubElement(options, "WarpMemoryLimit").text = str(WARP_MEMORY)
+    ET.SubElement(options, "ResampleAlg").text = GDAL_KERNELS[resampling]
+    ET.SubElement(options, "WorkingDataType").text = dtype
+    ET.SubElement(options, "Option", name="INIT_DEST").text = "NO_DATA" if nodata is not None else "0"
+    if nodata is not None:  # a pixel is no data when every band holds the value, as GDAL masks it
+        ET.SubElement(options, "Option", name="UNIFIED_SRC_NODATA").text = "YES"
+    ET.SubElement(options, "SourceDataset", relativeToVRT="0").text = src.name
+    transformer = ET.SubElement(ET.SubElement(options, "Transformer"), "GenImgProjTransformer")
+    ET.SubElement(transformer, "SrcGeoTransform").text = _geotransform(src.transform)
+    ET.SubElement(transformer, "SrcInvGeoTransform").text = _geotransform(~src.transform)
+    ET.SubElement(transformer, "DstGeoTransform").text = _geotransform(grid.transform)
+    ET.SubElement(transformer, "DstInvGeoTransform").text = _geotransform(~grid.transform)
+    reprojection = ET.SubElement(ET.SubElement(transformer, "ReprojectTransformer"), "ReprojectionTransformer")
+    ET.SubElement(reprojection, "SourceSRS").text = src.crs.to_wkt()
+    ET.SubElement(reprojection, "TargetSRS").text = grid.crs.to_wkt()
+    bands = ET.SubElement(options, "BandList")
+    for band in src.indexes:
+        mapping = ET.SubElement(bands, "BandMapping", src=str(band), dst=str(band))
+        if nodata is not None:
+            ET.SubElement(mapping, "SrcNoDataReal").text = repr(float(nodata))
+            ET.SubElement(mapping, "DstNoDataReal").text = repr(float(nodata))
+    return ET.tostring(root, encoding="unicode")
+
+
+@contextmanager
+def warped(src, grid: TargetGrid, *, resampling: str, nodata: float | None) -> Iterator:
+    """``src`` (open, and open until the block ends) seen on ``grid``: :func:`exact_warp_xml` opened.
+
+    GDAL opens the source again by its name, so an upload opened through its pinned reader is
+    read through that reader, every byte at the job's version and counted.
+    """
+    with rasterio.open(exact_warp_xml(src, grid, resampling=resampling, nodata=nodata)) as dataset:
+        _ORIGINS[dataset] = (src, grid)
+        reads_through(dataset, source_of(src))
+        yield dataset
+
+
+def origin_of(dataset):
+    """The dataset ``dataset`` warps, or ``dataset`` itself when it is no warped view."""
+    return _ORIGINS.get(dataset, (dataset, None))[0]
+
+
+def grid_of(dataset) -> TargetGrid | None:
+    """The grid a warped view is on (None for any other dataset)."""
+    return _ORIGINS.get(dataset, (None, None))[1]
