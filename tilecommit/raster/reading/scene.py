@@ -7,6 +7,7 @@ accepted, so a job fails at once instead of retrying an input that can never wor
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from collections.abc import Callable
@@ -17,7 +18,7 @@ from typing import Any, TypeVar
 import numpy as np
 from rasterio.crs import CRS
 from rasterio.enums import ColorInterp, MaskFlags
-from rasterio.errors import RasterioIOError
+from rasterio.errors import CRSError, RasterioIOError
 from rasterio.windows import Window as RioWindow
 
 from ... import profiles
@@ -30,6 +31,7 @@ from ..env import gdal_env
 from .metadata import has_colormap
 from .source import Source, as_source, open_upload, prefetch_window, source_of
 from .upload import ACCEPTED_FORMATS, HEADER_BYTES, check_upload_content, upload_gdal_options
+from .warp import web_optimized_grid
 
 #: Sample types a tile COG, the mosaic and the quicklook handle (PREDICTOR 2 or 3 applies to all).
 SUPPORTED_DTYPES = ("uint8", "int8", "uint16", "int16", "uint32", "int32", "float32", "float64")
@@ -447,4 +449,43 @@ def inspect_source(
             _check_georeferencing(path, src)
             _check_block_layout(path, src)
             _check_blocks_present(path, src, size, spec.window_size)
-            return scene_from_dataset(src, nbytes=size, choice=spec.choice)
+            scene = scene_from_dataset(src, nbytes=size, choice=spec.choice)
+            return on_web_optimized_grid(path, src, scene, settings) if spec.choice.web_optimized else scene
+
+
+def on_web_optimized_grid(path: str, src, scene: SceneInfo, settings: Settings) -> SceneInfo:
+    """``scene`` as a web-optimized job's outputs are: on the grid of
+    :func:`~.warp.web_optimized_grid`, the source's bands, sample type and nodata.
+
+    Refused with the reason: a source whose validity is an alpha band or an internal mask (their
+    warp is not built: the output would need an alpha band or mask of the warped footprint), a
+    grid GDAL cannot compute (no transformation to EPSG:3857), a grid over the pixel limit.
+    """
+    own = _mask_kind(src)
+    if own in ("alpha", "per-dataset"):
+        kind = "an alpha band" if own == "alpha" else "an internal mask"
+        raise UnsupportedRasterError(
+            f"{path} carries its valid area as {kind}: web_optimized is built for sources whose no data is a "
+            "nodata value (or that have none); accepted: web_optimized on a source with a nodata value or none, "
+            "or this source without web_optimized"
+        )
+    try:
+        grid = web_optimized_grid(src)
+    except (CRSError, RasterioIOError, ValueError) as exc:
+        raise UnsupportedRasterError(
+            f"{path} cannot be placed on the WebMercatorQuad grid (EPSG:3857): {exc}; accepted: a source whose "
+            "CRS transforms to EPSG:3857, or this source without web_optimized"
+        ) from exc
+    if grid.width * grid.height > settings.max_pixels:
+        raise UnsupportedRasterError(
+            f"{path} on the WebMercatorQuad grid at zoom {grid.zoom} is {grid.width} x {grid.height} = "
+            f"{grid.width * grid.height} pixels, more than the {settings.max_pixels} allowed (TILECOMMIT_MAX_PIXELS); "
+            "accepted: a scene whose web-optimized grid has at most that many pixels"
+        )
+    return dataclasses.replace(
+        scene,
+        width=grid.width,
+        height=grid.height,
+        crs=grid.crs.to_wkt(version="WKT2_2019"),
+        transform=[float(v) for v in tuple(grid.transform)[:6]],
+    )

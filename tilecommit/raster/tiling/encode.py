@@ -26,6 +26,7 @@ from ..env import BLOCK_SIZE, NUM_THREADS
 from ..reading import metadata
 from ..reading.scene import overview_resampling_for, read_classified
 from ..reading.source import prefetch_window
+from ..reading.warp import grid_of, origin_of
 
 
 def tile_overview_count(window_size: int, block_size: int = BLOCK_SIZE) -> int:
@@ -164,6 +165,8 @@ def encode_tile(
     returned for this window of ``src``, so it is not read twice.
     """
     window = _rio_window(window)
+    # A warped view's tags, colours and palette are its source's (what rio-cogeo carries too).
+    about, grid = origin_of(src), grid_of(src)
     started = time.perf_counter()
     data, mask = pixels if pixels is not None else read_window(src, window, choice=spec.choice)
     read_s = time.perf_counter() - started
@@ -178,7 +181,7 @@ def encode_tile(
         overview_count=0
         if window.width == window.height == 1
         else tile_overview_count(spec.window_size, spec.block_size),
-        resampling=spec.overview_resampling(overview_resampling_for(src)),
+        resampling=spec.overview_resampling(overview_resampling_for(about)),
         choice=spec.choice,
         num_threads=num_threads,
     )
@@ -200,7 +203,9 @@ def encode_tile(
         staged.write(data)
         if mask is not None:
             staged.write_mask(mask)
-        metadata.carry(src, staged)
+        metadata.carry(about, staged)
+        if grid is not None:
+            staged.update_tags(**grid.tags())
         with MemoryFile() as memory:
             write_cog(staged, memory.name, options, choice=spec.choice, dtype=src.dtypes[0], block_size=spec.block_size)
             body = memory.read()

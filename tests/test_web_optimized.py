@@ -1,0 +1,271 @@
+"""The ``web_optimized`` profile option, as ``rio cogeo create --web-optimized`` makes it: the
+mosaic on the WebMercatorQuad grid rio-cogeo chooses (CRS, transform, size, blocks, overview
+levels), its pixels those of one exact warp of the whole source (error threshold 0) with the same
+kernel, for a UTM scene, a geographic scene across the antimeridian and a polar stereographic
+one; the option is part of the job; the VRT and block assemblies take the warped tiles; what
+cannot be warped is refused with the reason."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import rasterio
+from rasterio.rio.overview import get_maximum_overview_level
+from rasterio.transform import from_origin
+from rio_cogeo.cogeo import cog_translate, cog_validate
+from rio_cogeo.profiles import cog_profiles
+
+from devhost.session import process_file
+from orchestrators import names
+from tilecommit import profiles
+from tilecommit.errors import BadInputError, UnsupportedRasterError
+from tilecommit.jobs import job_id_for
+from tilecommit.raster import inspect_source, mosaic_overview_levels
+from tilecommit.raster.reading.warp import exact_warp_xml, web_optimized_grid
+from tilecommit.settings import SETTING_PROFILE, Settings
+from tilecommit.spec import OutputSpec
+
+from .app_jobs import WINDOW, download, local_host, wait_until
+from .conftest import counter_total
+from .made_rasters import made
+from .raster_jobs import assert_complete_pyramid, run_steps
+
+WHERE = "blob metadata tilecommit_profile"
+
+
+def utm_scene(path) -> str:
+    """600 x 520 x 3 uint16 in UTM 33N at 10 m, nodata 0 in a corner."""
+    rng = np.random.default_rng(5)
+    data = rng.integers(1, 4000, size=(3, 520, 600), dtype=np.uint16)
+    rows, cols = np.mgrid[0:520, 0:600]
+    data[:, rows + cols < 150] = 0
+    profile = dict(driver="GTiff", width=600, height=520, count=3, dtype="uint16", crs="EPSG:32633", nodata=0)
+    profile.update(transform=from_origin(500000, 4600000, 10, 10), tiled=True, blockxsize=256, blockysize=256)
+    with rasterio.open(path, "w", **profile) as dst:
+        dst.write(data)
+    return str(path)
+
+
+def antimeridian_scene(path) -> str:
+    """640 x 400 x 3 uint8 in EPSG:4326 from 178.4 to 181.6 deg E (past 180), no nodata."""
+    rng = np.random.default_rng(6)
+    data = rng.integers(1, 250, size=(3, 400, 640), dtype=np.uint8)
+    profile = dict(driver="GTiff", width=640, height=400, count=3, dtype="uint8", crs="EPSG:4326")
+    profile.update(transform=from_origin(178.4, -15.0, 0.005, 0.005), tiled=True, blockxsize=256, blockysize=256)
+    with rasterio.open(path, "w", **profile) as dst:
+        dst.write(data)
+    return str(path)
+
+
+def polar_scene(path) -> str:
+    return str(made("polar_stereographic_south.tif"))
+
+
+#: scene maker, warp kernel
+SCENES = {
+    "utm": (utm_scene, "nearest"),
+    "utm-average": (utm_scene, "average"),
+    "antimeridian": (antimeridian_scene, "nearest"),
+    "polar": (polar_scene, "nearest"),
+    "polar-average": (polar_scene, "average"),
+}
+
+
+def whole_warp(path: str, resampling: str) -> np.ndarray:
+    """The whole source warped onto its web-optimized grid in one chunk, GDAL's exact transformer
+    (gdalwarp -et 0): one block the size of the grid, memory enough for one chunk."""
+    with rasterio.open(path) as src:
+        grid = web_optimized_grid(src)
+        xml = exact_warp_xml(src, grid, resampling=resampling, nodata=src.nodata, block=max(grid.width, grid.height))
+    with rasterio.Env(GDAL_CACHEMAX=512), rasterio.open(xml) as whole:
+        return whole.read()
+
+
+def differing(a: np.ndarray, b: np.ndarray) -> int:
+    same = (a == b) | (np.isnan(a) & np.isnan(b)) if a.dtype.kind == "f" else a == b
+    return int((~same).sum())
+
+
+def rio_cogeo_web_optimized(path: str, out: str, resampling: str) -> str:
+    """``rio cogeo create --web-optimized --resampling R -p deflate --blocksize 256``."""
+    profile = {**cog_profiles.get("deflate"), "blockxsize": 256, "blockysize": 256}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # web_optimized, which the CLI still names
+        cog_translate(path, out, profile, web_optimized=True, resampling=resampling, quiet=True)
+    return out
+
+
+def overview_count(path: str) -> int:
+    with rasterio.open(path) as src:
+        return len(src.overviews(1))
+
+
+# ------------------------------------------------------------------------------------ the option
+
+
+def test_the_options_are_checked_and_their_defaults_are_todays_job():
+    assert profiles.choose("default", {"web_optimized": "false"}, where=WHERE) == profiles.DEFAULT_CHOICE
+    chosen = profiles.choose("zstd", {"web_optimized": "Yes", "warp_resampling": "Average"}, where=WHERE)
+    assert chosen.web_optimized and chosen.warp_resampling == "average"
+    # nearest is the warp's default, as rio cogeo create --resampling's: giving it is the same job
+    assert profiles.choose("default", {"web_optimized": "1", "warp_resampling": "nearest"}, where=WHERE) == (
+        profiles.choose("default", {"web_optimized": "true"}, where=WHERE)
+    )
+    with pytest.raises(BadInputError, match=rf"{WHERE}: web_optimized='maybe': accepted true, yes, 1"):
+        profiles.choose("default", {"web_optimized": "maybe"}, where=WHERE)
+    with pytest.raises(BadInputError, match=r"warp_resampling='sum': accepted nearest, average, mode, rms"):
+        profiles.choose("default", {"web_optimized": "true", "warp_resampling": "sum"}, where=WHERE)
+    with pytest.raises(BadInputError, match=r"warp_resampling=bilinear is refused: where the warp downsamples"):
+        profiles.choose("default", {"web_optimized": "true", "warp_resampling": "bilinear"}, where=WHERE)
+    with pytest.raises(BadInputError, match="warp_resampling=average without web_optimized=true: nothing is warped"):
+        profiles.choose("default", {"warp_resampling": "average"}, where=WHERE)
+    from_metadata = profiles.resolve(
+        {"tilecommit_web_optimized": "true"}, "a.tif", rules=[], default=profiles.DEFAULT_CHOICE
+    )
+    assert from_metadata == profiles.Choice("default", (("web_optimized", "true"),))
+
+    url, etag = "https://a.blob.core.windows.net/in/s.tif", '"0x1"'
+    plain = OutputSpec(window_size=512)
+    web = OutputSpec.with_choice(512, from_metadata)
+    assert OutputSpec.from_dict(web.to_dict()) == web
+    assert job_id_for(url, etag, plain) != job_id_for(url, etag, web)
+    assert job_id_for(url, etag, plain) == job_id_for(
+        url, etag, OutputSpec.with_choice(512, profiles.choose("default", {"web_optimized": "no"}, where=WHERE))
+    )
+
+
+def test_what_cannot_be_warped_is_refused_at_validation_with_the_reason(tmp_path):
+    settings = Settings(window_size=256)
+    spec = OutputSpec.with_choice(256, profiles.choose("default", {"web_optimized": "true"}, where=WHERE))
+    bare = tmp_path / "bare.tif"
+    with rasterio.open(bare, "w", driver="GTiff", width=64, height=64, count=1, dtype="uint8") as dst:
+        dst.write(np.ones((1, 64, 64), np.uint8))
+    with pytest.raises(UnsupportedRasterError, match="has no georeferencing \\(it lacks a CRS\\)"):
+        inspect_source(bare, settings=settings, spec=spec)
+    masked = tmp_path / "masked.tif"
+    profile = dict(driver="GTiff", width=64, height=64, count=1, dtype="uint8", crs="EPSG:32633")
+    transform = from_origin(500000, 4600000, 10, 10)
+    with rasterio.Env(GDAL_TIFF_INTERNAL_MASK=True), rasterio.open(masked, "w", transform=transform, **profile) as dst:
+        dst.write(np.ones((1, 64, 64), np.uint8))
+        dst.write_mask(np.full((64, 64), 255, np.uint8))
+    with pytest.raises(UnsupportedRasterError, match="carries its valid area as an internal mask: web_optimized"):
+        inspect_source(masked, settings=settings, spec=spec)
+    small = Settings(window_size=256, max_pixels=400_000)  # the source fits, its web-optimized grid does not
+    with pytest.raises(UnsupportedRasterError, match="on the WebMercatorQuad grid at zoom 14 is 1024 x 1024"):
+        inspect_source(utm_scene(tmp_path / "utm.tif"), settings=small, spec=spec)
+
+
+# ------------------------------------------------------------------------------------ through the local host
+
+
+@pytest.fixture
+def host(app_env):
+    with local_host(app_env) as running:
+        running.ensure_storage()
+        yield running
+
+
+@pytest.mark.parametrize("case", SCENES)
+def test_the_mosaic_is_rio_cogeos_web_optimized_grid_and_an_exact_warp_of_the_source(
+    host, storage, app_env, tmp_path, case
+):
+    make, resampling = SCENES[case]
+    source = make(tmp_path / "source.tif")
+    metadata = {"tilecommit_web_optimized": "true", "tilecommit_warp_resampling": resampling}
+    summary = process_file(host, Path(source), name=f"{case}.tif", timeout=300, metadata=metadata)
+    assert summary["status"] == "completed", summary
+    job = summary["job_id"]
+    mosaic = tmp_path / "mosaic.tif"
+    mosaic.write_bytes(download(storage, app_env.output, f"mosaics/{job}/mosaic.tif"))
+    valid, errors, _ = cog_validate(str(mosaic))
+    assert valid and not errors, errors
+    assert_complete_pyramid(str(mosaic))
+
+    reference = rio_cogeo_web_optimized(source, str(tmp_path / "rio.tif"), resampling)
+    with rasterio.open(mosaic) as ours, rasterio.open(reference) as theirs:
+        assert ours.crs == theirs.crs == "EPSG:3857"
+        assert ours.transform == theirs.transform
+        assert (ours.width, ours.height, ours.count, ours.dtypes) == (
+            theirs.width,
+            theirs.height,
+            theirs.count,
+            theirs.dtypes,
+        )
+        assert ours.block_shapes == theirs.block_shapes
+        assert ours.nodata == theirs.nodata
+        assert ours.tags()["TILING_SCHEME_ZOOM_LEVEL"] == theirs.tags()["TILING_SCHEME_ZOOM_LEVEL"]
+        pixels, theirs_pixels = ours.read(), theirs.read()
+        exact_width, exact_height = ours.width, ours.height
+    # Overview levels: ours until the longer side fits one block (a complete pyramid, as GDAL's
+    # COG driver makes it and every mosaic of this app has); rio-cogeo 7.0.4's until the shorter
+    # side does (rasterio's get_maximum_overview_level): the same count on a square grid, fewer
+    # levels in rio-cogeo's on an elongated one, each of which ours has too (docs/raster.md).
+    ours_levels, theirs_levels = overview_count(str(mosaic)), overview_count(reference)
+    assert ours_levels == mosaic_overview_levels(exact_width, exact_height, 256)
+    assert theirs_levels == get_maximum_overview_level(exact_width, exact_height, minsize=256)
+    if exact_width == exact_height:
+        assert ours_levels == theirs_levels
+    for level in range(theirs_levels):
+        with rasterio.open(reference, overview_level=level) as a, rasterio.open(mosaic, overview_level=level) as b:
+            assert a.shape == b.shape, level
+    exact = whole_warp(source, resampling)
+    assert differing(pixels, exact) == 0, f"{differing(pixels, exact)} of {exact.size} differ from the exact warp"
+    # rio-cogeo warps with the approximating transformer (0.125 pixel): its pixels may differ.
+    print(f"{case}: {exact.shape}, rio-cogeo's own pixels differ in {differing(theirs_pixels, exact)}")
+
+    item = json.loads(download(storage, app_env.output, f"mosaics/{job}/item.json"))
+    with rasterio.open(mosaic) as ours:
+        assert item["properties"]["proj:code"] == "EPSG:3857"
+        assert item["properties"]["proj:shape"] == [ours.height, ours.width]
+        assert item["properties"]["proj:transform"][:6] == list(ours.transform)[:6]
+        left, bottom, right, top = ours.bounds
+    assert item["properties"]["proj:bbox"] == [left, bottom, right, top]
+    assert item["geometry"] is not None and len(item["bbox"]) == 4
+
+
+@pytest.mark.parametrize("method", ["blocks", "vrt"])
+def test_the_other_assemblies_take_the_warped_tiles(tmp_path, stores, storage, method):
+    source = polar_scene(tmp_path)
+    settings = Settings(window_size=512, profile="default,web_optimized=true")
+    _, scene, result = run_steps(source, settings, stores, storage, method=method)
+    assert result.outcome == "written"
+    mosaic = tmp_path / "mosaic.tif"
+    with open(mosaic, "wb") as f:
+        stores["output"].download_blob(result.mosaic).readinto(f)
+    assert cog_validate(str(mosaic))[0]
+    with rasterio.open(mosaic) as src:
+        assert (src.width, src.height) == (scene.width, scene.height)
+        assert differing(src.read(), whole_warp(source, "nearest")) == 0
+
+
+def test_one_upload_with_and_without_web_optimized_is_two_jobs_each_delivered_again_a_duplicate(
+    host, storage, app_env, tmp_path, monkeypatch
+):
+    path = utm_scene(tmp_path / "twice.tif")
+    plain = process_file(host, Path(path), name="twice.tif", timeout=300)
+    assert plain["status"] == "completed"
+    blob = host.blobs.get_blob_client(app_env.input, "twice.tif")
+    etag = blob.get_blob_properties().etag
+    web_spec = OutputSpec.with_choice(WINDOW, profiles.choose("default", {"web_optimized": "true"}, where=WHERE))
+    web = job_id_for(blob.url, etag, web_spec)
+    assert web != plain["job_id"]
+    monkeypatch.setenv(SETTING_PROFILE, "default,web_optimized=true")  # the app's default changes, not the upload
+    host.deliver_blob_created("twice.tif")
+    assert host.engine.wait_for(web, timeout=300)["status"] == "Completed"
+    duplicates = counter_total("StartDecisions", action="duplicate")
+    host.deliver_blob_created("twice.tif")
+    monkeypatch.setenv(SETTING_PROFILE, "default")
+    host.deliver_blob_created("twice.tif")
+    wait_until(lambda: counter_total("StartDecisions", action="duplicate") - duplicates == 2, timeout=30)
+    jobs = [i["id"] for i in host.engine.list_instances() if i["name"] == names.TILE_SCENE]
+    assert sorted(jobs) == sorted([plain["job_id"], web])
+    sizes = {}
+    for job in jobs:
+        body = download(storage, app_env.output, f"mosaics/{job}/mosaic.tif")
+        with rasterio.MemoryFile(body) as memory, memory.open() as src:
+            sizes[job] = (src.crs.to_epsg(), src.width, src.height)
+    assert sizes == {plain["job_id"]: (32633, 600, 520), web: (3857, 1024, 1024)}
