@@ -23,16 +23,18 @@ from devhost.session import process_file
 from orchestrators import names
 from tilecommit import profiles
 from tilecommit.errors import BadInputError, UnsupportedRasterError
+from tilecommit.grid import plan_windows
 from tilecommit.jobs import job_id_for
 from tilecommit.raster import inspect_source, mosaic_overview_levels
 from tilecommit.raster.reading.warp import exact_warp_xml, web_optimized_grid
+from tilecommit.raster.scrub import check_window
 from tilecommit.settings import SETTING_PROFILE, Settings
 from tilecommit.spec import OutputSpec
 
 from .app_jobs import WINDOW, download, local_host, wait_until
 from .conftest import counter_total
 from .made_rasters import made
-from .raster_jobs import assert_complete_pyramid, run_steps
+from .raster_jobs import JOB, assert_complete_pyramid, run_steps
 
 WHERE = "blob metadata tilecommit_profile"
 
@@ -231,8 +233,14 @@ def test_the_mosaic_is_rio_cogeos_web_optimized_grid_and_an_exact_warp_of_the_so
 def test_the_other_assemblies_take_the_warped_tiles(tmp_path, stores, storage, method):
     source = polar_scene(tmp_path)
     settings = Settings(window_size=512, profile="default,web_optimized=true")
-    _, scene, result = run_steps(source, settings, stores, storage, method=method)
+    spec, scene, result = run_steps(source, settings, stores, storage, method=method)
     assert result.outcome == "written"
+    # A scrub reads each window warped as the render did, and finds every tile as made.
+    for window in plan_windows(scene.width, scene.height, spec.window_size):
+        report = check_window(
+            source, window, job_id=JOB, tiles=stores["tiles"], manifest=stores["manifest"], settings=settings, spec=spec
+        )
+        assert report.differences == [], report.details
     mosaic = tmp_path / "mosaic.tif"
     with open(mosaic, "wb") as f:
         stores["output"].download_blob(result.mosaic).readinto(f)
