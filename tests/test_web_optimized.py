@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import rasterio
+from rasterio.enums import MaskFlags
 from rasterio.rio.overview import get_maximum_overview_level
 from rasterio.transform import from_origin
 from rio_cogeo.cogeo import cog_translate, cog_validate
@@ -248,6 +249,23 @@ def test_the_other_assemblies_take_the_warped_tiles(tmp_path, stores, storage, m
     with rasterio.open(mosaic) as src:
         assert (src.width, src.height) == (scene.width, scene.height)
         assert differing(src.read(), whole_warp(source, "nearest")) == 0
+
+
+def test_add_mask_masks_what_the_warp_leaves_outside_the_source(tmp_path, stores, storage):
+    source = polar_scene(tmp_path)
+    settings = Settings(window_size=512, profile="default,web_optimized=true,add_mask=true")
+    _, scene, result = run_steps(source, settings, stores, storage)
+    assert (scene.nodata, scene.mask) == (None, "per-dataset")
+    mosaic = tmp_path / "mosaic.tif"
+    with open(mosaic, "wb") as f:
+        stores["output"].download_blob(result.mosaic).readinto(f)
+    exact = whole_warp(source, "nearest")
+    with rasterio.open(mosaic) as src, rasterio.open(source) as original:
+        assert src.nodata is None and src.mask_flag_enums == ([MaskFlags.per_dataset],)
+        valid = exact[0] != np.float32(original.nodata)
+        assert 0 < valid.sum() < valid.size
+        assert np.array_equal(src.dataset_mask() > 0, valid)
+        assert differing(src.read(), exact) == 0
 
 
 def test_one_upload_with_and_without_web_optimized_is_two_jobs_each_delivered_again_a_duplicate(
