@@ -27,7 +27,7 @@ from tilecommit.errors import BadInputError, UnsupportedRasterError
 from tilecommit.grid import plan_windows
 from tilecommit.jobs import job_id_for
 from tilecommit.raster import inspect_source
-from tilecommit.raster.reading.warp import exact_warp_xml, web_optimized_grid
+from tilecommit.raster.reading.warp import exact_warp_xml, has_internal_mask, web_optimized_grid
 from tilecommit.raster.scrub import check_window
 from tilecommit.settings import SETTING_PROFILE, Settings
 from tilecommit.spec import OutputSpec
@@ -53,6 +53,21 @@ def utm_scene(path) -> str:
     return str(path)
 
 
+def masked_utm_scene(path) -> str:
+    """The UTM scene without a nodata value, its valid area an internal mask (a notch and a band cut off)."""
+    rng = np.random.default_rng(7)
+    data = rng.integers(1, 4000, size=(3, 520, 600), dtype=np.uint16)
+    mask = np.full((520, 600), 255, np.uint8)
+    mask[:, 500:] = 0
+    mask[:100, :100] = 0
+    profile = dict(driver="GTiff", width=600, height=520, count=3, dtype="uint16", crs="EPSG:32633")
+    profile.update(transform=from_origin(500000, 4600000, 10, 10), tiled=True, blockxsize=256, blockysize=256)
+    with rasterio.Env(GDAL_TIFF_INTERNAL_MASK=True), rasterio.open(path, "w", **profile) as dst:
+        dst.write(data)
+        dst.write_mask(mask)
+    return str(path)
+
+
 def antimeridian_scene(path) -> str:
     """640 x 400 x 3 uint8 in EPSG:4326 from 178.4 to 181.6 deg E (past 180), no nodata."""
     rng = np.random.default_rng(6)
@@ -72,20 +87,25 @@ def polar_scene(path) -> str:
 SCENES = {
     "utm": (utm_scene, "nearest"),
     "utm-average": (utm_scene, "average"),
+    "utm-internal-mask": (masked_utm_scene, "nearest"),
     "antimeridian": (antimeridian_scene, "nearest"),
     "polar": (polar_scene, "nearest"),
     "polar-average": (polar_scene, "average"),
 }
 
 
-def whole_warp(path: str, resampling: str) -> np.ndarray:
+def whole_warp(path: str, resampling: str) -> tuple[np.ndarray, np.ndarray | None]:
     """The whole source warped onto its web-optimized grid in one chunk, GDAL's exact transformer
-    (gdalwarp -et 0): one block the size of the grid, memory enough for one chunk."""
+    (gdalwarp -et 0): one block the size of the grid, memory enough for one chunk. With the
+    alpha band the warper makes of a source's internal mask, as rio-cogeo's add_alpha."""
     with rasterio.open(path) as src:
         grid = web_optimized_grid(src)
-        xml = exact_warp_xml(src, grid, resampling=resampling, nodata=src.nodata, block=max(grid.width, grid.height))
+        alpha = has_internal_mask(src)
+        block = max(grid.width, grid.height)
+        xml = exact_warp_xml(src, grid, resampling=resampling, nodata=src.nodata, alpha=alpha, block=block)
+        count = src.count
     with rasterio.Env(GDAL_CACHEMAX=512), rasterio.open(xml) as whole:
-        return whole.read()
+        return whole.read(list(range(1, count + 1))), whole.read(count + 1) if alpha else None
 
 
 def differing(a: np.ndarray, b: np.ndarray) -> int:
@@ -149,14 +169,19 @@ def test_what_cannot_be_warped_is_refused_at_validation_with_the_reason(tmp_path
         dst.write(np.ones((1, 64, 64), np.uint8))
     with pytest.raises(UnsupportedRasterError, match="has no georeferencing \\(it lacks a CRS\\)"):
         inspect_source(bare, settings=settings, spec=spec)
-    masked = tmp_path / "masked.tif"
-    profile = dict(driver="GTiff", width=64, height=64, count=1, dtype="uint8", crs="EPSG:32633")
-    transform = from_origin(500000, 4600000, 10, 10)
-    with rasterio.Env(GDAL_TIFF_INTERNAL_MASK=True), rasterio.open(masked, "w", transform=transform, **profile) as dst:
-        dst.write(np.ones((1, 64, 64), np.uint8))
-        dst.write_mask(np.full((64, 64), 255, np.uint8))
-    with pytest.raises(UnsupportedRasterError, match="carries its valid area as an internal mask: web_optimized"):
-        inspect_source(masked, settings=settings, spec=spec)
+    rgba = tmp_path / "rgba.tif"
+    profile = dict(driver="GTiff", width=64, height=64, count=4, dtype="uint8", crs="EPSG:32633", alpha="YES")
+    with rasterio.open(rgba, "w", transform=from_origin(500000, 4600000, 10, 10), **profile) as dst:
+        dst.write(np.ones((4, 64, 64), np.uint8))
+    with pytest.raises(UnsupportedRasterError, match="carries its valid area as an alpha band: web_optimized"):
+        inspect_source(rgba, settings=settings, spec=spec)
+    masked = masked_utm_scene(tmp_path / "masked.tif")
+    assert inspect_source(masked, settings=settings, spec=spec).mask == "per-dataset"
+    with_nodata = OutputSpec.with_choice(
+        256, profiles.choose("default", {"web_optimized": "true", "nodata": "0"}, where=WHERE)
+    )
+    with pytest.raises(UnsupportedRasterError, match="has an internal mask, and the profile's nodata=0 would replace"):
+        inspect_source(masked, settings=settings, spec=with_nodata)
     small = Settings(window_size=256, max_pixels=400_000)  # the source fits, its web-optimized grid does not
     with pytest.raises(UnsupportedRasterError, match="on the WebMercatorQuad grid at zoom 14 is 1024 x 1024"):
         inspect_source(utm_scene(tmp_path / "utm.tif"), settings=small, spec=spec)
@@ -203,6 +228,8 @@ def test_the_mosaic_is_rio_cogeos_web_optimized_grid_and_an_exact_warp_of_the_so
         assert ours.nodata == theirs.nodata
         assert ours.tags()["TILING_SCHEME_ZOOM_LEVEL"] == theirs.tags()["TILING_SCHEME_ZOOM_LEVEL"]
         pixels, theirs_pixels = ours.read(), theirs.read()
+        assert ours.mask_flag_enums == theirs.mask_flag_enums
+        mask = ours.dataset_mask()
         exact_width, exact_height = ours.width, ours.height
     # Overview levels: rio-cogeo 7.0.4's, halvings while the shorter side stays above a block
     # (rasterio's get_maximum_overview_level), fewer than a complete pyramid on an elongated grid.
@@ -211,10 +238,16 @@ def test_the_mosaic_is_rio_cogeos_web_optimized_grid_and_an_exact_warp_of_the_so
     for level in range(theirs_levels):
         with rasterio.open(reference, overview_level=level) as a, rasterio.open(mosaic, overview_level=level) as b:
             assert a.shape == b.shape, level
-    exact = whole_warp(source, resampling)
+    exact, exact_alpha = whole_warp(source, resampling)
     assert differing(pixels, exact) == 0, f"{differing(pixels, exact)} of {exact.size} differ from the exact warp"
+    if exact_alpha is not None:  # the internal mask is the warped footprint of the source's
+        assert np.array_equal(mask > 0, exact_alpha > 0) and 0 < (mask > 0).sum() < mask.size
     # rio-cogeo warps with the approximating transformer (0.125 pixel): its pixels may differ.
-    print(f"{case}: {exact.shape}, rio-cogeo's own pixels differ in {differing(theirs_pixels, exact)}")
+    with rasterio.open(reference) as theirs:
+        mask_differs = int(((theirs.dataset_mask() > 0) != (mask > 0)).sum())
+    print(
+        f"{case}: {exact.shape}, rio-cogeo's own values differ in {differing(theirs_pixels, exact)}, its mask in {mask_differs}"
+    )
 
     item = json.loads(download(storage, app_env.output, f"mosaics/{job}/item.json"))
     with rasterio.open(mosaic) as ours:
@@ -247,7 +280,7 @@ def test_the_other_assemblies_take_the_warped_tiles(tmp_path, stores, storage, m
     with rasterio.open(mosaic) as src:
         assert (src.width, src.height) == (scene.width, scene.height) == (1024, 512)
         assert src.overviews(1) == [2]
-        assert differing(src.read(), whole_warp(source, "nearest")) == 0
+        assert differing(src.read(), whole_warp(source, "nearest")[0]) == 0
 
 
 def test_add_mask_masks_what_the_warp_leaves_outside_the_source(tmp_path, stores, storage):
@@ -258,7 +291,7 @@ def test_add_mask_masks_what_the_warp_leaves_outside_the_source(tmp_path, stores
     mosaic = tmp_path / "mosaic.tif"
     with open(mosaic, "wb") as f:
         stores["output"].download_blob(result.mosaic).readinto(f)
-    exact = whole_warp(source, "nearest")
+    exact = whole_warp(source, "nearest")[0]
     with rasterio.open(mosaic) as src, rasterio.open(source) as original:
         assert src.nodata is None and src.mask_flag_enums == ([MaskFlags.per_dataset],)
         valid = exact[0] != np.float32(original.nodata)

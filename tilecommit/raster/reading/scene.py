@@ -450,24 +450,34 @@ def inspect_source(
             _check_block_layout(path, src)
             _check_blocks_present(path, src, size, spec.window_size)
             scene = scene_from_dataset(src, nbytes=size, choice=spec.choice)
-            return on_web_optimized_grid(path, src, scene, settings) if spec.choice.web_optimized else scene
+            if spec.choice.web_optimized:
+                return on_web_optimized_grid(path, src, scene, settings, nodata_override=spec.choice.nodata)
+            return scene
 
 
-def on_web_optimized_grid(path: str, src, scene: SceneInfo, settings: Settings) -> SceneInfo:
+def on_web_optimized_grid(
+    path: str, src, scene: SceneInfo, settings: Settings, *, nodata_override: float | None = None
+) -> SceneInfo:
     """``scene`` as a web-optimized job's outputs are: on the grid of
-    :func:`~.warp.web_optimized_grid`, the source's bands, sample type and nodata.
+    :func:`~.warp.web_optimized_grid`, the source's bands, sample type, nodata and mask (an
+    internal mask becomes the warped footprint's, as rio-cogeo makes it from the warper's alpha).
 
-    Refused with the reason: a source whose validity is an alpha band or an internal mask (their
-    warp is not built: the output would need an alpha band or mask of the warped footprint), a
-    grid GDAL cannot compute (no transformation to EPSG:3857), a grid over the pixel limit.
+    Refused with the reason: a source whose validity is an alpha band (its warp is not built), an
+    internal mask with a ``nodata`` override (rio-cogeo then writes a mask made of the value
+    alone, unlike any other job's), a grid GDAL cannot compute (no transformation to EPSG:3857),
+    a grid over the pixel limit.
     """
     own = _mask_kind(src)
-    if own in ("alpha", "per-dataset"):
-        kind = "an alpha band" if own == "alpha" else "an internal mask"
+    if own == "alpha":
         raise UnsupportedRasterError(
-            f"{path} carries its valid area as {kind}: web_optimized is built for sources whose no data is a "
-            "nodata value (or that have none); accepted: web_optimized on a source with a nodata value or none, "
-            "or this source without web_optimized"
+            f"{path} carries its valid area as an alpha band: web_optimized is built for sources whose no data "
+            "is a nodata value or an internal mask (or that have neither); accepted: this source without "
+            "web_optimized, or its alpha band made an internal mask first"
+        )
+    if own == "per-dataset" and nodata_override is not None:
+        raise UnsupportedRasterError(
+            f"{path} has an internal mask, and the profile's nodata={nodata_override:g} would replace it in the "
+            "warp: web_optimized takes one or the other; accepted: web_optimized without nodata on this source"
         )
     try:
         grid = web_optimized_grid(src)

@@ -32,6 +32,7 @@ import rasterio
 from affine import Affine
 from rasterio.crs import CRS
 from rasterio.dtypes import _gdal_typename
+from rasterio.enums import MaskFlags
 from rasterio.vrt import WarpedVRT
 
 from .source import reads_through, source_of
@@ -108,12 +109,25 @@ def _geotransform(transform: Affine) -> str:
     return ",".join(repr(float(v)) for v in transform.to_gdal())
 
 
-def exact_warp_xml(src, grid: TargetGrid, *, resampling: str, nodata: float | None, block: int = WARP_BLOCK) -> str:
+def has_internal_mask(src) -> bool:
+    """Whether ``src``'s valid area is an internal (per-dataset) mask, not an alpha band or nodata."""
+    flags = src.mask_flag_enums
+    return all(MaskFlags.per_dataset in f for f in flags) and not any(
+        MaskFlags.alpha in f or MaskFlags.nodata in f for f in flags
+    )
+
+
+def exact_warp_xml(
+    src, grid: TargetGrid, *, resampling: str, nodata: float | None, alpha: bool = False, block: int = WARP_BLOCK
+) -> str:
     """A VRTWarpedDataset of ``src`` on ``grid`` whose transformer is GDAL's exact one.
 
     ``nodata``: the value that marks no data in the source and fills the output where no source
     pixel falls (as rio-cogeo warps with ``src_nodata`` and ``nodata`` both that value); None:
     the output is 0 there, unmasked, as rio-cogeo's is for a source without nodata or mask.
+    ``alpha``: one band more, the alpha band the warper makes (255 where a valid source pixel
+    fell, 0 elsewhere), as rio-cogeo's ``add_alpha`` for a source with an internal mask; the
+    warper takes the source's internal mask as its validity by itself.
     """
     dtype = _gdal_typename(src.dtypes[0])
     root = ET.Element(
@@ -125,6 +139,11 @@ def exact_warp_xml(src, grid: TargetGrid, *, resampling: str, nodata: float | No
         element = ET.SubElement(root, "VRTRasterBand", dataType=dtype, band=str(band), subClass="VRTWarpedRasterBand")
         if nodata is not None:
             ET.SubElement(element, "NoDataValue").text = repr(float(nodata))
+    if alpha:
+        element = ET.SubElement(
+            root, "VRTRasterBand", dataType=dtype, band=str(src.count + 1), subClass="VRTWarpedRasterBand"
+        )
+        ET.SubElement(element, "ColorInterp").text = "Alpha"
     ET.SubElement(root, "BlockXSize").text = str(block)
     ET.SubElement(root, "BlockYSize").text = str(block)
     options = ET.SubElement(root, "GDALWarpOptions")
@@ -149,6 +168,8 @@ def exact_warp_xml(src, grid: TargetGrid, *, resampling: str, nodata: float | No
         if nodata is not None:
             ET.SubElement(mapping, "SrcNoDataReal").text = repr(float(nodata))
             ET.SubElement(mapping, "DstNoDataReal").text = repr(float(nodata))
+    if alpha:
+        ET.SubElement(options, "DstAlphaBand").text = str(src.count + 1)
     return ET.tostring(root, encoding="unicode")
 
 
@@ -157,12 +178,20 @@ def warped(src, grid: TargetGrid, *, resampling: str, nodata: float | None) -> I
     """``src`` (open, and open until the block ends) seen on ``grid``: :func:`exact_warp_xml` opened.
 
     GDAL opens the source again by its name, so an upload opened through its pinned reader is
-    read through that reader, every byte at the job's version and counted.
+    read through that reader, every byte at the job's version and counted. A source whose valid
+    area is an internal mask (and no nodata value is given) is seen with the warper's alpha band
+    after its own (:func:`image_bands` are the others).
     """
-    with rasterio.open(exact_warp_xml(src, grid, resampling=resampling, nodata=nodata)) as dataset:
+    alpha = nodata is None and has_internal_mask(src)
+    with rasterio.open(exact_warp_xml(src, grid, resampling=resampling, nodata=nodata, alpha=alpha)) as dataset:
         _ORIGINS[dataset] = (src, grid)
         reads_through(dataset, source_of(src))
         yield dataset
+
+
+def image_bands(dataset) -> list[int]:
+    """The bands of ``dataset`` that are image, not the alpha band a warped view adds."""
+    return list(origin_of(dataset).indexes)
 
 
 def origin_of(dataset):

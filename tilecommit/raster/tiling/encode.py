@@ -15,7 +15,6 @@ import time
 import numpy as np
 import rasterio
 import rasterio.shutil
-from rasterio.enums import MaskFlags
 from rasterio.io import MemoryFile
 from rasterio.windows import Window as RioWindow
 
@@ -26,7 +25,7 @@ from ..env import BLOCK_SIZE, NUM_THREADS
 from ..reading import metadata
 from ..reading.scene import overview_resampling_for, read_classified
 from ..reading.source import prefetch_window
-from ..reading.warp import grid_of, origin_of
+from ..reading.warp import grid_of, has_internal_mask, image_bands, origin_of
 
 
 def tile_overview_count(window_size: int, block_size: int = BLOCK_SIZE) -> int:
@@ -89,10 +88,9 @@ def write_cog(src, path: str, options: dict, *, choice: profiles.Choice, dtype: 
 
 
 def _per_dataset_mask(src) -> bool:
-    flags = src.mask_flag_enums
-    return all(MaskFlags.per_dataset in f for f in flags) and not any(
-        MaskFlags.alpha in f or MaskFlags.nodata in f for f in flags
-    )
+    """Whether a window of ``src`` has an internal mask to carry: the source's own, or, for a
+    warped view, the alpha band the warper made of it (:mod:`~..reading.warp`)."""
+    return has_internal_mask(origin_of(src)) and src.nodata is None
 
 
 def _rio_window(window: RioWindow | Window) -> RioWindow:
@@ -122,7 +120,7 @@ def read_window(
         src,
         lambda: (
             prefetch_window(src, window),
-            src.read(window=window),
+            src.read(image_bands(src), window=window),
             src.dataset_mask(window=window) if _per_dataset_mask(src) else None,
         )[1:],
         f"window {window} of {src.name}",
@@ -189,7 +187,7 @@ def encode_tile(
         "driver": "MEM",
         "width": int(window.width),
         "height": int(window.height),
-        "count": src.count,
+        "count": about.count,
         "dtype": src.dtypes[0],
         "crs": src.crs,
         "transform": src.window_transform(window),
