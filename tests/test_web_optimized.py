@@ -53,14 +53,15 @@ def utm_scene(path) -> str:
     return str(path)
 
 
-def masked_utm_scene(path) -> str:
-    """The UTM scene without a nodata value, its valid area an internal mask (a notch and a band cut off)."""
+def masked_utm_scene(path, nodata: float | None = None) -> str:
+    """The UTM scene without a nodata value (unless ``nodata``), its valid area an internal mask
+    (a notch and a band cut off)."""
     rng = np.random.default_rng(7)
     data = rng.integers(1, 4000, size=(3, 520, 600), dtype=np.uint16)
     mask = np.full((520, 600), 255, np.uint8)
     mask[:, 500:] = 0
     mask[:100, :100] = 0
-    profile = dict(driver="GTiff", width=600, height=520, count=3, dtype="uint16", crs="EPSG:32633")
+    profile = dict(driver="GTiff", width=600, height=520, count=3, dtype="uint16", crs="EPSG:32633", nodata=nodata)
     profile.update(transform=from_origin(500000, 4600000, 10, 10), tiled=True, blockxsize=256, blockysize=256)
     with rasterio.Env(GDAL_TIFF_INTERNAL_MASK=True), rasterio.open(path, "w", **profile) as dst:
         dst.write(data)
@@ -182,6 +183,9 @@ def test_what_cannot_be_warped_is_refused_at_validation_with_the_reason(tmp_path
     )
     with pytest.raises(UnsupportedRasterError, match="has an internal mask, and the profile's nodata=0 would replace"):
         inspect_source(masked, settings=settings, spec=with_nodata)
+    both = masked_utm_scene(tmp_path / "both.tif", nodata=0)
+    with pytest.raises(UnsupportedRasterError, match="has an internal mask, and its own nodata=0 would replace"):
+        inspect_source(both, settings=settings, spec=spec)
     small = Settings(window_size=256, max_pixels=400_000)  # the source fits, its web-optimized grid does not
     with pytest.raises(UnsupportedRasterError, match="on the WebMercatorQuad grid at zoom 14 is 1024 x 1024"):
         inspect_source(utm_scene(tmp_path / "utm.tif"), settings=small, spec=spec)

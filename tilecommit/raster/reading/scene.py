@@ -464,7 +464,7 @@ def on_web_optimized_grid(
 
     Refused with the reason: a source whose validity is an alpha band (its warp is not built), an
     internal mask with a ``nodata`` override (rio-cogeo then writes a mask made of the value
-    alone, unlike any other job's), a grid GDAL cannot compute (no transformation to EPSG:3857),
+    alone, unlike any other job's; so too with the source's own nodata value), a grid GDAL cannot compute (no transformation to EPSG:3857),
     a grid over the pixel limit.
     """
     own = _mask_kind(src)
@@ -474,10 +474,13 @@ def on_web_optimized_grid(
             "is a nodata value or an internal mask (or that have neither); accepted: this source without "
             "web_optimized, or its alpha band made an internal mask first"
         )
-    if own == "per-dataset" and nodata_override is not None:
+    nodata = nodata_override if nodata_override is not None else src.nodata
+    if own == "per-dataset" and nodata is not None:
+        whose = "the profile's" if nodata_override is not None else "its own"
         raise UnsupportedRasterError(
-            f"{path} has an internal mask, and the profile's nodata={nodata_override:g} would replace it in the "
-            "warp: web_optimized takes one or the other; accepted: web_optimized without nodata on this source"
+            f"{path} has an internal mask, and {whose} nodata={nodata:g} would replace it in the warp: "
+            "web_optimized takes one or the other; accepted: web_optimized on a source with a nodata value or "
+            "an internal mask, not both, and no nodata option with an internal mask"
         )
     try:
         grid = web_optimized_grid(src)

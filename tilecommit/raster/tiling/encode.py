@@ -90,7 +90,9 @@ def write_cog(src, path: str, options: dict, *, choice: profiles.Choice, dtype: 
 def _per_dataset_mask(src) -> bool:
     """Whether a window of ``src`` has an internal mask to carry: the source's own, or, for a
     warped view, the alpha band the warper made of it (:mod:`~..reading.warp`)."""
-    return has_internal_mask(origin_of(src)) and src.nodata is None
+    if grid_of(src) is not None:
+        return src.count > len(image_bands(src))
+    return has_internal_mask(src)
 
 
 def _rio_window(window: RioWindow | Window) -> RioWindow:
