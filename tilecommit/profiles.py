@@ -4,14 +4,16 @@ A profile is a named set of COG creation options, as ``rio cogeo create --cog-pr
 them, plus the options a user may set on top (``level``, ``predictor``, ``quality``,
 ``max_z_error``, ``blocksize``, which the job's spec keeps as its block size, ``resampling``,
 ``nodata``, which overrides the source's nodata value as ``rio cogeo create --nodata`` does,
-``add_mask``, which makes the nodata an internal mask as ``--add-mask`` does, ``web_optimized``,
-which warps the outputs onto the WebMercatorQuad grid as ``--web-optimized`` does, and
-``warp_resampling``, that warp's kernel, as ``--resampling``). The choice, in order:
+``add_mask``, which makes the nodata an internal mask as ``--add-mask`` does, and the options
+that warp the outputs onto another grid, :mod:`tilecommit.warping`: ``web_optimized``, as
+``--web-optimized`` does, ``target_srs`` and ``resolution``, and ``warp_resampling``, that
+warp's kernel, as ``--resampling``). The choice, in order:
 
 1. the upload's blob metadata: ``tilecommit_profile`` and the option keys ``tilecommit_level``,
    ``tilecommit_predictor``, ``tilecommit_quality``, ``tilecommit_max_z_error``,
    ``tilecommit_blocksize``, ``tilecommit_resampling``, ``tilecommit_nodata``,
-   ``tilecommit_add_mask``, ``tilecommit_web_optimized``, ``tilecommit_warp_resampling`` (any of them present: the metadata decides, from the default profile
+   ``tilecommit_add_mask``, ``tilecommit_web_optimized``, ``tilecommit_target_srs``,
+   ``tilecommit_resolution``, ``tilecommit_warp_resampling`` (any of them present: the metadata decides, from the default profile
    when it names none);
 2. the first path rule of ``TILECOMMIT_PROFILE_RULES`` whose prefix the upload's name starts with
    (``dem/=zstd,predictor=3;previews/=lzw``; the longest prefix wins);
@@ -45,6 +47,7 @@ from typing import Any
 
 import numpy as np
 
+from . import warping
 from .errors import BadInputError, ConfigurationError
 
 DEFAULT = "default"
@@ -104,18 +107,6 @@ RESAMPLINGS = ("nearest", "average", "rms", "mode")
 #: about 0.3 % of the first level's pixels differ from GDAL's overviews of the whole scene with
 #: cubic or bilinear; none with the four above, tests/test_lossy_profiles.py).
 WIDE_RESAMPLINGS = ("bilinear", "cubic", "cubic_spline", "lanczos", "gauss")
-#: The warp's kernels (the ``warp_resampling`` option of a ``web_optimized`` job), nearest by
-#: default as ``rio cogeo create --resampling``: those whose output pixel is computed from the
-#: source pixels under it alone, so that a window warped on its own is the whole scene's warp there
-#: (tilecommit/raster/reading/warp.py).
-WARP_RESAMPLINGS = ("nearest", "average", "mode", "rms")
-#: Refused for the warp, with this reason: GDAL 3.10's warper widens their kernel when it
-#: downsamples by the ratio of each chunk's source and destination sizes, so a window's pixels
-#: would depend on where its edges fall (measured on a geographic scene warped 70:1, windows of
-#: 256 against one chunk: 30 pixels differ with bilinear, 30 with cubic, none with nearest or
-#: average; tests/test_web_optimized.py's antimeridian scene).
-WIDE_WARP_RESAMPLINGS = ("bilinear", "cubic", "cubic_spline", "lanczos")
-DEFAULT_WARP_RESAMPLING = "nearest"
 OPTION_KEYS = (
     "level",
     "predictor",
@@ -125,13 +116,12 @@ OPTION_KEYS = (
     "resampling",
     "nodata",
     "add_mask",
-    "web_optimized",
-    "warp_resampling",
+    *warping.OPTIONS,
 )
 #: Options whose value the spec keeps as text.
-TEXT_OPTIONS = ("resampling", "nodata", "add_mask", "web_optimized", "warp_resampling")
-#: How ``add_mask`` and ``web_optimized`` may be spelled, and what each spelling means.
-BOOLEANS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
+TEXT_OPTIONS = ("resampling", "nodata", "add_mask", "web_optimized", "warp_resampling", "target_srs")
+#: How ``add_mask`` may be spelled, and what each spelling means.
+BOOLEANS = warping.BOOLEANS
 METADATA_PREFIX = "tilecommit_"
 METADATA_PROFILE = f"{METADATA_PREFIX}profile"
 
@@ -142,7 +132,7 @@ def option_value(option: str, raw: Any) -> int | float | str:
     number), ``true`` for ``add_mask`` and ``web_optimized``, else a whole number."""
     if option in TEXT_OPTIONS:
         return str(raw)
-    return float(raw) if option == "max_z_error" else int(raw)
+    return float(raw) if option in ("max_z_error", "resolution") else int(raw)
 
 
 @dataclass(frozen=True)
@@ -189,9 +179,26 @@ class Choice:
         return self.option("web_optimized") == "true"
 
     @property
+    def target_srs(self) -> str | None:
+        """The target CRS's EPSG code (the ``target_srs`` option), or None."""
+        value = self.option("target_srs")
+        return None if value is None else str(value)
+
+    @property
+    def resolution(self) -> float | None:
+        """The target grid's pixel size (the ``resolution`` option), or None."""
+        value = self.option("resolution")
+        return None if value is None else float(value)
+
+    @property
+    def warped(self) -> bool:
+        """Whether the outputs are on another grid than the source's (tilecommit/warping.py)."""
+        return self.web_optimized or self.target_srs is not None or self.resolution is not None
+
+    @property
     def warp_resampling(self) -> str:
         """The warp's kernel (the ``warp_resampling`` option), nearest unless given."""
-        return str(self.option("warp_resampling") or DEFAULT_WARP_RESAMPLING)
+        return str(self.option("warp_resampling") or warping.DEFAULT_WARP_RESAMPLING)
 
     @property
     def lossy(self) -> bool:
@@ -217,22 +224,13 @@ def _checked_option(option: str, raw: Any, profile: Profile, *, where: str, erro
         if value not in RESAMPLINGS:
             raise error(f"{where}: resampling={raw!r}: accepted {', '.join(RESAMPLINGS)}")
         return value
-    if option in ("add_mask", "web_optimized"):
+    if option == "add_mask":
         value = str(raw).strip().lower()
         if value not in BOOLEANS:
-            raise error(f"{where}: {option}={raw!r}: accepted {', '.join(BOOLEANS)}")
+            raise error(f"{where}: add_mask={raw!r}: accepted {', '.join(BOOLEANS)}")
         return "true" if BOOLEANS[value] else "false"
-    if option == "warp_resampling":
-        value = str(raw).strip().lower()
-        if value in WIDE_WARP_RESAMPLINGS:
-            raise error(
-                f"{where}: warp_resampling={value} is refused: where the warp downsamples, GDAL widens its kernel "
-                "by each chunk's scale, so a window's pixels would depend on where its edges fall; accepted: "
-                f"{', '.join(WARP_RESAMPLINGS)}"
-            )
-        if value not in WARP_RESAMPLINGS:
-            raise error(f"{where}: warp_resampling={raw!r}: accepted {', '.join(WARP_RESAMPLINGS)}")
-        return value
+    if option in warping.OPTIONS:
+        return warping.checked_option(option, raw, where=where, error=error)
     if option == "nodata":
         try:
             value = float(str(raw).strip())
@@ -285,8 +283,7 @@ def _default_of(option: str, profile: Profile) -> int | float | None:
         "max_z_error": 0.0 if profile.max_z_error else None,
         "blocksize": DEFAULT_BLOCK_SIZE,
         "add_mask": "false",
-        "web_optimized": "false",
-        "warp_resampling": DEFAULT_WARP_RESAMPLING,
+        **warping.DEFAULTS,
     }.get(option)
 
 
@@ -309,11 +306,7 @@ def choose(name: str, options: Mapping[str, Any], *, where: str, error: type[Bad
         if value == _default_of(option, profile):
             continue  # the profile's own value: the same output, so the same job
         checked[option] = value
-    if "warp_resampling" in checked and checked.get("web_optimized") != "true":
-        raise error(
-            f"{where}: warp_resampling={checked['warp_resampling']} without web_optimized=true: nothing is "
-            "warped; accepted: warp_resampling together with web_optimized=true"
-        )
+    warping.check_combination(checked, where=where, error=error)
     return Choice(key, tuple(sorted(checked.items())))
 
 
