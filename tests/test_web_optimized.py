@@ -14,9 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import rasterio
+from rasterio.crs import CRS
 from rasterio.enums import MaskFlags
 from rasterio.rio.overview import get_maximum_overview_level
 from rasterio.transform import from_origin
+from rasterio.warp import transform_bounds
 from rio_cogeo.cogeo import cog_translate, cog_validate
 from rio_cogeo.profiles import cog_profiles
 
@@ -27,7 +29,7 @@ from tilecommit.errors import BadInputError, UnsupportedRasterError
 from tilecommit.grid import plan_windows
 from tilecommit.jobs import job_id_for
 from tilecommit.raster import inspect_source
-from tilecommit.raster.reading.warp import exact_warp_xml, has_internal_mask, web_optimized_grid
+from tilecommit.raster.reading.warp import exact_warp_xml, has_internal_mask, srs_grid, web_optimized_grid
 from tilecommit.raster.scrub import check_window
 from tilecommit.settings import SETTING_PROFILE, Settings
 from tilecommit.spec import OutputSpec
@@ -95,12 +97,12 @@ SCENES = {
 }
 
 
-def whole_warp(path: str, resampling: str) -> tuple[np.ndarray, np.ndarray | None]:
-    """The whole source warped onto its web-optimized grid in one chunk, GDAL's exact transformer
-    (gdalwarp -et 0): one block the size of the grid, memory enough for one chunk. With the
-    alpha band the warper makes of a source's internal mask, as rio-cogeo's add_alpha."""
+def whole_warp(path: str, resampling: str, grid_of=web_optimized_grid) -> tuple[np.ndarray, np.ndarray | None]:
+    """The whole source warped onto its web-optimized grid (or ``grid_of`` it) in one chunk, GDAL's
+    exact transformer (gdalwarp -et 0): one block the size of the grid, memory enough for one
+    chunk. With the alpha band the warper makes of a source's internal mask, as rio-cogeo's add_alpha."""
     with rasterio.open(path) as src:
-        grid = web_optimized_grid(src)
+        grid = grid_of(src)
         alpha = has_internal_mask(src)
         block = max(grid.width, grid.height)
         xml = exact_warp_xml(src, grid, resampling=resampling, nodata=src.nodata, alpha=alpha, block=block)
@@ -145,8 +147,18 @@ def test_the_options_are_checked_and_their_defaults_are_todays_job():
         profiles.choose("default", {"web_optimized": "true", "warp_resampling": "sum"}, where=WHERE)
     with pytest.raises(BadInputError, match=r"warp_resampling=bilinear is refused: where the warp downsamples"):
         profiles.choose("default", {"web_optimized": "true", "warp_resampling": "bilinear"}, where=WHERE)
-    with pytest.raises(BadInputError, match="warp_resampling=average without web_optimized=true: nothing is warped"):
+    with pytest.raises(BadInputError, match="warp_resampling=average without web_optimized=true, target_srs or resol"):
         profiles.choose("default", {"warp_resampling": "average"}, where=WHERE)
+    custom = profiles.choose("default", {"target_srs": " epsg:04326", "resolution": "0.0001"}, where=WHERE)
+    assert custom.options == (("resolution", 0.0001), ("target_srs", "EPSG:4326")) and custom.warped
+    for options, message in (
+        ({"target_srs": "WGS84"}, r"target_srs='WGS84': accepted an EPSG code, EPSG:<number>"),
+        ({"resolution": "-1"}, r"resolution=-1: accepted a number > 0"),
+        ({"resolution": "fine"}, r"resolution='fine' is not a number"),
+        ({"web_optimized": "true", "target_srs": "EPSG:3857"}, r"web_optimized=true with target_srs: the web-optim"),
+    ):
+        with pytest.raises(BadInputError, match=message):
+            profiles.choose("default", options, where=WHERE)
     from_metadata = profiles.resolve(
         {"tilecommit_web_optimized": "true"}, "a.tif", rules=[], default=profiles.DEFAULT_CHOICE
     )
@@ -174,7 +186,9 @@ def test_what_cannot_be_warped_is_refused_at_validation_with_the_reason(tmp_path
     profile = dict(driver="GTiff", width=64, height=64, count=4, dtype="uint8", crs="EPSG:32633", alpha="YES")
     with rasterio.open(rgba, "w", transform=from_origin(500000, 4600000, 10, 10), **profile) as dst:
         dst.write(np.ones((4, 64, 64), np.uint8))
-    with pytest.raises(UnsupportedRasterError, match="carries its valid area as an alpha band: web_optimized"):
+    with pytest.raises(
+        UnsupportedRasterError, match="carries its valid area as an alpha band: the warp \\(web_optimized"
+    ):
         inspect_source(rgba, settings=settings, spec=spec)
     masked = masked_utm_scene(tmp_path / "masked.tif")
     assert inspect_source(masked, settings=settings, spec=spec).mask == "per-dataset"
@@ -331,3 +345,54 @@ def test_one_upload_with_and_without_web_optimized_is_two_jobs_each_delivered_ag
         with rasterio.MemoryFile(body) as memory, memory.open() as src:
             sizes[job] = (src.crs.to_epsg(), src.width, src.height)
     assert sizes == {plain["job_id"]: (32633, 600, 520), web: (3857, 1024, 1024)}
+
+
+# ------------------------------------------------------------------------------------ target_srs, resolution
+
+
+def test_a_target_crs_and_resolution_give_gdalwarps_aligned_grid_and_an_exact_warp(host, storage, app_env, tmp_path):
+    """The UTM scene to EPSG:4326 at 0.0001 deg (gdalwarp -t_srs EPSG:4326 -tr 0.0001 0.0001 -tap),
+    through the local host."""
+    source = utm_scene(tmp_path / "source.tif")
+    metadata = {"tilecommit_target_srs": "EPSG:4326", "tilecommit_resolution": "0.0001"}
+    summary = process_file(host, Path(source), name="geographic.tif", timeout=300, metadata=metadata)
+    assert summary["status"] == "completed", summary
+    mosaic = tmp_path / "mosaic.tif"
+    mosaic.write_bytes(download(storage, app_env.output, f"mosaics/{summary['job_id']}/mosaic.tif"))
+    assert cog_validate(str(mosaic))[0]
+    assert_complete_pyramid(str(mosaic))
+    with rasterio.open(source) as src:
+        west, south, east, north = transform_bounds(src.crs, "EPSG:4326", *src.bounds, densify_pts=21)
+    with rasterio.open(mosaic) as ours:
+        assert ours.crs == "EPSG:4326" and ours.res == (0.0001, 0.0001)
+        left, bottom, right, top = ours.bounds
+        # -tap: edges on multiples of the resolution, around the source's extent, less than a pixel wider
+        for edge in (left, bottom, right, top):
+            assert abs(edge / 0.0001 - round(edge / 0.0001)) < 1e-6
+        assert left <= west < left + 0.0001 and right - 0.0001 < east <= right
+        assert bottom <= south < bottom + 0.0001 and top - 0.0001 < north <= top
+        assert "TILING_SCHEME_NAME" not in ours.tags()
+        pixels = ours.read()
+
+    def grid(src):
+        return srs_grid(src, CRS.from_epsg(4326), 0.0001)
+
+    exact, _ = whole_warp(source, "nearest", grid_of=grid)
+    assert differing(pixels, exact) == 0, f"{differing(pixels, exact)} of {exact.size} differ from the exact warp"
+
+
+def test_a_resolution_alone_resamples_on_the_sources_crs(tmp_path, stores, storage):
+    """The polar scene (316 x 332 at 25 km, its corner on a multiple of 50 km) at 50 km on its own
+    CRS: 158 x 166 pixels, the warp averaging 2 x 2 source pixels."""
+    source = polar_scene(tmp_path)
+    settings = Settings(window_size=256, profile="default,resolution=50000,warp_resampling=average")
+    spec, scene, result = run_steps(source, settings, stores, storage)
+    assert (scene.transform[0], scene.transform[4]) == (50000.0, -50000.0)
+    mosaic = tmp_path / "mosaic.tif"
+    with open(mosaic, "wb") as f:
+        stores["output"].download_blob(result.mosaic).readinto(f)
+    with rasterio.open(mosaic) as ours, rasterio.open(source) as src:
+        assert ours.crs == src.crs and (ours.width, ours.height) == (scene.width, scene.height) == (158, 166)
+        pixels = ours.read()
+    exact, _ = whole_warp(source, "average", grid_of=lambda src: srs_grid(src, None, 50000.0))
+    assert differing(pixels, exact) == 0

@@ -1,11 +1,12 @@
-"""A web-optimized job's grid, and the upload seen on it: warped by GDAL with the exact transformer.
+"""A warped job's grid, and the upload seen on it: warped by GDAL with the exact transformer.
 
 :func:`web_optimized_grid` is the grid ``rio cogeo create --web-optimized`` makes (rio-cogeo
 7.0.4, ``rio_cogeo.utils.get_web_optimized_params`` with its defaults): WebMercatorQuad
 (EPSG:3857), the zoom level whose resolution is closest to the source's as GDAL would warp it
 ("auto" zoom level strategy, morecantile's ``zoom_for_res``), the bounds widened to the tiles of
-that zoom which hold the source's corners (no aligned levels). It is a pure function of the source
-version, so every activity of a job computes the same one.
+that zoom which hold the source's corners (no aligned levels). :func:`srs_grid` is the grid of
+``gdalwarp -t_srs CRS -tr RES RES -tap`` (``target_srs``, ``resolution``). Either is a pure function
+of the source version and the job's options, so every activity of a job computes the same one.
 
 :func:`warped` opens the upload on that grid as a GDAL warped VRT whose transformer is GDAL's
 exact one (gdalwarp's ``-et 0``), written here as the VRT's XML because rasterio 1.4.4 cannot
@@ -21,6 +22,7 @@ included. Nothing is written: the VRT is opened from text.
 
 from __future__ import annotations
 
+import math
 import weakref
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
@@ -34,6 +36,7 @@ from rasterio.crs import CRS
 from rasterio.dtypes import _gdal_typename
 from rasterio.enums import MaskFlags
 from rasterio.vrt import WarpedVRT
+from rasterio.warp import calculate_default_transform, transform_bounds
 
 from .source import reads_through, source_of
 
@@ -66,11 +69,20 @@ class TargetGrid:
     transform: Affine
     width: int
     height: int
-    zoom: int
+    #: The WebMercatorQuad zoom of a web-optimized grid; None for a grid of target_srs/resolution.
+    zoom: int | None = None
 
     def tags(self) -> dict[str, str]:
-        """The tiling scheme tags rio-cogeo writes on a web-optimized COG."""
+        """The tiling scheme tags rio-cogeo writes on a web-optimized COG (none for another grid)."""
+        if self.zoom is None:
+            return {}
         return {"TILING_SCHEME_NAME": TILE_MATRIX_SET, "TILING_SCHEME_ZOOM_LEVEL": str(self.zoom)}
+
+    @property
+    def name(self) -> str:
+        if self.zoom is not None:
+            return f"WebMercatorQuad grid at zoom {self.zoom}"
+        return f"{self.crs.to_string()} grid of {self.transform.a:g}-unit pixels"
 
 
 def tile_matrix_set() -> morecantile.TileMatrixSet:
@@ -103,6 +115,40 @@ def web_optimized_grid(src) -> TargetGrid:
     width = max(1, round((east - west) / grid.a))
     height = max(1, round((south - north) / grid.e))
     return TargetGrid(crs=crs, transform=grid, width=width, height=height, zoom=zoom)
+
+
+def srs_grid(src, crs: CRS | None, resolution: float | None) -> TargetGrid:
+    """The grid of ``gdalwarp -t_srs crs -tr resolution resolution -tap`` for ``src``, its extent PROJ's.
+
+    The extent is the source's bounds in ``crs`` as PROJ computes them (rasterio's
+    ``transform_bounds``, 21 points an edge, poles and the antimeridian handled), where gdalwarp
+    samples the edges itself (``GDALSuggestedWarpOutput2``, whose raw extent rasterio does not
+    return): the two can differ by a fraction of a pixel. Without ``resolution``, the pixel size
+    GDAL suggests for the warp (rasterio's ``calculate_default_transform``). Then, as ``-tap``, the
+    extent widened to multiples of the pixel size and the pixel count rounded as gdalwarp rounds it:
+    two scenes at one resolution share a pixel grid. ``crs`` None: the source's.
+    """
+    crs = crs or src.crs
+    left, bottom, right, top = transform_bounds(src.crs, crs, *src.bounds, densify_pts=21)
+    if right <= left or top <= bottom:
+        raise ValueError(f"the source's bounds in {crs.to_string()} wrap around ({left}, {bottom}, {right}, {top})")
+    if resolution is None:
+        suggested, _, _ = calculate_default_transform(src.crs, crs, src.width, src.height, *src.bounds)
+        resolution = max(abs(suggested.a), abs(suggested.e))
+    size = resolution
+    west, east = math.floor(left / size) * size, math.ceil(right / size) * size
+    south, north = math.floor(bottom / size) * size, math.ceil(top / size) * size
+    width = max(1, int((east - west + size / 2) / size))
+    height = max(1, int((north - south + size / 2) / size))
+    return TargetGrid(crs=crs, transform=Affine(size, 0, west, 0, -size, north), width=width, height=height)
+
+
+def target_grid(src, choice) -> TargetGrid:
+    """The grid a job made with the profile ``choice`` (one that warps) puts ``src`` on."""
+    if choice.web_optimized:
+        return web_optimized_grid(src)
+    crs = CRS.from_user_input(choice.target_srs) if choice.target_srs else None
+    return srs_grid(src, crs, choice.resolution)
 
 
 def _geotransform(transform: Affine) -> str:

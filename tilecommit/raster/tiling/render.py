@@ -28,7 +28,7 @@ from ..env import NUM_THREADS, gdal_env
 from ..gdal_errors import gdal_step
 from ..reading.source import Source, as_source, open_upload
 from ..reading.upload import upload_gdal_options
-from ..reading.warp import warped, web_optimized_grid
+from ..reading.warp import target_grid, warped
 from .encode import encode_tile
 
 logger = logging.getLogger(__name__)
@@ -50,7 +50,8 @@ def window_of_upload(
     checked (:meth:`~tilecommit.raster.reading.source.Source.checked`). validate_source checked the content of this same
     version, so an open that fails on bytes that all arrived is the file's, not storage's.
 
-    For a ``web_optimized`` spec the dataset yielded is the upload warped onto the job's grid
+    For a spec that warps (``web_optimized``, ``target_srs``, ``resolution``: tilecommit/warping.py)
+    the dataset yielded is the upload warped onto the job's grid
     (:func:`~tilecommit.raster.reading.warp.warped`), computed again from the same version, and
     ``window`` is a window of that grid."""
     source = as_source(upload)
@@ -60,11 +61,11 @@ def window_of_upload(
         except RasterioIOError as exc:
             raise InvalidRasterError(f"{source.name} cannot be opened to {purpose} window {window.id}: {exc}") from exc
         with src, source.checked():
-            if spec is not None and spec.choice.web_optimized:
+            if spec is not None and spec.choice.warped:
                 choice = spec.choice
-                grid = web_optimized_grid(src)
+                grid = target_grid(src, choice)
                 with warped(src, grid, resampling=choice.warp_resampling, nodata=choice.nodata_for(src.nodata)) as view:
-                    _check_inside(window, view, "the web-optimized grid of the source")
+                    _check_inside(window, view, f"{grid.name} of the source")
                     yield view
                 return
             _check_inside(window, src, "source")
