@@ -29,8 +29,11 @@ from tilecommit.errors import BadInputError, UnsupportedRasterError
 from tilecommit.grid import plan_windows
 from tilecommit.jobs import job_id_for
 from tilecommit.raster import inspect_source
-from tilecommit.raster.reading.warp import exact_warp_xml, has_internal_mask, srs_grid, web_optimized_grid
+from tilecommit.raster.env import gdal_env
+from tilecommit.raster.reading.source import LocalFile, open_upload
+from tilecommit.raster.reading.warp import exact_warp_xml, has_internal_mask, srs_grid, warped, web_optimized_grid
 from tilecommit.raster.scrub import check_window
+from tilecommit.raster.tiling import encode
 from tilecommit.settings import SETTING_PROFILE, Settings
 from tilecommit.spec import OutputSpec
 
@@ -396,3 +399,24 @@ def test_a_resolution_alone_resamples_on_the_sources_crs(tmp_path, stores, stora
         pixels = ours.read()
     exact, _ = whole_warp(source, "average", grid_of=lambda src: srs_grid(src, None, 50000.0))
     assert differing(pixels, exact) == 0
+
+
+def test_a_warped_windows_source_blocks_are_fetched_ahead_in_merged_reads(tmp_path, monkeypatch):
+    """The source pixels under each window (its edges mapped back, with a margin) are fetched in
+    merged ranges before GDAL's warper asks for them block by block."""
+    source = utm_scene(tmp_path / "source.tif")
+
+    def requests_to_read_every_window() -> int:
+        upload = LocalFile(source)
+        with gdal_env(Settings()), open_upload(upload) as src:
+            grid = web_optimized_grid(src)
+            with warped(src, grid, resampling="nearest", nodata=0) as view:
+                before = upload.requests
+                for window in plan_windows(grid.width, grid.height, 512):
+                    encode.read_window(view, window)
+                return upload.requests - before
+
+    ahead = requests_to_read_every_window()
+    monkeypatch.setattr(encode, "prefetch", lambda dataset, window: None)
+    on_demand = requests_to_read_every_window()
+    assert ahead < on_demand, (ahead, on_demand)

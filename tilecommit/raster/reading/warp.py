@@ -36,9 +36,10 @@ from rasterio.crs import CRS
 from rasterio.dtypes import _gdal_typename
 from rasterio.enums import MaskFlags
 from rasterio.vrt import WarpedVRT
-from rasterio.warp import calculate_default_transform, transform_bounds
+from rasterio.warp import calculate_default_transform, transform, transform_bounds
+from rasterio.windows import Window as RioWindow
 
-from .source import reads_through, source_of
+from .source import prefetch_window, reads_through, source_of
 
 #: The tile matrix set of ``--web-optimized`` (rio-cogeo's default ``tms``).
 TILE_MATRIX_SET = "WebMercatorQuad"
@@ -56,6 +57,10 @@ GDAL_KERNELS = {
 WARP_BLOCK = 256
 #: Memory the warper may use for one chunk (GDAL's default, 64 MB).
 WARP_MEMORY = 64 * 1024 * 1024
+#: Points sampled along each edge of a window to find the source pixels it maps back to.
+EDGE_SAMPLES = 21
+#: Source pixels added around them: the kernels' reach, with room for the edges' curvature.
+PREFETCH_MARGIN = 2
 
 #: The dataset each open warped VRT warps (its tags, colours and palette are the outputs').
 _ORIGINS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -233,6 +238,45 @@ def warped(src, grid: TargetGrid, *, resampling: str, nodata: float | None) -> I
         _ORIGINS[dataset] = (src, grid)
         reads_through(dataset, source_of(src))
         yield dataset
+
+
+def source_window(view, window: RioWindow) -> RioWindow | None:
+    """The source pixels ``window`` of the warped ``view`` maps back to, from points along its
+    edges (exact transformation), with a margin, clipped to the source; None when no point maps.
+
+    Only what to fetch ahead: GDAL's warper decides what it reads (a window over a pole of the
+    source may need more), and any block missed here is fetched when GDAL asks for it.
+    """
+    src, grid = _ORIGINS[view]
+    steps = [i / (EDGE_SAMPLES - 1) for i in range(EDGE_SAMPLES)]
+    left, top = window.col_off, window.row_off
+    right, bottom = left + window.width, top + window.height
+    edge = [(left + (right - left) * t, top) for t in steps] + [(left + (right - left) * t, bottom) for t in steps]
+    edge += [(left, top + (bottom - top) * t) for t in steps] + [(right, top + (bottom - top) * t) for t in steps]
+    xs, ys = zip(*(grid.transform * point for point in edge), strict=True)
+    sx, sy = transform(grid.crs, src.crs, list(xs), list(ys))
+    pixels = [~src.transform * p for p in zip(sx, sy, strict=True) if all(map(math.isfinite, p))]
+    if not pixels:
+        return None
+    cols, rows = zip(*pixels, strict=True)
+    col0 = max(0, math.floor(min(cols)) - PREFETCH_MARGIN)
+    row0 = max(0, math.floor(min(rows)) - PREFETCH_MARGIN)
+    col1 = min(src.width, math.ceil(max(cols)) + PREFETCH_MARGIN)
+    row1 = min(src.height, math.ceil(max(rows)) + PREFETCH_MARGIN)
+    if col1 <= col0 or row1 <= row0:
+        return None
+    return RioWindow(col0, row0, col1 - col0, row1 - row0)
+
+
+def prefetch(dataset, window: RioWindow) -> None:
+    """Fetch ahead the upload's blocks a read of ``window`` of ``dataset`` will ask for: its own
+    for an upload, those under :func:`source_window` for a warped view of one."""
+    if dataset not in _ORIGINS:
+        prefetch_window(dataset, window)
+        return
+    needed = source_window(dataset, window)
+    if needed is not None:
+        prefetch_window(origin_of(dataset), needed)
 
 
 def image_bands(dataset) -> list[int]:

@@ -24,8 +24,7 @@ from ...spec import OutputSpec
 from ..env import BLOCK_SIZE, NUM_THREADS
 from ..reading import metadata
 from ..reading.scene import overview_resampling_for, read_classified
-from ..reading.source import prefetch_window
-from ..reading.warp import grid_of, has_internal_mask, image_bands, origin_of
+from ..reading.warp import grid_of, has_internal_mask, image_bands, origin_of, prefetch
 
 
 def tile_overview_count(window_size: int, block_size: int = BLOCK_SIZE) -> int:
@@ -121,7 +120,7 @@ def read_window(
     data, mask = read_classified(
         src,
         lambda: (
-            prefetch_window(src, window),
+            prefetch(src, window),
             src.read(image_bands(src), window=window),
             src.dataset_mask(window=window) if _per_dataset_mask(src) else None,
         )[1:],
