@@ -15,7 +15,7 @@ make one: its ``WarpedVRT`` with ``tolerance=0`` and a given grid leaves the tra
 the approximating one, 0.125 pixel of error, whatever is asked. With the exact transformer each
 output pixel's source position is computed on its own, so reading one window of the VRT gives
 the pixels a warp of the whole scene gives there, for the kernels that use the source pixels
-under an output pixel alone (nearest, average, mode, rms: tilecommit/profiles.py says why the
+under an output pixel alone (nearest, average, mode, rms: tilecommit/warping.py says why the
 wider ones are refused); GDAL reads the source window each chunk needs, the kernel's margin
 included. Nothing is written: the VRT is opened from text.
 """
@@ -68,7 +68,7 @@ _ORIGINS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 @dataclass(frozen=True)
 class TargetGrid:
-    """The output grid of a web-optimized job: CRS, transform, size and the zoom it is at."""
+    """The output grid of a warped job: CRS, transform, size and, web-optimized, the zoom it is at."""
 
     crs: CRS
     transform: Affine
@@ -106,10 +106,10 @@ def web_optimized_grid(src) -> TargetGrid:
     crs = tms.rasterio_crs
     if src.crs != crs:
         with WarpedVRT(src, crs=crs) as suggested:
-            bounds, transform = suggested.bounds, suggested.transform
+            bounds, pixel = suggested.bounds, suggested.transform
     else:
-        bounds, transform = src.bounds, src.transform
-    zoom = tms.zoom_for_res(max(abs(transform.a), abs(transform.e)), max_z=MAX_ZOOM, zoom_level_strategy="auto")
+        bounds, pixel = src.bounds, src.transform
+    zoom = tms.zoom_for_res(max(abs(pixel.a), abs(pixel.e)), max_z=MAX_ZOOM, zoom_level_strategy="auto")
     # morecantile's _tile is the tile holding a point given in the set's CRS: what rio-cogeo calls.
     upper_left = tms._tile(bounds[0], bounds[3], zoom)
     west, _, _, north = tms.xy_bounds(upper_left)
@@ -137,10 +137,10 @@ def srs_grid(src, crs: CRS | None, resolution: float | None) -> TargetGrid:
     left, bottom, right, top = transform_bounds(src.crs, crs, *src.bounds, densify_pts=21)
     if right <= left or top <= bottom:
         raise ValueError(f"the source's bounds in {crs.to_string()} wrap around ({left}, {bottom}, {right}, {top})")
-    if resolution is None:
-        suggested, _, _ = calculate_default_transform(src.crs, crs, src.width, src.height, *src.bounds)
-        resolution = max(abs(suggested.a), abs(suggested.e))
     size = resolution
+    if size is None:
+        suggested, _, _ = calculate_default_transform(src.crs, crs, src.width, src.height, *src.bounds)
+        size = max(abs(suggested.a), abs(suggested.e))
     west, east = math.floor(left / size) * size, math.ceil(right / size) * size
     south, north = math.floor(bottom / size) * size, math.ceil(top / size) * size
     width = max(1, int((east - west + size / 2) / size))
@@ -158,6 +158,19 @@ def target_grid(src, choice) -> TargetGrid:
 
 def _geotransform(transform: Affine) -> str:
     return ",".join(repr(float(v)) for v in transform.to_gdal())
+
+
+def _add_exact_transformer(options: ET.Element, src, grid: TargetGrid) -> None:
+    """GDAL's general image transformer from ``grid`` to ``src``'s pixels, not wrapped in the
+    approximating one (whose ``<ApproxTransformer>`` element GDAL writes around it otherwise)."""
+    transformer = ET.SubElement(ET.SubElement(options, "Transformer"), "GenImgProjTransformer")
+    ET.SubElement(transformer, "SrcGeoTransform").text = _geotransform(src.transform)
+    ET.SubElement(transformer, "SrcInvGeoTransform").text = _geotransform(~src.transform)
+    ET.SubElement(transformer, "DstGeoTransform").text = _geotransform(grid.transform)
+    ET.SubElement(transformer, "DstInvGeoTransform").text = _geotransform(~grid.transform)
+    reprojection = ET.SubElement(ET.SubElement(transformer, "ReprojectTransformer"), "ReprojectionTransformer")
+    ET.SubElement(reprojection, "SourceSRS").text = src.crs.to_wkt()
+    ET.SubElement(reprojection, "TargetSRS").text = grid.crs.to_wkt()
 
 
 def has_internal_mask(src) -> bool:
@@ -205,14 +218,7 @@ def exact_warp_xml(
     if nodata is not None:  # a pixel is no data when every band holds the value, as GDAL masks it
         ET.SubElement(options, "Option", name="UNIFIED_SRC_NODATA").text = "YES"
     ET.SubElement(options, "SourceDataset", relativeToVRT="0").text = src.name
-    transformer = ET.SubElement(ET.SubElement(options, "Transformer"), "GenImgProjTransformer")
-    ET.SubElement(transformer, "SrcGeoTransform").text = _geotransform(src.transform)
-    ET.SubElement(transformer, "SrcInvGeoTransform").text = _geotransform(~src.transform)
-    ET.SubElement(transformer, "DstGeoTransform").text = _geotransform(grid.transform)
-    ET.SubElement(transformer, "DstInvGeoTransform").text = _geotransform(~grid.transform)
-    reprojection = ET.SubElement(ET.SubElement(transformer, "ReprojectTransformer"), "ReprojectionTransformer")
-    ET.SubElement(reprojection, "SourceSRS").text = src.crs.to_wkt()
-    ET.SubElement(reprojection, "TargetSRS").text = grid.crs.to_wkt()
+    _add_exact_transformer(options, src, grid)
     bands = ET.SubElement(options, "BandList")
     for band in src.indexes:
         mapping = ET.SubElement(bands, "BandMapping", src=str(band), dst=str(band))
