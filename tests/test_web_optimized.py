@@ -218,6 +218,7 @@ def host(app_env):
         yield running
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", SCENES)
 def test_the_mosaic_is_rio_cogeos_web_optimized_grid_and_an_exact_warp_of_the_source(
     host, storage, app_env, tmp_path, case
@@ -321,6 +322,7 @@ def test_add_mask_masks_what_the_warp_leaves_outside_the_source(tmp_path, stores
         assert differing(src.read(), exact) == 0
 
 
+@pytest.mark.slow
 def test_one_upload_with_and_without_web_optimized_is_two_jobs_each_delivered_again_a_duplicate(
     host, storage, app_env, tmp_path, monkeypatch
 ):
@@ -353,6 +355,7 @@ def test_one_upload_with_and_without_web_optimized_is_two_jobs_each_delivered_ag
 # ------------------------------------------------------------------------------------ target_srs, resolution
 
 
+@pytest.mark.slow
 def test_a_target_crs_and_resolution_give_gdalwarps_aligned_grid_and_an_exact_warp(host, storage, app_env, tmp_path):
     """The UTM scene to EPSG:4326 at 0.0001 deg (gdalwarp -t_srs EPSG:4326 -tr 0.0001 0.0001 -tap),
     through the local host."""
