@@ -135,7 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME[,OPTION=VALUE...]",
         help="the output profile, set as the upload's blob metadata (default: the app's, or its path rule): "
         "default (DEFLATE), zstd, lzw, raw, jpeg, webp, lerc, lerc_deflate or lerc_zstd; options level, "
-        "predictor, quality, max_z_error, blocksize, resampling, nodata, add_mask (docs/configuration.md, 'Output profiles')",
+        "predictor, quality, max_z_error, blocksize, resampling, nodata, add_mask, web_optimized, target_srs, "
+        "resolution, warp_resampling "
+        "(docs/configuration.md, 'Output profiles')",
     )
     process.add_argument(
         "--output",

@@ -3,13 +3,17 @@
 A profile is a named set of COG creation options, as ``rio cogeo create --cog-profile`` names
 them, plus the options a user may set on top (``level``, ``predictor``, ``quality``,
 ``max_z_error``, ``blocksize``, which the job's spec keeps as its block size, ``resampling``,
-``nodata``, which overrides the source's nodata value as ``rio cogeo create --nodata`` does, and
-``add_mask``, which makes the nodata an internal mask as ``--add-mask`` does). The choice, in order:
+``nodata``, which overrides the source's nodata value as ``rio cogeo create --nodata`` does,
+``add_mask``, which makes the nodata an internal mask as ``--add-mask`` does, and the options
+that warp the outputs onto another grid, :mod:`tilecommit.warping`: ``web_optimized``, as
+``--web-optimized`` does, ``target_srs`` and ``resolution``, and ``warp_resampling``, that
+warp's kernel, as ``--resampling``). The choice, in order:
 
 1. the upload's blob metadata: ``tilecommit_profile`` and the option keys ``tilecommit_level``,
    ``tilecommit_predictor``, ``tilecommit_quality``, ``tilecommit_max_z_error``,
    ``tilecommit_blocksize``, ``tilecommit_resampling``, ``tilecommit_nodata``,
-   ``tilecommit_add_mask`` (any of them present: the metadata decides, from the default profile
+   ``tilecommit_add_mask``, ``tilecommit_web_optimized``, ``tilecommit_target_srs``,
+   ``tilecommit_resolution``, ``tilecommit_warp_resampling`` (any of them present: the metadata decides, from the default profile
    when it names none);
 2. the first path rule of ``TILECOMMIT_PROFILE_RULES`` whose prefix the upload's name starts with
    (``dem/=zstd,predictor=3;previews/=lzw``; the longest prefix wins);
@@ -43,6 +47,7 @@ from typing import Any
 
 import numpy as np
 
+from . import warping
 from .errors import BadInputError, ConfigurationError
 
 DEFAULT = "default"
@@ -102,20 +107,32 @@ RESAMPLINGS = ("nearest", "average", "rms", "mode")
 #: about 0.3 % of the first level's pixels differ from GDAL's overviews of the whole scene with
 #: cubic or bilinear; none with the four above, tests/test_lossy_profiles.py).
 WIDE_RESAMPLINGS = ("bilinear", "cubic", "cubic_spline", "lanczos", "gauss")
-OPTION_KEYS = ("level", "predictor", "quality", "max_z_error", "blocksize", "resampling", "nodata", "add_mask")
+OPTION_KEYS = (
+    "level",
+    "predictor",
+    "quality",
+    "max_z_error",
+    "blocksize",
+    "resampling",
+    "nodata",
+    "add_mask",
+    *warping.OPTIONS,
+)
+#: Options whose value the spec keeps as text.
+TEXT_OPTIONS = ("resampling", "nodata", "add_mask", "web_optimized", "warp_resampling", "target_srs")
 #: How ``add_mask`` may be spelled, and what each spelling means.
-BOOLEANS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
+BOOLEANS = warping.BOOLEANS
 METADATA_PREFIX = "tilecommit_"
 METADATA_PROFILE = f"{METADATA_PREFIX}profile"
 
 
 def option_value(option: str, raw: Any) -> int | float | str:
     """An option's value as the spec keeps it: a float for ``max_z_error``, a name for
-    ``resampling``, the number's text for ``nodata`` (NaN is no JSON number), ``true`` for
-    ``add_mask``, else a whole number."""
-    if option in ("resampling", "nodata", "add_mask"):
+    ``resampling`` and ``warp_resampling``, the number's text for ``nodata`` (NaN is no JSON
+    number), ``true`` for ``add_mask`` and ``web_optimized``, else a whole number."""
+    if option in TEXT_OPTIONS:
         return str(raw)
-    return float(raw) if option == "max_z_error" else int(raw)
+    return float(raw) if option in ("max_z_error", "resolution") else int(raw)
 
 
 @dataclass(frozen=True)
@@ -157,6 +174,33 @@ class Choice:
         return self.option("add_mask") == "true"
 
     @property
+    def web_optimized(self) -> bool:
+        """Whether the outputs are warped onto the WebMercatorQuad grid (the ``web_optimized`` option)."""
+        return self.option("web_optimized") == "true"
+
+    @property
+    def target_srs(self) -> str | None:
+        """The target CRS's EPSG code (the ``target_srs`` option), or None."""
+        value = self.option("target_srs")
+        return None if value is None else str(value)
+
+    @property
+    def resolution(self) -> float | None:
+        """The target grid's pixel size (the ``resolution`` option), or None."""
+        value = self.option("resolution")
+        return None if value is None else float(value)
+
+    @property
+    def warped(self) -> bool:
+        """Whether the outputs are on another grid than the source's (tilecommit/warping.py)."""
+        return self.web_optimized or self.target_srs is not None or self.resolution is not None
+
+    @property
+    def warp_resampling(self) -> str:
+        """The warp's kernel (the ``warp_resampling`` option), nearest unless given."""
+        return str(self.option("warp_resampling") or warping.DEFAULT_WARP_RESAMPLING)
+
+    @property
     def lossy(self) -> bool:
         """Whether a tile's pixels may differ from the source's (then a scrub compares a tile
         with the window encoded again, not with the source)."""
@@ -185,6 +229,8 @@ def _checked_option(option: str, raw: Any, profile: Profile, *, where: str, erro
         if value not in BOOLEANS:
             raise error(f"{where}: add_mask={raw!r}: accepted {', '.join(BOOLEANS)}")
         return "true" if BOOLEANS[value] else "false"
+    if option in warping.OPTIONS:
+        return warping.checked_option(option, raw, where=where, error=error)
     if option == "nodata":
         try:
             value = float(str(raw).strip())
@@ -237,6 +283,7 @@ def _default_of(option: str, profile: Profile) -> int | float | None:
         "max_z_error": 0.0 if profile.max_z_error else None,
         "blocksize": DEFAULT_BLOCK_SIZE,
         "add_mask": "false",
+        **warping.DEFAULTS,
     }.get(option)
 
 
@@ -259,6 +306,7 @@ def choose(name: str, options: Mapping[str, Any], *, where: str, error: type[Bad
         if value == _default_of(option, profile):
             continue  # the profile's own value: the same output, so the same job
         checked[option] = value
+    warping.check_combination(checked, where=where, error=error)
     return Choice(key, tuple(sorted(checked.items())))
 
 

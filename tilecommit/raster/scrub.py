@@ -157,7 +157,7 @@ def check_window(
     name = row[0].uri if row else jobs.tile_blob_name(job_id, window)
     stored = _stored_tile(tiles, name)
     with (
-        window_of_upload(upload, window, settings=settings, purpose="verify") as src,
+        window_of_upload(upload, window, settings=settings, purpose="verify", spec=spec) as src,
         gdal_step(f"verifying tile {window.id} of {src.name}", window=window.id),
     ):
         pixels = read_window(src, window, choice=spec.choice)

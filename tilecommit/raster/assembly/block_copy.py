@@ -40,7 +40,7 @@ from ..reading.scene import SceneInfo
 from .block_sources import FETCH_THREADS, TILE_HEAD_BYTES, BlockFetcher, FileRangeSource, read_tile_heads
 from .checks import check_planned_mosaic
 from .copy_plan import CopyPlan, plan_copy
-from .pyramid import halve_ceil, levels_to_fit, plan_tile_levels
+from .pyramid import halve_ceil, levels_of, levels_to_fit, plan_tile_levels
 from .strategy import PLAN_SHA256_METADATA_KEY, MosaicJob, PlannedMosaic
 
 
@@ -78,7 +78,10 @@ def build_coarse_levels(
         base.mask = tiff.OutputDirectory(tags=mask_tags, blocks=mask.blocks, width=mask.width, height=mask.height)
     with open(base_path, "wb") as out:
         tiff.TiffWriter(byte_order).write(out, [base], fetch)
-    factors = [2**j for j in range(1, levels_to_fit(base.width, base.height, halve_ceil, spec.block_size) + 1)]
+    count = levels_to_fit(base.width, base.height, halve_ceil, spec.block_size)
+    if spec.choice.web_optimized:  # rio-cogeo's pyramid: as many as the job's level count leaves
+        count = levels_of(scene, spec) - first_level
+    factors = [2**j for j in range(1, count + 1)]
     # GDAL builds them in blocks of GDAL_TIFF_OVR_BLOCKSIZE: the spec's.
     encoding = {
         **profiles.coarse_level_options(spec.choice, scene.dtype, scene.count),
@@ -201,7 +204,10 @@ def prepare_block_copy(job: MosaicJob, executor: ThreadPoolExecutor) -> BlockCop
     directories, sources, reference = list(levels.directories), levels.sources, levels.reference
     fetch = BlockFetcher(sources, executor, spec.block_size)
     coarse_source = None
-    if directories[-1].width > spec.block_size or directories[-1].height > spec.block_size:
+    coarse_needed = directories[-1].width > spec.block_size or directories[-1].height > spec.block_size
+    if spec.choice.web_optimized:
+        coarse_needed = levels_of(scene, spec) > len(directories) - 1
+    if coarse_needed:
         nodata = reference.directories[0].tags.get(tiff.GDAL_NODATA)
         coarse, coarse_source = build_coarse_levels(
             scene,
@@ -243,7 +249,13 @@ def planned_block_copy(job: MosaicJob) -> Iterator[BlockCopy]:
             started = time.perf_counter()
             head, order, total = layout.writer.block_order(layout.directories)
             check_planned_mosaic(
-                head, job.scene, layout.levels, settings=job.settings, job_id=job.job_id, block_size=job.spec.block_size
+                head,
+                job.scene,
+                layout.levels,
+                settings=job.settings,
+                job_id=job.job_id,
+                block_size=job.spec.block_size,
+                shorter_side=job.spec.choice.web_optimized,
             )
             plan = plan_copy(head, order, total, leaders=layout.writer.leaders, trailers=layout.writer.trailers)
             versions = {w.id: job.summary.entries[w.id].etag for w in job.windows}

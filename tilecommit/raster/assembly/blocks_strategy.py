@@ -33,7 +33,13 @@ def build(job: MosaicJob) -> BuiltMosaic:
 
     def check_head(head: bytes, planned_levels: int) -> None:
         check_planned_mosaic(
-            head, job.scene, planned_levels, settings=job.settings, job_id=job.job_id, block_size=job.spec.block_size
+            head,
+            job.scene,
+            planned_levels,
+            settings=job.settings,
+            job_id=job.job_id,
+            block_size=job.spec.block_size,
+            shorter_side=job.spec.choice.web_optimized,
         )
         planned_head.append(head)
 

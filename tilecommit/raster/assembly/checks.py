@@ -35,9 +35,11 @@ def check_mosaic_file(
     gdal_options: dict | None = None,
     label: str | None = None,
     block_size: int = BLOCK_SIZE,
+    shorter_side: bool = False,
 ) -> None:
     """Refuse a mosaic whose shape, georeferencing, blocks or overview levels are not what was
-    planned (``block_size``: the job's spec's).
+    planned (``block_size``: the job's spec's; ``shorter_side``: a web-optimized job's pyramid,
+    :func:`.pyramid.pyramid_problems`).
 
     ``path`` is anything GDAL opens (the VRT path's temporary file, the planned head of a
     block-copy mosaic in ``/vsimem/``), or the committed blob at the version checked, read
@@ -53,7 +55,7 @@ def check_mosaic_file(
         gdal_step(f"checking {label or path}"),
         reading(path) as src,
     ):
-        problems = _mosaic_problems(src, path, scene, levels, block_size)
+        problems = _mosaic_problems(src, path, scene, levels, block_size, shorter_side)
     if problems:
         what = label or f"assembled mosaic {path}"
         fault = transport_fault(messages)
@@ -65,7 +67,9 @@ def check_mosaic_file(
         raise MosaicCheckError(f"{what} is wrong: " + "; ".join(problems))
 
 
-def _mosaic_problems(src, path: str | Source, scene: SceneInfo, levels: int, block_size: int) -> list[str]:
+def _mosaic_problems(
+    src, path: str | Source, scene: SceneInfo, levels: int, block_size: int, shorter_side: bool
+) -> list[str]:
     problems = []
     if (src.width, src.height, src.count) != (scene.width, scene.height, scene.count):
         problems.append(f"size {src.width}x{src.height}x{src.count}")
@@ -98,14 +102,21 @@ def _mosaic_problems(src, path: str | Source, scene: SceneInfo, levels: int, blo
         )
         with opened as overview:
             sizes.append((overview.width, overview.height))
-    problems += pyramid_problems(sizes, block_size)
+    problems += pyramid_problems(sizes, block_size, shorter_side=shorter_side)
     if src.block_shapes[0] != (block_size, block_size) and (src.width > block_size or src.height > block_size):
         problems.append(f"blocks {src.block_shapes[0]}")
     return problems
 
 
 def check_planned_mosaic(
-    head: bytes, scene: SceneInfo, levels: int, *, settings: Settings, job_id: str = "", block_size: int = BLOCK_SIZE
+    head: bytes,
+    scene: SceneInfo,
+    levels: int,
+    *,
+    settings: Settings,
+    job_id: str = "",
+    block_size: int = BLOCK_SIZE,
+    shorter_side: bool = False,
 ) -> None:
     """:func:`check_mosaic_file` on the planned header and directories of a block-copy mosaic.
 
@@ -121,6 +132,7 @@ def check_planned_mosaic(
             settings=settings,
             label=f"planned mosaic of job {job_id}",
             block_size=block_size,
+            shorter_side=shorter_side,
         )
 
 
@@ -151,6 +163,7 @@ def verify_committed_mosaic(
     head: bytes | None = None,
     hash_content_from: str | None = None,
     block_size: int = BLOCK_SIZE,
+    shorter_side: bool = False,
 ) -> None:
     """The checks of :func:`check_mosaic_file`, on the committed blob through /vsiaz/ (directories only),
     after those of what the assembly planned:
@@ -213,4 +226,5 @@ def verify_committed_mosaic(
         gdal_options={**(gdal_options or {}), **upload_gdal_options(committed.path)},
         label=f"committed mosaic {name}",
         block_size=block_size,
+        shorter_side=shorter_side,
     )

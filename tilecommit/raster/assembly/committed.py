@@ -26,7 +26,7 @@ from . import attempt
 from .block_copy import plan_block_copy
 from .checks import blob_properties, repair_instruction, verify_committed_mosaic
 from .manifest_check import check_manifest
-from .pyramid import mosaic_overview_levels
+from .pyramid import levels_of
 from .sidecars import write_sidecars
 from .strategy import (
     COMMITTED_METHODS,
@@ -66,11 +66,7 @@ def verify_mosaic(job: MosaicJob, planned: PlannedMosaic | None):
                 "no assembly committed it"
             )
         planned = _comparable_plan(job, method, planned)
-        levels = (
-            planned.levels
-            if planned is not None
-            else mosaic_overview_levels(scene.width, scene.height, spec.block_size)
-        )
+        levels = planned.levels if planned is not None else levels_of(scene, spec)
         key = PLAN_SHA256_METADATA_KEY if method == "server" else gates.SHA256_METADATA_KEY
         ours = planned.evidence[1] if planned is not None and planned.evidence[0] == key else None
         verify_committed_mosaic(
@@ -85,6 +81,7 @@ def verify_mosaic(job: MosaicJob, planned: PlannedMosaic | None):
             head=planned.head if planned is not None else None,
             hash_content_from=key if ours is None and key == gates.SHA256_METADATA_KEY else None,
             block_size=spec.block_size,
+            shorter_side=spec.choice.web_optimized,
         )
     except MosaicCheckError as exc:
         raise MosaicCheckError(f"{exc}; {repair_instruction(job.job_id)}") from exc

@@ -34,14 +34,35 @@ def levels_to_fit(width: int, height: int, halve=halve_floor, block_size: int = 
     return levels
 
 
-def mosaic_overview_levels(width: int, height: int, block_size: int = BLOCK_SIZE) -> int:
-    """Overview levels a complete mosaic of ``width`` x ``height`` has (COG driver's rounding)."""
+def mosaic_overview_levels(width: int, height: int, block_size: int = BLOCK_SIZE, *, shorter_side: bool = False) -> int:
+    """Overview levels a complete mosaic of ``width`` x ``height`` has (COG driver's rounding).
+
+    ``shorter_side``: the levels rio-cogeo 7.0.4 makes instead, for a web-optimized job's mosaic:
+    halvings while the *shorter* side stays above one block (rasterio's
+    ``get_maximum_overview_level``, which ``cog_translate`` calls), so an elongated grid gets
+    fewer levels than a complete pyramid (docs/raster.md, "Web-optimized output").
+    """
+    if shorter_side:
+        levels, factor = 0, 1
+        while min(width // factor, height // factor) > block_size:
+            factor *= 2
+            levels += 1
+        return levels
     return levels_to_fit(width, height, halve_floor, block_size)
 
 
-def pyramid_problems(sizes: list[tuple[int, int]], block_size: int = BLOCK_SIZE) -> list[str]:
+def levels_of(scene: SceneInfo, spec: OutputSpec) -> int:
+    """The overview levels the job's mosaic has: rio-cogeo's for a web-optimized job, else a complete pyramid."""
+    return mosaic_overview_levels(scene.width, scene.height, spec.block_size, shorter_side=spec.choice.web_optimized)
+
+
+def pyramid_problems(
+    sizes: list[tuple[int, int]], block_size: int = BLOCK_SIZE, *, shorter_side: bool = False
+) -> list[str]:
     """What is wrong with a pyramid (full resolution first): every level about half the previous
-    one, the last fitting in one block and the one before it not (no level missing, none extra).
+    one, the last fitting in one block and the one before it not (no level missing, none extra);
+    ``shorter_side``: the last one's shorter side fitting in one block and the one before's not
+    (rio-cogeo's pyramid, :func:`mosaic_overview_levels`).
 
     A count alone is not enough to call a pyramid complete, and GDAL's COG validator checks
     neither (docs/design.md, 'GDAL settings and raster figures'), so this is checked on every mosaic before upload.
@@ -51,6 +72,12 @@ def pyramid_problems(sizes: list[tuple[int, int]], block_size: int = BLOCK_SIZE)
         (pw, ph), (w, h) = sizes[k - 1], sizes[k]
         if not (halve_floor(pw) <= w <= halve_ceil(pw) + 1 and halve_floor(ph) <= h <= halve_ceil(ph) + 1):
             problems.append(f"level {k} is {w}x{h}, not half of {pw}x{ph}")
+    if shorter_side:
+        if min(sizes[-1]) > block_size:
+            problems.append(f"the smallest level, {sizes[-1]}, has no side within one {block_size}-pixel block")
+        if len(sizes) > 1 and min(sizes[-2]) <= block_size:
+            problems.append(f"level {len(sizes) - 1} is superfluous: the level before it has a side within one block")
+        return problems
     w, h = sizes[-1]
     if w > block_size or h > block_size:
         problems.append(f"the smallest level, {w}x{h}, is larger than one {block_size}-pixel block: levels are missing")
@@ -114,6 +141,8 @@ def plan_tile_levels(scene: SceneInfo, heads: list[TileHead], spec: OutputSpec) 
     """
     window_size, block_size = spec.window_size, spec.block_size
     available = tile_overview_count(window_size, block_size)
+    if spec.choice.web_optimized:  # rio-cogeo's pyramid may stop before the tiles' levels do
+        available = min(available, levels_of(scene, spec))
     reference = heads[0].layout
     if heads[0].window.id != "0000_0000":
         raise IncompatibleTilesError("the first planned window is not 0000_0000")

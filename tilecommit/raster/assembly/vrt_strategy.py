@@ -35,7 +35,7 @@ from ..reading.scene import SceneInfo, as_crs
 from ..tiling.encode import cog_creation_options, tile_overview_count, write_cog
 from .block_sources import FETCH_THREADS, BlobRangeSource
 from .checks import check_mosaic_file
-from .pyramid import mosaic_overview_levels
+from .pyramid import levels_of
 from .strategy import BuiltMosaic, MosaicJob, PlannedMosaic
 
 logger = logging.getLogger(__name__)
@@ -140,7 +140,7 @@ def estimate_vrt_temp_bytes(scene: SceneInfo, summary, spec: OutputSpec) -> int:
     came within 1 % of both, and now adds the copies' bytes (about 1x the mosaic).
     """
     full = summary.total_bytes / _pyramid_share(tile_overview_count(spec.window_size, spec.block_size))
-    pyramid = _pyramid_share(mosaic_overview_levels(scene.width, scene.height, spec.block_size))
+    pyramid = _pyramid_share(levels_of(scene, spec))
     # The tiles' local copies (fetch_tiles) lie beside the output until it is written.
     return int(summary.total_bytes + full * pyramid + full * (pyramid - 1) * VRT_OVR_TMP_FACTOR)
 
@@ -152,7 +152,14 @@ def build(job: MosaicJob) -> BuiltMosaic:
     nbytes, levels = build_mosaic_vrt(job, out_path)
     sha256 = file_sha256(out_path)
     started = time.perf_counter()
-    check_mosaic_file(out_path, job.scene, levels, settings=job.settings, block_size=job.spec.block_size)
+    check_mosaic_file(
+        out_path,
+        job.scene,
+        levels,
+        settings=job.settings,
+        block_size=job.spec.block_size,
+        shorter_side=job.spec.choice.web_optimized,
+    )
     job.timings["check"] = time.perf_counter() - started
     planned = PlannedMosaic("vrt", levels, (gates.SHA256_METADATA_KEY, sha256), nbytes=nbytes)
     return BuiltMosaic(planned, {"sent_from_instance": nbytes}, sha256=sha256, path=out_path)
@@ -163,7 +170,7 @@ def build_mosaic_vrt(job: MosaicJob, out_path: str, num_threads: int = NUM_THREA
     tiles; (its size, its overview levels). Its size is estimated first, and a WARNING logged
     when the temporary disk it needs exceeds :data:`TEMP_BUDGET_BYTES`."""
     scene, windows, summary, spec, workdir = job.scene, job.windows, job.summary, job.spec, job.workdir
-    levels = mosaic_overview_levels(scene.width, scene.height, spec.block_size)
+    levels = levels_of(scene, spec)
     _warn_of_its_costs(job)
     vrt_path = os.path.join(workdir, "mosaic.vrt")
     paths = fetch_tiles(windows, summary, job.tiles, os.path.join(workdir, "tiles"))

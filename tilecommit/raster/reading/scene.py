@@ -7,6 +7,7 @@ accepted, so a job fails at once instead of retrying an input that can never wor
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from collections.abc import Callable
@@ -17,7 +18,7 @@ from typing import Any, TypeVar
 import numpy as np
 from rasterio.crs import CRS
 from rasterio.enums import ColorInterp, MaskFlags
-from rasterio.errors import RasterioIOError
+from rasterio.errors import CRSError, RasterioIOError
 from rasterio.windows import Window as RioWindow
 
 from ... import profiles
@@ -30,6 +31,7 @@ from ..env import gdal_env
 from .metadata import has_colormap
 from .source import Source, as_source, open_upload, prefetch_window, source_of
 from .upload import ACCEPTED_FORMATS, HEADER_BYTES, check_upload_content, upload_gdal_options
+from .warp import target_grid
 
 #: Sample types a tile COG, the mosaic and the quicklook handle (PREDICTOR 2 or 3 applies to all).
 SUPPORTED_DTYPES = ("uint8", "int8", "uint16", "int16", "uint32", "int32", "float32", "float64")
@@ -447,4 +449,57 @@ def inspect_source(
             _check_georeferencing(path, src)
             _check_block_layout(path, src)
             _check_blocks_present(path, src, size, spec.window_size)
-            return scene_from_dataset(src, nbytes=size, choice=spec.choice)
+            scene = scene_from_dataset(src, nbytes=size, choice=spec.choice)
+            if spec.choice.warped:
+                return on_target_grid(path, src, scene, settings, spec.choice)
+            return scene
+
+
+def on_target_grid(path: str, src, scene: SceneInfo, settings: Settings, choice: profiles.Choice) -> SceneInfo:
+    """``scene`` as a warped job's outputs are: on the grid of :func:`~.warp.target_grid`
+    (web-optimized, or ``target_srs`` / ``resolution``), the source's bands, sample type, nodata
+    and mask (an internal mask becomes the warped footprint's, as rio-cogeo makes it from the
+    warper's alpha).
+
+    Refused with the reason: a source whose validity is an alpha band (its warp is not built), an
+    internal mask with a ``nodata`` override (rio-cogeo then writes a mask made of the value
+    alone, unlike any other job's; so too with the source's own nodata value), a grid GDAL cannot
+    compute (no transformation to the target CRS), a grid over the pixel limit.
+    """
+    own, nodata_override = _mask_kind(src), choice.nodata
+    warp = "the warp (web_optimized, target_srs, resolution)"
+    if own == "alpha":
+        raise UnsupportedRasterError(
+            f"{path} carries its valid area as an alpha band: {warp} is built for sources whose no data "
+            "is a nodata value or an internal mask (or that have neither); accepted: this source without "
+            "those options, or its alpha band made an internal mask first"
+        )
+    nodata = nodata_override if nodata_override is not None else src.nodata
+    if own == "per-dataset" and nodata is not None:
+        whose = "the profile's" if nodata_override is not None else "its own"
+        raise UnsupportedRasterError(
+            f"{path} has an internal mask, and {whose} nodata={nodata:g} would replace it in {warp}, which "
+            "takes one or the other; accepted: a source with a nodata value or an internal mask, not both, and "
+            "no nodata option with an internal mask"
+        )
+    target = "WebMercatorQuad (EPSG:3857)" if choice.web_optimized else choice.target_srs or "its own CRS"
+    try:
+        grid = target_grid(src, choice)
+    except (CRSError, RasterioIOError, ValueError) as exc:
+        raise UnsupportedRasterError(
+            f"{path} cannot be placed on a grid of {target}: {exc}; accepted: a source whose CRS transforms to "
+            "it, or this source without the options that warp it"
+        ) from exc
+    if grid.width * grid.height > settings.max_pixels:
+        raise UnsupportedRasterError(
+            f"{path} on the {grid.name} is {grid.width} x {grid.height} = {grid.width * grid.height} pixels, more "
+            f"than the {settings.max_pixels} allowed (TILECOMMIT_MAX_PIXELS); accepted: a scene whose target grid "
+            "has at most that many pixels (a coarser resolution)"
+        )
+    return dataclasses.replace(
+        scene,
+        width=grid.width,
+        height=grid.height,
+        crs=grid.crs.to_wkt(version="WKT2_2019"),
+        transform=[float(v) for v in tuple(grid.transform)[:6]],
+    )

@@ -438,6 +438,13 @@ def source_of(dataset) -> Source | None:
     return _SOURCES.get(dataset)
 
 
+def reads_through(dataset, source: Source | None) -> None:
+    """Say that ``dataset`` (a view GDAL made of an upload, a warped VRT) reads through ``source``,
+    so its reads are checked and classified as the upload's own are."""
+    if source is not None:
+        _SOURCES[dataset] = source
+
+
 def window_ranges(src, col_off: int, row_off: int, width: int, height: int) -> list[tuple[int, int]]:
     """``(offset, size)`` of every full-resolution block a window of ``src`` touches, from its own tags."""
     block_h, block_w = src.block_shapes[0]

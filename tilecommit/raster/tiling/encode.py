@@ -15,7 +15,6 @@ import time
 import numpy as np
 import rasterio
 import rasterio.shutil
-from rasterio.enums import MaskFlags
 from rasterio.io import MemoryFile
 from rasterio.windows import Window as RioWindow
 
@@ -25,7 +24,7 @@ from ...spec import OutputSpec
 from ..env import BLOCK_SIZE, NUM_THREADS
 from ..reading import metadata
 from ..reading.scene import overview_resampling_for, read_classified
-from ..reading.source import prefetch_window
+from ..reading.warp import grid_of, has_internal_mask, image_bands, origin_of, prefetch
 
 
 def tile_overview_count(window_size: int, block_size: int = BLOCK_SIZE) -> int:
@@ -88,10 +87,11 @@ def write_cog(src, path: str, options: dict, *, choice: profiles.Choice, dtype: 
 
 
 def _per_dataset_mask(src) -> bool:
-    flags = src.mask_flag_enums
-    return all(MaskFlags.per_dataset in f for f in flags) and not any(
-        MaskFlags.alpha in f or MaskFlags.nodata in f for f in flags
-    )
+    """Whether a window of ``src`` has an internal mask to carry: the source's own, or, for a
+    warped view, the alpha band the warper made of it (:mod:`~..reading.warp`)."""
+    if grid_of(src) is not None:
+        return src.count > len(image_bands(src))
+    return has_internal_mask(src)
 
 
 def _rio_window(window: RioWindow | Window) -> RioWindow:
@@ -120,8 +120,8 @@ def read_window(
     data, mask = read_classified(
         src,
         lambda: (
-            prefetch_window(src, window),
-            src.read(window=window),
+            prefetch(src, window),
+            src.read(image_bands(src), window=window),
             src.dataset_mask(window=window) if _per_dataset_mask(src) else None,
         )[1:],
         f"window {window} of {src.name}",
@@ -164,6 +164,8 @@ def encode_tile(
     returned for this window of ``src``, so it is not read twice.
     """
     window = _rio_window(window)
+    # A warped view's tags, colours and palette are its source's (what rio-cogeo carries too).
+    about, grid = origin_of(src), grid_of(src)
     started = time.perf_counter()
     data, mask = pixels if pixels is not None else read_window(src, window, choice=spec.choice)
     read_s = time.perf_counter() - started
@@ -178,7 +180,7 @@ def encode_tile(
         overview_count=0
         if window.width == window.height == 1
         else tile_overview_count(spec.window_size, spec.block_size),
-        resampling=spec.overview_resampling(overview_resampling_for(src)),
+        resampling=spec.overview_resampling(overview_resampling_for(about)),
         choice=spec.choice,
         num_threads=num_threads,
     )
@@ -186,7 +188,7 @@ def encode_tile(
         "driver": "MEM",
         "width": int(window.width),
         "height": int(window.height),
-        "count": src.count,
+        "count": about.count,
         "dtype": src.dtypes[0],
         "crs": src.crs,
         "transform": src.window_transform(window),
@@ -200,7 +202,9 @@ def encode_tile(
         staged.write(data)
         if mask is not None:
             staged.write_mask(mask)
-        metadata.carry(src, staged)
+        metadata.carry(about, staged)
+        if grid is not None:
+            staged.update_tags(**grid.tags())
         with MemoryFile() as memory:
             write_cog(staged, memory.name, options, choice=spec.choice, dtype=src.dtypes[0], block_size=spec.block_size)
             body = memory.read()

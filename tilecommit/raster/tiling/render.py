@@ -28,6 +28,7 @@ from ..env import NUM_THREADS, gdal_env
 from ..gdal_errors import gdal_step
 from ..reading.source import Source, as_source, open_upload
 from ..reading.upload import upload_gdal_options
+from ..reading.warp import target_grid, warped
 from .encode import encode_tile
 
 logger = logging.getLogger(__name__)
@@ -40,13 +41,19 @@ def window_of_upload(
     *,
     settings: Settings,
     purpose: str,
+    spec: OutputSpec | None = None,
     gdal_options: dict | None = None,
     num_threads: int = NUM_THREADS,
 ) -> Iterator:
     """The upload opened to read ``window`` (to ``purpose`` it: render, verify): the GTiff driver
     alone, every byte read through its pinned, counted reader, every GDAL call in the block
     checked (:meth:`~tilecommit.raster.reading.source.Source.checked`). validate_source checked the content of this same
-    version, so an open that fails on bytes that all arrived is the file's, not storage's."""
+    version, so an open that fails on bytes that all arrived is the file's, not storage's.
+
+    For a spec that warps (``web_optimized``, ``target_srs``, ``resolution``: tilecommit/warping.py)
+    the dataset yielded is the upload warped onto the job's grid
+    (:func:`~tilecommit.raster.reading.warp.warped`), computed again from the same version, and
+    ``window`` is a window of that grid."""
     source = as_source(upload)
     with gdal_env(settings, {**(gdal_options or {}), **upload_gdal_options(source.path)}, num_threads=num_threads):
         try:
@@ -54,12 +61,23 @@ def window_of_upload(
         except RasterioIOError as exc:
             raise InvalidRasterError(f"{source.name} cannot be opened to {purpose} window {window.id}: {exc}") from exc
         with src, source.checked():
-            if window.col_off + window.width > src.width or window.row_off + window.height > src.height:
-                raise InvalidRasterError(
-                    f"window {window.id} ({window.col_off},{window.row_off} {window.width}x{window.height}) lies "
-                    f"outside the {src.width}x{src.height} source: the source changed since it was planned"
-                )
+            if spec is not None and spec.choice.warped:
+                choice = spec.choice
+                grid = target_grid(src, choice)
+                with warped(src, grid, resampling=choice.warp_resampling, nodata=choice.nodata_for(src.nodata)) as view:
+                    _check_inside(window, view, f"{grid.name} of the source")
+                    yield view
+                return
+            _check_inside(window, src, "source")
             yield src
+
+
+def _check_inside(window: Window, dataset, what: str) -> None:
+    if window.col_off + window.width > dataset.width or window.row_off + window.height > dataset.height:
+        raise InvalidRasterError(
+            f"window {window.id} ({window.col_off},{window.row_off} {window.width}x{window.height}) lies "
+            f"outside the {dataset.width}x{dataset.height} {what}: the source changed since it was planned"
+        )
 
 
 @dataclass(frozen=True)
@@ -120,7 +138,13 @@ def render_tile(
 
     name = jobs.tile_blob_name(job_id, window)
     with window_of_upload(
-        upload, window, settings=settings, purpose="render", gdal_options=gdal_options, num_threads=num_threads
+        upload,
+        window,
+        settings=settings,
+        purpose="render",
+        spec=spec,
+        gdal_options=gdal_options,
+        num_threads=num_threads,
     ) as src:
         where = f"col={window.col_off} row={window.row_off} {window.width}x{window.height}"
         with gdal_step(f"rendering tile {window.id} of {src.name}", window=where):

@@ -1,0 +1,425 @@
+"""The ``web_optimized`` profile option, as ``rio cogeo create --web-optimized`` makes it: the
+mosaic on the WebMercatorQuad grid rio-cogeo chooses (CRS, transform, size, blocks, overview
+levels), its pixels those of one exact warp of the whole source (error threshold 0) with the same
+kernel, for a UTM scene, a geographic scene across the antimeridian and a polar stereographic
+one; the option is part of the job; the VRT and block assemblies take the warped tiles; what
+cannot be warped is refused with the reason."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import rasterio
+from rasterio.crs import CRS
+from rasterio.enums import MaskFlags
+from rasterio.rio.overview import get_maximum_overview_level
+from rasterio.transform import from_origin
+from rasterio.warp import transform_bounds
+from rio_cogeo.cogeo import cog_translate, cog_validate
+from rio_cogeo.profiles import cog_profiles
+
+from devhost.session import process_file
+from orchestrators import names
+from tilecommit import profiles
+from tilecommit.errors import BadInputError, UnsupportedRasterError
+from tilecommit.grid import plan_windows
+from tilecommit.jobs import job_id_for
+from tilecommit.raster import inspect_source
+from tilecommit.raster.env import gdal_env
+from tilecommit.raster.reading.source import LocalFile, open_upload
+from tilecommit.raster.reading.warp import exact_warp_xml, has_internal_mask, srs_grid, warped, web_optimized_grid
+from tilecommit.raster.scrub import check_window
+from tilecommit.raster.tiling import encode
+from tilecommit.settings import SETTING_PROFILE, Settings
+from tilecommit.spec import OutputSpec
+
+from .app_jobs import WINDOW, download, local_host, wait_until
+from .conftest import counter_total
+from .made_rasters import made
+from .raster_jobs import JOB, assert_complete_pyramid, run_steps
+
+WHERE = "blob metadata tilecommit_profile"
+
+
+def utm_scene(path) -> str:
+    """600 x 520 x 3 uint16 in UTM 33N at 10 m, nodata 0 in a corner."""
+    rng = np.random.default_rng(5)
+    data = rng.integers(1, 4000, size=(3, 520, 600), dtype=np.uint16)
+    rows, cols = np.mgrid[0:520, 0:600]
+    data[:, rows + cols < 150] = 0
+    profile = dict(driver="GTiff", width=600, height=520, count=3, dtype="uint16", crs="EPSG:32633", nodata=0)
+    profile.update(transform=from_origin(500000, 4600000, 10, 10), tiled=True, blockxsize=256, blockysize=256)
+    with rasterio.open(path, "w", **profile) as dst:
+        dst.write(data)
+    return str(path)
+
+
+def masked_utm_scene(path, nodata: float | None = None) -> str:
+    """The UTM scene without a nodata value (unless ``nodata``), its valid area an internal mask
+    (a notch and a band cut off)."""
+    rng = np.random.default_rng(7)
+    data = rng.integers(1, 4000, size=(3, 520, 600), dtype=np.uint16)
+    mask = np.full((520, 600), 255, np.uint8)
+    mask[:, 500:] = 0
+    mask[:100, :100] = 0
+    profile = dict(driver="GTiff", width=600, height=520, count=3, dtype="uint16", crs="EPSG:32633", nodata=nodata)
+    profile.update(transform=from_origin(500000, 4600000, 10, 10), tiled=True, blockxsize=256, blockysize=256)
+    with rasterio.Env(GDAL_TIFF_INTERNAL_MASK=True), rasterio.open(path, "w", **profile) as dst:
+        dst.write(data)
+        dst.write_mask(mask)
+    return str(path)
+
+
+def antimeridian_scene(path) -> str:
+    """640 x 400 x 3 uint8 in EPSG:4326 from 178.4 to 181.6 deg E (past 180), no nodata."""
+    rng = np.random.default_rng(6)
+    data = rng.integers(1, 250, size=(3, 400, 640), dtype=np.uint8)
+    profile = dict(driver="GTiff", width=640, height=400, count=3, dtype="uint8", crs="EPSG:4326")
+    profile.update(transform=from_origin(178.4, -15.0, 0.005, 0.005), tiled=True, blockxsize=256, blockysize=256)
+    with rasterio.open(path, "w", **profile) as dst:
+        dst.write(data)
+    return str(path)
+
+
+def polar_scene(path) -> str:
+    return str(made("polar_stereographic_south.tif"))
+
+
+#: scene maker, warp kernel
+SCENES = {
+    "utm": (utm_scene, "nearest"),
+    "utm-average": (utm_scene, "average"),
+    "utm-internal-mask": (masked_utm_scene, "nearest"),
+    "antimeridian": (antimeridian_scene, "nearest"),
+    "polar": (polar_scene, "nearest"),
+    "polar-average": (polar_scene, "average"),
+}
+
+
+def whole_warp(path: str, resampling: str, grid_of=web_optimized_grid) -> tuple[np.ndarray, np.ndarray | None]:
+    """The whole source warped onto its web-optimized grid (or ``grid_of`` it) in one chunk, GDAL's
+    exact transformer (gdalwarp -et 0): one block the size of the grid, memory enough for one
+    chunk. With the alpha band the warper makes of a source's internal mask, as rio-cogeo's add_alpha."""
+    with rasterio.open(path) as src:
+        grid = grid_of(src)
+        alpha = has_internal_mask(src)
+        block = max(grid.width, grid.height)
+        xml = exact_warp_xml(src, grid, resampling=resampling, nodata=src.nodata, alpha=alpha, block=block)
+        count = src.count
+    with rasterio.Env(GDAL_CACHEMAX=512), rasterio.open(xml) as whole:
+        return whole.read(list(range(1, count + 1))), whole.read(count + 1) if alpha else None
+
+
+def differing(a: np.ndarray, b: np.ndarray) -> int:
+    same = (a == b) | (np.isnan(a) & np.isnan(b)) if a.dtype.kind == "f" else a == b
+    return int((~same).sum())
+
+
+def rio_cogeo_web_optimized(path: str, out: str, resampling: str) -> str:
+    """``rio cogeo create --web-optimized --resampling R -p deflate --blocksize 256``."""
+    profile = {**cog_profiles.get("deflate"), "blockxsize": 256, "blockysize": 256}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # web_optimized, which the CLI still names
+        cog_translate(path, out, profile, web_optimized=True, resampling=resampling, quiet=True)
+    return out
+
+
+def overview_count(path: str) -> int:
+    with rasterio.open(path) as src:
+        return len(src.overviews(1))
+
+
+# ------------------------------------------------------------------------------------ the option
+
+
+def test_the_options_are_checked_and_their_defaults_are_todays_job():
+    assert profiles.choose("default", {"web_optimized": "false"}, where=WHERE) == profiles.DEFAULT_CHOICE
+    chosen = profiles.choose("zstd", {"web_optimized": "Yes", "warp_resampling": "Average"}, where=WHERE)
+    assert chosen.web_optimized and chosen.warp_resampling == "average"
+    # nearest is the warp's default, as rio cogeo create --resampling's: giving it is the same job
+    assert profiles.choose("default", {"web_optimized": "1", "warp_resampling": "nearest"}, where=WHERE) == (
+        profiles.choose("default", {"web_optimized": "true"}, where=WHERE)
+    )
+    with pytest.raises(BadInputError, match=rf"{WHERE}: web_optimized='maybe': accepted true, yes, 1"):
+        profiles.choose("default", {"web_optimized": "maybe"}, where=WHERE)
+    with pytest.raises(BadInputError, match=r"warp_resampling='sum': accepted nearest, average, mode, rms"):
+        profiles.choose("default", {"web_optimized": "true", "warp_resampling": "sum"}, where=WHERE)
+    with pytest.raises(BadInputError, match=r"warp_resampling=bilinear is refused: where the warp downsamples"):
+        profiles.choose("default", {"web_optimized": "true", "warp_resampling": "bilinear"}, where=WHERE)
+    with pytest.raises(BadInputError, match="warp_resampling=average without web_optimized=true, target_srs or resol"):
+        profiles.choose("default", {"warp_resampling": "average"}, where=WHERE)
+    custom = profiles.choose("default", {"target_srs": " epsg:04326", "resolution": "0.0001"}, where=WHERE)
+    assert custom.options == (("resolution", 0.0001), ("target_srs", "EPSG:4326")) and custom.warped
+    for options, message in (
+        ({"target_srs": "WGS84"}, r"target_srs='WGS84': accepted an EPSG code, EPSG:<number>"),
+        ({"resolution": "-1"}, r"resolution=-1: accepted a number > 0"),
+        ({"resolution": "fine"}, r"resolution='fine' is not a number"),
+        ({"web_optimized": "true", "target_srs": "EPSG:3857"}, r"web_optimized=true with target_srs: the web-optim"),
+    ):
+        with pytest.raises(BadInputError, match=message):
+            profiles.choose("default", options, where=WHERE)
+    from_metadata = profiles.resolve(
+        {"tilecommit_web_optimized": "true"}, "a.tif", rules=[], default=profiles.DEFAULT_CHOICE
+    )
+    assert from_metadata == profiles.Choice("default", (("web_optimized", "true"),))
+
+    url, etag = "https://a.blob.core.windows.net/in/s.tif", '"0x1"'
+    plain = OutputSpec(window_size=512)
+    web = OutputSpec.with_choice(512, from_metadata)
+    assert OutputSpec.from_dict(web.to_dict()) == web
+    assert job_id_for(url, etag, plain) != job_id_for(url, etag, web)
+    assert job_id_for(url, etag, plain) == job_id_for(
+        url, etag, OutputSpec.with_choice(512, profiles.choose("default", {"web_optimized": "no"}, where=WHERE))
+    )
+
+
+def test_what_cannot_be_warped_is_refused_at_validation_with_the_reason(tmp_path):
+    settings = Settings(window_size=256)
+    spec = OutputSpec.with_choice(256, profiles.choose("default", {"web_optimized": "true"}, where=WHERE))
+    bare = tmp_path / "bare.tif"
+    with rasterio.open(bare, "w", driver="GTiff", width=64, height=64, count=1, dtype="uint8") as dst:
+        dst.write(np.ones((1, 64, 64), np.uint8))
+    with pytest.raises(UnsupportedRasterError, match="has no georeferencing \\(it lacks a CRS\\)"):
+        inspect_source(bare, settings=settings, spec=spec)
+    rgba = tmp_path / "rgba.tif"
+    profile = dict(driver="GTiff", width=64, height=64, count=4, dtype="uint8", crs="EPSG:32633", alpha="YES")
+    with rasterio.open(rgba, "w", transform=from_origin(500000, 4600000, 10, 10), **profile) as dst:
+        dst.write(np.ones((4, 64, 64), np.uint8))
+    with pytest.raises(
+        UnsupportedRasterError, match="carries its valid area as an alpha band: the warp \\(web_optimized"
+    ):
+        inspect_source(rgba, settings=settings, spec=spec)
+    masked = masked_utm_scene(tmp_path / "masked.tif")
+    assert inspect_source(masked, settings=settings, spec=spec).mask == "per-dataset"
+    with_nodata = OutputSpec.with_choice(
+        256, profiles.choose("default", {"web_optimized": "true", "nodata": "0"}, where=WHERE)
+    )
+    with pytest.raises(UnsupportedRasterError, match="has an internal mask, and the profile's nodata=0 would replace"):
+        inspect_source(masked, settings=settings, spec=with_nodata)
+    both = masked_utm_scene(tmp_path / "both.tif", nodata=0)
+    with pytest.raises(UnsupportedRasterError, match="has an internal mask, and its own nodata=0 would replace"):
+        inspect_source(both, settings=settings, spec=spec)
+    small = Settings(window_size=256, max_pixels=400_000)  # the source fits, its web-optimized grid does not
+    with pytest.raises(UnsupportedRasterError, match="on the WebMercatorQuad grid at zoom 14 is 1024 x 1024"):
+        inspect_source(utm_scene(tmp_path / "utm.tif"), settings=small, spec=spec)
+
+
+# ------------------------------------------------------------------------------------ through the local host
+
+
+@pytest.fixture
+def host(app_env):
+    with local_host(app_env) as running:
+        running.ensure_storage()
+        yield running
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", SCENES)
+def test_the_mosaic_is_rio_cogeos_web_optimized_grid_and_an_exact_warp_of_the_source(
+    host, storage, app_env, tmp_path, case
+):
+    make, resampling = SCENES[case]
+    source = make(tmp_path / "source.tif")
+    metadata = {"tilecommit_web_optimized": "true", "tilecommit_warp_resampling": resampling}
+    summary = process_file(host, Path(source), name=f"{case}.tif", timeout=300, metadata=metadata)
+    assert summary["status"] == "completed", summary
+    job = summary["job_id"]
+    mosaic = tmp_path / "mosaic.tif"
+    mosaic.write_bytes(download(storage, app_env.output, f"mosaics/{job}/mosaic.tif"))
+    valid, errors, _ = cog_validate(str(mosaic))
+    assert valid and not errors, errors
+    if case.startswith("utm"):  # square: rio-cogeo's pyramid is the complete one
+        assert_complete_pyramid(str(mosaic))
+
+    reference = rio_cogeo_web_optimized(source, str(tmp_path / "rio.tif"), resampling)
+    with rasterio.open(mosaic) as ours, rasterio.open(reference) as theirs:
+        assert ours.crs == theirs.crs == "EPSG:3857"
+        assert ours.transform == theirs.transform
+        assert (ours.width, ours.height, ours.count, ours.dtypes) == (
+            theirs.width,
+            theirs.height,
+            theirs.count,
+            theirs.dtypes,
+        )
+        assert ours.block_shapes == theirs.block_shapes
+        assert ours.nodata == theirs.nodata
+        assert ours.tags()["TILING_SCHEME_ZOOM_LEVEL"] == theirs.tags()["TILING_SCHEME_ZOOM_LEVEL"]
+        pixels, theirs_pixels = ours.read(), theirs.read()
+        assert ours.mask_flag_enums == theirs.mask_flag_enums
+        mask = ours.dataset_mask()
+        exact_width, exact_height = ours.width, ours.height
+    # Overview levels: rio-cogeo 7.0.4's, halvings while the shorter side stays above a block
+    # (rasterio's get_maximum_overview_level), fewer than a complete pyramid on an elongated grid.
+    ours_levels, theirs_levels = overview_count(str(mosaic)), overview_count(reference)
+    assert ours_levels == theirs_levels == get_maximum_overview_level(exact_width, exact_height, minsize=256)
+    for level in range(theirs_levels):
+        with rasterio.open(reference, overview_level=level) as a, rasterio.open(mosaic, overview_level=level) as b:
+            assert a.shape == b.shape, level
+    exact, exact_alpha = whole_warp(source, resampling)
+    assert differing(pixels, exact) == 0, f"{differing(pixels, exact)} of {exact.size} differ from the exact warp"
+    if exact_alpha is not None:  # the internal mask is the warped footprint of the source's
+        assert np.array_equal(mask > 0, exact_alpha > 0) and 0 < (mask > 0).sum() < mask.size
+    # rio-cogeo warps with the approximating transformer (0.125 pixel): its pixels may differ.
+    with rasterio.open(reference) as theirs:
+        mask_differs = int(((theirs.dataset_mask() > 0) != (mask > 0)).sum())
+    print(
+        f"{case}: {exact.shape}, rio-cogeo's own values differ in {differing(theirs_pixels, exact)}, its mask in {mask_differs}"
+    )
+
+    item = json.loads(download(storage, app_env.output, f"mosaics/{job}/item.json"))
+    with rasterio.open(mosaic) as ours:
+        assert item["properties"]["proj:code"] == "EPSG:3857"
+        assert item["properties"]["proj:shape"] == [ours.height, ours.width]
+        assert item["properties"]["proj:transform"][:6] == list(ours.transform)[:6]
+        left, bottom, right, top = ours.bounds
+    assert item["properties"]["proj:bbox"] == [left, bottom, right, top]
+    assert item["geometry"] is not None and len(item["bbox"]) == 4
+
+
+@pytest.mark.parametrize("method", ["blocks", "vrt"])
+def test_the_other_assemblies_take_the_warped_tiles(tmp_path, stores, storage, method):
+    """Windows of 1024 on the polar scene's 1024 x 512 grid: the tiles carry two overview
+    levels, rio-cogeo's pyramid has one, which block copy takes from the tiles."""
+    source = polar_scene(tmp_path)
+    settings = Settings(window_size=1024, profile="default,web_optimized=true")
+    spec, scene, result = run_steps(source, settings, stores, storage, method=method)
+    assert result.outcome == "written"
+    # A scrub reads each window warped as the render did, and finds every tile as made.
+    for window in plan_windows(scene.width, scene.height, spec.window_size):
+        report = check_window(
+            source, window, job_id=JOB, tiles=stores["tiles"], manifest=stores["manifest"], settings=settings, spec=spec
+        )
+        assert report.differences == [], report.details
+    mosaic = tmp_path / "mosaic.tif"
+    with open(mosaic, "wb") as f:
+        stores["output"].download_blob(result.mosaic).readinto(f)
+    assert cog_validate(str(mosaic))[0]
+    with rasterio.open(mosaic) as src:
+        assert (src.width, src.height) == (scene.width, scene.height) == (1024, 512)
+        assert src.overviews(1) == [2]
+        assert differing(src.read(), whole_warp(source, "nearest")[0]) == 0
+
+
+def test_add_mask_masks_what_the_warp_leaves_outside_the_source(tmp_path, stores, storage):
+    source = polar_scene(tmp_path)
+    settings = Settings(window_size=512, profile="default,web_optimized=true,add_mask=true")
+    _, scene, result = run_steps(source, settings, stores, storage)
+    assert (scene.nodata, scene.mask) == (None, "per-dataset")
+    mosaic = tmp_path / "mosaic.tif"
+    with open(mosaic, "wb") as f:
+        stores["output"].download_blob(result.mosaic).readinto(f)
+    exact = whole_warp(source, "nearest")[0]
+    with rasterio.open(mosaic) as src, rasterio.open(source) as original:
+        assert src.nodata is None and src.mask_flag_enums == ([MaskFlags.per_dataset],)
+        valid = exact[0] != np.float32(original.nodata)
+        assert 0 < valid.sum() < valid.size
+        assert np.array_equal(src.dataset_mask() > 0, valid)
+        assert differing(src.read(), exact) == 0
+
+
+@pytest.mark.slow
+def test_one_upload_with_and_without_web_optimized_is_two_jobs_each_delivered_again_a_duplicate(
+    host, storage, app_env, tmp_path, monkeypatch
+):
+    path = utm_scene(tmp_path / "twice.tif")
+    plain = process_file(host, Path(path), name="twice.tif", timeout=300)
+    assert plain["status"] == "completed"
+    blob = host.blobs.get_blob_client(app_env.input, "twice.tif")
+    etag = blob.get_blob_properties().etag
+    web_spec = OutputSpec.with_choice(WINDOW, profiles.choose("default", {"web_optimized": "true"}, where=WHERE))
+    web = job_id_for(blob.url, etag, web_spec)
+    assert web != plain["job_id"]
+    monkeypatch.setenv(SETTING_PROFILE, "default,web_optimized=true")  # the app's default changes, not the upload
+    host.deliver_blob_created("twice.tif")
+    assert host.engine.wait_for(web, timeout=300)["status"] == "Completed"
+    duplicates = counter_total("StartDecisions", action="duplicate")
+    host.deliver_blob_created("twice.tif")
+    monkeypatch.setenv(SETTING_PROFILE, "default")
+    host.deliver_blob_created("twice.tif")
+    wait_until(lambda: counter_total("StartDecisions", action="duplicate") - duplicates == 2, timeout=30)
+    jobs = [i["id"] for i in host.engine.list_instances() if i["name"] == names.TILE_SCENE]
+    assert sorted(jobs) == sorted([plain["job_id"], web])
+    sizes = {}
+    for job in jobs:
+        body = download(storage, app_env.output, f"mosaics/{job}/mosaic.tif")
+        with rasterio.MemoryFile(body) as memory, memory.open() as src:
+            sizes[job] = (src.crs.to_epsg(), src.width, src.height)
+    assert sizes == {plain["job_id"]: (32633, 600, 520), web: (3857, 1024, 1024)}
+
+
+# ------------------------------------------------------------------------------------ target_srs, resolution
+
+
+@pytest.mark.slow
+def test_a_target_crs_and_resolution_give_gdalwarps_aligned_grid_and_an_exact_warp(host, storage, app_env, tmp_path):
+    """The UTM scene to EPSG:4326 at 0.0001 deg (gdalwarp -t_srs EPSG:4326 -tr 0.0001 0.0001 -tap),
+    through the local host."""
+    source = utm_scene(tmp_path / "source.tif")
+    metadata = {"tilecommit_target_srs": "EPSG:4326", "tilecommit_resolution": "0.0001"}
+    summary = process_file(host, Path(source), name="geographic.tif", timeout=300, metadata=metadata)
+    assert summary["status"] == "completed", summary
+    mosaic = tmp_path / "mosaic.tif"
+    mosaic.write_bytes(download(storage, app_env.output, f"mosaics/{summary['job_id']}/mosaic.tif"))
+    assert cog_validate(str(mosaic))[0]
+    assert_complete_pyramid(str(mosaic))
+    with rasterio.open(source) as src:
+        west, south, east, north = transform_bounds(src.crs, "EPSG:4326", *src.bounds, densify_pts=21)
+    with rasterio.open(mosaic) as ours:
+        assert ours.crs == "EPSG:4326" and ours.res == (0.0001, 0.0001)
+        left, bottom, right, top = ours.bounds
+        # -tap: edges on multiples of the resolution, around the source's extent, less than a pixel wider
+        for edge in (left, bottom, right, top):
+            assert abs(edge / 0.0001 - round(edge / 0.0001)) < 1e-6
+        assert left <= west < left + 0.0001 and right - 0.0001 < east <= right
+        assert bottom <= south < bottom + 0.0001 and top - 0.0001 < north <= top
+        assert "TILING_SCHEME_NAME" not in ours.tags()
+        pixels = ours.read()
+
+    def grid(src):
+        return srs_grid(src, CRS.from_epsg(4326), 0.0001)
+
+    exact, _ = whole_warp(source, "nearest", grid_of=grid)
+    assert differing(pixels, exact) == 0, f"{differing(pixels, exact)} of {exact.size} differ from the exact warp"
+
+
+def test_a_resolution_alone_resamples_on_the_sources_crs(tmp_path, stores, storage):
+    """The polar scene (316 x 332 at 25 km, its corner on a multiple of 50 km) at 50 km on its own
+    CRS: 158 x 166 pixels, the warp averaging 2 x 2 source pixels."""
+    source = polar_scene(tmp_path)
+    settings = Settings(window_size=256, profile="default,resolution=50000,warp_resampling=average")
+    spec, scene, result = run_steps(source, settings, stores, storage)
+    assert (scene.transform[0], scene.transform[4]) == (50000.0, -50000.0)
+    mosaic = tmp_path / "mosaic.tif"
+    with open(mosaic, "wb") as f:
+        stores["output"].download_blob(result.mosaic).readinto(f)
+    with rasterio.open(mosaic) as ours, rasterio.open(source) as src:
+        assert ours.crs == src.crs and (ours.width, ours.height) == (scene.width, scene.height) == (158, 166)
+        pixels = ours.read()
+    exact, _ = whole_warp(source, "average", grid_of=lambda src: srs_grid(src, None, 50000.0))
+    assert differing(pixels, exact) == 0
+
+
+def test_a_warped_windows_source_blocks_are_fetched_ahead_in_merged_reads(tmp_path, monkeypatch):
+    """The source pixels under each window (its edges mapped back, with a margin) are fetched in
+    merged ranges before GDAL's warper asks for them block by block."""
+    source = utm_scene(tmp_path / "source.tif")
+
+    def requests_to_read_every_window() -> int:
+        upload = LocalFile(source)
+        with gdal_env(Settings()), open_upload(upload) as src:
+            grid = web_optimized_grid(src)
+            with warped(src, grid, resampling="nearest", nodata=0) as view:
+                before = upload.requests
+                for window in plan_windows(grid.width, grid.height, 512):
+                    encode.read_window(view, window)
+                return upload.requests - before
+
+    ahead = requests_to_read_every_window()
+    monkeypatch.setattr(encode, "prefetch", lambda dataset, window: None)
+    on_demand = requests_to_read_every_window()
+    assert ahead < on_demand, (ahead, on_demand)
