@@ -201,3 +201,24 @@ def test_bytes_that_arrived_and_do_not_decode_are_corrupt_input(tmp_path, contai
     assert not is_retryable(caught.value) and source.faults == []
     assert "col=256 row=0" in str(caught.value) and "corrupt" in str(caught.value)
     assert intact[:4] == b"II*\x00"
+
+
+def test_ranges_wider_than_the_cache_are_not_fetched_ahead_to_be_pushed_out_again(tmp_path, monkeypatch):
+    """A prefetch keeps what it fetched in a bounded cache. Ranges adding up to more than the cache
+    (a warped window of a much coarser grid maps back to a wide source area) would push their own
+    first spans out before GDAL read them, every byte fetched twice: they are left to GDAL's reads.
+    The cache's bound is shrunk here so that a small file shows it."""
+    from tilecommit.raster.reading import source as source_module
+
+    monkeypatch.setattr(source_module, "MAX_CACHED_BYTES", 256 * 1024)
+    path = tmp_path / "bytes.bin"
+    path.write_bytes(bytes(range(256)) * 4096)  # 1 MiB
+    wide = LocalFile(str(path))
+    wide.prefetch([(offset, 64 * 1024) for offset in range(0, 1024 * 1024, 128 * 1024)])  # 512 KiB
+    assert wide.requests == 0
+    narrow = LocalFile(str(path))
+    narrow.prefetch([(offset, 64 * 1024) for offset in range(0, 256 * 1024, 128 * 1024)])  # 128 KiB
+    fetched = narrow.requests
+    assert fetched >= 1
+    assert narrow.read_at(128 * 1024, 1000) == path.read_bytes()[128 * 1024 : 128 * 1024 + 1000]
+    assert narrow.requests == fetched  # served by what was fetched ahead

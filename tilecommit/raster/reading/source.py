@@ -180,7 +180,14 @@ class Source(FileContainer):
         GDAL's own multi-range read is not offered to it: on a COG whose blocks are sparse it
         returned other pixels than its plain reads of the same file (GDAL 3.10, the
         ``cog_strile_arrays_zeroified_when_possible.tif`` fixture: band 1 all 255 instead of 0).
+
+        Ranges that add up to more than the cache keeps (:data:`MAX_CACHED_BYTES`; a warped
+        window of a grid much coarser than its source maps back to a wide area) are not fetched
+        ahead: the later spans would push the first ones out before GDAL read them, and each byte
+        would cross the wire twice. GDAL's reads then fetch them as it asks, a chunk at a time.
         """
+        if sum(size for _, size in ranges if size > 0) > MAX_CACHED_BYTES:
+            return
         spans: list[list[int]] = []
         for offset, size in sorted(r for r in ranges if r[1] > 0):
             if spans and offset <= spans[-1][1] + MERGE_GAP and offset + size - spans[-1][0] <= MAX_GET:
