@@ -1,5 +1,5 @@
 """Each output profile against ``rio cogeo create`` with the same profile, side by side in one run:
-``python -m bench.profiles [--size 4096]``.
+``python -m bench.profiles [--size 4096] [--only 'NAME;NAME'] [--out FILE]``.
 
 For each profile (tilecommit/profiles.py): rio-cogeo on the local scene (256-pixel blocks and
 overview blocks, average overviews, as bench.e2e) in a child process, then our pipeline on the
@@ -39,6 +39,12 @@ PROFILES = {
     # rio-cogeo's jpeg and webp profiles leave QUALITY to GDAL (75), our default too.
     "jpeg": ({"tilecommit_profile": "jpeg"}, ["--cog-profile", "jpeg"]),
     "webp": ({"tilecommit_profile": "webp"}, ["--cog-profile", "webp"]),
+    # Web-optimized: the same DEFLATE tiles on rio-cogeo's WebMercatorQuad grid; rio-cogeo warps
+    # with nearest by default, as ours does (warp_resampling).
+    "default,web_optimized": (
+        {"tilecommit_web_optimized": "true"},
+        ["--cog-profile", "deflate", "--co", "LEVEL=6", "--co", "PREDICTOR=2", "--web-optimized"],
+    ),
     "lerc_zstd,max_z_error=1,add_mask": (
         {"tilecommit_profile": "lerc_zstd", "tilecommit_max_z_error": "1", "tilecommit_add_mask": "true"},
         ["--cog-profile", "lerc_zstd", "--co", "MAX_Z_ERROR=1", "--add-mask"],
@@ -112,6 +118,9 @@ def ours(storage: BenchStorage, src, name: str, metadata: dict, *, lossy: bool) 
         "cpu_s": round(cpu, 2),
         "azurite_cpu_s": None if azurite is None else round(azurite - azurite_before, 2),
         "nbytes": nbytes,
+        # This process (the whole local host: up to 4 activities at once, then the assembly), over
+        # its life so far: with --only one profile, that profile's job.
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "job_id": summary["job_id"],
         **errors,
     }
@@ -120,17 +129,28 @@ def ours(storage: BenchStorage, src, name: str, metadata: dict, *, lossy: bool) 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.profiles", description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", type=int, default=4096, help="scene edge in pixels (default 4096)")
+    parser.add_argument("--only", help=f"profiles to run, separated by ';' (of {'; '.join(PROFILES)}; default all)")
+    parser.add_argument(
+        "--out", default="profiles.json", help="results file under bench/results/ (default profiles.json)"
+    )
     args = parser.parse_args(argv)
+    names = list(PROFILES) if not args.only else [name.strip() for name in args.only.split(";")]
+    unknown = [name for name in names if name not in PROFILES]
+    if unknown:
+        parser.error(f"unknown profile(s) {', '.join(unknown)}: accepted {'; '.join(PROFILES)}")
+    chosen = {name: PROFILES[name] for name in names}
     scenes = {"uint16": scene_path(args.size), "uint8": rgb_scene_path(args.size)}
     runs = {}
     with BenchStorage() as storage:
-        for name, (metadata, rio_options) in PROFILES.items():
+        for name, (metadata, rio_options) in chosen.items():
             src = scenes["uint8" if name in EIGHT_BIT else "uint16"]
             lossy = name in EIGHT_BIT or "max_z_error" in name
+            # A warped output is on another grid than the source: no pixel error against it.
+            warped = {"warped": True} if "web_optimized" in name else {}
             runs[name] = {
                 "scene": src.name,
-                "rio": rio(src, rio_options, lossy=lossy),
-                "ours": ours(storage, src, name, metadata, lossy=lossy),
+                "rio": {**rio(src, rio_options, lossy=lossy), **warped},
+                "ours": {**ours(storage, src, name, metadata, lossy=lossy), **warped},
             }
     rows = []
     for name, run in runs.items():
@@ -156,11 +176,13 @@ def main(argv: list[str] | None = None) -> int:
     say("committed in the bench's Azurite)")
     say(table(rows, headers))
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "profiles.json").write_text(json.dumps({"size": args.size, "runs": runs}, indent=2) + "\n")
+    (RESULTS / args.out).write_text(json.dumps({"size": args.size, "runs": runs}, indent=2) + "\n")
     return 0
 
 
 def _error_cell(run: dict) -> str:
+    if run.get("warped"):
+        return "warped (not comparable)"
     if "max_abs_error" not in run:
         return "lossless"
     psnr = "inf" if run["psnr_db"] is None else f"{run['psnr_db']:.2f}"
