@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 import rasterio
 from rasterio.crs import CRS
-from rasterio.enums import MaskFlags
+from rasterio.enums import MaskFlags, Resampling
 from rasterio.rio.overview import get_maximum_overview_level
 from rasterio.transform import from_origin
+from rasterio.vrt import WarpedVRT
 from rasterio.warp import transform_bounds
 from rio_cogeo.cogeo import cog_translate, cog_validate
 from rio_cogeo.profiles import cog_profiles
@@ -112,6 +113,21 @@ def whole_warp(path: str, resampling: str, grid_of=web_optimized_grid) -> tuple[
         count = src.count
     with rasterio.Env(GDAL_CACHEMAX=512), rasterio.open(xml) as whole:
         return whole.read(list(range(1, count + 1))), whole.read(count + 1) if alpha else None
+
+
+def rasterio_warp(path: str, resampling: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """The same warp built by rasterio's own ``WarpedVRT`` (GDALCreateWarpedVRT, another code path
+    than :func:`exact_warp_xml`), its approximating transformer held to 1e-9 pixel: a check that the
+    reference above is the warp GDAL makes, not a mistake both sides of the comparison share."""
+    with rasterio.open(path) as src:
+        grid = web_optimized_grid(src)
+        options = dict(crs=grid.crs, transform=grid.transform, width=grid.width, height=grid.height)
+        options.update(resampling=Resampling[resampling], tolerance=1e-9)
+        if src.nodata is not None:
+            options.update(nodata=src.nodata, src_nodata=src.nodata)
+        alpha = src.nodata is None and has_internal_mask(src)
+        with rasterio.Env(GDAL_CACHEMAX=512), WarpedVRT(src, add_alpha=alpha, **options) as view:
+            return view.read(list(range(1, src.count + 1))), view.read(src.count + 1) if alpha else None
 
 
 def differing(a: np.ndarray, b: np.ndarray) -> int:
@@ -262,6 +278,11 @@ def test_the_mosaic_is_rio_cogeos_web_optimized_grid_and_an_exact_warp_of_the_so
             assert a.shape == b.shape, level
     exact, exact_alpha = whole_warp(source, resampling)
     assert differing(pixels, exact) == 0, f"{differing(pixels, exact)} of {exact.size} differ from the exact warp"
+    other, other_alpha = rasterio_warp(source, resampling)
+    assert differing(other, exact) == 0
+    assert (other_alpha is None) == (exact_alpha is None)
+    if exact_alpha is not None:
+        assert np.array_equal(other_alpha > 0, exact_alpha > 0)
     if exact_alpha is not None:  # the internal mask is the warped footprint of the source's
         assert np.array_equal(mask > 0, exact_alpha > 0) and 0 < (mask > 0).sum() < mask.size
     # rio-cogeo warps with the approximating transformer (0.125 pixel): its pixels may differ.
