@@ -8,9 +8,9 @@ committed mosaic is printed (run with ``-s`` to see it).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
-import tempfile
 import time
 from pathlib import Path
 
@@ -39,13 +39,20 @@ def uncommitted_blocks(blob) -> list[str]:
         return []
 
 
-def attempt_workdirs(job_id: str) -> list[str]:
-    """The assembly attempts' temporary directories of ``job_id`` in this machine's temp dir."""
-    return sorted(d for d in os.listdir(tempfile.gettempdir()) if d.startswith(f"tilecommit-{job_id}-"))
+def attempt_workdirs(job_id: str, root: Path) -> list[str]:
+    """The assembly attempts' temporary directories of ``job_id`` in the hosts' temp dir ``root``."""
+    return sorted(d for d in os.listdir(root) if d.startswith(f"tilecommit-{job_id}-"))
 
 
 def crash_then_restart(storage, app_env: AppEnv, tmp_path: Path, point: str, *, timeout: float = 240) -> dict:
-    """Kill a host at ``point`` of its assembly, start a plain one; figures and leftovers of both."""
+    """Kill a host at ``point`` of its assembly, start a plain one; figures and leftovers of both.
+
+    Both hosts keep their temporary directories in one of this test's own (TMPDIR): in the
+    machine's, any other process's assembly (another test running beside this one) sweeps the
+    dead host's directory away, as it should, before this test has looked at it."""
+    root = tmp_path / "tmp"
+    root.mkdir()
+    app_env = dataclasses.replace(app_env, env={**app_env.env, "TMPDIR": str(root)})
     scene = make_scene(tmp_path / "scene.tif", 1100, 800)  # 5 x 4 windows of 256
     log = tmp_path / "serve.log"
     crashed = serve(app_env, log, module=("tests.crash_host", point, "--block-kib", str(CRASH_BLOCK_KIB), "--"))
@@ -58,7 +65,7 @@ def crash_then_restart(storage, app_env: AppEnv, tmp_path: Path, point: str, *, 
     blob = mosaic_blob(storage, app_env, job_id)
     staged_at_crash = uncommitted_blocks(blob)
     exists_at_crash = blob.exists()
-    workdirs_at_crash = attempt_workdirs(job_id)
+    workdirs_at_crash = attempt_workdirs(job_id, root)
 
     restarted = time.monotonic()
     host = serve(app_env, log)
@@ -85,7 +92,7 @@ def crash_then_restart(storage, app_env: AppEnv, tmp_path: Path, point: str, *, 
         "restart_to_completed_s": completed,
         "uncommitted_after": uncommitted_blocks(blob),
         "workdirs_at_crash": workdirs_at_crash,
-        "workdirs_after": attempt_workdirs(job_id),
+        "workdirs_after": attempt_workdirs(job_id, root),
         "committed": [b.id for b in blob.get_block_list("committed")[0]],
         "log": log.read_text(),
     }
