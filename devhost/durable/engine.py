@@ -257,10 +257,9 @@ class Engine(TaskHubClient, EpisodeRunner, Messaging, PartitionHandover):
             # came again (sent again when the parent's partition changed hands): the parent may
             # never have heard, so tell it now instead of running the child a second time.
             finished = current or Instance.from_state(previous)
-            with self._lock:  # _report_to_parent wakes the waiters, which needs the lock held
+            with self._lock:
                 self._instances[finished.id] = finished
-                report = self._report_to_parent(finished)
-            return [report], None
+            return [self._report_to_parent(finished)], None
         if previous is not None:
             # An earlier execution of this id: its history goes; the new one starts from scratch.
             self.store.purge_history(message.instance_id, keep_execution=message.execution_id)

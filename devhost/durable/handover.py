@@ -92,17 +92,16 @@ class PartitionHandover:
         open work sent again is this partition's). A parent that had the report drops the copy."""
         running = {s["id"]: s for s in states if s["status"] in (PENDING, RUNNING)}
         reports = []
-        with self._lock:  # _report_to_parent wakes the waiters, which needs the lock held
-            for state in states:
-                parent = state.get("parent") or {}
-                waiting = running.get(parent.get("id"))
-                if (
-                    state["status"] in TERMINAL
-                    and self.partition(state["id"]) == partition
-                    and waiting is not None
-                    and waiting.get("execution_id") == parent.get("execution_id")
-                ):
-                    reports.append(self._report_to_parent(Instance.from_state(state)))
+        for state in states:
+            parent = state.get("parent") or {}
+            waiting = running.get(parent.get("id"))
+            if (
+                state["status"] in TERMINAL
+                and self.partition(state["id"]) == partition
+                and waiting is not None
+                and waiting.get("execution_id") == parent.get("execution_id")
+            ):
+                reports.append(self._report_to_parent(Instance.from_state(state)))
         return reports
 
     def _taken_up(self, partition: int) -> None:

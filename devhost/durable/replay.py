@@ -171,9 +171,10 @@ class EpisodeRunner:
             inst.pending = [e for e in events if completion_task_id(e) not in landed] + inst.pending
 
     def _report_to_parent(self, inst: Instance) -> tuple | None:
-        """DTFx sends a finished sub-orchestration's outcome to its parent's execution. Called
-        with the engine's lock held (it wakes the instance's waiters)."""
-        self._changed.notify_all()
+        """DTFx sends a finished sub-orchestration's outcome to its parent's execution (and wakes
+        the instance's waiters, under the engine's lock, which is reentrant: callers may hold it)."""
+        with self._lock:
+            self._changed.notify_all()
         if not inst.parent:
             return None
         moment = now()
