@@ -11,6 +11,7 @@ import time
 import pytest
 
 from devhost.durable.history import EXECUTION_STARTED, TIMER_CREATED, InstanceAlreadyExists, parse_iso
+from devhost.durable.work import worker_thread_count
 from testkit.metrics import max_overlap, slot_use
 from tests.apps import toy_app
 from tests.test_devhost_engine import hub_store, make_engine
@@ -53,6 +54,20 @@ def test_children_started_in_one_compound_action_keep_every_slot_busy(store):
     assert max_overlap(naps) == 4
     assert slot_use(naps, 4) > 0.9
     assert elapsed < 6 * NAP  # 3 naps long, with room for a slow machine
+
+
+def test_activities_run_on_the_worker_s_thread_pool_a_thread_running_one_after_another(store):
+    """The Python worker runs synchronous functions on one ThreadPoolExecutor for its life (no
+    limit of its own on Python 3.9+, so min(32, cpus + 4) threads): threads are reused, so an
+    activity finds the thread-local state (GDAL's PROJ context) of the ones before it."""
+    with make_engine(store, max_activities=4, timer_scale=1.0) as engine:
+        engine.start_new("all_at_once", "pooled", {"count": 24, "seconds": 0.05})
+        state = engine.wait_for("pooled", timeout=60)
+        naps = executions(engine, "nap")
+    threads = {n.thread for n in naps}
+    assert state["status"] == "Completed" and len(naps) == 24
+    assert all(t.startswith("devhost-worker1-") for t in threads), threads
+    assert 4 <= len(threads) <= worker_thread_count() < 24
 
 
 def test_retry_delays_grow_by_the_backoff_coefficient_up_to_the_max_interval(store):
@@ -200,6 +215,9 @@ def test_a_function_still_running_after_the_grace_period_restarts_its_worker_and
     ]
     lost = [n for n in naps if n.started < worker.started < n.started + n.seconds]
     assert lost, "no nap was running in the worker when it restarted"
+    # The restarted worker is a new process: its functions run on threads of a new pool.
+    assert {n.thread.rsplit("-", 1)[0] for n in lost} == {"devhost-worker1"}
+    assert {n.thread.rsplit("-", 1)[0] for n in naps if n.started > worker.started} == {"devhost-worker2"}
     # The stuck function's result and those of the naps in the old worker never reached the host.
     assert stats.results_lost_with_worker == len(lost) + 1
     assert stats.activity_timeouts == len(lost) + 1 == len(failures)

@@ -110,6 +110,8 @@ class ActivityExecution:
     seconds: float
     #: time.monotonic() when it started, so slot use over time can be measured.
     started: float = 0.0
+    #: The worker thread the function ran on (``devhost-worker<N>-<K>``: worker N's pool).
+    thread: str = ""
 
 
 @dataclass

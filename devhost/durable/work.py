@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import queue
 import threading
 import time
 import traceback
@@ -80,15 +82,79 @@ def format_timeout(seconds: float) -> str:
 TIMEOUT_GRACE_S = 2.0
 
 
+#: The Python worker's setting for the size of the thread pool its synchronous functions run in.
+THREAD_COUNT_SETTING = "PYTHON_THREADPOOL_THREAD_COUNT"
+
+
+def worker_thread_count() -> int:
+    """The threads of the Python worker's pool for synchronous functions: the app setting when
+    set, else (Python 3.9 and later) no limit of the worker's own, so ``ThreadPoolExecutor``'s
+    default, ``min(32, cpus + 4)`` (azure-functions-python-worker ``dispatcher.py``,
+    ``_get_sync_tp_max_workers`` and ``_create_sync_call_tp``)."""
+    value = os.environ.get(THREAD_COUNT_SETTING, "")
+    if value.strip().isdigit() and int(value) >= 1:
+        return int(value)
+    return min(32, (os.cpu_count() or 1) + 4)
+
+
+class WorkerThreads:
+    """The worker's pool for synchronous functions: a thread that ran one function runs the next.
+
+    The real worker runs every ``def`` function on one ``ThreadPoolExecutor`` for its lifetime,
+    so an activity finds the thread-local state of the ones before it: GDAL's PROJ context above
+    all (OSR keeps one per thread, and a new one opens proj.db again: about 10 ms of CPU under
+    the GIL for the first CRS a thread reads, measured here). A thread per activity paid that for
+    every window. The pool is ``ThreadPoolExecutor``'s rule (reuse an idle thread, else start one
+    up to the limit, else queue), written here because its threads must be daemons: the code of a
+    restarted worker runs on with no one to wait for it (:class:`ActivityRunner`), and
+    ``ThreadPoolExecutor`` joins its threads at interpreter exit.
+    """
+
+    def __init__(self, number: int, limit: int):
+        self.number, self.limit = number, limit
+        self._tasks: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._idle = threading.Semaphore(0)
+        self._lock = threading.Lock()
+        self._threads = 0
+
+    def submit(self, function: Callable[[], None]) -> None:
+        self._tasks.put(function)
+        if self._idle.acquire(blocking=False):
+            return  # an idle thread takes it
+        with self._lock:
+            if self._threads >= self.limit:
+                return  # queued until a thread is free, as in the worker's executor
+            self._threads += 1
+            started = self._threads
+        name = f"devhost-worker{self.number}-{started}"
+        threading.Thread(target=self._serve, name=name, daemon=True).start()
+
+    def close(self) -> None:
+        """The worker is gone: each thread ends after what it was given (see :class:`ActivityRunner`)."""
+        with self._lock:
+            for _ in range(self._threads):
+                self._tasks.put(None)
+
+    def _serve(self) -> None:
+        while (function := self._tasks.get()) is not None:
+            function()  # ActivityRunner._run: it catches what the function raises
+            self._idle.release()
+
+
 @dataclass
 class Worker:
     """The language worker process activities run in (one per instance, as
-    FUNCTIONS_WORKER_PROCESS_COUNT's default of 1 has it). A function timeout restarts it."""
+    FUNCTIONS_WORKER_PROCESS_COUNT's default of 1 has it), with its pool of threads for
+    synchronous functions. A function timeout restarts it."""
 
     number: int
     #: time.monotonic() when it started (the first, or the restart that replaced the one before).
     started: float = field(default_factory=time.monotonic)
     restarted: bool = False
+    threads: WorkerThreads = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.threads = WorkerThreads(self.number, worker_thread_count())
 
 
 @dataclass(eq=False)
@@ -220,7 +286,10 @@ class ActivityRunner:
                 *task, token = self._queue.popleft()
                 run = Execution(*task, worker=self.worker, token=token)
                 self._running.add(run)
-            threading.Thread(target=self._run, args=(run,), name=f"activity-{run.name}", daemon=True).start()
+            if self.function_timeout is not None:
+                # The host's clock runs from the invocation it sends, a wait in the worker's pool included.
+                self.later(self.function_timeout, lambda run=run: self._timed_out(run))
+            run.worker.threads.submit(lambda run=run: self._run(run))
 
     def _settle(self, run: Execution, item: dict) -> bool:
         """Hand the host the execution's outcome, once; its slot is free again."""
@@ -236,9 +305,8 @@ class ActivityRunner:
         return True
 
     def _run(self, run: Execution) -> None:
-        if self.function_timeout is not None:
-            self.later(self.function_timeout, lambda: self._timed_out(run))
         result = error = None
+        thread = threading.current_thread().name
         try:
             result = self.invoke(run.name, run.input_json)
             item = event(TASK_COMPLETED, now(), TaskScheduledId=run.task_id, Result=result)
@@ -258,7 +326,9 @@ class ActivityRunner:
         output = json.loads(result) if result else None
         seconds = time.monotonic() - run.started
         self.record(
-            ActivityExecution(run.instance_id, run.task_id, run.name, value, output, error, seconds, run.started)
+            ActivityExecution(
+                run.instance_id, run.task_id, run.name, value, output, error, seconds, run.started, thread
+            )
         )
         if lost_with_worker:
             # Its worker process was restarted under it: the host never hears this answer.
@@ -287,6 +357,7 @@ class ActivityRunner:
             run.worker.restarted = True
             lost = sorted(f"{r.name} #{r.task_id}" for r in self._running if r.worker is run.worker and r is not run)
             self.worker = Worker(run.worker.number + 1)
+        run.worker.threads.close()
         logger.warning(
             "A function timeout has occurred. Restarting worker process executing %s (%s #%d); "
             "also running there, now without a result until their own timeout: %s",

@@ -207,6 +207,8 @@ def encode_tile(
             staged.update_tags(**grid.tags())
         with MemoryFile() as memory:
             write_cog(staged, memory.name, options, choice=spec.choice, dtype=src.dtypes[0], block_size=spec.block_size)
-            body = memory.read()
+            # One copy out of /vsimem/ (about 1 ms a 6 MB tile); MemoryFile.read() reads it in
+            # steps holding the GIL (9-18 ms a tile, 1.3 CPU-s of a 10240² job, measured).
+            body = bytes(memory.getbuffer())
     encode_s = time.perf_counter() - started
     return body, {"read": read_s, "encode": encode_s}
