@@ -213,9 +213,23 @@ def check_band_fields(item: dict, source: str) -> None:
                     assert eo["common_name"] == colour.name
 
 
+def check_datetime_of_a_source_without_acquisition_time(item: dict, source: str) -> None:
+    """Without an IMAGERY ACQUISITIONDATETIME the item's ``datetime`` is its creation time and
+    says so; never TIFFTAG_DATETIME, the file's write time (all-nodata.tif and
+    test_color_table.tif have one). Sources with the tag: :data:`ACQUISITION_CASES`."""
+    with rasterio.open(source) as src:
+        if src.get_tag_item("ACQUISITIONDATETIME", "IMAGERY") is not None:
+            return
+    props = item["properties"]
+    assert props["tilecommit:datetime"] == "created"
+    assert props["datetime"] == props["created"]
+    assert "tilecommit:datetime_note" not in props
+
+
 def check_stac(item: dict, source: str) -> None:
     validate_against_the_core_schema(item)
     check_band_fields(item, source)
+    check_datetime_of_a_source_without_acquisition_time(item, source)
     with rasterio.open(source) as src:
         crs = src.crs
         has_valid = bool(src.dataset_mask().any())
@@ -336,6 +350,66 @@ def test_sixteen_bands(stores, storage, tmp_path):
     check_mosaic(path, download(stores["output"], result.mosaic, tmp_path / "mosaic.tif"), result.overview_levels)
 
 
+# --------------------------------------------------------------------------- the item's datetime
+
+#: The item's ``datetime`` is then its ``created``.
+CREATED = "created"
+#: Per case: the IMAGERY ACQUISITIONDATETIME written into the source (None: none), the item's
+#: ``datetime``, its ``tilecommit:datetime``, and words of its ``tilecommit:datetime_note`` (None: no note).
+ACQUISITION_CASES = {
+    "gdal-form": ("2021-03-04 10:11:12", "2021-03-04T10:11:12Z", "acquired", None),
+    "offset-and-fraction": ("2013-04-07T17:47:03.0882620+02:00", "2013-04-07T15:47:03.088262Z", "acquired", None),
+    "no-tag": (None, CREATED, "created", None),
+    "not-a-time": ("yesterday", CREATED, "created", "ACQUISITIONDATETIME 'yesterday' not used: it is not a date"),
+    "gdal-placeholder": ("1970-01-01 00:00:00", CREATED, "created", "'1970-01-01 00:00:00' not used: it is the Unix"),
+}
+#: A small real RGB file: its copies carry the cases' tags.
+ACQUISITION_SOURCE = "rgb-byte-tenth.tif"
+
+
+def with_acquisition_tag(tmp_path, value: str | None) -> str:
+    """:data:`ACQUISITION_SOURCE` rewritten, with ``value`` as its IMAGERY ACQUISITIONDATETIME
+    (set as a writer sets it: in the GeoTIFF's GDAL_METADATA tag, no sidecar)."""
+    path = derived(tmp_path, ACQUISITION_SOURCE, lambda src: (src.profile, src.read()))
+    if value is not None:
+        with rasterio.open(path, "r+") as dst:
+            dst.update_tags(ns="IMAGERY", ACQUISITIONDATETIME=value)
+    assert not Path(path + ".aux.xml").exists()
+    return path
+
+
+def check_datetime_of_case(item: dict, case: str) -> None:
+    _, expected, which, note = ACQUISITION_CASES[case]
+    props = item["properties"]
+    assert props["datetime"] == (props["created"] if expected == CREATED else expected)
+    assert props["tilecommit:datetime"] == which
+    if note is None:
+        assert "tilecommit:datetime_note" not in props
+    else:
+        assert note in props["tilecommit:datetime_note"]
+
+
+@pytest.mark.parametrize("case", sorted(ACQUISITION_CASES))
+def test_the_items_datetime_is_the_sources_acquisition_time_or_says_it_is_the_creation_time(
+    case, stores, storage, tmp_path, caplog
+):
+    path = with_acquisition_tag(tmp_path, ACQUISITION_CASES[case][0])
+    settings = Settings(window_size=256)
+    scene, result = run_library_job(path, settings, stores, storage)
+    body = stores["output"].download_blob(result.stac).readall()
+    item = json.loads(body)
+    check_stac(item, path)
+    check_datetime_of_case(item, case)
+    note = ACQUISITION_CASES[case][3]
+    warned = [r.getMessage() for r in caplog.records if r.name.endswith(".acquisition")]
+    assert warned == ([f"{path}: {item['properties']['tilecommit:datetime_note']}"] if note else [])
+    # A retry finds the item the mosaic and the scene give, and one lost is written again, the same bytes.
+    assert assemble(scene, settings, stores, storage, source_name=Path(path).name).outcome == "already-present"
+    stores["output"].delete_blob(result.stac)
+    assemble(scene, settings, stores, storage, source_name=Path(path).name)
+    assert stores["output"].download_blob(result.stac).readall() == body
+
+
 # --------------------------------------------------------------------------- whole jobs on the local host
 
 #: The files that failed after tiling before (a WKT-only CRS; a geostationary disk with a mask),
@@ -368,6 +442,21 @@ def test_real_raster_as_a_whole_job_on_the_local_host(name, storage, app_env, tm
     check_mosaic(str(source), str(mosaic_path), levels)
     item = json.loads(download_blob(storage, app_env.output, f"mosaics/{summary['job_id']}/item.json"))
     check_stac(item, str(source))
+
+
+@pytest.mark.slow
+def test_the_acquisition_time_reaches_the_item_through_a_whole_job(storage, app_env, tmp_path):
+    """Through the orchestration: the scene the inspection found travels as JSON in the job's
+    history to the assembly that writes the item."""
+    from devhost.session import process_file
+
+    source = Path(with_acquisition_tag(tmp_path, ACQUISITION_CASES["offset-and-fraction"][0]))
+    with local_host(app_env) as host:
+        summary = process_file(host, source, timeout=120)
+    assert summary["status"] == "completed", summary
+    item = json.loads(download_blob(storage, app_env.output, f"mosaics/{summary['job_id']}/item.json"))
+    check_stac(item, str(source))
+    check_datetime_of_case(item, "offset-and-fraction")
 
 
 def test_the_core_schema_check_refuses_an_item_stac_refuses():

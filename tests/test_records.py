@@ -53,6 +53,8 @@ SCENE = {
     "scales": [0.01],
     "offsets": [],
     "units": ["m"],
+    "acquired": "2021-03-04T10:11:12Z",
+    "acquired_note": "",
 }
 
 
@@ -69,6 +71,13 @@ def test_unknown_keys_are_ignored_and_missing_optional_fields_take_their_default
     tile = TileResult.from_dict({**{k: v for k, v in TILE.items() if k != "timings"}, "added_later": 1})
     assert tile.timings == {}
     assert MosaicResult.from_dict({**MOSAIC, "timings": None}).timings == {}
+
+
+def test_a_scene_stored_before_the_acquisition_time_was_kept_reads_as_giving_none():
+    """An orchestration's history written by an earlier version has no acquisition fields."""
+    older = {k: v for k, v in SCENE.items() if k not in ("acquired", "acquired_note")}
+    scene = SceneInfo.from_dict(json.loads(json.dumps(older)))
+    assert (scene.acquired, scene.acquired_note) == (None, "")
 
 
 def test_a_missing_required_field_is_refused():

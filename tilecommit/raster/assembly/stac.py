@@ -1,9 +1,11 @@
 """The mosaic's companions: a STAC item (projection, raster, eo and file extensions) and a PNG quicklook.
 
 Both are pure functions of the committed mosaic (its pixels, size, checksum and creation time),
-so a retry that regenerates them produces the same bytes and its create-only commit agrees; the
-one exception is the item's ``tilecommit:cost`` (what the run that wrote it cost), which a check
-leaves out (:func:`without_run_facts`).
+the item also of the scene the job inspected (its bands, CRS and acquisition time, which every
+activity of the job is given as it was inspected), so a retry that regenerates them produces the
+same bytes and its create-only commit agrees; the one exception is the item's
+``tilecommit:cost`` (what the run that wrote it cost), which a check leaves out
+(:func:`without_run_facts`).
 
 The item's geometry is the footprint of the mosaic's valid pixels (:mod:`.footprint`); its
 projection fields follow the projection extension: ``proj:code`` when an EPSG code is
@@ -38,6 +40,10 @@ from .footprint import Footprint, footprint
 
 COG_MEDIA_TYPE = "image/tiff; application=geotiff; profile=cloud-optimized"
 COST_PROPERTY = "tilecommit:cost"
+#: Which time the item's ``datetime`` is: "acquired" (the source's) or "created" (the item's own).
+DATETIME_PROPERTY = "tilecommit:datetime"
+#: Why the source's acquisition tag was not the ``datetime``, when it has one that is not a time.
+DATETIME_NOTE_PROPERTY = "tilecommit:datetime_note"
 logger = logging.getLogger(__name__)
 
 
@@ -85,6 +91,22 @@ def projection_fields(crs: str) -> dict:
     return {"code": None, "wkt2": value.to_wkt(version="WKT2_2019"), "projjson": value.to_dict(projjson=True)}
 
 
+def datetime_fields(scene: SceneInfo, created: datetime) -> tuple[datetime, dict]:
+    """The item's ``datetime`` and the properties that say which time it is.
+
+    The source's acquisition time when it gives one. Else the creation time: STAC wants a
+    ``datetime``, or a null one with ``start_datetime`` and ``end_datetime``, and no interval
+    is known either; ``tilecommit:datetime`` then says "created", so no reader takes it for
+    the time the pixels were acquired.
+    """
+    if scene.acquired is not None:
+        return datetime.fromisoformat(scene.acquired), {DATETIME_PROPERTY: "acquired"}
+    said = {DATETIME_PROPERTY: "created"}
+    if scene.acquired_note:
+        said[DATETIME_NOTE_PROPERTY] = scene.acquired_note
+    return created, said
+
+
 def stac_item_bytes(
     *,
     job_id: str,
@@ -106,10 +128,13 @@ def stac_item_bytes(
     item has ``geometry: null`` and no bbox, and ``tilecommit:footprint`` says why.
     ``tilecommit:spec`` is the job's output spec (window size, block size, profile);
     ``tilecommit:profile`` the compression, level and predictor that profile gave this data;
-    ``tilecommit:cost`` the job's estimate when the item was made (:mod:`tilecommit.cost`).
+    ``tilecommit:cost`` the job's estimate when the item was made (:mod:`tilecommit.cost`);
+    ``tilecommit:datetime`` which time ``datetime`` is (:func:`datetime_fields`).
     """
+    moment, said = datetime_fields(scene, created)
     properties = {
         "created": pystac.utils.datetime_to_str(created),
+        **said,
         "tilecommit:job_id": job_id,
         "tilecommit:overview_levels": overview_levels,
         "tilecommit:footprint": footprint.note,
@@ -130,7 +155,7 @@ def stac_item_bytes(
     if cost is not None:
         properties[COST_PROPERTY] = cost
     item = pystac.Item(
-        id=job_id, geometry=footprint.geometry, bbox=footprint.bbox, datetime=created, properties=properties
+        id=job_id, geometry=footprint.geometry, bbox=footprint.bbox, datetime=moment, properties=properties
     )
 
     projection = ProjectionExtension.ext(item, add_if_missing=True)

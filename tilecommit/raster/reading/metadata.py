@@ -10,7 +10,9 @@ metadata is all it takes for every path. What is carried is what ``rio cogeo cre
 - the tags of every other domain but ``IMAGE_STRUCTURE`` (the encoding's own: compression,
   interleave, which the tile's profile decides) and ``DERIVED_SUBDATASETS`` (views GDAL derives),
   as rio-cogeo skips them, and ``rio_creation_kwds`` (the source's own encoding again); ``xml:`` domains hold documents, not key=value tags, and are not
-  written by rio-cogeo either (``update_tags`` takes key=value pairs only);
+  written by rio-cogeo either (``update_tags`` takes key=value pairs only). GDAL's COG driver,
+  which encodes the tile from the dataset they are set on, then keeps only the domains it copies
+  by default: ``IMAGERY`` (the acquisition time, kept in the STAC item instead) is left behind;
 - per band: description, tags (the source's statistics among them: the mosaic's pixels are the
   source's), scale and offset, unit, colour interpretation; and the colormap of band 1 (the only
   one a GeoTIFF keeps).

@@ -28,6 +28,7 @@ from ...records import Record
 from ...settings import Settings
 from ...spec import OutputSpec
 from ..env import gdal_env
+from .acquisition import acquisition_of
 from .metadata import has_colormap
 from .source import Source, as_source, open_upload, prefetch_window, source_of
 from .upload import ACCEPTED_FORMATS, HEADER_BYTES, check_upload_content, upload_gdal_options
@@ -112,6 +113,11 @@ class SceneInfo(Record):
     scales: list[float] = field(default_factory=list)
     offsets: list[float] = field(default_factory=list)
     units: list[str | None] = field(default_factory=list)
+    #: When the pixels were acquired, RFC 3339 in UTC, from the source's IMAGERY
+    #: ACQUISITIONDATETIME (:mod:`.acquisition`); None when it gives none (or payloads from before).
+    acquired: str | None = None
+    #: Why the source's ACQUISITIONDATETIME was not taken, when it has one that is not a time ("" otherwise).
+    acquired_note: str = ""
 
     @property
     def pixels(self) -> int:
@@ -367,13 +373,15 @@ def _check_blocks_present(path: str, src, size: int | None, window_size: int) ->
 
 
 def scene_from_dataset(
-    src, *, nbytes: int | None = None, choice: profiles.Choice = profiles.DEFAULT_CHOICE
+    src, *, nbytes: int | None = None, choice: profiles.Choice = profiles.DEFAULT_CHOICE, path: str = ""
 ) -> SceneInfo:
     """``src`` described as the job's outputs will be, made with the profile ``choice``: its
     ``nodata`` override is the nodata value and decides the mask, as ``rio cogeo create --nodata``
     makes it (a source with an internal mask keeps one, masked by the value too); with
-    ``add_mask`` the outputs have an internal mask and no nodata value, as ``--add-mask`` makes them."""
+    ``add_mask`` the outputs have an internal mask and no nodata value, as ``--add-mask`` makes them.
+    ``path`` names the source in the warning about an acquisition time that is not one."""
     mask = _mask_kind(src)
+    acquisition = acquisition_of(src, path or src.name)
     if choice.add_mask:
         mask = "per-dataset"
     elif choice.nodata is not None and mask != "per-dataset":
@@ -397,6 +405,8 @@ def scene_from_dataset(
         scales=[float(v) for v in src.scales] if any(v != 1.0 for v in src.scales) else [],
         offsets=[float(v) for v in src.offsets] if any(v != 0.0 for v in src.offsets) else [],
         units=[u or None for u in src.units] if any(src.units) else [],
+        acquired=acquisition.time,
+        acquired_note=acquisition.note,
     )
 
 
@@ -449,7 +459,7 @@ def inspect_source(
             _check_georeferencing(path, src)
             _check_block_layout(path, src)
             _check_blocks_present(path, src, size, spec.window_size)
-            scene = scene_from_dataset(src, nbytes=size, choice=spec.choice)
+            scene = scene_from_dataset(src, nbytes=size, choice=spec.choice, path=path)
             if spec.choice.warped:
                 return on_target_grid(path, src, scene, settings, spec.choice)
             return scene
