@@ -1,5 +1,6 @@
 # The commands: `make demo` (the main job end to end on Azurite), `make test` (lint, then the suite), `make lint`.
-# Everything they need is installed here: a virtualenv from requirements*.txt, Azurite from npm.
+# Everything they need is installed here: a virtualenv from requirements*.txt, Azurite from npm,
+# and GDAL's gdalwarp program from apt when the machine lacks it.
 
 PYTHON ?= python3
 VENV   := .venv
@@ -14,9 +15,9 @@ PYTEST_ARGS ?=
 # runs beside others, as on a shared machine; 0 runs it in one process.
 PYTEST_WORKERS ?= 3
 
-.PHONY: setup demo test bench bench-quick lint clean
+.PHONY: setup gdalwarp demo test bench bench-quick lint clean
 
-setup: $(VENV)/.installed $(CHECKOV_VENV)/.installed node_modules/.installed
+setup: $(VENV)/.installed $(CHECKOV_VENV)/.installed node_modules/.installed gdalwarp
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +35,26 @@ $(CHECKOV_VENV)/.installed: requirements-checkov.txt
 node_modules/.installed: package.json package-lock.json
 	npm ci --no-audit --no-fund --loglevel=error
 	touch $@
+
+# The gdalwarp program (Debian's gdal-bin) is the reference the web-optimized tests compare the
+# mosaics with: a warp of the whole source by GDAL's own tool in one process, not by this
+# project's code (rasterio bundles GDAL's library but none of its programs). Installed only when
+# missing, so a machine that has it, or a second run, costs a `command -v`; the package lists are
+# fetched only when the install cannot find the package without them (a fresh image has none).
+# apt-get needs root, or sudo. Without apt-get (not Debian or Ubuntu) it only warns, so that
+# `make demo` still runs; the tests that need gdalwarp then fail, saying so.
+gdalwarp:
+	@command -v gdalwarp >/dev/null || { \
+	  if ! command -v apt-get >/dev/null; then \
+	    echo "warning: gdalwarp is missing and there is no apt-get: install GDAL's programs for the tests" >&2; exit 0; \
+	  fi; \
+	  sudo=$$( [ "$$(id -u)" -eq 0 ] || echo sudo ); \
+	  install="$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gdal-bin"; \
+	  echo "gdalwarp is missing: installing gdal-bin"; log=$$(mktemp); \
+	  $$install >"$$log" 2>&1 || { $$sudo apt-get update -qq && $$install; } >"$$log" 2>&1; \
+	  command -v gdalwarp >/dev/null || { cat "$$log" >&2; rm -f "$$log"; echo "gdal-bin did not install gdalwarp" >&2; exit 1; }; \
+	  rm -f "$$log"; \
+	}
 
 demo: setup
 	$(PY) -m devhost demo

@@ -2,12 +2,17 @@
 mosaic on the WebMercatorQuad grid rio-cogeo chooses (CRS, transform, size, blocks, overview
 levels), its pixels those of one exact warp of the whole source (error threshold 0) with the same
 kernel, for a UTM scene, a geographic scene across the antimeridian and a polar stereographic
-one; the option is part of the job; the VRT and block assemblies take the warped tiles; what
-cannot be warped is refused with the reason."""
+one, and compared with what the gdalwarp program makes of the same source on the same grid; the
+option is part of the job; the VRT and block assemblies take the warped tiles; what cannot be
+warped is refused with the reason."""
 
 from __future__ import annotations
 
+import functools
 import json
+import re
+import shutil
+import subprocess
 import warnings
 from pathlib import Path
 
@@ -15,11 +20,12 @@ import numpy as np
 import pytest
 import rasterio
 from rasterio.crs import CRS
+from rasterio.dtypes import _gdal_typename
 from rasterio.enums import MaskFlags, Resampling
 from rasterio.rio.overview import get_maximum_overview_level
 from rasterio.transform import from_origin
 from rasterio.vrt import WarpedVRT
-from rasterio.warp import transform_bounds
+from rasterio.warp import transform, transform_bounds
 from rio_cogeo.cogeo import cog_translate, cog_validate
 from rio_cogeo.profiles import cog_profiles
 
@@ -101,16 +107,24 @@ SCENES = {
 }
 
 
-def whole_warp(path: str, resampling: str, grid_of=web_optimized_grid) -> tuple[np.ndarray, np.ndarray | None]:
-    """The whole source warped onto its web-optimized grid (or ``grid_of`` it) in one chunk, GDAL's
-    exact transformer (gdalwarp -et 0): one block the size of the grid, memory enough for one
-    chunk. With the alpha band the warper makes of a source's internal mask, as rio-cogeo's add_alpha."""
+def whole_warp_xml(path: str, resampling: str, grid_of=web_optimized_grid) -> str:
+    """The VRT of the whole source warped onto its web-optimized grid (or ``grid_of`` it) in one
+    chunk, GDAL's exact transformer (gdalwarp -et 0): one block the size of the grid, memory enough
+    for one chunk. With the alpha band the warper makes of a source's internal mask, as rio-cogeo's
+    add_alpha."""
     with rasterio.open(path) as src:
         grid = grid_of(src)
-        alpha = has_internal_mask(src)
         block = max(grid.width, grid.height)
-        xml = exact_warp_xml(src, grid, resampling=resampling, nodata=src.nodata, alpha=alpha, block=block)
-        count = src.count
+        alpha = has_internal_mask(src)
+        return exact_warp_xml(src, grid, resampling=resampling, nodata=src.nodata, alpha=alpha, block=block)
+
+
+def whole_warp(path: str, resampling: str, grid_of=web_optimized_grid) -> tuple[np.ndarray, np.ndarray | None]:
+    """:func:`whole_warp_xml` read through rasterio's GDAL (the one the job warps with): the image
+    bands, and the alpha band when there is one."""
+    xml = whole_warp_xml(path, resampling, grid_of)
+    with rasterio.open(path) as src:
+        count, alpha = src.count, has_internal_mask(src)
     with rasterio.Env(GDAL_CACHEMAX=512), rasterio.open(xml) as whole:
         return whole.read(list(range(1, count + 1))), whole.read(count + 1) if alpha else None
 
@@ -133,6 +147,90 @@ def rasterio_warp(path: str, resampling: str) -> tuple[np.ndarray, np.ndarray | 
 def differing(a: np.ndarray, b: np.ndarray) -> int:
     same = (a == b) | (np.isnan(a) & np.isnan(b)) if a.dtype.kind == "f" else a == b
     return int((~same).sum())
+
+
+def differing_pixels(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Where (row, column) any band of ``a`` differs from ``b``'s (a NaN equal to a NaN)."""
+    assert a.shape == b.shape and a.dtype == b.dtype, (a.shape, a.dtype, b.shape, b.dtype)
+    same = (a == b) | (np.isnan(a) & np.isnan(b)) if a.dtype.kind == "f" else a == b
+    return ~same.all(axis=0)
+
+
+# The gdalwarp program (Debian's gdal-bin; `make setup` installs it): the warp of the whole source
+# made by GDAL's own tool in one process, not by this project's code. It links the machine's GDAL
+# (3.6.2 on Debian 12), not the 3.10.3 rasterio bundles and the job warps with.
+
+
+def gdal_program(name: str) -> str:
+    path = shutil.which(name)
+    # Fails, not skips: the comparison is what the tests are for, and `make setup` installs it.
+    assert path, f"{name} is not installed: `make setup` installs it (Debian's gdal-bin)"
+    return path
+
+
+def run_program(*command: str) -> str:
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, f"{' '.join(command)} exited {done.returncode}: {done.stderr}"
+    return done.stdout
+
+
+@functools.cache
+def gdalwarp_version() -> tuple[int, int, int]:
+    """gdalwarp's GDAL version, as ``gdalwarp --version`` prints it ("GDAL 3.6.2, released ...")."""
+    printed = run_program(gdal_program("gdalwarp"), "--version")
+    return tuple(int(part) for part in re.match(r"GDAL (\d+)\.(\d+)\.(\d+)", printed).groups())
+
+
+def gdalwarp(
+    source: str, mosaic: str, out: Path, resampling: str, *options: str
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """``source`` warped by gdalwarp onto exactly ``mosaic``'s grid: the exact transformer
+    (``-et 0``), the job's kernel, the mosaic's CRS, its bounds (``-te``) and pixel size (``-tr``:
+    ``-ts`` would make the pixel size a division of the extent, a few units off in the last place),
+    the source's sample type, and the no-data handling the job's warp has: a source's nodata value
+    as source and output nodata, and for a source with an internal mask (the warper takes it as the
+    source's validity by itself) the warper's alpha band (``-dstalpha``), whose non-zero pixels are
+    the mosaic's mask. The image bands, and the alpha band (None without one)."""
+    with rasterio.open(source) as src, rasterio.open(mosaic) as ours:
+        nodata, count, alpha = src.nodata, src.count, has_internal_mask(src)
+        command = [gdal_program("gdalwarp"), "-q", "-et", "0", "-r", resampling, "-t_srs", ours.crs.to_string()]
+        command += ["-te", *map(repr, ours.bounds), "-tr", repr(ours.transform.a), repr(-ours.transform.e)]
+        command += ["-ot", _gdal_typename(src.dtypes[0])]
+        if nodata is not None:
+            command += ["-srcnodata", repr(nodata), "-dstnodata", repr(nodata)]
+        if alpha:
+            command.append("-dstalpha")
+        run_program(*command, *options, source, str(out))
+        with rasterio.open(out) as made:
+            # the same grid by construction, and checked: a pixel compared is one position
+            assert (made.crs, made.transform, made.width, made.height) == (
+                ours.crs,
+                ours.transform,
+                ours.width,
+                ours.height,
+            )
+            assert made.count == count + alpha and made.nodata == ours.nodata
+            return made.read(list(range(1, count + 1))), made.read(count + 1) if alpha else None
+
+
+def warp_with_gdalwarps_gdal(xml: str, out: Path) -> np.ndarray:
+    """The warp of ``xml`` (:func:`whole_warp_xml`) made by the GDAL gdalwarp links (gdal_translate
+    of that VRT), not rasterio's: the same warp in gdalwarp's GDAL version."""
+    vrt = out.with_suffix(".vrt")
+    vrt.write_text(xml)
+    run_program(gdal_program("gdal_translate"), "-q", "--config", "GDAL_CACHEMAX", "512", str(vrt), str(out))
+    with rasterio.open(out) as made:
+        return made.read()
+
+
+def centres_outside_the_source(source: str, mosaic: str, where: np.ndarray) -> bool:
+    """Whether the centre of every pixel of ``mosaic`` in ``where`` maps (exactly) outside ``source``'s raster."""
+    rows, cols = np.nonzero(where)
+    with rasterio.open(source) as src, rasterio.open(mosaic) as ours:
+        xs, ys = ours.transform * (cols + 0.5, rows + 0.5)
+        sx, sy = transform(ours.crs, src.crs, xs.tolist(), ys.tolist())
+        col, row = ~src.transform * (np.asarray(sx), np.asarray(sy))
+        return bool(np.all((col < 0) | (col >= src.width) | (row < 0) | (row >= src.height)))
 
 
 def rio_cogeo_web_optimized(path: str, out: str, resampling: str) -> str:
@@ -264,6 +362,7 @@ def test_the_mosaic_is_rio_cogeos_web_optimized_grid_and_an_exact_warp_of_the_so
         )
         assert ours.block_shapes == theirs.block_shapes
         assert ours.nodata == theirs.nodata
+        nodata = ours.nodata
         assert ours.tags()["TILING_SCHEME_ZOOM_LEVEL"] == theirs.tags()["TILING_SCHEME_ZOOM_LEVEL"]
         pixels, theirs_pixels = ours.read(), theirs.read()
         assert ours.mask_flag_enums == theirs.mask_flag_enums
@@ -285,11 +384,46 @@ def test_the_mosaic_is_rio_cogeos_web_optimized_grid_and_an_exact_warp_of_the_so
         assert np.array_equal(other_alpha > 0, exact_alpha > 0)
     if exact_alpha is not None:  # the internal mask is the warped footprint of the source's
         assert np.array_equal(mask > 0, exact_alpha > 0) and 0 < (mask > 0).sum() < mask.size
+
+    # The gdalwarp program on the same source, to the mosaic's grid, the same kernel.
+    by_gdalwarp, gdalwarp_alpha = gdalwarp(source, str(mosaic), tmp_path / "gdalwarp.tif", resampling)
+    differ = differing_pixels(pixels, by_gdalwarp)
+    assert (gdalwarp_alpha is None) == (exact_alpha is None)
+    gdalwarp_mask_differs = 0 if gdalwarp_alpha is None else int(((gdalwarp_alpha > 0) != (mask > 0)).sum())
+    assert gdalwarp_mask_differs == 0
+    if case == "antimeridian":
+        # gdalwarp centres a geographic source's longitudes on the scene (its transformer's
+        # INSERT_CENTER_LONG, on by default; CENTER_LONG=180 here): an output pixel at -179.9 deg
+        # reads the source at 180.1 deg, so the scene's part east of 180 deg lands on the grid's
+        # west edge, 5 x 6 pixels that the job's warp, as rio-cogeo's, leaves 0. With the option
+        # off gdalwarp makes the mosaic's pixels: the option is the whole difference.
+        assert differ.sum() == 30 and not pixels[:, differ].any() and by_gdalwarp[:, differ].all()
+        assert np.nonzero(differ)[1].max() < 5
+        unwrapped, _ = gdalwarp(
+            source, str(mosaic), tmp_path / "unwrapped.tif", resampling, "-to", "INSERT_CENTER_LONG=FALSE"
+        )
+        assert not differing_pixels(pixels, unwrapped).any()
+    elif resampling == "average" and gdalwarp_version() < (3, 7, 1):
+        # Where the warp oversamples (an output pixel here 0.72 source pixel wide on the UTM scene,
+        # 0.94 on the polar one), GDAL before 3.7.1 gives the output pixels along the source's edge
+        # whose centre falls outside it the average of the edge pixels their footprint overlaps;
+        # GDAL 3.7.1 and later (rasterio's 3.10.3, the job's) leave them nodata, as nearest does.
+        # Those pixels are the whole difference: the reference's own VRT, warped by gdalwarp's
+        # GDAL, gives gdalwarp's pixels.
+        assert differ.sum() == {"utm-average": 1149, "polar-average": 115}[case]
+        assert (pixels[:, differ] == nodata).all() and (by_gdalwarp[:, differ] != nodata).all()
+        assert centres_outside_the_source(source, str(mosaic), differ)
+        same_warp = warp_with_gdalwarps_gdal(whole_warp_xml(source, resampling), tmp_path / "older.tif")
+        assert not differing_pixels(same_warp, by_gdalwarp).any()
+    else:
+        assert differ.sum() == 0, f"{differ.sum()} of {differ.size} pixels differ from gdalwarp's"
     # rio-cogeo warps with the approximating transformer (0.125 pixel): its pixels may differ.
     with rasterio.open(reference) as theirs:
         mask_differs = int(((theirs.dataset_mask() > 0) != (mask > 0)).sum())
     print(
-        f"{case}: {exact.shape}, rio-cogeo's own values differ in {differing(theirs_pixels, exact)}, its mask in {mask_differs}"
+        f"{case}: {exact.shape}, rio-cogeo's own values differ in {differing(theirs_pixels, exact)}, its mask in {mask_differs}; "
+        f"gdalwarp {'.'.join(map(str, gdalwarp_version()))}'s pixels in {differ.sum()} ({differing(pixels, by_gdalwarp)} values), "
+        f"its mask in {gdalwarp_mask_differs}"
     )
 
     item = json.loads(download(storage, app_env.output, f"mosaics/{job}/item.json"))
@@ -379,7 +513,7 @@ def test_one_upload_with_and_without_web_optimized_is_two_jobs_each_delivered_ag
 @pytest.mark.slow
 def test_a_target_crs_and_resolution_give_gdalwarps_aligned_grid_and_an_exact_warp(host, storage, app_env, tmp_path):
     """The UTM scene to EPSG:4326 at 0.0001 deg (gdalwarp -t_srs EPSG:4326 -tr 0.0001 0.0001 -tap),
-    through the local host."""
+    through the local host: the exact whole warp's pixels, and the gdalwarp program's on that grid."""
     source = utm_scene(tmp_path / "source.tif")
     metadata = {"tilecommit_target_srs": "EPSG:4326", "tilecommit_resolution": "0.0001"}
     summary = process_file(host, Path(source), name="geographic.tif", timeout=300, metadata=metadata)
@@ -406,6 +540,9 @@ def test_a_target_crs_and_resolution_give_gdalwarps_aligned_grid_and_an_exact_wa
 
     exact, _ = whole_warp(source, "nearest", grid_of=grid)
     assert differing(pixels, exact) == 0, f"{differing(pixels, exact)} of {exact.size} differ from the exact warp"
+    by_gdalwarp, _ = gdalwarp(source, str(mosaic), tmp_path / "gdalwarp.tif", "nearest")
+    differ = differing_pixels(pixels, by_gdalwarp)
+    assert differ.sum() == 0, f"{differ.sum()} of {differ.size} pixels differ from gdalwarp's"
 
 
 def test_a_resolution_alone_resamples_on_the_sources_crs(tmp_path, stores, storage):
