@@ -1,6 +1,6 @@
 # The commands: `make demo` (the main job end to end on Azurite), `make test` (lint, then the suite), `make lint`.
 # Everything they need is installed here: a virtualenv from requirements*.txt, Azurite from npm,
-# and GDAL's gdalwarp program from apt when the machine lacks it.
+# and, for `make test`, GDAL's gdalwarp program from apt when the machine lacks it.
 
 PYTHON ?= python3
 VENV   := .venv
@@ -17,7 +17,7 @@ PYTEST_WORKERS ?= 3
 
 .PHONY: setup gdalwarp demo test bench bench-quick lint clean
 
-setup: $(VENV)/.installed $(CHECKOV_VENV)/.installed node_modules/.installed gdalwarp
+setup: $(VENV)/.installed $(CHECKOV_VENV)/.installed node_modules/.installed
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -41,8 +41,8 @@ node_modules/.installed: package.json package-lock.json
 # project's code (rasterio bundles GDAL's library but none of its programs). Installed only when
 # missing, so a machine that has it, or a second run, costs a `command -v`; the package lists are
 # fetched only when the install cannot find the package without them (a fresh image has none).
-# apt-get needs root, or sudo. Without apt-get (not Debian or Ubuntu) it only warns, so that
-# `make demo` still runs; the tests that need gdalwarp then fail, saying so.
+# Only `make test` needs it (`make demo` does not). apt-get needs root, or sudo. Without apt-get
+# (not Debian or Ubuntu) it only warns; the tests that need gdalwarp then fail, saying so.
 gdalwarp:
 	@command -v gdalwarp >/dev/null || { \
 	  if ! command -v apt-get >/dev/null; then \
@@ -72,7 +72,7 @@ lint: setup
 FAULT_TESTS := tests/test_storage_faults.py
 
 # --durations: the slowest tests, in every run's log, so the suite's time is watched where it is spent.
-test: lint
+test: lint gdalwarp
 	@faults_log=$$(mktemp); \
 	$(PY) -m pytest $(PYTEST_ARGS) $(FAULT_TESTS) >"$$faults_log" 2>&1 & faults=$$!; \
 	trap 'kill $$faults 2>/dev/null; rm -f "$$faults_log"' EXIT; \
