@@ -6,6 +6,12 @@ calls Azurite, to show which connection the activities' clients come from).
 
 from __future__ import annotations
 
+import http.client
+import http.server
+import threading
+import uuid
+from urllib.parse import urlsplit
+
 import pytest
 from azure.data.tables import TableServiceClient
 from azure.storage.blob import BlobServiceClient
@@ -26,7 +32,7 @@ from tilecommit.settings import (
     TILES_CONTAINER,
     Settings,
 )
-from tilecommit.storage import StorageConnection, parse_connection_string, vsiaz_path
+from tilecommit.storage import StorageConnection, environment_options, parse_connection_string, vsiaz_path
 
 AZURITE_STYLE = (
     "DefaultEndpointsProtocol=http;AccountName=devacct;AccountKey=a2V5a2V5a2V5a2V5==;"
@@ -292,3 +298,81 @@ def test_the_activities_clients_come_from_the_codes_own_connection(azurite, monk
         assert list(ctx.manifest.list_entities()) == []
     finally:
         ctx.manifest.delete_table()
+
+
+# ----------------------------------------------------------------------------- the environment, read once
+
+
+class _CountingProxy(http.server.BaseHTTPRequestHandler):
+    """A plain-HTTP forward proxy on 127.0.0.1: counts what it forwards, as a corporate proxy
+    would see it (the absolute URL of each request), and relays it to its origin."""
+
+    seen: list[str] = []
+
+    def _relay(self) -> None:
+        type(self).seen.append(f"{self.command} {self.path}")
+        target = urlsplit(self.path)
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        upstream = http.client.HTTPConnection(target.hostname, target.port, timeout=30)
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in ("proxy-connection", "connection")}
+        upstream.request(self.command, target.path + (f"?{target.query}" if target.query else ""), body, headers)
+        answer = upstream.getresponse()
+        payload = answer.read()
+        self.send_response(answer.status, answer.reason)
+        for key, value in answer.getheaders():
+            if key.lower() not in ("transfer-encoding", "connection", "content-length"):
+                self.send_header(key, value)
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+        upstream.close()
+
+    do_GET = do_PUT = do_HEAD = do_POST = do_DELETE = _relay
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture
+def counting_proxy():
+    _CountingProxy.seen = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _CountingProxy)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", _CountingProxy.seen
+    server.shutdown()
+    server.server_close()
+
+
+def test_the_environment_s_proxy_is_read_once_per_client_and_still_used(storage, counting_proxy, monkeypatch):
+    """The clients no longer ask the environment on every request (environment_options), yet a
+    proxy the environment names still carries their requests, and NO_PROXY still bypasses it."""
+    proxy, seen = counting_proxy
+    for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "NO_PROXY", "no_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", proxy)
+    blobs = storage.blob_service()
+    assert blobs._config.transport is not None
+    container = blobs.get_container_client(f"proxied{uuid.uuid4().hex[:12]}")
+    container.create_container()
+    container.upload_blob("a", b"through the proxy")
+    monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")  # changed after the client was made: not read again
+    assert container.download_blob("a").readall() == b"through the proxy"
+    assert any(line.startswith("PUT http://127.0.0.1:") for line in seen) and len(seen) >= 3, seen
+
+    monkeypatch.setenv("HTTP_PROXY", proxy)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    before = len(seen)
+    storage.table_service().create_table_if_not_exists("proxiedtable")
+    assert len(seen) == before  # bypassed, as requests does with NO_PROXY
+    assert "proxies" not in environment_options(storage.blob_endpoint)
+
+
+def test_the_environment_s_ca_bundle_is_the_client_s_verify_setting(monkeypatch):
+    monkeypatch.delenv("CURL_CA_BUNDLE", raising=False)
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", "/etc/ssl/certs/ca-certificates.crt")
+    assert environment_options("https://acct.blob.core.windows.net")["connection_verify"] == (
+        "/etc/ssl/certs/ca-certificates.crt"
+    )
+    monkeypatch.delenv("REQUESTS_CA_BUNDLE")
+    assert "connection_verify" not in environment_options("https://acct.blob.core.windows.net")

@@ -27,6 +27,8 @@ from azure.storage.blob import ContainerClient
 from azure.storage.queue import QueueServiceClient
 from requests.adapters import HTTPAdapter
 
+from tilecommit.storage import environment_options
+
 #: DTFx's MessageManager sends payloads above 45 KB through blobs (a queue message holds 64 KB).
 MAX_MESSAGE_CHARS = 45 * 1024
 #: The longest visibility delay the queue service accepts is 7 days; stay below it.
@@ -44,12 +46,16 @@ def queue_service(connection: Any) -> QueueServiceClient:
     adapter = HTTPAdapter(pool_connections=2, pool_maxsize=QUEUE_CONNECTIONS)
     session.mount("http://", adapter)
     session.mount("https://", adapter)
-    transport = RequestsTransport(session=session, session_owner=False)
+    options = environment_options(connection.queue_endpoint)
+    session.trust_env = False  # what the environment says is in options, read once (environment_options)
+    transport = RequestsTransport(session=session, session_owner=False, **options)
     if connection.connection_string:
-        return QueueServiceClient.from_connection_string(connection.connection_string, transport=transport)
+        return QueueServiceClient.from_connection_string(connection.connection_string, transport=transport, **options)
     if not connection.queue_endpoint:
         raise ValueError("the storage setting names no queue endpoint; the local host keeps its task hub queues there")
-    return QueueServiceClient(connection.queue_endpoint, credential=connection.credential, transport=transport)
+    return QueueServiceClient(
+        connection.queue_endpoint, credential=connection.credential, transport=transport, **options
+    )
 
 
 def control_queue_name(hub: str, partition: int) -> str:
