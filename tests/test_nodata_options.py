@@ -149,14 +149,16 @@ def test_add_mask_is_checked_and_false_is_the_same_job_as_not_giving_it():
         profiles.choose("default", {"add_mask": "maybe"}, where=WHERE)
 
 
-def test_with_add_mask_a_lossy_codec_takes_data_with_nodata_and_alpha_is_refused():
+def test_with_add_mask_a_lossy_codec_takes_data_with_nodata_and_an_alpha_band_becomes_the_mask():
     jpeg = profiles.choose("jpeg", {"add_mask": "true"}, where=WHERE)
     profiles.check_for(jpeg, "uint8", count=3, nodata=0, alpha=False)  # the mask, not the pixels, says what is valid
     lerc = profiles.choose("lerc", {"max_z_error": "2", "add_mask": "true"}, where=WHERE)
     profiles.check_for(lerc, "uint16", count=1, nodata=0, alpha=False)
     masked = profiles.choose("default", {"add_mask": "true"}, where=WHERE)
-    with pytest.raises(BadInputError, match="add_mask on data with an alpha band: turning the alpha band"):
-        profiles.check_for(masked, "uint8", count=4, nodata=None, alpha=True)
+    profiles.check_for(masked, "uint8", count=4, nodata=None, alpha=True)  # tests/test_alpha_band.py
+    profiles.check_for(jpeg, "uint8", count=4, nodata=None, alpha=True)  # JPEG encodes the RGB left
+    with pytest.raises(BadInputError, match="JPEG would blur the alpha band's edges"):
+        profiles.check_for(profiles.choose("jpeg", {}, where=WHERE), "uint8", count=4, nodata=None, alpha=True)
 
 
 def test_a_jpeg_mosaic_with_add_mask_keeps_the_valid_area_exact(tmp_path, stores, storage):

@@ -205,6 +205,8 @@ def test_a_profiles_own_defaults_given_make_the_same_job_and_options_keep_their_
         ("webp", "float32", 3, None, False, "WEBP on 3-band float32 data"),
         ("jpeg", "uint8", 3, 0, False, "JPEG on data with a nodata value (0): a lossy codec moves pixels"),
         ("webp", "uint8", 4, 255, True, "WEBP on data with a nodata value (255)"),
+        # the alpha band dropped into the mask: the grey band alone is left, which WEBP does not take
+        ("webp,add_mask=true", "uint8", 2, None, True, "WEBP on 1-band uint8 data"),
         ("lerc,max_z_error=2", "uint16", 1, 0, False, "max_z_error=2.0 on uint16 data with a nodata value (0)"),
     ],
 )
@@ -222,6 +224,7 @@ def test_a_profile_is_refused_on_data_it_cannot_take_or_would_damage(name, dtype
         ("jpeg", "uint8", 3, None, False),
         ("jpeg", "uint8", 1, None, False),
         ("webp", "uint8", 4, None, True),
+        ("jpeg,add_mask=true", "uint8", 4, None, True),  # the alpha band the mask, the RGB left JPEG's
         ("lerc,max_z_error=0.5", "float32", 1, -9999.0, False),  # LERC keeps a float nodata exactly
         ("lerc", "uint16", 4, 0, False),  # max_z_error 0: lossless
         ("lerc_deflate,max_z_error=3", "int16", 2, None, False),

@@ -37,6 +37,7 @@ from tilecommit.grid import plan_windows
 from tilecommit.jobs import job_id_for
 from tilecommit.raster import inspect_source
 from tilecommit.raster.env import gdal_env
+from tilecommit.raster.reading.alpha import alpha_band
 from tilecommit.raster.reading.source import LocalFile, open_upload
 from tilecommit.raster.reading.warp import exact_warp_xml, has_internal_mask, srs_grid, warped, web_optimized_grid
 from tilecommit.raster.scrub import check_window
@@ -111,12 +112,15 @@ def whole_warp_xml(path: str, resampling: str, grid_of=web_optimized_grid) -> st
     """The VRT of the whole source warped onto its web-optimized grid (or ``grid_of`` it) in one
     chunk, GDAL's exact transformer (gdalwarp -et 0): one block the size of the grid, memory enough
     for one chunk. With the alpha band the warper makes of a source's internal mask, as rio-cogeo's
-    add_alpha."""
+    add_alpha; a source's own alpha band, where it is the valid area, declared to the warper as
+    rio-cogeo's is."""
     with rasterio.open(path) as src:
         grid = grid_of(src)
         block = max(grid.width, grid.height)
-        alpha = has_internal_mask(src)
-        return exact_warp_xml(src, grid, resampling=resampling, nodata=src.nodata, alpha=alpha, block=block)
+        alpha, src_alpha = has_internal_mask(src), alpha_band(src)
+        return exact_warp_xml(
+            src, grid, resampling=resampling, nodata=src.nodata, alpha=alpha, src_alpha=src_alpha, block=block
+        )
 
 
 def whole_warp(path: str, resampling: str, grid_of=web_optimized_grid) -> tuple[np.ndarray, np.ndarray | None]:
@@ -303,10 +307,14 @@ def test_what_cannot_be_warped_is_refused_at_validation_with_the_reason(tmp_path
     profile = dict(driver="GTiff", width=64, height=64, count=4, dtype="uint8", crs="EPSG:32633", alpha="YES")
     with rasterio.open(rgba, "w", transform=from_origin(500000, 4600000, 10, 10), **profile) as dst:
         dst.write(np.ones((4, 64, 64), np.uint8))
+    assert inspect_source(rgba, settings=settings, spec=spec).mask == "alpha"  # warped as the warper's alpha
+    alpha_and_nodata = OutputSpec.with_choice(
+        256, profiles.choose("default", {"web_optimized": "true", "nodata": "0"}, where=WHERE)
+    )
     with pytest.raises(
-        UnsupportedRasterError, match="carries its valid area as an alpha band: the warp \\(web_optimized"
+        UnsupportedRasterError, match="carries its valid area as an alpha band, and the profile's nodata=0 would"
     ):
-        inspect_source(rgba, settings=settings, spec=spec)
+        inspect_source(rgba, settings=settings, spec=alpha_and_nodata)
     masked = masked_utm_scene(tmp_path / "masked.tif")
     assert inspect_source(masked, settings=settings, spec=spec).mask == "per-dataset"
     with_nodata = OutputSpec.with_choice(

@@ -4,7 +4,7 @@ A profile is a named set of COG creation options, as ``rio cogeo create --cog-pr
 them, plus the options a user may set on top (``level``, ``predictor``, ``quality``,
 ``max_z_error``, ``blocksize``, which the job's spec keeps as its block size, ``resampling``,
 ``nodata``, which overrides the source's nodata value as ``rio cogeo create --nodata`` does,
-``add_mask``, which makes the nodata an internal mask as ``--add-mask`` does, and the options
+``add_mask``, which makes the nodata (or an alpha band) an internal mask as ``--add-mask`` does, and the options
 that warp the outputs onto another grid, :mod:`tilecommit.warping`: ``web_optimized``, as
 ``--web-optimized`` does, ``target_srs`` and ``resolution``, and ``warp_resampling``, that
 warp's kernel, as ``--resampling``). The choice, in order:
@@ -33,7 +33,8 @@ compares a tile with the same window encoded again, and LERC's error is bounded 
 anything but 8-bit RGB or RGBA, either on data with a nodata value (a pixel moved onto or off
 that value changes the mask), LERC above 0 on integers with a nodata value (measured: 13 valid
 pixels of 262,144 became the nodata value at ``max_z_error=2``); with ``add_mask`` the mask,
-encoded losslessly, says what is valid, so those two refusals do not apply. The mosaic is assembled from the
+encoded losslessly, says what is valid, so those two refusals do not apply, and an alpha band
+becomes the mask (JPEG takes RGBA then: its RGB). The mosaic is assembled from the
 tiles' compressed blocks, so its full resolution holds exactly the tiles' pixels, for every
 profile; its coarse levels are computed and encoded to the same profile.
 """
@@ -170,7 +171,8 @@ class Choice:
 
     @property
     def add_mask(self) -> bool:
-        """Whether the outputs get an internal mask for the nodata value (the ``add_mask`` option)."""
+        """Whether the outputs get an internal mask for the nodata value, or of the alpha band that
+        is the source's valid area (the ``add_mask`` option)."""
         return self.option("add_mask") == "true"
 
     @property
@@ -420,20 +422,19 @@ def default_predictor(dtype: str) -> int:
 
 def check_for(choice: Choice, dtype: str, *, count: int, nodata: float | None, alpha: bool) -> None:
     """Refuse, with the reason, a choice the data cannot take (GDAL would fail later, per tile)
-    or would damage (the module's notes). ``alpha``: the source has an alpha band."""
+    or would damage (the module's notes). ``alpha``: the source has an alpha band (with
+    ``add_mask`` it becomes the mask: the codec encodes the other bands; whether it can is
+    decided with the source open, tilecommit/raster/reading/alpha.py)."""
     compress, kind = choice.compress, np.dtype(dtype).kind
     error = choice.option("max_z_error")
     name = choice.name
     unfit = _nodata_unfit(choice.nodata, dtype) if choice.nodata is not None else None
     if choice.add_mask:
         nodata = None  # it becomes the mask, which the codec leaves exact: no value to move pixels onto
+        if alpha:
+            count, alpha = count - 1, False  # the alpha band too, dropped into the mask
     if unfit:
         why = unfit
-    elif choice.add_mask and alpha:
-        why = (
-            "add_mask on data with an alpha band: turning the alpha band into the mask (which drops the band, as "
-            "rio cogeo create --add-mask does) is not built; leave add_mask out, the alpha band is kept as it is"
-        )
     elif choice.option("predictor") == 3 and kind != "f":
         why = f"predictor=3 (floating point) on {dtype} data: accepted for float32 and float64 only; use predictor=2 for integers"
     elif compress == "JPEG" and (dtype != "uint8" or count not in (1, 3, 4)):

@@ -18,9 +18,12 @@ metadata is all it takes for every path. What is carried is what ``rio cogeo cre
   one a GeoTIFF keeps).
 
 Nodata, the mask and the alpha band are pixels, not tags: the tile encoder writes them with the data.
+An alpha band that ``add_mask`` turns into the mask is dropped, and what was said of it with it.
 """
 
 from __future__ import annotations
+
+from rasterio.enums import ColorInterp
 
 #: Domains that describe the encoding, not the data, or views GDAL derives (rio-cogeo skips the
 #: first two; its output lacks the third as well): ``rio_creation_kwds`` is rasterio's record of
@@ -41,8 +44,20 @@ def has_colormap(src) -> bool:
     return True
 
 
-def carry(src, dst) -> None:
-    """Write what ``src`` says about its pixels onto ``dst`` (open for writing, same band count)."""
+def colour_interpretations(src, bands: list[int]) -> list[ColorInterp]:
+    """The colour interpretations of ``src``'s ``bands`` where they are the outputs' bands: their
+    own; one band left of several (an alpha band dropped into the mask) is grey unless it is
+    paletted, as rio-cogeo sets a single output band."""
+    own = [src.colorinterp[band - 1] for band in bands]
+    if len(bands) == 1 < src.count and own[0] != ColorInterp.palette:
+        return [ColorInterp.gray]
+    return own
+
+
+def carry(src, dst, bands: list[int] | None = None) -> None:
+    """Write what ``src`` says about its pixels onto ``dst`` (open for writing), whose bands are
+    ``src``'s ``bands`` (all of them when None)."""
+    bands = list(src.indexes) if bands is None else bands
     tags = src.tags()
     if tags:
         dst.update_tags(**tags)
@@ -50,18 +65,20 @@ def carry(src, dst) -> None:
         domain = src.tags(ns=ns)
         if domain:
             dst.update_tags(ns=ns, **domain)
-    dst.colorinterp = src.colorinterp
-    for band in src.indexes:
+    dst.colorinterp = colour_interpretations(src, bands)
+    for written, band in enumerate(bands, start=1):
         if src.descriptions[band - 1]:
-            dst.set_band_description(band, src.descriptions[band - 1])
+            dst.set_band_description(written, src.descriptions[band - 1])
         band_tags = src.tags(band)
         if band_tags:
-            dst.update_tags(band, **band_tags)
-    if any(scale != 1.0 for scale in src.scales) or any(offset != 0.0 for offset in src.offsets):
-        dst.scales = src.scales
-        dst.offsets = src.offsets
-    if any(src.units):
-        dst.units = src.units
+            dst.update_tags(written, **band_tags)
+    scales, offsets = [src.scales[b - 1] for b in bands], [src.offsets[b - 1] for b in bands]
+    if any(scale != 1.0 for scale in scales) or any(offset != 0.0 for offset in offsets):
+        dst.scales = scales
+        dst.offsets = offsets
+    units = [src.units[b - 1] for b in bands]
+    if any(units):
+        dst.units = units
     if has_colormap(src):
         dst.write_colormap(1, src.colormap(1))
 

@@ -29,7 +29,8 @@ from ...settings import Settings
 from ...spec import OutputSpec
 from ..env import gdal_env
 from .acquisition import acquisition_of
-from .metadata import has_colormap
+from .alpha import WARP, alpha_band, check_alpha_options
+from .metadata import colour_interpretations, has_colormap
 from .source import Source, as_source, open_upload, prefetch_window, source_of
 from .upload import ACCEPTED_FORMATS, HEADER_BYTES, check_upload_content, upload_gdal_options
 from .warp import target_grid
@@ -379,32 +380,38 @@ def scene_from_dataset(
     ``nodata`` override is the nodata value and decides the mask, as ``rio cogeo create --nodata``
     makes it (a source with an internal mask keeps one, masked by the value too); with
     ``add_mask`` the outputs have an internal mask and no nodata value, as ``--add-mask`` makes them.
-    ``path`` names the source in the warning about an acquisition time that is not one."""
+    ``path`` names the source in the warning about an acquisition time that is not one.
+    With ``add_mask`` on a source whose valid area is an alpha band, that band becomes the mask
+    and the outputs have the other bands, as ``--add-mask`` drops it."""
     mask = _mask_kind(src)
     acquisition = acquisition_of(src, path or src.name)
     if choice.add_mask:
         mask = "per-dataset"
     elif choice.nodata is not None and mask != "per-dataset":
         mask = "nodata"
+    dropped = alpha_band(src) if choice.add_mask else None
+    bands = [band for band in src.indexes if band != dropped]
+    scales, offsets = [float(src.scales[b - 1]) for b in bands], [float(src.offsets[b - 1]) for b in bands]
+    units = [src.units[b - 1] or None for b in bands]
     return SceneInfo(
         width=src.width,
         height=src.height,
-        count=src.count,
+        count=len(bands),
         dtype=src.dtypes[0],
         crs=src.crs.to_wkt(version="WKT2_2019"),
         transform=[float(v) for v in tuple(src.transform)[:6]],
         nodata=choice.output_nodata(src.nodata),
         block_shapes=[[int(h), int(w)] for h, w in src.block_shapes],
         driver=src.driver,
-        descriptions=list(src.descriptions),
-        colorinterp=[ci.name for ci in src.colorinterp],
+        descriptions=[src.descriptions[b - 1] for b in bands],
+        colorinterp=[ci.name for ci in colour_interpretations(src, bands)],
         mask=mask,
         overview_resampling=overview_resampling_for(src),
         nbytes=nbytes,
         # Kept only when some band says something, so a scene without them is described as before.
-        scales=[float(v) for v in src.scales] if any(v != 1.0 for v in src.scales) else [],
-        offsets=[float(v) for v in src.offsets] if any(v != 0.0 for v in src.offsets) else [],
-        units=[u or None for u in src.units] if any(src.units) else [],
+        scales=scales if any(v != 1.0 for v in scales) else [],
+        offsets=offsets if any(v != 0.0 for v in offsets) else [],
+        units=units if any(units) else [],
         acquired=acquisition.time,
         acquired_note=acquisition.note,
     )
@@ -459,6 +466,7 @@ def inspect_source(
             _check_georeferencing(path, src)
             _check_block_layout(path, src)
             _check_blocks_present(path, src, size, spec.window_size)
+            check_alpha_options(path, src, spec.choice, _mask_kind(src))
             scene = scene_from_dataset(src, nbytes=size, choice=spec.choice, path=path)
             if spec.choice.warped:
                 return on_target_grid(path, src, scene, settings, spec.choice)
@@ -469,21 +477,15 @@ def on_target_grid(path: str, src, scene: SceneInfo, settings: Settings, choice:
     """``scene`` as a warped job's outputs are: on the grid of :func:`~.warp.target_grid`
     (web-optimized, or ``target_srs`` / ``resolution``), the source's bands, sample type, nodata
     and mask (an internal mask becomes the warped footprint's, as rio-cogeo makes it from the
-    warper's alpha).
+    warper's alpha). A source whose valid area is an alpha band keeps it, warped as the warper's
+    alpha (:func:`~.warp.warped`), or, with ``add_mask``, has it as the mask.
 
-    Refused with the reason: a source whose validity is an alpha band (its warp is not built), an
-    internal mask with a ``nodata`` override (rio-cogeo then writes a mask made of the value
-    alone, unlike any other job's; so too with the source's own nodata value), a grid GDAL cannot
-    compute (no transformation to the target CRS), a grid over the pixel limit.
+    Refused with the reason: an internal mask with a ``nodata`` override (rio-cogeo then writes a
+    mask made of the value alone, unlike any other job's; so too with the source's own nodata
+    value), a grid GDAL cannot compute (no transformation to the target CRS), a grid over the
+    pixel limit (an alpha band with a ``nodata`` override: :func:`~.alpha.check_alpha_options`).
     """
-    own, nodata_override = _mask_kind(src), choice.nodata
-    warp = "the warp (web_optimized, target_srs, resolution)"
-    if own == "alpha":
-        raise UnsupportedRasterError(
-            f"{path} carries its valid area as an alpha band: {warp} is built for sources whose no data "
-            "is a nodata value or an internal mask (or that have neither); accepted: this source without "
-            "those options, or its alpha band made an internal mask first"
-        )
+    own, nodata_override, warp = _mask_kind(src), choice.nodata, WARP
     nodata = nodata_override if nodata_override is not None else src.nodata
     if own == "per-dataset" and nodata is not None:
         whose = "the profile's" if nodata_override is not None else "its own"

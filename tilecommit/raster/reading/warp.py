@@ -18,6 +18,14 @@ the pixels a warp of the whole scene gives there, for the kernels that use the s
 under an output pixel alone (nearest, average, mode, rms: tilecommit/warping.py says why the
 wider ones are refused); GDAL reads the source window each chunk needs, the kernel's margin
 included. Nothing is written: the VRT is opened from text.
+
+A source whose valid area is an alpha band has that band declared to the warper as the source's
+and the output's alpha, as rasterio's WarpedVRT declares it for rio-cogeo (``SrcAlphaBand``,
+``DstAlphaBand``): the warper weighs each source pixel by its alpha, and a window's pixels and
+alpha are still the whole scene's (measured with nearest, average and mode; docs/raster.md,
+'An alpha band').
+``add_mask`` on such a source reads it through the warper on its own grid (:func:`view_grid`), as
+rio-cogeo does, nearest and exact: each pixel its own, 0 where the alpha is.
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ from rasterio.vrt import WarpedVRT
 from rasterio.warp import calculate_default_transform, transform, transform_bounds
 from rasterio.windows import Window as RioWindow
 
+from .alpha import alpha_band
 from .source import prefetch_window, reads_through, source_of
 
 #: The tile matrix set of ``--web-optimized`` (rio-cogeo's default ``tms``).
@@ -75,6 +84,9 @@ class TargetGrid:
     height: int
     #: The WebMercatorQuad zoom of a web-optimized grid; None for a grid of target_srs/resolution.
     zoom: int | None = None
+    #: The source's own grid (:func:`source_grid`): nothing is moved, the warper only applies the
+    #: source's alpha band as ``add_mask`` asks.
+    is_source_grid: bool = False
 
     def tags(self) -> dict[str, str]:
         """The tiling scheme tags rio-cogeo writes on a web-optimized COG (none for another grid)."""
@@ -84,6 +96,8 @@ class TargetGrid:
 
     @property
     def name(self) -> str:
+        if self.is_source_grid:
+            return "own grid"
         if self.zoom is not None:
             return f"WebMercatorQuad grid at zoom {self.zoom}"
         return f"{self.crs.to_string()} grid of {self.transform.a:g}-unit pixels"
@@ -161,6 +175,24 @@ def target_grid(src, choice) -> TargetGrid:
     return srs_grid(src, crs, choice.resolution)
 
 
+def source_grid(src) -> TargetGrid:
+    """``src``'s own grid, for a window read through the warper without moving a pixel."""
+    return TargetGrid(crs=src.crs, transform=src.transform, width=src.width, height=src.height, is_source_grid=True)
+
+
+def view_grid(src, choice) -> TargetGrid | None:
+    """The grid a job made with the profile ``choice`` reads ``src``'s windows on through the
+    warper, or None (read as it is): the target grid of a choice that warps; the source's own
+    for ``add_mask`` on a source whose valid area is an alpha band, which rio-cogeo turns into
+    the mask through a WarpedVRT of the source on its own grid, so the warper's alpha semantics
+    apply there too (what is fully transparent becomes 0)."""
+    if choice.warped:
+        return target_grid(src, choice)
+    if choice.add_mask and alpha_band(src) is not None:
+        return source_grid(src)
+    return None
+
+
 def _geotransform(transform: Affine) -> str:
     return ",".join(repr(float(v)) for v in transform.to_gdal())
 
@@ -187,7 +219,14 @@ def has_internal_mask(src) -> bool:
 
 
 def exact_warp_xml(
-    src, grid: TargetGrid, *, resampling: str, nodata: float | None, alpha: bool = False, block: int = WARP_BLOCK
+    src,
+    grid: TargetGrid,
+    *,
+    resampling: str,
+    nodata: float | None,
+    alpha: bool = False,
+    src_alpha: int | None = None,
+    block: int = WARP_BLOCK,
 ) -> str:
     """A VRTWarpedDataset of ``src`` on ``grid`` whose transformer is GDAL's exact one.
 
@@ -196,7 +235,11 @@ def exact_warp_xml(
     the output is 0 there, unmasked, as rio-cogeo's is for a source without nodata or mask.
     ``alpha``: one band more, the alpha band the warper makes (255 where a valid source pixel
     fell, 0 elsewhere), as rio-cogeo's ``add_alpha`` for a source with an internal mask; the
-    warper takes the source's internal mask as its validity by itself.
+    warper takes the source's internal mask as its validity by itself. ``src_alpha``: the
+    source's alpha band, declared to the warper as the source's and the output's alpha
+    (``SrcAlphaBand``, ``DstAlphaBand``), as rasterio's WarpedVRT declares it for rio-cogeo: the
+    warper weighs each source pixel by it, leaves a pixel whose alpha is 0 out, and writes the
+    band as the alpha of what it warped (for nearest, the source pixel's).
     """
     dtype = _gdal_typename(src.dtypes[0])
     root = ET.Element(
@@ -208,6 +251,8 @@ def exact_warp_xml(
         element = ET.SubElement(root, "VRTRasterBand", dataType=dtype, band=str(band), subClass="VRTWarpedRasterBand")
         if nodata is not None:
             ET.SubElement(element, "NoDataValue").text = repr(float(nodata))
+        if band == src_alpha:
+            ET.SubElement(element, "ColorInterp").text = "Alpha"
     if alpha:
         element = ET.SubElement(
             root, "VRTRasterBand", dataType=dtype, band=str(src.count + 1), subClass="VRTWarpedRasterBand"
@@ -230,6 +275,9 @@ def exact_warp_xml(
         if nodata is not None:
             ET.SubElement(mapping, "SrcNoDataReal").text = repr(float(nodata))
             ET.SubElement(mapping, "DstNoDataReal").text = repr(float(nodata))
+    if src_alpha is not None:
+        ET.SubElement(options, "SrcAlphaBand").text = str(src_alpha)
+        ET.SubElement(options, "DstAlphaBand").text = str(src_alpha)
     if alpha:
         ET.SubElement(options, "DstAlphaBand").text = str(src.count + 1)
     return ET.tostring(root, encoding="unicode")
@@ -242,10 +290,13 @@ def warped(src, grid: TargetGrid, *, resampling: str, nodata: float | None) -> I
     GDAL opens the source again by its name, so an upload opened through its pinned reader is
     read through that reader, every byte at the job's version and counted. A source whose valid
     area is an internal mask (and no nodata value is given) is seen with the warper's alpha band
-    after its own (:func:`image_bands` are the others).
+    after its own (:func:`image_bands` are the others); one whose valid area is an alpha band,
+    with that band warped as the warper's alpha (:func:`exact_warp_xml`'s ``src_alpha``).
     """
     alpha = nodata is None and has_internal_mask(src)
-    with rasterio.open(exact_warp_xml(src, grid, resampling=resampling, nodata=nodata, alpha=alpha)) as dataset:
+    src_alpha = alpha_band(src) if nodata is None else None
+    xml = exact_warp_xml(src, grid, resampling=resampling, nodata=nodata, alpha=alpha, src_alpha=src_alpha)
+    with rasterio.open(xml) as dataset:
         _ORIGINS[dataset] = (src, grid)
         reads_through(dataset, source_of(src))
         yield dataset

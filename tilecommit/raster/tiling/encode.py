@@ -23,6 +23,7 @@ from ...grid import Window
 from ...spec import OutputSpec
 from ..env import BLOCK_SIZE, NUM_THREADS
 from ..reading import metadata
+from ..reading.alpha import alpha_band
 from ..reading.scene import overview_resampling_for, read_classified
 from ..reading.warp import grid_of, has_internal_mask, image_bands, origin_of, prefetch
 
@@ -94,6 +95,19 @@ def _per_dataset_mask(src) -> bool:
     return has_internal_mask(src)
 
 
+def mask_alpha(src, choice: profiles.Choice) -> int | None:
+    """The band of ``src`` (a dataset :func:`~..tiling.render.window_of_upload` yields) that
+    ``add_mask`` turns into the mask, as ``rio cogeo create --add-mask`` drops an alpha band
+    into it: the alpha band that is the valid area of the upload ``src`` reads; None otherwise."""
+    return alpha_band(origin_of(src)) if choice.add_mask else None
+
+
+def tile_bands(src, choice: profiles.Choice) -> list[int]:
+    """The bands of the upload ``src`` reads that a tile made with ``choice`` holds, in order."""
+    dropped = mask_alpha(src, choice)
+    return [band for band in image_bands(src) if band != dropped]
+
+
 def _rio_window(window: RioWindow | Window) -> RioWindow:
     if isinstance(window, Window):
         return RioWindow(window.col_off, window.row_off, window.width, window.height)
@@ -112,7 +126,11 @@ def read_window(
     value (the override, else the source's: rio-cogeo writes the mask of a warped VRT whose
     source nodata is that value, and GDAL's warper honours both); with ``add_mask``, a source
     without a mask of its own gets one, masked where every band holds the nodata value, all
-    valid without one.
+    valid without one. With ``add_mask`` on an upload whose valid area is an alpha band, the
+    tile holds the other bands and the mask is where that band, as the warper wrote it, is not 0
+    (rio-cogeo writes the WarpedVRT's mask, which is that band, into a 1-bit mask: any value
+    above 0 is valid); ``src`` is then the warper's view :func:`~.render.window_of_upload`
+    yields, which leaves 0 where the alpha is.
     For an upload opened
     with :func:`~tilecommit.raster.reading.source.open_upload`, every byte is read at its version and counted
     (:func:`~tilecommit.raster.reading.scene.read_classified`)."""
@@ -130,6 +148,10 @@ def read_window(
             f"{int(window.width)}x{int(window.height)} cannot be decoded ({exc}): the file is corrupt"
         ),
     )
+    alpha = mask_alpha(src, choice)
+    if alpha is not None:
+        at = image_bands(src).index(alpha)
+        return np.delete(data, at, axis=0), np.where(data[at] > 0, 255, 0).astype(np.uint8)
     if mask is None and not choice.add_mask:  # no internal mask, and none asked for
         return data, None
     if not choice.add_mask and choice.nodata is None:  # the source's own mask, as it is
@@ -164,8 +186,10 @@ def encode_tile(
     returned for this window of ``src``, so it is not read twice.
     """
     window = _rio_window(window)
-    # A warped view's tags, colours and palette are its source's (what rio-cogeo carries too).
+    # A warped view's tags, colours and palette are its source's (what rio-cogeo carries too);
+    # on the source's own grid, its CRS too, as read from the source (not the VRT's copy of it).
     about, grid = origin_of(src), grid_of(src)
+    crs = src.crs if grid is not None and not grid.is_source_grid else about.crs
     started = time.perf_counter()
     data, mask = pixels if pixels is not None else read_window(src, window, choice=spec.choice)
     read_s = time.perf_counter() - started
@@ -188,9 +212,9 @@ def encode_tile(
         "driver": "MEM",
         "width": int(window.width),
         "height": int(window.height),
-        "count": about.count,
+        "count": len(data),
         "dtype": src.dtypes[0],
-        "crs": src.crs,
+        "crs": crs,
         "transform": src.window_transform(window),
         "nodata": spec.choice.output_nodata(src.nodata),
     }
@@ -202,7 +226,7 @@ def encode_tile(
         staged.write(data)
         if mask is not None:
             staged.write_mask(mask)
-        metadata.carry(about, staged)
+        metadata.carry(about, staged, bands=tile_bands(src, spec.choice))
         if grid is not None:
             staged.update_tags(**grid.tags())
         with MemoryFile() as memory:

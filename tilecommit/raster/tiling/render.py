@@ -28,7 +28,7 @@ from ..env import NUM_THREADS, gdal_env
 from ..gdal_errors import gdal_step
 from ..reading.source import Source, as_source, open_upload
 from ..reading.upload import upload_gdal_options
-from ..reading.warp import target_grid, warped
+from ..reading.warp import view_grid, warped
 from .encode import encode_tile
 
 logger = logging.getLogger(__name__)
@@ -53,7 +53,9 @@ def window_of_upload(
     For a spec that warps (``web_optimized``, ``target_srs``, ``resolution``: tilecommit/warping.py)
     the dataset yielded is the upload warped onto the job's grid
     (:func:`~tilecommit.raster.reading.warp.warped`), computed again from the same version, and
-    ``window`` is a window of that grid."""
+    ``window`` is a window of that grid; for ``add_mask`` on an upload whose valid area is an
+    alpha band, the upload seen through the warper on its own grid
+    (:func:`~tilecommit.raster.reading.warp.view_grid`)."""
     source = as_source(upload)
     with gdal_env(settings, {**(gdal_options or {}), **upload_gdal_options(source.path)}, num_threads=num_threads):
         try:
@@ -61,9 +63,9 @@ def window_of_upload(
         except RasterioIOError as exc:
             raise InvalidRasterError(f"{source.name} cannot be opened to {purpose} window {window.id}: {exc}") from exc
         with src, source.checked():
-            if spec is not None and spec.choice.warped:
+            grid = view_grid(src, spec.choice) if spec is not None else None
+            if grid is not None:
                 choice = spec.choice
-                grid = target_grid(src, choice)
                 with warped(src, grid, resampling=choice.warp_resampling, nodata=choice.nodata_for(src.nodata)) as view:
                     _check_inside(window, view, f"{grid.name} of the source")
                     yield view
