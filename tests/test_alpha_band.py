@@ -82,6 +82,17 @@ def assert_every_tile_as_made(source: str, scene, settings: Settings, spec: Outp
 ADD_MASK_CASES = {"rgba": (4, "uint8"), "grey-alpha": (2, "uint8"), "grey-alpha-uint16": (2, "uint16")}
 
 
+def valid_mosaic_and_rio_add_mask(tmp_path, stores, result, source: str, rio_profile: str) -> tuple[str, str]:
+    """The job's mosaic, downloaded and checked a valid COG, and ``rio cogeo create --add-mask``'s
+    output of the same source with rio-cogeo's profile ``rio_profile``."""
+    mosaic = download(stores["output"], result.mosaic, tmp_path / "mosaic.tif")
+    valid, errors, _ = cog_validate(mosaic)
+    assert valid and not errors, errors
+    reference = str(tmp_path / "rio.tif")
+    cog_translate(source, reference, cog_profiles.get(rio_profile), add_mask=True, quiet=True)
+    return mosaic, reference
+
+
 @pytest.mark.parametrize("method", ["server", "vrt"])
 @pytest.mark.parametrize("case", ADD_MASK_CASES)
 def test_add_mask_makes_the_alpha_band_the_mask_as_rio_cogeo_does(tmp_path, stores, storage, method, case):
@@ -91,12 +102,7 @@ def test_add_mask_makes_the_alpha_band_the_mask_as_rio_cogeo_does(tmp_path, stor
     spec, scene, result = run_steps(source, settings, stores, storage, method=method)
     assert (scene.count, scene.mask, scene.nodata) == (bands - 1, "per-dataset", None)
     assert result.outcome == "written"
-    mosaic = download(stores["output"], result.mosaic, tmp_path / "mosaic.tif")
-    valid, errors, _ = cog_validate(mosaic)
-    assert valid and not errors, errors
-
-    reference = str(tmp_path / "rio.tif")
-    cog_translate(source, reference, cog_profiles.get("deflate"), add_mask=True, quiet=True)
+    mosaic, reference = valid_mosaic_and_rio_add_mask(tmp_path, stores, result, source, "deflate")
     with rasterio.open(mosaic) as ours, rasterio.open(reference) as theirs, rasterio.open(source) as src:
         kept = (bands - 1, (dtype,) * (bands - 1), None)
         assert (ours.count, ours.dtypes, ours.nodata) == (theirs.count, theirs.dtypes, theirs.nodata) == kept
@@ -121,11 +127,7 @@ def test_jpeg_with_add_mask_encodes_the_rgb_and_makes_the_alpha_band_an_exact_ma
     source = alpha_scene(tmp_path / "source.tif")
     settings = Settings(window_size=256, profile="jpeg,add_mask=true")
     spec, scene, result = run_steps(source, settings, stores, storage)
-    mosaic = download(stores["output"], result.mosaic, tmp_path / "mosaic.tif")
-    valid, errors, _ = cog_validate(mosaic)
-    assert valid and not errors, errors
-    reference = str(tmp_path / "rio.tif")
-    cog_translate(source, reference, cog_profiles.get("jpeg"), add_mask=True, quiet=True)
+    mosaic, reference = valid_mosaic_and_rio_add_mask(tmp_path, stores, result, source, "jpeg")
     with rasterio.open(mosaic) as ours, rasterio.open(reference) as theirs, rasterio.open(source) as src:
         assert ours.compression.value == theirs.compression.value == "JPEG"
         assert ours.count == theirs.count == 3 and ours.colorinterp == theirs.colorinterp

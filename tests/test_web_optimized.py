@@ -44,6 +44,7 @@ from tilecommit.raster.scrub import check_window
 from tilecommit.raster.tiling import encode
 from tilecommit.settings import SETTING_PROFILE, Settings
 from tilecommit.spec import OutputSpec
+from tilecommit.warping import WARP_RESAMPLINGS
 
 from .app_jobs import WINDOW, download, local_host, wait_until
 from .conftest import counter_total
@@ -101,6 +102,7 @@ def polar_scene(path) -> str:
 SCENES = {
     "utm": (utm_scene, "nearest"),
     "utm-average": (utm_scene, "average"),
+    "utm-rms": (utm_scene, "rms"),
     "utm-internal-mask": (masked_utm_scene, "nearest"),
     "antimeridian": (antimeridian_scene, "nearest"),
     "polar": (polar_scene, "nearest"),
@@ -341,6 +343,20 @@ def host(app_env):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("resampling", WARP_RESAMPLINGS)
+def test_every_warp_kernel_reaches_gdals_warper_under_the_name_it_reads(tmp_path, resampling):
+    """A ResampleAlg name GDAL's VRT reader does not know is warped with nearest, silently (rms was
+    written as "RMS", GDAL's name is "RootMeanSquare", and rms jobs got nearest pixels). Each kernel
+    the option accepts is compared with rasterio's own WarpedVRT of the same kernel (another code
+    path, which passes GDAL the kernel as a number), and each but nearest differs from nearest."""
+    source = utm_scene(tmp_path / "utm.tif")
+    exact, _ = whole_warp(source, resampling)
+    other, _ = rasterio_warp(source, resampling)
+    assert differing(exact, other) == 0, f"{differing(exact, other)} values differ from rasterio's {resampling}"
+    if resampling != "nearest":
+        assert differing(exact, whole_warp(source, "nearest")[0]) > 0
+
+
 @pytest.mark.parametrize("case", SCENES)
 def test_the_mosaic_is_rio_cogeos_web_optimized_grid_and_an_exact_warp_of_the_source(
     host, storage, app_env, tmp_path, case
@@ -411,14 +427,14 @@ def test_the_mosaic_is_rio_cogeos_web_optimized_grid_and_an_exact_warp_of_the_so
             source, str(mosaic), tmp_path / "unwrapped.tif", resampling, "-to", "INSERT_CENTER_LONG=FALSE"
         )
         assert not differing_pixels(pixels, unwrapped).any()
-    elif resampling == "average" and gdalwarp_version() < (3, 7, 1):
+    elif resampling in ("average", "rms") and gdalwarp_version() < (3, 7, 1):
         # Where the warp oversamples (an output pixel here 0.72 source pixel wide on the UTM scene,
         # 0.94 on the polar one), GDAL before 3.7.1 gives the output pixels along the source's edge
-        # whose centre falls outside it the average of the edge pixels their footprint overlaps;
+        # whose centre falls outside it the average (rms: root mean square) of the edge pixels their footprint overlaps;
         # GDAL 3.7.1 and later (rasterio's 3.10.3, the job's) leave them nodata, as nearest does.
         # Those pixels are the whole difference: the reference's own VRT, warped by gdalwarp's
         # GDAL, gives gdalwarp's pixels.
-        assert differ.sum() == {"utm-average": 1149, "polar-average": 115}[case]
+        assert differ.sum() == {"utm-average": 1149, "utm-rms": 1149, "polar-average": 115}[case]
         assert (pixels[:, differ] == nodata).all() and (by_gdalwarp[:, differ] != nodata).all()
         assert centres_outside_the_source(source, str(mosaic), differ)
         same_warp = warp_with_gdalwarps_gdal(whole_warp_xml(source, resampling), tmp_path / "older.tif")

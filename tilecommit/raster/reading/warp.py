@@ -58,7 +58,8 @@ GDAL_KERNELS = {
     "nearest": "NearestNeighbour",
     "average": "Average",
     "mode": "Mode",
-    "rms": "RMS",
+    # GDAL's name: its VRT reader takes a ResampleAlg it does not know for nearest, silently.
+    "rms": "RootMeanSquare",
 }
 #: Edge of the warped VRT's blocks: the warper works a block at a time, and a window (a multiple
 #: of 256) is then whole blocks.
