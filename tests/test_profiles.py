@@ -20,6 +20,7 @@ from testkit.scenes import SceneSpec, write_scene
 from tilecommit import profiles
 from tilecommit.errors import BadInputError, ConfigurationError
 from tilecommit.jobs import job_id_for
+from tilecommit.raster.tiling import encode
 from tilecommit.settings import SETTING_PROFILE, Settings
 from tilecommit.spec import OutputSpec
 
@@ -153,6 +154,27 @@ def test_each_profile_gives_gdal_its_creation_and_overview_options() -> None:
     assert profiles.creation_options(lerc, "float32") == {"COMPRESS": "LERC_ZSTD", "MAX_Z_ERROR": 0.25}
     assert profiles.overview_options(lerc, "float32")["MAX_Z_ERROR_OVERVIEW"] == 0.25
     assert profiles.creation_options(profiles.Choice("lerc"), "uint16") == {"COMPRESS": "LERC", "MAX_Z_ERROR": 0.0}
+
+
+def test_a_creation_option_the_cog_driver_does_not_take_fails_the_tile_instead_of_being_dropped(tmp_path) -> None:
+    """GDAL only warns of an option its driver does not know and writes the file without it; the
+    encoder refuses that tile, so a profile whose option GDAL ignores cannot commit other bytes."""
+    source = tmp_path / "small.tif"
+    with rasterio.open(source, "w", driver="GTiff", width=64, height=64, count=1, dtype="uint8") as dst:
+        dst.write(np.arange(64 * 64, dtype="uint16").reshape(1, 64, 64).astype("uint8"))
+    options = encode.cog_creation_options("uint8", block_size=256, overview_count=0, resampling="average")
+    with MemoryFile() as out:
+        encode.write_cog(str(source), out.name, options, choice=profiles.DEFAULT_CHOICE, dtype="uint8", block_size=256)
+        assert out.getbuffer().nbytes > 0
+    with MemoryFile() as out, pytest.raises(ConfigurationError, match="NOT_AN_OPTION.*none is written"):
+        encode.write_cog(
+            str(source),
+            out.name,
+            {**options, "NOT_AN_OPTION": "1"},
+            choice=profiles.DEFAULT_CHOICE,
+            dtype="uint8",
+            block_size=256,
+        )
 
 
 def test_the_block_size_is_the_specs_and_must_divide_the_window() -> None:

@@ -19,9 +19,11 @@ from rasterio.io import MemoryFile
 from rasterio.windows import Window as RioWindow
 
 from ... import profiles
+from ...errors import ConfigurationError
 from ...grid import Window
 from ...spec import OutputSpec
 from ..env import BLOCK_SIZE, NUM_THREADS
+from ..gdal_errors import recording
 from ..reading import metadata
 from ..reading.alpha import alpha_band
 from ..reading.scene import overview_resampling_for, read_classified
@@ -83,8 +85,19 @@ def write_cog(src, path: str, options: dict, *, choice: profiles.Choice, dtype: 
     profile's are set here, around the copy, and so is the overviews' block size (GTiff's
     GDAL_TIFF_OVR_BLOCKSIZE, 256 in the app's environment): the spec's, as the full resolution's.
     """
-    with rasterio.Env(**profiles.overview_options(choice, dtype), GDAL_TIFF_OVR_BLOCKSIZE=block_size):
+    with (
+        recording() as messages,
+        rasterio.Env(**profiles.overview_options(choice, dtype), GDAL_TIFF_OVR_BLOCKSIZE=block_size),
+    ):
         rasterio.shutil.copy(src, path, driver="COG", **options)
+    # GDAL only warns of a creation option its driver does not take, and writes the file without
+    # it: a tile other than the profile's, committed create-only for good. Refused here instead.
+    ignored = [m for m in messages if "does not support" in m and "creation option" in m]
+    if ignored:
+        raise ConfigurationError(
+            f"GDAL's COG driver did not take the options of profile {choice.name!r} for {dtype} data "
+            f"({'; '.join(ignored)}): the tile would not be the profile's, and none is written"
+        )
 
 
 def _per_dataset_mask(src) -> bool:
