@@ -361,6 +361,10 @@ def test_the_environment_s_proxy_is_read_once_per_client_and_still_used(storage,
     assert any(line.startswith("PUT http://127.0.0.1:") for line in seen) and len(seen) >= 3, seen
 
     monkeypatch.setenv("HTTP_PROXY", proxy)
+    before = len(seen)
+    storage.table_service().create_table_if_not_exists(f"proxied{uuid.uuid4().hex[:12]}")
+    assert len(seen) > before and seen[-1].startswith("POST http://127.0.0.1:"), seen  # the table client's too
+
     monkeypatch.setenv("NO_PROXY", "127.0.0.1")
     before = len(seen)
     storage.table_service().create_table_if_not_exists("proxiedtable")
