@@ -24,8 +24,10 @@ from devhost.durable.history import (
     TIMER_CREATED,
     completion_task_id,
 )
+from devhost.durable.partitions import partition_of
 from devhost.durable.queues import queue_service
 from devhost.durable.store import HistoryStore
+from orchestrators.tiling import batch_instance_id
 from tilecommit.manifest import count_manifest
 
 from .app_jobs import AppEnv, check_outputs, make_scene, serve, upload
@@ -92,6 +94,20 @@ def scenes(tmp_path: Path, count: int, width: int = 520, height: int = 300) -> l
         path = make_scene(tmp_path / f"scene-{n:02d}.tif", width + n, height)
         made.append(path)
     return made
+
+
+def partition_owners(store: HistoryStore) -> dict[int, str]:
+    """Each partition's owner, as the partition table says now."""
+    rows = store.partition_table.query_entities("PartitionKey eq ''")
+    return {int(r["RowKey"].split("-")[1]): r.get("CurrentOwner") for r in rows}
+
+
+def reaches_the_crash_point(job_id: str, owners: dict[int, str], crashing: str, batches: int = 4) -> bool:
+    """Whether the job's orchestration is in another host's partition than ``crashing`` while one
+    of its batch children is in ``crashing``'s: then that child's report leaves ``crashing``."""
+    count = len(owners)
+    children = [owners[partition_of(batch_instance_id(job_id, i), count)] for i in range(batches)]
+    return owners[partition_of(job_id, count)] != crashing and crashing in children
 
 
 def wait_all(store: HistoryStore, job_ids: list[str], timeout: float) -> dict[str, dict]:
@@ -239,6 +255,14 @@ def test_a_host_killed_between_a_childs_last_episode_and_its_report_costs_no_mor
     try:
         wait_until_balanced(store, 2)
         job_ids = [upload(storage, app_env, scene) for scene in made]
+        # A job id is its upload's ETag's, so where its instances land is chance: all four parents
+        # in the crashing host's partitions (1 run in 16), and no report ever leaves it. One more
+        # upload at a time until a job's parent is the steady host's and a child the crashing one's.
+        owners = partition_owners(store)
+        while not any(reaches_the_crash_point(j, owners, f"{app_env.hub}-crashing") for j in job_ids):
+            assert len(made) < 16, f"no job of {len(made)} has a parent and a child in the two hosts' partitions"
+            made.append(make_scene(tmp_path / f"scene-{len(made):02d}.tif", 1100 + len(made), 600))
+            job_ids.append(upload(storage, app_env, made[-1]))
         assert crashing.wait(timeout=120) == -signal.SIGKILL
         killed_at = time.monotonic()
         states = wait_all(store, job_ids, timeout=TEST_LEASE_S + 60)
