@@ -255,9 +255,10 @@ def test_a_host_killed_between_a_childs_last_episode_and_its_report_costs_no_mor
     try:
         wait_until_balanced(store, 2)
         job_ids = [upload(storage, app_env, scene) for scene in made]
-        # A job id is its upload's ETag's, so where its instances land is chance: all four parents
-        # in the crashing host's partitions (1 run in 16), and no report ever leaves it. One more
-        # upload at a time until a job's parent is the steady host's and a child the crashing one's.
+        # A job id is its upload's ETag's, so where its instances land is chance: a job qualifies
+        # with its parent on the steady host (1/2) and a child of 4 on the crashing one (15/16), so
+        # in about 1 run in 13 none of four does and no report ever leaves the crashing host. One
+        # more upload at a time until a job's parent is the steady host's and a child the crashing one's.
         owners = partition_owners(store)
         while not any(reaches_the_crash_point(j, owners, f"{app_env.hub}-crashing") for j in job_ids):
             assert len(made) < 16, f"no job of {len(made)} has a parent and a child in the two hosts' partitions"
