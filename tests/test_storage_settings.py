@@ -380,3 +380,75 @@ def test_the_environment_s_ca_bundle_is_the_client_s_verify_setting(monkeypatch)
     )
     monkeypatch.delenv("REQUESTS_CA_BUNDLE")
     assert "connection_verify" not in environment_options("https://acct.blob.core.windows.net")
+
+
+# ----------------------------------------------------------------------------- connections
+
+
+def _transport(client):
+    """The RequestsTransport under a storage client (through the SDKs' TransportWrapper, if any)."""
+    transport = client._client._client._pipeline._transport  # the SDKs' generated client's pipeline
+    while hasattr(transport, "_transport"):
+        transport = transport._transport
+    return transport
+
+
+def test_each_client_keeps_the_sdks_transport_settings_with_a_larger_pool(storage, azurite):
+    """The clients' session is the app's (a pool of STORAGE_CONNECTIONS), and the SDKs still build
+    the transport: the app's timeouts and each SDK's own read size, the same as a client the SDK
+    makes alone. A transport handed in instead would read 4 KiB at a time with azure-core's
+    default timeouts."""
+    from azure.storage.queue import QueueServiceClient
+
+    from devhost.durable.queues import queue_service
+    from tilecommit.retries import CONNECTION_TIMEOUT_S, READ_TIMEOUT_S
+    from tilecommit.storage import STORAGE_CONNECTIONS
+
+    plain = azurite.connection_string
+    assert _transport(storage.blob_service()).connection_config.data_block_size > 4096
+    for ours, sdks_own, app_timeouts in (
+        (storage.blob_service(), BlobServiceClient.from_connection_string(plain), True),
+        (storage.table_service(), TableServiceClient.from_connection_string(plain), True),
+        (queue_service(storage), QueueServiceClient.from_connection_string(plain), False),
+    ):
+        transport = _transport(ours)
+        assert transport.session is not None and not transport.session.trust_env
+        adapter = transport.session.get_adapter("http://127.0.0.1")
+        assert adapter._pool_maxsize == STORAGE_CONNECTIONS
+        assert adapter.max_retries.total is False  # retries are the SDK's policy, not urllib3's
+        config, default = transport.connection_config, _transport(sdks_own).connection_config
+        assert config.data_block_size == default.data_block_size, type(ours).__name__
+        if app_timeouts:
+            assert (config.timeout, config.read_timeout) == (CONNECTION_TIMEOUT_S, READ_TIMEOUT_S)
+        else:
+            assert (config.timeout, config.read_timeout) == (default.timeout, default.read_timeout)
+
+
+def test_a_client_shared_by_twenty_threads_reuses_its_connections(storage, caplog):
+    """20 threads sending at once through one client, three rounds: no connection is discarded
+    (requests' default pool of 10 discarded and reopened one for every sender past 10, each round)."""
+    import logging
+    from concurrent.futures import ThreadPoolExecutor
+
+    blobs = storage.blob_service()
+    container = blobs.get_container_client(f"pool{uuid.uuid4().hex[:12]}")
+    container.create_container()
+    blob = container.get_blob_client("b")
+    blob.upload_blob(b"x" * 1024)
+    gate = threading.Barrier(20)
+
+    def send(_):
+        gate.wait()
+        return blob.get_blob_properties().size
+
+    caplog.set_level(logging.DEBUG, logger="urllib3.connectionpool")
+    try:
+        with ThreadPoolExecutor(20) as pool:
+            for _ in range(3):
+                assert list(pool.map(send, range(20))) == [1024] * 20
+    finally:
+        container.delete_container()
+    messages = [r.getMessage() for r in caplog.records if r.name == "urllib3.connectionpool"]
+    assert not [m for m in messages if "Connection pool is full" in m]
+    opened = [m for m in messages if m.startswith("Starting new HTTP connection")]
+    assert 1 <= len(opened) <= 21, len(opened)  # 20 senders, the container's own requests came first

@@ -20,14 +20,11 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-import requests
 from azure.core.exceptions import HttpResponseError, ResourceExistsError, ResourceNotFoundError
-from azure.core.pipeline.transport import RequestsTransport
 from azure.storage.blob import ContainerClient
 from azure.storage.queue import QueueServiceClient
-from requests.adapters import HTTPAdapter
 
-from tilecommit.storage import environment_options
+from tilecommit.storage import environment_options, pooled_session
 
 #: DTFx's MessageManager sends payloads above 45 KB through blobs (a queue message holds 64 KB).
 MAX_MESSAGE_CHARS = 45 * 1024
@@ -35,27 +32,15 @@ MAX_MESSAGE_CHARS = 45 * 1024
 MAX_DELAY_S = 6 * 24 * 3600.0
 
 
-#: Connections kept open to the queue service: every activity slot, dispatcher and reader may
-#: send at once (the SDK's default pool of 10 would drop and reopen connections, with a warning).
-QUEUE_CONNECTIONS = 32
-
-
 def queue_service(connection: Any) -> QueueServiceClient:
-    """A queue client for the app's storage (:class:`tilecommit.storage.StorageConnection`)."""
-    session = requests.Session()
-    adapter = HTTPAdapter(pool_connections=2, pool_maxsize=QUEUE_CONNECTIONS)
-    session.mount("http://", adapter)
-    session.mount("https://", adapter)
-    options = environment_options(connection.queue_endpoint)
-    session.trust_env = False  # what the environment says is in options, read once (environment_options)
-    transport = RequestsTransport(session=session, session_owner=False, **options)
+    """A queue client for the app's storage (:class:`tilecommit.storage.StorageConnection`), with
+    the app's pool of connections: every activity slot, dispatcher and reader may send at once."""
+    options = {**environment_options(connection.queue_endpoint), "session": pooled_session()}
     if connection.connection_string:
-        return QueueServiceClient.from_connection_string(connection.connection_string, transport=transport, **options)
+        return QueueServiceClient.from_connection_string(connection.connection_string, **options)
     if not connection.queue_endpoint:
         raise ValueError("the storage setting names no queue endpoint; the local host keeps its task hub queues there")
-    return QueueServiceClient(
-        connection.queue_endpoint, credential=connection.credential, transport=transport, **options
-    )
+    return QueueServiceClient(connection.queue_endpoint, credential=connection.credential, **options)
 
 
 def control_queue_name(hub: str, partition: int) -> str:
