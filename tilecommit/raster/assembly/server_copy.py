@@ -59,8 +59,10 @@ SAS_LIFETIME = timedelta(minutes=30)
 STORAGE_SCOPE = "https://storage.azure.com/.default"
 #: A bearer token is fetched again when it has less than this left.
 TOKEN_MARGIN_S = 300
-#: Put Block (From URL) requests in flight at once (within the SDK's pool of 10 connections). The service moves the bytes, so these wait
-#: on the service, not on this process's network.
+#: Put Block (From URL) requests in flight at once, within the client's pool of connections
+#: (tilecommit.storage.STORAGE_CONNECTIONS). The service moves the bytes, so these wait on the
+#: service, not on this process's network; locally more in flight was no faster (Azurite copies
+#: on one thread: docs/benchmarks.md).
 COPY_IN_FLIGHT = 8
 
 
