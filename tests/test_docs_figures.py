@@ -232,13 +232,15 @@ def test_the_readme_states_no_figure_that_is_not_tagged():
 def test_a_figure_changed_in_a_copy_of_the_readme_is_reported():
     docs, measures = documents(), registry()
     readme = docs["README.md"]
-    [(name, text)] = {(m["name"], m["text"]) for m in TAG.finditer(readme)}
-    figure = parse_figure(text)
-    other = text.replace(str(figure.value), str(figure.value + Decimal(1).scaleb(-figure.decimals)))
-    assert other != text
-    mutated = dict(docs, **{"README.md": readme.replace(f"[{text}]", f"[{other}]")})
-    reported = conflicts(mutated, measures, RESULTS)
-    assert len(reported) == 1 and name in reported[0] and reported[0].startswith("README.md")
+    quoted = {(m["name"], m["text"]) for m in TAG.finditer(readme)}
+    assert quoted
+    for name, text in quoted:  # each figure the README quotes, changed alone
+        figure = parse_figure(text)
+        other = text.replace(str(figure.value), str(figure.value + Decimal(1).scaleb(-figure.decimals)))
+        assert other != text
+        mutated = dict(docs, **{"README.md": readme.replace(f"[{text}]", f"[{other}]")})
+        reported = conflicts(mutated, measures, RESULTS)
+        assert len(reported) == 1 and name in reported[0] and reported[0].startswith("README.md"), reported
 
 
 def test_a_figure_changed_in_a_copy_of_a_page_is_reported():
