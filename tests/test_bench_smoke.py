@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench import breakdown, contention, duplicates, e2e, memory, orchestration, raster, s2s, split
+from bench import breakdown, contention, duplicates, e2e, levels, memory, orchestration, raster, s2s, split
 from bench.__main__ import targets
 from bench.common import BenchStorage, Context, tiny_scene
 from bench.terrain import write_terrain
@@ -136,6 +136,16 @@ def test_storage_to_storage_on_a_tiny_terrain(ctx, tmp_path):
     assert all(r["nbytes"] > 0 and r["wall_s"] > 0 for r in entry["rio_storage"].values())
     assert entry["ours"]["mosaic_bytes"] > 0 and entry["ours"]["upload_to_mosaic_s"] >= 0
     assert entry["ratio_file_to_file"] > 0 and entry["raw_bytes"] == 512 * 512 * 3 * 2
+
+
+def test_deflate_levels_on_a_tiny_terrain(tmp_path, capsys):
+    scene = write_terrain(tmp_path / "terrain.tif", 512)
+    measured = levels.measure(scene, windows=2, window_size=256)
+    assert list(measured) == [f"level_{n}" for n in range(1, 10)]
+    assert all(m["cpu_s_per_window"] > 0 and m["bytes"] > 0 for m in measured.values())
+    assert measured["level_1"]["bytes"] != measured["level_9"]["bytes"]  # the level reached the encoder
+    levels.print_report({"windows": 2, "scenes": {"terrain": measured}})
+    assert "| terrain | 6     |" in capsys.readouterr().out
 
 
 def test_split_staging_against_one_activity_on_the_same_tiles(ctx, capsys):
