@@ -160,6 +160,10 @@ EXPECTED_BROKEN_FAILURES = {
 }
 
 
+#: The broken fixture's folder inside the mutation run's directory (no mutation has this name).
+BROKEN_FOLDER = "broken-fixture"
+
+
 def test_custom_checks_fail_on_the_broken_fixture(mutation_report: dict[str, Any]) -> None:
     """The broken fixture is scanned in the same checkov run as the mutations (one process fewer:
     each run costs about 8 CPU-s of checkov's start-up), under its own folder of that run."""
@@ -168,9 +172,6 @@ def test_custom_checks_fail_on_the_broken_fixture(mutation_report: dict[str, Any
     assert EXPECTED_BROKEN_FAILURES - failed == set()
     assert {c for c, _ in failed} == set(CUSTOM_IDS)
 
-
-#: The broken fixture's folder inside the mutation run's directory (no mutation has this name).
-BROKEN_FOLDER = "broken-fixture"
 
 # Each mutation breaks one rule in a copy of infra/. (file, text, replacement, check, resource).
 # The text must occur exactly once, so that a change to the templates cannot quietly turn a

@@ -111,9 +111,9 @@ def pooled_session(connections: int = STORAGE_CONNECTIONS) -> Any:
     """A ``requests`` session for one storage client, keeping ``connections`` open.
 
     It is given to the client as its ``session`` option, not inside a transport: the storage SDKs
-    then still build the transport themselves with their timeouts and their 4 MiB read size (a
-    transport handed in gets neither; responses were then read 4 KiB at a time, about three times
-    the CPU for a 6 MiB GET). The adapter is the one azure-core mounts on a session of its own
+    then still build the transport themselves with their timeouts and their read size (256 KiB
+    for blobs). A transport handed in gets neither: responses were then read 4 KiB at a time,
+    about three times the CPU for a 6 MiB GET. The adapter is the one azure-core mounts on a session of its own
     (``RequestsTransport._init_session``, azure-core 1.41): urllib3 retries nothing, the SDK's
     retry policy does, with a larger pool. azure-core's subclass of it only sets a send block
     size in ``get_connection``, which requests 2.32 and later no longer call. The session does not
