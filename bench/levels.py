@@ -34,11 +34,14 @@ def measure(path, windows: int, window_size: int = WINDOW) -> dict[str, dict[str
         step = (min(src.width, src.height) - window_size) // max(windows - 1, 1)
         for k in range(windows):
             window = Window(k * step, k * step, window_size, window_size)
-            for level in LEVELS:
-                spec = OutputSpec.with_choice(
-                    WINDOW, profiles.choose(profiles.DEFAULT, {"level": level}, where="bench.levels")
+            specs = {
+                level: OutputSpec.with_choice(
+                    window_size, profiles.choose(profiles.DEFAULT, {"level": level}, where="bench.levels")
                 )
-                pixels = read_window(src, window, choice=spec.choice)
+                for level in LEVELS
+            }
+            pixels = read_window(src, window, choice=specs[LEVELS[0]].choice)  # the level is not read
+            for level, spec in specs.items():
                 started = time.process_time()
                 body, _ = encode_tile(src, window, spec=spec, num_threads=1, pixels=pixels)
                 totals[level]["cpu_s"] += time.process_time() - started
