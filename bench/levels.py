@@ -29,17 +29,17 @@ def measure(path, windows: int, window_size: int = WINDOW) -> dict[str, dict[str
     from tilecommit.raster.tiling.encode import encode_tile, read_window
     from tilecommit.spec import OutputSpec
 
+    specs = {
+        level: OutputSpec.with_choice(
+            window_size, profiles.choose(profiles.DEFAULT, {"level": level}, where="bench.levels")
+        )
+        for level in LEVELS
+    }
     totals = {level: {"cpu_s": 0.0, "bytes": 0} for level in LEVELS}
     with rasterio.open(path) as src:
         step = (min(src.width, src.height) - window_size) // max(windows - 1, 1)
         for k in range(windows):
             window = Window(k * step, k * step, window_size, window_size)
-            specs = {
-                level: OutputSpec.with_choice(
-                    window_size, profiles.choose(profiles.DEFAULT, {"level": level}, where="bench.levels")
-                )
-                for level in LEVELS
-            }
             pixels = read_window(src, window, choice=specs[LEVELS[0]].choice)  # the level is not read
             for level, spec in specs.items():
                 started = time.process_time()
@@ -53,7 +53,12 @@ def measure(path, windows: int, window_size: int = WINDOW) -> dict[str, dict[str
 
 def run(size: int, windows: int) -> dict:
     scenes = {"noisy": scene_path(size), "terrain": terrain_path(size)}
-    return {"size": size, "windows": windows, "scenes": {k: measure(p, windows) for k, p in scenes.items()}}
+    return {
+        "size": size,
+        "windows": windows,
+        "window_size": WINDOW,
+        "scenes": {k: measure(p, windows) for k, p in scenes.items()},
+    }
 
 
 def print_report(report: dict) -> None:
@@ -71,7 +76,7 @@ def print_report(report: dict) -> None:
                     f"{m['bytes'] / six['bytes']:.3f}x",
                 ]
             )
-    print(f"\n## DEFLATE level of the default profile, {report['windows']} tiles of {WINDOW}² per scene")
+    print(f"\n## DEFLATE level of the default profile, {report['windows']} tiles of {report['window_size']}² per scene")
     print(table(rows, ["scene", "level", "CPU-s a tile", "vs 6", "MiB of tiles", "vs 6"]))
 
 

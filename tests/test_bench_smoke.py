@@ -144,8 +144,9 @@ def test_deflate_levels_on_a_tiny_terrain(tmp_path, capsys):
     assert list(measured) == [f"level_{n}" for n in range(1, 10)]
     assert all(m["cpu_s_per_window"] > 0 and m["bytes"] > 0 for m in measured.values())
     assert measured["level_1"]["bytes"] != measured["level_9"]["bytes"]  # the level reached the encoder
-    levels.print_report({"windows": 2, "scenes": {"terrain": measured}})
-    assert "| terrain | 6     |" in capsys.readouterr().out
+    levels.print_report({"windows": 2, "window_size": 256, "scenes": {"terrain": measured}})
+    out = capsys.readouterr().out
+    assert "2 tiles of 256² per scene" in out and "| terrain | 6     |" in out
 
 
 def test_split_staging_against_one_activity_on_the_same_tiles(ctx, capsys):
