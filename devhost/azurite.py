@@ -50,6 +50,14 @@ def azurite_command() -> list[str]:
     raise RuntimeError("Azurite is not installed: run `npm ci` (or `make setup`) in the project root")
 
 
+#: Starts on fresh ports before giving up (see :meth:`Azurite.start`).
+PORT_ATTEMPTS = 3
+
+
+class AzuriteExited(RuntimeError):
+    """The emulator's process ended while it was starting."""
+
+
 class Azurite:
     """An Azurite process with blob, queue and table services; use as a context manager."""
 
@@ -95,11 +103,28 @@ class Azurite:
         )
 
     def start(self, timeout: float = 30.0) -> Azurite:
+        """Start the emulator. Its first start picks free ports; a port can be taken by another
+        process between being found free and Azurite listening on it (tests start several
+        Azurites and proxies at once, each binding a free port), and Azurite then exits with code 1
+        (``listen EADDRINUSE``): it is started again on other ports, a few times. A start after an
+        outage keeps its ports."""
+        if self.blob_port:  # started again after an outage: same ports, same folder, same key
+            return self._start(timeout)
+        for attempt in range(PORT_ATTEMPTS):
+            self.blob_port, self.queue_port, self.table_port = _free_port(), _free_port(), _free_port()
+            try:
+                return self._start(timeout)
+            except AzuriteExited:
+                if self._log not in (None, subprocess.DEVNULL):
+                    self._log.close()
+                if attempt == PORT_ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _start(self, timeout: float) -> Azurite:
         if self.workdir is None and not self.in_memory:
             self._tmpdir = tempfile.TemporaryDirectory(prefix="azurite-")
             self.workdir = self._tmpdir.name
-        if not self.blob_port:  # started again after an outage: same ports, same folder, same key
-            self.blob_port, self.queue_port, self.table_port = _free_port(), _free_port(), _free_port()
         args = [
             *azurite_command(),
             "--blobHost",
@@ -134,7 +159,7 @@ class Azurite:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"Azurite exited with code {self.process.returncode} while starting")
+                raise AzuriteExited(f"Azurite exited with code {self.process.returncode} while starting")
             if all(self._answers(port) for port in (self.blob_port, self.queue_port, self.table_port)):
                 return self
             time.sleep(0.1)

@@ -16,6 +16,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from devhost.azurite import Azurite
 from testkit.scenes import SceneSpec, write_scene
+from testkit.strict_storage import StrictStorage
 from tilecommit import settings as names
 from tilecommit.raster import inspect_source
 from tilecommit.settings import Settings
@@ -55,8 +56,10 @@ def counter_total(name: str, **attributes: str) -> int:
 
 @pytest.fixture(scope="session")
 def azurite():
-    with Azurite() as emulator:
-        yield emulator
+    """The session's storage: an Azurite held to Azure's rules (testkit/strict_storage.py), so
+    every test meets the refusals Azure answers where Azurite alone would accept."""
+    with Azurite() as emulator, StrictStorage(emulator) as strict:
+        yield strict
 
 
 @pytest.fixture(scope="session")

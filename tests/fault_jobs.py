@@ -1,5 +1,5 @@
 """Whole jobs on the local host with the app's storage traffic (SDK clients and GDAL's /vsiaz/
-reads) going through the fault-injecting proxy (tests/storage_proxy.py)."""
+reads) going through the fault-injecting proxy (testkit/storage_proxy.py)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from pathlib import Path
 
 from devhost.durable.host import HostOptions, LocalHost
 from devhost.session import process_file
+from testkit.storage_proxy import FaultPlan, FaultProxy
 from tilecommit import settings as setting_names
 
 from .app_jobs import AppEnv
-from .storage_proxy import FaultPlan, FaultProxy
 
 
 def app_storage(app_env: AppEnv):

@@ -14,6 +14,7 @@ from azure.storage.blob import BlobServiceClient
 
 from devhost.azurite import Azurite
 from devhost.session import process_file
+from testkit.strict_storage import StrictStorage
 from tilecommit import cost, jobs, usage
 
 from .app_jobs import local_host, make_scene
@@ -68,7 +69,7 @@ def served_requests(log: Path, start: int, app_env) -> Counter:
 def test_the_requests_a_job_counts_are_the_requests_azurite_served(tmp_path, monkeypatch):
     log = tmp_path / "azurite-debug.log"
     scene = make_scene(tmp_path / "scene.tif", 2048, 1536)  # 8 x 6 windows of 256
-    with Azurite(debug_log=str(log)) as azurite:
+    with Azurite(debug_log=str(log)) as emulator, StrictStorage(emulator) as azurite:
         app_env = app_env_for(azurite, monkeypatch, "test_cost::served")
         with local_host(app_env) as host:
             host.ensure_storage()

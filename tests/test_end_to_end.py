@@ -18,6 +18,7 @@ from client_functions.starter import job_input
 from devhost.session import job_summary, process_file
 from orchestrators import names as orchestrator_names
 from testkit.metrics import max_overlap, slot_use
+from testkit.storage_proxy import RecordingProxy, TrapServer
 from tilecommit import settings as names
 from tilecommit.jobs import job_id_for
 from tilecommit.manifest import count_manifest
@@ -34,7 +35,6 @@ from .app_jobs import (
     upload_until_killed,
 )
 from .hostile import MARKER, local_vectors, make_secret_raw, make_secret_tif, network_vectors, vrt, write
-from .storage_proxy import RecordingProxy, TrapServer
 
 pytestmark = pytest.mark.slow
 

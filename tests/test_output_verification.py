@@ -4,7 +4,7 @@
   replaced by a valid COG with other pixels (by a writer using If-Match, metadata copied) fails
   with the repair instruction, here and on a job delivered again;
 - a verification that storage kept from finishing is a retryable fault (the fault is caused for
-  real: GDAL's reads go through tests/storage_proxy.py), and the retry verifies;
+  real: GDAL's reads go through testkit/storage_proxy.py), and the retry verifies;
 - companions (STAC item, quicklook) that are not what the mosaic gives are known bad;
 - the footprint: a read storage did not deliver raises, a mask it cannot use gives the null geometry;
 - a tile already present with other bytes (encoder drift, another writer): the row records the
@@ -27,6 +27,7 @@ from activities.tiling import run_activity
 from devhost.durable.host import HostOptions, LocalHost
 from devhost.session import job_summary, process_file
 from testkit.scenes import read_scene
+from testkit.storage_proxy import FaultPlan, FaultProxy, RecordingProxy
 from tilecommit import gates, jobs, profiles
 from tilecommit.errors import MosaicCheckError, is_retryable
 from tilecommit.grid import plan_windows
@@ -41,7 +42,6 @@ from .app_jobs import make_scene
 from .conftest import counter_total
 from .fault_jobs import app_behind_proxy, app_storage
 from .raster_jobs import JOB, RequestLog, assemble, assert_same_pixels, hooked_stores, manifest_rows, render_all
-from .storage_proxy import FaultPlan, FaultProxy, RecordingProxy
 
 REAL = Path(__file__).resolve().parent / "fixtures" / "real"
 REPAIR = f"python -m devhost verify {JOB} --repair"

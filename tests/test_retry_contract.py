@@ -15,11 +15,11 @@ import pytest
 from devhost.durable.host import HostOptions, LocalHost
 from devhost.session import job_summary, process_file
 from orchestrators import names
+from testkit.storage_proxy import FaultPlan
 from tilecommit import retries
 
 from .app_jobs import check_outputs, make_scene
 from .fault_jobs import app_behind_proxy, app_storage, run_job
-from .storage_proxy import FaultPlan
 
 pytestmark = pytest.mark.slow
 

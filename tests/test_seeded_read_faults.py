@@ -29,13 +29,13 @@ from rasterio.io import MemoryFile
 
 from devhost.session import job_summary, process_file
 from testkit.scenes import SceneSpec, write_scene
+from testkit.storage_proxy import FaultPlan
 from tilecommit import jobs
 from tilecommit.grid import plan_windows
 from tilecommit.settings import SETTING_WINDOW_SIZE
 
 from .app_jobs import WINDOW, check_outputs, download, local_host
 from .fault_jobs import app_behind_proxy, app_storage
-from .storage_proxy import FaultPlan
 
 pytestmark = pytest.mark.slow
 

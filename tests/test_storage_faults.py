@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 from orchestrators import names
+from testkit.storage_proxy import FaultPlan, FaultProxy
 from tilecommit.retries import ACTIVITY_RETRY
 
 from .app_jobs import AppEnv, check_outputs, download, make_scene
 from .fault_jobs import app_storage, run_job
-from .storage_proxy import FaultPlan, FaultProxy
 
 pytestmark = pytest.mark.slow
 

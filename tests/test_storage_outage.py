@@ -13,6 +13,7 @@ import pytest
 
 from devhost.azurite import Azurite
 from devhost.session import job_summary, process_file
+from testkit.strict_storage import StrictStorage
 from tests.app_jobs import AppEnv, local_host, make_scene, wait_until
 from tilecommit import settings as names
 from tilecommit.jobs import job_id_for
@@ -42,11 +43,13 @@ def outputs(connection: StorageConnection, app_env: AppEnv, job_id: str) -> dict
 
 @pytest.fixture
 def durable_azurite(tmp_path, monkeypatch, app_env):
-    """An Azurite of this test's own, on a folder, so that it can be stopped and started again."""
+    """An Azurite of this test's own, on a folder, so that it can be stopped and started again,
+    held to Azure's rules as every test's storage is (its proxies stay up through the outage)."""
     emulator = Azurite(in_memory=False, workdir=str(tmp_path / "azurite")).start()
-    monkeypatch.setenv(names.STORAGE_CONNECTION, emulator.connection_string)
     try:
-        yield emulator
+        with StrictStorage(emulator) as strict:
+            monkeypatch.setenv(names.STORAGE_CONNECTION, strict.connection_string)
+            yield strict
     finally:
         emulator.stop()
 

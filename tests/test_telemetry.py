@@ -24,6 +24,7 @@ from opentelemetry.sdk._logs import LoggerProvider
 from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, SimpleLogRecordProcessor
 
 from devhost.session import process_file
+from testkit.storage_proxy import RecordingProxy
 from tilecommit import settings as names
 from tilecommit.errors import BadInputError
 from tilecommit.manifest import count_manifest
@@ -35,7 +36,6 @@ from tilecommit.spec import OutputSpec
 from . import appinsights_tables
 from .app_jobs import ROOT, AppEnv, local_host, make_scene
 from .conftest import METRIC_READER, SPANS, app_env_for
-from .storage_proxy import RecordingProxy
 
 pytestmark = pytest.mark.slow
 

@@ -19,6 +19,7 @@ import pytest
 import rasterio
 from rasterio.errors import RasterioIOError
 
+from testkit.storage_proxy import RecordingProxy, TrapServer
 from tilecommit.errors import BadInputError, InvalidNameError, UnsupportedRasterError
 from tilecommit.raster import inspect_source
 from tilecommit.raster.reading.scene import same_crs
@@ -40,7 +41,6 @@ from .hostile import (
     vrt,
     write,
 )
-from .storage_proxy import RecordingProxy, TrapServer
 
 ROOT = Path(__file__).resolve().parent.parent
 SETTINGS = Settings(window_size=256)

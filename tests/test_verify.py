@@ -22,6 +22,7 @@ from devhost.durable.functions import EventLoopThread
 from devhost.session import job_summary, process_file
 from devhost.verify import verify_job
 from orchestrators import names
+from testkit.storage_proxy import RecordingProxy
 from tilecommit import gates, jobs
 from tilecommit import settings as setting_names
 from tilecommit.grid import plan_windows
@@ -30,7 +31,6 @@ from tilecommit.manifest import get_manifest_entry, get_manifest_row, record_man
 from .app_jobs import WINDOW, AppEnv, check_outputs, download, local_host, make_scene
 from .conftest import counter_total
 from .fault_jobs import app_storage
-from .storage_proxy import RecordingProxy
 from .test_cli import run_cli
 
 JOB_ID = "00000000000000ab"
@@ -273,8 +273,9 @@ def test_a_job_failed_on_a_mosaic_known_bad_is_repaired_as_its_message_says_then
     item (403): it fails. A hostile writer replaces the mosaic. Delivered again, the job fails
     with "mosaic check failed" and the repair command. That command (a scrub of the failed job)
     finds the mosaic, rebuilds it; delivered once more, the job completes, pixel-exact."""
+    from testkit.storage_proxy import FaultPlan
+
     from .fault_jobs import app_behind_proxy
-    from .storage_proxy import FaultPlan
     from .test_output_verification import other_pixels_cog, replace_as_a_hostile_writer
 
     scene = make_scene(tmp_path / "operator.tif", 600, 520)
