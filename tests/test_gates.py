@@ -212,7 +212,9 @@ def test_commit_writes_body_and_its_sha256_in_one_put(storage, container):
     assert "if-match" not in put.headers
     state = snapshot(container, name)
     assert state["content"] == body
-    assert state["metadata"] == {"job": JOB, gates.SHA256_METADATA_KEY: sha(body)}
+    # The write id (one request's own) rides in the same put: what tells this write from another's.
+    write_id = put.headers["x-ms-meta-write_id"]
+    assert state["metadata"] == {"job": JOB, gates.SHA256_METADATA_KEY: sha(body), conditional.WRITE_ID_KEY: write_id}
     assert container.get_blob_client(name).get_blob_properties().content_settings.content_type == "image/tiff"
     assert gates.stored_blob_sha256(container.get_blob_client(name))[0] == sha(body)
     assert gates.stored_blob_sha256(container.get_blob_client("absent.tif")) == (None, None)
@@ -486,7 +488,7 @@ def test_is_create_rejection_on_real_exceptions_from_azurite(storage, container,
         assert isinstance(exc, cls), label
         assert exc.status_code == status, label
         # Private: the gates' own reading of an SDK error's code, pinned here against what each service said.
-        assert gates._error_code(exc) == code, label  # pylint: disable=protected-access
+        assert gates.error_code(exc) == code, label
         assert gates.is_create_rejection(exc) is rejection, label
     # The trap's header still says what the service said; the Tables 409 has no error_code at all.
     assert trap.response.headers["x-ms-error-code"] == "ConditionNotMet"
@@ -532,7 +534,7 @@ def test_a_missing_container_is_a_storage_fault(storage):
 # ----------------------------------------------------------------------------- lost responses
 
 
-def test_lost_response_sdk_retry_gets_409_and_the_evidence_says_identical(storage, container):
+def test_lost_response_sdk_retry_gets_409_and_the_write_id_says_written(storage, container):
     """Test double: the first PUT reaches Azurite (201) and the policy then raises
     ServiceResponseError instead of returning it; the SDK's own retry resends the put."""
     name = "lost/0000_0000.tif"
@@ -543,15 +545,17 @@ def test_lost_response_sdk_retry_gets_409_and_the_evidence_says_identical(storag
 
     outcome = gates.commit_blob(client, name, body, job_id=JOB)
 
-    # Storage can only say the key holds bytes identical to ours; which request of ours (or of
-    # an identical twin) created it is not in the evidence. No error, nothing to repair.
-    assert outcome is Outcome.ALREADY_PRESENT
+    # The SDK's retry of our own landed put is refused (409), and the gate never saw the lost
+    # answer; the write id stored with the blob is the put's own, so it was this write.
+    assert outcome is Outcome.WRITTEN
     assert lose.lost == [201]
     assert [s.method for s in lose.seen] == ["PUT", "PUT", "HEAD"]
     assert all(s.headers["if-none-match"] == "*" for s in lose.puts())
+    assert len({s.headers["x-ms-meta-write_id"] for s in lose.puts()}) == 1
     assert snapshot(container, name)["content"] == body
     assert counters.delta()["mismatch"] == 0
-    assert counters.delta()["rejected_409"] == 1
+    assert counters.delta()["rejected"] == 0
+    assert counters.delta()["resolved"] == 1
 
 
 def test_lost_201_without_sdk_retries_is_resolved_as_written_from_the_sha256(storage, container):
@@ -646,7 +650,12 @@ def test_repair_with_the_current_etag_replaces_it_and_writes_the_new_sha256(stor
     assert "if-none-match" not in recorder.seen[0].headers
     state = snapshot(container, name)
     assert state["content"] == fixed and state["etag"] != current
-    assert state["metadata"] == {"repaired": "yes", gates.SHA256_METADATA_KEY: sha(fixed)}
+    write_id = recorder.seen[0].headers["x-ms-meta-write_id"]
+    assert state["metadata"] == {
+        "repaired": "yes",
+        gates.SHA256_METADATA_KEY: sha(fixed),
+        conditional.WRITE_ID_KEY: write_id,
+    }
 
 
 def test_repair_of_a_deleted_blob_is_superseded_and_does_not_recreate_it(container):

@@ -17,6 +17,14 @@ is stored, never by sending the write without its condition: nothing stored (or 
 still there) means the same conditional request again; our evidence means ``WRITTEN``; anything
 else is the refusal's outcome. Only a genuine fault raises (:class:`StorageFaultError`).
 
+A refusal is not always another writer's doing. The storage SDKs retry a request whose answer was
+lost or was a 500 (``OperationTimedOut`` may come after the write was carried out), and the retry
+of a write that landed is refused by the write itself: the caller sees a 409 or a 412 for its own
+write, never the unknown outcome. So each request stores a write id of its own beside what it
+writes (:data:`WRITE_ID_KEY`, in the same request), and a refusal is checked against it: our id
+stored means ``WRITTEN``, whichever layer retried. The write id also tells our write from another
+writer's identical one, which the content's digest cannot.
+
 What differs between stores is only how a request is sent, how its refusal and a lost answer
 look, and where the evidence is read: a :class:`Backend`. The Azure ones are in
 :mod:`tilecommit.gates`; S3, Cloud Storage and DynamoDB in :mod:`tilecommit.providers`.
@@ -25,6 +33,8 @@ look, and where the evidence is read: a :class:`Backend`. The Azure ones are in
 from __future__ import annotations
 
 import logging
+import secrets
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -38,6 +48,16 @@ logger = logging.getLogger(__name__)
 #: Conditional requests sent while a lost answer leaves the outcome unknown and the evidence
 #: says nothing was written.
 UNKNOWN_OUTCOME_ATTEMPTS = 3
+#: Seconds before the first resend of a request whose outcome was unknown and found not carried
+#: out; doubled before each next one (1 s, then 2 s: within one storage call's budget, retries.py).
+RESEND_DELAY_S = 1.0
+#: Where a conditional write stores its write id: a blob's metadata key, an entity's property.
+WRITE_ID_KEY = "write_id"
+
+
+def new_write_id() -> str:
+    """A fresh id for one conditional request (distinct, not secret)."""
+    return secrets.token_hex(8)
 
 
 class Outcome(StrEnum):
@@ -54,11 +74,13 @@ class Outcome(StrEnum):
 @dataclass(frozen=True)
 class Stored:
     """What the store holds at the key: nothing (``present`` False), or a version (``version``:
-    its ETag, generation...) and the evidence written with it (``digest``, None when there is none)."""
+    its ETag, generation...) and the evidence written with it (``digest``, None when there is none;
+    ``write_id``, the id of the request that wrote it, None when the store keeps none)."""
 
     present: bool
     digest: str | None = None
     version: str | None = None
+    write_id: str | None = None
 
 
 ABSENT = Stored(False)
@@ -69,6 +91,9 @@ class Backend(Protocol):
 
     #: What the write is to (a blob name, a table key), for logs and errors.
     key: str
+    #: The write id :meth:`send` stores with what it writes (:data:`WRITE_ID_KEY`), or None when
+    #: this store's writes keep none (then a digest is the only evidence).
+    write_id: str | None
 
     def send(self) -> None:
         """Send the request, its condition in it. Raises what the store's client raises."""
@@ -114,16 +139,18 @@ def count_mismatch(gate: str, job_id: str, key: str, ours: str | None, stored: s
 
 def create_once(backend: Backend, *, digest: str | None, gate: str, job_id: str = "") -> Outcome:
     """Send ``backend``'s create-only request and classify it (the module's rules). ``digest``:
-    the evidence our request writes (None: the store keeps none, so a stored object found after
-    a lost answer cannot be told from another writer's and is ``ALREADY_PRESENT``)."""
+    the evidence our request writes (None: the store keeps none; then, without a write id, a
+    stored object found after a lost answer cannot be told from another writer's and is
+    ``ALREADY_PRESENT``)."""
     key = backend.key
 
     def refused(exc: BaseException) -> Outcome:
+        held = _evidence(backend) if digest is not None or backend.write_id is not None else None
+        if held is not None and _ours(backend, held):
+            return _found_ours(gate, job_id, key, exc)
         count_refusal(gate, backend.status(exc), job_id, key, "already present")
-        if digest is not None:
-            held = backend.stored().digest
-            if held != digest:
-                count_mismatch(gate, job_id, key, digest, held)
+        if held is not None and digest is not None and held.digest != digest:
+            count_mismatch(gate, job_id, key, digest, held.digest)
         return Outcome.ALREADY_PRESENT
 
     def lost(held: Stored, exc: BaseException) -> Outcome | None:
@@ -134,12 +161,11 @@ def create_once(backend: Backend, *, digest: str | None, gate: str, job_id: str 
                 exc,
             )
             return None
+        if _ours(backend, held, digest):
+            return _found_ours(gate, job_id, key, exc)
         telemetry.unknown_outcome_resolved.add(1, telemetry.job_attributes(job_id, gate=gate))
-        if digest is not None and held.digest == digest:
-            logger.info("create of %r had no answer (%s); the stored evidence is ours: written", key, exc)
-            return Outcome.WRITTEN
         count_refusal(gate, None, job_id, key, "already present, found after a lost response")
-        if digest is not None:
+        if digest is not None and held.digest != digest:
             count_mismatch(gate, job_id, key, digest, held.digest)
         return Outcome.ALREADY_PRESENT
 
@@ -152,6 +178,8 @@ def replace_once(backend: Backend, *, expect_version: str, digest: str, gate: st
     key = backend.key
 
     def refused(exc: BaseException) -> Outcome:
+        if backend.write_id is not None and _ours(backend, _evidence(backend)):
+            return _found_ours(gate, job_id, key, exc)
         count_refusal(gate, backend.status(exc), job_id, key, "superseded")
         return Outcome.SUPERSEDED
 
@@ -159,13 +187,47 @@ def replace_once(backend: Backend, *, expect_version: str, digest: str, gate: st
         if held.present and held.version == expect_version:
             logger.warning("replace of %r had no answer (%s); the old version is still there: trying again", key, exc)
             return None
+        if _ours(backend, held, digest):
+            return _found_ours(gate, job_id, key, exc)
         telemetry.unknown_outcome_resolved.add(1, telemetry.job_attributes(job_id, gate=gate))
-        if held.present and held.digest == digest:
-            return Outcome.WRITTEN
         count_refusal(gate, None, job_id, key, "superseded, found after a lost response")
         return Outcome.SUPERSEDED
 
     return _conditional(backend, refused, lost, gate=gate, job_id=job_id, what="replacing")
+
+
+def _evidence(backend: Backend) -> Stored:
+    """What the store holds (:meth:`Backend.stored`), read again after a storage fault: the
+    outcome of a write that may have landed hangs on this read, and a fault here would report a
+    landed write as a fault (and its next attempt would find it done, never counting it written)."""
+    for attempt in range(UNKNOWN_OUTCOME_ATTEMPTS):
+        try:
+            return backend.stored()
+        except StorageFaultError as exc:
+            if not exc.retryable or attempt == UNKNOWN_OUTCOME_ATTEMPTS - 1:
+                raise
+            logger.warning("reading what is stored at %r failed (%s): reading it again", backend.key, exc)
+            time.sleep(RESEND_DELAY_S * 2**attempt)
+    raise AssertionError("unreachable")
+
+
+def _ours(backend: Backend, held: Stored, digest: str | None = None) -> bool:
+    """Whether what is stored was written by ``backend``'s own request: its write id, or, for a
+    store that keeps none, ``digest`` (given only after a lost answer: a refusal with no write id
+    to compare is another writer's)."""
+    if not held.present:
+        return False
+    if backend.write_id is not None:
+        return held.write_id == backend.write_id
+    return digest is not None and held.digest == digest
+
+
+def _found_ours(gate: str, job_id: str, key: str, exc: BaseException) -> Outcome:
+    """Our own write is what is stored, though the answer we got (a lost one, or a retry's
+    refusal) did not say so: ``WRITTEN``, counted as an unknown outcome resolved."""
+    logger.info("write of %r: the answer was %s, and what is stored is our own write: written", key, exc)
+    telemetry.unknown_outcome_resolved.add(1, telemetry.job_attributes(job_id, gate=gate))
+    return Outcome.WRITTEN
 
 
 def _conditional(
@@ -179,7 +241,12 @@ def _conditional(
 ) -> Outcome:
     """The one loop: the request; its refusal (``refused``); a lost answer resolved from what is
     stored (``lost``: an outcome, or None for the same conditional request again); a fault."""
-    for _ in range(UNKNOWN_OUTCOME_ATTEMPTS):
+    last: BaseException | None = None
+    for attempt in range(UNKNOWN_OUTCOME_ATTEMPTS):
+        if attempt:
+            # Nothing was written: the store was busy or the request was lost. Give it a moment
+            # before the same conditional request goes again.
+            time.sleep(RESEND_DELAY_S * 2 ** (attempt - 1))
         try:
             backend.send()
             outcome = Outcome.WRITTEN
@@ -189,12 +256,14 @@ def _conditional(
             elif not backend.unanswered(exc):
                 raise backend.fault(exc) from exc
             else:
-                decided = lost(backend.stored(), exc)
+                decided = lost(_evidence(backend), exc)
                 if decided is None:
+                    last = exc
                     continue
                 outcome = decided
         telemetry.count_write(gate, outcome, job_id)
         return outcome
     raise StorageFaultError(
-        f"{what} {backend.key!r}: no answer after {UNKNOWN_OUTCOME_ATTEMPTS} conditional requests and nothing changed"
+        f"{what} {backend.key!r}: {UNKNOWN_OUTCOME_ATTEMPTS} conditional requests had no answer or a busy one "
+        f"and nothing changed (last: {type(last).__name__}: {last})"
     )

@@ -25,7 +25,7 @@ from azure.storage.blob import BlobClient, ContainerClient, ContentSettings
 
 from . import conditional, jobs
 from .conditional import Outcome, Stored
-from .errors import BodyTooLargeError, ConfigurationError, StorageFaultError
+from .errors import BodyTooLargeError, ConfigurationError, StorageFaultError, retryable_status
 from .storage import TRANSPORT_FAULTS, blob_head, storage_fault
 
 logger = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ def sha256_hex(body: bytes) -> str:
 # --------------------------------------------------------------------------- classification
 
 
-def _error_code(exc: HttpResponseError) -> str | None:
+def error_code(exc: HttpResponseError) -> str | None:
     """The service's error code: from the exception, else the ``x-ms-error-code`` header.
 
     The Tables SDK leaves ``error_code`` empty on a 409, but the header carries it.
@@ -70,7 +70,7 @@ def is_create_rejection(exc: HttpResponseError) -> bool:
     the blob SDK raises ``ResourceExistsError`` even for a 412 ``ConditionNotMet``.
     """
     status = getattr(exc, "status_code", None)
-    code = _error_code(exc)
+    code = error_code(exc)
     if status == 412:
         return True
     if status == 409:
@@ -98,6 +98,8 @@ class AzureWrite:
     send: Callable[[], Any]
     read: Callable[[], Stored]
     action: str
+    #: The write id ``send`` stores with what it writes (conditional.WRITE_ID_KEY).
+    write_id: str | None
     #: For a replacement: the answers (status, error code) that mean superseded.
     superseded: frozenset | None = None
 
@@ -105,10 +107,16 @@ class AzureWrite:
         if not isinstance(exc, HttpResponseError):
             return False
         if self.superseded is not None:
-            return (exc.status_code, _error_code(exc)) in self.superseded
+            return (exc.status_code, error_code(exc)) in self.superseded
         return is_create_rejection(exc)
 
     def unanswered(self, exc: BaseException) -> bool:
+        # No answer, or one that does not say whether the write was carried out: a 500
+        # OperationTimedOut may come after it was (Common REST API error codes: "the operation
+        # may or may not have succeeded"), and the SDKs do not resend every method on a 5xx
+        # (azure-core's RetryPolicy never resends a POST, an Insert Entity, after a 500 or 503).
+        if isinstance(exc, HttpResponseError):
+            return retryable_status(exc.status_code or 0)
         return isinstance(exc, TRANSPORT_FAULTS)
 
     def stored(self) -> Stored:
@@ -158,7 +166,8 @@ def _blob_evidence(blob: BlobClient, digest_key: str) -> Callable[[], Stored]:
         props = blob_head(blob)
         if props is None:
             return conditional.ABSENT
-        return Stored(True, (props.metadata or {}).get(digest_key), props.etag)
+        metadata = props.metadata or {}
+        return Stored(True, metadata.get(digest_key), props.etag, metadata.get(conditional.WRITE_ID_KEY))
 
     return read
 
@@ -217,12 +226,14 @@ def _put(
     body: bytes,
     *,
     digest: str,
+    write_id: str,
     content_type: str,
     metadata: dict[str, str] | None,
     **conditions: Any,
 ) -> dict[str, Any]:
     meta = dict(metadata or {})
     meta[SHA256_METADATA_KEY] = digest
+    meta[conditional.WRITE_ID_KEY] = write_id
     return blob.upload_blob(
         body,
         length=len(body),
@@ -238,6 +249,7 @@ def create_once(
     put: Callable[[], Any],
     *,
     digest: str,
+    write_id: str,
     job_id: str = "",
     gate: str | None = None,
     digest_key: str = SHA256_METADATA_KEY,
@@ -245,7 +257,8 @@ def create_once(
     """Run ``put``, one create-only request for ``blob`` (``If-None-Match: *``), and classify it.
 
     ``put`` is a single Put Blob, or the Put Block List of blocks already staged: either way the
-    condition and the body's sha256 (in the metadata) travel in the request that creates the blob.
+    condition, the body's sha256 and ``write_id`` (in the metadata) travel in the request that
+    creates the blob.
     Returns ``WRITTEN`` when this request created the blob; ``ALREADY_PRESENT`` when anything held
     the key (409 BlobAlreadyExists or 412 ConditionNotMet, whatever exception class the SDK raised),
     logged at INFO and counted, the stored sha256 compared with ``digest`` (a difference logged at
@@ -256,7 +269,7 @@ def create_once(
     the metadata key holding the evidence (a mosaic the storage service copied stores its plan's digest).
     """
     name = blob.blob_name
-    write = AzureWrite(name, put, _blob_evidence(blob, digest_key), "creating blob")
+    write = AzureWrite(name, put, _blob_evidence(blob, digest_key), "creating blob", write_id)
     return conditional.create_once(write, digest=digest, gate=gate or jobs.blob_gate(name), job_id=job_id)
 
 
@@ -331,13 +344,24 @@ def _commit_blob(
     digest = sha256_hex(body)
     blob = _single_put_client(container, name, len(body))
     answer: dict[str, Any] = {}
+    write_id = conditional.new_write_id()
 
     def put() -> None:
         # overwrite=False makes the SDK send If-None-Match: *. (Passing etag="*" with
         # MatchConditions.IfMissing raises TypeError in the SDK: docs/design.md, 'Storage semantics'.)
-        answer.update(_put(blob, body, digest=digest, content_type=content_type, metadata=metadata, overwrite=False))
+        answer.update(
+            _put(
+                blob,
+                body,
+                digest=digest,
+                write_id=write_id,
+                content_type=content_type,
+                metadata=metadata,
+                overwrite=False,
+            )
+        )
 
-    return create_once(blob, put, digest=digest, job_id=job_id), answer, blob, digest
+    return create_once(blob, put, digest=digest, write_id=write_id, job_id=job_id), answer, blob, digest
 
 
 def repair_blob(
@@ -375,6 +399,7 @@ def repair_blob_versioned(
     digest = sha256_hex(body)
     blob = _single_put_client(container, name, len(body))
     answer: dict[str, Any] = {}
+    write_id = conditional.new_write_id()
 
     def put() -> None:
         answer.update(
@@ -382,6 +407,7 @@ def repair_blob_versioned(
                 blob,
                 body,
                 digest=digest,
+                write_id=write_id,
                 content_type=content_type,
                 metadata=metadata,
                 overwrite=True,
@@ -390,7 +416,7 @@ def repair_blob_versioned(
             )
         )
 
-    outcome = replace_once(blob, put, expect_etag=expect_etag, digest=digest, job_id=job_id)
+    outcome = replace_once(blob, put, expect_etag=expect_etag, digest=digest, write_id=write_id, job_id=job_id)
     etag = answer.get("etag") if outcome is Outcome.WRITTEN else None
     if outcome is Outcome.WRITTEN and etag is None:  # written, found after a lost response
         _, etag = stored_blob_sha256(blob)
@@ -407,6 +433,7 @@ def replace_once(
     *,
     expect_etag: str,
     digest: str,
+    write_id: str,
     job_id: str = "",
     gate: str = REPAIR_GATE,
     digest_key: str = SHA256_METADATA_KEY,
@@ -423,7 +450,9 @@ def replace_once(
     what is stored: the old version still there means the same conditional request again; our
     evidence means written; anything else is superseded.
     """
-    write = AzureWrite(blob.blob_name, put, _blob_evidence(blob, digest_key), "repairing blob", BLOB_SUPERSEDED)
+    write = AzureWrite(
+        blob.blob_name, put, _blob_evidence(blob, digest_key), "repairing blob", write_id, BLOB_SUPERSEDED
+    )
     return conditional.replace_once(write, expect_version=expect_etag, digest=digest, gate=gate, job_id=job_id)
 
 
@@ -441,6 +470,16 @@ def read_entity(table: TableClient, partition_key: str, row_key: str) -> TableEn
         raise storage_fault("reading entity", f"{partition_key}/{row_key}", exc) from exc
 
 
+def stored_entity(table: TableClient, partition_key: str, row_key: str, evidence_field: str | None) -> Stored:
+    """What the table holds at the key, as a conditional write's evidence: the row's ETag, the
+    property ``evidence_field`` (a sha256) and the write id of the request that wrote it."""
+    stored = read_entity(table, partition_key, row_key)
+    if stored is None:
+        return conditional.ABSENT
+    evidence = stored.get(evidence_field) if evidence_field else None
+    return Stored(True, evidence, stored.metadata.get("etag"), stored.get(conditional.WRITE_ID_KEY))
+
+
 def create_entity_once(
     table: TableClient,
     entity: dict,
@@ -455,14 +494,13 @@ def create_entity_once(
     is compared with the stored row, and after a transport fault it tells ours from theirs.
     """
     partition, row = entity["PartitionKey"], entity["RowKey"]
+    write_id = conditional.new_write_id()
+    entity = {**entity, conditional.WRITE_ID_KEY: write_id}
 
     def read() -> Stored:
-        stored = read_entity(table, partition, row)
-        if stored is None:
-            return conditional.ABSENT
-        return Stored(True, stored.get(evidence_field) if evidence_field else None, stored.metadata.get("etag"))
+        return stored_entity(table, partition, row, evidence_field)
 
-    write = AzureWrite(f"{partition}/{row}", lambda: table.create_entity(entity), read, "creating entity")
+    write = AzureWrite(f"{partition}/{row}", lambda: table.create_entity(entity), read, "creating entity", write_id)
     digest = entity[evidence_field] if evidence_field else None
     return conditional.create_once(write, digest=digest, gate=gate, job_id=job_id)
 
@@ -479,6 +517,7 @@ __all__ = [
     "read_entity",
     "create_entity_once",
     "is_create_rejection",
+    "error_code",
     "stored_blob_sha256",
     "stored_blob",
     "StoredBlob",

@@ -135,7 +135,8 @@ def repair_manifest_entry(
     resolved from the stored row: the old version means the same request again, our sha256 and
     tile ETag mean written, anything else superseded.
     """
-    entity = _manifest_entity(job_id, window, uri, nbytes, sha256, etag)
+    write_id = conditional.new_write_id()
+    entity = {**_manifest_entity(job_id, window, uri, nbytes, sha256, etag), conditional.WRITE_ID_KEY: write_id}
     key = f"{job_id}/{entity['RowKey']}"
 
     def send() -> None:
@@ -145,12 +146,14 @@ def repair_manifest_entry(
 
     def read() -> Stored:
         # The evidence of a row is what it names: the tile's sha256 and ETag.
-        stored = get_manifest_row(table, job_id, window)
+        stored = read_entity(table, job_id, entity["RowKey"])
         if stored is None:
             return conditional.ABSENT
-        return Stored(True, _row_evidence(stored[0].sha256, stored[0].etag), stored[1])
+        row = manifest_entry(dict(stored))
+        evidence = _row_evidence(row.sha256, row.etag)
+        return Stored(True, evidence, stored.metadata["etag"], stored.get(conditional.WRITE_ID_KEY))
 
-    write = AzureWrite(key, send, read, "repairing entity", ENTITY_SUPERSEDED)
+    write = AzureWrite(key, send, read, "repairing entity", write_id, ENTITY_SUPERSEDED)
     return conditional.replace_once(
         write,
         expect_version=expect_row_etag,

@@ -146,6 +146,12 @@ def table_client_options() -> dict:
     """Keyword arguments for ``TableServiceClient`` (azure-core retry settings and timeouts)."""
     return {
         "retry_total": TABLE_RETRIES,
+        # azure-core counts retries after an error status, a refused connection and a failed
+        # read apart too, each at most 3 unless set (RetryPolicyBase): without these a GET
+        # answered 500 four times ended after 3 retries, not TABLE_RETRIES.
+        "retry_status": TABLE_RETRIES,
+        "retry_connect": TABLE_RETRIES,
+        "retry_read": TABLE_RETRIES,
         "retry_backoff_factor": TABLE_BACKOFF_FACTOR_S,
         "retry_backoff_max": TABLE_BACKOFF_MAX_S,
         "connection_timeout": CONNECTION_TIMEOUT_S,

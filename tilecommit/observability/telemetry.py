@@ -67,7 +67,7 @@ content_mismatch = _meter.create_counter(
 unknown_outcome_resolved = _meter.create_counter(
     "ConditionalWriteUnknownOutcomeResolved",
     unit="1",
-    description="Writes whose response was lost, resolved from the stored sha256",
+    description="Writes whose answer was lost or hidden by a retry, resolved from the stored write id or sha256",
 )
 
 #: Tile activity executions by what they did with their window. ``already-present`` includes

@@ -46,6 +46,8 @@ def _answer(exc: BaseException) -> tuple[int | None, str | None]:
 @dataclass
 class _AwsWrite:
     key: str
+    #: No write id is stored here: the content's digest is the only evidence (conditional.Backend).
+    write_id = None
 
     def unanswered(self, exc: BaseException) -> bool:
         return isinstance(exc, UNANSWERED)

@@ -35,6 +35,8 @@ UNANSWERED = (requests.ConnectionError, requests.Timeout)
 @dataclass
 class GcsUpload:
     key: str
+    #: No write id is stored here: the content's digest is the only evidence (conditional.Backend).
+    write_id = None
     session: Any
     api_endpoint: str
     bucket: Any

@@ -5,7 +5,6 @@ create-only commits (Put Block List, or a whole file, with ``If-None-Match: *``)
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections import deque
 from collections.abc import Callable
@@ -23,8 +22,6 @@ from . import attempt
 
 logger = logging.getLogger(__name__)
 
-#: Upload concurrency for the VRT path's staged upload of its file (each in-flight block is 4 MiB of memory).
-UPLOAD_CONCURRENCY = 4
 #: Bytes of a streamed mosaic buffered before they are sent as one staged block.
 #: 50,000 blocks (Azure's limit) of 8 MiB allow a 400 GiB mosaic.
 STREAM_BLOCK_BYTES = 8 * 1024 * 1024
@@ -34,6 +31,25 @@ STREAM_BLOCK_BYTES = 8 * 1024 * 1024
 COMMITTED_ELSEWHERE_CHECK_S = 2.0
 #: Staged blocks in flight at once. Memory of the stream: the buffer plus this many blocks.
 STAGE_IN_FLIGHT = 2
+
+
+def staging_fault(what: str, blob_name: str, exc: HttpResponseError) -> StorageFaultError:
+    """The error for a Put Block (or Put Block From URL) that storage refused.
+
+    409 ``BlockCountExceedsLimit``: the blob holds the 100,000 uncommitted blocks it may (Put
+    Block, remarks), left by earlier attempts. No retry can succeed before the service drops them,
+    a week after the last block staged, and nothing but a commit removes them sooner, so it is not
+    retryable and says so. Anything else follows its status (a 5xx is retried).
+    """
+    code = gates.error_code(exc)
+    if exc.status_code == 409 and code == "BlockCountExceedsLimit":
+        return StorageFaultError(
+            f"{what} {blob_name} was refused: the blob holds the 100,000 uncommitted blocks Azure allows, "
+            "staged by earlier attempts that did not commit; the service drops them a week after the last "
+            "block staged, and the job can be delivered again then",
+            status=409,
+        )
+    return StorageFaultError(f"{what} {blob_name} failed: {exc}", status=exc.status_code)
 
 
 class CommitWatch:
@@ -157,10 +173,7 @@ class StagedBlockSink:
                 self.blob.stage_block(attempt.block_id(self.tag, index), chunk, length=chunk.nbytes)
                 return
             except HttpResponseError as exc:
-                raise StorageFaultError(
-                    f"staging block {index} ({chunk.nbytes} bytes) of {name} failed: {exc}",
-                    status=exc.status_code,
-                ) from exc
+                raise staging_fault(f"staging block {index} ({chunk.nbytes} bytes) of", name, exc) from exc
             except TRANSPORT_FAULTS as exc:
                 # Staging our own id with the same bytes again is harmless: the later one replaces it.
                 logger.warning("staging block %d of %s had no answer (%s): staging it again", index, name, exc)
@@ -230,6 +243,7 @@ def commit_staged_blob(
     """
     key, digest = evidence or (gates.SHA256_METADATA_KEY, sha256)
     blob = container.get_blob_client(name)
+    write_id = conditional.new_write_id()
     condition = (
         {"match_condition": MatchConditions.IfMissing}
         if expect_etag is None
@@ -240,13 +254,15 @@ def commit_staged_blob(
         blob.commit_block_list(
             block_ids,
             content_settings=ContentSettings(content_type=content_type),
-            metadata={**(metadata or {}), key: digest},
+            metadata={**(metadata or {}), key: digest, conditional.WRITE_ID_KEY: write_id},
             **condition,
         )
 
     if expect_etag is not None:
-        return gates.replace_once(blob, commit, expect_etag=expect_etag, digest=digest, job_id=job_id, digest_key=key)
-    return gates.create_once(blob, commit, digest=digest, job_id=job_id, digest_key=key)
+        return gates.replace_once(
+            blob, commit, expect_etag=expect_etag, digest=digest, write_id=write_id, job_id=job_id, digest_key=key
+        )
+    return gates.create_once(blob, commit, digest=digest, write_id=write_id, job_id=job_id, digest_key=key)
 
 
 def commit_file(
@@ -262,29 +278,30 @@ def commit_file(
 ) -> gates.Outcome:
     """Create ``name`` from the file at ``path`` only if nothing holds the key (If-None-Match: *).
 
-    Above 64 MiB the SDK stages blocks and the condition rides on Put Block List. The SDK gives
-    every staged block a random id, so a concurrent duplicate's blocks are never in this list.
+    The file is staged as blocks under this attempt's own ids (:class:`StagedBlockSink`), and the
+    condition rides on the one Put Block List (:func:`commit_staged_blob`). Not the SDK's
+    ``upload_blob``: above 64 MiB it stages blocks under ids of its own length, and the service
+    refuses a block whose id length differs from the blob's other blocks' (400 InvalidBlobOrBlock,
+    Put Block's ``blockid``), so one attempt through it could keep every other path to the same
+    mosaic from staging for the week the service keeps uncommitted blocks.
     ``expect_etag`` (a rebuild): replace exactly that version instead (If-Match, same request).
     """
-    blob = container.get_blob_client(name)
-    size = os.path.getsize(path)
-    condition = (
-        {"overwrite": False}
-        if expect_etag is None
-        else {"overwrite": True, "etag": expect_etag, "match_condition": MatchConditions.IfNotModified}
-    )
-
-    def upload() -> None:
+    sink = StagedBlockSink(container.get_blob_client(name))
+    try:
         with open(path, "rb") as body:
-            blob.upload_blob(
-                body,
-                length=size,
-                metadata={**(metadata or {}), gates.SHA256_METADATA_KEY: sha256},
-                content_settings=ContentSettings(content_type=content_type),
-                max_concurrency=UPLOAD_CONCURRENCY,
-                **condition,
-            )
-
-    if expect_etag is not None:
-        return gates.replace_once(blob, upload, expect_etag=expect_etag, digest=sha256, job_id=job_id)
-    return gates.create_once(blob, upload, digest=sha256, job_id=job_id)
+            for chunk in iter(lambda: body.read(sink.block_bytes), b""):
+                sink.write(chunk)
+        block_ids = sink.close()
+    except BaseException:
+        sink.abort()
+        raise
+    return commit_staged_blob(
+        container,
+        name,
+        block_ids,
+        sha256=sha256,
+        content_type=content_type,
+        job_id=job_id,
+        metadata=metadata,
+        expect_etag=expect_etag,
+    )
