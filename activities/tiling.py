@@ -73,7 +73,10 @@ def validate_source(job: dict) -> dict:
     def work() -> dict:
         if job.get("profile_error"):  # the upload's metadata names a profile this build cannot make
             raise BadInputError(job["profile_error"])
-        scene = raster.inspect_source(pinned_upload(ctx, job), settings=ctx.settings, spec=spec_of(job))
+        upload, spec = pinned_upload(ctx, job), spec_of(job)
+        scene = raster.inspect_source(upload, settings=ctx.settings, spec=spec)
+        # The assembly's temporary disk, from the scene's numbers (the reading room cannot count the mosaic's levels).
+        raster.check_temporary_disk(upload.name, scene, spec)
         return {"scene": scene.to_dict()}
 
     return run_activity("validate_source", job, work)
@@ -144,8 +147,8 @@ def assemble_mosaic(payload: dict) -> dict:
 
 
 def plan_mosaic_shares(payload: dict) -> dict:
-    """Plan the split staging of the mosaic for the orchestration's attempt ``payload["attempt"]``:
-    ``{"shares": StagedShares}``, or ``{"single": why}`` when one activity assembles it."""
+    """Plan the split staging of the mosaic: ``{"shares": StagedShares}``, or ``{"single": why}``
+    when one activity assembles it."""
     job, scene = payload["job"], raster.SceneInfo.from_dict(payload["scene"])
     ctx = activity_context()
 
@@ -158,7 +161,6 @@ def plan_mosaic_shares(payload: dict) -> dict:
                 output=ctx.output,
                 manifest=ctx.manifest,
                 spec=spec_of(job),
-                attempt_id=payload["attempt"],
                 share_bytes=payload["share_bytes"],
             )
         return {"single": planned} if isinstance(planned, str) else {"shares": planned.to_dict()}

@@ -158,7 +158,6 @@ def assemble_in_shares(job_id: str, scene_json: str, share_bytes: str, slots: st
         **stores,
         manifest=tables.get_table_client(settings.manifest_table),
         spec=OutputSpec.from_settings(settings),
-        attempt_id=f"bench-{time.time_ns()}",
         share_bytes=int(share_bytes),
     )
     if isinstance(staged, str):

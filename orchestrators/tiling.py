@@ -127,14 +127,14 @@ def fan_out(
 def stage_in_shares(
     context: df.DurableOrchestrationContext, job: dict, scene: dict, share_bytes: int, status: dict, used: dict
 ) -> Generator[Any, Any, dict | None]:
-    """Plan the mosaic's staging for this attempt and stage its shares, one activity each, all at
-    once; the plan (:class:`tilecommit.raster.assembly.shares.StagedShares`) for the commit, or None when
-    one activity assembles the mosaic instead (the plan says why, or the service has no Put
-    Block From URL). The attempt id is new for each execution of the job and the same on replay."""
+    """Plan the mosaic's staging and stage its shares, one activity each, all at once; the plan
+    (:class:`tilecommit.raster.assembly.shares.StagedShares`) for the commit, or None when one
+    activity assembles the mosaic instead (the plan says why, or the service has no Put Block
+    From URL). The plan is named by the tiles it copies, so every execution of the job over the
+    same tiles meets the same plan and stages the same blocks. (An input written by an earlier
+    release also carries an "attempt" id, which the activity no longer reads.)"""
     planned = yield context.call_activity_with_retry(
-        names.PLAN_MOSAIC_SHARES,
-        ACTIVITY_RETRY,
-        {"job": job, "scene": scene, "attempt": context.new_uuid(), "share_bytes": share_bytes},
+        names.PLAN_MOSAIC_SHARES, ACTIVITY_RETRY, {"job": job, "scene": scene, "share_bytes": share_bytes}
     )
     usage.add(used, planned.get("usage"))
     if planned.get("error"):

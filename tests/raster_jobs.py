@@ -51,7 +51,7 @@ def assemble(scene, settings, stores, storage, job_id: str = JOB, **kwargs):
         manifest=stores["manifest"],
         settings=settings,
         spec=OutputSpec.from_settings(settings),
-        **{"gdal_options": storage.gdal_options(), **kwargs},
+        **kwargs,
     )
 
 

@@ -4,12 +4,14 @@ goes away, two live attempts make one mosaic, a late one stops early. Nothing he
 from __future__ import annotations
 
 import base64
+import hashlib
 import os
 import subprocess
 import tempfile
 import threading
 import time
 
+import pytest
 from rasterio.io import MemoryFile
 
 from testkit.scenes import read_scene
@@ -36,11 +38,22 @@ def block_ids(blob, kind: str) -> list[str]:
 
 def test_block_ids_keep_the_length_of_the_untagged_ids_and_differ_between_attempts():
     first, second = attempt.new_attempt_tag(), attempt.new_attempt_tag()
+    # 8 characters, as every earlier version's ids: a dead attempt of an earlier version cannot
+    # lock this one out with ids of another length (Put Block's 400 InvalidBlobOrBlock).
     assert len(attempt.block_id(first, 0)) == len("00000000") == attempt.BLOCK_ID_LENGTH
-    assert attempt.block_id(first, 0x2A) == f"{first}002a"
-    assert attempt.block_id(first, attempt.MAX_BLOCKS - 1).endswith("ffff") and attempt.MAX_BLOCKS > 50_000
-    # One collision in 36**4 per pair: 20 tags in a row all equal would be a broken generator.
+    assert {len(attempt.block_id(first, i)) for i in (0, 63, 64, 4095, attempt.MAX_BLOCKS - 1)} == {8}
+    assert attempt.block_id(first, 0) == f"{first}AAA" and attempt.block_id(first, 65) == f"{first}ABB"
+    assert attempt.block_id(first, attempt.MAX_BLOCKS - 1).endswith("___") and attempt.MAX_BLOCKS > 100_000
+    ids = {attempt.block_id(first, i) for i in range(attempt.MAX_BLOCKS)}
+    assert len(ids) == attempt.MAX_BLOCKS and all(i.isascii() for i in ids)
+    with pytest.raises(ValueError):
+        attempt.block_id(first, attempt.MAX_BLOCKS)
+    # One collision in 64**5 per pair: 20 tags in a row all equal would be a broken generator.
     assert len({attempt.new_attempt_tag() for _ in range(20)} | {first, second}) > 1
+    assert attempt.content_tag("a", "b") == attempt.content_tag("a", "b") != attempt.content_tag("a", "c")
+    # Every tag names a plan blob, counted under its gate.
+    for tag in ("AAAAA", "-_-_-", "zZ09_", first):
+        assert jobs.blob_gate(jobs.share_plan_blob_name(JOB, tag)) == "plan"
 
 
 def test_blocks_a_dead_attempt_staged_never_reach_the_committed_mosaic(rendered, stores, storage, monkeypatch):
@@ -59,9 +72,34 @@ def test_blocks_a_dead_attempt_staged_never_reach_the_committed_mosaic(rendered,
     assert (result.outcome, result.method) == ("written", "blocks")
     committed = block_ids(blob, "committed")
     assert len(committed) > 2 and not set(committed) & set(dead)
-    assert len({b[:4] for b in committed}) == 1  # one attempt's tag
+    assert len({b[: attempt.TAG_LENGTH] for b in committed}) == 1  # one attempt's tag
     assert block_ids(blob, "uncommitted") == []
     assert_same_pixels(committed_pixels(stores, result.mosaic), read_scene(spec))
+
+
+def test_a_file_commit_after_a_dead_attempt_stages_ids_of_the_same_length(storage, stores, tmp_path):
+    """The VRT path commits a file. The SDK's upload_blob stages a body above its single-put size
+    under 32-character ids of its own, and Azure (the strict storage here) refuses a block whose
+    id length differs from the blob's uncommitted ones' for a week: one dead attempt of another
+    path would have locked it out. It now stages under the 8-character ids every path uses."""
+    name = jobs.mosaic_blob_name(JOB)
+    output = storage.blob_service(max_single_put_size=4096, max_block_size=4096).get_container_client(
+        stores["output"].container_name
+    )
+    output.get_blob_client(name).stage_block(attempt.block_id(attempt.new_attempt_tag(), 0), b"dead" * 1024)
+    path = tmp_path / "mosaic.tif"
+    body = os.urandom(3 * BLOCK + 100)
+    path.write_bytes(body)
+
+    outcome = staging.commit_file(
+        output, name, str(path), sha256=hashlib.sha256(body).hexdigest(), content_type="image/tiff", job_id=JOB
+    )
+
+    assert str(outcome) == "written"
+    blob = stores["output"].get_blob_client(name)
+    assert blob.download_blob().readall() == body
+    assert {len(b) for b in block_ids(blob, "committed")} == {attempt.BLOCK_ID_LENGTH}
+    assert block_ids(blob, "uncommitted") == []
 
 
 def test_a_dead_attempts_temporary_directory_is_removed_and_a_live_ones_kept(rendered, stores, storage):

@@ -34,6 +34,7 @@ from tilecommit.raster import (
     inspect_source,
     render_tile,
 )
+from tilecommit.raster.assembly import attempt
 from tilecommit.raster.reading.source import PinnedBlob, open_upload
 from tilecommit.settings import Settings
 from tilecommit.spec import OutputSpec
@@ -550,8 +551,8 @@ def test_mosaic_is_streamed_as_staged_blocks_committed_with_if_none_match(
     blocks = log.put_blocks(name)
     assert len(blocks) == -(-result.nbytes // block) > 2
     ids = [base64.b64decode(r[2]["blockid"]).decode() for r in blocks]
-    tag = ids[0][:4]
-    assert ids == [f"{tag}{i:04x}" for i in range(len(blocks))]
+    tag = ids[0][: attempt.TAG_LENGTH]
+    assert ids == [attempt.block_id(tag, i) for i in range(len(blocks))]
     assert all(int(r[3]["Content-Length"]) == block for r in blocks[:-1])
     assert all("If-None-Match" not in r[3] for r in blocks)  # Put Block carries no condition: the commit's decides
     commits = log.put_block_lists(name)
@@ -614,7 +615,7 @@ def test_commit_staged_blob_is_create_only(output):
     body = np.random.default_rng(5).bytes(10_500)
     digest = hashlib.sha256(body).hexdigest()
     ids = _stream(output, "m.tif", body)
-    assert ids == [f"{ids[0][:4]}{i:04x}" for i in range(11)]
+    assert ids == [attempt.block_id(ids[0][: attempt.TAG_LENGTH], i) for i in range(11)]
     assert (
         commit_staged_blob(output, "m.tif", ids, sha256=digest, content_type="image/tiff", job_id=JOB)
         == gates.Outcome.WRITTEN

@@ -11,13 +11,17 @@ from types import SimpleNamespace
 import pytest
 import rasterio
 from azure.core.credentials import AccessToken
+from azure.storage.blob import ExponentialRetry
 
+from testkit import storage_ops
 from testkit.scenes import SceneSpec, read_scene, write_scene
+from testkit.storage_proxy import CANNOT_VERIFY, FaultPlan, FaultProxy
 from tilecommit import jobs
-from tilecommit.errors import IncompleteManifestError
+from tilecommit.errors import IncompleteManifestError, StorageFaultError, is_retryable
 from tilecommit.grid import plan_windows
 from tilecommit.manifest import get_manifest_entry
 from tilecommit.raster import inspect_source, render_tile, tiff
+from tilecommit.raster.assembly import attempt
 from tilecommit.raster.assembly.copy_plan import MAX_COMMITTED_BLOCKS, CopyRange, LocalRun, plan_copy
 from tilecommit.raster.assembly.pyramid import TileHead, plan_tile_levels
 from tilecommit.raster.assembly.server_copy import (
@@ -29,6 +33,7 @@ from tilecommit.raster.assembly.server_copy import (
 from tilecommit.raster.tiling.encode import encode_tile
 from tilecommit.settings import Settings
 from tilecommit.spec import OutputSpec
+from tilecommit.storage import StorageConnection
 
 from .raster_jobs import JOB, assemble, assert_same_pixels, download, render_all
 
@@ -116,6 +121,7 @@ def test_the_identity_paths_copy_request_carries_the_bearer_token_and_the_pinned
         read_local=lambda ref: b"",
         leaders=False,
         trailers=False,
+        range_tag=attempt.new_attempt_tag(),
     )
     plan = SimpleNamespace(pieces=[CopyRange("0000_0000", 100, 250)])
     original = blob.stage_block_from_url
@@ -187,3 +193,66 @@ def test_block_grouping_for_the_largest_scene_stays_under_the_blob_limits(tmp_pa
     full_resolution_ranges = tiles_across**2 * (window_size // 256)
     assert full_resolution_ranges <= ranges < 2 * full_resolution_ranges
     assert blocks <= MAX_COMMITTED_BLOCKS
+
+
+def copy_one_range(output, tiles, tile, etag: str | None) -> list[str]:
+    """Stage one range of ``tile`` into the mosaic through ``output``'s client (SAS copy source)."""
+    stager = ServerSideStager(
+        output.get_blob_client("mosaics/x/mosaic.tif"),
+        tiles,
+        uris={"0000_0000": tile.blob_name},
+        etags={"0000_0000": etag},
+        copy_source=copy_source_for(tiles),
+        read_local=lambda ref: b"",
+        leaders=False,
+        trailers=False,
+        range_tag=attempt.new_attempt_tag(),
+    )
+    return stager.stage_ranges([CopyRange("0000_0000", 0, 500)])
+
+
+@pytest.mark.parametrize("refusals", [2, 10])
+def test_a_copy_source_the_service_could_not_verify_in_time_is_a_storage_fault_not_a_changed_tile(
+    stores, azurite, refusals
+):
+    """Azure answers 500 CannotVerifyCopySource when it could not read the copy source in time (a
+    throttled source account, as when many shares copy at once). The tile is intact: a retry
+    within the call succeeds (2 refusals, the SDK retries 3 times), and when the refusals outlast
+    the SDK's retries (10) the error is a retryable storage fault, never the non-retryable "tile
+    changed, render it again" of a 412 or a missing tile."""
+    tile = stores["tiles"].get_blob_client("tiles/x/0000_0000.tif")
+    tile.upload_blob(b"0123456789" * 100)
+    etag = tile.get_blob_properties().etag
+    plan = FaultPlan(
+        every=1, limit=refusals, answers=(CANNOT_VERIFY,), operations=frozenset({storage_ops.PUT_BLOCK_FROM_URL})
+    )
+    with FaultProxy(f"http://127.0.0.1:{azurite.blob_port}", plan) as proxy:
+        connection = StorageConnection.from_connection_string(
+            azurite.connection_string.replace(f":{azurite.blob_port}/", f":{proxy.port}/")
+        )
+        # Both through the proxy: Azurite reads a copy source named on the host it was asked on.
+        service = connection.blob_service(retry_policy=ExponentialRetry(initial_backoff=0, increment_base=0))
+        output = service.get_container_client(stores["output"].container_name)
+        tiles = service.get_container_client(stores["tiles"].container_name)
+        if refusals == 2:
+            assert len(copy_one_range(output, tiles, tile, etag)) == 1
+        else:
+            with pytest.raises(StorageFaultError) as raised:
+                copy_one_range(output, tiles, tile, etag)
+            assert not isinstance(raised.value, IncompleteManifestError)
+            assert is_retryable(raised.value) and raised.value.status == 500
+            assert "CannotVerifyCopySource" in str(raised.value) and tile.blob_name in str(raised.value)
+    assert proxy.injected[CANNOT_VERIFY] == min(refusals, 4)
+
+
+def test_a_copy_source_gone_or_changed_is_a_manifest_error_naming_the_window(stores):
+    tile = stores["tiles"].get_blob_client("tiles/x/0000_0000.tif")
+    tile.upload_blob(b"0123456789" * 100)
+    etag = tile.get_blob_properties().etag
+    tile.upload_blob(b"other bytes" * 100, overwrite=True)
+    with pytest.raises(IncompleteManifestError, match="0000_0000.*changed") as changed:
+        copy_one_range(stores["output"], stores["tiles"], tile, etag)
+    tile.delete_blob()
+    with pytest.raises(IncompleteManifestError, match="0000_0000.*gone") as gone:
+        copy_one_range(stores["output"], stores["tiles"], tile, None)  # unpinned: only the 404 can answer
+    assert not is_retryable(changed.value) and not is_retryable(gone.value)

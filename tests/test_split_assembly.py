@@ -11,11 +11,13 @@ import pytest
 from rasterio.io import MemoryFile
 
 from testkit.scenes import SceneSpec, read_scene, write_scene
-from tilecommit import jobs
+from tilecommit import conditional, jobs
 from tilecommit.errors import IncompleteManifestError
-from tilecommit.manifest import count_manifest
+from tilecommit.manifest import count_manifest, get_manifest_row, repair_manifest_entry
 from tilecommit.raster import inspect_source
-from tilecommit.raster.assembly import shares
+from tilecommit.raster.assembly import attempt, shares
+from tilecommit.raster.assembly.copy_plan import CopyRange
+from tilecommit.raster.assembly.server_copy import ranges_tag
 from tilecommit.settings import Settings
 from tilecommit.spec import OutputSpec
 
@@ -36,7 +38,7 @@ def split_scene(tmp_path, stores):
     return spec, scene, settings
 
 
-def plan(scene, settings, stores, attempt_id: str = "attempt-1") -> shares.StagedShares:
+def plan(scene, settings, stores) -> shares.StagedShares:
     planned = shares.plan_shares(
         JOB,
         scene,
@@ -44,7 +46,6 @@ def plan(scene, settings, stores, attempt_id: str = "attempt-1") -> shares.Stage
         output=stores["output"],
         manifest=stores["manifest"],
         spec=OutputSpec.from_settings(settings),
-        attempt_id=attempt_id,
         share_bytes=SHARE_BYTES,
     )
     assert isinstance(planned, shares.StagedShares), planned
@@ -58,6 +59,10 @@ def stage(staged, index: int, stores) -> dict:
 def remove_outputs(stores, result) -> None:
     for name in (result.mosaic, result.stac, result.quicklook):
         stores["output"].delete_blob(name)
+
+
+def without_write_id(metadata: dict) -> dict:
+    return {k: v for k, v in metadata.items() if k != conditional.WRITE_ID_KEY}
 
 
 def block_lists(stores) -> tuple[list[str], list[str]]:
@@ -99,7 +104,8 @@ def test_shares_run_twice_and_at_once_commit_the_one_activity_mosaic_byte_for_by
     result = assemble(scene, settings, hooked, storage, shares=staged)
     assert (result.outcome, result.method, result.transfer["shares"]) == ("written", "server", staged.shares)
     assert mosaic.download_blob().readall() == single_bytes
-    assert mosaic.get_blob_properties().metadata == single_metadata
+    # The same metadata, but for each commit's own write id.
+    assert without_write_id(mosaic.get_blob_properties().metadata) == without_write_id(single_metadata)
 
     # Requests as sent: every Put Block From URL pinned to its tile's recorded ETag.
     name = jobs.mosaic_blob_name(JOB)
@@ -114,32 +120,60 @@ def test_shares_run_twice_and_at_once_commit_the_one_activity_mosaic_byte_for_by
 
     # The committed list: the plan's range ids (its tag, 0..N-1), then this commit's own local ids.
     committed, uncommitted = block_lists(stores)
-    ranges = [b for b in committed if b.startswith(staged.tag) and int(b[4:], 16) < staged.ranges]
-    assert sorted(ranges) == [f"{staged.tag}{i:04x}" for i in range(staged.ranges)]
+    ranges = [b for b in committed if b.startswith(staged.tag)]
+    assert ranges == [attempt.block_id(staged.tag, i) for i in range(staged.ranges)]
     assert uncommitted == []
     with MemoryFile(single_bytes) as memory, memory.open() as src:
         assert_same_pixels(src.read(), read_scene(spec))
 
 
-def test_blocks_staged_for_a_superseded_attempt_never_reach_the_commit(split_scene, stores, storage):
-    """Attempt A planned and staged, and its ids then overwritten with other bytes (as a late
-    execution of another build might); attempt B, planned anew, commits only its own ids."""
+def test_attempts_over_the_same_tiles_restage_the_same_ids_and_other_versions_never_reach_the_commit(
+    split_scene, stores, storage
+):
+    """Two attempts over the same tiles plan the same tag and stage the same ids in place (the
+    blob's uncommitted blocks do not grow: Azure keeps at most 100,000). A tile repaired since
+    (a new version of it) makes another plan with another tag; blocks staged under the first
+    tag, even overwritten with other bytes as a hostile writer might, never reach its commit."""
     spec, scene, settings = split_scene
-    superseded = plan(scene, settings, stores, "attempt-A")
-    for index in range(superseded.shares):
-        stage(superseded, index, stores)
-    blob = stores["output"].get_blob_client(jobs.mosaic_blob_name(JOB))
-    for index in range(superseded.ranges):
-        blob.stage_block(f"{superseded.tag}{index:04x}", os.urandom(4096))
+    first = plan(scene, settings, stores)
+    for index in range(first.shares):
+        stage(first, index, stores)
+    staged_once = block_lists(stores)[1]
+    again = plan(scene, settings, stores)
+    assert (again.tag, again.name, again.etag) == (first.tag, first.name, first.etag)
+    for index in range(again.shares):
+        stage(again, index, stores)
+    assert sorted(block_lists(stores)[1]) == sorted(staged_once) and len(staged_once) == first.ranges
 
-    current = plan(scene, settings, stores, "attempt-B")
-    assert current.tag != superseded.tag and current.name != superseded.name
+    # A tile repaired: the same bytes under a new version, its row naming the new one.
+    window = "0000_0000"
+    row, row_etag = get_manifest_row(stores["manifest"], JOB, window)
+    tile = stores["tiles"].get_blob_client(row.uri)
+    tile.upload_blob(tile.download_blob().readall(), overwrite=True)
+    new_etag = tile.get_blob_properties().etag
+    repaired = repair_manifest_entry(
+        stores["manifest"],
+        job_id=JOB,
+        window=window,
+        uri=row.uri,
+        nbytes=row.nbytes,
+        sha256=row.sha256,
+        etag=new_etag,
+        expect_row_etag=row_etag,
+    )
+    assert str(repaired) == "written"
+    blob = stores["output"].get_blob_client(jobs.mosaic_blob_name(JOB))
+    for index in range(first.ranges):
+        blob.stage_block(attempt.block_id(first.tag, index), os.urandom(4096))
+
+    current = plan(scene, settings, stores)
+    assert current.tag != first.tag and current.name != first.name
     for index in range(current.shares):
         stage(current, index, stores)
     result = assemble(scene, settings, stores, storage, shares=current)
     assert result.outcome == "written"
     committed, uncommitted = block_lists(stores)
-    assert not [b for b in committed if b.startswith(superseded.tag)]
+    assert not [b for b in committed if b.startswith(first.tag)]
     assert uncommitted == []
     body = blob.download_blob().readall()
     with MemoryFile(body) as memory, memory.open() as src:
@@ -195,8 +229,12 @@ def test_a_share_stops_when_the_mosaic_is_committed_meanwhile(split_scene, store
     assert first.outcome == "written"
 
 
-def test_the_attempt_tag_is_a_pure_function_of_job_and_attempt():
-    tag = shares.attempt_tag(JOB, "b7c1")
-    assert tag == shares.attempt_tag(JOB, "b7c1") and len(tag) == 4
-    assert len({shares.attempt_tag(JOB, f"attempt-{i}") for i in range(20)}) > 1
+def test_the_range_tag_is_a_pure_function_of_the_ranges_and_their_versions():
+    ranges = [CopyRange("0000_0000", 100, 250), CopyRange("0000_0001", 0, 4096)]
+    versions = {"0000_0000": "0x8D1", "0000_0001": "0x8D2"}
+    tag = ranges_tag(JOB, ranges, versions)
+    assert tag == ranges_tag(JOB, list(ranges), dict(versions)) and len(tag) == attempt.TAG_LENGTH
+    assert tag != ranges_tag(JOB, ranges, {**versions, "0000_0001": "0x8D3"})
+    assert tag != ranges_tag(JOB, ranges[:1], versions)
+    assert tag != ranges_tag("fedcba9876543210", ranges, versions)
     assert jobs.share_plan_blob_name(JOB, tag) == f"plans/{JOB}/{tag}.json"

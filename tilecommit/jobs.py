@@ -123,10 +123,14 @@ def quicklook_blob_name(job_id: str) -> str:
     return f"mosaics/{check_job_id(job_id)}/quicklook.png"
 
 
+#: A block-id tag (tilecommit.raster.assembly.attempt): five characters of the URL-safe base64 alphabet.
+BLOCK_TAG = r"[A-Za-z0-9_-]{5}"
+
+
 def share_plan_blob_name(job_id: str, tag: str) -> str:
-    """``plans/{job_id}/{tag}.json`` (tiles container): the mosaic's staging plan of one attempt."""
-    if not re.fullmatch(r"[a-z0-9]{4}", tag):
-        raise InvalidNameError(f"not an attempt tag: {tag!r}")
+    """``plans/{job_id}/{tag}.json`` (tiles container): the mosaic's staging plan named by its ranges' tag."""
+    if not re.fullmatch(BLOCK_TAG, tag):
+        raise InvalidNameError(f"not a block tag: {tag!r}")
     return f"plans/{check_job_id(job_id)}/{tag}.json"
 
 
@@ -136,7 +140,7 @@ _GATES = (
     (re.compile(r"^mosaics/[0-9a-f]{16}/mosaic\.tif$"), "mosaic"),
     (re.compile(r"^mosaics/[0-9a-f]{16}/item\.json$"), "stac"),
     (re.compile(r"^mosaics/[0-9a-f]{16}/quicklook\.png$"), "quicklook"),
-    (re.compile(r"^plans/[0-9a-f]{16}/[a-z0-9]{4}\.json$"), "plan"),
+    (re.compile(rf"^plans/[0-9a-f]{{16}}/{BLOCK_TAG}\.json$"), "plan"),
 )
 
 

@@ -6,17 +6,25 @@ first. Nothing is locked. Each attempt instead:
 - stages the mosaic's blocks under ids of its own (:func:`block_id`: a random tag per attempt
   plus the block's index), so its Put Block List names only blocks it staged itself, whatever
   another attempt, dead or alive, staged under its ids. The one create-only Put Block List
-  (``If-None-Match: *``) then decides which attempt's mosaic exists; the other gets 409;
+  (``If-None-Match: *``) then decides which attempt's mosaic exists; the other gets 409. Blocks
+  the storage service copies from tiles are the exception: their bytes are named by the tile
+  version and range they come from, so their ids come from those (:func:`content_tag`) and every
+  attempt stages the same ids with the same bytes;
 - writes its temporary files in a directory named after its process (:func:`new_workdir`), so
   the next attempt can tell a dead process's leftovers from a live neighbour's and remove them
   (:func:`sweep_dead_workdirs`).
 
 Uncommitted blocks need no sweep: a Put Block List discards every uncommitted block of the blob
-that it does not list, and the service drops uncommitted blocks after a week anyway.
+that it does not list, and the service drops uncommitted blocks after a week anyway. They are
+bounded, though: a blob holds at most 100,000 (Put Block, remarks). The copied ranges, most of a
+large mosaic's blocks, are staged under the same ids by every attempt, so attempts add only the
+blocks they send themselves (the head and the coarse levels, or a streamed mosaic's 8 MiB
+blocks), and a blob that has run out anyway is refused with the reason (``staging.staging_fault``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
@@ -27,15 +35,20 @@ import tempfile
 
 logger = logging.getLogger(__name__)
 
-#: Characters of an attempt's tag. 36**4 tags: two attempts share one about once in 1.7 million.
-TAG_ALPHABET = string.ascii_lowercase + string.digits
-TAG_LENGTH = 4
-#: Hex digits of a block's index: 16**4 blocks, above the 50,000 blocks a blob may commit.
-INDEX_DIGITS = 4
-MAX_BLOCKS = 16**INDEX_DIGITS
-#: Every block id is this long. The service refuses (400 InvalidBlobOrBlock) a Put Block whose id
-#: length differs from the blob's uncommitted blocks', so it stays at 8, the length of the ids
-#: used before tags: an earlier version's dead attempt cannot block this one for a week.
+#: Characters of block ids: the URL-safe base64 alphabet, each one byte in the id the service sees.
+TAG_ALPHABET = string.ascii_uppercase + string.ascii_lowercase + string.digits + "-_"
+#: Characters of an attempt's tag: 64**5 = 2**30 tags, so two attempts on one mosaic share one
+#: about once in a billion (4 characters of 36, before, about once in 1.7 million).
+TAG_LENGTH = 5
+#: Characters of a block's index, in the same alphabet: 64**3 = 262,144 blocks, above both the
+#: 50,000 blocks a blob may commit and the 100,000 uncommitted ones it may hold.
+INDEX_DIGITS = 3
+MAX_BLOCKS = len(TAG_ALPHABET) ** INDEX_DIGITS
+#: Every block id of every mosaic is this long, and must stay so: the service refuses (400
+#: InvalidBlobOrBlock) a block whose id length differs from the blob's other blocks' (Put Block,
+#: ``blockid``: "the length of the value ... must be the same size for each block"), for as long
+#: as a blob keeps uncommitted blocks (a week after the last staging). An attempt of another
+#: length, a dead one of an earlier version included, would lock every later attempt out.
 BLOCK_ID_LENGTH = TAG_LENGTH + INDEX_DIGITS
 #: Prefix of every attempt's temporary directory: ``tilecommit-{job_id}-{pid}-{random}``.
 WORKDIR_PREFIX = "tilecommit-"
@@ -47,11 +60,29 @@ def new_attempt_tag() -> str:
     return "".join(secrets.choice(TAG_ALPHABET) for _ in range(TAG_LENGTH))
 
 
+def content_tag(*parts: str) -> str:
+    """A tag that is a pure function of ``parts``: blocks whose bytes are named by the parts (a
+    tile version, an offset, a length) get the same ids from every attempt, which restages them
+    in place instead of adding a copy to the blob's uncommitted blocks."""
+    digest = hashlib.sha256("\n".join(parts).encode()).digest()
+    return "".join(TAG_ALPHABET[byte % len(TAG_ALPHABET)] for byte in digest[:TAG_LENGTH])
+
+
+def _digits(index: int) -> str:
+    chars = []
+    for _ in range(INDEX_DIGITS):
+        index, digit = divmod(index, len(TAG_ALPHABET))
+        chars.append(TAG_ALPHABET[digit])
+    return "".join(reversed(chars))
+
+
 def block_id(tag: str, index: int) -> str:
-    """The id of attempt ``tag``'s ``index``-th staged block, e.g. ``"k3q9002a"`` (base64 on the wire)."""
+    """The id of attempt ``tag``'s ``index``-th staged block, e.g. ``"k3Q9_AAq"`` (base64 on the wire)."""
     if not 0 <= index < MAX_BLOCKS:
         raise ValueError(f"block index {index} is outside 0..{MAX_BLOCKS - 1}")
-    return f"{tag}{index:0{INDEX_DIGITS}x}"
+    if len(tag) != TAG_LENGTH:
+        raise ValueError(f"block tag {tag!r} is not {TAG_LENGTH} characters")
+    return tag + _digits(index)
 
 
 def new_workdir(job_id: str, root: str | None = None) -> str:

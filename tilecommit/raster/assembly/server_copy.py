@@ -7,12 +7,14 @@ the window, before anything is committed. The head and the coarse levels are ord
 Blocks from this process. The caller commits the list once, create-only.
 
 Block ids (:mod:`.attempt`): the plan's ranges, in file order, are blocks ``0 .. N-1`` under the
-range tag; the local blocks follow as ``N ..`` under the stager's own random tag. In one
-activity both tags are the attempt's own. When the ranges are staged in shares by other
-activities (:mod:`.shares`), the range tag is the planned attempt's, fixed before any share ran,
-and a range's id names one (tile version, offset, length): staging it again, from any execution,
-stages the same bytes. The local blocks keep a tag of each committing execution, since their
-bytes come from this process (another GDAL build could make other bytes).
+range tag; the local blocks follow as ``N ..`` under the stager's own random tag. The range tag
+is a pure function of the ranges and the tile versions they are pinned to (:func:`ranges_tag`),
+so a range's id names one (tile version, offset, length): staging it again, from any execution
+of any attempt, in one activity or in shares (:mod:`.shares`), stages the same bytes under the
+same id, in place of the earlier copy. A blob keeps at most 100,000 uncommitted blocks, and a
+large mosaic's ranges are thousands, so attempts that each staged their own would run out after
+a few. The local blocks keep a tag of each committing execution, since their bytes come from
+this process (another GDAL build could make other bytes).
 
 How the service may read the tiles (:func:`copy_source_for`), from the credential the tiles'
 client already has:
@@ -41,14 +43,14 @@ from azure.storage.blob import BlobClient, BlobSasPermissions, ContainerClient, 
 # lives only here (azure-storage-blob 12.x). It is the one way to send x-ms-source-if-match.
 from azure.storage.blob._generated.models import SourceModifiedAccessConditions
 
-from ... import conditional
+from ... import conditional, gates
 from ...errors import ConfigurationError, CopyFromUrlUnsupported, IncompleteManifestError, StorageFaultError
 from ...storage import TRANSPORT_FAULTS
 from ...usage import ContextExecutor
 from .. import tiff
 from . import attempt
 from .copy_plan import LOCAL_BLOCK_BYTES, CopyPlan, CopyRange, LocalRun
-from .staging import COMMITTED_ELSEWHERE_CHECK_S, CommitWatch
+from .staging import COMMITTED_ELSEWHERE_CHECK_S, CommitWatch, staging_fault
 
 logger = logging.getLogger(__name__)
 
@@ -115,12 +117,20 @@ def copy_source_for(container: ContainerClient):
     )
 
 
+def ranges_tag(job_id: str, ranges: list[CopyRange], versions: dict[str, str | None]) -> str:
+    """The block-id tag of a plan's copied ranges: a pure function of the job, each range (its
+    tile, offset and length, in file order) and the tile version it is pinned to."""
+    return attempt.content_tag(
+        job_id, *(f"{r.source} {versions.get(r.source) or ''} {r.offset} {r.length}" for r in ranges)
+    )
+
+
 class ServerSideStager:
     """Stages a :class:`CopyPlan` into ``blob``; returns the block ids in file order for one commit.
 
     ``uris`` and ``etags`` map a range's source (a window id) to its tile blob and the ETag its
     manifest row recorded; ``read_local(ref)`` returns a local block's bytes (the coarse levels).
-    ``range_tag`` (default: the stager's own tag) names the ranges' blocks. ``committed_elsewhere``
+    ``range_tag`` (:func:`ranges_tag` of the whole plan's ranges) names the ranges' blocks. ``committed_elsewhere``
     is asked at most every ``check_every_s`` seconds: when another attempt has committed the
     mosaic meanwhile, staging stops with :class:`~tilecommit.errors.CommittedElsewhere`.
     """
@@ -139,8 +149,8 @@ class ServerSideStager:
         committed_elsewhere: Callable[[], bool] | None = None,
         check_every_s: float = COMMITTED_ELSEWHERE_CHECK_S,
         in_flight: int = COPY_IN_FLIGHT,
+        range_tag: str,
         local_block_bytes: int = LOCAL_BLOCK_BYTES,
-        range_tag: str | None = None,
     ):
         self.blob = blob
         self.tiles = tiles
@@ -154,7 +164,7 @@ class ServerSideStager:
         self.in_flight = in_flight
         self.local_block_bytes = local_block_bytes
         self.tag = attempt.new_attempt_tag()
-        self.range_tag = range_tag or self.tag
+        self.range_tag = range_tag
         self.local_bytes_sent = 0
         self.ranges_staged = 0
 
@@ -222,35 +232,45 @@ class ServerSideStager:
                 **auth,
             )
         except HttpResponseError as exc:
-            code = getattr(exc, "error_code", None) or ""
-            if exc.status_code == 501:
-                raise CopyFromUrlUnsupported(f"Put Block From URL: {exc.reason}") from exc
-            if exc.status_code == 412 or code == "SourceConditionNotMet":
-                raise IncompleteManifestError(
-                    f"window {piece.source}: tile {self.uris[piece.source]} changed after its manifest row was "
-                    f"written (recorded ETag {etag}; the service refused to copy from it: {code or exc.status_code}); "
-                    "nothing was committed. Render the window again (delete its tile and manifest row) and re-run",
-                    mismatched=[piece.source],
-                ) from exc
-            if exc.status_code == 404 or code in ("BlobNotFound", "CannotVerifyCopySource"):
-                raise IncompleteManifestError(
-                    f"window {piece.source}: tile {self.uris[piece.source]} cannot be read as a copy source "
-                    f"({code or exc.status_code}); nothing was committed",
-                    mismatched=[piece.source],
-                ) from exc
-            raise StorageFaultError(
-                f"staging {piece.length} bytes of {self.uris[piece.source]} into {self.blob.blob_name} failed: {exc}",
-                status=exc.status_code,
-            ) from exc
+            raise self._copy_fault(piece, etag, exc) from exc
         self.ranges_staged += 1
+
+    def _copy_fault(self, piece: CopyRange, etag: str | None, exc: HttpResponseError) -> Exception:
+        """What a refused Put Block From URL means, by its status (the service wraps what went
+        wrong with the source in the code ``CannotVerifyCopySource`` whatever it was, and says
+        which by the status: Put Block From URL's error codes).
+
+        - 412 (``SourceConditionNotMet``): the tile is not the version its manifest row
+          recorded: the window must be rendered again;
+        - 404: the tile is gone;
+        - 5xx, 408, 429: the source could not be read or verified in time, as when the tiles'
+          account is throttled while many shares copy at once; the tile is intact and the copy is
+          retried, as any storage fault;
+        - 501: the service has no Put Block From URL (an emulator).
+        """
+        status, code = exc.status_code, gates.error_code(exc) or ""
+        uri = self.uris[piece.source]
+        if status == 501:
+            return CopyFromUrlUnsupported(f"Put Block From URL: {exc.reason}")
+        if status == 412:
+            return IncompleteManifestError(
+                f"window {piece.source}: tile {uri} changed after its manifest row was written (recorded ETag "
+                f"{etag}; the service refused to copy from it: {code or status}); nothing was committed. Render the "
+                "window again (delete its tile and manifest row) and re-run",
+                mismatched=[piece.source],
+            )
+        if status == 404:
+            return IncompleteManifestError(
+                f"window {piece.source}: tile {uri} is gone ({code or status}); nothing was committed",
+                mismatched=[piece.source],
+            )
+        return staging_fault(f"staging {piece.length} bytes of {uri} into", self.blob.blob_name, exc)
 
     def _put_local(self, block_id: str, chunk: bytes) -> None:
         try:
             self.blob.stage_block(block_id, chunk, length=len(chunk))
         except HttpResponseError as exc:
-            raise StorageFaultError(
-                f"staging {len(chunk)} bytes of {self.blob.blob_name} failed: {exc}", status=exc.status_code
-            ) from exc
+            raise staging_fault(f"staging {len(chunk)} bytes of", self.blob.blob_name, exc) from exc
         self.local_bytes_sent += len(chunk)
 
     def _send(self, block_id: str, request: Callable[[str], None], what: str) -> None:
@@ -300,6 +320,7 @@ class ServerSideStager:
 
 __all__ = [
     "BearerCopySource",
+    "ranges_tag",
     "SasCopySource",
     "ServerSideStager",
     "copy_source_for",

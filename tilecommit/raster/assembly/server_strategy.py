@@ -21,7 +21,7 @@ import logging
 import time
 
 from .block_copy import planned_block_copy
-from .server_copy import ServerSideStager, copy_source_for
+from .server_copy import ServerSideStager, copy_source_for, ranges_tag
 from .shares import check_against_plan, read_share_plan
 from .strategy import BuiltMosaic, MosaicJob
 
@@ -53,7 +53,9 @@ def build(job: MosaicJob) -> BuiltMosaic:
             leaders=layout.writer.leaders,
             trailers=layout.writer.trailers,
             committed_elsewhere=job.committed_elsewhere,
-            range_tag=share_plan.tag if share_plan is not None else None,
+            range_tag=share_plan.tag
+            if share_plan is not None
+            else ranges_tag(job.job_id, copy.plan.ranges, copy.versions),
         )
         started = time.perf_counter()
         block_ids = stager.stage(copy.plan, ranges_staged=share_plan is not None)

@@ -9,9 +9,9 @@ instances at once:
    recorded), plans the ranges the service copies (:class:`.copy_plan.CopyRange`, the same
    ranges in the same order as the one-activity plan: they depend on the tiles' own levels only,
    not on the coarse levels computed later), cuts them into contiguous shares and records it all
-   as one create-only blob, the :class:`SharePlan` of the attempt ``tag``;
+   as one create-only blob, the :class:`SharePlan` named by its ``tag``;
 2. :func:`stage_share` stages one share's ranges, read from that plan blob at the version the
-   planning step recorded, under the attempt's block ids (:meth:`ServerSideStager.stage_ranges`:
+   planning step recorded, under the plan's block ids (:meth:`ServerSideStager.stage_ranges`:
    range ``k`` is ``block_id(tag, k)``), each pinned to its tile's ETag;
 3. the commit is the one-activity assembly given the plan (``assemble_mosaic(shares=...)``): it
    plans the whole mosaic again (tile heads, coarse levels, head), refuses unless its ranges and
@@ -22,14 +22,13 @@ Why this is safe to run at least once, concurrently, retried (docs/raster.md, "S
 a range's id names one (tile version, offset, length) through the plan blob, which is written
 once and read pinned to its ETag; the service copies exactly that version's bytes or refuses
 (412). So every staging of an id, by any execution of any share, stages the same bytes. The tag
-is derived from the orchestration's attempt (a new one per execution of the job), and a commit
-names only the ids of the tag it was given, so blocks staged for any other attempt, dead or
-alive, never enter its list.
+is named by the ranges and the tile versions (:func:`.server_copy.ranges_tag`), so every attempt
+over the same tiles stages the same ids with the same bytes, and an attempt over other versions
+(a repaired tile) stages ids of its own, which never enter another's list.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from dataclasses import dataclass
@@ -52,13 +51,12 @@ from ...spec import OutputSpec
 from ...storage import TRANSPORT_FAULTS
 from ...usage import ContextExecutor
 from ..reading.scene import SceneInfo
-from . import attempt
 from .block_copy import read_tile_levels
 from .block_sources import FETCH_THREADS
 from .checks import blob_properties
 from .copy_plan import CopyPlan, CopyRange, cut_shares, plan_copy
 from .manifest_check import check_manifest
-from .server_copy import ServerSideStager, copy_source_for
+from .server_copy import ServerSideStager, copy_source_for, ranges_tag
 
 logger = logging.getLogger(__name__)
 
@@ -120,17 +118,6 @@ class StagedShares(Record):
     copied_bytes: int
 
 
-def attempt_tag(job_id: str, attempt_id: str) -> str:
-    """The block-id tag of one attempt of a job: a pure function of the two (``attempt_id`` is
-    the orchestration's, new for every execution of the job)."""
-    digest = int.from_bytes(hashlib.sha256(f"{job_id}\n{attempt_id}".encode()).digest()[:8], "big")
-    chars = []
-    for _ in range(attempt.TAG_LENGTH):
-        digest, index = divmod(digest, len(attempt.TAG_ALPHABET))
-        chars.append(attempt.TAG_ALPHABET[index])
-    return "".join(chars)
-
-
 def planned_ranges(levels) -> CopyPlan:
     """The copy plan of the tiles' own levels alone (:class:`.block_copy.TileLevels`): its ranges
     are the whole mosaic's, in the same order (the coarse levels are local blocks before them)."""
@@ -146,10 +133,9 @@ def plan_shares(
     output: ContainerClient,
     manifest: TableClient,
     spec: OutputSpec,
-    attempt_id: str,
     share_bytes: int,
 ) -> StagedShares | str:
-    """Plan the split staging of the attempt ``attempt_id`` and record it (create-only).
+    """Plan the split staging of the mosaic and record it (create-only), named by its tag.
 
     Returns the :class:`StagedShares`, or why the mosaic is assembled by one activity instead:
     it exists already (that path verifies it), its tiles cannot be block-copied, or its copy
@@ -171,18 +157,20 @@ def plan_shares(
     shares = cut_shares(ranges, share_bytes, MAX_SHARES)
     if len(shares) < 2:
         return f"its copy ({sum(r.length for r in ranges)} bytes) fits one share of {share_bytes}"
-    tag = attempt_tag(job_id, attempt_id)
+    versions = {w.id: summary.entries[w.id].etag for w in windows}
+    tag = ranges_tag(job_id, ranges, versions)
     plan = SharePlan(
         job_id=job_id,
         tag=tag,
         ranges=ranges,
-        versions={w.id: summary.entries[w.id].etag for w in windows},
+        versions=versions,
         uris={w.id: summary.entries[w.id].uri for w in windows},
         shares=shares,
     )
     name = jobs.share_plan_blob_name(job_id, tag)
-    # A retry of this step (same attempt, same tag) finds its plan there: the stored one is the
-    # attempt's, whatever this execution computed.
+    # Another execution of this step, of any attempt, with the same tiles finds the same plan
+    # there (the tag names its ranges and versions): the stored one is used, whatever this
+    # execution computed, and the commit checks its own ranges against it.
     _, stored = gates.commit_blob_versioned(tiles, name, plan.to_json(), content_type=PLAN_CONTENT_TYPE, job_id=job_id)
     staged = StagedShares(
         name=name,
@@ -283,7 +271,6 @@ __all__ = [
     "MAX_SHARES",
     "SharePlan",
     "StagedShares",
-    "attempt_tag",
     "check_against_plan",
     "plan_shares",
     "read_share_plan",
