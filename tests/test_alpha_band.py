@@ -44,10 +44,13 @@ UTM = ("EPSG:32633", from_origin(500000, 4600000, 10, 10))
 ANTIMERIDIAN = ("EPSG:4326", from_origin(178.4, -15.0, 0.005, 0.005))
 
 
-def alpha_scene(path, bands: int = 4, dtype: str = "uint8", where=UTM, nodata: float | None = None) -> str:
+def alpha_scene(
+    path, bands: int = 4, dtype: str = "uint8", where=UTM, nodata: float | None = None, compress: str | None = None
+) -> str:
     """600 x 520 random pixels (none 0), the last of ``bands`` an alpha band: fully transparent in a
     corner and a strip cut off (the pixels under it not 0, so what turns them 0 shows), a row of
-    every value from 0 to 255 (the warper's low values among them), opaque elsewhere."""
+    every value from 0 to 255 (the warper's low values among them), opaque elsewhere; stored raw,
+    or with ``compress``."""
     rng = np.random.default_rng(bands)
     top = np.iinfo(dtype).max
     data = rng.integers(1, top, size=(bands, 520, 600), dtype=dtype)
@@ -59,6 +62,8 @@ def alpha_scene(path, bands: int = 4, dtype: str = "uint8", where=UTM, nodata: f
     crs, transform = where
     profile = dict(driver="GTiff", width=600, height=520, count=bands, dtype=dtype, crs=crs, transform=transform)
     profile.update(tiled=True, blockxsize=256, blockysize=256, alpha="YES", nodata=nodata)
+    if compress:
+        profile["compress"] = compress
     if bands == 4:
         profile["photometric"] = "RGB"
     with rasterio.open(path, "w", **profile) as dst:

@@ -13,8 +13,21 @@ import rasterio.shutil
 from rasterio.io import MemoryFile
 from rasterio.transform import from_origin
 
-from tilecommit.errors import GdalStepError, InvalidRasterError
+from tilecommit.errors import (
+    GdalStepError,
+    InvalidRasterError,
+    MosaicCheckError,
+    StorageFaultError,
+    is_retryable,
+)
+from tilecommit.raster.assembly.checks import check_mosaic_file
+from tilecommit.raster.assembly.stac import mosaic_footprint
 from tilecommit.raster.gdal_errors import GDAL_LOGGER, gdal_step, job_messages
+from tilecommit.raster.reading.scene import scene_from_dataset
+from tilecommit.raster.reading.source import LocalFile
+from tilecommit.settings import Settings
+
+from .tiff_fuzz import _put, parse
 
 
 def write_cog_without_overviews_the_wrong_way() -> None:
@@ -127,3 +140,78 @@ def test_recording_leaves_the_gdal_logger_as_it_was(caplog):
     assert (logger.level, list(logger.filters)) == before
     # GDAL's INFO-level messages were read for the error, not passed on to the application's logs.
     assert not [r for r in caplog.records if r.name == GDAL_LOGGER and r.levelno < logging.WARNING]
+
+
+# ------------------------------------------------------------------ retryable from evidence, never from words
+
+#: A folder whose name holds the words the app once took for a transport failure in GDAL's text:
+#: "ssl" in "classlabels", "curl" in "curlew", and "timeout" and "ssl" themselves. GDAL names the
+#: file in its messages.
+WORDS = "classlabels-curlew-timeout-ssl"
+
+
+def mosaic_with_two_levels(tmp_path) -> str:
+    """A 1024 x 1024 COG with two overview levels and a nodata value (so its mask is read from its
+    pixels), in the folder :data:`WORDS`."""
+    folder = tmp_path / WORDS
+    folder.mkdir()
+    path = str(folder / "mosaic.tif")
+    pixels = np.random.default_rng(4).integers(1, 255, size=(1, 1024, 1024), dtype="uint8")
+    profile = dict(driver="GTiff", width=1024, height=1024, count=1, dtype="uint8", nodata=0, crs="EPSG:32633")
+    profile.update(transform=from_origin(500000, 4600000, 10, 10), tiled=True, blockxsize=256, blockysize=256)
+    with MemoryFile() as memory:
+        with memory.open(**profile) as dst:
+            dst.write(pixels)
+        rasterio.shutil.copy(memory.name, path, driver="COG", BLOCKSIZE=256, OVERVIEW_COUNT=2, COMPRESS="DEFLATE")
+    return path
+
+
+def rewrite(path: str, change) -> None:
+    with open(path, "rb") as f:
+        data = bytearray(f.read())
+    change(data, parse(bytes(data)))
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def test_a_gdal_failure_on_bytes_that_all_arrived_is_not_retryable_whatever_words_its_messages_hold(tmp_path):
+    """The header points at a first directory past the end of the file: every byte the footprint
+    asks for arrives (nothing recorded by the reader), GDAL fails to open it and names the file.
+    Before, the words of that name in GDAL's text made the failure a retryable transport fault."""
+    path = mosaic_with_two_levels(tmp_path)
+    rewrite(path, lambda data, layout: _put(data, 4, layout.order + "I", len(data) + 4096))
+    mosaic = LocalFile(path)
+    with rasterio.Env(), pytest.raises(GdalStepError) as caught:
+        mosaic_footprint(mosaic, "EPSG:32633")
+    assert mosaic.faults == []
+    assert not is_retryable(caught.value)
+    # GDAL's messages still tell what happened, naming the file.
+    assert any(WORDS in m for m in caught.value.gdal_messages) and "Can not read TIFF directory" in str(caught.value)
+
+
+def test_a_mosaic_check_on_bytes_that_all_arrived_is_a_known_bad_mosaic_whatever_words_gdal_said(tmp_path):
+    """The second level's directory is cut from the chain (its predecessor points past the end of
+    the file): GDAL sees one level, and says so naming the file. Before, the words in that text made
+    the check a retryable storage fault instead of a mosaic known bad."""
+    path = mosaic_with_two_levels(tmp_path)
+    with rasterio.open(path) as src:
+        scene = scene_from_dataset(src)
+    rewrite(path, lambda data, layout: _put(data, layout.next_at[1], layout.order + "I", len(data) + 4096))
+    mosaic = LocalFile(path)
+    with pytest.raises(MosaicCheckError) as caught:
+        check_mosaic_file(mosaic, scene, 2, settings=Settings(), label="committed mosaic of job j")
+    assert mosaic.faults == []
+    assert "1 overview levels instead of 2" in str(caught.value) and not is_retryable(caught.value)
+
+
+def test_a_read_the_reader_recorded_still_fails_the_step_as_a_retryable_fault(tmp_path):
+    """The other side: the file is cut after its size was learnt, so the reader records reads
+    that come back short; that record, not GDAL's text, makes the step a retryable fault."""
+    path = mosaic_with_two_levels(tmp_path)
+    mosaic = LocalFile(path)
+    assert mosaic.file_size > 4096
+    rewrite(path, lambda data, layout: data.__delitem__(slice(4096, None)))
+    with rasterio.Env(), pytest.raises(StorageFaultError) as caught:
+        mosaic_footprint(mosaic, "EPSG:32633")
+    assert mosaic.faults and is_retryable(caught.value)
+    assert "storage did not deliver bytes" in str(caught.value)

@@ -17,6 +17,7 @@ from azure.storage.blob import ExponentialRetry
 from rasterio.windows import Window as RioWindow
 
 from testkit.scenes import SceneSpec, write_scene
+from testkit.storage_proxy import FaultPlan, FaultProxy
 from tilecommit.errors import InvalidRasterError, SourceChangedError, StorageFaultError, is_retryable
 from tilecommit.raster import inspect_source
 from tilecommit.raster.env import gdal_env
@@ -25,8 +26,6 @@ from tilecommit.raster.tiling.encode import encode_tile
 from tilecommit.settings import Settings
 from tilecommit.spec import OutputSpec
 from tilecommit.storage import StorageConnection
-
-from .storage_proxy import FaultPlan, FaultProxy
 
 SETTINGS = Settings(window_size=256)
 SPEC = OutputSpec.from_settings(SETTINGS)
@@ -222,3 +221,53 @@ def test_ranges_wider_than_the_cache_are_not_fetched_ahead_to_be_pushed_out_agai
     assert fetched >= 1
     assert narrow.read_at(128 * 1024, 1000) == path.read_bytes()[128 * 1024 : 128 * 1024 + 1000]
     assert narrow.requests == fetched  # served by what was fetched ahead
+
+
+# ------------------------------------------------------------------ a refusal is one answer, wherever it comes
+
+#: Storage refusing the reader's GETs as Azure refuses an identity without read permission.
+FORBIDDEN = {"busy": 1.0, "status": 403, "code": "AuthorizationPermissionMismatch", "retry_after": None}
+
+
+def assert_refused_not_retried(error: StorageFaultError) -> None:
+    assert error.status == 403 and not is_retryable(error), error
+    assert "AuthorizationPermissionMismatch" in str(error) and "not retried" in str(error), error
+
+
+def test_a_403_to_the_request_that_learns_the_size_is_a_storage_fault_not_retried(azurite, container, uploaded):
+    plan = FaultPlan(**FORBIDDEN, applies=lambda method, path: method == "GET")
+    with (
+        FaultProxy(f"http://127.0.0.1:{azurite.blob_port}", plan) as proxy,
+        pytest.raises(StorageFaultError) as caught,
+    ):
+        inspect_source(pinned_through(proxy, azurite, container, *uploaded), settings=SETTINGS, spec=SPEC)
+    assert_refused_not_retried(caught.value)
+
+
+def test_a_403_to_a_windows_prefetch_is_the_same_storage_fault_not_retried(azurite, container, uploaded):
+    """Before, the same 403 answered to a window's reads was recorded as a fault without its status:
+    retried, six attempts over 135 s, for an answer that cannot change."""
+    plan = FaultPlan(applies=lambda method, path: method == "GET")
+    with FaultProxy(f"http://127.0.0.1:{azurite.blob_port}", plan) as proxy:
+        source = pinned_through(proxy, azurite, container, *uploaded)
+        with gdal_env(SETTINGS), open_upload(source) as src:
+            for option, value in FORBIDDEN.items():
+                setattr(plan, option, value)
+            with pytest.raises(StorageFaultError) as caught:
+                encode_tile(src, WINDOW, spec=SPEC)  # its blocks fetched ahead first (source.prefetch)
+    assert_refused_not_retried(caught.value)
+    assert proxy.injected["busy"] >= 1
+
+
+def test_a_403_to_gdals_own_block_read_is_the_same_storage_fault_not_retried(azurite, container, uploaded):
+    """GDAL's block reads through the plugin, without a prefetch (Source.read_at)."""
+    plan = FaultPlan(applies=lambda method, path: method == "GET")
+    with FaultProxy(f"http://127.0.0.1:{azurite.blob_port}", plan) as proxy:
+        source = pinned_through(proxy, azurite, container, *uploaded)
+        with gdal_env(SETTINGS), open_upload(source) as src:
+            for option, value in FORBIDDEN.items():
+                setattr(plan, option, value)
+            with pytest.raises(StorageFaultError) as caught, source.checked():
+                src.read(window=WINDOW)
+    assert_refused_not_retried(caught.value)
+    assert [fault.status for fault in source.faults] == [403] * len(source.faults) and source.faults

@@ -40,6 +40,13 @@ def gdal_config(
         "GDAL_MAX_DATASET_POOL_SIZE": MAX_DATASET_POOL_SIZE,
         "GDAL_SWATH_SIZE": SWATH_SIZE,
         "GDAL_OVR_CHUNK_MAX_SIZE": OVR_CHUNK_MAX_SIZE,
+        # GDAL's one thread pool, for what reads only memory and local files: the warper's kernel,
+        # overview building, GTiff's compression, and the decoding of a dataset opened without a
+        # NUM_THREADS open option. Every dataset opened on an upload (or on a blob of the app's
+        # own read through the same plugin) is opened with NUM_THREADS=1, which GTiff takes
+        # before this option, so GDAL's threads never read through the plugin: which settings
+        # make GDAL read with its pool, and why that deadlocks, is in reading/source.py
+        # (UPLOAD_READ_THREADS).
         "GDAL_NUM_THREADS": num_threads,
         # No directory listing on open, and so no sidecar: GDAL looks for a file's .aux.xml, .ovr,
         # .msk, world file and the like only among the names a listing returned, and EMPTY_DIR

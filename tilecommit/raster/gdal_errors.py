@@ -11,6 +11,15 @@ those messages.
 
 Recording does not change what reaches the application's logs: the records are read by a filter
 on that logger, which lets through only what its level let through before.
+
+Whether a failure is worth a retry is never read from GDAL's words (a file named "curlew" or
+"classlabels" would say "curl" or "ssl"). GDAL reads none of the app's storage itself: every
+storage read goes through the app's reader, which records each read storage did not deliver
+(:class:`~tilecommit.raster.reading.source.ReadFault`), and :meth:`Source.checked
+<tilecommit.raster.reading.source.Source.checked>` around every GDAL call on it raises that
+record as a storage fault, whether GDAL failed or not (a :class:`GdalStepError` raised inside it
+included). So a :class:`GdalStepError` is a failure on bytes that all arrived, or on local files
+and memory: not retryable. GDAL's messages only enrich its text.
 """
 
 from __future__ import annotations
@@ -27,8 +36,7 @@ from rasterio.errors import RasterioError
 
 from ..errors import GdalStepError, TileCommitError
 
-#: rasterio logs GDAL's messages on these loggers: failures ("GDAL signalled an error: ...") and
-#: warnings, among them those of GDAL's network layer ("HTTP error code: 503 ... Retrying").
+#: rasterio logs GDAL's messages on these loggers: failures ("GDAL signalled an error: ...") and warnings.
 GDAL_LOGGER = "rasterio._env"
 GDAL_LOGGERS = (GDAL_LOGGER, "rasterio._err")
 #: Messages kept per step (the last ones: those nearest the failure).
@@ -134,27 +142,6 @@ def recording() -> Iterator[list[str]]:
         _stop(thread)
 
 
-#: GDAL's words when storage did not deliver: an HTTP status or curl error from its network layer
-#: (logged while it retries, GDAL_HTTP_MAX_RETRY, and when it gives up). A short read alone
-#: ("got N bytes, expected M") is not one: a local or truncated file reads short too.
-_TRANSPORT = re.compile(
-    r"HTTP error code|response_code=|HTTP response code|curl|connection (reset|refused|timed out)|"
-    r"timed out|timeout|ssl|could not resolve",
-    re.I,
-)
-
-
-def is_transport_message(message: str) -> bool:
-    """Whether one of GDAL's messages says storage did not deliver bytes (a fault to retry),
-    as opposed to bytes that arrived and could not be decoded."""
-    return bool(_TRANSPORT.search(message))
-
-
-def transport_fault(messages: list[str]) -> str | None:
-    """The first message among ``messages`` that names a transport fault, or None."""
-    return next((m for m in messages if is_transport_message(m)), None)
-
-
 def describe(messages: list[str]) -> str:
     """The last few distinct messages, repeats counted: "A; B (x3)"."""
     runs: list[list] = []
@@ -178,7 +165,9 @@ def gdal_step(step: str, *, window: str | None = None) -> Iterator[None]:
     """Run one GDAL step; a GDAL failure inside it becomes a :class:`GdalStepError` that names it.
 
     ``step`` says what was being done ("encoding tile 0001_0002 as a COG"), ``window`` which part
-    of the raster ("col=256 row=512 256x256"). The project's own errors pass through unchanged.
+    of the raster ("col=256 row=512 256x256"). The project's own errors pass through unchanged,
+    among them the storage fault a read recorded during the step (the module's notes); the
+    :class:`GdalStepError` is not retryable.
     """
     thread = threading.get_ident()
     buffer = _start(thread)
@@ -199,9 +188,6 @@ def gdal_step(step: str, *, window: str | None = None) -> Iterator[None]:
             message += f"; GDAL's messages before the failure: {before}"
         elif not before and (earlier := list(_recent.get(_job.get() or "", ()))):
             message += f"; GDAL said nothing during this step; its last messages in this job were: {describe(earlier)}"
-        error = GdalStepError(message, step=step, window=window, gdal_messages=list(buffer))
-        # GDAL failed because storage did not deliver (after GDAL's own retries): retry the step.
-        error.retryable = transport_fault([said, *buffer]) is not None
-        raise error from exc
+        raise GdalStepError(message, step=step, window=window, gdal_messages=list(buffer)) from exc
     finally:
         _stop(thread)

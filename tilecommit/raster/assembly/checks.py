@@ -19,7 +19,7 @@ from ...errors import MosaicCheckError, StorageFaultError
 from ...settings import Settings
 from ...storage import TRANSPORT_FAULTS
 from ..env import BLOCK_SIZE, gdal_env
-from ..gdal_errors import gdal_step, recording, transport_fault
+from ..gdal_errors import gdal_step
 from ..reading.scene import SceneInfo, crs_label, same_crs
 from ..reading.source import PinnedBlob, Source, open_upload, reading
 from ..reading.upload import upload_gdal_options
@@ -46,25 +46,17 @@ def check_mosaic_file(
     through the app's pinned reader (:class:`~tilecommit.raster.reading.source.PinnedBlob`).
     Only directories are read, never a block. GDAL's COG validator passes a file with missing
     overview levels (docs/design.md, 'GDAL settings and raster figures'), so the levels are counted here, and their sizes checked.
+
+    A problem seen while storage failed to deliver bytes proves nothing about the file (a
+    directory read that was refused can look like a missing level): the committed blob's reader
+    records every such read, and :func:`reading` raises it as a retryable storage fault when the
+    block ends, before any problem is judged. So the problems judged were read from bytes that
+    all arrived (or from a local file): the mosaic is known bad, whatever GDAL's messages said.
     """
-    # GDAL's messages are kept: a problem seen while storage failed to deliver bytes (a directory
-    # read that was refused can look like a missing level) proves nothing about the file.
-    with (
-        recording() as messages,
-        gdal_env(settings, gdal_options),
-        gdal_step(f"checking {label or path}"),
-        reading(path) as src,
-    ):
+    with gdal_env(settings, gdal_options), gdal_step(f"checking {label or path}"), reading(path) as src:
         problems = _mosaic_problems(src, path, scene, levels, block_size, shorter_side)
     if problems:
-        what = label or f"assembled mosaic {path}"
-        fault = transport_fault(messages)
-        if fault is not None:
-            raise StorageFaultError(
-                f"checking {what} could not finish: storage did not deliver the bytes ({fault}); "
-                "what was read said: " + "; ".join(problems)
-            )
-        raise MosaicCheckError(f"{what} is wrong: " + "; ".join(problems))
+        raise MosaicCheckError(f"{label or f'assembled mosaic {path}'} is wrong: " + "; ".join(problems))
 
 
 def _mosaic_problems(
@@ -178,8 +170,8 @@ def verify_committed_mosaic(
       cannot know.
 
     Raises :class:`MosaicCheckError` when the mosaic is known bad, and a retryable
-    :class:`StorageFaultError` (or :class:`GdalStepError`) when reading it back failed: a check
-    that could not finish never passes.
+    :class:`StorageFaultError` when storage did not deliver what it read back (its reader's
+    record, :func:`check_mosaic_file`): a check that could not finish never passes.
     """
     props = blob_properties(output, name)
     if props is None:

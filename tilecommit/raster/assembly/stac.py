@@ -59,7 +59,8 @@ def mosaic_footprint(mosaic: str | Source, crs: str) -> Footprint:
     """The footprint of the mosaic's valid pixels, from the mask of its smallest overview.
 
     Reading the mask is a GDAL step like any other: a read that storage did not deliver raises a
-    retryable :class:`~tilecommit.errors.GdalStepError`, so the item is written by the retry
+    retryable :class:`~tilecommit.errors.StorageFaultError` (the reader's record, whatever GDAL
+    returned: :func:`~..reading.source.reading`), so the item is written by the retry
     rather than committed, create-only and for good, without a geometry. Only a footprint that
     cannot be computed from the mask that was read is a missing geometry with a note saying why
     (logged), not a failed job after every tile has been written.

@@ -47,7 +47,7 @@ from azure.core.exceptions import (
 )
 from rasterio.abc import FileContainer
 
-from ...errors import InvalidRasterError, SourceChangedError, StorageFaultError
+from ...errors import GdalStepError, InvalidRasterError, SourceChangedError, StorageFaultError, retryable_status
 from .upload import UPLOAD_DRIVER, UPLOAD_OPEN_OPTIONS
 
 #: Small reads (GDAL walking the header and directories) are served from chunks of this size,
@@ -58,13 +58,32 @@ MAX_CACHED_BYTES = 64 * 1024 * 1024
 #: Prefetched ranges closer than this are fetched as one GET (the gap is discarded):
 #: a window's blocks in a row of blocks are neighbours in a COG, the next row is far away.
 MERGE_GAP = 64 * 1024
-#: GDAL threads that decode the upload's blocks: one, the caller's. GDAL's worker threads are a
-#: pool shared by every dataset in the process; one reading the upload calls back into Python
-#: and needs the GIL, while another Python thread can hold the GIL inside a GDAL call waiting
-#: for that pool: four concurrent render_tile activities deadlocked so (seen in gdb: pool
-#: workers in pyopener_seek waiting for the GIL, the activities in CPLJobQueue::WaitCompletion).
-#: Encoding the tile keeps its threads: it writes to /vsimem/ and never calls Python.
+#: GDAL threads that decode the upload's blocks: one, the caller's. GDAL's worker threads are one
+#: pool shared by the whole process (gcore/gdal_thread_pool.cpp, GDALGetGlobalThreadPool); a
+#: worker reading the upload calls back into Python and waits for the GIL, while another Python
+#: thread can hold the GIL inside GDAL waiting for that pool (rasterio 1.4's ``build_overviews``
+#: holds it around GDALBuildOverviews, whose multi-threaded computation waits for the pool): the
+#: process deadlocks. Seen in gdb with four web-optimized jobs: a pool worker in pyopener_seek
+#: waiting for the GIL, a warped read and the assembly's coarse levels waiting for the pool.
+#:
+#: In GDAL 3.10 the one reader of the upload that uses the pool is GTiff's multi-threaded decoding
+#: (frmts/gtiff/gtiffdataset_read.cpp, MultiThreadedRead: each job seeks and reads its block
+#: through the file handle, ThreadDecompressionFunc), enabled for a dataset by its NUM_THREADS
+#: open option, or, when that option is absent, by the GDAL_NUM_THREADS configuration option read
+#: as the dataset is opened (GTiffDataset::InitCompressionThreads). So every dataset GDAL opens
+#: on the upload is given NUM_THREADS=1 (:data:`UPLOAD_DATASET_OPTIONS`): rasterio's open here,
+#: and the warped VRT's own open of its source by name (tilecommit/raster/reading/warp.py), which
+#: would otherwise take the environment's GDAL_NUM_THREADS. The warper's threads (GWKThreadsCreate
+#: in alg/gdalwarpkernel.cpp: its NUM_THREADS option, else GDAL_NUM_THREADS) only resample a chunk
+#: the calling thread has already read ("all IO is done before and after", alg/gdalwarper.h,
+#: GDALWarpKernel; GDALWarpOperation::WarpRegionToBuffer reads the source), and overview building
+#: (gcore/overview.cpp, GDALRegenerateOverviewsMultiBand, GDAL_NUM_THREADS) and the tile encoder's
+#: compression threads (the COG driver's NUM_THREADS) touch only local files and memory: they keep
+#: their threads. A read that reaches the plugin from a GDAL thread all the same is refused
+#: (:meth:`Source.refused_on_gdal_thread`).
 UPLOAD_READ_THREADS = 1
+#: The GTiff open options of every dataset GDAL opens on the upload (here, and in a warped VRT).
+UPLOAD_DATASET_OPTIONS = {**UPLOAD_OPEN_OPTIONS, "NUM_THREADS": UPLOAD_READ_THREADS}
 #: The largest single GET; larger spans are fetched in parts.
 MAX_GET = 32 * 1024 * 1024
 
@@ -77,8 +96,11 @@ class ReadFault:
     offset: int
     length: int
     reason: str
-    #: "fault" (retry), "changed" (another version answered 412) or "missing" (404).
+    #: "fault" (a storage fault, retried unless ``status`` is a plain 4xx), "changed" (another
+    #: version answered 412), "missing" (404) or "gdal-thread" (asked for by a thread of GDAL's own).
     kind: str = "fault"
+    #: The HTTP status storage answered, when it answered (None: no answer, or a short one).
+    status: int | None = None
 
 
 class Source(FileContainer):
@@ -112,10 +134,41 @@ class Source(FileContainer):
         return ReadFault(self.name, offset, length, f"{type(exc).__name__}: {exc}".strip())
 
     def error_for(self, fault: ReadFault) -> Exception:
-        return StorageFaultError(
-            f"reading {self.name} failed: storage did not deliver bytes {fault.offset}-"
-            f"{fault.offset + fault.length - 1} ({fault.reason}); the read is retried"
-        )
+        if fault.kind == "gdal-thread":
+            return GdalStepError(
+                f"reading {self.name}: GDAL asked for its bytes on a thread of its own ({fault.reason}), which "
+                "this app never lets it do: such a thread waits for Python's GIL while a Python thread can hold "
+                "the GIL waiting for GDAL's threads, and the process deadlocks. The read was refused; a retry "
+                "would meet the same settings, so it is not retried: the app's GDAL settings must be fixed "
+                "(NUM_THREADS=1 on every dataset GDAL opens on an upload, tilecommit/raster/reading/source.py)",
+                step=f"reading {self.name}",
+            )
+        what = f"reading {self.name} failed: storage did not deliver bytes {fault.offset}-{fault.offset + fault.length - 1}"
+        if not retryable_status(fault.status):
+            return StorageFaultError(
+                f"{what}: storage refused the request ({fault.reason}); it would refuse it again, so it is not retried",
+                status=fault.status,
+            )
+        return StorageFaultError(f"{what} ({fault.reason}); the read is retried", status=fault.status)
+
+    # -- the thread that asks ----------------------------------------------------------------
+    def refused_on_gdal_thread(self, call: str) -> bool:
+        """Whether the plugin was called on a thread Python did not start (one of GDAL's pool, see
+        :data:`UPLOAD_READ_THREADS`), which is then recorded as a fault that fails the GDAL call
+        (:meth:`checked`) and is not retried: the settings that keep GDAL's threads off the upload
+        missed a path. The call is refused rather than served: the thread got the GIL this time,
+        but under load such a call is how the process deadlocks, and a tile made through it would
+        hide that until it does.
+
+        Python gives a thread it did not start a ``_DummyThread`` as its current thread
+        (``threading.current_thread``).
+        """
+        if not isinstance(threading.current_thread(), threading._DummyThread):
+            return False
+        reason = f"{call} on thread {threading.get_ident()}, which Python did not start"
+        with self._lock:
+            self.faults.append(ReadFault(self.name, 0, 0, reason, "gdal-thread"))
+        return True
 
     # -- counted reads -----------------------------------------------------------------------
     @property
@@ -205,8 +258,9 @@ class Source(FileContainer):
             recorded = self.faults[since:]
         if not recorded:
             return
-        changed = next((f for f in recorded if f.kind != "fault"), None)
-        error = self.error_for(changed or recorded[0])
+        # A read refused on GDAL's thread first (a defect of the app), then a version that changed.
+        first = next((f for kind in ("gdal-thread", "changed", "missing") for f in recorded if f.kind == kind), None)
+        error = self.error_for(first or recorded[0])
         if len(recorded) > 1:
             error.args = (f"{error.args[0]} ({len(recorded)} reads failed)",)
         raise error from cause
@@ -252,6 +306,7 @@ class Source(FileContainer):
     def size(self, path: str) -> int:
         if not self._is_mine(path):
             raise FileNotFoundError(path)
+        self.refused_on_gdal_thread("size")  # recorded; the size is known since the open, no request
         return self.file_size
 
 
@@ -270,6 +325,7 @@ class SourceFile(io.RawIOBase):
         return True
 
     def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        self._source.refused_on_gdal_thread("seek")  # recorded; a seek moves a number, no request
         base = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: self._source.file_size}[whence]
         self._pos = max(0, base + offset)
         return self._pos
@@ -278,6 +334,8 @@ class SourceFile(io.RawIOBase):
         return self._pos
 
     def read(self, size: int = -1) -> bytes:
+        if self._source.refused_on_gdal_thread("read"):
+            return b""  # recorded: the GDAL call fails (checked), nothing is fetched on GDAL's thread
         if size is None or size < 0:
             size = max(0, self._source.file_size - self._pos)
         try:
@@ -351,24 +409,31 @@ class PinnedBlob(Source):
         return size
 
     def _size_error(self, exc: Exception) -> Exception:
-        """What a failed size request means: the version is gone (412, 404), or a storage fault."""
-        status = getattr(exc, "status_code", None)
-        if isinstance(exc, (ResourceModifiedError, ResourceNotFoundError)) or status in (404, 412):
-            return self.error_for(self._fault_for(exc, 0, 0))
-        reason = (getattr(exc, "reason", None) or exc) if isinstance(exc, HttpResponseError) else exc
-        return StorageFaultError(f"reading the properties of {self.name} failed: {reason}", status=status)
+        """What a failed size request means: the same as a failed read of those bytes (:meth:`_fault_for`)."""
+        return self.error_for(self._fault_for(exc, 0, READ_AHEAD))
 
     def _get(self, offset: int, length: int) -> bytes:
         stream = self.blob.download_blob(offset=offset, length=length, max_concurrency=1, **self._condition())
         return stream.readall()
 
     def _fault_for(self, exc: BaseException, offset: int, length: int) -> ReadFault:
+        """What storage's answer to a GET (or the HEAD of an empty blob) means, the one
+        classification of the size request and of every read: 412 and 404 say the version is
+        gone; any other status is a storage fault that carries it, so a plain 4xx (a 403: no
+        permission) is not retried, wherever it was answered (:func:`~tilecommit.errors.retryable_status`)."""
         status = getattr(exc, "status_code", None) or getattr(getattr(exc, "__cause__", None), "status_code", None)
-        if status == 412:
+        if status == 412 or isinstance(exc, ResourceModifiedError):
             return ReadFault(self.name, offset, length, "the service refused it: another version is stored", "changed")
         if status == 404 or isinstance(exc, ResourceNotFoundError):
             return ReadFault(self.name, offset, length, "the blob no longer exists", "missing")
-        return super()._fault_for(exc, offset, length)
+        fault = super()._fault_for(exc, offset, length)
+        if isinstance(exc, HttpResponseError) and isinstance(status, int):
+            reason = getattr(exc, "reason", None) or fault.reason
+            code = getattr(exc, "error_code", None)
+            return ReadFault(
+                self.name, offset, length, f"{status} {reason}" + (f" ({code})" if code else ""), status=status
+            )
+        return fault
 
     def current_etag(self) -> str | None:
         """The ETag storage holds now (for a message only); None when it cannot be read."""
@@ -378,7 +443,7 @@ class PinnedBlob(Source):
             return None
 
     def error_for(self, fault: ReadFault) -> Exception:
-        if not self.upload and fault.kind != "fault":
+        if not self.upload and fault.kind in ("changed", "missing"):
             return StorageFaultError(
                 f"{self.name} changed while it was read (ETag {self.etag}, storage now holds "
                 f"{self.current_etag() or 'none'}); it is read again"
@@ -411,7 +476,8 @@ def open_upload(path_or_source: str | os.PathLike | Source, **open_options) -> r
     Call inside :func:`~tilecommit.raster.env.gdal_env` with
     :func:`~tilecommit.raster.reading.upload.upload_gdal_options`, after the content check. The open
     itself runs under :meth:`Source.checked`: a directory read that failed is a fault, not a
-    corrupt file. ``open_options`` go to GTiff (``overview_level``, say).
+    corrupt file. ``open_options`` go to GTiff (``overview_level``, say), besides
+    :data:`UPLOAD_DATASET_OPTIONS` (GDAL decodes it on the calling thread only).
     """
     source = as_source(path_or_source)
     source.file_size  # noqa: B018 - the version check and size, raised as ours before GDAL stats the file
@@ -420,8 +486,7 @@ def open_upload(path_or_source: str | os.PathLike | Source, **open_options) -> r
             source.path,
             driver=UPLOAD_DRIVER,
             opener=source,
-            **UPLOAD_OPEN_OPTIONS,
-            NUM_THREADS=UPLOAD_READ_THREADS,
+            **UPLOAD_DATASET_OPTIONS,
             **open_options,
         )
     _SOURCES[dataset] = source

@@ -47,7 +47,7 @@ from rasterio.warp import calculate_default_transform, transform, transform_boun
 from rasterio.windows import Window as RioWindow
 
 from .alpha import alpha_band
-from .source import prefetch_window, reads_through, source_of
+from .source import UPLOAD_DATASET_OPTIONS, prefetch_window, reads_through, source_of
 
 #: The tile matrix set of ``--web-optimized`` (rio-cogeo's default ``tms``).
 TILE_MATRIX_SET = "WebMercatorQuad"
@@ -228,6 +228,7 @@ def exact_warp_xml(
     alpha: bool = False,
     src_alpha: int | None = None,
     block: int = WARP_BLOCK,
+    open_options: dict | None = None,
 ) -> str:
     """A VRTWarpedDataset of ``src`` on ``grid`` whose transformer is GDAL's exact one.
 
@@ -240,7 +241,9 @@ def exact_warp_xml(
     source's alpha band, declared to the warper as the source's and the output's alpha
     (``SrcAlphaBand``, ``DstAlphaBand``), as rasterio's WarpedVRT declares it for rio-cogeo: the
     warper weighs each source pixel by it, leaves a pixel whose alpha is 0 out, and writes the
-    band as the alpha of what it warped (for nearest, the source pixel's).
+    band as the alpha of what it warped (for nearest, the source pixel's). ``open_options``: those
+    GDAL opens the source with, again, by its name (GDALDeserializeWarpOptions in
+    alg/gdalwarper.cpp reads them from the warp options' ``OpenOptions``).
     """
     dtype = _gdal_typename(src.dtypes[0])
     root = ET.Element(
@@ -269,6 +272,10 @@ def exact_warp_xml(
     if nodata is not None:  # a pixel is no data when every band holds the value, as GDAL masks it
         ET.SubElement(options, "Option", name="UNIFIED_SRC_NODATA").text = "YES"
     ET.SubElement(options, "SourceDataset", relativeToVRT="0").text = src.name
+    if open_options:
+        listed = ET.SubElement(options, "OpenOptions")
+        for key, value in open_options.items():
+            ET.SubElement(listed, "OOI", key=key).text = str(value)
     _add_exact_transformer(options, src, grid)
     bands = ET.SubElement(options, "BandList")
     for band in src.indexes:
@@ -289,17 +296,29 @@ def warped(src, grid: TargetGrid, *, resampling: str, nodata: float | None) -> I
     """``src`` (open, and open until the block ends) seen on ``grid``: :func:`exact_warp_xml` opened.
 
     GDAL opens the source again by its name, so an upload opened through its pinned reader is
-    read through that reader, every byte at the job's version and counted. A source whose valid
+    read through that reader, every byte at the job's version and counted, and opened with the
+    upload's own options (:data:`~.source.UPLOAD_DATASET_OPTIONS`): without NUM_THREADS=1 there,
+    that dataset would take the environment's GDAL_NUM_THREADS and be decoded by GDAL's threads
+    through the plugin (why they must not: :data:`~.source.UPLOAD_READ_THREADS`). A source whose valid
     area is an internal mask (and no nodata value is given) is seen with the warper's alpha band
     after its own (:func:`image_bands` are the others); one whose valid area is an alpha band,
     with that band warped as the warper's alpha (:func:`exact_warp_xml`'s ``src_alpha``).
     """
     alpha = nodata is None and has_internal_mask(src)
     src_alpha = alpha_band(src) if nodata is None else None
-    xml = exact_warp_xml(src, grid, resampling=resampling, nodata=nodata, alpha=alpha, src_alpha=src_alpha)
+    source = source_of(src)
+    xml = exact_warp_xml(
+        src,
+        grid,
+        resampling=resampling,
+        nodata=nodata,
+        alpha=alpha,
+        src_alpha=src_alpha,
+        open_options=UPLOAD_DATASET_OPTIONS if source is not None else None,
+    )
     with rasterio.open(xml) as dataset:
         _ORIGINS[dataset] = (src, grid)
-        reads_through(dataset, source_of(src))
+        reads_through(dataset, source)
         yield dataset
 
 
