@@ -26,7 +26,7 @@ from ..errors import MosaicCheckError
 from ..grid import Window, plan_windows
 from .assembly.commit import MosaicResult
 from .assembly.mosaic import assemble_mosaic
-from .assembly.pyramid import mosaic_overview_levels
+from .assembly.pyramid import check_temporary_disk, mosaic_overview_levels
 from .env import BLOCK_SIZE, gdal_config, gdal_env
 from .reading.scene import SUPPORTED_DTYPES, SceneInfo, inspect_source
 from .reading.source import LocalFile, PinnedBlob, Source
@@ -45,6 +45,7 @@ __all__ = [
     "TileResult",
     "Window",
     "assemble_mosaic",
+    "check_temporary_disk",
     "encode_tile",
     "gdal_config",
     "gdal_env",

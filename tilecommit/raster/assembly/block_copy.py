@@ -62,6 +62,8 @@ def build_coarse_levels(
     mosaic's coarse levels. A level with an internal mask is copied with it; GDAL then builds the
     mask's overviews too (after the image's, in the copy) and each is paired with its image by size.
     They are encoded as the tiles are, to the job's profile (:func:`tilecommit.profiles.overview_options`).
+    The copy and the levels are this assembly's temporary disk, which validation bounded from the
+    scene's numbers (:func:`.pyramid.check_temporary_disk`).
     """
     base_path = os.path.join(workdir, f"level{first_level}.tif")
     tags = dict(base_directory.tags)

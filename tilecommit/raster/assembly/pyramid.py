@@ -6,11 +6,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...errors import IncompatibleTilesError
+import numpy as np
+
+from ...errors import IncompatibleTilesError, UnsupportedRasterError
 from ...grid import Window
 from ...spec import OutputSpec
 from .. import tiff
 from ..env import BLOCK_SIZE
+from ..reading.budgets import MAX_WINDOW_BYTES, TEMPORARY_DISK_BYTES, mib, window_bytes
 from ..reading.scene import SceneInfo
 from ..tiling.encode import tile_overview_count
 
@@ -205,3 +208,63 @@ def plan_tile_levels(scene: SceneInfo, heads: list[TileHead], spec: OutputSpec) 
         if width <= block_size and height <= block_size:
             break
     return out
+
+
+def coarse_copy_bytes(scene: SceneInfo, spec: OutputSpec) -> tuple[int, tuple[int, int]]:
+    """Temporary disk the block-copy assemblies need at most, from the scene's numbers alone, and
+    the size of the level they copy: :func:`.block_copy.build_coarse_levels` writes a copy of the
+    last level the tiles carry and has GDAL build the coarser levels into it.
+
+    Counted as incompressible pixels (bands x sample size, an internal mask's bit a pixel), the
+    computed levels twice: GDAL rewrites blocks of the levels it builds into an existing file,
+    leaving dead space about as large as the levels (measured at 10240² x 3 uint16, 1024-pixel
+    windows: a 27.0 MB copy of level 2, 9.5 MB of levels built, 45.0 MB on disk; counted so:
+    65.4 MB). (0, size) when the tiles' levels reach one block and nothing is copied.
+    """
+    first = tile_overview_count(spec.window_size, spec.block_size)
+    if spec.choice.web_optimized:
+        first = min(first, levels_of(scene, spec))
+    width, height = scene.width, scene.height
+    for _ in range(first):
+        width, height = halve_floor(width), halve_floor(height)
+    levels = levels_to_fit(width, height, halve_ceil, spec.block_size)
+    if spec.choice.web_optimized:
+        levels = levels_of(scene, spec) - first
+    if levels <= 0:
+        return 0, (width, height)
+    per_pixel = scene.count * np.dtype(scene.dtype).itemsize + (0.125 if scene.mask == "per-dataset" else 0)
+    computed, w, h = 0, width, height
+    for _ in range(levels):
+        w, h = halve_ceil(w), halve_ceil(h)
+        computed += w * h
+    return int((width * height + 2 * computed) * per_pixel), (width, height)
+
+
+def check_temporary_disk(path: str, scene: SceneInfo, spec: OutputSpec) -> None:
+    """Refuse, at validation, a scene whose mosaic's coarse-level copy (:func:`coarse_copy_bytes`)
+    may need more than :data:`~..reading.budgets.TEMPORARY_DISK_BYTES` of temporary disk, with
+    the numbers and what would fit: a larger window (its tiles carry more levels, and the copy is
+    of a level a quarter the size), or a smaller scene."""
+    needed, (width, height) = coarse_copy_bytes(scene, spec)
+    if needed <= TEMPORARY_DISK_BYTES:
+        return
+    itemsize = np.dtype(scene.dtype).itemsize
+    remedies = []
+    for size in range(spec.window_size * 2, 4 * 4096 + 1, spec.window_size):
+        larger = OutputSpec(
+            window_size=size, block_size=spec.block_size, profile=spec.profile, profile_options=spec.profile_options
+        )
+        if window_bytes(scene.count, itemsize, scene.width, scene.height, size) > MAX_WINDOW_BYTES:
+            break
+        if coarse_copy_bytes(scene, larger)[0] <= TEMPORARY_DISK_BYTES:
+            remedies.append(f"a larger window (TILECOMMIT_WINDOW_SIZE={size})")
+            break
+    pixels = scene.width * scene.height * TEMPORARY_DISK_BYTES // needed
+    remedies.append(f"a scene of at most about {pixels} pixels (split it), or fewer bands per file")
+    raise UnsupportedRasterError(
+        f"{path}: the mosaic of its {scene.width} x {scene.height} x {scene.count} {scene.dtype} scene has its coarse "
+        f"levels computed on temporary disk from a copy of the tiles' last level ({width} x {height} pixels), "
+        f"up to {needed} bytes ({mib(needed)}) with incompressible pixels, more than the {TEMPORARY_DISK_BYTES} "
+        f"bytes an assembly may use (the Consumption plan gives an instance about 0.5 GB); accepted: "
+        + " or ".join(remedies)
+    )

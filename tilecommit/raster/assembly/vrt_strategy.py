@@ -31,6 +31,7 @@ from ...usage import ContextExecutor
 from ..env import NUM_THREADS, gdal_env
 from ..gdal_errors import gdal_step
 from ..reading import metadata
+from ..reading.budgets import TEMPORARY_DISK_BYTES
 from ..reading.scene import SceneInfo, as_crs
 from ..tiling.encode import cog_creation_options, tile_overview_count, write_cog
 from .block_sources import FETCH_THREADS, BlobRangeSource
@@ -40,9 +41,10 @@ from .strategy import BuiltMosaic, MosaicJob, PlannedMosaic
 
 logger = logging.getLogger(__name__)
 
-#: Temporary disk the VRT path may need before it logs a WARNING (the Consumption plan gives an
-#: instance about 0.5 GB in all; the block-copy paths need only the coarse-level copy).
-TEMP_BUDGET_BYTES = 400 * 1000 * 1000
+#: Temporary disk the VRT path may need before it logs a WARNING: an assembly's budget
+#: (:data:`~..reading.budgets.TEMPORARY_DISK_BYTES`; the block-copy paths need only the
+#: coarse-level copy, which validation checks against it: :func:`.pyramid.check_temporary_disk`).
+TEMP_BUDGET_BYTES = TEMPORARY_DISK_BYTES
 
 
 def fetch_tiles(windows: list[Window], summary, tiles: ContainerClient, folder: str) -> dict[str, str]:

@@ -83,6 +83,27 @@ def carry(src, dst, bands: list[int] | None = None) -> None:
         dst.write_colormap(1, src.colormap(1))
 
 
+def carried_sizes(src) -> dict[str, int]:
+    """Bytes of each free-text item :func:`carry` carries (name and value, UTF-8), by a label for
+    messages: what the tiles' and the mosaic's heads grow by. The numbers (scales, offsets, colour
+    interpretations) and the colormap, whose size the format fixes, are left out."""
+    sizes: dict[str, int] = {}
+
+    def count(label: str, items: dict) -> None:
+        for name, value in items.items():
+            sizes[f"{label}{name}"] = len(str(name).encode()) + len(str(value).encode())
+
+    count("", src.tags())
+    for ns in carried_domains(src):
+        count(f"domain {ns}: ", src.tags(ns=ns))
+    for band in src.indexes:
+        count(f"band {band} tag ", src.tags(band))
+        for what, value in (("description", src.descriptions[band - 1]), ("unit", src.units[band - 1])):
+            if value:
+                sizes[f"band {band} {what}"] = len(value.encode())
+    return sizes
+
+
 def said(src) -> dict:
     """What :func:`carry` carries, as plain values: two datasets that say the same compare equal."""
     return {

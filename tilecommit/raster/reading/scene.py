@@ -28,12 +28,14 @@ from ...records import Record
 from ...settings import Settings
 from ...spec import OutputSpec
 from ..env import gdal_env
+from . import budgets
 from .acquisition import acquisition_of
 from .alpha import WARP, alpha_band, check_alpha_options
+from .budgets import MAX_BLOCK_BYTES, MAX_WINDOW_BYTES, Blocks, check_carried_metadata, check_window_reads
 from .metadata import colour_interpretations, has_colormap
 from .source import Source, as_source, open_upload, prefetch_window, source_of
 from .upload import ACCEPTED_FORMATS, HEADER_BYTES, check_upload_content, upload_gdal_options
-from .warp import target_grid
+from .warp import TargetGrid, target_grid
 
 #: Sample types a tile COG, the mosaic and the quicklook handle (PREDICTOR 2 or 3 applies to all).
 SUPPORTED_DTYPES = ("uint8", "int8", "uint16", "int16", "uint32", "int32", "float32", "float64")
@@ -43,9 +45,6 @@ ACCEPTED = (
     "one sample type among " + ", ".join(SUPPORTED_DTYPES)
 )
 
-#: Largest block (tile or strip) a source may have, decoded, in bytes: GDAL holds a whole block
-#: in memory to read any pixel of it, so a file declaring giant blocks could exhaust an instance.
-MAX_BLOCK_BYTES = 256 * 1024 * 1024
 #: Most blocks a source may have: their offsets are checked one by one before any tile is written.
 MAX_BLOCKS = 262_144
 #: Sources up to this size (file bytes and decoded bytes) are decoded whole by the validation, so
@@ -54,15 +53,6 @@ MAX_BLOCKS = 262_144
 #: reads it.
 FULL_DECODE_MAX_FILE_BYTES = 64 * 1024 * 1024
 FULL_DECODE_MAX_DECODED_BYTES = 512 * 1024 * 1024
-#: Most bytes one window of the job may take decoded: bands x width x height x sample size, the
-#: window clipped to the scene. Rendering a window peaks at about 6 times that (the array read,
-#: the COG driver's working copy and overviews, the tile in memory and its bytes read out, GDAL's
-#: block cache): +289 MiB for a 48 MiB window (1024² x 24 uint16, incompressible pixels), +59 MiB
-#: for the 6 MiB of today's 1024² x 3 uint16 (docs/design.md, 'GDAL settings and raster
-#: figures'). host.json runs up to 4 activities on one instance: 90 MiB of baseline + 4 x 289 MiB
-#: = 1246 MiB, under the Consumption plan's 1536 MiB with ~290 MiB left for an assembly beside
-#: the last tiles (+103 to +157 MiB measured). 64 MiB would not fit: 90 + 4 x 6 x 64 = 1626 MiB.
-MAX_WINDOW_BYTES = 48 * 1024 * 1024
 
 T = TypeVar("T")
 
@@ -213,12 +203,12 @@ def overview_resampling_for(src) -> str:
 
 def window_bytes(src, window_size: int) -> int:
     """Decoded bytes of the largest window of ``src`` at ``window_size`` (clipped to the scene)."""
-    width, height = min(window_size, src.width), min(window_size, src.height)
-    return src.count * width * height * np.dtype(src.dtypes[0]).itemsize
+    return budgets.window_bytes(src.count, np.dtype(src.dtypes[0]).itemsize, src.width, src.height, window_size)
 
 
 def _check_window_budget(path: str, src, spec: OutputSpec) -> None:
-    """Refuse a scene one of whose windows would need more than :data:`MAX_WINDOW_BYTES` decoded.
+    """Refuse a scene one of whose windows would need more than :data:`~.budgets.MAX_WINDOW_BYTES`
+    decoded to render (:mod:`.budgets`: the figure, and how a window's render peaks at 6 times it).
 
     Only the header's numbers are used (band count, sample type, size), never a pixel, so a
     small file declaring tens of thousands of bands is refused at once, before any block is read.
@@ -299,26 +289,19 @@ def _check_block_layout(path: str, src) -> None:
     """Refuse block shapes no real raster has before any block is read or listed.
 
     A few bytes of header can declare one giant block (GDAL would allocate it whole to read one
-    pixel) or millions of tiny ones (each checked below): both are refused with what to do instead.
+    pixel: more than an activity has, :data:`~.budgets.MAX_BLOCK_BYTES`) or millions of tiny ones
+    (each checked below): both are refused with what to do instead. What reading a block of a
+    file that passes costs is checked once its stored sizes are listed (:func:`_list_blocks`).
     """
-    block_h, block_w = src.block_shapes[0]
-    itemsize = np.dtype(src.dtypes[0]).itemsize
-    samples = src.count if src.interleaving is None or src.interleaving.name != "BAND" else 1
-    block_bytes = block_h * block_w * samples * itemsize
-    blocks = -(-src.height // block_h) * -(-src.width // block_w) * (src.count if samples == 1 else 1)
-    if block_bytes > MAX_BLOCK_BYTES or blocks > MAX_BLOCKS:
+    blocks = Blocks.of(src, stored=0)
+    count = -(-src.height // blocks.height) * -(-src.width // blocks.width) * (src.count if blocks.samples == 1 else 1)
+    if blocks.decoded > MAX_BLOCK_BYTES or count > MAX_BLOCKS:
         raise UnsupportedRasterError(
-            f"{path} is stored in {blocks} blocks of {block_w} x {block_h} pixels ({block_bytes} bytes each, "
-            f"decoded): accepted: blocks of at most {MAX_BLOCK_BYTES // 2**20} MiB and at most {MAX_BLOCKS} of them; "
-            "save it tiled first (`gdal_translate -of COG in.tif out.tif`)"
+            f"{path} is stored in {count} blocks of {blocks.width} x {blocks.height} pixels ({blocks.decoded} bytes "
+            f"each, decoded): accepted: blocks of at most {MAX_BLOCK_BYTES} bytes ({MAX_BLOCK_BYTES // 2**20} MiB, "
+            f"what one activity may hold) and at most {MAX_BLOCKS} of them; save it tiled first "
+            f"(`{budgets.RETILE}`)"
         )
-
-
-def _block_window(src, bx: int, by: int) -> RioWindow:
-    block_h, block_w = src.block_shapes[0]
-    return RioWindow(
-        bx * block_w, by * block_h, min(block_w, src.width - bx * block_w), min(block_h, src.height - by * block_h)
-    )
 
 
 def _decode(path: str, src, window: RioWindow) -> None:
@@ -333,24 +316,26 @@ def _decode(path: str, src, window: RioWindow) -> None:
     )
 
 
-def _check_blocks_present(path: str, src, size: int | None, window_size: int) -> None:
-    """Refuse a truncated or damaged file before any tile is written.
+@dataclass(frozen=True)
+class BlockList:
+    """What the header's block arrays say: the block stored last and the most bytes one block
+    position stores (every band's block there, for a band-interleaved file)."""
 
-    Every full-resolution block's offset and byte count must lie inside the file (a cut-off
-    upload fails this even when its directories, at the start of a COG, are intact). A source of
-    at most ``FULL_DECODE_MAX_*`` bytes is then read window by window, exactly as the job's
-    windows will read it (GDAL takes different paths for different window shapes, and only the
-    same reads are sure to succeed the same way), so damage anywhere is refused here; a larger
-    one has the block stored last decoded, and damage inside another block is found when its
-    window is rendered (:func:`render_tile` raises :class:`InvalidRasterError` then, naming the
-    window).
-    """
+    last_at: tuple[int, int] | None
+    largest_stored: int
+
+
+def _list_blocks(path: str, src, size: int | None) -> BlockList:
+    """Refuse a truncated file, from the header: every full-resolution block's offset and byte
+    count must lie inside the file (a cut-off upload fails this even when its directories, at the
+    start of a COG, are intact). Reads no block."""
     block_h, block_w = src.block_shapes[0]
     bands = range(1, src.count + 1) if src.interleaving and src.interleaving.name == "BAND" else (1,)
+    stored = np.zeros((-(-src.height // block_h), -(-src.width // block_w)), dtype=np.int64)
     last_end, last_at = -1, None
     for band in bands:
-        for by in range(-(-src.height // block_h)):
-            for bx in range(-(-src.width // block_w)):
+        for by in range(stored.shape[0]):
+            for bx in range(stored.shape[1]):
                 offset = src.get_tag_item(f"BLOCK_OFFSET_{bx}_{by}", "TIFF", bidx=band)
                 count = src.get_tag_item(f"BLOCK_SIZE_{bx}_{by}", "TIFF", bidx=band)
                 if offset is None or count is None:
@@ -361,16 +346,38 @@ def _check_blocks_present(path: str, src, size: int | None, window_size: int) ->
                         f"{path} is truncated: it has {size} bytes but block ({bx},{by}) of band {band} "
                         f"extends to byte {end}; upload the complete file"
                     )
+                stored[by, bx] += int(count)
                 if int(count) and end > last_end:
                     last_end, last_at = end, (bx, by)
+    return BlockList(last_at, int(stored.max(initial=0)))
+
+
+def _check_blocks_decode(path: str, src, size: int | None, window_size: int, listed: BlockList) -> None:
+    """Refuse a damaged file before any tile is written.
+
+    A source of at most ``FULL_DECODE_MAX_*`` bytes is read window by window, exactly as the job's
+    windows will read it (GDAL takes different paths for different window shapes, and only the
+    same reads are sure to succeed the same way), so damage anywhere is refused here; a larger
+    one has the block stored last decoded, and damage inside another block is found when its
+    window is rendered (:func:`render_tile` raises :class:`InvalidRasterError` then, naming the
+    window). That block is decoded through a window of at most the job's size at its corner:
+    GDAL decodes a block whole to read any pixel of it, and the read then holds what a job's
+    window read holds (:mod:`.budgets`), not the whole block again as an array.
+    """
+    block_h, block_w = src.block_shapes[0]
     decoded = src.width * src.height * src.count * np.dtype(src.dtypes[0]).itemsize
     if size is not None and size <= FULL_DECODE_MAX_FILE_BYTES and decoded <= FULL_DECODE_MAX_DECODED_BYTES:
         for window in plan_windows(src.width, src.height, window_size):
             _decode(path, src, RioWindow(window.col_off, window.row_off, window.width, window.height))
         return
-    if last_at is None:  # every block empty (sparse): the bottom-right one stands for them
-        last_at = ((src.width - 1) // block_w, (src.height - 1) // block_h)
-    _decode(path, src, _block_window(src, *last_at))
+    # Every block empty (sparse): the bottom-right one stands for them.
+    bx, by = listed.last_at or ((src.width - 1) // block_w, (src.height - 1) // block_h)
+    col, row = bx * block_w, by * block_h
+    _decode(
+        path,
+        src,
+        RioWindow(col, row, min(block_w, window_size, src.width - col), min(block_h, window_size, src.height - row)),
+    )
 
 
 def scene_from_dataset(
@@ -464,36 +471,27 @@ def inspect_source(
             profiles.check_for(spec.choice, src.dtypes[0], count=src.count, nodata=nodata, alpha=alpha)
             _check_window_budget(path, src, spec)
             _check_georeferencing(path, src)
+            grid = _target_grid(path, src, settings, spec.choice) if spec.choice.warped else None
             _check_block_layout(path, src)
-            _check_blocks_present(path, src, size, spec.window_size)
+            listed = _list_blocks(path, src, size)
+            # The budgets of a window's read, from the header (and the target grid): before any block is decoded.
+            blocks = Blocks.of(src, stored=listed.largest_stored)
+            check_window_reads(path, src, spec, blocks, grid, resolution=spec.choice.resolution)
+            _check_blocks_decode(path, src, size, spec.window_size, listed)
+            # After the decode check, as the mask flags: listing the metadata domains before it let
+            # directory-field-025-striped-raw-rgb.tif of the fuzz corpus pass it (and fail its first window).
+            check_carried_metadata(path, src)
             check_alpha_options(path, src, spec.choice, _mask_kind(src))
             scene = scene_from_dataset(src, nbytes=size, choice=spec.choice, path=path)
-            if spec.choice.warped:
-                return on_target_grid(path, src, scene, settings, spec.choice)
+            if grid is not None:
+                return on_target_grid(path, src, scene, grid, spec.choice)
             return scene
 
 
-def on_target_grid(path: str, src, scene: SceneInfo, settings: Settings, choice: profiles.Choice) -> SceneInfo:
-    """``scene`` as a warped job's outputs are: on the grid of :func:`~.warp.target_grid`
-    (web-optimized, or ``target_srs`` / ``resolution``), the source's bands, sample type, nodata
-    and mask (an internal mask becomes the warped footprint's, as rio-cogeo makes it from the
-    warper's alpha). A source whose valid area is an alpha band keeps it, warped as the warper's
-    alpha (:func:`~.warp.warped`), or, with ``add_mask``, has it as the mask.
-
-    Refused with the reason: an internal mask with a ``nodata`` override (rio-cogeo then writes a
-    mask made of the value alone, unlike any other job's; so too with the source's own nodata
-    value), a grid GDAL cannot compute (no transformation to the target CRS), a grid over the
-    pixel limit (an alpha band with a ``nodata`` override: :func:`~.alpha.check_alpha_options`).
-    """
-    own, nodata_override, warp = _mask_kind(src), choice.nodata, WARP
-    nodata = nodata_override if nodata_override is not None else src.nodata
-    if own == "per-dataset" and nodata is not None:
-        whose = "the profile's" if nodata_override is not None else "its own"
-        raise UnsupportedRasterError(
-            f"{path} has an internal mask, and {whose} nodata={nodata:g} would replace it in {warp}, which "
-            "takes one or the other; accepted: a source with a nodata value or an internal mask, not both, and "
-            "no nodata option with an internal mask"
-        )
+def _target_grid(path: str, src, settings: Settings, choice: profiles.Choice) -> TargetGrid:
+    """The grid of :func:`~.warp.target_grid` a warped job's outputs are on (web-optimized, or
+    ``target_srs`` / ``resolution``), from the header alone. Refused with the reason: a grid GDAL
+    cannot compute (no transformation to the target CRS), a grid over the pixel limit."""
     target = "WebMercatorQuad (EPSG:3857)" if choice.web_optimized else choice.target_srs or "its own CRS"
     try:
         grid = target_grid(src, choice)
@@ -507,6 +505,28 @@ def on_target_grid(path: str, src, scene: SceneInfo, settings: Settings, choice:
             f"{path} on the {grid.name} is {grid.width} x {grid.height} = {grid.width * grid.height} pixels, more "
             f"than the {settings.max_pixels} allowed (TILECOMMIT_MAX_PIXELS); accepted: a scene whose target grid "
             "has at most that many pixels (a coarser resolution)"
+        )
+    return grid
+
+
+def on_target_grid(path: str, src, scene: SceneInfo, grid: TargetGrid, choice: profiles.Choice) -> SceneInfo:
+    """``scene`` as a warped job's outputs are: on ``grid`` (:func:`_target_grid`), the source's
+    bands, sample type, nodata and mask (an internal mask becomes the warped footprint's, as
+    rio-cogeo makes it from the warper's alpha). A source whose valid area is an alpha band keeps
+    it, warped as the warper's alpha (:func:`~.warp.warped`), or, with ``add_mask``, has it as the mask.
+
+    Refused with the reason: an internal mask with a ``nodata`` override (rio-cogeo then writes a
+    mask made of the value alone, unlike any other job's; so too with the source's own nodata
+    value; an alpha band with a ``nodata`` override: :func:`~.alpha.check_alpha_options`).
+    """
+    own, nodata_override, warp = _mask_kind(src), choice.nodata, WARP
+    nodata = nodata_override if nodata_override is not None else src.nodata
+    if own == "per-dataset" and nodata is not None:
+        whose = "the profile's" if nodata_override is not None else "its own"
+        raise UnsupportedRasterError(
+            f"{path} has an internal mask, and {whose} nodata={nodata:g} would replace it in {warp}, which "
+            "takes one or the other; accepted: a source with a nodata value or an internal mask, not both, and "
+            "no nodata option with an internal mask"
         )
     return dataclasses.replace(
         scene,
