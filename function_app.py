@@ -6,6 +6,7 @@ one activity per window through batch sub-orchestrations and fans in to the mosa
 
 import json
 import os
+from urllib.parse import urlsplit
 
 # PROJ fetches a grid file over the network when a CRS names one and PROJ_NETWORK is on; a CRS
 # comes from an upload, which is untrusted, so this worker process never lets it (PROJ reads the
@@ -161,15 +162,26 @@ async def retry_job(req: func.HttpRequest, client: df.DurableOrchestrationClient
 @app.route(route="jobs/{job_id}/verify", methods=["POST"], auth_level=func.AuthLevel.FUNCTION)
 @app.durable_client_input(client_name="client")
 async def verify_job(req: func.HttpRequest, client: df.DurableOrchestrationClient) -> func.HttpResponse:
-    """POST /api/jobs/{job_id}/verify[?repair=true]: start a scrub of a finished job (completed or failed); 202 with its id."""
+    """POST /api/jobs/{job_id}/verify[?repair=true]: start a scrub of a finished job (completed or
+    failed); 202 with its id and its status URL on this API. Never the Durable extension's
+    management URLs: in Azure they carry the extension's system key (``code=``)."""
     job_id = req.route_params["job_id"]
     repair = req.params.get("repair", "").lower() in ("true", "1", "yes")
     try:
         instance_id = await verify_start.start_verify(client, job_id, repair=repair)
     except JobNotVerifiable as exc:
         return json_response(JobApiError(404, "job-not-verifiable", str(exc)).body(), 404)
-    body = {"id": instance_id, "job_id": job_id, "repair": repair, **client.create_http_management_payload(instance_id)}
-    return json_response(body, 202)
+    url = urlsplit(req.url)  # its query may hold the caller's own key: left out
+    status_url = f"{url.scheme}://{url.netloc}{url.path.rstrip('/')}/{instance_id}"
+    return json_response({"id": instance_id, "job_id": job_id, "repair": repair, "status_url": status_url}, 202)
+
+
+@app.function_name(names.VERIFY_STATUS_ROUTE)
+@app.route(route="jobs/{job_id}/verify/{verify_id}", methods=["GET"], auth_level=func.AuthLevel.FUNCTION)
+@app.durable_client_input(client_name="client")
+async def get_verify(req: func.HttpRequest, client: df.DurableOrchestrationClient) -> func.HttpResponse:
+    """GET /api/jobs/{job_id}/verify/{verify_id}: a scrub's state, and its report once it has ended."""
+    return await answer(verify_start.verify_view(client, req.route_params["job_id"], req.route_params["verify_id"]))
 
 
 @app.function_name(names.RETENTION_SWEEP)
@@ -197,5 +209,6 @@ async def retention_sweep(timer: func.TimerRequest, client: df.DurableOrchestrat
 )
 @app.durable_client_input(client_name="client")
 async def raster_uploaded(upload: blob.BlobClient, client: df.DurableOrchestrationClient) -> None:
-    # The SDK-type binding hands over a client, not the blob's bytes: a raster can be GBs.
-    await starter.start_job(upload, client, Settings.from_env())
+    # The SDK-type binding hands over a client, not the blob's bytes: a raster can be GBs. What
+    # raising here does (the event is delivered again): client_functions/starter.py, _restart_failed.
+    await starter.start_job(upload, client, Settings.from_env(), activity_context().manifest)

@@ -11,6 +11,7 @@ import asyncio
 import base64
 import binascii
 import json
+import time
 from datetime import datetime
 
 import aiohttp
@@ -19,7 +20,7 @@ from azure.data.tables import TableClient
 from azure.durable_functions.models.DurableOrchestrationStatus import DurableOrchestrationStatus
 
 from orchestrators import names
-from tilecommit import cancellation
+from tilecommit import cancellation, retention
 from tilecommit.errors import InvalidNameError, JobApiError
 from tilecommit.jobs import check_job_id
 
@@ -35,8 +36,13 @@ DEFAULT_LIMIT, MAX_LIMIT = 50, 500
 INSTANCES_PER_REQUEST = 100
 #: The extension's header for the next page of a list (HttpApiHandler); absent or empty on the last.
 CONTINUATION_HEADER = "x-ms-continuation-token"
-#: The sub-orchestrations of a job, stopped with it on a cancel.
+#: The sub-orchestrations of a job, stopped with it on a cancel and before it is started again.
 CHILD_ORCHESTRATORS = {names.RENDER_BATCH, names.RENDER_GROUP}
+#: How long a restart waits for the sub-orchestrations of the job's last run to stop once told
+#: to, and how often it looks. A terminate is carried out at the child's next episode, which
+#: runs as soon as its partition's owner reads the message: under a second when hosts are up.
+STOP_PATIENCE_S = 20.0
+STOP_POLL_S = 0.25
 
 
 def _job_input(status: DurableOrchestrationStatus) -> dict:
@@ -79,7 +85,9 @@ def _checked_id(job_id: str) -> str:
         raise JobApiError(400, "invalid-job-id", str(exc)) from None
 
 
-async def _job_status(client: df.DurableOrchestrationClient, job_id: str) -> DurableOrchestrationStatus:
+async def job_status(client: df.DurableOrchestrationClient, job_id: str) -> DurableOrchestrationStatus:
+    """The status (with its input) of the job ``job_id``: an instance of the job orchestration,
+    never one of its batches, groups or scrubs. 400 for an id that is not a job's, 404 for none."""
     status = await client.get_status(_checked_id(job_id), show_input=True)
     if not status or status.name != names.TILE_SCENE:
         raise JobApiError(404, "job-not-found", f"no job {job_id}")
@@ -87,7 +95,7 @@ async def _job_status(client: df.DurableOrchestrationClient, job_id: str) -> Dur
 
 
 async def get_job(client: df.DurableOrchestrationClient, job_id: str) -> dict:
-    return job_view(await _job_status(client, job_id))
+    return job_view(await job_status(client, job_id))
 
 
 # ---------------------------------------------------------------------- listing
@@ -188,43 +196,124 @@ async def _children(client: df.DurableOrchestrationClient, job_id: str) -> list[
     return [s for s in await instances(client, instanceIdPrefix=f"{job_id}-") if s.name in CHILD_ORCHESTRATORS]
 
 
-async def cancel_job(client: df.DurableOrchestrationClient, manifest: TableClient, job_id: str, reason: str) -> dict:
-    """Terminate a running job and its batches, and mark it cancelled so its queued tiles stop.
+async def stop_children(
+    client: df.DurableOrchestrationClient,
+    job_id: str,
+    reason: str,
+    *,
+    patience: float = 0.0,
+    last_run: DurableOrchestrationStatus | None = None,
+) -> list[str]:
+    """Terminate the job's batches and groups that still run, and wait up to ``patience`` seconds
+    for them to end; the ids of those still running then.
 
+    Called once the job's own orchestration has ended (or has been told to): nobody waits for
+    these children any more. Their parent's execution is over, so what they would report is
+    dropped (a message for an earlier execution), and a new run of the job starting a child of
+    the same id while it still runs would have its start dropped as a duplicate: that new run
+    would wait for it forever (docs/local-host.md, "Conformance", rows 17, 18 and 47). Each is
+    terminated once; the list is read again on each look, so a child that a terminated group
+    started meanwhile is stopped too. The SDK accepts a terminate of an instance that has just
+    finished (410).
+
+    With ``last_run`` (the job's status as the caller found it, finished), the job is read before
+    each look, and once it is no longer that run (another restart has begun it again) this
+    gives way with 409 ``started-concurrently``: the children running then are the new run's. A
+    new run starts its first batch only after an activity (validation), so a look that found the
+    job unchanged lists no child of it.
+    """
+    deadline = time.monotonic() + patience
+    told: set[str] = set()
+    while True:
+        if last_run is not None:
+            now = await client.get_status(job_id)
+            if (now.runtime_status, now.last_updated_time) != (last_run.runtime_status, last_run.last_updated_time):
+                raise JobApiError(409, "started-concurrently", f"job {job_id} was started again concurrently")
+        running = [c.instance_id for c in await _children(client, job_id) if c.runtime_status not in FINISHED]
+        for instance_id in running:
+            if instance_id not in told:
+                await client.terminate(instance_id, reason)
+                told.add(instance_id)
+        if not running or time.monotonic() >= deadline:
+            return running
+        await asyncio.sleep(STOP_POLL_S)
+
+
+async def cancel_job(client: df.DurableOrchestrationClient, manifest: TableClient, job_id: str, reason: str) -> dict:
+    """Mark the job cancelled, so its queued tiles stop, then terminate it and its batches.
+
+    The row first: it is what stops the tiles already queued (terminating stops orchestrators,
+    not their activities), and a cancel whose row could not be written has terminated nothing,
+    so calling it again does it all (the row is create-only: a second write finds it present).
     Tiles already written stay, each with its manifest row: a retry skips their windows.
     """
-    status = await _job_status(client, job_id)
+    status = await job_status(client, job_id)
     if status.runtime_status in FINISHED:
         raise JobApiError(
             409, "job-finished", f"job {job_id} is {status.runtime_status.value.lower()}: nothing to cancel"
         )
-    await client.terminate(job_id, reason)
-    for child in await _children(client, job_id):
-        if child.runtime_status not in FINISHED:
-            await client.terminate(child.instance_id, reason)
     await asyncio.to_thread(cancellation.mark_cancelled, manifest, job_id, reason)
+    await client.terminate(job_id, reason)  # a job that ended meanwhile: 410, accepted by the SDK
+    await stop_children(client, job_id, reason)
     return {"job_id": job_id, "state": "cancelling", "reason": reason}
 
 
-async def retry_job(client: df.DurableOrchestrationClient, manifest: TableClient, job_id: str) -> dict:
+async def restart_job(
+    client: df.DurableOrchestrationClient,
+    manifest: TableClient,
+    status: DurableOrchestrationStatus,
+    *,
+    by_user: bool,
+    patience: float = STOP_PATIENCE_S,
+) -> None:
     """Start a failed or cancelled job again under its id, with its own input: windows with a
-    manifest row are skipped, only the missing ones are rendered."""
-    status = await _job_status(client, job_id)
+    manifest row are skipped, only the missing ones are rendered. The one way a job is started
+    again: the job API's retry (``by_user``, which also lifts the user's cancel) and a delivery
+    of a failed job's upload (which never resumes a job its user cancelled).
+
+    The new run never meets a child of the last one still running: those are terminated and
+    awaited first (:func:`stop_children`). Refused with 409 while they still run after
+    ``patience`` (``job-stopping``), while the retention sweep deletes the job's data
+    (``job-being-swept``: its cancellation row, checked last, just before the start), unless
+    ``by_user`` when the job has a user's cancellation row (``job-cancelled``), and when another
+    restart got there first (``started-concurrently``).
+    """
+    job_id = status.instance_id
+    reason = f"job {job_id} is started again: its last run's batches are stopped"
+    stopping = await stop_children(client, job_id, reason, patience=patience, last_run=status)
+    if stopping:
+        raise JobApiError(
+            409,
+            "job-stopping",
+            f"job {job_id}: {len(stopping)} batches of its last run are still stopping; try again shortly",
+        )
+    cancelled = await asyncio.to_thread(cancellation.cancelled_because, manifest, job_id)
+    if cancelled == retention.SWEEP_REASON:
+        raise JobApiError(409, "job-being-swept", f"job {job_id}: the retention sweep is deleting its tiles")
+    if cancelled is not None and not by_user:
+        raise JobApiError(409, "job-cancelled", f"job {job_id} was cancelled ({cancelled}): only a retry resumes it")
+    if by_user and not await asyncio.to_thread(
+        cancellation.clear_cancelled, manifest, job_id, keep=lambda why: why == retention.SWEEP_REASON
+    ):
+        raise JobApiError(
+            409, "cancelled-again", f"job {job_id} was cancelled again, or its sweep began, while it was being retried"
+        )
+    try:
+        await client.start_new(names.TILE_SCENE, job_id, _job_input(status))
+    except Exception as exc:  # the SDK raises a bare Exception carrying the host's message
+        if "already exists" not in str(exc):
+            raise
+        raise JobApiError(409, "started-concurrently", f"job {job_id} was started again concurrently") from None
+
+
+async def retry_job(client: df.DurableOrchestrationClient, manifest: TableClient, job_id: str) -> dict:
+    """Start a failed or cancelled job again (:func:`restart_job`)."""
+    status = await job_status(client, job_id)
     if status.runtime_status not in RETRYABLE:
         raise JobApiError(
             409,
             "job-not-retryable",
             f"job {job_id} is {status.runtime_status.value.lower()}: only a failed or cancelled job is retried",
         )
-    stopping = [c.instance_id for c in await _children(client, job_id) if c.runtime_status not in FINISHED]
-    if stopping:
-        # A batch of the last run still running would meet the new run's batch of the same id.
-        raise JobApiError(
-            409,
-            "job-stopping",
-            f"job {job_id}: {len(stopping)} batches of its last run are still stopping; try again shortly",
-        )
-    if not await asyncio.to_thread(cancellation.clear_cancelled, manifest, job_id):
-        raise JobApiError(409, "cancelled-again", f"job {job_id} was cancelled again while it was being retried")
-    await client.start_new(names.TILE_SCENE, job_id, _job_input(status))
+    await restart_job(client, manifest, status, by_user=True)
     return {"job_id": job_id, "state": "pending"}

@@ -11,22 +11,28 @@ import logging
 from dataclasses import dataclass
 
 import azure.durable_functions as df
-from azure.storage.blob import BlobClient
+from azure.data.tables import TableClient
+from azure.durable_functions.models.DurableOrchestrationStatus import DurableOrchestrationStatus
+from azure.storage.blob import BlobClient, BlobProperties
 
 from orchestrators import names
-from tilecommit.errors import InvalidNameError
+from tilecommit.errors import InvalidNameError, JobApiError
 from tilecommit.jobs import check_upload_name, job_id_for
 from tilecommit.observability import telemetry
 from tilecommit.records import Record
 from tilecommit.settings import SIDECAR_SUFFIXES, Settings
 from tilecommit.spec import OutputSpec
 
+from .job_api import restart_job
+
 logger = logging.getLogger(__name__)
 
 #: Statuses under which a job exists and a delivery of its upload must not start it again.
-#: A failed job is resumed by a redelivery (its finished windows are kept). A terminated job was
+#: A failed job is resumed by a redelivery (its finished windows are kept), through the job
+#: API's own restart (:func:`client_functions.job_api.restart_job`). A terminated job was
 #: cancelled by its user (the job API is the only thing that terminates one): only the API's
-#: retry starts it again, never an event delivered late or twice.
+#: retry starts it again, never an event delivered late or twice; nor is a failed job whose
+#: cancellation row says its user cancelled it while it failed.
 _LIVE_OR_DONE = {
     df.OrchestrationRuntimeStatus.Pending,
     df.OrchestrationRuntimeStatus.Running,
@@ -35,6 +41,12 @@ _LIVE_OR_DONE = {
     df.OrchestrationRuntimeStatus.Suspended,
     df.OrchestrationRuntimeStatus.Terminated,
 }
+
+
+#: Refusals of a failed job's restart that make a delivery a duplicate (the reason it records):
+#: its user cancelled it as it failed, or another delivery started it first. Any other refusal
+#: (its batches still stopping, its sweep) is raised, so that the event comes again.
+_NOT_AGAIN = {"job-cancelled": "cancelled", "started-concurrently": "started concurrently"}
 
 
 @dataclass(frozen=True)
@@ -93,8 +105,13 @@ def job_input(
     return job
 
 
-async def start_job(source: BlobClient, client: df.DurableOrchestrationClient, settings: Settings) -> StartDecision:
-    """Start the job for this upload unless it already exists; never fails on a duplicate."""
+async def start_job(
+    source: BlobClient, client: df.DurableOrchestrationClient, settings: Settings, manifest: TableClient
+) -> StartDecision:
+    """Start the job for this upload unless it already exists; never fails on a duplicate.
+
+    Raises :class:`JobApiError` (409 ``job-stopping`` or ``job-being-swept``) when a failed job
+    cannot be started again yet, so the event is delivered again (see :func:`_restart_failed`)."""
     name = source.blob_name
     try:
         check_upload_name(name)
@@ -127,7 +144,7 @@ async def start_job(source: BlobClient, client: df.DurableOrchestrationClient, s
 
     job = job_input(name, source.url, props.etag, props.size, settings, props.metadata)
     job_id = job["job_id"]
-    status = await client.get_status(job_id)
+    status = await client.get_status(job_id, show_input=True)
     if status.runtime_status in _LIVE_OR_DONE:
         return _decided(
             StartDecision("duplicate", name, job_id, reason=status.runtime_status.value),
@@ -137,6 +154,8 @@ async def start_job(source: BlobClient, client: df.DurableOrchestrationClient, s
             job_id,
             status.runtime_status.value,
         )
+    if status.runtime_status == df.OrchestrationRuntimeStatus.Failed:
+        return await _restart_failed(status, client, manifest, name, props)
 
     try:
         await client.start_new(names.TILE_SCENE, job_id, job)
@@ -155,6 +174,63 @@ async def start_job(source: BlobClient, client: df.DurableOrchestrationClient, s
         StartDecision("started", name, job_id),
         logging.INFO,
         "started job %s for %r (etag %s, %d bytes)",
+        job_id,
+        name,
+        props.etag,
+        props.size,
+    )
+
+
+async def _restart_failed(
+    status: DurableOrchestrationStatus,
+    client: df.DurableOrchestrationClient,
+    manifest: TableClient,
+    name: str,
+    props: BlobProperties,
+) -> StartDecision:
+    """A delivery of a failed job's upload: resume it with the job API's own restart, which first
+    stops the batches of its last run that still run.
+
+    While they have not stopped (or the retention sweep is deleting the job's data) this raises,
+    and the invocation fails so that its event is delivered again later. In Azure the blob
+    trigger's Event Grid webhook has already answered 202 once it queued the event in the host's
+    blob-trigger queue (azure-sdk-for-net, Microsoft.Azure.WebJobs.Extensions.Storage.Blobs,
+    ``BlobsExtensionConfigProvider.ProcessEventsAsync``); the function runs from that queue
+    (``SharedBlobQueueListenerFactory``), and a failed invocation leaves its message to be
+    dequeued again, up to host.json's ``poisonBlobThreshold`` attempts, then moved to the
+    ``webjobs-blobtrigger-poison`` queue (Event Grid does not retry a delivery it saw accepted).
+    The local host's watcher delivers an event whose trigger raised again at its next poll, up to
+    the same threshold (``devhost.durable.watcher.BlobEventWatcher.deliver``). Either way a few
+    attempts come within seconds, which is why the restart itself waits for the batches to stop
+    (``restart_job``'s patience); a job left failed after the last attempt stays visible (the
+    failed-jobs alert) and is resumed by the job API's retry.
+    """
+    job_id = status.instance_id
+    try:
+        await restart_job(client, manifest, status, by_user=False)
+    except JobApiError as exc:
+        if exc.code in _NOT_AGAIN:
+            return _decided(
+                StartDecision("duplicate", name, job_id, reason=_NOT_AGAIN[exc.code]),
+                logging.INFO,
+                "duplicate delivery for %r: failed job %s %s",
+                name,
+                job_id,
+                _NOT_AGAIN[exc.code],
+            )
+        logger.warning(
+            "failed job %s for %r not started again yet (%s): %s; the event is delivered again",
+            job_id,
+            name,
+            exc.code,
+            exc.message,
+            extra={"job_id": job_id},
+        )
+        raise
+    return _decided(
+        StartDecision("started", name, job_id, reason="failed job resumed"),
+        logging.INFO,
+        "started failed job %s again for %r (etag %s, %d bytes)",
         job_id,
         name,
         props.etag,

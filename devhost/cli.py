@@ -328,6 +328,9 @@ def _local_host(args: argparse.Namespace):
             hub=args.hub,
             function_timeout=args.function_timeout,
             instance_memory_mb=args.instance_memory_mb or None,
+            # A serve command is a process of its own, as a worker is: a function stuck past its
+            # timeout ends it, and the jobs resume when serve starts again (docs/running-locally.md).
+            recycle_stuck_worker=args.command == "serve",
             worker_id=args.worker_id,
             lease=LeaseTimings(lease_s=args.lease_seconds, acquire_s=args.lease_seconds / 3),
             events_file=args.events_file,

@@ -5,7 +5,6 @@ Shared by the CLI and ``make demo``; it knows the host only through its public a
 
 from __future__ import annotations
 
-import json
 import sys
 import threading
 import time
@@ -140,11 +139,9 @@ def process_file(
         if time.monotonic() > deadline:
             raise TimeoutError(f"no job started for {blob.blob_name!r} within {timeout} s")
         time.sleep(0.1)
-    stalls = StallReporter(job_id)
     try:
-        state = host.engine.wait_for(
-            job_id, timeout=max(1.0, deadline - time.monotonic()), progress=lambda s: (stalls.see(s), update(s))
-        )
+        # A job that makes no progress is reported by the host itself (devhost.durable.progress).
+        state = host.engine.wait_for(job_id, timeout=max(1.0, deadline - time.monotonic()), progress=update)
         update(state)  # the last word: done, or failed
     finally:
         if board is not None:
@@ -162,40 +159,6 @@ def _ignored_because(host, blob_name: str, etag: str, acknowledged: bool) -> str
     if ack and ack.get("start_action") == "ignored":
         return ack.get("start_reason") or "no reason given"
     return None
-
-
-#: A job whose state has not changed for this long is reported on stderr (and again as long as it lasts).
-STALL_REPORT_S = 60.0
-
-
-class StallReporter:
-    """Says so on stderr when a job makes no progress, instead of waiting in silence; the host's
-    watchdog sends stalled work again, so the job may still go on."""
-
-    def __init__(self, job_id: str, after: float = STALL_REPORT_S, stream=sys.stderr):
-        self.job_id, self.after, self.stream = job_id, after, stream
-        self.seen: tuple | None = None
-        self.since = self.reported = time.monotonic()
-
-    def see(self, state: dict) -> None:
-        fingerprint = (
-            state["status"],
-            state.get("episodes"),
-            state.get("updated"),
-            json.dumps(state.get("custom_status")),
-        )
-        moment = time.monotonic()
-        if fingerprint != self.seen:
-            self.seen, self.since, self.reported = fingerprint, moment, moment
-            return
-        if moment - self.since >= self.after and moment - self.reported >= self.after:
-            self.reported = moment
-            self.stream.write(
-                f"devhost: job {self.job_id} has made no progress for {moment - self.since:.0f} s "
-                f"({state['status']}, {state.get('episodes') or 0} episode(s), last change {state.get('updated')}); "
-                "still waiting (the host's watchdog sends stalled work again)\n"
-            )
-            self.stream.flush()
 
 
 def job_summary(state: dict, *, elapsed: float | None = None) -> dict:

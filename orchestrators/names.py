@@ -30,6 +30,8 @@ VERIFY_OUTPUTS = "verify_outputs"
 REBUILD_MOSAIC = "rebuild_mosaic"
 #: The HTTP route that starts a scrub: POST /api/jobs/{job_id}/verify[?repair=true].
 VERIFY_ROUTE = "verify_job"
+#: A scrub's state and report: GET /api/jobs/{job_id}/verify/{verify_id}.
+VERIFY_STATUS_ROUTE = "get_verify"
 #: The job API: GET /api/jobs/{job_id}, GET /api/jobs, POST /api/jobs/{job_id}/cancel and /retry.
 JOB_ROUTE = "get_job"
 JOBS_ROUTE = "list_jobs"

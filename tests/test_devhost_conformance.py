@@ -5,11 +5,13 @@ Each test names the behaviour; docs/local-host.md cites the real host's source f
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
 import pytest
 
+from devhost.durable import handover
 from devhost.durable.history import EXECUTION_STARTED, TIMER_CREATED, InstanceAlreadyExists, parse_iso
 from devhost.durable.work import worker_thread_count
 from testkit.metrics import max_overlap, slot_use
@@ -157,6 +159,36 @@ def test_an_old_childs_completion_is_dropped_by_the_rerun_parent(store):
     assert dropped == 1
 
 
+def test_a_child_start_meeting_its_id_running_for_another_parent_is_dropped_and_never_sent_again(store, monkeypatch):
+    """The first run fails while its child naps; started again, the parent starts a child of the
+    same id while that one still runs. DTFx drops the start ("Duplicate start event"), and the
+    running child reports to the first execution only (ExecutionId mismatch): the new parent's
+    task never completes, on the real host as here. Nothing sends that start again, not even the
+    local host's watchdog once the old child has finished (its 2 minutes shortened to 0.3 s):
+    it used to, and so finished a job the real host leaves waiting forever."""
+    monkeypatch.setattr(handover, "QUIET_CHILD_S", 0.3)
+    toy_app.set_failures("parent-fails-first", 1)
+    first = {"seconds": 2.0, "run": 1, "child": "a", "fail": True, "key": "parent-fails-first"}
+    with make_engine(store, timer_scale=1.0, watchdog_interval=0.1) as engine:
+        engine.start_new("parent_of_slow_child", "same-child", first)
+        failed = engine.wait_for("same-child", timeout=60)
+        engine.start_new(
+            "parent_of_slow_child", "same-child", {**first, "seconds": 0.1, "run": 2, "fail": False, "key": "none"}
+        )
+        old_child = engine.wait_for("same-child-child-a", timeout=60)
+        with pytest.raises(TimeoutError):
+            engine.wait_for("same-child", timeout=2.0)  # some 20 watchdog rounds after the old child ended
+        waiting = engine.status("same-child")
+        stats = engine.stats
+        engine.terminate("same-child", "the test is over")
+        engine.wait_for("same-child", timeout=30)
+    assert failed["status"] == "Failed" and old_child["status"] == "Completed" and old_child["output"] == 1
+    assert old_child["parent"]["execution_id"] == failed["execution_id"] != waiting["execution_id"]
+    assert waiting["status"] == "Running"
+    assert stats.duplicate_starts_dropped == stats.foreign_child_starts_dropped == 1
+    assert stats.execution_id_mismatches_dropped >= 1  # the old child's report, for the first execution
+
+
 def test_a_failed_instance_started_again_reruns_its_recorded_children_and_completes(store):
     toy_app.set_failures("fan-rerun", 3)  # the retried activity fails all 3 attempts: the job fails
     job = {"count": 12, "batch": 4, "flaky_key": "fan-rerun"}
@@ -224,6 +256,34 @@ def test_a_function_still_running_after_the_grace_period_restarts_its_worker_and
     # Their slots stayed taken until their own timeouts: no nap started in the meantime.
     freed = min(n.started for n in lost) + 3.0
     assert not [n for n in naps if worker.started < n.started < freed - 0.1]
+
+
+def test_a_function_that_has_not_ended_after_the_grace_period_is_reported_at_error_and_left_running(store, caplog):
+    """A function stuck in native code never ends: the real host kills the worker process running
+    it (row 25). A thread cannot be killed, so the in-process host reports it at ERROR, counts it
+    and lists it among the functions left running; the task itself was failed at its timeout and
+    retried, and the job completes. (``python -m devhost serve`` recycles its process instead:
+    test_host_limits.py.)"""
+    caplog.set_level(logging.ERROR, logger="devhost.durable.work")
+    toy_app.set_failures("stuck-in-native-code", 1)
+    job = {"key": "stuck-in-native-code", "first_ms": 100, "attempts": 2}
+    try:
+        with make_engine(store, timer_scale=1.0, function_timeout=1.0) as engine:
+            engine.start_new("stuck_once", "stuck", job)
+            state = engine.wait_for("stuck", timeout=60)
+            deadline = time.monotonic() + 30
+            while engine.stats.stuck_functions == 0 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            left = [(run.name, run.instance_id) for run in engine.activities.left_running()]
+            stats = engine.stats
+    finally:
+        toy_app.release("stuck-in-native-code")
+    assert state["status"] == "Completed" and state["output"] == {"key": "stuck-in-native-code", "stuck": False}
+    assert stats.activity_timeouts == stats.worker_restarts == stats.stuck_functions == 1
+    assert left == [("stuck_first_time", "stuck")]
+    errors = [r for r in caplog.records if r.name == "devhost.durable.work" and r.levelno == logging.ERROR]
+    assert len(errors) == 1
+    assert "stuck_first_time (stuck #" in errors[0].getMessage() and "has not ended" in errors[0].getMessage()
 
 
 def test_task_hub_names_are_the_local_hosts_own(store):

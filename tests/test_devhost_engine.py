@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import io
+import logging
 import time
 
 import pytest
@@ -16,7 +16,6 @@ from devhost.durable.partitions import LeaseTimings
 from devhost.durable.queues import queue_service
 from devhost.durable.store import HistoryStore
 from devhost.durable.work import StartMessage
-from devhost.session import StallReporter
 from tests.apps import toy_app
 
 
@@ -295,19 +294,37 @@ def test_an_instance_loaded_with_its_partition_runs_at_once_not_at_the_watchdogs
     assert engine.stats.watchdog_redispatches == 0
 
 
-def test_a_job_that_makes_no_progress_is_reported_instead_of_waited_on_in_silence():
-    stream = io.StringIO()
-    reporter = StallReporter("job-1", after=0.2, stream=stream)
-    state = {"status": "Running", "episodes": 3, "updated": "2026-12-01T10:00:00Z", "custom_status": {"done": 1}}
-    reporter.see(state)
-    assert stream.getvalue() == ""
-    time.sleep(0.25)
-    reporter.see(state)
-    assert "job job-1 has made no progress" in stream.getvalue() and "Running, 3 episode(s)" in stream.getvalue()
-    reporter.see({**state, "episodes": 4})  # it moved: quiet again
-    lines = stream.getvalue().count("\n")
-    reporter.see({**state, "episodes": 4})
-    assert stream.getvalue().count("\n") == lines
+def wait_until(predicate, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.05)
+
+
+def test_a_job_that_makes_no_progress_is_reported_at_error_by_its_host_and_a_busy_family_is_not(store, caplog):
+    """The host reports a job (a top-level instance) none of whose family committed an episode
+    within the bound: at ERROR, with the job's id in the record's fields, whatever becomes of
+    stderr. A parent waiting, quiet, on a child that makes progress is not reported; a job whose
+    one activity is stuck (no function timeout here) is."""
+    caplog.set_level(logging.ERROR, logger="devhost.durable.progress")
+    toy_app.set_failures("quiet-job", 1)
+    options = {"max_activities": 1, "timer_scale": 1.0, "watchdog_interval": 0.1, "stall_report_s": 1.5}
+    try:
+        with make_engine(store, **options) as engine:
+            engine.start_new("parent_of_busy_child", "busy-family", {"count": 10, "seconds": 0.3})
+            busy = engine.wait_for("busy-family", timeout=60)
+            after_busy = engine.stats.stalled_jobs_reported
+            engine.start_new("stuck_once", "quiet-job", {"key": "quiet-job", "first_ms": 100, "attempts": 2})
+            wait_until(lambda: engine.stats.stalled_jobs_reported > after_busy)
+            toy_app.release("quiet-job")
+            quiet = engine.wait_for("quiet-job", timeout=60)
+    finally:
+        toy_app.release("quiet-job")
+    assert busy["status"] == "Completed" and busy["output"] == 10 and after_busy == 0
+    assert quiet["status"] == "Completed" and quiet["output"] == {"key": "quiet-job", "stuck": True}
+    reports = [r for r in caplog.records if r.name == "devhost.durable.progress"]
+    assert reports and all(r.levelno == logging.ERROR and r.job_id == "quiet-job" for r in reports)
+    assert "job quiet-job has made no progress" in reports[0].getMessage()
 
 
 def test_a_start_too_large_for_a_queue_message_reaches_the_owner_through_a_blob(store):

@@ -58,6 +58,7 @@ def test_functions_and_raw_bindings_as_the_worker_sends_them():
         names.CANCEL_ROUTE: ("POST", "jobs/{job_id}/cancel"),
         names.RETRY_ROUTE: ("POST", "jobs/{job_id}/retry"),
         names.VERIFY_ROUTE: ("POST", "jobs/{job_id}/verify"),
+        names.VERIFY_STATUS_ROUTE: ("GET", "jobs/{job_id}/verify/{verify_id}"),
     }
     assert set(index.http_functions) == set(routes)
     for name, (method, path) in routes.items():

@@ -1,5 +1,5 @@
 """Retention, read from the templates: the app setting the sweep reads, and the lifecycle rule
-that backs it up, which deletes tiles only, and only well after the sweep's own retention."""
+that backs it up, which deletes tiles and staging plans only, and only well after the sweep's own retention."""
 
 from __future__ import annotations
 
@@ -31,10 +31,12 @@ def test_the_lifecycle_rule_deletes_tiles_only_a_week_after_the_sweeps_retention
     assert params["tileRetentionDays"] == settings.DEFAULT_TILE_RETENTION_DAYS
     condition, rule = lifecycle_rule(params)
     assert condition is True
-    (prefix,) = rule["definition"]["filters"]["prefixMatch"]
-    # Exactly the tiles: the container the app writes tiles to, and the prefix of every tile's name.
-    assert prefix == f"{settings.TILES_CONTAINER}/tiles/"
+    prefixes = rule["definition"]["filters"]["prefixMatch"]
+    # Exactly the tiles and the mosaics' staging plans: the container the app writes both to, and
+    # the prefix of every tile's and every plan's name.
+    assert prefixes == [f"{settings.TILES_CONTAINER}/tiles/", f"{settings.TILES_CONTAINER}/plans/"]
     assert jobs.tile_blob_name("0123456789abcdef", Window(0, 0, 0, 0, 256, 256)).startswith("tiles/")
+    assert jobs.share_plan_blob_name("0123456789abcdef", "AAAAA").startswith("plans/")
     assert settings.TILES_CONTAINER != settings.OUTPUT_CONTAINER  # mosaics are never under it
     delete = rule["definition"]["actions"]["baseBlob"]["delete"]
     assert delete == {"daysAfterModificationGreaterThan": settings.DEFAULT_TILE_RETENTION_DAYS + 7}

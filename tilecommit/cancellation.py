@@ -8,12 +8,16 @@ read) before it reads the upload: a tile that starts after the cancel reads and 
 A tile already past its lookup finishes; its tile and row are valid for a later run.
 
 The row stays until a retry of the job removes it, with ``If-Match`` on the version it read, so
-a redelivered upload cannot resume a job its user cancelled (the starter does not restart a
-terminated job) and a retry starts with nothing cancelled.
+a redelivered upload cannot resume a job its user cancelled (the starter restarts neither a
+terminated job nor a failed one with this row) and a retry starts with nothing cancelled.
+
+The retention sweep writes the same row, with a reason of its own, while it deletes a job's
+data (:mod:`tilecommit.retention`): a retry leaves that one alone and refuses.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 from azure.core import MatchConditions
@@ -56,16 +60,25 @@ def is_cancelled(table: TableClient, job_id: str) -> bool:
     return gates.read_entity(table, job_id, jobs.CANCELLED_ROW_KEY) is not None
 
 
-def clear_cancelled(table: TableClient, job_id: str) -> bool:
+def cancelled_because(table: TableClient, job_id: str) -> str | None:
+    """The reason the job's cancellation row gives, or None when it has none."""
+    row = gates.read_entity(table, job_id, jobs.CANCELLED_ROW_KEY)
+    return None if row is None else str(row.get("reason") or "")
+
+
+def clear_cancelled(table: TableClient, job_id: str, *, keep: Callable[[str], bool] = lambda reason: False) -> bool:
     """Remove the job's cancellation row, ``If-Match`` on the version read; True when the job has
     none left.
 
     A row changed between the read and the delete (another retry removed it and a cancel wrote
-    it again) is left alone, and False says so: that newer cancel stands.
+    it again) is left alone, and False says so: that newer cancel stands. So is a row whose
+    reason ``keep`` keeps (the retention sweep's row is removed by the sweep alone).
     """
     row = gates.read_entity(table, job_id, jobs.CANCELLED_ROW_KEY)
     if row is None:
         return True
+    if keep(str(row.get("reason") or "")):
+        return False
     try:
         table.delete_entity(
             job_id, jobs.CANCELLED_ROW_KEY, etag=row.metadata["etag"], match_condition=MatchConditions.IfNotModified

@@ -20,7 +20,10 @@ Rules of the real host it imitates (docs/local-host.md has the sources, row by r
   backoff until storage answers, from what was committed;
 - an activity past ``function_timeout`` fails with the host's timeout message (and is retried
   per its RetryOptions); one still running 2 s later has its worker restarted, and the other
-  executions in that worker lose their results and fail at their own timeouts;
+  executions in that worker lose their results and fail at their own timeouts (and with
+  ``on_stuck_function``, this process is recycled, as the real host kills the worker);
+- a sub-orchestration start for an id that runs for another parent task is dropped, and that
+  task never completes; nothing sends that start again;
 - instance ids, custom status and failure wording as the extension's;
 - any number of hosts share one task hub: an instance's starts, results and timers go to its
   partition's control queue and only the partition's owner runs its episodes (leases as the
@@ -57,6 +60,7 @@ from .history import TERMINAL
 from .instance import ActivityExecution, EngineStats, Instance
 from .messaging import Messaging, start_body
 from .partitions import PROVIDER_LEASE, LeaseTimings, PartitionManager
+from .progress import ProgressWatch, default_stall_bound
 from .queues import Received
 from .receivers import ControlReader, WorkItemReader
 from .replay import EpisodeRunner
@@ -84,7 +88,7 @@ def new_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
-class Engine(TaskHubClient, EpisodeRunner, Messaging, PartitionHandover):
+class Engine(TaskHubClient, EpisodeRunner, Messaging, PartitionHandover, ProgressWatch):
     """Runs orchestrations and activities of one app against one task hub, as one of any number of
     hosts sharing it: episodes of the partitions this host owns (:mod:`devhost.durable.partitions`),
     activities from the shared work-item queue (:mod:`devhost.durable.receivers`)."""
@@ -105,6 +109,8 @@ class Engine(TaskHubClient, EpisodeRunner, Messaging, PartitionHandover):
         lease: LeaseTimings = PROVIDER_LEASE,
         watchdog_interval: float = WATCHDOG_INTERVAL_S,
         stalled_start_s: float = STALLED_START_S,
+        stall_report_s: float | None = None,
+        on_stuck_function: Callable[[], None] | None = None,
     ):
         self.index = index
         self.store = store
@@ -118,6 +124,13 @@ class Engine(TaskHubClient, EpisodeRunner, Messaging, PartitionHandover):
         self.strict_determinism = strict_determinism
         self.watchdog_interval = watchdog_interval
         self.stalled_start_s = stalled_start_s
+        #: A job with no episode committed in its family for this long is reported (:mod:`.progress`).
+        self.stall_report_s = default_stall_bound(function_timeout) if stall_report_s is None else stall_report_s
+        #: Jobs reported as making no progress: id -> time.monotonic() of the last report.
+        self._stall_reported: dict[str, float] = {}
+        #: Sub-orchestration starts dropped because the id runs for another parent task:
+        #: (child id, parent id, parent execution id, task id). The watchdog never sends them again.
+        self._refused_starts: set[tuple[str, str, str, int]] = set()
         self.stats = EngineStats()
         self.executions: deque[ActivityExecution] = deque(maxlen=MAX_EXECUTION_RECORDS)
         self.backoff = HostBackoff()
@@ -150,6 +163,7 @@ class Engine(TaskHubClient, EpisodeRunner, Messaging, PartitionHandover):
             record=self._record_activity,
             count=self._count,
             stopping=lambda: self._closing,
+            recycle=on_stuck_function,
         )
         self.partitions = PartitionManager(
             store.partition_table,
@@ -244,7 +258,27 @@ class Engine(TaskHubClient, EpisodeRunner, Messaging, PartitionHandover):
                 return [], None  # already running for this very parent task (recovered); it reports when done
             with self._lock:
                 self.stats.duplicate_starts_dropped += 1
-            logger.info("dropping a duplicate start event for %s", message.instance_id)
+            if not message.parent:
+                logger.info("dropping a duplicate start event for %s", message.instance_id)
+                return [], None
+            # A parent starting a child whose id runs for another parent task (a job restarted over
+            # its last run's batch): the start is dropped, and the running child reports to its own
+            # parent's execution only, so this task never completes (docs/local-host.md, row 47).
+            parent = message.parent
+            with self._lock:
+                self.stats.foreign_child_starts_dropped += 1
+                self._refused_starts.add(
+                    (message.instance_id, parent["id"], parent["execution_id"], int(parent["task_id"]))
+                )
+            logger.warning(
+                "dropping the start of sub-orchestration %s from %s (task %s): it is %s for %s, a duplicate start "
+                "event; that task never completes",
+                message.instance_id,
+                parent["id"],
+                parent["task_id"],
+                current.status,
+                (current.parent or {}).get("id") or "a client",
+            )
             return [], None
         previous = current.state() if current is not None else self.store.read_state(message.instance_id)
         if (

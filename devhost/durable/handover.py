@@ -9,7 +9,9 @@
 - **Lost** (another host holds it after this one's lease lapsed): what is held of it is dropped;
   the new owner claimed an expired row, so it sends the open work again.
 - **Watchdog**: every round, open work of idle instances with no answer past its bound is sent
-  again, and an instance stored Pending with no first episode that no host holds is started.
+  again (never a sub-orchestration start the child's host dropped as a duplicate: the real host
+  sends nothing again either), an instance stored Pending with no first episode that no host
+  holds is started, and jobs that make no progress are reported (:mod:`devhost.durable.progress`).
 """
 
 from __future__ import annotations
@@ -165,6 +167,7 @@ class PartitionHandover:
                     return
             try:
                 self.watchdog_round()
+                self.report_stalled_jobs()
             except Exception:  # noqa: BLE001 - storage trouble: the next round looks again
                 logger.warning("watchdog round failed", exc_info=True)
 
@@ -174,7 +177,8 @@ class PartitionHandover:
         if meta["kind"] == "timer":
             return (now() - parse_iso(meta["fire_at"])).total_seconds() > OVERDUE_TIMER_S
         if meta["kind"] == "suborchestration":
-            return since > QUIET_CHILD_S
+            refused = (meta["instance_id"], inst.id, inst.execution_id, task_id) in self._refused_starts
+            return since > QUIET_CHILD_S and not refused
         limit = (self.function_timeout or 600.0) + self.activities.grace + QUIET_ACTIVITY_MARGIN_S
         return since > limit
 
@@ -187,6 +191,8 @@ class PartitionHandover:
         what: list[str] = []  # one line per thing sent or started, for the log
         moment = time.monotonic()
         with self._lock:
+            finished = {i.id for i in self._instances.values() if i.status in TERMINAL}
+            self._refused_starts = {r for r in self._refused_starts if r[1] not in finished}
             for inst in self._instances.values():
                 if (
                     inst.status in TERMINAL

@@ -16,7 +16,7 @@ from .engine import Engine
 from .event_sink import EventSink
 from .functions import FunctionIndex
 from .http_routes import DEFAULT_ROUTE_PREFIX, HttpRoutes
-from .limits import MemoryWatchdog
+from .limits import MemoryWatchdog, recycle
 from .partitions import PROVIDER_LEASE, LeaseTimings, partition_of
 from .queues import queue_service
 from .rpc import DurableHttpApi
@@ -73,6 +73,13 @@ class HostOptions:
     #: Recycle this process (SIGKILL) when its resident memory passes this many MB, as the
     #: platform recycles an instance over its memory. None: no limit (tests share one process).
     instance_memory_mb: float | None = None
+    #: Recycle this process (SIGKILL) when a function has not ended the grace period after its
+    #: timeout, as the real host kills the worker process running it (``serve``: the process is
+    #: the worker). Off: the function is reported at ERROR and counted, and its thread runs on.
+    recycle_stuck_worker: bool = False
+    #: Seconds without progress after which a job is reported at ERROR (:mod:`devhost.durable.progress`);
+    #: None: the function timeout plus the host's margins.
+    stall_report_s: float | None = None
     #: This host's name in the task hub's partition table; a new one per host when not given. A
     #: restarted host given its old name renews its own leases at once instead of waiting for
     #: them to expire (the provider's default name is the machine's, the same after a restart).
@@ -150,6 +157,8 @@ class LocalHost:
             max_orchestrators=durable.get("maxConcurrentOrchestratorFunctions", 10),
             worker_id=self.options.worker_id,
             lease=self.options.lease,
+            stall_report_s=self.options.stall_report_s,
+            on_stuck_function=recycle if self.options.recycle_stuck_worker else None,
         )
         self.blobs, self.tables = blobs, tables
         self.api = DurableHttpApi(self.engine, self.hub)

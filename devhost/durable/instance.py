@@ -126,9 +126,17 @@ class EngineStats:
     worker_restarts: int = 0
     #: Results of executions whose worker was restarted under them: the host never hears them.
     results_lost_with_worker: int = 0
+    #: Functions that had not ended when their worker was restarted (reported at ERROR; a thread
+    #: cannot be killed, so in a host that is not recycled each runs on).
+    stuck_functions: int = 0
+    #: Jobs (top-level instances) reported at ERROR for making no progress for the stated bound.
+    stalled_jobs_reported: int = 0
     duplicate_completions_dropped: int = 0
     #: DurableTask.Core's "Duplicate start event": a second ExecutionStarted for a started instance.
     duplicate_starts_dropped: int = 0
+    #: Of those, sub-orchestration starts from another parent task than the one the running
+    #: instance reports to: that task never completes (docs/local-host.md, row 47).
+    foreign_child_starts_dropped: int = 0
     #: DurableTask.Core's "ExecutionId of event does not match current executionId".
     execution_id_mismatches_dropped: int = 0
     #: Episodes the host could not commit (its own storage failed) and tried again later.

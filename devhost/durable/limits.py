@@ -29,6 +29,8 @@ def resident_mb(pid: int | str = "self") -> float:
 
 
 def recycle() -> None:
+    """End this process as the platform recycles an instance: SIGKILL, no graceful shutdown (also
+    what :class:`devhost.durable.work.ActivityRunner` does in ``serve`` for a function stuck past its timeout)."""
     logging.shutdown()
     os.kill(os.getpid(), signal.SIGKILL)
 

@@ -196,11 +196,20 @@ class ActivityRunner:
     it returns is dropped, as the dead process's answer would never arrive. Its side effects are
     ones a killed process could also have left (it may be killed just after any write).
 
+    A function that has not ended by then may never end (a thread stuck in native code, such as
+    a GDAL deadlock, holds its memory, file handles and connections for good), so it is reported
+    at ERROR and counted (``stuck_functions``; :meth:`left_running` lists them), and with
+    ``recycle`` (``python -m devhost serve``, a process of its own, as the worker is) the process
+    is ended as the real host ends the worker: ``recycle()`` kills it
+    (:func:`devhost.durable.limits.recycle`), and the work it held is taken up again when a host
+    starts on the task hub.
+
     It knows the engine only through the callables it is given: ``invoke(name, input)`` runs the
     function, ``deliver(instance, execution, event, token)`` hands back its outcome (``token``: the
     work item it came from), ``freed()`` says a slot is free again, ``later(delay,
     callback)`` schedules the timeout, ``record(execution)`` keeps each execution's record,
-    ``count(stat)`` counts one of the host's events, ``stopping()`` says the host is shutting down.
+    ``count(stat)`` counts one of the host's events, ``stopping()`` says the host is shutting down,
+    ``recycle()`` (if given) ends the process when a function did not end after its timeout.
     """
 
     def __init__(
@@ -216,12 +225,14 @@ class ActivityRunner:
         count: Callable[[str], None],
         stopping: Callable[[], bool],
         grace: float = TIMEOUT_GRACE_S,
+        recycle: Callable[[], None] | None = None,
     ):
         self.slots = slots
         self.function_timeout = function_timeout
         self.grace = grace
         self.invoke, self.deliver, self.freed, self.later = invoke, deliver, freed, later
         self.record, self.count, self.stopping = record, count, stopping
+        self.recycle = recycle
         self.worker = Worker(1)
         self._free = slots
         self._queue: deque[tuple[str, str, int, str, str | None, object]] = deque()
@@ -367,6 +378,27 @@ class ActivityRunner:
             ", ".join(lost) or "nothing",
         )
         self.count("worker_restarts")
+        self.count("stuck_functions")
+        logger.error(
+            "activity %s (%s #%d) has not ended %.0f s after its function timeout of %s: the real host kills "
+            "the worker process running it; %s",
+            run.name,
+            run.instance_id,
+            run.task_id,
+            self.grace,
+            format_timeout(self.function_timeout),
+            "recycling this host's process"
+            if self.recycle is not None
+            else "a thread cannot be killed, so it runs on in this process, holding whatever it holds",
+        )
+        if self.recycle is not None:
+            self.recycle()
+
+    def left_running(self) -> list[Execution]:
+        """Executions whose worker was restarted under them and whose code has not ended (threads
+        a real host would have killed with their worker process)."""
+        with self._lock:
+            return [run for run in self._running if run.worker.restarted]
 
     def drain(self, timeout: float | None = None) -> bool:
         """Wait until no function code is running (a restarted worker's too). True if none is."""

@@ -123,7 +123,8 @@ resource containers 'Microsoft.Storage/storageAccounts/blobServices/containers@2
   }
 }]
 
-// The backstop of the retention sweep (client_functions/retention.py): tiles only, never mosaics,
+// The backstop of the retention sweep (client_functions/retention.py): tiles and the mosaics'
+// staging plans (both in the tiles container) only, never mosaics,
 // never anything younger than the retention plus the slack. The sweep deletes a job's rows
 // before its tiles; this rule cannot, so it waits long enough that the sweep has come first.
 resource tileLifecycle 'Microsoft.Storage/storageAccounts/managementPolicies@2023-05-01' = if (tileRetentionDays > 0) {
@@ -143,6 +144,7 @@ resource tileLifecycle 'Microsoft.Storage/storageAccounts/managementPolicies@202
               ]
               prefixMatch: [
                 '${tilesContainerName}/tiles/'
+                '${tilesContainerName}/plans/'
               ]
             }
             actions: {

@@ -212,3 +212,44 @@ def busy_worker_times_out(context: df.DurableOrchestrationContext):
     ]
     results = yield context.task_all(tasks)
     return {"stuck": results[0], "naps": len(results) - 1}
+
+
+_released: dict[str, threading.Event] = {}
+
+
+def release(key: str) -> None:
+    """Let the function :func:`stuck_first_time` holds for ``key`` end (a test's cleanup)."""
+    with _lock:
+        _released.setdefault(key, threading.Event()).set()
+
+
+@app.activity_trigger(input_name="payload")
+def stuck_first_time(payload: dict) -> dict:
+    """The first time per key, a function stuck as a thread in native code is: it sleeps in a loop
+    and answers nothing the host does (no timeout, no cancellation reaches it) until the test
+    releases it; later calls answer at once."""
+    import time
+
+    with _lock:
+        first = _failures_left.get(payload["key"], 0) > 0
+        _failures_left[payload["key"]] = 0
+        released = _released.setdefault(payload["key"], threading.Event())
+    while first and not released.is_set():
+        time.sleep(0.05)
+    return {"key": payload["key"], "stuck": first}
+
+
+@app.orchestration_trigger(context_name="context")
+def stuck_once(context: df.DurableOrchestrationContext):
+    job = context.get_input()
+    retry = df.RetryOptions(job["first_ms"], job["attempts"])
+    result = yield context.call_activity_with_retry("stuck_first_time", retry, job)
+    return result
+
+
+@app.orchestration_trigger(context_name="context")
+def parent_of_busy_child(context: df.DurableOrchestrationContext):
+    """A parent that waits, quiet, while its child makes progress nap after nap."""
+    job = context.get_input()
+    done = yield context.call_sub_orchestrator("all_at_once", job, f"{context.instance_id}-busy")
+    return done
