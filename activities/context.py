@@ -33,7 +33,6 @@ class ActivityContext:
             "manifest": self.manifest,
             "settings": self.settings,
             "spec": spec_of(job),
-            "gdal_options": self.connection.gdal_options(),
             "source_name": job["blob"],
         }
 

@@ -452,3 +452,30 @@ def test_a_client_shared_by_twenty_threads_reuses_its_connections(storage, caplo
     assert not [m for m in messages if "Connection pool is full" in m]
     opened = [m for m in messages if m.startswith("Starting new HTTP connection")]
     assert 1 <= len(opened) <= 21, len(opened)  # 20 senders, the container's own requests came first
+
+
+def test_no_step_of_a_job_hands_gdal_a_storage_key_or_token(app_env, azurite, monkeypatch, tmp_path):
+    """GDAL reads none of the app's storage (docs/faults.md), so no job step gives it the
+    connection's key or the identity's token: every GDAL configuration a whole job sets is
+    recorded (the one function that builds them) and none names storage credentials."""
+    from testkit.storage_proxy import FaultPlan
+    from tilecommit.raster import env
+
+    from .app_jobs import check_outputs, make_scene
+    from .fault_jobs import run_job
+
+    seen: list[dict] = []
+    original = env.gdal_config
+
+    def recording(*args, **kwargs):
+        config = original(*args, **kwargs)
+        seen.append(config)
+        return config
+
+    monkeypatch.setattr(env, "gdal_config", recording)
+    scene = make_scene(tmp_path / "scene.tif", 600, 520)
+    summary, *_ = run_job(app_env, azurite, monkeypatch, scene, "creds.tif", FaultPlan(), timer_scale=0.01)
+    check_outputs(StorageConnection.from_connection_string(azurite.connection_string), app_env, summary, scene)
+    assert seen, "no GDAL configuration was recorded"
+    leaked = {key for config in seen for key in config if key.startswith(("AZURE_STORAGE", "AZURE_SAS"))}
+    assert leaked == set()

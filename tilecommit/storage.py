@@ -269,6 +269,11 @@ class StorageConnection:
     def gdal_options(self) -> dict[str, str]:
         """GDAL configuration for reading ``/vsiaz/{container}/{blob}`` with these settings.
 
+        Not for the app: GDAL reads none of its storage (every read goes through the app's own
+        reader, pinned and counted: docs/faults.md), so no function puts a key or a token into
+        GDAL's configuration. The benches use it to let ``rio cogeo`` read a blob the way GDAL
+        does, and the tests to show that a GDAL able to reach storage still reads nothing of it.
+
         With a connection string GDAL reads it directly (``BlobEndpoint=`` points it at Azurite);
         with an identity, a short-lived bearer token is fetched with azure-identity, since GDAL
         does not speak the Functions managed-identity endpoint itself.
