@@ -170,6 +170,9 @@ class RecordingProxy:
 
         class Handler(http.server.BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            # An answer goes out as its head, then its body: with Nagle's algorithm on, the body
+            # waited for the client's delayed ACK of the head (up to 40 ms a request).
+            disable_nagle_algorithm = True
 
             def _handle(self) -> None:
                 with proxy._lock:
@@ -215,6 +218,8 @@ class RecordingProxy:
         if held is not None:
             held[0].close()
         connection = http.client.HTTPConnection(self.target_host, self.target_port, timeout=60)
+        connection.connect()
+        connection.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as the handler's
         self._upstream.held = (connection, time.monotonic())
         return connection
 
