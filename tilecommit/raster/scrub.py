@@ -17,14 +17,13 @@ import os
 from dataclasses import dataclass, field
 
 import numpy as np
-from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
 from azure.data.tables import TableClient
 from azure.storage.blob import ContainerClient
 from rasterio.errors import RasterioIOError
 from rasterio.io import MemoryFile
 from rasterio.windows import Window as RioWindow
 
-from .. import gates, jobs, storage
+from .. import gates, jobs
 from ..errors import IncompleteManifestError, InvalidRasterError, MosaicCheckError
 from ..grid import Window
 from ..manifest import get_manifest_row, record_manifest_entry, repair_manifest_entry
@@ -32,6 +31,7 @@ from ..observability import telemetry
 from ..records import Record
 from ..settings import Settings
 from ..spec import OutputSpec
+from ..storage_answers import STORAGE_ERRORS, Meaning, call_failed, classify
 from .assembly.checks import blob_properties
 from .assembly.commit import MosaicResult, output_names
 from .assembly.committed import verify_outputs
@@ -89,10 +89,10 @@ def _stored_tile(tiles: ContainerClient, name: str) -> StoredTile | None:
     try:
         download = tiles.get_blob_client(name).download_blob()
         return StoredTile(download.readall(), download.properties.etag)
-    except ResourceNotFoundError:
-        return None
-    except HttpResponseError as exc:
-        raise storage.storage_fault("reading tile", name, exc) from exc
+    except STORAGE_ERRORS as exc:
+        if classify(exc).meaning is Meaning.MISSING:
+            return None
+        raise call_failed("reading tile", name, exc) from exc
 
 
 def _decoded(body: bytes) -> tuple[np.ndarray, np.ndarray | None]:

@@ -18,13 +18,13 @@ from azure.data.tables import TableClient
 from azure.storage.blob import ContainerClient
 
 from ... import gates, jobs
-from ...errors import IncompatibleTilesError, MosaicCheckError, StorageFaultError
+from ...errors import IncompatibleTilesError, MosaicCheckError
 from ...settings import Settings
 from ...spec import OutputSpec
 from ..reading.scene import SceneInfo
 from . import attempt
 from .block_copy import plan_block_copy
-from .checks import blob_properties, repair_instruction, verify_committed_mosaic
+from .checks import blob_properties, committed_properties, repair_instruction, verify_committed_mosaic
 from .manifest_check import check_manifest
 from .pyramid import levels_of
 from .sidecars import write_sidecars
@@ -55,9 +55,7 @@ def verify_mosaic(job: MosaicJob, planned: PlannedMosaic | None):
     """
     name, scene, spec = job.mosaic_name, job.scene, job.spec
     started = time.perf_counter()
-    props = blob_properties(job.output, name)
-    if props is None:
-        raise StorageFaultError(f"{name} vanished after it was committed")
+    props = committed_properties(job.output, name)
     method = (props.metadata or {}).get(METHOD_METADATA_KEY, "")
     try:
         if method not in COMMITTED_METHODS:

@@ -4,16 +4,15 @@ tile the size its row says. Completeness comes from the manifest, never from lis
 
 from __future__ import annotations
 
-from azure.core.exceptions import HttpResponseError
 from azure.data.tables import TableClient
 from azure.storage.blob import ContainerClient
 
 from ... import storage
-from ...errors import IncompleteManifestError, StorageFaultError
+from ...errors import IncompleteManifestError
 from ...grid import Window, plan_windows
 from ...manifest import ManifestSummary, count_manifest
 from ...spec import OutputSpec
-from ...storage import TRANSPORT_FAULTS
+from ...storage_answers import STORAGE_ERRORS, call_failed
 from ..reading.scene import SceneInfo
 
 
@@ -39,10 +38,8 @@ def check_manifest(
     prefix = f"tiles/{job_id}/"
     try:
         sizes = {b.name: int(b.size) for b in tiles.list_blobs(name_starts_with=prefix)}
-    except (HttpResponseError, *TRANSPORT_FAULTS) as exc:
-        raise StorageFaultError(
-            f"listing the sizes of {prefix} failed: {exc}", status=getattr(exc, "status_code", None)
-        ) from exc
+    except STORAGE_ERRORS as exc:
+        raise call_failed("listing the sizes of", prefix, exc) from exc
     mismatched = []
     details = []
     for window in windows:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from azure.storage.blob import ContainerClient
 
 from ... import gates, jobs
-from ...errors import MosaicCheckError, StorageFaultError
+from ...errors import MosaicCheckError
 from ...settings import Settings
 from ...spec import OutputSpec
 from ..env import gdal_env
@@ -19,7 +19,7 @@ from ..gdal_errors import gdal_step
 from ..reading.scene import SceneInfo
 from ..reading.source import PinnedBlob, reading
 from ..reading.upload import upload_gdal_options
-from .checks import blob_properties, repair_instruction
+from .checks import blob_properties, committed_properties, repair_instruction
 from .stac import mosaic_footprint, quicklook_png, stac_item_bytes, without_run_facts
 
 
@@ -60,9 +60,7 @@ def write_sidecars(
         jobs.stac_blob_name(job_id),
         jobs.quicklook_blob_name(job_id),
     )
-    props = blob_properties(output, mosaic_name)
-    if props is None:
-        raise StorageFaultError(f"{mosaic_name} vanished after it was committed")
+    props = committed_properties(output, mosaic_name)
     sha = (props.metadata or {}).get(gates.SHA256_METADATA_KEY, "")
     # The mosaic is read at the version just inspected, through the app's counted reader: a read
     # storage did not answer in full fails the step (retried) instead of baking zeros into a
