@@ -19,8 +19,7 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 
 from devhost.azurite import Azurite
@@ -48,19 +47,11 @@ def app_settings(connection_string: str, label: str, batch_size: int) -> dict[st
     }
 
 
-@contextmanager
-def host_with(settings: dict[str, str], hub: str) -> Iterator[LocalHost]:
-    saved = {key: os.environ.get(key) for key in settings}
+def local_host(settings: dict[str, str], hub: str) -> LocalHost:
+    """A local host of these app settings (set in the environment, where the app reads them; this
+    script runs once and exits, so nothing is restored)."""
     os.environ.update(settings)
-    try:
-        with LocalHost(HostOptions(hub=hub, timer_scale=0.01, watch_interval=0.1)) as host:
-            yield host
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    return LocalHost(HostOptions(hub=hub, timer_scale=0.01, watch_interval=0.1))
 
 
 def watch_custom_status(host: LocalHost) -> dict[str, list]:
@@ -116,7 +107,7 @@ def family(host: LocalHost, root: str, seen: dict[str, list]) -> list[dict]:
 def run_job(azurite: Azurite, label: str, scene: SceneSpec, batch_size: int, folder: Path, *, verify: bool) -> list:
     settings = app_settings(azurite.connection_string, label, batch_size)
     hub = "Replay" + hashlib.sha256(label.encode()).hexdigest()[:8]
-    with host_with(settings, hub) as host:
+    with local_host(settings, hub) as host:
         seen = watch_custom_status(host)
         path = Path(write_scene(str(folder / f"{label}.tif"), scene))
         summary = process_file(host, path, timeout=300)
