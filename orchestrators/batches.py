@@ -18,8 +18,7 @@ import azure.durable_functions as df
 from tilecommit.grid import Window, plan_windows
 from tilecommit.spec import spec_of
 
-from .calls import fan_out
-from .retries import ACTIVITY_RETRY_OPTIONS
+from .calls import activity_task, fan_out
 
 #: Above this many batches, batches are grouped under group sub-orchestrations, so the parent's
 #: own history grows with the number of groups, not with the scene: every instance replays at
@@ -116,9 +115,6 @@ def run_batch(context: df.DurableOrchestrationContext, work: WindowWork) -> Gene
     """One batch of windows: one activity per window, all at once; their summary."""
     batch: dict = context.get_input()
     shared = {key: batch[key] for key in work.shared}
-    tasks = [
-        context.call_activity_with_retry(work.activity, ACTIVITY_RETRY_OPTIONS, {**shared, "window": window})
-        for window in batch["windows"]
-    ]
+    tasks = [activity_task(context, work.activity, {**shared, "window": window}) for window in batch["windows"]]
     results = yield context.task_all(tasks)
     return work.summarise(results)

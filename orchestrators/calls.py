@@ -15,6 +15,13 @@ from .failures import JobFailure, checked, exhausted
 from .retries import ACTIVITY_RETRY_OPTIONS
 
 
+def activity_task(context: df.DurableOrchestrationContext, name: str, payload: Any) -> Any:
+    """The task of activity ``name`` under the retry policy every activity of the app gets: a
+    genuine fault (throttling, an outage, a worker that died) is retried with backoff; an error
+    that is not retryable never reaches a retry, because the activity returns it as a value."""
+    return context.call_activity_with_retry(name, ACTIVITY_RETRY_OPTIONS, payload)
+
+
 def in_stage(job: dict, stage: str, steps: Generator[Any, Any, Any]) -> Generator[Any, Any, Any]:
     """Run ``steps``; what they return. A task that failed for good in them (an activity whose
     retries ran out, a child orchestration that failed so) fails the job as the retries of
@@ -41,7 +48,7 @@ def call_activity(
     job with the failure of that error's kind (:func:`orchestrators.failures.checked`)."""
 
     def attempt() -> Generator[Any, Any, dict]:
-        return (yield context.call_activity_with_retry(name, ACTIVITY_RETRY_OPTIONS, payload))
+        return (yield activity_task(context, name, payload))
 
     result = yield from in_stage(job, stage, attempt())
     return checked(job, result, used)

@@ -19,9 +19,8 @@ from tilecommit.spec import spec_of
 
 from . import names
 from .batches import WindowWork, over_windows, plan_batches, run_batch, run_group
-from .calls import call_activity, fan_in, in_stage
+from .calls import activity_task, call_activity, fan_in, in_stage
 from .failures import JobFailure, checked
-from .retries import ACTIVITY_RETRY_OPTIONS
 
 #: The stage named when the mosaic's staging or assembly runs out of retries.
 ASSEMBLING = "assembling the mosaic"
@@ -108,9 +107,7 @@ def stage_in_shares(
         context.set_custom_status(status)
 
     tasks = [
-        context.call_activity_with_retry(
-            names.STAGE_MOSAIC_SHARE, ACTIVITY_RETRY_OPTIONS, {"job": job, "shares": staged, "share": index}
-        )
+        activity_task(context, names.STAGE_MOSAIC_SHARE, {"job": job, "shares": staged, "share": index})
         for index in range(staged["shares"])
     ]
     yield from in_stage(job, ASSEMBLING, fan_in(context, tasks, staged_one))
