@@ -180,7 +180,7 @@ def stac_item_bytes(
                 nodata=nodata,  # type: ignore[arg-type]  # pystac writes a name ("nan") as given
                 data_type=DataType(scene.dtype),
                 spatial_resolution=resolution,
-                **meaning,  # type: ignore[arg-type]
+                **meaning,
             )
             for meaning in band_meanings(scene)
         ]
