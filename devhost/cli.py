@@ -31,10 +31,9 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from tilecommit.settings import DEAD_LETTER_CONTAINER
+from tilecommit.settings import CONSUMPTION_INSTANCE_MB, DEAD_LETTER_CONTAINER
 
 from .durable.http_routes import DEFAULT_HTTP_PORT, FUNCTION_KEY_ENV
-from .durable.limits import CONSUMPTION_INSTANCE_MB
 from .session import UsageError, process_file
 
 EXIT_COMPLETED, EXIT_FAILED, EXIT_USAGE = 0, 1, 2

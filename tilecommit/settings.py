@@ -98,6 +98,10 @@ DEFAULT_ASSEMBLY_SHARE_MB = ASSEMBLY_SHARE_MB
 DEFAULT_TILE_RETENTION_DAYS = 7
 #: Flex Consumption's default instance size (infra/main.bicep, instanceMemoryMB).
 DEFAULT_INSTANCE_MEMORY_MB = 2048
+#: Linux Consumption's instance memory, the smallest the app runs on: past it the platform recycles
+#: the instance. The upload budgets (raster/reading/budgets.py) are derived from it, the local host
+#: recycles itself past it, and the benches measure against it.
+CONSUMPTION_INSTANCE_MB = 1536
 
 #: Names of sidecar files: companions GDAL would read beside a raster (metadata, overviews,
 #: masks, world files, projection files). The app never reads them with a raster, and an upload
