@@ -74,7 +74,6 @@ def build_parser() -> argparse.ArgumentParser:
             help=f"recycle the process past this resident memory, as the plan recycles an instance "
             f"(default {CONSUMPTION_INSTANCE_MB}, Consumption's; 0: no limit)",
         )
-        p.add_argument("--crash-before-manifest", type=int, default=0, metavar="N", help=argparse.SUPPRESS)
         p.add_argument(
             "--worker-id",
             metavar="NAME",
@@ -305,10 +304,6 @@ def check_usage(args: argparse.Namespace) -> None:
 def _host(args: argparse.Namespace):
     from .durable.http_routes import PortTaken
 
-    if args.crash_before_manifest:
-        from testkit.faults import crash_before_manifest_entry
-
-        crash_before_manifest_entry(args.crash_before_manifest)
     try:
         return _local_host(args)
     except PortTaken as exc:
