@@ -520,20 +520,19 @@ def profile_metadata(text: str | None) -> dict[str, str] | None:
 
 def purge(args: argparse.Namespace, storage) -> int:
     """The timer's sweep, run once now; with no --older-than, the app setting decides (0: nothing)."""
-    from activities.context import activity_context
     from client_functions import retention
-    from tilecommit.settings import Settings
+    from client_functions.context import client_context
 
     from .durable.functions import EventLoopThread
     from .session import job_client
 
     with job_client(args.hub) as client:
-        ctx = activity_context()
+        ctx = client_context()
         sweep = retention.sweep_as_configured(
             client,
             ctx.manifest,
             ctx.tiles,
-            retention_days=Settings.from_env().tile_retention_days,
+            retention_days=ctx.settings.tile_retention_days,
             older_than_days=args.older_than,
         )
         print(json.dumps(EventLoopThread.shared().run(sweep)))

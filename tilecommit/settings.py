@@ -218,3 +218,11 @@ class Settings:
             profile=env.get(SETTING_PROFILE, "").strip() or profiles.DEFAULT,
             profile_rules=env.get(SETTING_PROFILE_RULES, "").strip(),
         )
+
+
+def connection_fingerprint(environ: Mapping[str, str] | None = None) -> str:
+    """The settings of the host's and the code's connections, as one string: a process keeps the
+    clients it built for them until this changes (activities/context.py, client_functions/context.py)."""
+    env = os.environ if environ is None else environ
+    prefixes = (STORAGE_CONNECTION, DATA_CONNECTION)
+    return "|".join(f"{k}={v}" for k, v in sorted(env.items()) if k.startswith(prefixes))
