@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -10,7 +9,7 @@ from azure.data.tables import TableClient
 from azure.storage.blob import ContainerClient
 
 from tilecommit import gates
-from tilecommit.settings import DATA_CONNECTION, STORAGE_CONNECTION, Settings
+from tilecommit.settings import Settings, connection_fingerprint
 from tilecommit.spec import spec_of
 from tilecommit.storage import StorageConnection
 
@@ -59,6 +58,4 @@ def _context_for(connection_key: str, settings: Settings) -> ActivityContext:
 
 def activity_context() -> ActivityContext:
     """The process's clients; rebuilt only when the connection or settings change."""
-    prefixes = (STORAGE_CONNECTION, DATA_CONNECTION)
-    key = "|".join(f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith(prefixes))
-    return _context_for(key, Settings.from_env())
+    return _context_for(connection_fingerprint(), Settings.from_env())

@@ -187,8 +187,8 @@ def content_bytes(blob: BlobClient, etag: str | None = None, *, length: int | No
 
 
 def _content_chunks(blob: BlobClient, etag: str | None, length: int | None = None) -> Iterator[bytes]:
-    conditions = {"etag": etag, "match_condition": MatchConditions.IfNotModified} if etag else {}
-    span = {"offset": 0, "length": length} if length is not None else {}
+    conditions: dict[str, Any] = {"etag": etag, "match_condition": MatchConditions.IfNotModified} if etag else {}
+    span: dict[str, Any] = {"offset": 0, "length": length} if length is not None else {}
     try:
         yield from blob.download_blob(max_concurrency=1, **conditions, **span).chunks()
     except STORAGE_ERRORS as exc:

@@ -105,7 +105,7 @@ def status_of(exc: BaseException) -> int | None:
 
 def answered(status: int | None, code: str | None = None, reason: str = "") -> Answer:
     """The answer a status means (the module's table; None: no answer). :func:`classify` reads
-    an Azure SDK exception; the other stores' backends (:mod:`tilecommit.providers`), whose
+    an Azure SDK exception; the other stores' backends (``testkit/providers``), whose
     clients carry the status elsewhere, hand it here."""
     if status is None:
         meaning = Meaning.NO_ANSWER

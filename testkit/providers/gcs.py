@@ -23,11 +23,11 @@ from typing import Any
 
 import requests
 
-from .. import conditional
-from ..conditional import Outcome, Stored
-from ..errors import StorageFaultError
-from ..gates import sha256_hex
-from ..storage_answers import answered, storage_fault
+from tilecommit import conditional
+from tilecommit.conditional import Outcome, Stored
+from tilecommit.errors import StorageFaultError
+from tilecommit.gates import sha256_hex
+from tilecommit.storage_answers import answered, storage_fault
 
 DIGEST_KEY = "sha256"
 UNANSWERED = (requests.ConnectionError, requests.Timeout)
