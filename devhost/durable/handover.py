@@ -18,15 +18,16 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from functools import partial
 
 from .dispatch import EpisodeQueue
 from .history import PENDING, RUNNING, TERMINAL
 from .instance import HeldInstances, Instance
-from .messaging import Messaging, event_body, start_body
+from .messaging import Messaging, Outbound, event_body, start_body
 from .partitions import PartitionManager
 from .queues import Received
 from .replay import report_to_parent
-from .store import HistoryStore
+from .store import Episode, HistoryStore
 from .work import HostBackoff, StartMessage
 
 logger = logging.getLogger(__name__)
@@ -62,21 +63,22 @@ class Handover:
             if state["status"] not in (PENDING, RUNNING) or self.partitions.partition_for(state["id"]) != partition:
                 continue
             inst = Instance.from_state(state)
-            episodes = self.backoff.call(
-                "read history", lambda inst=inst: list(self.store.episodes(inst.id)), self.stopping
-            )
+            episodes = self.backoff.call("read history", partial(self._history, inst.id), self.stopping)
             for episode in episodes:
                 if episode.execution_id in (None, inst.execution_id):
                     inst.apply(episode.events, episode.scheduled, episode.actions, episode.finished)
             found.append(inst)
         return found
 
+    def _history(self, instance_id: str) -> list[Episode]:
+        return list(self.store.episodes(instance_id))
+
     def acquired(self, partition: int, after_crash: bool) -> None:
         """A partition came to this host: load its unfinished instances. After a crash (the row
         expired under its owner) also send their open work again: the owner may have died between
         committing an episode and sending what it scheduled, or holding results in memory."""
         states = self.backoff.call("read the task hub", self.store.instances, self.stopping)
-        outbound: list[tuple] = self._reports_lost_with(partition, states) if after_crash else []
+        outbound: list[Outbound] = self._reports_lost_with(partition, states) if after_crash else []
         resumed = 0
         for inst in self._unfinished_of(partition, states):
             with self.instances.lock:
@@ -94,7 +96,7 @@ class Handover:
         if resumed:
             logger.info("partition %d: %d unfinished instance(s) taken up", partition, resumed)
 
-    def _reports_lost_with(self, partition: int, states: list[dict]) -> list[tuple]:
+    def _reports_lost_with(self, partition: int, states: list[dict]) -> list[Outbound]:
         """The reports of the partition's finished sub-orchestrations whose parents still run, sent
         again. A host commits an episode before it sends what the episode made (docs/local-host.md
         says why), so a host that died in between took a finished child's report to its parent

@@ -43,6 +43,10 @@ logger = logging.getLogger(__name__)
 #: What a work item carries, in ActivityRunner.submit's order.
 WORK_ITEM_FIELDS = ("instance_id", "execution_id", "task_id", "name", "input_json")
 
+#: A message to send: ``("work", body)`` for the work-item queue, ``("control", instance id,
+#: body, delay)`` for an instance's partition; None stands for nothing to send.
+Outbound = tuple | None
+
 
 def start_body(message: StartMessage) -> dict:
     return {"type": "start", **message.__dict__}
@@ -164,7 +168,7 @@ class Messaging:
                 # as it would in the control queue behind the ExecutionStarted message.
                 self.later(0.2, lambda: self._terminate_later(instance_id, execution_id, item, receipt))
                 return
-            elif item["EventType"] == EXECUTION_TERMINATED and inst.status not in TERMINAL:
+            elif item["EventType"] == EXECUTION_TERMINATED and inst is not None and inst.status not in TERMINAL:
                 accepted = self._queue_event(inst, item, receipt)
             elif inst is None or inst.status in TERMINAL or task_id in inst.delivered or task_id not in inst.open:
                 # A second execution of an at-least-once activity (possibly landing after the
@@ -197,13 +201,14 @@ class Messaging:
         self.queue.mark_ready(inst.id)
         return True
 
-    def activity_outcome(self, instance_id: str, execution_id: str, item: dict, token: object) -> None:
+    def activity_outcome(self, instance_id: str, execution_id: str, item: dict, token: Received | None) -> None:
         """An activity's result reaches its instance's partition before its work item goes."""
         self.send(instance_id, event_body(instance_id, execution_id, item))
         self.delete(token)
 
     def take_work_item(self, body: dict, received: Received) -> None:
-        self.activities.submit(*(body[k] for k in WORK_ITEM_FIELDS), received)
+        instance_id, execution_id, task_id, name, input_json = (body[k] for k in WORK_ITEM_FIELDS)
+        self.activities.submit(instance_id, execution_id, task_id, name, input_json, received)
 
     def _send_work_item(self, body: dict) -> None:
         self.backoff.call("send a work item", lambda: self.queues.send_work_item(body), lambda: False)
@@ -216,7 +221,7 @@ class Messaging:
         for task in self.activities.take_waiting():
             self._send_work_item({"type": "activity", **dict(zip(WORK_ITEM_FIELDS, task, strict=True))})
 
-    def work_for(self, inst: Instance, task_id: int, meta: dict) -> list[tuple]:
+    def work_for(self, inst: Instance, task_id: int, meta: dict) -> list[Outbound]:
         """The messages that carry out one scheduled task: ``("work", body)`` for the work-item
         queue, ``("control", instance, body, delay)`` for an instance's partition."""
         if meta["kind"] == "activity":
@@ -233,7 +238,7 @@ class Messaging:
             return [("control", meta["instance_id"], start_body(start), 0.0)]
         return []
 
-    def send_all(self, outbound: list[tuple | None]) -> None:
+    def send_all(self, outbound: list[Outbound]) -> None:
         for message in outbound:
             if message is None:
                 continue

@@ -35,7 +35,7 @@ from .history import (
     top_level_actions,
 )
 from .instance import EngineStats, HeldInstances, Instance
-from .messaging import event_body
+from .messaging import Outbound, event_body
 from .store import Episode, EpisodeAlreadyCommitted, HistoryStore
 
 if TYPE_CHECKING:
@@ -43,10 +43,10 @@ if TYPE_CHECKING:
     from .functions import FunctionIndex
 
 #: The messages that carry out one scheduled task (:meth:`devhost.durable.messaging.Messaging.work_for`).
-WorkFor = Callable[[Instance, int, dict], list[tuple]]
+WorkFor = Callable[[Instance, int, dict], list[Outbound]]
 
 
-def report_to_parent(inst: Instance) -> tuple | None:
+def report_to_parent(inst: Instance) -> Outbound:
     """The message DTFx sends a finished sub-orchestration's parent execution with its outcome."""
     if not inst.parent:
         return None
@@ -95,7 +95,7 @@ class EpisodeRunner:
         #: Stricter than the real host (which compares only kind and name): also inputs and ids.
         self.strict_determinism = strict_determinism
 
-    def run(self, inst: Instance, events: list[dict]) -> list[tuple]:
+    def run(self, inst: Instance, events: list[dict]) -> list[Outbound]:
         """Replay, plan and commit one episode; what it sends (``Messaging.send_all``) once committed."""
         moment = now()
         ordered = order_new_events(inst, events)
@@ -227,9 +227,9 @@ class EpisodeRunner:
                 self.stats.episodes_found_committed += 1
         return episode, new_state
 
-    def _apply(self, inst: Instance, episode: Episode, new_state: dict, elapsed: float) -> list[tuple]:
+    def _apply(self, inst: Instance, episode: Episode, new_state: dict, elapsed: float) -> list[Outbound]:
         """The committed episode applied to the instance in memory; what it sends."""
-        outbound: list[tuple] = []
+        outbound: list[Outbound] = []
         with self.instances.lock:
             inst.episodes, inst.next_id = new_state["episodes"], new_state["next_id"]
             inst.status, inst.output, inst.error = new_state["status"], new_state["output"], new_state["error"]

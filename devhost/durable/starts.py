@@ -16,6 +16,7 @@ import logging
 from .dispatch import EpisodeQueue
 from .history import TERMINAL
 from .instance import EngineStats, HeldInstances, Instance
+from .messaging import Outbound
 from .replay import report_to_parent
 from .store import HistoryStore
 from .work import StartMessage
@@ -34,7 +35,7 @@ class Starts:
         #: Sub-orchestration starts dropped because the id runs for another parent task.
         self._refused: set[RefusedStart] = set()
 
-    def process(self, message: StartMessage) -> tuple[list[tuple], Instance | None]:
+    def process(self, message: StartMessage) -> tuple[list[Outbound], Instance | None]:
         """Apply one ExecutionStarted message; the messages it leads to, and the new instance if
         it made one (ready for its first episode)."""
         current = self.instances.get(message.instance_id)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from .history import PENDING, TERMINAL, now, parse_iso
 from .instance import EngineStats, HeldInstances, Instance
+from .messaging import Outbound
 from .partitions import PartitionManager
 from .store import HistoryStore
 from .work import TIMEOUT_GRACE_S
@@ -110,7 +111,7 @@ class Watchdog:
         that has had no answer past its bound, and start instances stored Pending with no first
         episode that no host took up. How many things it sent or started."""
         owned = set(self.partitions.owned())
-        outbound: list[tuple | None] = []
+        outbound: list[Outbound] = []
         what: list[str] = []  # one line per thing sent or started, for the log
         with self.instances.lock:
             self._idle_work(owned, outbound, what)
@@ -125,7 +126,7 @@ class Watchdog:
         self.messaging.send_all(outbound)
         return len(outbound)
 
-    def _idle_work(self, owned: set[int], outbound: list[tuple | None], what: list[str]) -> None:
+    def _idle_work(self, owned: set[int], outbound: list[Outbound], what: list[str]) -> None:
         """Under the host's lock: held instances never run are made ready, unanswered work is sent again."""
         moment = time.monotonic()
         instances = self.instances.all()
@@ -152,7 +153,7 @@ class Watchdog:
                     outbound += self.messaging.work_for(inst, task_id, meta)
                     inst.dispatched[task_id] = moment
 
-    def _stalled_starts(self, owned: set[int], known: set[str], outbound: list[tuple | None], what: list[str]) -> None:
+    def _stalled_starts(self, owned: set[int], known: set[str], outbound: list[Outbound], what: list[str]) -> None:
         """Instances stored Pending with no host holding them, past the bound: started from their row."""
         stalled = [
             state
