@@ -156,6 +156,7 @@ class Engine:
         )
         stall_bound = default_stall_bound(function_timeout) if stall_report_s is None else stall_report_s
         self._build_watch(function_timeout, watchdog_interval, stalled_start_s, stall_bound)
+        self._offer_client()
 
     def _build_orchestration(
         self, dispatchers: int, linger: float, duplicate_activities: bool, timer_scale: float, strict: bool
@@ -213,7 +214,16 @@ class Engine:
             backoff=self.backoff,
             stopping=lambda: self._stopping,
         )
+
+    def _offer_client(self) -> None:
+        """The client's operations on the task hub, which the engine answers as its own."""
         self.client = TaskHubClient(self.instances, self.store, self.index, self.messaging.send)
+        self.start_new = self.client.start_new
+        self.terminate = self.client.terminate
+        self.list_instances = self.client.list_instances
+        self.purge = self.client.purge
+        self.status = self.client.status
+        self.wait_for = self.client.wait_for
 
     def _build_watch(
         self, function_timeout: float | None, interval: float, stalled_start_s: float, bound: float
@@ -283,34 +293,3 @@ class Engine:
     def _count(self, stat: str) -> None:
         with self.instances.lock:
             setattr(self.stats, stat, getattr(self.stats, stat) + 1)
-
-    # ------------------------------------------------------------------ the client's operations
-
-    def start_new(self, name: str, instance_id: str, input_value: Any = None, *, input_json: str | None = None) -> str:
-        return self.client.start_new(name, instance_id, input_value, input_json=input_json)
-
-    def terminate(self, instance_id: str, reason: str) -> None:
-        self.client.terminate(instance_id, reason)
-
-    def list_instances(
-        self,
-        *,
-        created_from: str | None = None,
-        created_to: str | None = None,
-        statuses: tuple[str, ...] = (),
-        prefix: str | None = None,
-    ) -> list[dict]:
-        return self.client.list_instances(
-            created_from=created_from, created_to=created_to, statuses=statuses, prefix=prefix
-        )
-
-    def purge(self, instance_id: str) -> int:
-        return self.client.purge(instance_id)
-
-    def status(self, instance_id: str) -> dict | None:
-        return self.client.status(instance_id)
-
-    def wait_for(
-        self, instance_id: str, timeout: float | None = None, progress: Callable[[dict], None] | None = None
-    ) -> dict:
-        return self.client.wait_for(instance_id, timeout, progress)
