@@ -146,7 +146,7 @@ async def cancel_job(req: func.HttpRequest, client: df.DurableOrchestrationClien
     """POST /api/jobs/{job_id}/cancel[?reason=...]: stop a running job; 202. Its tiles stay valid."""
     reason = req.params.get("reason") or "cancelled through the job API"
     return await answer(
-        job_api.cancel_job(client, activity_context().manifest, req.route_params["job_id"], reason), 202
+        job_api.cancel_job(client, activity_context().stores.manifest, req.route_params["job_id"], reason), 202
     )
 
 
@@ -155,7 +155,7 @@ async def cancel_job(req: func.HttpRequest, client: df.DurableOrchestrationClien
 @app.durable_client_input(client_name="client")
 async def retry_job(req: func.HttpRequest, client: df.DurableOrchestrationClient) -> func.HttpResponse:
     """POST /api/jobs/{job_id}/retry: run a failed or cancelled job again (only its missing windows); 202."""
-    return await answer(job_api.retry_job(client, activity_context().manifest, req.route_params["job_id"]), 202)
+    return await answer(job_api.retry_job(client, activity_context().stores.manifest, req.route_params["job_id"]), 202)
 
 
 @app.function_name(names.VERIFY_ROUTE)
@@ -195,7 +195,7 @@ async def retention_sweep(timer: func.TimerRequest, client: df.DurableOrchestrat
     """Purge the tiles, manifest rows and history of jobs finished more than the retention ago."""
     ctx = activity_context()
     await retention.sweep_as_configured(
-        client, ctx.manifest, ctx.tiles, retention_days=Settings.from_env().tile_retention_days
+        client, ctx.stores.manifest, ctx.stores.tiles, retention_days=Settings.from_env().tile_retention_days
     )
 
 
@@ -211,4 +211,4 @@ async def retention_sweep(timer: func.TimerRequest, client: df.DurableOrchestrat
 async def raster_uploaded(upload: blob.BlobClient, client: df.DurableOrchestrationClient) -> None:
     # The SDK-type binding hands over a client, not the blob's bytes: a raster can be GBs. What
     # raising here does (the event is delivered again): client_functions/starter.py, _restart_failed.
-    await starter.start_job(upload, client, Settings.from_env(), activity_context().manifest)
+    await starter.start_job(upload, client, Settings.from_env(), activity_context().stores.manifest)

@@ -537,8 +537,8 @@ def purge(args: argparse.Namespace, storage) -> int:
         ctx = activity_context()
         sweep = retention.sweep_as_configured(
             client,
-            ctx.manifest,
-            ctx.tiles,
+            ctx.stores.manifest,
+            ctx.stores.tiles,
             retention_days=Settings.from_env().tile_retention_days,
             older_than_days=args.older_than,
         )

@@ -16,9 +16,8 @@ import azure.durable_functions as df
 from tilecommit import usage
 from tilecommit.errors import BAD_INPUT, CHECK, FAULT, BadInputFailure, MosaicFailure, RetriesExhaustedFailure
 from tilecommit.grid import Window, plan_windows
+from tilecommit.jobs import Job
 from tilecommit.retries import ACTIVITY_RETRY as RETRY_POLICY
-from tilecommit.settings import DEFAULT_ASSEMBLY_SHARE_MB
-from tilecommit.spec import spec_of
 
 from . import names
 from .retries import ACTIVITY_RETRY_OPTIONS
@@ -75,7 +74,8 @@ def chunk(items: list, size: int) -> list[list]:
 
 def plan_batches(job: dict, scene: dict) -> list[list[Window]]:
     """The job's windows in batches: a pure function of the scene size and the job's sizes."""
-    return chunk(plan_windows(scene["width"], scene["height"], spec_of(job).window_size), job["batch_size"])
+    record = Job.from_dict(job)
+    return chunk(plan_windows(scene["width"], scene["height"], record.spec.window_size), record.batch_size)
 
 
 def empty_summary() -> dict:
@@ -171,7 +171,7 @@ def assemble(
     job's ``assembly_share_bytes``), its ranges are staged in shares first and that activity
     commits them. The activity is given what the job used until then, which its STAC item
     records with what the activity itself used until it made the item."""
-    share_bytes = job.get("assembly_share_bytes", DEFAULT_ASSEMBLY_SHARE_MB * 2**20)
+    share_bytes = Job.from_dict(job).share_bytes
     payload = {"job": job, "scene": scene, "tile_bytes": tile_bytes}
     try:
         if tile_bytes > share_bytes:
@@ -315,7 +315,7 @@ def run_job(context: df.DurableOrchestrationContext, job: dict, used: dict) -> G
     return {
         "job_id": job_id,
         "source": job["blob"],
-        "spec": spec_of(job).to_dict(),
+        "spec": Job.from_dict(job).spec.to_dict(),
         **totals,
         "mosaic_outcome": mosaic["outcome"],
         "mosaic_url": mosaic["mosaic_url"],

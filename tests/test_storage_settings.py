@@ -292,12 +292,12 @@ def test_the_activities_clients_come_from_the_codes_own_connection(azurite, monk
     monkeypatch.setenv(SETTING_MANIFEST_TABLE, "manifestowndata")
     ctx = activity_context()
     assert ctx.connection.connection_string == azurite.connection_string
-    assert ctx.tiles.url.startswith(azurite.connection_string.split("BlobEndpoint=")[1].split(";")[0])
-    ctx.manifest.create_table()
+    assert ctx.stores.tiles.url.startswith(azurite.connection_string.split("BlobEndpoint=")[1].split(";")[0])
+    ctx.stores.manifest.create_table()
     try:
-        assert list(ctx.manifest.list_entities()) == []
+        assert list(ctx.stores.manifest.list_entities()) == []
     finally:
-        ctx.manifest.delete_table()
+        ctx.stores.manifest.delete_table()
 
 
 # ----------------------------------------------------------------------------- the environment, read once

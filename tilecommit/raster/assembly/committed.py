@@ -11,21 +11,15 @@ companions, writing nothing.
 
 from __future__ import annotations
 
-import shutil
 import time
-
-from azure.data.tables import TableClient
-from azure.storage.blob import ContainerClient
 
 from ... import gates, jobs
 from ...errors import IncompatibleTilesError, MosaicCheckError, StorageFaultError
-from ...settings import Settings
-from ...spec import OutputSpec
+from ...jobs import Job
+from ...stores import JobStores
 from ..reading.scene import SceneInfo
-from . import attempt
 from .block_copy import plan_block_copy
 from .checks import blob_properties, repair_instruction, verify_committed_mosaic
-from .manifest_check import check_manifest
 from .pyramid import levels_of
 from .sidecars import write_sidecars
 from .strategy import (
@@ -35,6 +29,7 @@ from .strategy import (
     PLAN_SHA256_METADATA_KEY,
     MosaicJob,
     PlannedMosaic,
+    mosaic_job,
 )
 
 
@@ -55,7 +50,7 @@ def verify_mosaic(job: MosaicJob, planned: PlannedMosaic | None):
     """
     name, scene, spec = job.mosaic_name, job.scene, job.spec
     started = time.perf_counter()
-    props = blob_properties(job.output, name)
+    props = blob_properties(job.stores.output, name)
     if props is None:
         raise StorageFaultError(f"{name} vanished after it was committed")
     method = (props.metadata or {}).get(METHOD_METADATA_KEY, "")
@@ -70,12 +65,12 @@ def verify_mosaic(job: MosaicJob, planned: PlannedMosaic | None):
         key = PLAN_SHA256_METADATA_KEY if method == "server" else gates.SHA256_METADATA_KEY
         ours = planned.evidence[1] if planned is not None and planned.evidence[0] == key else None
         verify_committed_mosaic(
-            job.output,
+            job.stores.output,
             name,
             scene,
             levels,
-            settings=job.settings,
-            gdal_options=job.gdal_options,
+            settings=job.stores.settings,
+            gdal_options=job.stores.gdal_options,
             nbytes=planned.nbytes if planned is not None else None,
             metadata={OVERVIEW_LEVELS_METADATA_KEY: str(levels), key: ours},
             head=planned.head if planned is not None else None,
@@ -104,54 +99,16 @@ def _comparable_plan(job: MosaicJob, method: str, planned: PlannedMosaic | None)
         ) from exc
 
 
-def verify_outputs(
-    job_id: str,
-    scene: SceneInfo,
-    *,
-    tiles: ContainerClient,
-    output: ContainerClient,
-    manifest: TableClient,
-    settings: Settings,
-    spec: OutputSpec,
-    gdal_options: dict | None = None,
-    source_name: str = "",
-) -> None:
+def verify_outputs(job: Job, stores: JobStores, scene: SceneInfo) -> None:
     """Verify the committed mosaic and its companions as an assembly does before it calls them
     done (:func:`verify_mosaic`, :func:`.sidecars.write_sidecars`), writing nothing: a scrub's check.
 
     Raises :class:`MosaicCheckError` for an output that is missing or known bad,
     :class:`IncompleteManifestError` when the tiles themselves are not what their rows say.
     """
-    name = jobs.mosaic_blob_name(job_id)
-    if blob_properties(output, name) is None:
-        raise MosaicCheckError(f"{name} does not exist; {repair_instruction(job_id)}")
-    windows, summary = check_manifest(job_id, scene, tiles=tiles, manifest=manifest, spec=spec)
-    timings: dict[str, float] = {}
-    workdir = attempt.new_workdir(job_id)
-    try:
-        job = MosaicJob(
-            job_id,
-            scene,
-            windows,
-            summary,
-            tiles=tiles,
-            output=output,
-            settings=settings,
-            spec=spec,
-            workdir=workdir,
-            timings=timings,
-            gdal_options=gdal_options,
-        )
-        verify_mosaic(job, None)
-        write_sidecars(
-            job_id,
-            scene,
-            output=output,
-            settings=settings,
-            spec=spec,
-            source_name=source_name,
-            timings=timings,
-            verify_only=True,
-        )
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+    name = jobs.mosaic_blob_name(job.job_id)
+    if blob_properties(stores.output, name) is None:
+        raise MosaicCheckError(f"{name} does not exist; {repair_instruction(job.job_id)}")
+    with mosaic_job(job, stores, scene, {}) as assembly:
+        verify_mosaic(assembly, None)
+        write_sidecars(assembly, verify_only=True)

@@ -12,33 +12,19 @@ from azure.storage.blob import ContainerClient
 
 from ... import gates, jobs
 from ...errors import MosaicCheckError, StorageFaultError
-from ...settings import Settings
-from ...spec import OutputSpec
 from ..env import gdal_env
 from ..gdal_errors import gdal_step
-from ..reading.scene import SceneInfo
 from ..reading.source import PinnedBlob, reading
 from ..reading.upload import upload_gdal_options
 from .checks import blob_properties, repair_instruction
 from .stac import mosaic_footprint, quicklook_png, stac_item_bytes, without_run_facts
+from .strategy import MosaicJob
 
 
-def write_sidecars(
-    job_id: str,
-    scene: SceneInfo,
-    *,
-    output: ContainerClient,
-    settings: Settings,
-    spec: OutputSpec,
-    source_name: str,
-    timings: dict[str, float],
-    replace: dict[str, str | None] | None = None,
-    verify_only: bool = False,
-    cost: Callable[[], dict] | None = None,
-) -> int:
+def write_sidecars(job: MosaicJob, *, replace: dict[str, str | None] | None = None, verify_only: bool = False) -> int:
     """Quicklook, then STAC item (which names both), each create-only, or verified when already there.
 
-    ``cost`` (the assembly's): what the job has cost until the item is made, recorded in it as
+    The assembly's ``cost``: what the job has cost until the item is made, recorded in it as
     ``tilecommit:cost``. That is the one part of the item that is not a function of the mosaic:
     an item already there is checked with it left out (:func:`.stac.without_run_facts`), and
     keeps the cost of the run that wrote it.
@@ -55,6 +41,7 @@ def write_sidecars(
     source, so it writes the same bytes. For the same reason an existing one must hold exactly
     those bytes (:func:`_commit_or_verify`).
     """
+    job_id, scene, output, timings = job.job_id, job.scene, job.stores.output, job.timings
     mosaic_name, stac_name, quicklook_name = (
         jobs.mosaic_blob_name(job_id),
         jobs.stac_blob_name(job_id),
@@ -68,7 +55,7 @@ def write_sidecars(
     # storage did not answer in full fails the step (retried) instead of baking zeros into a
     # companion committed create-only. GDAL's network file systems are closed meanwhile.
     mosaic = PinnedBlob(output.get_blob_client(mosaic_name), props.etag, upload=False)
-    with gdal_env(settings, upload_gdal_options(mosaic.path)):
+    with gdal_env(job.stores.settings, upload_gdal_options(mosaic.path)):
         started = time.perf_counter()
         with gdal_step(f"making the quicklook of {mosaic_name}", window="smallest overview"):
             quicklook = quicklook_png(mosaic)
@@ -99,9 +86,9 @@ def write_sidecars(
             overview_levels=levels,
             created=props.creation_time or props.last_modified,
             footprint=mosaic_footprint(mosaic, scene.crs),
-            source_name=source_name,
-            spec=spec,
-            cost=cost() if cost is not None else None,
+            source_name=job.job.blob,
+            spec=job.spec,
+            cost=job.cost() if job.cost is not None else None,
         )
         _commit_or_verify(
             output,

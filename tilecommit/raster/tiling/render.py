@@ -13,17 +13,17 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from azure.data.tables import TableClient
-from azure.storage.blob import ContainerClient
 from rasterio.errors import RasterioIOError
 
 from ... import cancellation, gates, jobs
 from ... import manifest as manifest_rows
 from ...errors import InvalidRasterError, JobCancelledError
 from ...grid import Window
+from ...jobs import Job
 from ...records import Record
 from ...settings import Settings
 from ...spec import OutputSpec
+from ...stores import JobStores
 from ..env import NUM_THREADS, gdal_env
 from ..gdal_errors import gdal_step
 from ..reading.source import Source, as_source, open_upload
@@ -98,19 +98,15 @@ class TileResult(Record):
 
 
 def render_tile(
+    job: Job,
+    stores: JobStores,
     upload: str | os.PathLike | Source,
     window: Window,
     *,
-    job_id: str,
-    tiles: ContainerClient,
-    manifest: TableClient,
-    settings: Settings,
-    spec: OutputSpec,
-    gdal_options: dict | None = None,
     num_threads: int = NUM_THREADS,
 ) -> TileResult:
-    """Render one window of ``source_path`` into the tiles container, at most once in effect,
-    made to the job's output ``spec`` (``settings`` give GDAL's limits only).
+    """Render one window of ``upload`` into the tiles container, at most once in effect, made to
+    the job's output spec (the stores' settings give GDAL's limits only).
 
     1. A point read of the manifest: a row means the tile is done. Without one, a point read of
        the job's cancellation row: a cancelled job (:mod:`tilecommit.cancellation`) renders
@@ -121,6 +117,7 @@ def render_tile(
        (same sha256) and writes the row. The row is written only after the blob exists, so the
        manifest never names a tile that is not there.
     """
+    job_id, spec, tiles, manifest = job.job_id, job.spec, stores.tiles, stores.manifest
     timings: dict[str, float] = {}
     started = time.perf_counter()
     entry, cancelled = cancellation.lookup_window(manifest, job_id, window)
@@ -142,10 +139,10 @@ def render_tile(
     with window_of_upload(
         upload,
         window,
-        settings=settings,
+        settings=stores.settings,
         purpose="render",
         spec=spec,
-        gdal_options=gdal_options,
+        gdal_options=stores.gdal_options,
         num_threads=num_threads,
     ) as src:
         where = f"col={window.col_off} row={window.row_off} {window.width}x{window.height}"
