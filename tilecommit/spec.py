@@ -129,4 +129,3 @@ class OutputSpec(Record):
     def canonical(self) -> str:
         """One text for one spec (sorted keys, no spaces): what the job id hashes."""
         return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
-

@@ -24,6 +24,7 @@ from ..reading.scene import SceneInfo, crs_label, same_crs
 from ..reading.source import PinnedBlob, Source, open_upload, reading
 from ..reading.upload import upload_gdal_options
 from .pyramid import pyramid_problems
+from .strategy import MosaicJob
 
 
 def check_mosaic_file(
@@ -143,22 +144,17 @@ def repair_instruction(job_id: str) -> str:
 
 
 def verify_committed_mosaic(
-    output: ContainerClient,
-    name: str,
-    scene: SceneInfo,
+    job: MosaicJob,
     levels: int,
     *,
-    settings: Settings,
-    gdal_options: dict | None,
     nbytes: int | None = None,
     metadata: dict[str, str | None] | None = None,
     head: bytes | None = None,
     hash_content_from: str | None = None,
-    block_size: int = BLOCK_SIZE,
-    shorter_side: bool = False,
 ) -> None:
-    """The checks of :func:`check_mosaic_file`, on the committed blob through /vsiaz/ (directories only),
-    after those of what the assembly planned:
+    """The checks of :func:`check_mosaic_file` (``levels`` overview levels, the blocks and pyramid
+    of the job's spec), on the job's committed mosaic through the app's pinned reader (directories
+    only), after those of what the assembly planned:
 
     - ``nbytes``: the stored size;
     - ``metadata``: what the blob's metadata must hold, key by key (the level count, the method,
@@ -173,6 +169,7 @@ def verify_committed_mosaic(
     :class:`StorageFaultError` when storage did not deliver what it read back (its reader's
     record, :func:`check_mosaic_file`): a check that could not finish never passes.
     """
+    output, name, scene, spec = job.stores.output, job.mosaic_name, job.scene, job.spec
     props = blob_properties(output, name)
     if props is None:
         raise StorageFaultError(f"{name} vanished after it was committed")
@@ -214,9 +211,9 @@ def verify_committed_mosaic(
         committed,
         scene,
         levels,
-        settings=settings,
-        gdal_options={**(gdal_options or {}), **upload_gdal_options(committed.path)},
+        settings=job.stores.settings,
+        gdal_options={**(job.stores.gdal_options or {}), **upload_gdal_options(committed.path)},
         label=f"committed mosaic {name}",
-        block_size=block_size,
-        shorter_side=shorter_side,
+        block_size=spec.block_size,
+        shorter_side=spec.choice.web_optimized,
     )

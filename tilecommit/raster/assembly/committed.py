@@ -48,7 +48,7 @@ def verify_mosaic(job: MosaicJob, planned: PlannedMosaic | None):
     A mosaic known bad raises :class:`MosaicCheckError` saying how to repair it (a re-run would
     meet the same mosaic); a check that storage kept from finishing raises a retryable fault.
     """
-    name, scene, spec = job.mosaic_name, job.scene, job.spec
+    name = job.mosaic_name
     started = time.perf_counter()
     props = blob_properties(job.stores.output, name)
     if props is None:
@@ -61,22 +61,16 @@ def verify_mosaic(job: MosaicJob, planned: PlannedMosaic | None):
                 "no assembly committed it"
             )
         planned = _comparable_plan(job, method, planned)
-        levels = planned.levels if planned is not None else levels_of(scene, spec)
+        levels = planned.levels if planned is not None else levels_of(job.scene, job.spec)
         key = PLAN_SHA256_METADATA_KEY if method == "server" else gates.SHA256_METADATA_KEY
         ours = planned.evidence[1] if planned is not None and planned.evidence[0] == key else None
         verify_committed_mosaic(
-            job.stores.output,
-            name,
-            scene,
+            job,
             levels,
-            settings=job.stores.settings,
-            gdal_options=job.stores.gdal_options,
             nbytes=planned.nbytes if planned is not None else None,
             metadata={OVERVIEW_LEVELS_METADATA_KEY: str(levels), key: ours},
             head=planned.head if planned is not None else None,
             hash_content_from=key if ours is None and key == gates.SHA256_METADATA_KEY else None,
-            block_size=spec.block_size,
-            shorter_side=spec.choice.web_optimized,
         )
     except MosaicCheckError as exc:
         raise MosaicCheckError(f"{exc}; {repair_instruction(job.job_id)}") from exc
