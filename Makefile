@@ -61,9 +61,11 @@ demo: setup
 	$(PY) -m devhost demo
 
 # Lint first, so CI (.ci/run calls `make test`) fails on a finding before the slow tests start.
+# mypy checks the app's layers (pyproject.toml [tool.mypy]), clean.
 lint: setup
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	$(PY) -m mypy
 
 # The storage-fault tests (a proxy refusing or dropping every request for 45 s) run in a pytest
 # process of their own, beside the main suite rather than after it: they spend most of their

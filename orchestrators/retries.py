@@ -32,6 +32,7 @@ class BackoffRetryOptions(df.RetryOptions):
         }
 
 
-#: Every activity of the job: genuine faults (throttling, an outage, a worker that died) are
-#: retried 6 times over 5, 10, 20, 40 and 60 s: an outage of a minute costs time, not the job.
+#: Every activity of the job: a genuine fault (throttling, an outage, a worker that died) gets
+#: ``max_attempts`` attempts, 6: the first and 5 retries, after 5, 10, 20, 40 and 60 s; an outage
+#: of a minute costs time, not the job.
 ACTIVITY_RETRY_OPTIONS = BackoffRetryOptions(ACTIVITY_RETRY)

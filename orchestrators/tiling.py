@@ -8,74 +8,21 @@ and the window size of the output spec the starter put in the input (never the a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator
+from collections.abc import Generator
 from typing import Any
 
 import azure.durable_functions as df
 
 from tilecommit import usage
-from tilecommit.errors import BAD_INPUT, CHECK, FAULT, BadInputFailure, MosaicFailure, RetriesExhaustedFailure
-from tilecommit.grid import Window, plan_windows
 from tilecommit.jobs import Job
-from tilecommit.retries import ACTIVITY_RETRY as RETRY_POLICY
 
 from . import names
-from .retries import ACTIVITY_RETRY_OPTIONS
+from .batches import WindowWork, over_windows, plan_batches, run_batch, run_group
+from .calls import activity_task, call_activity, fan_in, in_stage
+from .failures import JobFailure, checked
 
-#: Genuine faults (throttling, an outage, a worker that died) are retried with backoff (see
-#: orchestrators/retries.py); errors that are not retryable never reach a retry, because
-#: activities return them as a value.
-ACTIVITY_RETRY = ACTIVITY_RETRY_OPTIONS
-#: Above this many batches, batches are grouped under ``render_group`` sub-orchestrations, so
-#: the job's own history grows with the number of groups, not with the scene: every instance
-#: replays at most ~GROUP_BATCHES children (measured: one flat level of 157 batches made the
-#: parent's replay grow quadratically, 0.06 s -> 4.7 s from 1,000 to 10,000 windows).
-GROUP_BATCHES = 16
-
-
-def describe_error(error: dict) -> str:
-    """An activity's error value (type, message, window) as one line."""
-    where = f"window {error['window']}: " if error.get("window") else ""
-    return f"{where}{error['message']} ({error['type']})"
-
-
-def failure_for(job: dict, error: dict) -> BadInputFailure:
-    """The failure of a job whose activity returned ``error``, worded by its kind (who is to
-    blame, :func:`tilecommit.errors.error_value`). An error value without one, from an activity
-    of an older release still in a job's history, is a fault."""
-    kind = error.get("kind", FAULT)
-    if kind == CHECK:
-        return MosaicFailure(f"job {job['job_id']}: mosaic check failed: {describe_error(error)}")
-    if kind == BAD_INPUT:
-        return BadInputFailure(f"job {job['job_id']}: bad input {job['blob']!r}: {describe_error(error)}")
-    return BadInputFailure(f"job {job['job_id']}: failed, not retryable: {describe_error(error)}")
-
-
-def exhausted(job: dict, stage: str, exc: Exception) -> RetriesExhaustedFailure:
-    return RetriesExhaustedFailure(
-        f"job {job['job_id']}: {stage} still failed after {RETRY_POLICY.max_attempts} attempts over "
-        f"{RETRY_POLICY.patience_s():.0f} s of retries: storage stayed unavailable or throttled longer than "
-        f"the retry policy waits; deliver the upload again to resume: {exc}"
-    )
-
-
-def batch_instance_id(job_id: str, index: int) -> str:
-    """Deterministic sub-orchestration id (no '/', '\\', '#', '?'; at most 256 characters)."""
-    return f"{job_id}-batch-{index:05d}"
-
-
-def group_instance_id(job_id: str, index: int) -> str:
-    return f"{job_id}-group-{index:04d}"
-
-
-def chunk(items: list, size: int) -> list[list]:
-    return [items[i : i + size] for i in range(0, len(items), size)]
-
-
-def plan_batches(job: dict, scene: dict) -> list[list[Window]]:
-    """The job's windows in batches: a pure function of the scene size and the job's sizes."""
-    record = Job.from_dict(job)
-    return chunk(plan_windows(scene["width"], scene["height"], record.spec.window_size), record.batch_size)
+#: The stage named when the mosaic's staging or assembly runs out of retries.
+ASSEMBLING = "assembling the mosaic"
 
 
 def empty_summary() -> dict:
@@ -89,39 +36,43 @@ def add_summary(total: dict, part: dict) -> None:
     usage.add(total["usage"], part.get("usage"))
 
 
-def fan_in(
-    context: df.DurableOrchestrationContext, tasks: list, on_done: Callable[[dict], None]
-) -> Generator[Any, Any, None]:
-    """Hand each task's result to ``on_done`` as it lands (``yield from`` it); a failed task
-    raises its error.
-
-    Every task is started at once: the first ``task_any`` holds them all in one compound action,
-    and the extension's shim invokes all of a compound action's children before it awaits it.
-    Later ``task_any`` calls are over children already scheduled, so they add no action, and
-    nothing new ever queues behind the shim's in-order await of top-level actions (a sliding
-    window would: its n-th new child is not even scheduled until the one before it finished).
-    How many activities run at once is the host's to bound (host.json's
-    maxConcurrentActivityFunctions); the work-item queue keeps every slot busy.
-    """
-    pending = list(tasks)
-    while pending:
-        finished = yield context.task_any(pending)
-        pending.remove(finished)
-        if isinstance(finished.result, Exception):  # task_any hands back a failed child instead of raising
-            raise finished.result
-        on_done(finished.result)
+def empty_batches() -> dict:
+    return {**empty_summary(), "batches": 0}
 
 
-def fan_out(
-    context: df.DurableOrchestrationContext, name: str, children: list[tuple[str, Any]], on_done: Callable[[dict], None]
-) -> Generator[Any, Any, None]:
-    """Run sub-orchestrations ``(instance id, input)`` through :func:`fan_in`, so progress moves
-    after each one."""
-    yield from fan_in(
-        context,
-        [context.call_sub_orchestrator(name, child_input, instance_id) for instance_id, child_input in children],
-        on_done,
-    )
+def add_batches(total: dict, part: dict) -> None:
+    add_summary(total, part)
+    total["batches"] += part["batches"]
+
+
+def summarise_tiles(results: list[dict]) -> dict:
+    """A batch's summary of its windows' ``render_tile`` results; errors are kept for the job to fail on."""
+    summary = {**empty_batches(), "windows": len(results), "batches": 1}
+    for result in results:
+        usage.add(summary["usage"], result.get("usage"))
+        if result.get("error"):
+            summary["errors"].append(result["error"])
+            continue
+        if result["outcome"] == "written":
+            summary["written"] += 1
+        else:
+            summary["already_present"] += 1
+        if result.get("skipped"):
+            summary["skipped"] += 1
+        summary["bytes"] += result["nbytes"]
+    return summary
+
+
+#: The job's tiles: batches of ``render_tile``, each handed the job.
+RENDER = WindowWork(
+    batch=names.RENDER_BATCH,
+    group=names.RENDER_GROUP,
+    activity=names.RENDER_TILE,
+    shared=("job",),
+    summarise=summarise_tiles,
+    empty=empty_batches,
+    add=add_batches,
+)
 
 
 def stage_in_shares(
@@ -133,12 +84,14 @@ def stage_in_shares(
     From URL). The plan is named by the tiles it copies, so every execution of the job over the
     same tiles meets the same plan and stages the same blocks. (An input written by an earlier
     release also carries an "attempt" id, which the activity no longer reads.)"""
-    planned = yield context.call_activity_with_retry(
-        names.PLAN_MOSAIC_SHARES, ACTIVITY_RETRY, {"job": job, "scene": scene, "share_bytes": share_bytes}
+    planned = yield from call_activity(
+        context,
+        job,
+        names.PLAN_MOSAIC_SHARES,
+        {"job": job, "scene": scene, "share_bytes": share_bytes},
+        stage=ASSEMBLING,
+        used=used,
     )
-    usage.add(used, planned.get("usage"))
-    if planned.get("error"):
-        raise failure_for(job, planned["error"])
     if not planned.get("shares"):
         return None
     staged = planned["shares"]
@@ -147,20 +100,16 @@ def stage_in_shares(
     unsupported = []
 
     def staged_one(result: dict) -> None:
-        usage.add(used, result.get("usage"))
-        if result.get("error"):
-            raise failure_for(job, result["error"])
+        checked(job, result, used)
         unsupported.extend([result["unsupported"]] if result.get("unsupported") else [])
         status["shares_done"] += 1
         context.set_custom_status(status)
 
     tasks = [
-        context.call_activity_with_retry(
-            names.STAGE_MOSAIC_SHARE, ACTIVITY_RETRY, {"job": job, "shares": staged, "share": index}
-        )
+        activity_task(context, names.STAGE_MOSAIC_SHARE, {"job": job, "shares": staged, "share": index})
         for index in range(staged["shares"])
     ]
-    yield from fan_in(context, tasks, staged_one)
+    yield from in_stage(job, ASSEMBLING, fan_in(context, tasks, staged_one))
     return None if unsupported else staged
 
 
@@ -173,21 +122,12 @@ def assemble(
     records with what the activity itself used until it made the item."""
     share_bytes = Job.from_dict(job).share_bytes
     payload = {"job": job, "scene": scene, "tile_bytes": tile_bytes}
-    try:
-        if tile_bytes > share_bytes:
-            staged = yield from stage_in_shares(context, job, scene, share_bytes, status, used)
-            if staged is not None:
-                payload["shares"] = staged
-        payload["usage"] = usage.add({}, used)  # a copy: what the job used until now, for its STAC item
-        mosaic = yield context.call_activity_with_retry(names.ASSEMBLE_MOSAIC, ACTIVITY_RETRY, payload)
-    except BadInputFailure:
-        raise
-    except Exception as exc:
-        raise exhausted(job, "assembling the mosaic", exc) from exc
-    usage.add(used, mosaic.get("usage"))
-    if mosaic.get("error"):
-        raise failure_for(job, mosaic["error"])
-    return mosaic
+    if tile_bytes > share_bytes:
+        staged = yield from stage_in_shares(context, job, scene, share_bytes, status, used)
+        if staged is not None:
+            payload["shares"] = staged
+    payload["usage"] = usage.add({}, used)  # a copy: what the job used until now, for its STAC item
+    return (yield from call_activity(context, job, names.ASSEMBLE_MOSAIC, payload, stage=ASSEMBLING, used=used))
 
 
 def tile_scene(context: df.DurableOrchestrationContext) -> Generator[Any, Any, dict]:
@@ -235,76 +175,45 @@ def announce(
         "usage": used or {},
     }
     try:
-        published = yield context.call_activity_with_retry(names.PUBLISH_JOB_EVENT, ACTIVITY_RETRY, payload)
-    except Exception as exc:
+        return (
+            yield from call_activity(
+                context, job, names.PUBLISH_JOB_EVENT, payload, stage="publishing the completion event"
+            )
+        )
+    except JobFailure:
         if outcome == "completed":
-            raise exhausted(job, "publishing the completion event", exc) from exc
+            raise
         return {}
-    if published.get("error") and outcome == "completed":
-        raise failure_for(job, published["error"])
-    return published
 
 
 def run_job(context: df.DurableOrchestrationContext, job: dict, used: dict) -> Generator[Any, Any, dict]:
     """Validate, render in batches, assemble; the job's summary."""
-    job_id = job["job_id"]
     context.set_custom_status({"stage": "validating", "windows_done": 0, "windows_total": None})
-
-    try:
-        validated = yield context.call_activity_with_retry(names.VALIDATE_SOURCE, ACTIVITY_RETRY, job)
-    except Exception as exc:
-        raise exhausted(job, "validating the upload", exc) from exc
-    usage.add(used, validated.get("usage"))
-    if validated.get("error"):
-        raise failure_for(job, validated["error"])
+    validated = yield from call_activity(
+        context, job, names.VALIDATE_SOURCE, job, stage="validating the upload", used=used
+    )
     scene = validated["scene"]
 
     batches = plan_batches(job, scene)
-    windows = sum(len(b) for b in batches)
     totals = empty_summary()
     status = {
         "stage": "tiling",
         "windows_done": 0,
-        "windows_total": windows,
+        "windows_total": sum(len(b) for b in batches),
         "batches_done": 0,
         "batches_total": len(batches),
     }
     context.set_custom_status(status)
 
     def finished(summary: dict) -> None:
-        usage.add(used, summary.get("usage"))
-        if summary["errors"]:
-            raise failure_for(job, summary["errors"][0])
+        checked(job, summary, used)
         add_summary(totals, summary)
         status.update(windows_done=totals["windows"], batches_done=status["batches_done"] + summary["batches"])
         context.set_custom_status(status)
 
-    if len(batches) <= GROUP_BATCHES:
-        children = [
-            (batch_instance_id(job_id, i), {"job": job, "windows": [w.to_dict() for w in batch]})
-            for i, batch in enumerate(batches)
-        ]
-        fanned_out = fan_out(context, names.RENDER_BATCH, children, finished)
-    else:
-        children = [
-            (
-                group_instance_id(job_id, g),
-                {
-                    "job": job,
-                    "scene": {"width": scene["width"], "height": scene["height"]},
-                    "first_batch": first,
-                    "batch_count": min(GROUP_BATCHES, len(batches) - first),
-                },
-            )
-            for g, first in enumerate(range(0, len(batches), GROUP_BATCHES))
-        ]
-        fanned_out = fan_out(context, names.RENDER_GROUP, children, finished)
-    try:
-        yield from fanned_out
-    except BadInputFailure:
-        raise
-    except Exception as exc:  # a tile's retries ran out (the failure of its batch, or group)
-        raise exhausted(job, "rendering the tiles", exc) from exc
+    # A tile's retries running out fail its batch (or group), and so the job, in this stage.
+    rendered = over_windows(context, RENDER, {"job": job}, job["job_id"], scene, batches, finished)
+    yield from in_stage(job, "rendering the tiles", rendered)
 
     status["stage"] = "assembling"
     context.set_custom_status(status)
@@ -313,7 +222,7 @@ def run_job(context: df.DurableOrchestrationContext, job: dict, used: dict) -> G
     totals.pop("errors")
     totals["usage"] = used  # the whole job's, not only its tiles'
     return {
-        "job_id": job_id,
+        "job_id": job["job_id"],
         "source": job["blob"],
         "spec": Job.from_dict(job).spec.to_dict(),
         **totals,
@@ -326,44 +235,9 @@ def run_job(context: df.DurableOrchestrationContext, job: dict, used: dict) -> G
 
 def render_group(context: df.DurableOrchestrationContext) -> Generator[Any, Any, dict]:
     """A group of consecutive batches (large scenes): their batches as sub-orchestrations."""
-    group: dict = context.get_input()
-    job = group["job"]
-    batches = plan_batches(job, group["scene"])
-    first, count = group["first_batch"], group["batch_count"]
-    children = [
-        (batch_instance_id(job["job_id"], i), {"job": job, "windows": [w.to_dict() for w in batches[i]]})
-        for i in range(first, first + count)
-    ]
-    total = {**empty_summary(), "batches": 0}
-
-    def finished(summary: dict) -> None:
-        add_summary(total, summary)
-        total["batches"] += summary["batches"]
-
-    yield from fan_out(context, names.RENDER_BATCH, children, finished)
-    return total
+    return (yield from run_group(context, RENDER))
 
 
 def render_batch(context: df.DurableOrchestrationContext) -> Generator[Any, Any, dict]:
     """One batch of windows: fan out one activity per window, fan in a small summary."""
-    batch: dict = context.get_input()
-    job = batch["job"]
-    tasks = [
-        context.call_activity_with_retry(names.RENDER_TILE, ACTIVITY_RETRY, {"job": job, "window": window})
-        for window in batch["windows"]
-    ]
-    results = yield context.task_all(tasks)
-    summary = {**empty_summary(), "windows": len(results), "batches": 1}
-    for result in results:
-        usage.add(summary["usage"], result.get("usage"))
-        if result.get("error"):
-            summary["errors"].append(result["error"])
-            continue
-        if result["outcome"] == "written":
-            summary["written"] += 1
-        else:
-            summary["already_present"] += 1
-        if result.get("skipped"):
-            summary["skipped"] += 1
-        summary["bytes"] += result["nbytes"]
-    return summary
+    return (yield from run_batch(context, RENDER))

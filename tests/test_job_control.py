@@ -19,7 +19,7 @@ from devhost.durable.functions import EventLoopThread
 from devhost.session import job_summary, process_file
 from devhost.verify import verify_job
 from orchestrators import names
-from orchestrators.tiling import batch_instance_id
+from orchestrators.batches import batch_instance_id
 from testkit.storage_proxy import FaultPlan, FaultProxy
 from tilecommit import retries
 from tilecommit.errors import JobNotVerifiable, StorageFaultError

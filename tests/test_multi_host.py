@@ -27,7 +27,7 @@ from devhost.durable.history import (
 from devhost.durable.partitions import partition_of
 from devhost.durable.queues import queue_service
 from devhost.durable.store import HistoryStore
-from orchestrators.tiling import batch_instance_id
+from orchestrators.batches import batch_instance_id
 from tilecommit.manifest import count_manifest
 
 from .app_jobs import AppEnv, check_outputs, make_scene, serve, upload

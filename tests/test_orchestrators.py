@@ -8,7 +8,8 @@ import azure.durable_functions as df
 import pytest
 from azure.core.exceptions import HttpResponseError
 
-from orchestrators import names, tiling
+from orchestrators import names, tiling, verify
+from orchestrators.batches import GROUP_BATCHES, batch_instance_id
 from tests.durable_history import History, leaf_actions
 from tilecommit.errors import (
     BodyTooLargeError,
@@ -18,6 +19,7 @@ from tilecommit.errors import (
     MosaicCheckError,
     error_value,
 )
+from tilecommit.retries import ACTIVITY_RETRY
 from tilecommit.spec import OutputSpec
 
 JOB = {
@@ -143,12 +145,12 @@ def test_every_batch_is_started_in_one_compound_action_and_later_episodes_add_no
     top = state["actions"][0]
     assert [a["actionType"] for a in top] == [12, 11]  # WhenAll(validate with retry), WhenAny(batches)
     assert [a["instanceId"] for a in top[1]["compoundActions"]] == [
-        tiling.batch_instance_id(job["job_id"], i) for i in range(6)
+        batch_instance_id(job["job_id"], i) for i in range(6)
     ]
     # One batch finishes: nothing new is scheduled, and progress is reported.
     history = validated_history(job)
     for i in range(6):
-        history.sub_created(i + 1, names.RENDER_BATCH, tiling.batch_instance_id(job["job_id"], i))
+        history.sub_created(i + 1, names.RENDER_BATCH, batch_instance_id(job["job_id"], i))
     history.episode().sub_completed(2, batch_summary(1, 1, 0, 100))
     state = run(tiling.tile_scene, history)
     assert len(state["actions"][0]) == 2 and len(leaf_actions(state)) == 7
@@ -282,7 +284,7 @@ def test_render_batch_fans_out_one_activity_per_window_and_sums():
 def test_failed_activity_is_retried_then_fails_the_batch_after_the_last_timer():
     window = {"row": 0, "col": 0, "row_off": 0, "col_off": 0, "height": 8, "width": 8}
     history = History(names.RENDER_BATCH, {"job": JOB, "windows": [window]}, "b").scheduled(0, names.RENDER_TILE)
-    attempts = tiling.RETRY_POLICY.max_attempts
+    attempts = ACTIVITY_RETRY.max_attempts
     # Attempt k: TaskFailed -> the host's TimerCreated/TimerFired -> a new TaskScheduled.
     task_id, next_id = 0, 1
     for attempt in range(1, attempts + 1):
@@ -303,11 +305,11 @@ def test_failed_activity_is_retried_then_fails_the_batch_after_the_last_timer():
 def test_a_validation_that_exhausts_its_retries_fails_the_job_saying_storage_stayed_unavailable():
     history = History(names.TILE_SCENE, JOB).scheduled(0, names.VALIDATE_SOURCE)
     task_id, next_id = 0, 1
-    for attempt in range(1, tiling.RETRY_POLICY.max_attempts + 1):
+    for attempt in range(1, ACTIVITY_RETRY.max_attempts + 1):
         history.episode().failed(task_id, f"503 ServerBusy attempt {attempt}")
         history.timer_created(next_id).episode().timer_fired(next_id)
         task_id, next_id = next_id + 1, next_id + 2
-        if attempt < tiling.RETRY_POLICY.max_attempts:
+        if attempt < ACTIVITY_RETRY.max_attempts:
             history.scheduled(task_id, names.VALIDATE_SOURCE)
     message = run_failing(tiling.tile_scene, history)
     assert "validating the upload still failed after 6 attempts over 135 s of retries" in message
@@ -383,6 +385,41 @@ def test_an_error_value_without_a_kind_from_an_older_release_is_a_fault():
     assert "failed, not retryable: not a raster: zero bytes" in message and "bad input" not in message
 
 
+def validation_answered(answer: dict) -> History:
+    history = History(names.TILE_SCENE, JOB).scheduled(0, names.VALIDATE_SOURCE).episode()
+    return history.completed(0, answer)
+
+
+def assembly_answered(answer: dict) -> History:
+    history = validated_history()
+    history.sub_created(1, names.RENDER_BATCH, "a").sub_created(2, names.RENDER_BATCH, "b").episode()
+    history.sub_completed(1, batch_summary(4, 4, 0, 400)).sub_completed(2, batch_summary(2, 2, 0, 200))
+    return history.scheduled(3, names.ASSEMBLE_MOSAIC).episode().completed(3, answer)
+
+
+def batch_failed(reason: str) -> History:
+    history = validated_history()
+    history.sub_created(1, names.RENDER_BATCH, "a").sub_created(2, names.RENDER_BATCH, "b").episode()
+    return history.sub_failed(1, reason)
+
+
+@pytest.mark.parametrize(
+    ("history", "failure"),
+    [
+        (lambda: validation_answered({"error": error(InvalidRasterError("zero bytes"))}), "BadInputFailure"),
+        (lambda: validation_answered({"error": error(HttpResponseError("(Forbidden) no role"))}), "FaultFailure"),
+        (lambda: assembly_answered({"error": error(MosaicCheckError("2 levels, 3 expected"))}), "MosaicFailure"),
+        (lambda: batch_failed("StorageFaultError: status 503"), "RetriesExhaustedFailure"),
+    ],
+    ids=["bad input", "fault", "check", "retries exhausted"],
+)
+def test_the_failed_event_and_telemetry_name_the_failure_for_what_happened(history, failure):
+    """The failure's class name is what the job's failed event and its telemetry show."""
+    publish = leaf_actions(run(tiling.tile_scene, history()))[-1]
+    assert publish["functionName"] == names.PUBLISH_JOB_EVENT
+    assert json.loads(publish["input"])["error"]["type"] == failure
+
+
 BIG_JOB = {**JOB, "spec": OutputSpec(window_size=256).to_dict(), "batch_size": 2}
 BIG_SCENE = {"width": 2048, "height": 1536}  # 8 x 6 = 48 windows, 24 batches of 2: more than one group
 
@@ -393,7 +430,7 @@ def test_large_scenes_fan_out_groups_of_batches_so_the_job_history_stays_bounded
     assert [a["functionName"] for a in groups] == [names.RENDER_GROUP] * 2
     assert [a["instanceId"] for a in groups] == ["0123456789abcdef-group-0000", "0123456789abcdef-group-0001"]
     inputs = [json.loads(a["input"]) for a in groups]
-    assert [(i["first_batch"], i["batch_count"]) for i in inputs] == [(0, tiling.GROUP_BATCHES), (16, 8)]
+    assert [(i["first_batch"], i["batch_count"]) for i in inputs] == [(0, GROUP_BATCHES), (16, 8)]
     assert inputs[0]["scene"] == BIG_SCENE and inputs[0]["job"] == BIG_JOB
     assert state["customStatus"]["batches_total"] == 24 and state["customStatus"]["windows_total"] == 48
 
@@ -409,7 +446,7 @@ def test_render_group_runs_its_own_batches_and_sums_them():
     history = History(names.RENDER_GROUP, group, "g1")
     state = run(tiling.render_group, history)
     actions = leaf_actions(state)
-    assert [a["instanceId"] for a in actions] == [tiling.batch_instance_id(JOB["job_id"], i) for i in range(16, 24)]
+    assert [a["instanceId"] for a in actions] == [batch_instance_id(JOB["job_id"], i) for i in range(16, 24)]
     first = json.loads(actions[0]["input"])["windows"]
     # Batch 16 holds windows 32 and 33 of the row-major plan: row 4, columns 0 and 1.
     assert [(w["row"], w["col"]) for w in first] == [(4, 0), (4, 1)]
@@ -519,3 +556,62 @@ def test_a_plan_that_says_single_and_a_service_without_copy_from_url_fall_back_t
         history.completed(event_id, {"share": event_id - 4, "staged": 0, "unsupported": "Put Block From URL: 501"})
     commit = leaf_actions(run(tiling.tile_scene, history))[-1]
     assert json.loads(commit["input"]) == {"job": job, "scene": SCENE, **USED_BEFORE}
+
+
+VERIFY_ID = "0123456789abcdef-verify-1"
+
+
+def verify_validated(scene: dict, repair: bool = True) -> History:
+    history = History(names.VERIFY_SCENE, {"job": BIG_JOB, "repair": repair}, VERIFY_ID)
+    return history.scheduled(0, names.VALIDATE_SOURCE).episode().completed(0, {"scene": scene})
+
+
+def test_a_scrub_of_a_large_scene_fans_out_groups_named_after_the_scrub():
+    state = run(verify.verify_scene, verify_validated(BIG_SCENE))
+    groups = leaf_actions(state)[1:]
+    assert [a["functionName"] for a in groups] == [names.VERIFY_GROUP] * 2
+    assert [a["instanceId"] for a in groups] == [f"{VERIFY_ID}-group-0000", f"{VERIFY_ID}-group-0001"]
+    assert [json.loads(a["input"]) for a in groups] == [
+        {
+            "job": BIG_JOB,
+            "repair": True,
+            "verify_id": VERIFY_ID,
+            "scene": BIG_SCENE,
+            "first_batch": 0,
+            "batch_count": 16,
+        },
+        {
+            "job": BIG_JOB,
+            "repair": True,
+            "verify_id": VERIFY_ID,
+            "scene": BIG_SCENE,
+            "first_batch": 16,
+            "batch_count": 8,
+        },
+    ]
+    assert state["customStatus"] == {"stage": "verifying", "windows_done": 0, "windows_total": 48}
+
+
+def test_verify_group_runs_its_own_batches_and_verify_batch_keeps_only_the_differences():
+    group = {"job": BIG_JOB, "repair": False, "verify_id": VERIFY_ID, "scene": BIG_SCENE, "first_batch": 16}
+    history = History(names.VERIFY_GROUP, {**group, "batch_count": 8}, f"{VERIFY_ID}-group-0001")
+    actions = leaf_actions(run(verify.verify_group, history))
+    assert [a["instanceId"] for a in actions] == [f"{VERIFY_ID}-batch-{i:05d}" for i in range(16, 24)]
+    first = json.loads(actions[0]["input"])
+    assert list(first) == ["job", "repair", "windows"] and first["repair"] is False
+    assert [(w["row"], w["col"]) for w in first["windows"]] == [(4, 0), (4, 1)]
+
+    batch = History(names.VERIFY_BATCH, first, actions[0]["instanceId"])
+    windows = leaf_actions(run(verify.verify_batch, batch))
+    assert [json.loads(a["input"]) for a in windows] == [
+        {"job": BIG_JOB, "repair": False, "window": w} for w in first["windows"]
+    ]
+    batch.scheduled(0, names.VERIFY_WINDOW).scheduled(1, names.VERIFY_WINDOW).episode()
+    differing = {"window": "0004_0001", "differences": ["tile missing"]}
+    batch.completed(0, {"window": "0004_0000", "differences": []}).completed(1, differing)
+    assert run(verify.verify_batch, batch)["output"] == {
+        "windows": 2,
+        "batches": 1,
+        "reports": [differing],
+        "errors": [],
+    }

@@ -116,20 +116,6 @@ class JobCancelledError(TileCommitError):
     """The job was cancelled: its work still queued stops before it reads or writes anything."""
 
 
-class BadInputFailure(Exception):
-    """How an orchestration fails when an activity returned an error that is not retryable: once,
-    with the error's message (its name is what a failed job's event and telemetry show)."""
-
-
-class MosaicFailure(BadInputFailure):
-    """The assembled mosaic failed its checks (an error of kind ``check``): a bug, not worth a retry."""
-
-
-class RetriesExhaustedFailure(Exception):
-    """How an orchestration fails when a retryable fault outlasted the retry policy: storage
-    stayed unavailable too long."""
-
-
 class JobApiError(Exception):
     """A refusal of the job API: the HTTP status, a code and a message, which the routes send as JSON."""
 

@@ -113,7 +113,7 @@ def get_manifest_row(table: TableClient, job_id: str, window: Window | str) -> t
     entity = read_entity(table, job_id, _window_id(window))
     if entity is None:
         return None
-    return manifest_entry(dict(entity)), entity.metadata["etag"]
+    return manifest_entry(dict(entity)), str(entity.metadata["etag"])  # the service sends every entity's ETag
 
 
 def repair_manifest_entry(

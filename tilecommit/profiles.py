@@ -212,7 +212,9 @@ class Choice:
 DEFAULT_CHOICE = Choice()
 
 
-def _checked_option(option: str, raw: Any, profile: Profile, *, where: str, error: type[BadInputError]):
+def _checked_option(
+    option: str, raw: Any, profile: Profile, *, where: str, error: type[BadInputError]
+) -> int | float | str:
     """``raw`` as the option's value for ``profile``, or ``error`` saying what is accepted."""
     compress = profile.compress
     if option == "resampling":
@@ -235,32 +237,32 @@ def _checked_option(option: str, raw: Any, profile: Profile, *, where: str, erro
         return warping.checked_option(option, raw, where=where, error=error)
     if option == "nodata":
         try:
-            value = float(str(raw).strip())
+            nodata = float(str(raw).strip())
         except ValueError:
             raise error(f"{where}: nodata={raw!r} is not a number (nan for not-a-number)") from None
-        if math.isinf(value):
+        if math.isinf(nodata):
             raise error(f"{where}: nodata={raw}: accepted a finite number, or nan")
-        return "nan" if math.isnan(value) else repr(value)
+        return "nan" if math.isnan(nodata) else repr(nodata)
     if option == "max_z_error":
         try:
-            value = float(str(raw).strip())
+            max_z_error = float(str(raw).strip())
         except ValueError:
             raise error(f"{where}: max_z_error={raw!r} is not a number") from None
         if not profile.max_z_error:
             raise error(f"{where}: max_z_error for {compress}: accepted for lerc, lerc_deflate and lerc_zstd only")
-        if not math.isfinite(value) or value < 0:
+        if not math.isfinite(max_z_error) or max_z_error < 0:
             raise error(f"{where}: max_z_error={raw} for {compress}: accepted a finite number >= 0 (0: lossless)")
-        return value
+        return max_z_error
     try:
-        value = int(str(raw).strip())
+        number = int(str(raw).strip())
     except ValueError:
         raise error(f"{where}: {option}={raw!r} is not a whole number") from None
-    if option == "level" and value not in LEVELS.get(compress, ()):
+    if option == "level" and number not in LEVELS.get(compress, ()):
         levels = LEVELS.get(compress)
         allowed = f"{levels.start}..{levels.stop - 1}" if levels else "none (the codec has no levels)"
-        raise error(f"{where}: level={value} for {compress}: accepted {allowed}")
+        raise error(f"{where}: level={number} for {compress}: accepted {allowed}")
     if option == "predictor" and not (
-        (profile.predictor and value in PREDICTORS) or (compress == "NONE" and value == 1)
+        (profile.predictor and number in PREDICTORS) or (compress == "NONE" and number == 1)
     ):
         if compress == "NONE":
             allowed = "1 (no compression, no predictor)"
@@ -268,16 +270,16 @@ def _checked_option(option: str, raw: Any, profile: Profile, *, where: str, erro
             allowed = "1, 2 or 3"
         else:
             allowed = "none (the codec takes no predictor)"
-        raise error(f"{where}: predictor={value} for {compress}: accepted {allowed}")
-    if option == "blocksize" and value not in BLOCK_SIZES:
-        raise error(f"{where}: blocksize={value}: accepted {' or '.join(map(str, BLOCK_SIZES))}")
-    if option == "quality" and (profile.quality is None or value not in QUALITIES):
+        raise error(f"{where}: predictor={number} for {compress}: accepted {allowed}")
+    if option == "blocksize" and number not in BLOCK_SIZES:
+        raise error(f"{where}: blocksize={number}: accepted {' or '.join(map(str, BLOCK_SIZES))}")
+    if option == "quality" and (profile.quality is None or number not in QUALITIES):
         allowed = "1..100" if profile.quality is not None else "none (jpeg and webp only)"
-        raise error(f"{where}: quality={value} for {compress}: accepted {allowed}")
-    return value
+        raise error(f"{where}: quality={number} for {compress}: accepted {allowed}")
+    return number
 
 
-def _default_of(option: str, profile: Profile) -> int | float | None:
+def _default_of(option: str, profile: Profile) -> int | float | str | None:
     """The value an option has when not given: giving it makes the same output, so the same job."""
     return {
         "level": profile.level,
@@ -300,7 +302,7 @@ def choose(name: str, options: Mapping[str, Any], *, where: str, error: type[Bad
     if key not in PROFILES:
         raise error(f"{where}: profile {name!r} is not one of {', '.join(accepted())}")
     profile = PROFILES[key]
-    checked: dict[str, int | float] = {}
+    checked: dict[str, int | float | str] = {}
     for option, raw in options.items():
         if option not in OPTION_KEYS:
             raise error(f"{where}: option {option!r} is not one of {', '.join(OPTION_KEYS)}")

@@ -30,7 +30,7 @@ class Record:
     JSON_IN: ClassVar[Mapping[str, Converter]] = {}
 
     def to_dict(self) -> dict:
-        data = dataclasses.asdict(self)
+        data = dataclasses.asdict(self)  # type: ignore[call-overload]  # a mixin: every user is a dataclass
         for name, convert in self.JSON_OUT.items():
             data[name] = convert(data[name])
         return data
@@ -46,5 +46,5 @@ def from_dict(cls: type[T], data: Mapping[str, Any], converters: Mapping[str, Co
     A required field missing from ``data`` raises ``TypeError`` (from the dataclass itself).
     """
     converters = converters or {}
-    names = {f.name for f in dataclasses.fields(cls) if f.init}
+    names = {f.name for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]  # ``cls`` is a dataclass
     return cls(**{k: converters[k](v) if k in converters else v for k, v in data.items() if k in names})

@@ -150,7 +150,7 @@ class Settings:
                 "multiple of 256 (the mosaic's internal block size)"
             )
         for where, choice in choices:
-            block_size = choice.option("blocksize") or profiles.DEFAULT_BLOCK_SIZE
+            block_size = int(choice.option("blocksize") or profiles.DEFAULT_BLOCK_SIZE)
             if self.window_size % block_size:
                 raise ConfigurationError(
                     f"{where}: blocksize={block_size} with {SETTING_WINDOW_SIZE}={self.window_size}: the window "

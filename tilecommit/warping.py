@@ -62,12 +62,12 @@ def checked_option(option: str, raw: Any, *, where: str, error: type[BadInputErr
             raise error(f"{where}: target_srs={raw!r}: accepted an EPSG code, EPSG:<number> (EPSG:4326, EPSG:32633)")
         return f"EPSG:{int(match.group(1))}"
     try:
-        value = float(text)
+        resolution = float(text)
     except ValueError:
         raise error(f"{where}: resolution={raw!r} is not a number") from None
-    if not math.isfinite(value) or value <= 0:
+    if not math.isfinite(resolution) or resolution <= 0:
         raise error(f"{where}: resolution={raw}: accepted a number > 0, in the target CRS's units")
-    return value
+    return resolution
 
 
 def check_combination(checked: Mapping[str, Any], *, where: str, error: type[BadInputError]) -> None:

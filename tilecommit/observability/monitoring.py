@@ -211,11 +211,11 @@ def _configure_sdk(exporters: dict[str, str], metric_readers: list) -> None:
     if metric_readers:
         metrics.set_meter_provider(MeterProvider(resource=resource, metric_readers=metric_readers))
     if "logs" in exporters:
-        provider = LoggerProvider(resource=resource)
+        logger_provider = LoggerProvider(resource=resource)
         exporter = ConsoleLogExporter(out=sys.stderr) if exporters["logs"] == "console" else otlp("logs")
-        provider.add_log_record_processor(BatchLogRecordProcessor(exporter))
-        _logs.set_logger_provider(provider)
-        logging.getLogger().addHandler(LoggingHandler(level=logging.INFO, logger_provider=provider))
+        logger_provider.add_log_record_processor(BatchLogRecordProcessor(exporter))
+        _logs.set_logger_provider(logger_provider)
+        logging.getLogger().addHandler(LoggingHandler(level=logging.INFO, logger_provider=logger_provider))
 
 
 def job_counters(metrics_data, job_id: str) -> dict:

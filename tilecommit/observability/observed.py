@@ -30,7 +30,7 @@ def job_id_of(payload: Any) -> str | None:
     """The job id in an activity's input: the job itself, or ``{"job": job, ...}``."""
     if not isinstance(payload, dict):
         return None
-    job = payload.get("job") if isinstance(payload.get("job"), dict) else payload
+    job = payload["job"] if isinstance(payload.get("job"), dict) else payload
     return job.get("job_id")
 
 
@@ -91,7 +91,7 @@ def _returned_error_type(result: Any) -> str:
     return str(error.get("type") or "Error") if isinstance(error, dict) else ""
 
 
-def observed_job(orchestrator: Callable[[Any], Generator]):
+def observed_job(orchestrator: Callable[[Any], Generator[Any, Any, Any]]):
     """``orchestrator`` with its end recorded once (see the module docstring); same results."""
 
     @functools.wraps(orchestrator)

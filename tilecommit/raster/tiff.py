@@ -23,9 +23,16 @@ import hashlib
 import struct
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import BinaryIO
+from typing import Protocol
 
 from ..errors import InvalidRasterError
+
+
+class Writable(Protocol):
+    """Where a file is written: a local file, or a sink staging blocks (only ``write`` is called)."""
+
+    def write(self, data: bytes, /) -> int: ...
+
 
 # Tag codes used by name.
 NEW_SUBFILE_TYPE = 254
@@ -401,18 +408,18 @@ class TiffWriter:
         # Data: smallest overview first, full resolution last (COG order); a mask block right
         # after the image block it masks.
         for image, mask in reversed(pairs):
-            for item in (image, mask):
-                if item is not None:
-                    item.data_offsets = [0] * len(item.directory.blocks)
+            for part in (image, mask):
+                if part is not None:
+                    part.data_offsets = [0] * len(part.directory.blocks)
             for i in range(len(image.directory.blocks)):
-                for item in (image, mask):
-                    if item is None:
+                for part in (image, mask):
+                    if part is None:
                         continue
-                    block = item.directory.blocks[i]
+                    block = part.directory.blocks[i]
                     if block.length == 0:
                         continue  # sparse block (offset 0): GDAL reads it as nodata (or zero)
                     position += 4 if self.leaders else 0
-                    item.data_offsets[i] = position
+                    part.data_offsets[i] = position
                     position += block.length + (4 if self.trailers else 0)
         return placed, position
 
@@ -510,7 +517,7 @@ class TiffWriter:
 
     def write(
         self,
-        out: BinaryIO,
+        out: Writable,
         directories: list[OutputDirectory],
         fetch: Callable[[int, OutputDirectory], Iterator[bytes]],
         *,

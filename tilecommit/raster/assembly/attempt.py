@@ -111,7 +111,7 @@ def sweep_dead_workdirs(root: str | None = None) -> list[str]:
     process ids (one machine or one container), as the workers of a Functions instance do.
     """
     root = root or tempfile.gettempdir()
-    removed = []
+    removed: list[str] = []
     try:
         names = os.listdir(root)
     except OSError:

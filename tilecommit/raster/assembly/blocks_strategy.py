@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import BinaryIO
 
 from ... import gates
 from ...usage import ContextExecutor
@@ -62,7 +61,7 @@ def build(job: MosaicJob) -> BuiltMosaic:
 
 def build_mosaic_blocks(
     job: MosaicJob,
-    out: BinaryIO,
+    out: tiff.Writable,
     *,
     check_head: Callable[[bytes, int], None] | None = None,
 ) -> tuple[tiff.WrittenTiff, int]:

@@ -83,7 +83,7 @@ def valid_hull(mask: np.ndarray, transform: Affine) -> np.ndarray | None:
         first, last = cols[0], cols[-1] + 1
         corners += [(first, row), (first, row + 1), (last, row), (last, row + 1)]
     hull = _convex_hull(np.array(corners, dtype="float64"))
-    xs, ys = transform * (hull[:, 0], hull[:, 1])
+    xs, ys = transform * (hull[:, 0], hull[:, 1])  # type: ignore[operator]  # affine maps arrays element-wise; its types say floats
     return np.column_stack([xs, ys])
 
 

@@ -175,10 +175,9 @@ def plan_tile_levels(scene: SceneInfo, heads: list[TileHead], spec: OutputSpec) 
                 )
             expected = (_tile_level_size(head.window.width, k), _tile_level_size(head.window.height, k))
             _check_tile_directory(head, tile[k][0], ref_dir.encoding_key(), expected, f"level {k}", block_size)
-            if masked:
-                _check_tile_directory(
-                    head, tile[k][1], ref_mask.encoding_key(), expected, f"level {k} mask", block_size
-                )
+            tile_mask = tile[k][1]
+            if tile_mask is not None and ref_mask is not None:  # both or neither: checked just above
+                _check_tile_directory(head, tile_mask, ref_mask.encoding_key(), expected, f"level {k} mask", block_size)
 
         def copied(
             which: int,
@@ -195,6 +194,7 @@ def plan_tile_levels(scene: SceneInfo, heads: list[TileHead], spec: OutputSpec) 
                 for bx in range(-(-width // block_size)):
                     head = grid[(by // per_tile, bx // per_tile)]
                     d = levels[head.window.id][k][which]
+                    assert d is not None  # a mask is copied only when every tile has one (checked above)
                     index = (by % per_tile) * d.blocks_across + (bx % per_tile)
                     blocks.append(tiff.BlockRef(head.key, d.block_offsets[index], d.block_byte_counts[index]))
             tags = tiff.copyable_tags(reference_dir, width=width, height=height, subfile_type=subfile_type)
@@ -202,7 +202,7 @@ def plan_tile_levels(scene: SceneInfo, heads: list[TileHead], spec: OutputSpec) 
 
         reduced = tiff.SUBFILE_REDUCED if k else 0
         image = copied(0, ref_dir, reduced)
-        if masked:
+        if ref_mask is not None:  # ``masked``: every tile's level has its mask (checked above)
             image.mask = copied(1, ref_mask, reduced | tiff.SUBFILE_MASK)
         out.append(image)
         if width <= block_size and height <= block_size:

@@ -169,13 +169,19 @@ def stac_item_bytes(
 
     mosaic = pystac.Asset(href=mosaic_href, media_type=COG_MEDIA_TYPE, roles=["data"], title="Mosaic (COG)")
     item.add_asset("data", mosaic)
-    nodata = scene.nodata
-    if nodata is not None and not math.isfinite(nodata):
-        nodata = "nan" if math.isnan(nodata) else ("inf" if nodata > 0 else "-inf")
+    # STAC writes a nodata that is no JSON number as its name.
+    nodata: float | str | None = scene.nodata
+    if scene.nodata is not None and not math.isfinite(scene.nodata):
+        nodata = "nan" if math.isnan(scene.nodata) else ("inf" if scene.nodata > 0 else "-inf")
     resolution = abs(scene.transform[0])
     RasterExtension.ext(mosaic, add_if_missing=True).apply(
         bands=[
-            RasterBand.create(nodata=nodata, data_type=DataType(scene.dtype), spatial_resolution=resolution, **meaning)
+            RasterBand.create(
+                nodata=nodata,  # type: ignore[arg-type]  # pystac writes a name ("nan") as given
+                data_type=DataType(scene.dtype),
+                spatial_resolution=resolution,
+                **meaning,
+            )
             for meaning in band_meanings(scene)
         ]
     )
@@ -200,13 +206,14 @@ def band_meanings(scene: SceneInfo) -> list[dict]:
     ``unit``), where the source says it: rio-stac's fields, from the source's own."""
     out = []
     for band in range(scene.count):
-        meaning = {}
+        meaning: dict[str, float | str] = {}
         if scene.scales and scene.scales[band] != 1.0:
             meaning["scale"] = scene.scales[band]
         if scene.offsets and scene.offsets[band] != 0.0:
             meaning["offset"] = scene.offsets[band]
-        if scene.units and scene.units[band]:
-            meaning["unit"] = scene.units[band]
+        unit = scene.units[band] if scene.units else None
+        if unit:
+            meaning["unit"] = unit
         out.append(meaning)
     return out
 

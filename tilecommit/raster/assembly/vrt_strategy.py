@@ -113,8 +113,9 @@ def _vrt_xml(scene: SceneInfo, windows: list[Window], paths: dict[str, str], blo
             lines.append(f"    <NoDataValue>{scene.nodata!r}</NoDataValue>")
         if band <= len(scene.colorinterp):
             lines.append(f"    <ColorInterp>{scene.colorinterp[band - 1].capitalize()}</ColorInterp>")
-        if band <= len(scene.descriptions) and scene.descriptions[band - 1]:
-            lines.append(f"    <Description>{escape(scene.descriptions[band - 1])}</Description>")
+        description = scene.descriptions[band - 1] if band <= len(scene.descriptions) else None
+        if description:
+            lines.append(f"    <Description>{escape(description)}</Description>")
         lines += sources(str(band))
         lines.append("  </VRTRasterBand>")
     lines.append("</VRTDataset>")

@@ -76,11 +76,10 @@ def parse_acquisition_time(text: str) -> str:
     if match is None:
         raise ValueError("it is not a date and time as YYYY-MM-DD HH:MM:SS (GDAL's form, UTC) or RFC 3339")
     fraction = (match["fraction"] or "").ljust(6, "0")[:6]
-    moment = datetime(
-        *(int(match[part]) for part in ("year", "month", "day", "hour", "minute", "second")),
-        int(fraction),
-        tzinfo=_zone(match["zone"]),
+    year, month, day, hour, minute, second = (
+        int(match[part]) for part in ("year", "month", "day", "hour", "minute", "second")
     )
+    moment = datetime(year, month, day, hour, minute, second, int(fraction), tzinfo=_zone(match["zone"]))
     if moment == UNIX_EPOCH:
         raise ValueError(
             "it is the Unix epoch, what GDAL's sensor metadata readers write for a date they could not read"

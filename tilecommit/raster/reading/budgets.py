@@ -164,7 +164,7 @@ def _to_source(src, grid: TargetGrid, xs: np.ndarray, ys: np.ndarray) -> tuple[n
 
     GDAL refuses a whole batch when one point fails, so a failed batch is redone point by point.
     """
-    wx, wy = grid.transform * (xs, ys)
+    wx, wy = grid.transform * (xs, ys)  # type: ignore[operator]  # affine maps arrays element-wise; its types say floats
     try:
         sx, sy = (np.asarray(v, dtype="float64") for v in transform(grid.crs, src.crs, list(wx), list(wy)))
     except (CRSError, ValueError, RuntimeError, OSError):
@@ -266,7 +266,7 @@ def check_window_reads(
     needed = window + blocks.read_bytes + warp
     if needed <= ACTIVITY_MEMORY_BYTES:
         return
-    if area is not None and warp >= blocks.read_bytes:
+    if grid is not None and area is not None and warp >= blocks.read_bytes:
         _refuse_warp(path, src, grid, area, warp, needed, window, blocks, resolution, spec.window_size)
     _refuse_blocks(path, src, spec, blocks, needed, window, warp, width, height)
 

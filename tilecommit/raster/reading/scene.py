@@ -305,9 +305,13 @@ def _check_block_layout(path: str, src) -> None:
 
 
 def _decode(path: str, src, window: RioWindow) -> None:
+    def decode():
+        prefetch_window(src, window)
+        return src.read(window=window)
+
     read_classified(
         src,
-        lambda: (prefetch_window(src, window), src.read(window=window)),
+        decode,
         path,
         lambda exc: (
             f"{path} is corrupt: its pixels at column {int(window.col_off)}, row {int(window.row_off)} "

@@ -148,13 +148,17 @@ def read_window(
     with :func:`~tilecommit.raster.reading.source.open_upload`, every byte is read at its version and counted
     (:func:`~tilecommit.raster.reading.scene.read_classified`)."""
     window = _rio_window(window)
-    data, mask = read_classified(
-        src,
-        lambda: (
-            prefetch(src, window),
+
+    def read() -> tuple[np.ndarray, np.ndarray | None]:
+        prefetch(src, window)
+        return (
             src.read(image_bands(src), window=window),
             src.dataset_mask(window=window) if _per_dataset_mask(src) else None,
-        )[1:],
+        )
+
+    data, mask = read_classified(
+        src,
+        read,
         f"window {window} of {src.name}",
         lambda exc: (
             f"{src.name}: the pixels of window col={int(window.col_off)} row={int(window.row_off)} "
