@@ -412,6 +412,17 @@ def test_a_job_is_made_and_written_as_the_payload_the_starter_made_before(case):
     assert read.spec == OutputSpec.from_dict(case["payload"]["spec"])
 
 
+def test_every_job_in_recorded_durable_history_reads_and_writes_as_it_was_stored():
+    """The jobs of orchestrations the local host ran before the job was a record (the replay
+    fixture, tests/test_replay_history.py): each reads back as a Job whose payload is the same JSON."""
+    recorded = json.loads((Path(__file__).parent / "fixtures" / "replay" / "jobs.json").read_text())
+    inputs = [json.loads(i["input"]) for o in recorded["orchestrations"] for i in o["instances"]]
+    stored = [payload.get("job", payload) for payload in inputs]
+    assert len(stored) > 3
+    for payload in stored:
+        assert json.dumps(Job.from_dict(payload).to_dict()) == json.dumps(payload)
+
+
 def test_the_payloads_cover_the_optional_parts():
     """The control: the fixture holds payloads with and without profile options and errors."""
     payloads = [c["payload"] for c in STARTED]
