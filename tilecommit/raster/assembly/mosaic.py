@@ -68,18 +68,15 @@ def assemble_mosaic(
     shares: StagedShares | None = None,
     cost: Callable[[], dict] | None = None,
 ) -> MosaicResult:
-    """Assemble the job's tiles into ``jobs.mosaic_blob_name(job.job_id)`` once, plus STAC item and quicklook.
+    """Assemble the job's tiles into ``jobs.mosaic_blob_name(job.job_id)`` once, plus STAC item and
+    quicklook. ``method``: "auto" (``server``, falling back as :data:`FALLBACKS` says), or one strategy.
 
-    ``method``: "auto" (server-side block copy; through this process when the service lacks Put
-    Block From URL; VRT when the tiles cannot be block-copied), "server", "blocks" or "vrt".
     Raises :class:`IncompleteManifestError` (missing windows, a tile whose size differs from its
-    row, or, server-side, a tile changed since its row: named by window). Attempts running at
-    the same time take no claim and never wait for each other: each stages under block ids of
-    its own, the create-only commit lets one mosaic through and the other attempts return
-    ``already-present`` (see :mod:`tilecommit.raster.assembly.attempt`). ``workdir`` (default: a
-    private temporary directory, removed afterwards) holds the coarse-level copy, or the VRT
-    path's files. The job's spec decides the windows planned and the blocks laid out; the STAC
-    item records it, and the job's blob name as the source.
+    row, or, server-side, a tile changed since its row: named by window). Attempts at the same
+    time take no claim: one commit wins, the others return ``already-present`` (:mod:`.attempt`).
+    ``workdir`` (default: a private temporary directory, removed afterwards) holds the coarse-level
+    copy, or the VRT path's files. The job's spec decides the windows planned and the blocks laid
+    out; the STAC item records it, and the job's blob name as the source.
 
     ``replace`` (a rebuild after a repair): ``{"mosaic": etag, "stac": etag, "quicklook": etag}``,
     the versions inspected before it (None: absent). The mosaic is then assembled whatever is
@@ -88,16 +85,11 @@ def assemble_mosaic(
     ``superseded`` (companions untouched) when something newer landed first.
 
     ``shares`` (the commit step of a split staging, :mod:`.shares`): the copied ranges were staged
-    by share activities under that plan's ids; this call does everything else, as above.
-
-    ``cost`` gives what the job has cost so far; the STAC item made by this call records it.
+    by share activities under that plan's ids; this call does everything else, as above. ``cost``
+    gives what the job has cost so far; the STAC item made by this call records it.
     """
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, not {method!r}")
-    if shares is not None and (method not in ("auto", "server") or replace is not None):
-        raise ValueError("ranges staged in shares are committed by the server method, never as a rebuild")
-    job_id, output = job.job_id, stores.output
-    mosaic_name = jobs.mosaic_blob_name(job_id)
+    _check_method(method, shares, replace)
+    job_id, output, mosaic_name = job.job_id, stores.output, jobs.mosaic_blob_name(job.job_id)
     timings: dict[str, float] = {}
     committed_elsewhere = _committed_elsewhere(output, mosaic_name, replace)
 
@@ -124,16 +116,28 @@ def assemble_mosaic(
         replace=replace,
         cost=cost,
     ) as assembly:
-        try:
-            if existing is not None and replace is None:
-                return already_present(assembly)
-            # 3.-5. A strategy builds it, the shared step commits and verifies it.
-            return commit_and_verify(assembly, build(assembly, method, shares))
-        except CommittedElsewhere:
-            if replace is not None:
-                return superseded(job_id, timings)
-            logger.info("job %s: another attempt committed the mosaic while this one staged; stopped", job_id)
+        return _built_or_present(assembly, existing is not None, method, shares)
+
+
+def _check_method(method: str, shares: StagedShares | None, replace: dict | None) -> None:
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, not {method!r}")
+    if shares is not None and (method not in ("auto", "server") or replace is not None):
+        raise ValueError("ranges staged in shares are committed by the server method, never as a rebuild")
+
+
+def _built_or_present(assembly: MosaicJob, exists: bool, method: str, shares: StagedShares | None) -> MosaicResult:
+    """Steps 3 to 5: a strategy builds the mosaic, the shared step commits and verifies it; or the
+    mosaic committed before (``exists``) or by another attempt while this one staged, verified."""
+    try:
+        if exists and assembly.replace is None:
             return already_present(assembly)
+        return commit_and_verify(assembly, build(assembly, method, shares))
+    except CommittedElsewhere:
+        if assembly.replace is not None:
+            return superseded(assembly.job_id, assembly.timings)
+        logger.info("job %s: another attempt committed the mosaic while this one staged; stopped", assembly.job_id)
+        return already_present(assembly)
 
 
 def build(job: MosaicJob, method: str, shares: StagedShares | None = None) -> BuiltMosaic:
