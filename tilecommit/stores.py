@@ -20,7 +20,8 @@ from .settings import Settings
 class JobStores:
     """The tiles container (written through the gates only), the output container (the mosaic
     and its companions), the manifest table, the settings that give GDAL's limits, and GDAL
-    options of the connection (None: GDAL reads none of the app's storage, which it need not)."""
+    configuration options every step adds to them (the activities give none: every byte GDAL
+    reads comes through the app's pinned readers; a bench or a test may give its own)."""
 
     tiles: ContainerClient
     output: ContainerClient
