@@ -19,15 +19,15 @@ import azurefunctions.extensions.bindings.blob as blob
 
 from activities import tiling as activities
 from activities import verify as verify_activities
-from activities.context import activity_context
 from client_functions import job_api, retention, starter, verify_start
+from client_functions.context import client_context
 from orchestrators import names
 from orchestrators import tiling as orchestrators
 from orchestrators import verify as verify_orchestrators
 from tilecommit.errors import JobApiError, JobNotVerifiable
 from tilecommit.observability import monitoring, telemetry
 from tilecommit.observability.observed import observed_activity, observed_job
-from tilecommit.settings import SETTING_INPUT_CONTAINER, STORAGE_CONNECTION, Settings
+from tilecommit.settings import SETTING_INPUT_CONTAINER, STORAGE_CONNECTION
 
 # Application Insights (with the app's identity) when it is configured, OTEL_*_EXPORTER locally,
 # else nothing: see tilecommit/observability/monitoring.py for what the host exports and what this process does.
@@ -145,9 +145,7 @@ async def list_jobs(req: func.HttpRequest, client: df.DurableOrchestrationClient
 async def cancel_job(req: func.HttpRequest, client: df.DurableOrchestrationClient) -> func.HttpResponse:
     """POST /api/jobs/{job_id}/cancel[?reason=...]: stop a running job; 202. Its tiles stay valid."""
     reason = req.params.get("reason") or "cancelled through the job API"
-    return await answer(
-        job_api.cancel_job(client, activity_context().stores.manifest, req.route_params["job_id"], reason), 202
-    )
+    return await answer(job_api.cancel_job(client, client_context().manifest, req.route_params["job_id"], reason), 202)
 
 
 @app.function_name(names.RETRY_ROUTE)
@@ -155,7 +153,7 @@ async def cancel_job(req: func.HttpRequest, client: df.DurableOrchestrationClien
 @app.durable_client_input(client_name="client")
 async def retry_job(req: func.HttpRequest, client: df.DurableOrchestrationClient) -> func.HttpResponse:
     """POST /api/jobs/{job_id}/retry: run a failed or cancelled job again (only its missing windows); 202."""
-    return await answer(job_api.retry_job(client, activity_context().stores.manifest, req.route_params["job_id"]), 202)
+    return await answer(job_api.retry_job(client, client_context().manifest, req.route_params["job_id"]), 202)
 
 
 @app.function_name(names.VERIFY_ROUTE)
@@ -193,9 +191,9 @@ async def get_verify(req: func.HttpRequest, client: df.DurableOrchestrationClien
 @app.durable_client_input(client_name="client")
 async def retention_sweep(timer: func.TimerRequest, client: df.DurableOrchestrationClient) -> None:
     """Purge the tiles, manifest rows and history of jobs finished more than the retention ago."""
-    ctx = activity_context()
+    ctx = client_context()
     await retention.sweep_as_configured(
-        client, ctx.stores.manifest, ctx.stores.tiles, retention_days=Settings.from_env().tile_retention_days
+        client, ctx.manifest, ctx.tiles, retention_days=ctx.settings.tile_retention_days
     )
 
 
@@ -211,4 +209,5 @@ async def retention_sweep(timer: func.TimerRequest, client: df.DurableOrchestrat
 async def raster_uploaded(upload: blob.BlobClient, client: df.DurableOrchestrationClient) -> None:
     # The SDK-type binding hands over a client, not the blob's bytes: a raster can be GBs. What
     # raising here does (the event is delivered again): client_functions/starter.py, _restart_failed.
-    await starter.start_job(upload, client, Settings.from_env(), activity_context().stores.manifest)
+    ctx = client_context()
+    await starter.start_job(upload, client, ctx.settings, ctx.manifest)

@@ -3,14 +3,13 @@ upload's container and the stores every job step takes (:class:`tilecommit.store
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from functools import lru_cache
 
 from azure.storage.blob import ContainerClient
 
 from tilecommit import gates
-from tilecommit.settings import DATA_CONNECTION, STORAGE_CONNECTION, Settings
+from tilecommit.settings import Settings, connection_fingerprint
 from tilecommit.storage import StorageConnection
 from tilecommit.stores import JobStores
 
@@ -50,6 +49,4 @@ def _context_for(connection_key: str, settings: Settings) -> ActivityContext:
 
 def activity_context() -> ActivityContext:
     """The process's clients; rebuilt only when the connection or settings change."""
-    prefixes = (STORAGE_CONNECTION, DATA_CONNECTION)
-    key = "|".join(f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith(prefixes))
-    return _context_for(key, Settings.from_env())
+    return _context_for(connection_fingerprint(), Settings.from_env())

@@ -22,8 +22,9 @@ import time
 import traceback
 from pathlib import Path
 
+from tilecommit.settings import CONSUMPTION_INSTANCE_MB
+
 from .common import (
-    INSTANCE_LIMIT_MB,
     MACHINE_NOTE,
     RESULTS,
     BenchStorage,
@@ -149,9 +150,9 @@ def targets(results: dict) -> list[Target]:
         out.append(
             Target(
                 "e2e peak RSS (whole local host process) under the 1.5 GB instance limit",
-                f"< {INSTANCE_LIMIT_MB:.0f} MiB (rio default needs ~2.4 GB at 10240²)",
+                f"< {CONSUMPTION_INSTANCE_MB:.0f} MiB (rio default needs ~2.4 GB at 10240²)",
                 ", ".join(f"{s}²: ours {a:.0f} vs rio {b:.0f} MiB" for s, (a, b) in rss.items()),
-                all(a < INSTANCE_LIMIT_MB for a, _ in rss.values()),
+                all(a < CONSUMPTION_INSTANCE_MB for a, _ in rss.values()),
             )
         )
     if bd:

@@ -28,8 +28,6 @@ DATA = ROOT / "bench" / "data"  # gitignored: cached scenes
 RESULTS = ROOT / "bench" / "results"  # JSON and PNG (rasters there are gitignored, none are written)
 PYTHON = sys.executable
 RIO = str(Path(PYTHON).with_name("rio"))
-#: The Consumption plan's instance memory (docs/design.md, 'Hosting limits'), in MiB.
-INSTANCE_LIMIT_MB = 1536.0
 MACHINE_NOTE = "shared 2-core machine: other engineers' runs were active"
 
 

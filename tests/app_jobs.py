@@ -109,9 +109,12 @@ def upload(storage, app_env: AppEnv, scene: Path) -> str:
     return job_id_for(blob.url, etag, OutputSpec.from_settings(Settings.from_env()))
 
 
-def upload_until_killed(storage, app_env: AppEnv, scene: Path, log: Path, *extra: str) -> str:
-    """Serve with ``extra`` options, upload ``scene``, and wait for that host to die by SIGKILL."""
-    host = serve(app_env, log, *extra)
+def upload_until_killed(
+    storage, app_env: AppEnv, scene: Path, log: Path, *extra: str, module: tuple[str, ...] = ("devhost",)
+) -> str:
+    """Serve with ``extra`` options (``module``: as :func:`serve`), upload ``scene``, and wait for
+    that host to die by SIGKILL."""
+    host = serve(app_env, log, *extra, module=module)
     try:
         job_id = upload(storage, app_env, scene)
         assert host.wait(timeout=180) == -signal.SIGKILL

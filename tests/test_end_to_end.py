@@ -216,10 +216,15 @@ def test_a_job_keeps_the_window_size_it_started_with_and_another_size_is_another
 # ---------------------------------------------------------------------- crash and resume
 
 
+def killed_before_row(n: int) -> tuple[str, ...]:
+    """A ``python -m devhost`` that kills itself before its n-th manifest row (tests/crashing_host.py)."""
+    return ("tests.crashing_host", str(n), "--")
+
+
 def test_killed_between_tile_commit_and_manifest_row_resumes_to_identical_outputs(storage, app_env, tmp_path):
     scene = make_scene(tmp_path / "scene.tif", 1100, 800)  # 5 x 4 = 20 windows
     log = tmp_path / "serve.log"
-    job_id = upload_until_killed(storage, app_env, scene, log, "--crash-before-manifest", "6")
+    job_id = upload_until_killed(storage, app_env, scene, log, module=killed_before_row(6))
     tiles_at_crash = tile_hashes(storage, app_env, job_id)
     table = storage.table_service().get_table_client(app_env.manifest)
     rows_at_crash = count_manifest(table, job_id).rows
@@ -242,7 +247,7 @@ def test_killed_with_some_batches_done_resumes_and_completes(storage, app_env, t
     # Killed at the 13th manifest row, not when the test sees two batches done: a host that
     # finished the 30 small windows before the test's next look left nothing to resume (seen in
     # CI once activities reused their threads and got faster).
-    job_id = upload_until_killed(storage, app_env, scene, log, "--crash-before-manifest", "13")
+    job_id = upload_until_killed(storage, app_env, scene, log, module=killed_before_row(13))
     table = storage.table_service().get_table_client(app_env.manifest)
     # Rows 1-12 were passed on; up to 3 of them may still have been in flight on the other slots.
     assert 9 <= count_manifest(table, job_id).rows <= 12

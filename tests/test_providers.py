@@ -37,10 +37,10 @@ from google.cloud import storage as gcs
 from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
 from werkzeug.serving import make_server
 
+from testkit.providers import aws
+from testkit.providers import gcs as gcs_provider
 from tilecommit.conditional import Outcome
 from tilecommit.gates import sha256_hex
-from tilecommit.providers import aws
-from tilecommit.providers import gcs as gcs_provider
 
 WRITERS, ROUNDS = 24, 8
 CREDENTIALS = {"region_name": "us-east-1", "aws_access_key_id": "test", "aws_secret_access_key": "test"}

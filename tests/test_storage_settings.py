@@ -279,25 +279,31 @@ def test_the_codes_connection_is_its_own_when_set_and_the_hosts_when_not():
         StorageConnection.for_data(elsewhere)
 
 
-def test_the_activities_clients_come_from_the_codes_own_connection(azurite, monkeypatch):
-    """The host's connection has a key Azurite refuses, the code's the right one: the activities'
-    stores work, so they were made from the code's connection, not the host's."""
+def process_contexts() -> dict:
     from activities.context import activity_context
+    from client_functions.context import client_context
 
+    return {"activities": lambda: activity_context().stores, "client functions": client_context}
+
+
+@pytest.mark.parametrize("part", ["activities", "client functions"])
+def test_the_clients_of_each_part_come_from_the_codes_own_connection(azurite, monkeypatch, part):
+    """The host's connection has a key Azurite refuses, the code's the right one: the part's
+    stores answer, so they were made from the code's connection, not the host's."""
     parts = parse_connection_string(azurite.connection_string)
     wrong_key = azurite.connection_string.replace(parts["AccountKey"], "d3Jvbmcga2V5IGZvciB0aGUgaG9zdA==")
     assert wrong_key != azurite.connection_string
     monkeypatch.setenv(STORAGE_CONNECTION, wrong_key)
     monkeypatch.setenv(DATA_CONNECTION, azurite.connection_string)
     monkeypatch.setenv(SETTING_MANIFEST_TABLE, "manifestowndata")
-    ctx = activity_context()
-    assert ctx.connection.connection_string == azurite.connection_string
-    assert ctx.stores.tiles.url.startswith(azurite.connection_string.split("BlobEndpoint=")[1].split(";")[0])
-    ctx.stores.manifest.create_table()
+    ctx = process_contexts()[part]()
+    assert ctx.tiles.url.startswith(azurite.connection_string.split("BlobEndpoint=")[1].split(";")[0])
+    ctx.tiles.exists()  # a signed request: the host's key would be refused (403)
+    ctx.manifest.create_table()
     try:
-        assert list(ctx.stores.manifest.list_entities()) == []
+        assert list(ctx.manifest.list_entities()) == []
     finally:
-        ctx.stores.manifest.delete_table()
+        ctx.manifest.delete_table()
 
 
 # ----------------------------------------------------------------------------- the environment, read once

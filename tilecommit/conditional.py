@@ -27,7 +27,8 @@ writer's identical one, which the content's digest cannot.
 
 What differs between stores is only how a request is sent, how its refusal and a lost answer
 look, and where the evidence is read: a :class:`Backend`. The Azure ones are in
-:mod:`tilecommit.gates`; S3, Cloud Storage and DynamoDB in :mod:`tilecommit.providers`.
+:mod:`tilecommit.gates`; S3, Cloud Storage and DynamoDB, which only the tests use, in
+:mod:`testkit.providers`.
 """
 
 from __future__ import annotations

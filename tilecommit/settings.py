@@ -98,6 +98,10 @@ DEFAULT_ASSEMBLY_SHARE_MB = ASSEMBLY_SHARE_MB
 DEFAULT_TILE_RETENTION_DAYS = 7
 #: Flex Consumption's default instance size (infra/main.bicep, instanceMemoryMB).
 DEFAULT_INSTANCE_MEMORY_MB = 2048
+#: Linux Consumption's instance memory, the smallest the app runs on: past it the platform recycles
+#: the instance. The upload budgets (raster/reading/budgets.py) are derived from it, the local host
+#: recycles itself past it, and the benches measure against it.
+CONSUMPTION_INSTANCE_MB = 1536
 
 #: Names of sidecar files: companions GDAL would read beside a raster (metadata, overviews,
 #: masks, world files, projection files). The app never reads them with a raster, and an upload
@@ -214,3 +218,11 @@ class Settings:
             profile=env.get(SETTING_PROFILE, "").strip() or profiles.DEFAULT,
             profile_rules=env.get(SETTING_PROFILE_RULES, "").strip(),
         )
+
+
+def connection_fingerprint(environ: Mapping[str, str] | None = None) -> str:
+    """The settings of the host's and the code's connections, as one string: a process keeps the
+    clients it built for them until this changes (activities/context.py, client_functions/context.py)."""
+    env = os.environ if environ is None else environ
+    prefixes = (STORAGE_CONNECTION, DATA_CONNECTION)
+    return "|".join(f"{k}={v}" for k, v in sorted(env.items()) if k.startswith(prefixes))

@@ -17,8 +17,6 @@ from collections.abc import Callable
 
 logger = logging.getLogger(__name__)
 
-#: Linux Consumption's instance memory.
-CONSUMPTION_INSTANCE_MB = 1536
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
 

@@ -16,7 +16,7 @@ is). At this level, what serves more than one room, or none in particular:
 - :mod:`.gdal_errors`: GDAL failures named (step, window, GDAL's words), for tiling, assembly,
   the scrub and the activities' job messages;
 - :mod:`.tiff`: the TIFF codec. A file format, not a step: it imports no other raster module
-  (docs/design.md, "Layers", says so and the layer test holds it to that); block copy is its user;
+  (docs/architecture.md, "Layers", says so and the layer test holds it to that); block copy is its user;
 - :mod:`.scrub`: a finished job verified and repaired, its windows as tiling makes them and its
   outputs as the assembly checks and rebuilds them. It uses both rooms, so it stands above them
   and no room imports it.

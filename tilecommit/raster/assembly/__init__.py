@@ -22,5 +22,5 @@ What the strategies and that step are built from:
 is the mosaic's (which tile levels it reuses, whether its levels are complete), the footprint
 the STAC item's geometry. The room reads through :mod:`tilecommit.raster.reading` (the pinned
 reader for the committed mosaic, the scene) and encodes a VRT mosaic with
-:mod:`tilecommit.raster.tiling.encode`, but never renders a tile (docs/design.md, "Layers").
+:mod:`tilecommit.raster.tiling.encode`, but never renders a tile (docs/architecture.md, "Layers").
 """

@@ -11,5 +11,5 @@
 
 Tiling and assembly read through this room (a tile reads its source window; assembly reads the
 committed mosaic with the same pinned reader and compares CRSs as :mod:`.scene` does); it imports
-neither of them and writes nothing (docs/design.md, "Layers").
+neither of them and writes nothing (docs/architecture.md, "Layers").
 """

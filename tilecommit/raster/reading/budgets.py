@@ -32,6 +32,7 @@ from rasterio.errors import CRSError
 from rasterio.warp import transform
 
 from ...errors import UnsupportedRasterError
+from ...settings import CONSUMPTION_INSTANCE_MB
 from ...spec import OutputSpec
 from . import metadata
 from .source import READ_AHEAD
@@ -40,7 +41,7 @@ from .warp import EDGE_SAMPLES, PREFETCH_MARGIN, WARP_BLOCK, TargetGrid, srs_gri
 MiB = 2**20
 
 #: Linux Consumption's instance memory: past it the platform recycles the instance.
-INSTANCE_MEMORY_BYTES = 1536 * MiB
+INSTANCE_MEMORY_BYTES = CONSUMPTION_INSTANCE_MB * MiB
 #: Activities one instance runs at once: host.json's ``maxConcurrentActivityFunctions``
 #: (tests/test_budgets.py holds the two equal).
 ACTIVITY_SLOTS = 4

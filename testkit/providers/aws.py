@@ -24,10 +24,10 @@ from typing import Any
 from botocore.exceptions import ClientError, HTTPClientError
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
-from .. import conditional
-from ..conditional import Outcome, Stored
-from ..errors import BodyTooLargeError, StorageFaultError
-from ..gates import sha256_hex
+from tilecommit import conditional
+from tilecommit.conditional import Outcome, Stored
+from tilecommit.errors import BodyTooLargeError, StorageFaultError
+from tilecommit.gates import sha256_hex
 
 #: The largest body one PutObject takes.
 MAX_PUT_OBJECT_BYTES = 5 * 1024**3

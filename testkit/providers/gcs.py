@@ -23,10 +23,10 @@ from typing import Any
 
 import requests
 
-from .. import conditional
-from ..conditional import Outcome, Stored
-from ..errors import StorageFaultError
-from ..gates import sha256_hex
+from tilecommit import conditional
+from tilecommit.conditional import Outcome, Stored
+from tilecommit.errors import StorageFaultError
+from tilecommit.gates import sha256_hex
 
 DIGEST_KEY = "sha256"
 UNANSWERED = (requests.ConnectionError, requests.Timeout)
