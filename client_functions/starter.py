@@ -74,19 +74,6 @@ def _decided(decision: StartDecision, level: int, message: str, *args) -> StartD
     return decision
 
 
-def job_input(
-    name: str, url: str, etag: str, size: int, settings: Settings, metadata: dict[str, str] | None = None
-) -> dict:
-    """The payload of the job for one upload version (:meth:`tilecommit.jobs.Job.for_upload`).
-
-    The orchestrator and every activity read the job's spec from here, so a change of the app
-    settings while a job runs cannot give it tiles of two grids or two encodings. Metadata naming
-    a profile this build cannot make still gives a job, which fails at once (``profile_error``,
-    raised by validate_source before the upload is read).
-    """
-    return Job.for_upload(name, url, etag, size, settings, metadata).to_dict()
-
-
 async def start_job(
     source: BlobClient, client: df.DurableOrchestrationClient, settings: Settings, manifest: TableClient
 ) -> StartDecision:

@@ -394,7 +394,7 @@ def test_the_starter_puts_the_spec_of_its_settings_in_the_payload_and_the_id():
 
 # ----------------------------------------------------------------------------- the job's payload
 
-#: Payloads the starter made before the job was a record (``job_input`` building the dict by
+#: Payloads the starter made before the job was a record (its ``job_input`` building the dict by
 #: hand), with what it was given: every profile and option the tests use, path rules, metadata it
 #: cannot make. Durable history holds payloads like these.
 STARTED = json.loads((Path(__file__).parent / "fixtures" / "job_payloads.json").read_text())

@@ -153,7 +153,8 @@ class Job(Record):
         """The job started now for one upload version: its id, its source and its output spec.
 
         The spec comes from ``settings`` (the instance that starts the job) and from the upload's
-        blob ``metadata`` (its profile, tilecommit/profiles.py), and is then the job's. Metadata
+        blob ``metadata`` (its profile, tilecommit/profiles.py), and is then the job's: a change of
+        the app settings while the job runs cannot give it tiles of two grids or two encodings. Metadata
         naming a profile this build cannot make still gives a job, with the settings' spec and the
         reason in ``profile_error``: the user finds it where they find every job's, not in the
         host's log alone.
