@@ -531,6 +531,36 @@ def test_a_missing_container_is_a_storage_fault(storage):
     assert "404" in str(info.value) and info.value.retryable is False
 
 
+def test_a_pinned_read_of_a_version_replaced_or_deleted_meanwhile_is_read_again(container, azurite):
+    """A read of the app's own blob pinned to the version it inspected (If-Match) that finds that
+    version replaced (412) or deleted is a fault to retry: the retry reads whatever storage holds
+    then. Azure answers a pinned read of a deleted blob 404 BlobNotFound, where Azurite answers 412
+    ConditionNotMet: the 404 is Azure's, answered by the fault proxy. Read unpinned, a blob that is
+    not there is the plain 404 it is."""
+    from testkit.storage_proxy import FaultPlan, FaultProxy
+
+    from .test_read_faults import quick_client
+
+    blob = container.get_blob_client("read/0000_0000.tif")
+    blob.upload_blob(b"first version")
+    etag = blob.get_blob_properties().etag
+    blob.upload_blob(b"second version", overwrite=True)
+    with pytest.raises(StorageFaultError) as replaced:
+        gates.content_sha256(blob, etag)
+    blob.delete_blob()
+    deleted_on_azure = FaultPlan(busy=1.0, status=404, code="BlobNotFound", retry_after=None)
+    with FaultProxy(f"http://127.0.0.1:{azurite.blob_port}", deleted_on_azure) as proxy:
+        through = quick_client(azurite, proxy).get_blob_client(container.container_name, blob.blob_name)
+        with pytest.raises(StorageFaultError) as deleted:
+            gates.content_bytes(through, etag)
+    with pytest.raises(StorageFaultError) as absent:
+        gates.content_bytes(blob)
+    assert (replaced.value.status, replaced.value.retryable) == (412, True), replaced.value
+    assert (deleted.value.status, deleted.value.retryable) == (404, True), deleted.value
+    assert proxy.injected["busy"] == 1
+    assert (absent.value.status, absent.value.retryable) == (404, False), absent.value
+
+
 # ----------------------------------------------------------------------------- lost responses
 
 

@@ -192,6 +192,29 @@ def test_a_verification_storage_kept_from_finishing_is_retried_then_passes(rende
     assert "verify" in result["timings"]
 
 
+@pytest.mark.parametrize("method", ["server", "blocks", "vrt"])
+def test_a_verification_storage_refuses_fails_once_with_the_refusal_not_retried(
+    rendered, stores, storage, azurite, method
+):
+    """Every read of the existing mosaic refused 403, as Azure refuses an identity without read
+    permission: whichever read of the verification meets it first, the assembly fails with a
+    storage fault carrying the 403, not retried (a retry would meet the same refusal)."""
+    from tilecommit.errors import StorageFaultError
+
+    from .test_read_faults import FORBIDDEN, quick_client
+
+    _, _, scene, settings, _ = rendered
+    assemble(scene, settings, stores, storage, method=method)
+    name = jobs.mosaic_blob_name(JOB)
+    plan = FaultPlan(**FORBIDDEN, applies=lambda verb, path: verb == "GET" and path.split("?")[0].endswith("/" + name))
+    with FaultProxy(f"http://127.0.0.1:{azurite.blob_port}", plan) as proxy:
+        output = quick_client(azurite, proxy).get_container_client(stores["output"].container_name)
+        with pytest.raises(StorageFaultError) as caught:
+            assemble(scene, settings, {**stores, "output": output}, storage, method=method)
+    assert caught.value.status == 403 and not is_retryable(caught.value), caught.value
+    assert proxy.injected["busy"] >= 1
+
+
 def test_companions_that_are_not_what_the_mosaic_gives_are_known_bad(rendered, stores, storage):
     """A STAC item with a null geometry (what a read fault used to bake in) and a quicklook of
     other pixels, each put in place of the real one: the next assembly says which and how to repair.

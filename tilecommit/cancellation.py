@@ -21,13 +21,13 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 from azure.core import MatchConditions
-from azure.core.exceptions import HttpResponseError, ResourceModifiedError, ResourceNotFoundError
 from azure.data.tables import TableClient
 
-from . import gates, jobs, storage
+from . import gates, jobs
 from .gates import Outcome
 from .grid import Window
 from .manifest import ManifestEntry, get_manifest_entry
+from .storage_answers import STORAGE_ERRORS, Meaning, call_failed, classify
 
 
 def lookup_window(table: TableClient, job_id: str, window: Window) -> tuple[ManifestEntry | None, bool]:
@@ -83,10 +83,11 @@ def clear_cancelled(table: TableClient, job_id: str, *, keep: Callable[[str], bo
         table.delete_entity(
             job_id, jobs.CANCELLED_ROW_KEY, etag=row.metadata["etag"], match_condition=MatchConditions.IfNotModified
         )
-    except ResourceModifiedError:
-        return False
-    except ResourceNotFoundError:
-        return True  # a concurrent retry removed it first
-    except (HttpResponseError, *storage.TRANSPORT_FAULTS) as exc:
-        raise storage.storage_fault("deleting entity", f"{job_id}/{jobs.CANCELLED_ROW_KEY}", exc) from exc
+    except STORAGE_ERRORS as exc:
+        answer = classify(exc)
+        if answer.meaning is Meaning.REPLACED:
+            return False
+        if answer.meaning is Meaning.MISSING:
+            return True  # a concurrent retry removed it first
+        raise call_failed("deleting entity", f"{job_id}/{jobs.CANCELLED_ROW_KEY}", exc) from exc
     return True

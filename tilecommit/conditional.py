@@ -43,6 +43,7 @@ from typing import Protocol
 
 from .errors import StorageFaultError
 from .observability import telemetry
+from .storage_answers import storage_fault
 
 logger = logging.getLogger(__name__)
 
@@ -264,7 +265,7 @@ def _conditional(
                 outcome = decided
         telemetry.count_write(gate, outcome, job_id)
         return outcome
-    raise StorageFaultError(
+    raise storage_fault(
         f"{what} {backend.key!r}: {UNKNOWN_OUTCOME_ATTEMPTS} conditional requests had no answer or a busy one "
         f"and nothing changed (last: {type(last).__name__}: {last})"
     )

@@ -19,14 +19,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from azure.core import MatchConditions
-from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
+from azure.core.exceptions import HttpResponseError
 from azure.data.tables import TableClient, TableEntity
 from azure.storage.blob import BlobClient, ContainerClient, ContentSettings
 
 from . import conditional, jobs
 from .conditional import Outcome, Stored
 from .errors import BodyTooLargeError, ConfigurationError, StorageFaultError, retryable_status
-from .storage import TRANSPORT_FAULTS, blob_head, storage_fault
+from .storage import blob_head
+from .storage_answers import STORAGE_ERRORS, TRANSPORT_FAULTS, Meaning, call_failed, classify, error_code, storage_fault
 
 logger = logging.getLogger(__name__)
 
@@ -47,20 +48,6 @@ def sha256_hex(body: bytes) -> str:
 
 
 # --------------------------------------------------------------------------- classification
-
-
-def error_code(exc: HttpResponseError) -> str | None:
-    """The service's error code: from the exception, else the ``x-ms-error-code`` header.
-
-    The Tables SDK leaves ``error_code`` empty on a 409, but the header carries it.
-    """
-    code = getattr(exc, "error_code", None)
-    if code:
-        # The blob SDK stores a StorageErrorCode enum: str() of it is "StorageErrorCode.X" on 3.11.
-        return str(getattr(code, "value", code))
-    response = getattr(exc, "response", None)
-    headers = getattr(response, "headers", None) or {}
-    return headers.get("x-ms-error-code")
 
 
 def is_create_rejection(exc: HttpResponseError) -> bool:
@@ -126,7 +113,7 @@ class AzureWrite:
         return getattr(exc, "status_code", None)
 
     def fault(self, exc: BaseException) -> StorageFaultError:
-        return storage_fault(self.action, self.key, exc)
+        return call_failed(self.action, self.key, exc)
 
 
 # --------------------------------------------------------------------------- blobs
@@ -184,8 +171,8 @@ class StoredBlob:
 def content_sha256(blob: BlobClient, etag: str | None = None) -> str:
     """The sha256 of the blob's bytes, read in full (pinned to ``etag`` when given: ``If-Match``).
 
-    A version replaced while it is read (412) is a :class:`StorageFaultError` to retry: the next
-    attempt reads whichever version is stored then.
+    A version replaced or deleted while it is read (412, 404) is a :class:`StorageFaultError` to
+    retry: the next attempt reads whatever is stored then.
     """
     digest = hashlib.sha256()
     for chunk in _content_chunks(blob, etag):
@@ -193,21 +180,27 @@ def content_sha256(blob: BlobClient, etag: str | None = None) -> str:
     return digest.hexdigest()
 
 
-def content_bytes(blob: BlobClient, etag: str | None = None) -> bytes:
-    """The blob's bytes (a small one: a companion), read as :func:`content_sha256` reads them."""
-    return b"".join(_content_chunks(blob, etag))
+def content_bytes(blob: BlobClient, etag: str | None = None, *, length: int | None = None) -> bytes:
+    """The blob's bytes (a small one: a companion), or its first ``length`` bytes (a mosaic's
+    head), read as :func:`content_sha256` reads them."""
+    return b"".join(_content_chunks(blob, etag, length))
 
 
-def _content_chunks(blob: BlobClient, etag: str | None) -> Iterator[bytes]:
-    conditions = {"etag": etag, "match_condition": MatchConditions.IfNotModified} if etag else {}
+def _content_chunks(blob: BlobClient, etag: str | None, length: int | None = None) -> Iterator[bytes]:
+    conditions: dict[str, Any] = {"etag": etag, "match_condition": MatchConditions.IfNotModified} if etag else {}
+    span: dict[str, Any] = {"offset": 0, "length": length} if length is not None else {}
     try:
-        yield from blob.download_blob(max_concurrency=1, **conditions).chunks()
-    except HttpResponseError as exc:
-        if exc.status_code == 412:
-            raise StorageFaultError(f"{blob.blob_name!r} was replaced while its bytes were read (was {etag})") from exc
-        raise storage_fault("reading the bytes of", blob.blob_name, exc) from exc
-    except TRANSPORT_FAULTS as exc:
-        raise storage_fault("reading the bytes of", blob.blob_name, exc) from exc
+        yield from blob.download_blob(max_concurrency=1, **conditions, **span).chunks()
+    except STORAGE_ERRORS as exc:
+        answer = classify(exc)
+        if etag and answer.version_gone:
+            raise storage_fault(
+                f"{blob.blob_name!r} changed while its bytes were read (was {etag}, storage answered "
+                f"{answer.reason}); it is read again",
+                answer,
+                retryable=True,
+            ) from exc
+        raise call_failed("reading the bytes of", blob.blob_name, exc) from exc
 
 
 def stored_blob(blob: BlobClient) -> StoredBlob | None:
@@ -315,7 +308,7 @@ def commit_blob_versioned(
         return outcome, StoredBlob(etag=answer["etag"], nbytes=len(body), sha256=digest)
     held = stored_blob(blob)
     if held is None:
-        raise StorageFaultError(f"{name!r} vanished right after its create was answered ({outcome})")
+        raise storage_fault(f"{name!r} vanished right after its create was answered ({outcome})")
     if held.sha256 != digest:
         logger.warning(
             "%r holds other bytes than ours (job_id=%s): recording the stored version (%d bytes, sha256 %s, etag %s), "
@@ -461,13 +454,13 @@ def replace_once(
 
 def read_entity(table: TableClient, partition_key: str, row_key: str) -> TableEntity | None:
     """One point read: the entity, its ETag in ``.metadata["etag"]``, or None when there is
-    none; anything else storage answers (or does not) is a :func:`storage_fault`."""
+    none; anything else storage answers (or does not) is a storage fault (:func:`.storage_answers.call_failed`)."""
     try:
         return table.get_entity(partition_key, row_key)
-    except ResourceNotFoundError:
-        return None
-    except (HttpResponseError, *TRANSPORT_FAULTS) as exc:
-        raise storage_fault("reading entity", f"{partition_key}/{row_key}", exc) from exc
+    except STORAGE_ERRORS as exc:
+        if classify(exc).meaning is Meaning.MISSING:
+            return None
+        raise call_failed("reading entity", f"{partition_key}/{row_key}", exc) from exc
 
 
 def stored_entity(table: TableClient, partition_key: str, row_key: str, evidence_field: str | None) -> Stored:

@@ -14,14 +14,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from azure.core import MatchConditions
-from azure.core.exceptions import HttpResponseError
 from azure.data.tables import EdmType, EntityProperty, TableClient, UpdateMode
 
 from . import conditional, jobs
 from .conditional import Outcome, Stored
 from .gates import ENTITY_SUPERSEDED, AzureWrite, create_entity_once, read_entity
 from .grid import Window
-from .storage import TRANSPORT_FAULTS, storage_fault
+from .storage_answers import STORAGE_ERRORS, call_failed
 
 
 @dataclass(frozen=True)
@@ -183,6 +182,6 @@ def count_manifest(table: TableClient, job_id: str) -> ManifestSummary:
         for entity in pages:
             entry = manifest_entry(entity)
             entries[entry.window] = entry
-    except (HttpResponseError, *TRANSPORT_FAULTS) as exc:
-        raise storage_fault("counting the manifest of", job_id, exc) from exc
+    except STORAGE_ERRORS as exc:
+        raise call_failed("counting the manifest of", job_id, exc) from exc
     return ManifestSummary(job_id=job_id, entries=entries)

@@ -24,14 +24,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from azure.core import MatchConditions
-from azure.core.exceptions import HttpResponseError, ResourceModifiedError, ResourceNotFoundError
 from azure.data.tables import TableClient, TableTransactionError, UpdateMode
 from azure.storage.blob import ContainerClient
 
-from . import cancellation, gates, storage
+from . import cancellation, gates
 from .gates import Outcome
 from .jobs import CANCELLED_ROW_KEY, WINDOW_ROWS_FILTER, check_job_id
 from .records import Record
+from .storage_answers import STORAGE_ERRORS, Meaning, call_failed, classify
 
 #: Entities per entity-group transaction (the Table service's limit).
 TRANSACTION_ROWS = 100
@@ -65,10 +65,10 @@ def mark_sweeping(manifest: TableClient, job_id: str) -> None:
                 match_condition=MatchConditions.IfNotModified,
             )
             return
-        except (ResourceModifiedError, ResourceNotFoundError):
-            continue  # changed or removed meanwhile: look again
-        except (HttpResponseError, *storage.TRANSPORT_FAULTS) as exc:
-            raise storage.storage_fault("replacing entity", f"{job_id}/{CANCELLED_ROW_KEY}", exc) from exc
+        except STORAGE_ERRORS as exc:
+            if classify(exc).version_gone:
+                continue  # changed or removed meanwhile: look again
+            raise call_failed("replacing entity", f"{job_id}/{CANCELLED_ROW_KEY}", exc) from exc
 
 
 def unmark_sweeping(manifest: TableClient, job_id: str) -> bool:
@@ -92,8 +92,8 @@ def delete_manifest_rows(manifest: TableClient, job_id: str) -> int:
             except TableTransactionError:  # a row another sweep deleted fails the whole transaction
                 for key in batch:
                     manifest.delete_entity(job_id, key)  # answers nothing for a row already gone
-    except (HttpResponseError, *storage.TRANSPORT_FAULTS) as exc:
-        raise storage.storage_fault("deleting the manifest rows of", job_id, exc) from exc
+    except STORAGE_ERRORS as exc:
+        raise call_failed("deleting the manifest rows of", job_id, exc) from exc
     return len(keys)
 
 
@@ -105,10 +105,12 @@ def _delete_prefix(container: ContainerClient, prefix: str) -> int:
             try:
                 container.delete_blob(blob.name)
                 deleted += 1
-            except ResourceNotFoundError:
-                pass  # a concurrent sweep, or the lifecycle rule, got there first
-    except (HttpResponseError, *storage.TRANSPORT_FAULTS) as exc:
-        raise storage.storage_fault("deleting the blobs under", prefix, exc) from exc
+            except STORAGE_ERRORS as exc:
+                if classify(exc).meaning is not Meaning.MISSING:
+                    raise
+                # else a concurrent sweep, or the lifecycle rule, got there first
+    except STORAGE_ERRORS as exc:
+        raise call_failed("deleting the blobs under", prefix, exc) from exc
     return deleted
 
 

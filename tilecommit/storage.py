@@ -17,40 +17,24 @@ from functools import cached_property
 from typing import Any
 from urllib.parse import urlsplit
 
-from azure.core.exceptions import (
-    HttpResponseError,
-    ResourceNotFoundError,
-    ServiceRequestError,
-    ServiceResponseError,
-)
 from azure.data.tables import TableServiceClient
 from azure.storage.blob import BlobClient, BlobProperties, BlobServiceClient
 
 from . import retries, usage
-from .errors import ConfigurationError, InvalidNameError, StorageFaultError
+from .errors import ConfigurationError, InvalidNameError
 from .settings import DATA_CONNECTION, STORAGE_CONNECTION
-
-#: Exceptions that mean a storage request got no answer, so its outcome is unknown: the one
-#: classification every storage call of the app uses (azure-core raises ServiceRequestError
-#: when the request could not be sent, ServiceResponseError when its answer did not arrive).
-TRANSPORT_FAULTS = (ServiceRequestError, ServiceResponseError)
-
-
-def storage_fault(action: str, key: str, exc: Exception) -> StorageFaultError:
-    """The :class:`StorageFaultError` for a failed storage call (retryable unless a plain 4xx)."""
-    status = getattr(exc, "status_code", None)
-    return StorageFaultError(f"{action} {key!r} failed: {type(exc).__name__} (status {status}): {exc}", status=status)
+from .storage_answers import STORAGE_ERRORS, Meaning, call_failed, classify
 
 
 def blob_head(blob: BlobClient) -> BlobProperties | None:
     """One HEAD: the blob's properties, or None when there is no blob; anything else storage
-    answers (or does not) is a :func:`storage_fault`."""
+    answers (or does not) is a storage fault (:func:`~tilecommit.storage_answers.call_failed`)."""
     try:
         return blob.get_blob_properties()
-    except ResourceNotFoundError:
-        return None
-    except (HttpResponseError, *TRANSPORT_FAULTS) as exc:
-        raise storage_fault("reading the properties of", blob.blob_name, exc) from exc
+    except STORAGE_ERRORS as exc:
+        if classify(exc).meaning is Meaning.MISSING:
+            return None
+        raise call_failed("reading the properties of", blob.blob_name, exc) from exc
 
 
 #: The scope of a token for Azure Storage (blobs, tables and queues).

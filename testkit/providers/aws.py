@@ -28,6 +28,7 @@ from tilecommit import conditional
 from tilecommit.conditional import Outcome, Stored
 from tilecommit.errors import BodyTooLargeError, StorageFaultError
 from tilecommit.gates import sha256_hex
+from tilecommit.storage_answers import answered, storage_fault
 
 #: The largest body one PutObject takes.
 MAX_PUT_OBJECT_BYTES = 5 * 1024**3
@@ -57,7 +58,9 @@ class _AwsWrite:
 
     def fault(self, exc: BaseException) -> StorageFaultError:
         status, code = _answer(exc)
-        return StorageFaultError(f"writing {self.key!r} failed: {code or type(exc).__name__}: {exc}", status=status)
+        return storage_fault(
+            f"writing {self.key!r} failed: {code or type(exc).__name__}: {exc}", answered(status, code)
+        )
 
 
 @dataclass

@@ -27,6 +27,7 @@ from tilecommit import conditional
 from tilecommit.conditional import Outcome, Stored
 from tilecommit.errors import StorageFaultError
 from tilecommit.gates import sha256_hex
+from tilecommit.storage_answers import answered, storage_fault
 
 DIGEST_KEY = "sha256"
 UNANSWERED = (requests.ConnectionError, requests.Timeout)
@@ -79,13 +80,13 @@ class GcsUpload:
         return getattr(response, "status_code", None)
 
     def fault(self, exc: BaseException) -> StorageFaultError:
-        return StorageFaultError(f"writing {self.key!r} failed: {exc}", status=self.status(exc))
+        return storage_fault(f"writing {self.key!r} failed: {exc}", answered(self.status(exc)))
 
     def stored(self) -> Stored:
         try:
             blob = self.bucket.get_blob(self.name)
         except Exception as exc:  # noqa: BLE001 - any failure to read the evidence is a storage fault
-            raise StorageFaultError(f"reading {self.key!r} failed: {exc}") from exc
+            raise storage_fault(f"reading {self.key!r} failed: {exc}") from exc
         if blob is None:
             return conditional.ABSENT
         return Stored(True, (blob.metadata or {}).get(DIGEST_KEY), str(blob.generation))

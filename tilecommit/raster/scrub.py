@@ -17,19 +17,19 @@ import os
 from dataclasses import dataclass, field
 
 import numpy as np
-from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
 from azure.storage.blob import ContainerClient
 from rasterio.errors import RasterioIOError
 from rasterio.io import MemoryFile
 from rasterio.windows import Window as RioWindow
 
-from .. import gates, jobs, storage
+from .. import gates, jobs
 from ..errors import IncompleteManifestError, InvalidRasterError, MosaicCheckError
 from ..grid import Window
 from ..jobs import Job
 from ..manifest import get_manifest_row, record_manifest_entry, repair_manifest_entry
 from ..observability import telemetry
 from ..records import Record
+from ..storage_answers import STORAGE_ERRORS, Meaning, call_failed, classify
 from ..stores import JobStores
 from .assembly.checks import blob_properties
 from .assembly.commit import MosaicResult, output_names
@@ -88,10 +88,10 @@ def _stored_tile(tiles: ContainerClient, name: str) -> StoredTile | None:
     try:
         download = tiles.get_blob_client(name).download_blob()
         return StoredTile(download.readall(), download.properties.etag)
-    except ResourceNotFoundError:
-        return None
-    except HttpResponseError as exc:
-        raise storage.storage_fault("reading tile", name, exc) from exc
+    except STORAGE_ERRORS as exc:
+        if classify(exc).meaning is Meaning.MISSING:
+            return None
+        raise call_failed("reading tile", name, exc) from exc
 
 
 def _decoded(body: bytes) -> tuple[np.ndarray, np.ndarray | None]:

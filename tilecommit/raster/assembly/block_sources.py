@@ -10,16 +10,11 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from azure.core import MatchConditions
-from azure.core.exceptions import (
-    HttpResponseError,
-    ResourceModifiedError,
-    ResourceNotFoundError,
-)
 from azure.storage.blob import ContainerClient
 
-from ...errors import CorruptTileError, IncompleteManifestError, StorageFaultError
+from ...errors import CorruptTileError, IncompleteManifestError
 from ...grid import Window
-from ...storage import TRANSPORT_FAULTS
+from ...storage_answers import STORAGE_ERRORS, Meaning, classify, storage_fault
 from .. import tiff
 from ..env import BLOCK_SIZE
 from .pyramid import TileHead
@@ -58,23 +53,26 @@ class BlobRangeSource:
                 self.name, offset=offset, length=length, max_concurrency=1, **condition
             )
             return downloader, downloader.readall()
-        except ResourceModifiedError as exc:
-            raise IncompleteManifestError(
+        except STORAGE_ERRORS as exc:
+            raise self._read_error(exc, offset, length) from exc
+
+    def _read_error(self, exc: BaseException, offset: int, length: int) -> Exception:
+        """What a failed ranged read of the tile means: a version other than its row's, or none,
+        needs a repair; anything else is a storage fault as its answer says."""
+        answer = classify(exc)
+        if answer.meaning is Meaning.REPLACED:
+            return IncompleteManifestError(
                 f"window {self.window}: tile {self.name} changed after its manifest row was written (recorded "
                 f"ETag {self.etag}): the service refused to read another version; nothing was committed. Repair "
                 "the job's tiles (verify --repair) and re-run",
                 mismatched=[self.window],
-            ) from exc
-        except ResourceNotFoundError as exc:
-            raise IncompleteManifestError(
+            )
+        if answer.meaning is Meaning.MISSING:
+            return IncompleteManifestError(
                 f"window {self.window}: tile {self.name} is in the manifest but not in storage",
                 mismatched=[self.window],
-            ) from exc
-        except (HttpResponseError, *TRANSPORT_FAULTS) as exc:
-            raise StorageFaultError(
-                f"reading {length} bytes at {offset} of {self.name} failed: {exc}",
-                status=getattr(exc, "status_code", None),
-            ) from exc
+            )
+        return storage_fault(f"reading {length} bytes at {offset} of {self.name} failed: {exc}", answer)
 
     def head(self, length: int) -> tuple[bytes, int]:
         downloader, data = self._download(0, length)
@@ -83,7 +81,7 @@ class BlobRangeSource:
         total = content_range.rsplit("/", 1)[-1]
         size = int(total) if total.isdigit() else int(downloader.properties.size)
         if len(data) != min(length, size):
-            raise StorageFaultError(
+            raise storage_fault(
                 f"reading the head of {self.name}: storage delivered {len(data)} of {min(length, size)} bytes"
             )
         return data, size
@@ -92,7 +90,7 @@ class BlobRangeSource:
         _, data = self._download(offset, length)
         expected = length if self.expected_size is None else max(0, min(length, self.expected_size - offset))
         if len(data) != expected:
-            raise StorageFaultError(
+            raise storage_fault(
                 f"reading {length} bytes at {offset} of {self.name}: storage delivered {len(data)} of {expected}"
             )
         return data

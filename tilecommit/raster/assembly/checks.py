@@ -8,16 +8,14 @@ from __future__ import annotations
 import math
 
 import rasterio
-from azure.core import MatchConditions
-from azure.core.exceptions import HttpResponseError
 from azure.storage.blob import ContainerClient
 from rasterio.enums import MaskFlags
 from rasterio.io import MemoryFile
 
 from ... import gates, storage
-from ...errors import MosaicCheckError, StorageFaultError
+from ...errors import MosaicCheckError
 from ...settings import Settings
-from ...storage import TRANSPORT_FAULTS
+from ...storage_answers import storage_fault
 from ..env import BLOCK_SIZE, gdal_env
 from ..gdal_errors import gdal_step
 from ..reading.scene import SceneInfo, crs_label, same_crs
@@ -134,6 +132,15 @@ def blob_properties(container: ContainerClient, name: str):
     return storage.blob_head(container.get_blob_client(name))
 
 
+def committed_properties(container: ContainerClient, name: str):
+    """The properties of ``name``, which was committed: its absence is a storage fault to retry
+    (the retry finds what storage holds then)."""
+    props = blob_properties(container, name)
+    if props is None:
+        raise storage_fault(f"{name} vanished after it was committed")
+    return props
+
+
 def repair_instruction(job_id: str) -> str:
     """What the operator does about a committed output known bad: no re-run can complete over it
     (every assembly verifies the existing mosaic first), so it has to be repaired."""
@@ -170,9 +177,7 @@ def verify_committed_mosaic(
     record, :func:`check_mosaic_file`): a check that could not finish never passes.
     """
     output, name, scene, spec = job.stores.output, job.mosaic_name, job.scene, job.spec
-    props = blob_properties(output, name)
-    if props is None:
-        raise StorageFaultError(f"{name} vanished after it was committed")
+    props = committed_properties(output, name)
     problems = []
     stored = props.metadata or {}
     if nbytes is not None and int(props.size) != nbytes:
@@ -183,17 +188,8 @@ def verify_committed_mosaic(
         elif value is not None and stored[key] != value:
             problems.append(f"{key} {stored[key]}, ours is {value}")
     if head is not None:
-        try:
-            stored_head = output.download_blob(
-                name,
-                offset=0,
-                length=len(head),
-                max_concurrency=1,
-                etag=props.etag,  # the version whose properties were just checked, or a 412: retried
-                match_condition=MatchConditions.IfNotModified,
-            ).readall()
-        except (HttpResponseError, *TRANSPORT_FAULTS) as exc:
-            raise StorageFaultError(f"reading the head of {name} failed: {exc}") from exc
+        # The version whose properties were just checked (one changed meanwhile is read again).
+        stored_head = gates.content_bytes(output.get_blob_client(name), props.etag, length=len(head))
         if stored_head != head:
             problems.append("its head differs from the planned header and directories")
     if hash_content_from and not problems:

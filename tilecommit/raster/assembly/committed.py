@@ -14,12 +14,12 @@ from __future__ import annotations
 import time
 
 from ... import gates, jobs
-from ...errors import IncompatibleTilesError, MosaicCheckError, StorageFaultError
+from ...errors import IncompatibleTilesError, MosaicCheckError
 from ...jobs import Job
 from ...stores import JobStores
 from ..reading.scene import SceneInfo
 from .block_copy import plan_block_copy
-from .checks import blob_properties, repair_instruction, verify_committed_mosaic
+from .checks import blob_properties, committed_properties, repair_instruction, verify_committed_mosaic
 from .pyramid import levels_of
 from .sidecars import write_sidecars
 from .strategy import (
@@ -50,9 +50,7 @@ def verify_mosaic(job: MosaicJob, planned: PlannedMosaic | None):
     """
     name = job.mosaic_name
     started = time.perf_counter()
-    props = blob_properties(job.stores.output, name)
-    if props is None:
-        raise StorageFaultError(f"{name} vanished after it was committed")
+    props = committed_properties(job.stores.output, name)
     method = (props.metadata or {}).get(METHOD_METADATA_KEY, "")
     try:
         if method not in COMMITTED_METHODS:

@@ -4,14 +4,12 @@ tile the size its row says. Completeness comes from the manifest, never from lis
 
 from __future__ import annotations
 
-from azure.core.exceptions import HttpResponseError
-
 from ... import storage
-from ...errors import IncompleteManifestError, StorageFaultError
+from ...errors import IncompleteManifestError
 from ...grid import Window, plan_windows
 from ...jobs import Job
 from ...manifest import ManifestSummary, count_manifest
-from ...storage import TRANSPORT_FAULTS
+from ...storage_answers import STORAGE_ERRORS, call_failed
 from ...stores import JobStores
 from ..reading.scene import SceneInfo
 
@@ -37,10 +35,8 @@ def check_manifest(job: Job, stores: JobStores, scene: SceneInfo) -> tuple[list[
     prefix = f"tiles/{job_id}/"
     try:
         sizes = {b.name: int(b.size) for b in tiles.list_blobs(name_starts_with=prefix)}
-    except (HttpResponseError, *TRANSPORT_FAULTS) as exc:
-        raise StorageFaultError(
-            f"listing the sizes of {prefix} failed: {exc}", status=getattr(exc, "status_code", None)
-        ) from exc
+    except STORAGE_ERRORS as exc:
+        raise call_failed("listing the sizes of", prefix, exc) from exc
     mismatched = []
     details = []
     for window in windows:

@@ -43,9 +43,9 @@ from azure.storage.blob import BlobClient, BlobSasPermissions, ContainerClient, 
 # lives only here (azure-storage-blob 12.x). It is the one way to send x-ms-source-if-match.
 from azure.storage.blob._generated.models import SourceModifiedAccessConditions
 
-from ... import conditional, gates
-from ...errors import ConfigurationError, CopyFromUrlUnsupported, IncompleteManifestError, StorageFaultError
-from ...storage import TRANSPORT_FAULTS
+from ... import conditional
+from ...errors import ConfigurationError, CopyFromUrlUnsupported, IncompleteManifestError
+from ...storage_answers import TRANSPORT_FAULTS, Meaning, classify, storage_fault
 from ...usage import ContextExecutor
 from .. import tiff
 from . import attempt
@@ -175,7 +175,7 @@ class ServerSideStager:
         for ref in run.blocks:
             data = self.read_local(ref)
             if len(data) != ref.length:
-                raise StorageFaultError(f"local block at {ref.offset} has {len(data)} bytes, not {ref.length}")
+                raise storage_fault(f"local block at {ref.offset} has {len(data)} bytes, not {ref.length}")
             if self.leaders:
                 buffer += ref.length.to_bytes(4, "little")  # GDAL writes the leader little-endian
             buffer += data
@@ -236,9 +236,9 @@ class ServerSideStager:
         self.ranges_staged += 1
 
     def _copy_fault(self, piece: CopyRange, etag: str | None, exc: HttpResponseError) -> Exception:
-        """What a refused Put Block From URL means, by its status (the service wraps what went
-        wrong with the source in the code ``CannotVerifyCopySource`` whatever it was, and says
-        which by the status: Put Block From URL's error codes).
+        """What a refused Put Block From URL means, by its status (:func:`~tilecommit.storage_answers.classify`:
+        the service wraps what went wrong with the source in the code ``CannotVerifyCopySource``
+        whatever it was, and says which by the status: Put Block From URL's error codes).
 
         - 412 (``SourceConditionNotMet``): the tile is not the version its manifest row
           recorded: the window must be rendered again;
@@ -248,20 +248,21 @@ class ServerSideStager:
           retried, as any storage fault;
         - 501: the service has no Put Block From URL (an emulator).
         """
-        status, code = exc.status_code, gates.error_code(exc) or ""
+        answer = classify(exc)
+        said = answer.code or answer.status
         uri = self.uris[piece.source]
-        if status == 501:
+        if answer.meaning is Meaning.UNSUPPORTED:
             return CopyFromUrlUnsupported(f"Put Block From URL: {exc.reason}")
-        if status == 412:
+        if answer.meaning is Meaning.REPLACED:
             return IncompleteManifestError(
                 f"window {piece.source}: tile {uri} changed after its manifest row was written (recorded ETag "
-                f"{etag}; the service refused to copy from it: {code or status}); nothing was committed. Render the "
+                f"{etag}; the service refused to copy from it: {said}); nothing was committed. Render the "
                 "window again (delete its tile and manifest row) and re-run",
                 mismatched=[piece.source],
             )
-        if status == 404:
+        if answer.meaning is Meaning.MISSING:
             return IncompleteManifestError(
-                f"window {piece.source}: tile {uri} is gone ({code or status}); nothing was committed",
+                f"window {piece.source}: tile {uri} is gone ({said}); nothing was committed",
                 mismatched=[piece.source],
             )
         return staging_fault(f"staging {piece.length} bytes of {uri} into", self.blob.blob_name, exc)
@@ -283,7 +284,7 @@ class ServerSideStager:
                 logger.warning(
                     "block %s of %s (%s) had no answer (%s): staging it again", block_id, self.blob.blob_name, what, exc
                 )
-        raise StorageFaultError(
+        raise storage_fault(
             f"staging block {block_id} of {self.blob.blob_name}: no answer after {conditional.UNKNOWN_OUTCOME_ATTEMPTS} attempts"
         )
 

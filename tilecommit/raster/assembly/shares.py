@@ -34,10 +34,9 @@ import logging
 from dataclasses import dataclass
 
 from azure.core import MatchConditions
-from azure.core.exceptions import HttpResponseError
 from azure.storage.blob import ContainerClient
 
-from ... import gates, jobs, storage
+from ... import gates, jobs
 from ...errors import (
     CommittedElsewhere,
     CopyFromUrlUnsupported,
@@ -47,7 +46,7 @@ from ...errors import (
 )
 from ...jobs import Job
 from ...records import Record
-from ...storage import TRANSPORT_FAULTS
+from ...storage_answers import STORAGE_ERRORS, call_failed, classify
 from ...stores import JobStores
 from ...usage import ContextExecutor
 from ..reading.scene import SceneInfo
@@ -181,15 +180,14 @@ def read_share_plan(tiles: ContainerClient, staged: StagedShares) -> SharePlan:
     blob = tiles.get_blob_client(staged.name)
     try:
         body = blob.download_blob(etag=staged.etag, match_condition=MatchConditions.IfNotModified).readall()
-    except HttpResponseError as exc:
-        if exc.status_code in (404, 412):
+    except STORAGE_ERRORS as exc:
+        answer = classify(exc)
+        if answer.version_gone:
             raise IncompleteManifestError(
                 f"the mosaic's staging plan {staged.name} is not the version its attempt recorded "
-                f"({staged.etag}): {exc.status_code}; nothing was committed, deliver the upload again"
+                f"({staged.etag}): {answer.status}; nothing was committed, deliver the upload again"
             ) from exc
-        raise storage.storage_fault("reading", staged.name, exc) from exc
-    except TRANSPORT_FAULTS as exc:
-        raise storage.storage_fault("reading", staged.name, exc) from exc
+        raise call_failed("reading", staged.name, exc) from exc
     plan = SharePlan.from_json(body)
     if plan.tag != staged.tag:
         raise MosaicCheckError(f"{staged.name} holds the plan of attempt {plan.tag}, not {staged.tag}")

@@ -11,12 +11,12 @@ from collections.abc import Callable
 from azure.storage.blob import ContainerClient
 
 from ... import gates, jobs
-from ...errors import MosaicCheckError, StorageFaultError
+from ...errors import MosaicCheckError
 from ..env import gdal_env
 from ..gdal_errors import gdal_step
 from ..reading.source import PinnedBlob, reading
 from ..reading.upload import upload_gdal_options
-from .checks import blob_properties, repair_instruction
+from .checks import blob_properties, committed_properties, repair_instruction
 from .stac import mosaic_footprint, quicklook_png, stac_item_bytes, without_run_facts
 from .strategy import MosaicJob
 
@@ -42,9 +42,7 @@ def write_sidecars(job: MosaicJob, *, replace: dict[str, str | None] | None = No
     those bytes (:func:`_commit_or_verify`).
     """
     job_id, output, timings = job.job_id, job.stores.output, job.timings
-    props = blob_properties(output, job.mosaic_name)
-    if props is None:
-        raise StorageFaultError(f"{job.mosaic_name} vanished after it was committed")
+    props = committed_properties(output, job.mosaic_name)
     # The mosaic is read at the version just inspected, through the app's counted reader: a read
     # storage did not answer in full fails the step (retried) instead of baking zeros into a
     # companion committed create-only. GDAL's network file systems are closed meanwhile.

@@ -16,7 +16,7 @@ from azure.storage.blob import BlobClient, ContainerClient, ContentSettings
 
 from ... import conditional, gates
 from ...errors import CommittedElsewhere, StorageFaultError
-from ...storage import TRANSPORT_FAULTS
+from ...storage_answers import TRANSPORT_FAULTS, classify, storage_fault
 from ...usage import ContextExecutor
 from . import attempt
 
@@ -41,15 +41,15 @@ def staging_fault(what: str, blob_name: str, exc: HttpResponseError) -> StorageF
     a week after the last block staged, and nothing but a commit removes them sooner, so it is not
     retryable and says so. Anything else follows its status (a 5xx is retried).
     """
-    code = gates.error_code(exc)
-    if exc.status_code == 409 and code == "BlockCountExceedsLimit":
-        return StorageFaultError(
+    answer = classify(exc)
+    if (answer.status, answer.code) == (409, "BlockCountExceedsLimit"):
+        return storage_fault(
             f"{what} {blob_name} was refused: the blob holds the 100,000 uncommitted blocks Azure allows, "
             "staged by earlier attempts that did not commit; the service drops them a week after the last "
             "block staged, and the job can be delivered again then",
-            status=409,
+            answer,
         )
-    return StorageFaultError(f"{what} {blob_name} failed: {exc}", status=exc.status_code)
+    return storage_fault(f"{what} {blob_name} failed: {exc}", answer)
 
 
 class CommitWatch:
@@ -177,7 +177,7 @@ class StagedBlockSink:
             except TRANSPORT_FAULTS as exc:
                 # Staging our own id with the same bytes again is harmless: the later one replaces it.
                 logger.warning("staging block %d of %s had no answer (%s): staging it again", index, name, exc)
-        raise StorageFaultError(
+        raise storage_fault(
             f"staging block {index} of {name}: no answer after {conditional.UNKNOWN_OUTCOME_ATTEMPTS} attempts"
         )
 

@@ -38,16 +38,10 @@ from dataclasses import dataclass
 
 import rasterio
 from azure.core import MatchConditions
-from azure.core.exceptions import (
-    HttpResponseError,
-    ResourceModifiedError,
-    ResourceNotFoundError,
-    ServiceRequestError,
-    ServiceResponseError,
-)
 from rasterio.abc import FileContainer
 
-from ...errors import GdalStepError, InvalidRasterError, SourceChangedError, StorageFaultError, retryable_status
+from ...errors import GdalStepError, InvalidRasterError, SourceChangedError
+from ...storage_answers import STORAGE_ERRORS, Answer, Meaning, classify, status_of, storage_fault
 from .upload import UPLOAD_DRIVER, UPLOAD_OPEN_OPTIONS
 
 #: Small reads (GDAL walking the header and directories) are served from chunks of this size,
@@ -88,19 +82,36 @@ UPLOAD_DATASET_OPTIONS = {**UPLOAD_OPEN_OPTIONS, "NUM_THREADS": UPLOAD_READ_THRE
 MAX_GET = 32 * 1024 * 1024
 
 
+#: The kind of a read refused here, before any request: asked for by a thread of GDAL's own.
+GDAL_THREAD = "gdal-thread"
+
+
 @dataclass(frozen=True)
 class ReadFault:
-    """A read storage did not answer in full: which bytes, and why."""
+    """A read storage did not answer in full: which bytes, and what storage answered."""
 
     name: str
     offset: int
     length: int
-    reason: str
-    #: "fault" (a storage fault, retried unless ``status`` is a plain 4xx), "changed" (another
-    #: version answered 412), "missing" (404) or "gdal-thread" (asked for by a thread of GDAL's own).
-    kind: str = "fault"
-    #: The HTTP status storage answered, when it answered (None: no answer, or a short one).
-    status: int | None = None
+    #: Storage's answer, classified (None: no request was sent, see ``note``).
+    answer: Answer | None
+    #: Why a read with no answer was refused.
+    note: str = ""
+
+    @property
+    def kind(self) -> str:
+        """The answer's :class:`~tilecommit.storage_answers.Meaning` ("replaced", "missing",
+        "refused"...), or :data:`GDAL_THREAD`."""
+        return self.answer.meaning if self.answer is not None else GDAL_THREAD
+
+    @property
+    def status(self) -> int | None:
+        """The HTTP status storage answered, when it answered (None: no answer, or a short one)."""
+        return self.answer.status if self.answer is not None else None
+
+    @property
+    def reason(self) -> str:
+        return self.answer.reason if self.answer is not None else self.note
 
 
 class Source(FileContainer):
@@ -131,10 +142,13 @@ class Source(FileContainer):
         raise NotImplementedError
 
     def _fault_for(self, exc: BaseException, offset: int, length: int) -> ReadFault:
-        return ReadFault(self.name, offset, length, f"{type(exc).__name__}: {exc}".strip())
+        """What a failed read means: storage's answer, classified (:func:`~tilecommit.storage_answers.classify`),
+        the one classification of the size request and of every read. A short answer is no
+        answer (retried); a plain 4xx (a 403: no permission) is not retried, wherever it was answered."""
+        return ReadFault(self.name, offset, length, classify(exc))
 
     def error_for(self, fault: ReadFault) -> Exception:
-        if fault.kind == "gdal-thread":
+        if fault.answer is None:
             return GdalStepError(
                 f"reading {self.name}: GDAL asked for its bytes on a thread of its own ({fault.reason}), which "
                 "this app never lets it do: such a thread waits for Python's GIL while a Python thread can hold "
@@ -144,12 +158,12 @@ class Source(FileContainer):
                 step=f"reading {self.name}",
             )
         what = f"reading {self.name} failed: storage did not deliver bytes {fault.offset}-{fault.offset + fault.length - 1}"
-        if not retryable_status(fault.status):
-            return StorageFaultError(
+        if not fault.answer.retryable:
+            return storage_fault(
                 f"{what}: storage refused the request ({fault.reason}); it would refuse it again, so it is not retried",
-                status=fault.status,
+                fault.answer,
             )
-        return StorageFaultError(f"{what} ({fault.reason}); the read is retried", status=fault.status)
+        return storage_fault(f"{what} ({fault.reason}); the read is retried", fault.answer)
 
     # -- the thread that asks ----------------------------------------------------------------
     def refused_on_gdal_thread(self, call: str) -> bool:
@@ -167,7 +181,7 @@ class Source(FileContainer):
             return False
         reason = f"{call} on thread {threading.get_ident()}, which Python did not start"
         with self._lock:
-            self.faults.append(ReadFault(self.name, 0, 0, reason, "gdal-thread"))
+            self.faults.append(ReadFault(self.name, 0, 0, None, reason))
         return True
 
     # -- counted reads -----------------------------------------------------------------------
@@ -259,7 +273,9 @@ class Source(FileContainer):
         if not recorded:
             return
         # A read refused on GDAL's thread first (a defect of the app), then a version that changed.
-        first = next((f for kind in ("gdal-thread", "changed", "missing") for f in recorded if f.kind == kind), None)
+        first = next(
+            (f for kind in (GDAL_THREAD, Meaning.REPLACED, Meaning.MISSING) for f in recorded if f.kind == kind), None
+        )
         error = self.error_for(first or recorded[0])
         if len(recorded) > 1:
             error.args = (f"{error.args[0]} ({len(recorded)} reads failed)",)
@@ -392,16 +408,14 @@ class PinnedBlob(Source):
             self.requests += 1
             stream = self.blob.download_blob(offset=0, length=READ_AHEAD, max_concurrency=1, **self._condition())
             head = stream.readall()
-        except HttpResponseError as exc:
-            if exc.status_code != 416:
+        except STORAGE_ERRORS as exc:
+            if status_of(exc) != 416:
                 raise self._size_error(exc) from exc
             try:
                 self.requests += 1
                 return int(self.blob.get_blob_properties(**self._condition()).size)
-            except (HttpResponseError, ServiceRequestError, ServiceResponseError) as head_exc:
+            except STORAGE_ERRORS as head_exc:
                 raise self._size_error(head_exc) from head_exc
-        except (ServiceRequestError, ServiceResponseError) as exc:
-            raise self._size_error(exc) from exc
         answered = stream.properties.content_range
         size = int(answered.rpartition("/")[2]) if answered else int(stream.properties.size)
         if len(head) == min(READ_AHEAD, size):
@@ -416,25 +430,6 @@ class PinnedBlob(Source):
         stream = self.blob.download_blob(offset=offset, length=length, max_concurrency=1, **self._condition())
         return stream.readall()
 
-    def _fault_for(self, exc: BaseException, offset: int, length: int) -> ReadFault:
-        """What storage's answer to a GET (or the HEAD of an empty blob) means, the one
-        classification of the size request and of every read: 412 and 404 say the version is
-        gone; any other status is a storage fault that carries it, so a plain 4xx (a 403: no
-        permission) is not retried, wherever it was answered (:func:`~tilecommit.errors.retryable_status`)."""
-        status = getattr(exc, "status_code", None) or getattr(getattr(exc, "__cause__", None), "status_code", None)
-        if status == 412 or isinstance(exc, ResourceModifiedError):
-            return ReadFault(self.name, offset, length, "the service refused it: another version is stored", "changed")
-        if status == 404 or isinstance(exc, ResourceNotFoundError):
-            return ReadFault(self.name, offset, length, "the blob no longer exists", "missing")
-        fault = super()._fault_for(exc, offset, length)
-        if isinstance(exc, HttpResponseError) and isinstance(status, int):
-            reason = getattr(exc, "reason", None) or fault.reason
-            code = getattr(exc, "error_code", None)
-            return ReadFault(
-                self.name, offset, length, f"{status} {reason}" + (f" ({code})" if code else ""), status=status
-            )
-        return fault
-
     def current_etag(self) -> str | None:
         """The ETag storage holds now (for a message only); None when it cannot be read."""
         try:
@@ -443,22 +438,24 @@ class PinnedBlob(Source):
             return None
 
     def error_for(self, fault: ReadFault) -> Exception:
-        if not self.upload and fault.kind in ("changed", "missing"):
-            return StorageFaultError(
+        if fault.answer is None or not fault.answer.version_gone:
+            return super().error_for(fault)
+        if not self.upload:
+            return storage_fault(
                 f"{self.name} changed while it was read (ETag {self.etag}, storage now holds "
-                f"{self.current_etag() or 'none'}); it is read again"
+                f"{self.current_etag() or 'none'}); it is read again",
+                fault.answer,
+                retryable=True,
             )
-        if fault.kind == "missing":
+        if fault.kind == Meaning.MISSING:
             return SourceChangedError(
                 f"the upload {self.name!r} was deleted (the job was started for ETag {self.etag})"
             )
-        if fault.kind == "changed":
-            now = self.current_etag() or "unknown"
-            return SourceChangedError(
-                f"the upload {self.name!r} was overwritten: the job was started for ETag {self.etag}, storage now "
-                f"holds ETag {now}; the new version is a job of its own, and nothing of it went into this one"
-            )
-        return super().error_for(fault)
+        now = self.current_etag() or "unknown"
+        return SourceChangedError(
+            f"the upload {self.name!r} was overwritten: the job was started for ETag {self.etag}, storage now "
+            f"holds ETag {now}; the new version is a job of its own, and nothing of it went into this one"
+        )
 
 
 #: The source behind each open dataset (a dataset is a Python object; the plugin's files are not).
