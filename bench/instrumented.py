@@ -2,7 +2,7 @@
 
 - a proxy around the host's :class:`devhost.durable.functions.FunctionIndex` times every orchestrator
   replay (by orchestrator name) and every activity (start and end on one clock);
-- the engine's ``_run_episode`` (the whole episode on the orchestrator thread: building the
+- the engine's ``episodes.run`` (the whole episode on the orchestrator thread: building the
   context JSON, the SDK replay, the store commit, dispatch) and the history store's writes are
   timed by wrapping the bound methods of this host's objects;
 - HTTP requests of the Python storage SDKs are counted (:class:`bench.common.RequestCounter`).
@@ -97,9 +97,9 @@ class Instruments:
 
 def instrument(host: Any) -> tuple[TimedIndex, MethodTimer]:
     index = TimedIndex(host.engine.index)
-    host.engine.index = index
+    host.engine.index = host.engine.episodes.index = index  # activities and episodes call through it
     timer = MethodTimer()
-    timer.wrap(host.engine, "_run_episode", "episode")
+    timer.wrap(host.engine.episodes, "run", "episode")
     for method in ("commit_episode", "write_new_state", "read_state"):
         timer.wrap(host.store, method, f"store.{method}")
     return index, timer

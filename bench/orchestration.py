@@ -39,7 +39,7 @@ def one_run(ctx: Context, windows: int, *, batch_size: int = 64, max_activities:
     index = TimedIndex(FunctionIndex.from_app(null_app.app))
     engine = Engine(index, store, max_activities=max_activities)
     timer = MethodTimer()
-    timer.wrap(engine, "_run_episode", "episode")
+    timer.wrap(engine.episodes, "run", "episode")
     timer.wrap(store, "commit_episode", "store.commit_episode")
     job = null_app.job_input(f"{windows:08x}{time.time_ns() % 16**8:08x}", windows, batch_size=batch_size)
     window_size = Job.from_dict(job).spec.window_size
@@ -49,8 +49,8 @@ def one_run(ctx: Context, windows: int, *, batch_size: int = 64, max_activities:
         engine.start_new(names.TILE_SCENE, job["job_id"], job)
         state = engine.wait_for(job["job_id"], timeout=3600)
         wall = time.perf_counter() - started
-        # Private: the local engine lists no instances publicly, and the figure is history length per instance.
-        histories = {iid: len(inst.history) for iid, inst in engine._instances.items()}
+        # The instances the engine holds, for the history length of each.
+        histories = {inst.id: len(inst.history) for inst in engine.instances.all()}
         stats = engine.stats
     if state["status"] != "Completed":
         raise RuntimeError(f"null orchestration of {windows} windows: {state['status']}: {state.get('error')}")

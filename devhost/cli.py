@@ -49,57 +49,65 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m devhost", description=__doc__.split("\n\n")[0])
     parser.add_argument("-v", "--verbose", action="count", default=0, help="log at INFO (DEBUG with -vv)")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for add_command in (add_serve, add_process, add_status, add_purge, add_verify, add_replay_dead_letters, add_demo):
+        add_command(sub)
+    return parser
 
-    def host_options(p: argparse.ArgumentParser) -> None:
-        p.add_argument(
-            "--deliveries",
-            type=int,
-            default=1,
-            metavar="N",
-            help="deliver each BlobCreated event N times at once (default 1)",
-        )
-        p.add_argument(
-            "--duplicate-activities",
-            action="store_true",
-            help="run every activity twice, concurrently (at-least-once, made visible)",
-        )
-        p.add_argument("--hub", help="task hub name (default: host.json's hubName)")
-        p.add_argument("--timer-scale", type=float, default=1.0, help=argparse.SUPPRESS)
-        p.add_argument("--function-timeout", type=float, default=None, help=argparse.SUPPRESS)
-        p.add_argument(
-            "--instance-memory-mb",
-            type=float,
-            default=CONSUMPTION_INSTANCE_MB,
-            metavar="MB",
-            help=f"recycle the process past this resident memory, as the plan recycles an instance "
-            f"(default {CONSUMPTION_INSTANCE_MB}, Consumption's; 0: no limit)",
-        )
-        p.add_argument(
-            "--worker-id",
-            metavar="NAME",
-            help="this host's name in the task hub's partition table (default: new for each command; "
-            "a host restarted under its old name takes its partitions back without waiting for their leases)",
-        )
-        p.add_argument(
-            "--events-file",
-            type=Path,
-            metavar="PATH",
-            help="append each job's completion event (CloudEvents JSON) to this file, one line each",
-        )
-        p.add_argument(
-            "--events-url",
-            metavar="URL",
-            help="post each job's completion event to this URL, as Event Grid posts CloudEvents to a webhook",
-        )
-        p.add_argument(
-            "--lease-seconds",
-            type=float,
-            default=30.0,
-            metavar="S",
-            help="partition lease: a host that stops answering loses its partitions after S seconds "
-            "(default 30, the Durable Azure Storage provider's; leases are renewed every S/3)",
-        )
 
+def host_options(p: argparse.ArgumentParser) -> None:
+    """The options of every command that runs a host."""
+    p.add_argument(
+        "--deliveries",
+        type=int,
+        default=1,
+        metavar="N",
+        help="deliver each BlobCreated event N times at once (default 1)",
+    )
+    p.add_argument(
+        "--duplicate-activities",
+        action="store_true",
+        help="run every activity twice, concurrently (at-least-once, made visible)",
+    )
+    p.add_argument("--hub", help="task hub name (default: host.json's hubName)")
+    p.add_argument("--timer-scale", type=float, default=1.0, help=argparse.SUPPRESS)
+    p.add_argument("--function-timeout", type=float, default=None, help=argparse.SUPPRESS)
+    p.add_argument(
+        "--instance-memory-mb",
+        type=float,
+        default=CONSUMPTION_INSTANCE_MB,
+        metavar="MB",
+        help=f"recycle the process past this resident memory, as the plan recycles an instance "
+        f"(default {CONSUMPTION_INSTANCE_MB}, Consumption's; 0: no limit)",
+    )
+    p.add_argument(
+        "--worker-id",
+        metavar="NAME",
+        help="this host's name in the task hub's partition table (default: new for each command; "
+        "a host restarted under its old name takes its partitions back without waiting for their leases)",
+    )
+    p.add_argument(
+        "--events-file",
+        type=Path,
+        metavar="PATH",
+        help="append each job's completion event (CloudEvents JSON) to this file, one line each",
+    )
+    p.add_argument(
+        "--events-url",
+        metavar="URL",
+        help="post each job's completion event to this URL, as Event Grid posts CloudEvents to a webhook",
+    )
+    p.add_argument(
+        "--lease-seconds",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="partition lease: a host that stops answering loses its partitions after S seconds "
+        "(default 30, the Durable Azure Storage provider's; leases are renewed every S/3)",
+    )
+
+
+def add_serve(sub: argparse._SubParsersAction) -> None:
+    """``serve``: a host that watches the input container until stopped."""
     serve = sub.add_parser("serve", help="watch the input container and process uploads until stopped")
     host_options(serve)
     serve.add_argument(
@@ -125,6 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="run N hosts on the task hub, each in a process of its own, sharing its partitions (default 1)",
     )
 
+
+def add_process(sub: argparse._SubParsersAction) -> None:
+    """``process``: upload rasters, process them, print each job's summary."""
     process = sub.add_parser("process", help="upload a raster, process it, print the job summary as JSON")
     process.add_argument("paths", type=Path, nargs="+", metavar="PATH", help="raster files (GeoTIFF)")
     process.add_argument("--name", help="blob name in the input container, for one file (default: its name)")
@@ -152,11 +163,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     host_options(process)
 
+
+def add_status(sub: argparse._SubParsersAction) -> None:
+    """``status``: a job's state, or the recent jobs."""
     status = sub.add_parser("status", help="print a job's state and progress")
     status.add_argument("job_id", nargs="?", help="a job id (default: list the recent jobs)")
     status.add_argument("--hub", help="task hub name (default: host.json's hubName)")
     status.add_argument("--limit", type=int, default=20, help="how many recent jobs to list (default 20)")
 
+
+def add_purge(sub: argparse._SubParsersAction) -> None:
+    """``purge``: the retention sweep."""
     purge = sub.add_parser(
         "purge",
         help="the retention sweep (the app's daily timer): purge the tiles, manifest rows and history of jobs "
@@ -171,6 +188,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     purge.add_argument("--hub", help="task hub name (default: host.json's hubName)")
 
+
+def add_verify(sub: argparse._SubParsersAction) -> None:
+    """``verify``: a finished job's tiles and mosaic against its source."""
     verify = sub.add_parser(
         "verify",
         help="compare a finished job's tiles with its source window by window, and its mosaic with its tiles; "
@@ -185,6 +205,9 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--timeout", type=float, default=3600, help="seconds to wait (default 3600)")
     host_options(verify)
 
+
+def add_replay_dead_letters(sub: argparse._SubParsersAction) -> None:
+    """``replay-dead-letters``: the dead-lettered events delivered again."""
     replay = sub.add_parser(
         "replay-dead-letters",
         help="deliver the BlobCreated events Event Grid dead-lettered again (each becomes a job or a duplicate), "
@@ -199,11 +222,13 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--timeout", type=float, default=3600, help="seconds to wait for the jobs (default 3600)")
     host_options(replay)
 
+
+def add_demo(sub: argparse._SubParsersAction) -> None:
+    """``demo``: Azurite, a sample scene, process, end to end."""
     demo = sub.add_parser("demo", help="start Azurite, make a sample scene, process it, stop Azurite")
     demo.add_argument("--size", type=int, default=8192, help="sample scene width and height in pixels (default 8192)")
     demo.add_argument("--window-size", type=int, default=512, help="window size for the demo (default 512)")
     demo.add_argument("--output", type=Path, default=Path("demo-output"), help="where to save the outputs")
-    return parser
 
 
 class _NotAboutTheJob(logging.Filter):

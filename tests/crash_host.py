@@ -41,10 +41,10 @@ def _kill() -> None:
 def install_child_report() -> None:
     """Wrap the host's sending of what an episode made (after its commit) so that a finished
     child's report to a parent this host does not own kills the process instead of leaving."""
-    from devhost.durable.engine import Engine
     from devhost.durable.history import SUB_ORCHESTRATION_COMPLETED
+    from devhost.durable.messaging import Messaging
 
-    send_all = Engine._send_all
+    send_all = Messaging.send_all
 
     def sending(self, outbound):
         for message in outbound:
@@ -52,12 +52,12 @@ def install_child_report() -> None:
                 message is not None
                 and message[0] == "control"
                 and message[2].get("item", {}).get("EventType") == SUB_ORCHESTRATION_COMPLETED
-                and not self.partitions.owns(self.partition(message[1]))
+                and not self.partitions.owns_instance(message[1])
             ):
                 _kill()
         return send_all(self, outbound)
 
-    Engine._send_all = sending
+    Messaging.send_all = sending
 
 
 def install(point: str) -> None:

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from devhost.durable import handover
+from devhost.durable import watchdog
 from devhost.durable.history import EXECUTION_STARTED, TIMER_CREATED, InstanceAlreadyExists, parse_iso
 from devhost.durable.work import worker_thread_count
 from testkit.metrics import max_overlap, slot_use
@@ -166,7 +166,7 @@ def test_a_child_start_meeting_its_id_running_for_another_parent_is_dropped_and_
     task never completes, on the real host as here. Nothing sends that start again, not even the
     local host's watchdog once the old child has finished (its 2 minutes shortened to 0.3 s):
     it used to, and so finished a job the real host leaves waiting forever."""
-    monkeypatch.setattr(handover, "QUIET_CHILD_S", 0.3)
+    monkeypatch.setattr(watchdog, "QUIET_CHILD_S", 0.3)
     toy_app.set_failures("parent-fails-first", 1)
     first = {"seconds": 2.0, "run": 1, "child": "a", "fail": True, "key": "parent-fails-first"}
     with make_engine(store, timer_scale=1.0, watchdog_interval=0.1) as engine:

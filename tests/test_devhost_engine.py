@@ -187,13 +187,13 @@ def test_a_terminate_sent_before_the_start_ran_still_ends_the_instance(store):
     """The terminate may reach the host before the instance's start has run (both are control
     messages, the start first): it waits for the start instead of being dropped as a stray."""
     with make_engine(store) as engine:
-        process_start = engine._process_start
+        process_start = engine.starts.process
 
         def slow_start(message):  # a busy host: the start runs after the terminate has arrived
             time.sleep(0.5)
             return process_start(message)
 
-        engine._process_start = slow_start
+        engine.starts.process = slow_start
         engine.start_new("nap_once", "job-early", {"seconds": 3, "i": 1})
         engine.terminate("job-early", "changed my mind")
         state = engine.wait_for("job-early", timeout=2)  # not the 3 s nap
@@ -206,19 +206,19 @@ def test_a_new_instance_found_ready_by_another_dispatcher_while_its_start_is_hel
     after that point (as a busy machine can), so the other one always gets there first: the
     instance must run once released, not wait forever as Pending."""
     engine = make_engine(store, max_orchestrators=2, episode_linger=0.0)
-    process_start = engine._process_start
+    process_start = engine.starts.process
     passed_by = []
 
     def slow_start(message):
         process_start(message)  # the instance is ready from here on, and still held
         deadline = time.monotonic() + 5
         while not passed_by and time.monotonic() < deadline:
-            with engine._lock:  # popped from the ready queue while held: passed by
-                if message.instance_id not in engine._ready and message.instance_id in engine._busy:
+            with engine.instances.lock:  # popped from the ready queue while held: passed by
+                if not engine.queue.is_ready(message.instance_id) and engine.queue.holds(message.instance_id):
                     passed_by.append(message.instance_id)
             time.sleep(0.01)
 
-    engine._process_start = slow_start
+    engine.starts.process = slow_start
     with engine:
         engine.start_new("nap_once", "held-start", {"i": 7, "seconds": 0.0})
         state = engine.wait_for("held-start", timeout=30)
@@ -259,7 +259,7 @@ def test_a_start_sent_again_for_a_child_that_already_finished_reports_it_to_the_
             engine = first
         dropped_before, ran_before = engine.stats.duplicate_completions_dropped, engine.stats.episodes
         again = StartMessage(child["name"], child["id"], child["input"], child["parent"], new_execution_id())
-        engine.queues.send_control(engine.partition(child["id"]), start_body(again))
+        engine.queues.send_control(engine.partitions.partition_for(child["id"]), start_body(again))
         deadline = time.monotonic() + 30
         while engine.stats.duplicate_completions_dropped == dropped_before and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -281,14 +281,17 @@ def test_an_instance_loaded_with_its_partition_runs_at_once_not_at_the_watchdogs
     later by default). Here the taking up is slowed, as on a busy machine, and the watchdog is
     kept out of the way: the instance must run without it."""
 
-    class SlowTakeUp(Engine):
-        def _acquired(self, partition: int, after_crash: bool) -> None:
-            super()._acquired(partition, after_crash)
-            time.sleep(0.3)  # between loading the partition and owning it, the dispatchers look
+    engine = make_engine(store, watchdog_interval=600)
+    acquired = engine.handover.acquired
 
+    def slow_take_up(partition: int, after_crash: bool) -> None:
+        acquired(partition, after_crash)
+        time.sleep(0.3)  # between loading the partition and owning it, the dispatchers look
+
+    engine.handover.acquired = slow_take_up
     row = Instance("loaded", "fan", '{"count": 4, "batch": 2}').state()
     assert store.write_new_state("loaded", row, None)
-    with SlowTakeUp(FunctionIndex.from_app(toy_app.app), store, timer_scale=0.01, watchdog_interval=600) as engine:
+    with engine:
         state = engine.wait_for("loaded", timeout=30)
     assert state["status"] == "Completed" and state["output"]["total"] == sum(n * n for n in range(4))
     assert engine.stats.watchdog_redispatches == 0

@@ -1,6 +1,6 @@
-"""The Durable client's operations on the task hub (mixed into :class:`devhost.durable.engine.Engine`):
-start, terminate, query, purge, status and wait, as the Azure Storage provider carries them out.
-The extension's HTTP API (:mod:`devhost.durable.rpc`) serves them to the app's real client."""
+"""The Durable client's operations on the task hub: start, terminate, query, purge, status and
+wait, as the Azure Storage provider carries them out. The extension's HTTP API
+(:mod:`devhost.durable.rpc`) serves them to the app's real client."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 
 from azure.core.exceptions import ResourceNotFoundError
 
+from .functions import FunctionIndex
 from .history import (
     EXECUTION_TERMINATED,
     PENDING,
@@ -23,13 +24,24 @@ from .history import (
     event,
     now,
 )
-from .instance import Instance, new_execution_id
+from .instance import HeldInstances, Instance, new_execution_id
 from .messaging import event_body, start_body
+from .store import HistoryStore
 from .work import StartMessage
 
 
 class TaskHubClient:
-    """What the client asks of the task hub; uses the engine's lock, instances, store and sends."""
+    """What the client asks of the task hub: its rows in ``store``, the instances this host holds
+    (newer in memory than in their rows), messages through ``send(instance_id, body)``."""
+
+    def __init__(
+        self,
+        instances: HeldInstances,
+        store: HistoryStore,
+        index: FunctionIndex,
+        send: Callable[[str, dict], None],
+    ):
+        self.instances, self.store, self.index, self.send = instances, store, index, send
 
     def start_new(self, name: str, instance_id: str, input_value: Any = None, *, input_json: str | None = None) -> str:
         """The client's ``start_new``, in the Azure Storage provider's steps
@@ -47,13 +59,13 @@ class TaskHubClient:
                 f"An Orchestration instance with the status {existing['status']} already exists."
             )
         message = StartMessage(name, instance_id, input_json, None, new_execution_id())
-        self._send(instance_id, start_body(message))
+        self.send(instance_id, start_body(message))
         row = Instance(instance_id, name, input_json, execution_id=message.execution_id).state()
         self.store.write_new_state(instance_id, row, etag)
-        with self._lock:
-            finished = self._instances.get(instance_id)
+        with self.instances.lock:
+            finished = self.instances.get(instance_id)
             if finished is not None and finished.status in TERMINAL:
-                del self._instances[instance_id]  # its status is the new row's now (Pending)
+                self.instances.pop(instance_id)  # its status is the new row's now (Pending)
         return instance_id
 
     def terminate(self, instance_id: str, reason: str) -> None:
@@ -68,7 +80,7 @@ class TaskHubClient:
         if state["status"] in TERMINAL:
             raise InstanceFinished(f"Instance '{instance_id}' is already {state['status']}.")
         item = event(EXECUTION_TERMINATED, now(), Input=json.dumps(reason))
-        self._send(instance_id, event_body(instance_id, state["execution_id"], item))
+        self.send(instance_id, event_body(instance_id, state["execution_id"], item))
 
     def list_instances(
         self,
@@ -84,8 +96,9 @@ class TaskHubClient:
             stored = self.store.instances()
         except ResourceNotFoundError:  # no instance has ever run in this task hub
             return []
-        with self._lock:  # an instance this host runs is newer in memory than in its row
-            states = [self._instances[s["id"]].state() if s["id"] in self._instances else s for s in stored]
+        with self.instances.lock:  # an instance this host runs is newer in memory than in its row
+            held = {inst.id: inst for inst in self.instances.all()}
+            states = [held[s["id"]].state() if s["id"] in held else s for s in stored]
         chosen = [
             s
             for s in states
@@ -103,13 +116,12 @@ class TaskHubClient:
         if self.status(instance_id) is None:
             return 0
         self.store.purge_history(instance_id)
-        with self._lock:
-            self._instances.pop(instance_id, None)
+        self.instances.pop(instance_id)
         return 1
 
     def status(self, instance_id: str) -> dict | None:
-        with self._lock:
-            inst = self._instances.get(instance_id)
+        with self.instances.lock:
+            inst = self.instances.get(instance_id)
             if inst is not None:
                 return inst.state()
         return self.store.read_state(instance_id)
@@ -119,7 +131,7 @@ class TaskHubClient:
     ) -> dict:
         """Block until the instance is finished (on whichever host runs it); returns its state."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self._lock:
+        with self.instances.lock:
             while True:
                 state = self.status(instance_id)
                 if state is not None and state["status"] in TERMINAL:
@@ -129,4 +141,4 @@ class TaskHubClient:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     raise TimeoutError(f"instance {instance_id} not finished after {timeout} s")
-                self._changed.wait(timeout=0.5 if remaining is None else min(0.5, remaining))
+                self.instances.changed.wait(timeout=0.5 if remaining is None else min(0.5, remaining))

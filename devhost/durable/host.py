@@ -17,7 +17,7 @@ from .event_sink import EventSink
 from .functions import FunctionIndex
 from .http_routes import DEFAULT_ROUTE_PREFIX, HttpRoutes
 from .limits import MemoryWatchdog, recycle
-from .partitions import PROVIDER_LEASE, LeaseTimings, partition_of
+from .partitions import PROVIDER_LEASE, LeaseTimings
 from .queues import queue_service
 from .rpc import DurableHttpApi
 from .store import DEFAULT_PARTITION_COUNT, HistoryStore, events_table_name
@@ -178,7 +178,7 @@ class LocalHost:
             deliveries=self.options.deliveries,
             interval=self.options.watch_interval,
             poison_threshold=self.poison_threshold,
-            delivers=lambda key: self.engine.partitions.owns(partition_of(key, self.engine.partition_count)),
+            delivers=self.engine.partitions.owns_instance,
             decision=self.start_decision,
         )
         self._decision_log = _DecisionLog()

@@ -1,8 +1,11 @@
-"""One orchestration instance as the local host keeps it in memory, and the host's counters."""
+"""One orchestration instance as the local host keeps it in memory, the instances it holds, and
+the host's counters."""
 
 from __future__ import annotations
 
+import threading
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,6 +98,53 @@ class Instance:
             self.open.add(int(key))
         self.leaves.extend(leaves)
         self.finished_leaves.update(finished)
+
+
+class HeldInstances:
+    """The instances this host holds in memory: those of the partitions it owns, and finished ones
+    it ran or was asked about.
+
+    Its lock is the host's one lock: whatever reads or changes an instance holds it, and so does
+    any change to several parts' state at once (a partition handed on takes its instances, its
+    starts and its timers together). It is reentrant, so a part holding it may call another that
+    takes it too. ``changed`` wakes the dispatchers and the client's waiters."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.changed = threading.Condition(self.lock)
+        self._by_id: dict[str, Instance] = {}
+
+    def get(self, instance_id: str) -> Instance | None:
+        with self.lock:
+            return self._by_id.get(instance_id)
+
+    def put(self, inst: Instance) -> None:
+        with self.lock:
+            self._by_id[inst.id] = inst
+
+    def pop(self, instance_id: str) -> Instance | None:
+        with self.lock:
+            return self._by_id.pop(instance_id, None)
+
+    def all(self) -> list[Instance]:
+        with self.lock:
+            return list(self._by_id.values())
+
+    def ids(self) -> set[str]:
+        with self.lock:
+            return set(self._by_id)
+
+    def take(self, chosen: Callable[[str], bool]) -> list[Instance]:
+        """Remove and return the instances whose id is ``chosen``."""
+        with self.lock:
+            taken = [inst for key, inst in self._by_id.items() if chosen(key)]
+            for inst in taken:
+                del self._by_id[inst.id]
+        return taken
+
+    def wake(self) -> None:
+        with self.lock:
+            self.changed.notify_all()
 
 
 @dataclass

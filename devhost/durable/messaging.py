@@ -1,19 +1,23 @@
-"""How the host's messages travel (mixed into :class:`devhost.durable.engine.Engine`).
+"""How the host's messages travel.
 
 A control message (an instance's start, a task's result, a due timer) goes straight into this
 host's memory when the host owns the instance's partition, else into the partition's control
 queue. An activity starts at once on the host that scheduled it when one of its slots is free
 (what a host with a free slot would do with the work item anyway, without the queue's round
 trips), else it goes to the shared work-item queue, which any host with a free slot reads. What
-runs or waits only in a host's memory is sent again by the next owner if that host dies. What a message carries is kept until what it led to is committed; then it is
-deleted, and one that shows up again is dropped as a duplicate. Sends that meet a storage fault
-are tried again until they land (:class:`devhost.durable.work.HostBackoff`): nothing is dropped.
+runs or waits only in a host's memory is sent again by the next owner if that host dies. What a
+message carries is kept until what it led to is committed; then it is deleted, and one that
+shows up again is dropped as a duplicate. Sends that meet a storage fault are tried again until
+they land (:class:`devhost.durable.work.HostBackoff`): nothing is dropped.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from .history import (
     EXECUTION_TERMINATED,
@@ -25,15 +29,23 @@ from .history import (
     now,
     parse_iso,
 )
-from .instance import Instance, new_execution_id
-from .partitions import partition_of
+from .instance import EngineStats, HeldInstances, Instance, new_execution_id
+from .partitions import PartitionManager
 from .queues import Received
-from .work import StartMessage
+from .store import HistoryStore
+from .work import ActivityRunner, HostBackoff, StartMessage
+
+if TYPE_CHECKING:
+    from .dispatch import EpisodeQueue
 
 logger = logging.getLogger(__name__)
 
 #: What a work item carries, in ActivityRunner.submit's order.
 WORK_ITEM_FIELDS = ("instance_id", "execution_id", "task_id", "name", "input_json")
+
+#: A message to send: ``("work", body)`` for the work-item queue, ``("control", instance id,
+#: body, delay)`` for an instance's partition; None stands for nothing to send.
+Outbound = tuple | None
 
 
 def start_body(message: StartMessage) -> dict:
@@ -45,25 +57,50 @@ def event_body(instance_id: str, execution_id: str, item: dict) -> dict:
 
 
 class Messaging:
-    """Routing, acceptance and sending of the task hub's messages; uses the engine's lock,
-    instances, queues and partition manager."""
+    """Routing, acceptance and sending of one host's messages on the task hub: starts and events
+    accepted here go to the :class:`EpisodeQueue`, work items to the :class:`ActivityRunner` (or
+    the shared queue), everything for another host's partition to that partition's queue.
+    ``later`` schedules a held timer, ``wake_work_items`` wakes this host's work-item reader."""
 
-    def partition(self, instance_id: str) -> int:
-        return partition_of(instance_id, self.partition_count)
+    def __init__(
+        self,
+        instances: HeldInstances,
+        queue: EpisodeQueue,
+        partitions: PartitionManager,
+        store: HistoryStore,
+        activities: ActivityRunner,
+        *,
+        backoff: HostBackoff,
+        later: Callable[[float, Callable[[], None]], None],
+        wake_work_items: Callable[[], None],
+        stats: EngineStats,
+        duplicate_activities: bool = False,
+    ):
+        self.instances, self.queue, self.partitions = instances, queue, partitions
+        self.store, self.queues, self.activities = store, store.queues, activities
+        self.backoff, self.later, self.wake_work_items = backoff, later, wake_work_items
+        self.stats, self.duplicate_activities = stats, duplicate_activities
+        #: Timer messages for owned partitions held in memory until due: key -> (partition, due, body).
+        self._held: dict[int, tuple[int, float, dict]] = {}
+        self._held_keys = itertools.count()
 
-    def _send(self, instance_id: str, body: dict, delay: float = 0.0) -> None:
+    def _count(self, stat: str) -> None:
+        with self.instances.lock:
+            setattr(self.stats, stat, getattr(self.stats, stat) + 1)
+
+    def send(self, instance_id: str, body: dict, delay: float = 0.0) -> None:
         """A control message for an instance: straight into this host's memory when it owns the
         instance's partition (a timer waits there until due), else into the partition's queue.
         A send that meets a storage fault is tried again until it lands: nothing is dropped."""
-        partition = self.partition(instance_id)
+        partition = self.partitions.partition_for(instance_id)
         if self.partitions.owns(partition):
             if delay > 0:
-                key = next(self._timer_seq)
-                with self._lock:
+                key = next(self._held_keys)
+                with self.instances.lock:
                     self._held[key] = (partition, time.monotonic() + delay, body)
                 self.later(delay, lambda: self._release_held(key))
             else:
-                self._accept(body, None)
+                self.accept(body, None)
             return
         self.backoff.call(
             f"send to partition {partition}",
@@ -72,39 +109,43 @@ class Messaging:
         )
 
     def _release_held(self, key: int) -> None:
-        with self._lock:
+        with self.instances.lock:
             held = self._held.pop(key, None)
         if held is not None:
-            self._accept(held[2], None)
+            self.accept(held[2], None)
 
-    def _accept(self, body: dict, receipt: Received | None) -> None:
+    def take_held(self, partition: int) -> list[tuple[float, dict]]:
+        """Remove the timers held in memory for ``partition``: (monotonic due time, message) each."""
+        with self.instances.lock:
+            keys = [key for key, held in self._held.items() if held[0] == partition]
+            return [self._held.pop(key)[1:] for key in keys]
+
+    def accept(self, body: dict, receipt: Received | None) -> None:
         """One control message, from this host's memory or from a control queue."""
         instance_id = body["instance_id"]
-        if not self.partitions.owns(self.partition(instance_id)):
-            self._forward(body, receipt)  # read just before the partition went to another host
+        if not self.partitions.owns_instance(instance_id):
+            self.forward(body, receipt)  # read just before the partition went to another host
             return
         if body["type"] == "start":
             fields = {k: v for k, v in body.items() if k != "type"}
-            with self._lock:
-                self._starts.append((StartMessage(**fields), receipt))
-                self._changed.notify_all()
+            self.queue.queue_start(StartMessage(**fields), receipt)
             return
         item = body["item"]
         if item["EventType"] == TIMER_FIRED:
             early = (parse_iso(item["FireAt"]) - now()).total_seconds()
             if early > 1.0:  # a timer longer than the queue's longest delay: wait again
-                self._send(instance_id, body, delay=early)
-                self._delete(receipt)
+                self.send(instance_id, body, delay=early)
+                self.delete(receipt)
                 return
             item = {**item, "Timestamp": iso(now())}
         self.deliver(instance_id, body["execution_id"], item, receipt)
 
-    def _forward(self, body: dict, receipt: Received | None) -> None:
-        self._send(body["instance_id"], body)
-        self._delete(receipt)
+    def forward(self, body: dict, receipt: Received | None) -> None:
+        self.send(body["instance_id"], body)
+        self.delete(receipt)
         self._count("messages_forwarded")
 
-    def _delete(self, receipt: Received | None) -> None:
+    def delete(self, receipt: Received | None) -> None:
         """Delete a consumed message. If this fails it shows up again and is dropped as a duplicate."""
         if receipt is None:
             return
@@ -115,8 +156,8 @@ class Messaging:
 
     def deliver(self, instance_id: str, execution_id: str, item: dict, receipt: Received | None = None) -> None:
         """A completion message for one execution of an instance."""
-        with self._lock:
-            inst = self._instances.get(instance_id)
+        with self.instances.lock:
+            inst = self.instances.get(instance_id)
             task_id = completion_task_id(item)
             if inst is not None and inst.execution_id != execution_id:
                 # DTFx: "ExecutionId of event does not match current executionId" -- dropped.
@@ -127,7 +168,7 @@ class Messaging:
                 # as it would in the control queue behind the ExecutionStarted message.
                 self.later(0.2, lambda: self._terminate_later(instance_id, execution_id, item, receipt))
                 return
-            elif item["EventType"] == EXECUTION_TERMINATED and inst.status not in TERMINAL:
+            elif item["EventType"] == EXECUTION_TERMINATED and inst is not None and inst.status not in TERMINAL:
                 accepted = self._queue_event(inst, item, receipt)
             elif inst is None or inst.status in TERMINAL or task_id in inst.delivered or task_id not in inst.open:
                 # A second execution of an at-least-once activity (possibly landing after the
@@ -138,48 +179,49 @@ class Messaging:
                 inst.delivered.add(task_id)
                 accepted = self._queue_event(inst, item, receipt)
         if not accepted:
-            self._delete(receipt)
+            self.delete(receipt)
 
     def _terminate_later(self, instance_id: str, execution_id: str, item: dict, receipt: Received | None) -> None:
         """A terminate that came before its instance's start ran: delivered once the start has
         run, dropped if that execution is gone or already finished (read from storage, not
-        under the engine lock)."""
+        under the host's lock)."""
         state = self.store.read_state(instance_id)
         if state is None or state.get("execution_id") != execution_id or state["status"] in TERMINAL:
-            self._delete(receipt)
+            self.delete(receipt)
             return
-        self._accept(event_body(instance_id, execution_id, item), receipt)
+        self.accept(event_body(instance_id, execution_id, item), receipt)
 
     def _queue_event(self, inst: Instance, item: dict, receipt: Received | None) -> bool:
-        """Hold an accepted message for the instance's next episode (under the engine lock)."""
+        """Hold an accepted message for the instance's next episode (under the host's lock)."""
         if not inst.pending:
             inst.pending_since = time.monotonic()
         inst.pending.append(item)
         if receipt is not None:
             inst.receipts.append(receipt)
-        self._mark_ready(inst.id)
+        self.queue.mark_ready(inst.id)
         return True
 
-    def _activity_outcome(self, instance_id: str, execution_id: str, item: dict, token: object) -> None:
+    def activity_outcome(self, instance_id: str, execution_id: str, item: dict, token: Received | None) -> None:
         """An activity's result reaches its instance's partition before its work item goes."""
-        self._send(instance_id, event_body(instance_id, execution_id, item))
-        self._delete(token)
+        self.send(instance_id, event_body(instance_id, execution_id, item))
+        self.delete(token)
 
-    def _take_work_item(self, body: dict, received: Received) -> None:
-        self.activities.submit(*(body[k] for k in WORK_ITEM_FIELDS), received)
+    def take_work_item(self, body: dict, received: Received) -> None:
+        instance_id, execution_id, task_id, name, input_json = (body[k] for k in WORK_ITEM_FIELDS)
+        self.activities.submit(instance_id, execution_id, task_id, name, input_json, received)
 
     def _send_work_item(self, body: dict) -> None:
         self.backoff.call("send a work item", lambda: self.queues.send_work_item(body), lambda: False)
         self._count("work_items_sent")
-        self.work_items.wake()  # this host's free slots need not wait for the next poll
+        self.wake_work_items()  # this host's free slots need not wait for the next poll
 
-    def _crowded(self) -> None:
+    def crowded(self) -> None:
         """Another host is on the task hub (or this one stops): the activities kept here for a
         slot go to the shared queue, for whichever host has a slot free first."""
         for task in self.activities.take_waiting():
             self._send_work_item({"type": "activity", **dict(zip(WORK_ITEM_FIELDS, task, strict=True))})
 
-    def _work_for(self, inst: Instance, task_id: int, meta: dict) -> list[tuple]:
+    def work_for(self, inst: Instance, task_id: int, meta: dict) -> list[Outbound]:
         """The messages that carry out one scheduled task: ``("work", body)`` for the work-item
         queue, ``("control", instance, body, delay)`` for an instance's partition."""
         if meta["kind"] == "activity":
@@ -196,7 +238,7 @@ class Messaging:
             return [("control", meta["instance_id"], start_body(start), 0.0)]
         return []
 
-    def _send_all(self, outbound: list[tuple | None]) -> None:
+    def send_all(self, outbound: list[Outbound]) -> None:
         for message in outbound:
             if message is None:
                 continue
@@ -211,4 +253,4 @@ class Messaging:
                 self._send_work_item(body)
             else:
                 _, instance_id, body, delay = message
-                self._send(instance_id, body, delay)
+                self.send(instance_id, body, delay)

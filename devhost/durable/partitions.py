@@ -138,6 +138,13 @@ class PartitionManager:
             good_until = self._owned.get(partition)
             return good_until is not None and partition not in self._draining and time.monotonic() < good_until
 
+    def partition_for(self, instance_id: str) -> int:
+        return partition_of(instance_id, self.partitions)
+
+    def owns_instance(self, instance_id: str) -> bool:
+        """This host may run the instance's episodes now (see :meth:`owns`)."""
+        return self.owns(self.partition_for(instance_id))
+
     def alone(self) -> bool:
         """No other host was on the task hub at the last loop (see the module's "Presence")."""
         return self._alone

@@ -1,16 +1,16 @@
-"""The progress watchdog (mixed into :class:`devhost.durable.engine.Engine`): a job that stops
-making progress is reported, whatever becomes of stderr.
+"""The progress watch: a job that stops making progress is reported, whatever becomes of stderr.
 
 A job is a top-level instance (one no parent started) that is Pending or Running; its progress
 is the last episode committed by it or by any instance below it (its batches and groups, their
 children), since an episode is the only way its history or custom status can move. When none
-has been committed for :attr:`Engine.stall_report_s`, the host logs an ERROR naming the job
+has been committed for the bound (``Engine(stall_report_s=...)``), the host logs an ERROR naming the job
 (``job_id`` in the record's fields, as the app's own records carry it) and counts it
 (``stats.stalled_jobs_reported``), and again each time the bound passes while it lasts.
 
 The bound's default is the longest a job can legitimately stay quiet: one activity running
 alone up to the function timeout, its worker restart's grace, and the margin after which the
-host's watchdog sends an unanswered task again (:data:`QUIET_ACTIVITY_MARGIN_S`); anything
+host's watchdog sends an unanswered task again
+(:func:`devhost.durable.watchdog.quiet_activity_bound`); anything
 quieter than that is a job nobody runs. Not the real host's: the Durable extension has no such
 report (docs/local-host.md, "Several hosts on one task hub", the watchdog).
 """
@@ -21,19 +21,18 @@ import json
 import logging
 import time
 
-from .handover import QUIET_ACTIVITY_MARGIN_S
 from .history import PENDING, RUNNING, now, parse_iso
-from .work import TIMEOUT_GRACE_S
+from .instance import EngineStats, HeldInstances
+from .partitions import PartitionManager
+from .store import HistoryStore
+from .watchdog import quiet_activity_bound
 
 logger = logging.getLogger(__name__)
-
-#: The function timeout the bound assumes when the host has none (host.json's: 10 minutes).
-DEFAULT_FUNCTION_TIMEOUT_S = 600.0
 
 
 def default_stall_bound(function_timeout: float | None) -> float:
     """Seconds without a committed episode in a job's family after which it is reported."""
-    return (function_timeout or DEFAULT_FUNCTION_TIMEOUT_S) + TIMEOUT_GRACE_S + QUIET_ACTIVITY_MARGIN_S
+    return quiet_activity_bound(function_timeout)
 
 
 def _family_last_change(job: dict, states: list[dict]) -> str:
@@ -52,24 +51,37 @@ def _family_last_change(job: dict, states: list[dict]) -> str:
 
 
 class ProgressWatch:
-    """Reports the jobs of this host's partitions that make no progress; uses the engine's lock,
-    instances, store, partition manager, stats and ``stall_report_s``."""
+    """Reports the jobs of this host's partitions that make no progress for ``bound`` seconds."""
+
+    def __init__(
+        self,
+        instances: HeldInstances,
+        partitions: PartitionManager,
+        store: HistoryStore,
+        *,
+        stats: EngineStats,
+        bound: float,
+    ):
+        self.instances, self.partitions, self.store, self.stats = instances, partitions, store, stats
+        self.bound = bound
+        #: Jobs reported as making no progress: id -> time.monotonic() of the last report.
+        self._reported: dict[str, float] = {}
 
     def report_stalled_jobs(self) -> list[str]:
         """One look: the ids of the jobs reported now."""
-        bound = self.stall_report_s
+        bound = self.bound
         moment = now()
         owned = set(self.partitions.owned())
-        with self._lock:
+        with self.instances.lock:
             quiet = [
                 inst.state()
-                for inst in self._instances.values()
+                for inst in self.instances.all()
                 if inst.parent is None
                 and inst.status in (PENDING, RUNNING)
-                and self.partition(inst.id) in owned
+                and self.partitions.partition_for(inst.id) in owned
                 and (moment - parse_iso(inst.updated)).total_seconds() > bound
             ]
-            self._stall_reported = {k: v for k, v in self._stall_reported.items() if k in {q["id"] for q in quiet}}
+            self._reported = {k: v for k, v in self._reported.items() if k in {q["id"] for q in quiet}}
         if not quiet:
             return []
         # Only when a job itself has been quiet that long: its children may be in any partition,
@@ -79,10 +91,10 @@ class ProgressWatch:
         for job in quiet:
             last = _family_last_change(job, states)
             silent = (moment - parse_iso(last)).total_seconds()
-            since = self._stall_reported.get(job["id"])
+            since = self._reported.get(job["id"])
             if silent <= bound or (since is not None and time.monotonic() - since < bound):
                 continue
-            self._stall_reported[job["id"]] = time.monotonic()
+            self._reported[job["id"]] = time.monotonic()
             reported.append(job["id"])
             logger.error(
                 "job %s has made no progress for %.0f s (%s, %d episode(s), last change %s, custom status %s): "
@@ -97,6 +109,6 @@ class ProgressWatch:
                 extra={"job_id": job["id"]},
             )
         if reported:
-            with self._lock:
+            with self.instances.lock:
                 self.stats.stalled_jobs_reported += len(reported)
         return reported

@@ -36,95 +36,12 @@ CONTINUATION_HEADER = "x-ms-continuation-token"
 
 
 class DurableHttpApi:
+    """The extension's HTTP API for one engine, on 127.0.0.1 at a free port."""
+
     def __init__(self, engine: Engine, hub: str):
         self.engine = engine
         self.hub = hub
-        api = self
-
-        class Handler(QuietHandler):
-            def _reply(self, status: int, body: object | None, headers: dict | None = None) -> None:
-                data = b"" if body is None else json.dumps(body).encode()
-                self.answer(status, {"Content-Type": "application/json", **(headers or {})}, data)
-
-            def do_POST(self):
-                url = urlsplit(self.path)
-                terminate = _TERMINATE.match(url.path)
-                if terminate:
-                    return self._terminate(unquote(terminate.group(1)), parse_qs(url.query))
-                match = _START.match(url.path)
-                if not match:
-                    return self._reply(404, None)
-                name, instance_id = unquote(match.group(1)), unquote(match.group(2) or "")
-                length = int(self.headers.get("Content-Length") or 0)
-                raw = self.rfile.read(length) if length else b""
-                body = json.loads(raw) if raw else None
-                # The client posts the input already serialised (df_dumps), as a JSON string.
-                input_json = body if isinstance(body, str) or body is None else json.dumps(body)
-                try:
-                    api.engine.start_new(name, instance_id, input_json=input_json)
-                except (FunctionNotFound, InvalidInstanceId) as exc:
-                    return self._reply(400, {"Message": "Bad request", "ExceptionMessage": str(exc)})
-                except InstanceAlreadyExists as exc:
-                    return self._reply(500, {"Message": "An error has occurred.", "ExceptionMessage": str(exc)})
-                return self._reply(202, {"id": instance_id, **api.management_urls(instance_id)})
-
-            def _terminate(self, instance_id: str, query: dict) -> None:
-                """HandleTerminateInstanceRequestAsync: 404 unknown, 410 finished, else 202."""
-                try:
-                    api.engine.terminate(instance_id, (query.get("reason") or [""])[0])
-                except InstanceNotFound:
-                    return self._reply(404, None)
-                except InstanceFinished:
-                    return self._reply(410, None)
-                return self._reply(202, None)
-
-            def _list(self, query: dict) -> None:
-                """HandleGetStatusRequestAsync without an id: one page, oldest first, and the
-                continuation token of the next page in a header (absent on the last page)."""
-                statuses = tuple(s for v in query.get("runtimeStatus", []) for s in v.split(",") if s)
-                states = api.engine.list_instances(
-                    created_from=_iso_param(query, "createdTimeFrom"),
-                    created_to=_iso_param(query, "createdTimeTo"),
-                    statuses=statuses,
-                    prefix=(query.get("instanceIdPrefix") or [None])[0],
-                )
-                top = int((query.get("top") or [DEFAULT_PAGE_SIZE])[0])
-                start = int(self.headers.get(CONTINUATION_HEADER) or 0)
-                page = states[start : start + top]
-                headers = {CONTINUATION_HEADER: str(start + top)} if start + top < len(states) else {}
-                show_input = (query.get("showInput") or ["true"])[0].lower() == "true"
-                return self._reply(200, [api.status_json(s, show_input) for s in page], headers)
-
-            def do_DELETE(self):
-                """HandleDeleteHistoryByIdRequestAsync: 404 unknown, else 200 with the purge result."""
-                match = _STATUS.match(urlsplit(self.path).path)
-                if not match:
-                    return self._reply(404, None)
-                deleted = api.engine.purge(unquote(match.group(1)))
-                if not deleted:
-                    return self._reply(404, None)
-                return self._reply(200, {"instancesDeleted": deleted})
-
-            def do_GET(self):
-                url = urlsplit(self.path)
-                if _LIST.match(url.path):
-                    return self._list(parse_qs(url.query))
-                match = _STATUS.match(url.path)
-                if not match:
-                    return self._reply(404, None)
-                state = api.engine.status(unquote(match.group(1)))
-                if state is None:
-                    return self._reply(404, None)  # the real extension answers 404 with no body
-                show_input = (parse_qs(url.query).get("showInput") or ["true"])[0].lower() == "true"
-                # HttpApiHandler: 202 while it runs; a finished one 200, also Failed unless the
-                # caller asked for returnInternalServerErrorOnFailure=true.
-                failure_is_500 = "returninternalservererroronfailure=true" in url.query.lower()
-                code = 202 if state["status"] in (PENDING, RUNNING) else 200
-                if state["status"] == FAILED and failure_is_500:
-                    code = 500
-                return self._reply(code, api.status_json(state, show_input))
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = _ApiServer(self)
         self.thread = threading.Thread(target=self.server.serve_forever, name="devhost-http", daemon=True)
 
     @property
@@ -192,3 +109,99 @@ class QuietHandler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
+
+
+class _ApiServer(ThreadingHTTPServer):
+    """The server of one :class:`DurableHttpApi`; its requests reach the API through it."""
+
+    def __init__(self, api: DurableHttpApi):
+        self.api = api
+        super().__init__(("127.0.0.1", 0), _ApiHandler)
+
+
+class _ApiHandler(QuietHandler):
+    """One request to the extension's HTTP API: start, status, list, terminate, purge."""
+
+    server: _ApiServer
+
+    def _reply(self, status: int, body: object | None, headers: dict | None = None) -> None:
+        data = b"" if body is None else json.dumps(body).encode()
+        self.answer(status, {"Content-Type": "application/json", **(headers or {})}, data)
+
+    def do_POST(self):
+        url = urlsplit(self.path)
+        terminate = _TERMINATE.match(url.path)
+        if terminate:
+            return self._terminate(unquote(terminate.group(1)), parse_qs(url.query))
+        match = _START.match(url.path)
+        if not match:
+            return self._reply(404, None)
+        name, instance_id = unquote(match.group(1)), unquote(match.group(2) or "")
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        body = json.loads(raw) if raw else None
+        # The client posts the input already serialised (df_dumps), as a JSON string.
+        input_json = body if isinstance(body, str) or body is None else json.dumps(body)
+        try:
+            self.server.api.engine.start_new(name, instance_id, input_json=input_json)
+        except (FunctionNotFound, InvalidInstanceId) as exc:
+            return self._reply(400, {"Message": "Bad request", "ExceptionMessage": str(exc)})
+        except InstanceAlreadyExists as exc:
+            return self._reply(500, {"Message": "An error has occurred.", "ExceptionMessage": str(exc)})
+        return self._reply(202, {"id": instance_id, **self.server.api.management_urls(instance_id)})
+
+    def _terminate(self, instance_id: str, query: dict) -> None:
+        """HandleTerminateInstanceRequestAsync: 404 unknown, 410 finished, else 202."""
+        try:
+            self.server.api.engine.terminate(instance_id, (query.get("reason") or [""])[0])
+        except InstanceNotFound:
+            return self._reply(404, None)
+        except InstanceFinished:
+            return self._reply(410, None)
+        return self._reply(202, None)
+
+    def _list(self, query: dict) -> None:
+        """HandleGetStatusRequestAsync without an id: one page, oldest first, and the
+        continuation token of the next page in a header (absent on the last page)."""
+        statuses = tuple(s for v in query.get("runtimeStatus", []) for s in v.split(",") if s)
+        states = self.server.api.engine.list_instances(
+            created_from=_iso_param(query, "createdTimeFrom"),
+            created_to=_iso_param(query, "createdTimeTo"),
+            statuses=statuses,
+            prefix=(query.get("instanceIdPrefix") or [None])[0],
+        )
+        top = int((query.get("top") or [DEFAULT_PAGE_SIZE])[0])
+        start = int(self.headers.get(CONTINUATION_HEADER) or 0)
+        page = states[start : start + top]
+        headers = {CONTINUATION_HEADER: str(start + top)} if start + top < len(states) else {}
+        show_input = (query.get("showInput") or ["true"])[0].lower() == "true"
+        return self._reply(200, [self.server.api.status_json(s, show_input) for s in page], headers)
+
+    def do_DELETE(self):
+        """HandleDeleteHistoryByIdRequestAsync: 404 unknown, else 200 with the purge result."""
+        match = _STATUS.match(urlsplit(self.path).path)
+        if not match:
+            return self._reply(404, None)
+        deleted = self.server.api.engine.purge(unquote(match.group(1)))
+        if not deleted:
+            return self._reply(404, None)
+        return self._reply(200, {"instancesDeleted": deleted})
+
+    def do_GET(self):
+        url = urlsplit(self.path)
+        if _LIST.match(url.path):
+            return self._list(parse_qs(url.query))
+        match = _STATUS.match(url.path)
+        if not match:
+            return self._reply(404, None)
+        state = self.server.api.engine.status(unquote(match.group(1)))
+        if state is None:
+            return self._reply(404, None)  # the real extension answers 404 with no body
+        show_input = (parse_qs(url.query).get("showInput") or ["true"])[0].lower() == "true"
+        # HttpApiHandler: 202 while it runs; a finished one 200, also Failed unless the
+        # caller asked for returnInternalServerErrorOnFailure=true.
+        failure_is_500 = "returninternalservererroronfailure=true" in url.query.lower()
+        code = 202 if state["status"] in (PENDING, RUNNING) else 200
+        if state["status"] == FAILED and failure_is_500:
+            code = 500
+        return self._reply(code, self.server.api.status_json(state, show_input))
