@@ -1,39 +1,28 @@
-"""Clients and settings for activities, built once per process from the app settings."""
+"""Clients and settings for activities, built once per process from the app settings: the
+upload's container and the stores every job step takes (:class:`tilecommit.stores.JobStores`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
 
-from azure.data.tables import TableClient
 from azure.storage.blob import ContainerClient
 
 from tilecommit import gates
 from tilecommit.settings import Settings, connection_fingerprint
-from tilecommit.spec import spec_of
 from tilecommit.storage import StorageConnection
+from tilecommit.stores import JobStores
 
 
 @dataclass(frozen=True)
 class ActivityContext:
-    settings: Settings
     connection: StorageConnection
     input: ContainerClient
-    tiles: ContainerClient
-    output: ContainerClient
-    manifest: TableClient
+    stores: JobStores
 
-    def mosaic_inputs(self, job: dict) -> dict:
-        """What every mosaic step (assemble, verify, rebuild) takes besides the job id and the
-        scene: the job's stores, settings, output spec and source name."""
-        return {
-            "tiles": self.tiles,
-            "output": self.output,
-            "manifest": self.manifest,
-            "settings": self.settings,
-            "spec": spec_of(job),
-            "source_name": job["blob"],
-        }
+    @property
+    def settings(self) -> Settings:
+        return self.stores.settings
 
 
 @lru_cache(maxsize=4)
@@ -47,12 +36,14 @@ def _context_for(connection_key: str, settings: Settings) -> ActivityContext:
     gated_blobs = connection.blob_service(**gates.SINGLE_PUT_CLIENT_OPTIONS)
     tables = connection.table_service()
     return ActivityContext(
-        settings=settings,
         connection=connection,
         input=blobs.get_container_client(settings.input_container),
-        tiles=gated_blobs.get_container_client(settings.tiles_container),
-        output=blobs.get_container_client(settings.output_container),
-        manifest=tables.get_table_client(settings.manifest_table),
+        stores=JobStores(
+            tiles=gated_blobs.get_container_client(settings.tiles_container),
+            output=blobs.get_container_client(settings.output_container),
+            manifest=tables.get_table_client(settings.manifest_table),
+            settings=settings,
+        ),
     )
 
 

@@ -2,9 +2,10 @@
 activity, or planned, staged in shares and committed: :mod:`tilecommit.raster.assembly.shares`), and
 publish the job's completion event (:mod:`tilecommit.events`) once it ended.
 
-Each reads what decides its outputs (the window grid, the block size, the profile) from the
-job's output spec, never from the app settings (see :mod:`tilecommit.spec`); the settings give
-it the containers, the table and GDAL's limits.
+Each reads its input's job as a :class:`tilecommit.jobs.Job` (the orchestrations carry it as a
+dict) and what decides its outputs (the window grid, the block size, the profile) from the job's
+output spec, never from the app settings (see :mod:`tilecommit.spec`); the settings give it the
+containers, the table and GDAL's limits (:class:`tilecommit.stores.JobStores`).
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from contextlib import contextmanager
 from tilecommit import cost, events, jobs, raster
 from tilecommit.errors import BadInputError, CorruptTileError, InvalidRasterError, error_value, is_retryable
 from tilecommit.grid import Window
+from tilecommit.jobs import Job
 from tilecommit.raster.assembly import shares as split
 from tilecommit.raster.gdal_errors import job_messages
-from tilecommit.spec import spec_of
 from tilecommit.storage import readable_blob_name
 
 from .context import ActivityContext, activity_context
@@ -26,27 +27,27 @@ from .context import ActivityContext, activity_context
 logger = logging.getLogger(__name__)
 
 
-def pinned_upload(ctx: ActivityContext, job: dict) -> raster.PinnedBlob:
+def pinned_upload(ctx: ActivityContext, job: Job) -> raster.PinnedBlob:
     """The job's upload at the job's version: every read of it carries ``If-Match`` with the job's ETag.
 
     The job id names one version (URL + ETag) of the upload; the service refuses to serve any
     other (:class:`~tilecommit.errors.SourceChangedError`, naming both ETags). An overwritten
     upload has a job of its own.
     """
-    return raster.PinnedBlob(ctx.input.get_blob_client(readable_blob_name(job["blob"])), job["etag"])
+    return raster.PinnedBlob(ctx.input.get_blob_client(readable_blob_name(job.blob)), job.etag)
 
 
 @contextmanager
-def reading_own_tiles(job: dict) -> Iterator[None]:
+def reading_own_tiles(job_id: str) -> Iterator[None]:
     """Work that reads the job's tiles back: they are its own output, checked when written, so
     one that cannot be decoded is storage's fault (a short or damaged read), never the upload's."""
     try:
         yield
     except InvalidRasterError as exc:
-        raise CorruptTileError(f"job {job['job_id']}: a tile cannot be read back as written: {exc}") from exc
+        raise CorruptTileError(f"job {job_id}: a tile cannot be read back as written: {exc}") from exc
 
 
-def run_activity(name: str, job: dict, work: Callable[[], dict], *, window: str | None = None) -> dict:
+def run_activity(name: str, job_id: str, work: Callable[[], dict], *, window: str | None = None) -> dict:
     """``work()``'s result, or its non-retryable error as ``{"error": error_value(...)}``.
 
     The one contract of every activity: a retryable fault is raised (the orchestrator's retry
@@ -54,51 +55,44 @@ def run_activity(name: str, job: dict, work: Callable[[], dict], *, window: str 
     with its message, without burning a retry.
     """
     try:
-        with job_messages(job["job_id"]):
+        with job_messages(job_id):
             return work()
     except Exception as exc:
         if is_retryable(exc):
-            logger.warning(
-                "job %s: %s%s: retryable fault: %s", job["job_id"], name, f" {window}" if window else "", exc
-            )
+            logger.warning("job %s: %s%s: retryable fault: %s", job_id, name, f" {window}" if window else "", exc)
             raise
-        logger.warning("job %s: %s%s failed for good: %s", job["job_id"], name, f" {window}" if window else "", exc)
+        logger.warning("job %s: %s%s failed for good: %s", job_id, name, f" {window}" if window else "", exc)
         return {"error": error_value(exc, window=window)}
 
 
 def validate_source(job: dict) -> dict:
-    """Inspect the upload; ``{"scene": ...}`` or ``{"error": {"kind", "type", "message", "window"}}``."""
-    ctx = activity_context()
+    """Inspect the upload of the job ``job`` (its payload: the binding names the input so);
+    ``{"scene": ...}`` or ``{"error": {"kind", "type", "message", "window"}}``."""
+    return _validate(Job.from_dict(job), activity_context())
 
+
+def _validate(job: Job, ctx: ActivityContext) -> dict:
     def work() -> dict:
-        if job.get("profile_error"):  # the upload's metadata names a profile this build cannot make
-            raise BadInputError(job["profile_error"])
-        upload, spec = pinned_upload(ctx, job), spec_of(job)
-        scene = raster.inspect_source(upload, settings=ctx.settings, spec=spec)
+        if job.profile_error:  # the upload's metadata names a profile this build cannot make
+            raise BadInputError(job.profile_error)
+        upload = pinned_upload(ctx, job)
+        scene = raster.inspect_source(upload, settings=ctx.settings, spec=job.spec)
         # The assembly's temporary disk, from the scene's numbers (the reading room cannot count the mosaic's levels).
-        raster.check_temporary_disk(upload.name, scene, spec)
+        raster.check_temporary_disk(upload.name, scene, job.spec)
         return {"scene": scene.to_dict()}
 
-    return run_activity("validate_source", job, work)
+    return run_activity("validate_source", job.job_id, work)
 
 
 def render_tile(payload: dict) -> dict:
     """Render, commit and record one window; returns its outcome (never pixel data) or its error."""
-    job, window = payload["job"], Window.from_dict(payload["window"])
+    job, window = Job.from_dict(payload["job"]), Window.from_dict(payload["window"])
     ctx = activity_context()
 
     def work() -> dict:
-        return raster.render_tile(
-            pinned_upload(ctx, job),
-            window,
-            job_id=job["job_id"],
-            tiles=ctx.tiles,
-            manifest=ctx.manifest,
-            settings=ctx.settings,
-            spec=spec_of(job),
-        ).to_dict()
+        return raster.render_tile(job, ctx.stores, pinned_upload(ctx, job), window).to_dict()
 
-    result = run_activity("render_tile", job, work, window=window.id)
+    result = run_activity("render_tile", job.job_id, work, window=window.id)
     return {"window": window.id, **result}
 
 
@@ -114,16 +108,16 @@ def assemble_mosaic(payload: dict) -> dict:
     ``payload["usage"]`` and ``["tile_bytes"]``: what the job used before (added up by the
     orchestration) and its tiles' bytes, for the cost the STAC item records.
     """
-    job, scene = payload["job"], raster.SceneInfo.from_dict(payload["scene"])
+    job, scene = Job.from_dict(payload["job"]), raster.SceneInfo.from_dict(payload["scene"])
     shares = split.StagedShares.from_dict(payload["shares"]) if payload.get("shares") else None
     ctx = activity_context()
 
     def work() -> dict:
-        with reading_own_tiles(job):
+        with reading_own_tiles(job.job_id):
             result = raster.assemble_mosaic(
-                job["job_id"],
+                job,
+                ctx.stores,
                 scene,
-                **ctx.mosaic_inputs(job),
                 shares=shares,
                 cost=lambda: cost.estimate_so_far(
                     payload.get("usage"),
@@ -134,7 +128,7 @@ def assemble_mosaic(payload: dict) -> dict:
         summary = result.to_dict()
 
         def url(name: str) -> str:
-            return ctx.output.get_blob_client(name).url
+            return ctx.stores.output.get_blob_client(name).url
 
         summary.update(
             mosaic_url=url(result.mosaic),
@@ -143,41 +137,37 @@ def assemble_mosaic(payload: dict) -> dict:
         )
         return summary
 
-    return run_activity("assemble_mosaic", job, work)
+    return run_activity("assemble_mosaic", job.job_id, work)
 
 
 def plan_mosaic_shares(payload: dict) -> dict:
     """Plan the split staging of the mosaic: ``{"shares": StagedShares}``, or ``{"single": why}``
     when one activity assembles it."""
-    job, scene = payload["job"], raster.SceneInfo.from_dict(payload["scene"])
+    job, scene = Job.from_dict(payload["job"]), raster.SceneInfo.from_dict(payload["scene"])
     ctx = activity_context()
 
     def work() -> dict:
-        with reading_own_tiles(job):
-            planned = split.plan_shares(
-                job["job_id"],
-                scene,
-                tiles=ctx.tiles,
-                output=ctx.output,
-                manifest=ctx.manifest,
-                spec=spec_of(job),
-                share_bytes=payload["share_bytes"],
-            )
+        with reading_own_tiles(job.job_id):
+            planned = split.plan_shares(job, ctx.stores, scene, share_bytes=payload["share_bytes"])
         return {"single": planned} if isinstance(planned, str) else {"shares": planned.to_dict()}
 
-    return run_activity("plan_mosaic_shares", job, work)
+    return run_activity("plan_mosaic_shares", job.job_id, work)
 
 
 def stage_mosaic_share(payload: dict) -> dict:
     """Stage share ``payload["share"]`` of the planned ranges. Safe to run any number of times,
     at once or one after the other: every execution stages the same ids with the same bytes."""
-    job, staged, index = payload["job"], split.StagedShares.from_dict(payload["shares"]), payload["share"]
+    job, staged, index = (
+        Job.from_dict(payload["job"]),
+        split.StagedShares.from_dict(payload["shares"]),
+        payload["share"],
+    )
     ctx = activity_context()
 
     def work() -> dict:
-        return split.stage_share(job["job_id"], staged, index, tiles=ctx.tiles, output=ctx.output)
+        return split.stage_share(job, ctx.stores, staged, index)
 
-    return run_activity("stage_mosaic_share", job, work)
+    return run_activity("stage_mosaic_share", job.job_id, work)
 
 
 OUTPUT_NAMES = {"mosaic": jobs.mosaic_blob_name, "stac": jobs.stac_blob_name, "quicklook": jobs.quicklook_blob_name}
@@ -187,7 +177,7 @@ def publish_job_event(payload: dict) -> dict:
     """``payload``: ``{"job", "outcome", "started_at", "ended_at", "duration_s", "result", "error"}``
     (made by the orchestration). A completed job's event names its outputs with the ETags storage
     holds for them now; returns :class:`tilecommit.events.PublishResult` as a dict."""
-    job = payload["job"]
+    job = Job.from_dict(payload["job"])
     ctx = activity_context()
 
     def work() -> dict:
@@ -195,7 +185,7 @@ def publish_job_event(payload: dict) -> dict:
         outputs = {}
         if payload["outcome"] == "completed" and publishing:  # read only for an event that goes out
             for name, blob_name in OUTPUT_NAMES.items():
-                blob = ctx.output.get_blob_client(blob_name(job["job_id"]))
+                blob = ctx.stores.output.get_blob_client(blob_name(job.job_id))
                 outputs[name] = {"url": blob.url, "etag": blob.get_blob_properties().etag.strip('"')}
         tile_bytes = (payload.get("result") or {}).get("bytes") or 0
         used = cost.estimate(
@@ -214,11 +204,11 @@ def publish_job_event(payload: dict) -> dict:
         )
         if not publishing:
             logger.info(
-                "job %s: %s, no events endpoint set: event %s not published", job["job_id"], event["type"], event["id"]
+                "job %s: %s, no events endpoint set: event %s not published", job.job_id, event["type"], event["id"]
             )
             return events.PublishResult("not-configured", event["id"], event["type"], used).to_dict()
         events.publish(ctx.settings.events_endpoint, event, ctx.connection.credential)
-        logger.info("job %s: published %s (event %s)", job["job_id"], event["type"], event["id"])
+        logger.info("job %s: published %s (event %s)", job.job_id, event["type"], event["id"])
         return events.PublishResult("published", event["id"], event["type"], used).to_dict()
 
-    return run_activity("publish_job_event", job, work)
+    return run_activity("publish_job_event", job.job_id, work)

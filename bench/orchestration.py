@@ -28,7 +28,7 @@ def one_run(ctx: Context, windows: int, *, batch_size: int = 64, max_activities:
     from devhost.durable.queues import queue_service
     from devhost.durable.store import HistoryStore
     from orchestrators import names
-    from tilecommit.spec import spec_of
+    from tilecommit.jobs import Job
 
     from . import null_app
 
@@ -42,7 +42,7 @@ def one_run(ctx: Context, windows: int, *, batch_size: int = 64, max_activities:
     timer.wrap(engine.episodes, "run", "episode")
     timer.wrap(store, "commit_episode", "store.commit_episode")
     job = null_app.job_input(f"{windows:08x}{time.time_ns() % 16**8:08x}", windows, batch_size=batch_size)
-    window_size = spec_of(job).window_size
+    window_size = Job.from_dict(job).spec.window_size
     planned = (job["scene_width"] // window_size) * (job["scene_height"] // window_size)
     with engine:
         started = time.perf_counter()

@@ -25,6 +25,27 @@ def _clients():
     return connection, Settings.from_env(), connection.blob_service(), connection.table_service()
 
 
+def _job(job_id: str, settings, blob: str = "", url: str = "", etag: str = "", size: int = 0):
+    """The bench's job ``job_id``, made to the spec of its app settings as the starter would make it."""
+    from tilecommit.jobs import Job
+    from tilecommit.spec import OutputSpec
+
+    spec = OutputSpec.from_settings(settings)
+    return Job(job_id, blob, url, etag, size, spec, batch_size=settings.batch_size)
+
+
+def _stores(settings, blobs, tables, *, tiles_blobs=None, gdal_options=None):
+    from tilecommit.stores import JobStores
+
+    return JobStores(
+        tiles=(tiles_blobs or blobs).get_container_client(settings.tiles_container),
+        output=blobs.get_container_client(settings.output_container),
+        manifest=tables.get_table_client(settings.manifest_table),
+        settings=settings,
+        gdal_options=gdal_options,
+    )
+
+
 def imports_only() -> dict:
     """What a worker process weighs before it renders anything (interpreter, GDAL, SDKs, clients)."""
     import tilecommit.raster  # noqa: F401
@@ -39,28 +60,17 @@ def render(job_id: str, source: str, window_ids: list[str], width: int, height: 
     from tilecommit.gates import SINGLE_PUT_CLIENT_OPTIONS
     from tilecommit.grid import window_for_id
     from tilecommit.raster import PinnedBlob, render_tile
-    from tilecommit.spec import OutputSpec
 
-    connection, settings, _, tables = _clients()
-    tiles = connection.blob_service(**SINGLE_PUT_CLIENT_OPTIONS).get_container_client(settings.tiles_container)
-    manifest = tables.get_table_client(settings.manifest_table)
+    connection, settings, blobs, tables = _clients()
+    stores = _stores(settings, blobs, tables, tiles_blobs=connection.blob_service(**SINGLE_PUT_CLIENT_OPTIONS))
     upload = connection.blob_service().get_blob_client(settings.input_container, source)
-    etag = upload.get_blob_properties().etag
-    # The bench's jobs are made to the spec of its app settings, as the starter would make them.
-    spec = OutputSpec.from_settings(settings)
+    props = upload.get_blob_properties()
+    job = _job(job_id, settings, source, upload.url, props.etag.strip('"'), props.size)
     totals: dict[str, float] = {}
     nbytes = 0
     for window_id in window_ids:
-        window = window_for_id(window_id, width, height, spec.window_size)
-        result = render_tile(
-            PinnedBlob(upload, etag),
-            window,
-            job_id=job_id,
-            tiles=tiles,
-            manifest=manifest,
-            settings=settings,
-            spec=spec,
-        )
+        window = window_for_id(window_id, width, height, job.spec.window_size)
+        result = render_tile(job, stores, PinnedBlob(upload, props.etag), window)
         nbytes += result.nbytes
         for key, value in result.timings.items():
             totals[key] = totals.get(key, 0.0) + value
@@ -113,21 +123,15 @@ def assemble(job_id: str, scene_json: str, method: str) -> dict:
     "blocks", "vrt"), with the HTTP body bytes this process moved (SDK and GDAL)."""
     from tilecommit.raster import SceneInfo, assemble_mosaic
     from tilecommit.settings import Settings
-    from tilecommit.spec import OutputSpec
     from tilecommit.storage import StorageConnection
 
     connection, settings = StorageConnection.from_env(), Settings.from_env()
     bodies = HttpBodies()
     blobs, tables = connection.blob_service(**bodies.hooks()), connection.table_service(**bodies.hooks())
     result = assemble_mosaic(
-        job_id,
+        _job(job_id, settings),
+        _stores(settings, blobs, tables, gdal_options=connection.gdal_options()),
         SceneInfo.from_dict(json.loads(scene_json)),
-        tiles=blobs.get_container_client(settings.tiles_container),
-        output=blobs.get_container_client(settings.output_container),
-        manifest=tables.get_table_client(settings.manifest_table),
-        settings=settings,
-        spec=OutputSpec.from_settings(settings),
-        gdal_options=connection.gdal_options(),
         method=method,
     )
     sdk = {"requests": bodies.requests, "sent": bodies.sent, "received": bodies.received}
@@ -143,41 +147,21 @@ def assemble_in_shares(job_id: str, scene_json: str, share_bytes: str, slots: st
 
     from tilecommit.raster import SceneInfo, assemble_mosaic
     from tilecommit.raster.assembly import shares
-    from tilecommit.spec import OutputSpec
 
     connection, settings, blobs, tables = _clients()
     scene = SceneInfo.from_dict(json.loads(scene_json))
-    stores = dict(
-        tiles=blobs.get_container_client(settings.tiles_container),
-        output=blobs.get_container_client(settings.output_container),
-    )
+    job, stores = _job(job_id, settings), _stores(settings, blobs, tables, gdal_options=connection.gdal_options())
     started = time.perf_counter()
-    staged = shares.plan_shares(
-        job_id,
-        scene,
-        **stores,
-        manifest=tables.get_table_client(settings.manifest_table),
-        spec=OutputSpec.from_settings(settings),
-        share_bytes=int(share_bytes),
-    )
+    staged = shares.plan_shares(job, stores, scene, share_bytes=int(share_bytes))
     if isinstance(staged, str):
         raise SystemExit(f"not split: {staged}")
     planned = time.perf_counter()
     with ThreadPoolExecutor(int(slots)) as pool:
         walls = list(
-            pool.map(lambda i: _timed(lambda: shares.stage_share(job_id, staged, i, **stores)), range(staged.shares))
+            pool.map(lambda i: _timed(lambda: shares.stage_share(job, stores, staged, i)), range(staged.shares))
         )
     staged_at = time.perf_counter()
-    result = assemble_mosaic(
-        job_id,
-        scene,
-        **stores,
-        manifest=tables.get_table_client(settings.manifest_table),
-        settings=settings,
-        spec=OutputSpec.from_settings(settings),
-        gdal_options=connection.gdal_options(),
-        shares=staged,
-    )
+    result = assemble_mosaic(job, stores, scene, shares=staged)
     done = time.perf_counter()
     return {
         **result.to_dict(),

@@ -17,11 +17,10 @@ from azure.storage.blob import BlobClient, BlobProperties
 
 from orchestrators import names
 from tilecommit.errors import InvalidNameError, JobApiError
-from tilecommit.jobs import check_upload_name, job_id_for
+from tilecommit.jobs import Job, check_upload_name
 from tilecommit.observability import telemetry
 from tilecommit.records import Record
 from tilecommit.settings import SIDECAR_SUFFIXES, Settings
-from tilecommit.spec import OutputSpec
 
 from .job_api import restart_job
 
@@ -75,36 +74,6 @@ def _decided(decision: StartDecision, level: int, message: str, *args) -> StartD
     return decision
 
 
-def job_input(
-    name: str, url: str, etag: str, size: int, settings: Settings, metadata: dict[str, str] | None = None
-) -> dict:
-    """The payload of the job for one upload version: its id, its source and its output spec.
-
-    The spec comes from the settings of the instance that starts the job and from the upload's
-    blob ``metadata`` (its profile, tilecommit/profiles.py), and is then the job's: the
-    orchestrator and every activity read it from here, so a change of the app settings while a
-    job runs cannot give it tiles of two grids or two encodings.
-
-    Metadata naming a profile this build cannot make still gives a job, which fails at once
-    (``profile_error``, raised by validate_source before the upload is read): the user finds the
-    reason where they find every job's, not in the host's log alone.
-    """
-    spec, profile_error = OutputSpec.started_for(settings, name, metadata)
-    job = {
-        "job_id": job_id_for(url, etag, spec),
-        "blob": name,
-        "url": url,
-        "etag": etag.strip('"'),
-        "size": size,
-        "spec": spec.to_dict(),
-        "batch_size": settings.batch_size,
-        "assembly_share_bytes": settings.assembly_share_mb * 2**20,
-    }
-    if profile_error:
-        job["profile_error"] = profile_error
-    return job
-
-
 async def start_job(
     source: BlobClient, client: df.DurableOrchestrationClient, settings: Settings, manifest: TableClient
 ) -> StartDecision:
@@ -142,8 +111,8 @@ async def start_job(
             props.etag,
         )
 
-    job = job_input(name, source.url, props.etag, props.size, settings, props.metadata)
-    job_id = job["job_id"]
+    job = Job.for_upload(name, source.url, props.etag, props.size, settings, props.metadata)
+    job_id = job.job_id
     status = await client.get_status(job_id, show_input=True)
     if status.runtime_status in _LIVE_OR_DONE:
         return _decided(
@@ -158,7 +127,7 @@ async def start_job(
         return await _restart_failed(status, client, manifest, name, props)
 
     try:
-        await client.start_new(names.TILE_SCENE, job_id, job)
+        await client.start_new(names.TILE_SCENE, job_id, job.to_dict())
     except Exception as exc:  # the SDK raises a bare Exception carrying the host's message
         if "already exists" in str(exc):
             # Another starter won the race between our status check and our start.

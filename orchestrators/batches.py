@@ -16,7 +16,7 @@ from typing import Any
 import azure.durable_functions as df
 
 from tilecommit.grid import Window, plan_windows
-from tilecommit.spec import spec_of
+from tilecommit.jobs import Job
 
 from .calls import activity_task, fan_out
 
@@ -61,7 +61,8 @@ def chunk(items: list, size: int) -> list[list]:
 
 def plan_batches(job: dict, scene: dict) -> list[list[Window]]:
     """The job's windows in batches: a pure function of the scene size and the job's sizes."""
-    return chunk(plan_windows(scene["width"], scene["height"], spec_of(job).window_size), job["batch_size"])
+    record = Job.from_dict(job)
+    return chunk(plan_windows(scene["width"], scene["height"], record.spec.window_size), record.batch_size)
 
 
 def batch_children(parent: str, shared: dict, batches: list[list[Window]], indices: range) -> list[tuple[str, dict]]:

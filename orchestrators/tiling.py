@@ -14,8 +14,7 @@ from typing import Any
 import azure.durable_functions as df
 
 from tilecommit import usage
-from tilecommit.settings import DEFAULT_ASSEMBLY_SHARE_MB
-from tilecommit.spec import spec_of
+from tilecommit.jobs import Job
 
 from . import names
 from .batches import WindowWork, over_windows, plan_batches, run_batch, run_group
@@ -121,7 +120,7 @@ def assemble(
     job's ``assembly_share_bytes``), its ranges are staged in shares first and that activity
     commits them. The activity is given what the job used until then, which its STAC item
     records with what the activity itself used until it made the item."""
-    share_bytes = job.get("assembly_share_bytes", DEFAULT_ASSEMBLY_SHARE_MB * 2**20)
+    share_bytes = Job.from_dict(job).share_bytes
     payload = {"job": job, "scene": scene, "tile_bytes": tile_bytes}
     if tile_bytes > share_bytes:
         staged = yield from stage_in_shares(context, job, scene, share_bytes, status, used)
@@ -225,7 +224,7 @@ def run_job(context: df.DurableOrchestrationContext, job: dict, used: dict) -> G
     return {
         "job_id": job["job_id"],
         "source": job["blob"],
-        "spec": spec_of(job).to_dict(),
+        "spec": Job.from_dict(job).spec.to_dict(),
         **totals,
         "mosaic_outcome": mosaic["outcome"],
         "mosaic_url": mosaic["mosaic_url"],

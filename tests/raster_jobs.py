@@ -8,25 +8,31 @@ import numpy as np
 import rasterio
 
 from tilecommit.grid import plan_windows
+from tilecommit.jobs import Job
 from tilecommit.raster import SceneInfo, assemble_mosaic, render_tile
 from tilecommit.settings import Settings
 from tilecommit.spec import OutputSpec
+from tilecommit.stores import JobStores
 
 JOB = "0123456789abcdef"
 
 
+def job_of(settings: Settings, job_id: str = JOB, source_name: str = "", spec: OutputSpec | None = None) -> Job:
+    """The job the library is given, made to ``spec`` (default: the settings' spec); only its id,
+    its spec and its blob name (the source the STAC item names) reach the outputs."""
+    spec = spec or OutputSpec.from_settings(settings)
+    return Job(job_id, source_name, url="", etag="", size=0, spec=spec, batch_size=settings.batch_size)
+
+
+def job_stores(stores: dict, settings: Settings, gdal_options: dict | None = None) -> JobStores:
+    """The test's containers and table (the ``stores`` fixture, or clients of the same) as a job's stores."""
+    return JobStores(stores["tiles"], stores["output"], stores["manifest"], settings, gdal_options)
+
+
 def render_all(path, scene: SceneInfo, settings: Settings, stores, job_id: str = JOB, gdal_options=None):
+    job, job_stores_ = job_of(settings, job_id), job_stores(stores, settings, gdal_options)
     return [
-        render_tile(
-            path,
-            window,
-            job_id=job_id,
-            tiles=stores["tiles"],
-            manifest=stores["manifest"],
-            settings=settings,
-            spec=OutputSpec.from_settings(settings),
-            gdal_options=gdal_options,
-        )
+        render_tile(job, job_stores_, path, window)
         for window in plan_windows(scene.width, scene.height, settings.window_size)
     ]
 
@@ -42,17 +48,9 @@ def run_steps(source: str, settings: Settings, stores, storage, **assembly):
     return spec, scene, assemble(scene, settings, stores, storage, **assembly)
 
 
-def assemble(scene, settings, stores, storage, job_id: str = JOB, **kwargs):
-    return assemble_mosaic(
-        job_id,
-        scene,
-        tiles=stores["tiles"],
-        output=stores["output"],
-        manifest=stores["manifest"],
-        settings=settings,
-        spec=OutputSpec.from_settings(settings),
-        **kwargs,
-    )
+def assemble(scene, settings, stores, storage, job_id: str = JOB, source_name: str = "", gdal_options=None, **kwargs):
+    job = job_of(settings, job_id, source_name)
+    return assemble_mosaic(job, job_stores(stores, settings, gdal_options), scene, **kwargs)
 
 
 def download(container, name: str, path) -> str:

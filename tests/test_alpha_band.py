@@ -35,7 +35,7 @@ from tilecommit.spec import OutputSpec
 
 from .app_jobs import download as download_output
 from .app_jobs import local_host
-from .raster_jobs import JOB, download, run_steps
+from .raster_jobs import download, job_of, job_stores, run_steps
 from .test_web_optimized import differing, overview_count, rasterio_warp, rio_cogeo_web_optimized, whole_warp
 
 WHERE = "blob metadata tilecommit_profile"
@@ -74,9 +74,7 @@ def alpha_scene(
 def assert_every_tile_as_made(source: str, scene, settings: Settings, spec: OutputSpec, stores) -> None:
     """A scrub reads every window as the render did, and finds its tile as made."""
     for window in plan_windows(scene.width, scene.height, spec.window_size):
-        report = check_window(
-            source, window, job_id=JOB, tiles=stores["tiles"], manifest=stores["manifest"], settings=settings, spec=spec
-        )
+        report = check_window(job_of(settings, spec=spec), job_stores(stores, settings), source, window)
         assert report.differences == [], report.details
 
 

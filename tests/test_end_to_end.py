@@ -14,13 +14,12 @@ from pathlib import Path
 import pytest
 from rasterio.io import MemoryFile
 
-from client_functions.starter import job_input
 from devhost.session import job_summary, process_file
 from orchestrators import names as orchestrator_names
 from testkit.metrics import max_overlap, slot_use
 from testkit.storage_proxy import RecordingProxy, TrapServer
 from tilecommit import settings as names
-from tilecommit.jobs import job_id_for
+from tilecommit.jobs import Job, job_id_for
 from tilecommit.manifest import count_manifest
 from tilecommit.settings import Settings
 from tilecommit.spec import OutputSpec
@@ -183,7 +182,7 @@ def test_a_job_keeps_the_window_size_it_started_with_and_another_size_is_another
         at_256 = process_file(host, scene, timeout=120)
         blob = host.blobs.get_blob_client(app_env.input, scene.name)
         props = blob.get_blob_properties()
-        job = job_input(scene.name, blob.url, props.etag, props.size, Settings(window_size=512))
+        job = Job.for_upload(scene.name, blob.url, props.etag, props.size, Settings(window_size=512)).to_dict()
         host.engine.start_new(orchestrator_names.TILE_SCENE, job["job_id"], job)
         state = host.engine.wait_for(job["job_id"], timeout=120)
     at_512 = job_summary(state)

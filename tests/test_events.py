@@ -17,7 +17,9 @@ from azure.core.messaging import CloudEvent
 
 from devhost.durable.event_sink import FORWARD_TRIES, EventSink
 from tilecommit import events
+from tilecommit.jobs import Job
 from tilecommit.settings import SETTING_EVENTS_KEY
+from tilecommit.spec import OutputSpec
 
 from .app_jobs import make_scene
 from .test_cli import run_cli
@@ -32,12 +34,15 @@ def check_cloud_event(raw: dict) -> None:
     assert raw["source"].startswith(("http://", "https://"))
 
 
-JOB = {
-    "job_id": "0123456789abcdef",
-    "blob": "a/scene.tif",
-    "url": "http://127.0.0.1:1/dev/raster-uploads/a/scene.tif",
-    "etag": "0x1",
-}
+JOB = Job(
+    job_id="0123456789abcdef",
+    blob="a/scene.tif",
+    url="http://127.0.0.1:1/dev/raster-uploads/a/scene.tif",
+    etag="0x1",
+    size=1,
+    spec=OutputSpec(),
+    batch_size=64,
+)
 
 
 def event(outcome: str = "completed", started_at: str = "2026-12-01T10:00:00+00:00") -> dict:
@@ -66,7 +71,8 @@ def test_the_event_is_a_cloud_event_the_sdk_reads_back():
         "http://127.0.0.1:1/dev/raster-uploads",
     )
     assert raw["specversion"] == "1.0" and raw["datacontenttype"] == "application/json"
-    assert raw["data"]["upload"] == {"blob": "a/scene.tif", "url": JOB["url"], "etag": "0x1"}
+    assert raw["data"]["upload"] == {"blob": "a/scene.tif", "url": JOB.url, "etag": "0x1"}
+    assert raw["data"]["spec"] == OutputSpec().to_dict()
 
 
 @pytest.fixture

@@ -35,7 +35,7 @@ from tilecommit.raster.scrub import check_window
 from tilecommit.settings import Settings
 
 from .gdal_threads import WARPED, WINDOW, GdalThreadReads, render_every_window, run_at_once
-from .raster_jobs import JOB, run_steps
+from .raster_jobs import job_of, job_stores, run_steps
 from .test_alpha_band import alpha_scene
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,9 +85,7 @@ def test_a_whole_job_its_assembly_and_its_scrub_read_on_the_calling_threads_only
     spec, scene, result = run_steps(upload, settings, stores, storage)
     assert result.outcome == "written"
     for window in plan_windows(scene.width, scene.height, spec.window_size):
-        report = check_window(
-            upload, window, job_id=JOB, tiles=stores["tiles"], manifest=stores["manifest"], settings=settings, spec=spec
-        )
+        report = check_window(job_of(settings, spec=spec), job_stores(stores, settings), upload, window)
         assert report.differences == [], report.details
     assert gdal_thread_reads.calls == [], gdal_thread_reads.summary()
 

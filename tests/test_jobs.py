@@ -1,4 +1,5 @@
-"""Job identity and output names: pure functions, tested as properties over hostile input.
+"""Job identity and output names: pure functions, tested as properties over hostile input; and
+the job's payload, which must stay what Durable history already holds.
 
 No storage here: ``job_id_for``, ``tile_blob_name`` and ``check_upload_name`` are pure, so
 hypothesis drives them with names an uploader could choose (unicode with combining marks, RTL,
@@ -12,17 +13,19 @@ import json
 import re
 import string
 import unicodedata
+from pathlib import Path
 from urllib.parse import quote
 
 import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from client_functions.starter import job_input
 from tilecommit.errors import BadInputError, ConfigurationError, InvalidNameError
 from tilecommit.grid import Window
 from tilecommit.jobs import (
+    DEFAULT_SHARE_BYTES,
     MAX_BLOB_NAME_CHARS,
+    Job,
     check_job_id,
     check_upload_name,
     job_id_for,
@@ -34,7 +37,7 @@ from tilecommit.jobs import (
     tile_blob_name,
 )
 from tilecommit.settings import DEFAULT_WINDOW_SIZE, Settings
-from tilecommit.spec import OutputSpec, spec_of
+from tilecommit.spec import OutputSpec
 
 JOB_ID = re.compile(r"[0-9a-f]{16}")  # used with fullmatch only
 ACCOUNT_URL = "https://tilecommitprod.blob.core.windows.net"
@@ -381,12 +384,66 @@ def test_a_spec_this_build_cannot_make_is_refused(fields, message):
 
 def test_the_starter_puts_the_spec_of_its_settings_in_the_payload_and_the_id():
     url = encoded_url("scene.tif")
-    job = job_input("scene.tif", url, ETAG, 10, Settings(window_size=512))
+    job = Job.for_upload("scene.tif", url, ETAG, 10, Settings(window_size=512)).to_dict()
     assert job["spec"] == {"window_size": 512, "block_size": 256, "profile": "default"}
-    assert spec_of(job) == OutputSpec(window_size=512)
+    assert Job.from_dict(job).spec == OutputSpec(window_size=512)
     assert job["job_id"] == job_id_for(url, ETAG, OutputSpec(window_size=512))
-    assert job_input("scene.tif", url, ETAG, 10, Settings())["job_id"] == job_id_for(url, ETAG, OutputSpec())
+    assert Job.for_upload("scene.tif", url, ETAG, 10, Settings()).job_id == job_id_for(url, ETAG, OutputSpec())
     assert "window_size" not in job, "one place for the window size: the spec"
+
+
+# ----------------------------------------------------------------------------- the job's payload
+
+#: Payloads the starter made before the job was a record (its ``job_input`` building the dict by
+#: hand), with what it was given: every profile and option the tests use, path rules, metadata it
+#: cannot make. Durable history holds payloads like these.
+STARTED = json.loads((Path(__file__).parent / "fixtures" / "job_payloads.json").read_text())
+
+
+@pytest.mark.parametrize("case", STARTED, ids=[c["case"] for c in STARTED])
+def test_a_job_is_made_and_written_as_the_payload_the_starter_made_before(case):
+    made = Job.for_upload(
+        case["blob"], case["url"], case["etag"], case["size"], Settings(**case["settings"]), case["metadata"]
+    )
+    # The same keys in the same order with the same values: the same JSON in the history.
+    assert json.dumps(made.to_dict()) == json.dumps(case["payload"])
+    read = Job.from_dict(case["payload"])
+    assert read == made and json.dumps(read.to_dict()) == json.dumps(case["payload"])
+    assert read.spec == OutputSpec.from_dict(case["payload"]["spec"])
+
+
+def test_every_job_in_recorded_durable_history_reads_and_writes_as_it_was_stored():
+    """The jobs of orchestrations the local host ran before the job was a record (the replay
+    fixture, tests/test_replay_history.py): each reads back as a Job whose payload is the same JSON."""
+    recorded = json.loads((Path(__file__).parent / "fixtures" / "replay" / "jobs.json").read_text())
+    inputs = [json.loads(i["input"]) for o in recorded["orchestrations"] for i in o["instances"]]
+    stored = [payload.get("job", payload) for payload in inputs]
+    assert len(stored) > 3
+    for payload in stored:
+        assert json.dumps(Job.from_dict(payload).to_dict()) == json.dumps(payload)
+
+
+def test_the_payloads_cover_the_optional_parts():
+    """The control: the fixture holds payloads with and without profile options and errors."""
+    payloads = [c["payload"] for c in STARTED]
+    assert any("profile_error" in p for p in payloads) and any("profile_error" not in p for p in payloads)
+    assert any("profile_options" in p["spec"] for p in payloads)
+    assert {p["spec"]["block_size"] for p in payloads} == {256, 512}
+
+
+def test_a_payload_from_before_the_spec_or_the_shares_reads_as_the_job_it_was():
+    """Before the spec, a payload named only its window size (its tiles had the default block size
+    and profile); before the split staging, it named no share size (the default then applies)."""
+    today = STARTED[0]["payload"]
+    before_shares = {k: v for k, v in today.items() if k != "assembly_share_bytes"}
+    job = Job.from_dict(before_shares)
+    assert job.assembly_share_bytes is None and job.share_bytes == DEFAULT_SHARE_BYTES
+    assert job.to_dict() == before_shares  # an optional field left out stays out
+    before_spec = {**{k: v for k, v in before_shares.items() if k != "spec"}, "window_size": 512}
+    job = Job.from_dict(before_spec)
+    assert job.spec == OutputSpec(window_size=512)
+    assert Job.from_dict(job.to_dict()) == job
+    assert Job.from_dict({**today, "scene_width": 4096}) == Job.from_dict(today)  # unknown keys: ignored
 
 
 # ----------------------------------------------------------------------------- check_upload_name

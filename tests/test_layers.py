@@ -1,12 +1,14 @@
 """The map of docs/architecture.md ("Layers"), checked: every module of the app, the library, the local
 host, the test kit and the benches belongs to a part of the table, and imports nothing its part
-must never import. Imports are read with ``ast`` (every ``import`` and ``from ... import``,
-relative ones resolved), so one inside a function counts too."""
+must never import; within each folder of the library, modules import each other without a cycle.
+Imports are read with ``ast`` (every ``import`` and ``from ... import``, relative ones resolved),
+so one inside a function, or under ``TYPE_CHECKING``, counts too."""
 
 from __future__ import annotations
 
 import ast
 import fnmatch
+import graphlib
 from pathlib import Path
 
 import pytest
@@ -104,3 +106,52 @@ def test_the_check_catches_a_forbidden_import(tmp_path) -> None:
     assert forbidden(imported, ["tilecommit.raster"]) == ["tilecommit.raster", "tilecommit.raster.tiles"]
     assert matches("tilecommit/gates.py", "tilecommit/*.py")
     assert not matches("tilecommit/raster/tiff.py", "tilecommit/*.py")
+
+
+#: The library's folders whose modules must import each other without a cycle: each module can
+#: then be read, and changed, knowing only what it imports (a package's ``__init__`` is left out:
+#: it gathers its modules' names and imports them all).
+ACYCLIC = [
+    "tilecommit",
+    "tilecommit/raster",
+    "tilecommit/raster/reading",
+    "tilecommit/raster/tiling",
+    "tilecommit/raster/assembly",
+    "tilecommit/observability",
+]
+
+
+def module_graph(folder: Path) -> dict[str, set[str]]:
+    """Each module of ``folder`` (by dotted name) and the modules of the same folder it imports."""
+    modules = {
+        ".".join(p.relative_to(ROOT).with_suffix("").parts): p
+        for p in sorted(folder.glob("*.py"))
+        if p.name != "__init__.py"
+    }
+    return {name: {m for m in imports_of(path) if m in modules and m != name} for name, path in modules.items()}
+
+
+def import_cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One cycle of ``graph`` (each module followed by one it imports), or []."""
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as exc:
+        return list(exc.args[1])
+    return []
+
+
+@pytest.mark.parametrize("folder", ACYCLIC)
+def test_the_modules_of_a_folder_import_each_other_without_a_cycle(folder: str) -> None:
+    assert import_cycle(module_graph(ROOT / folder)) == []
+
+
+def test_the_check_catches_an_import_cycle() -> None:
+    """The control: a cycle three modules long, as the assembly once had (block_copy -> strategy
+    -> shares -> block_copy), is found; the same modules without its last edge are not a cycle."""
+    cycle = {"block_copy": {"strategy"}, "strategy": {"shares"}, "shares": {"block_copy"}, "mosaic": {"shares"}}
+    assert set(import_cycle(cycle)) == {"block_copy", "strategy", "shares"}
+    assert import_cycle({**cycle, "shares": set()}) == []
+    assert module_graph(ROOT / "tilecommit" / "raster" / "assembly")["tilecommit.raster.assembly.server_strategy"] >= {
+        "tilecommit.raster.assembly.shares",
+        "tilecommit.raster.assembly.strategy",
+    }

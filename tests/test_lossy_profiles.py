@@ -24,7 +24,7 @@ from tilecommit.raster.scrub import OTHER_PIXELS, _pixel_difference, check_windo
 from tilecommit.raster.tiling.encode import read_window
 from tilecommit.settings import Settings
 
-from .raster_jobs import JOB, assert_complete_pyramid, download, run_steps
+from .raster_jobs import JOB, assert_complete_pyramid, download, job_of, job_stores, run_steps
 
 #: (profile text as TILECOMMIT_PROFILE takes it, the scene, the codec GDAL reports, LERC's bound).
 CASES = {
@@ -128,9 +128,9 @@ def test_the_scrub_compares_a_lossy_tile_with_its_window_encoded_again(case, sce
     source = scenes[case]
     settings, spec, scene, _ = run_job(source, profile, stores, storage)
     windows = plan_windows(scene.width, scene.height, WINDOW)
-    common = {"job_id": JOB, "tiles": stores["tiles"], "manifest": stores["manifest"], "settings": settings}
+    job, job_stores_ = job_of(settings, spec=spec), job_stores(stores, settings)
     for window in windows:
-        report = check_window(source, window, spec=spec, **common)
+        report = check_window(job, job_stores_, source, window)
         assert report.differences == [], report.details
     # The control: against the source itself, the same tile differs (so the comparison above is
     # not the lossless one), and a tile of other pixels is found by the scrub.
@@ -144,7 +144,7 @@ def test_the_scrub_compares_a_lossy_tile_with_its_window_encoded_again(case, sce
         stores["tiles"].download_blob(f"tiles/{JOB}/{other.id}.tif").readall(),
         overwrite=True,
     )
-    report = check_window(source, first, spec=spec, **common)
+    report = check_window(job, job_stores_, source, first)
     assert OTHER_PIXELS in report.differences, report
 
 

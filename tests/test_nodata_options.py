@@ -25,7 +25,7 @@ from tilecommit.raster.scrub import check_window
 from tilecommit.settings import Settings
 from tilecommit.spec import OutputSpec
 
-from .raster_jobs import JOB, download, run_steps
+from .raster_jobs import download, job_of, job_stores, run_steps
 
 WHERE = "blob metadata tilecommit_profile"
 
@@ -130,15 +130,7 @@ def test_the_mosaic_carries_the_options_as_rio_cogeo_does(tmp_path, stores, stor
 
     # A scrub of the job finds every tile as the options make it.
     for window in plan_windows(scene.width, scene.height, spec.window_size):
-        report = check_window(
-            source,
-            window,
-            job_id=JOB,
-            tiles=stores["tiles"],
-            manifest=stores["manifest"],
-            settings=settings,
-            spec=spec,
-        )
+        report = check_window(job_of(settings, spec=spec), job_stores(stores, settings), source, window)
         assert report.differences == [], report.details
 
 

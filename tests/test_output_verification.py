@@ -41,7 +41,17 @@ from .app_jobs import download as app_download
 from .app_jobs import make_scene
 from .conftest import counter_total
 from .fault_jobs import app_behind_proxy, app_storage
-from .raster_jobs import JOB, RequestLog, assemble, assert_same_pixels, hooked_stores, manifest_rows, render_all
+from .raster_jobs import (
+    JOB,
+    RequestLog,
+    assemble,
+    assert_same_pixels,
+    hooked_stores,
+    job_of,
+    job_stores,
+    manifest_rows,
+    render_all,
+)
 
 REAL = Path(__file__).resolve().parent / "fixtures" / "real"
 REPAIR = f"python -m devhost verify {JOB} --repair"
@@ -171,12 +181,12 @@ def test_a_verification_storage_kept_from_finishing_is_retried_then_passes(rende
             return assemble(scene, settings, {**stores, "output": output}, storage).to_dict()
 
         with pytest.raises(Exception) as caught:
-            run_activity("assemble_mosaic", {"job_id": JOB}, work)
+            run_activity("assemble_mosaic", JOB, work)
         assert is_retryable(caught.value), caught.value
         assert not isinstance(caught.value, MosaicCheckError)
         assert proxy.injected["busy"] >= 1
         refusing["on"] = False
-        result = run_activity("assemble_mosaic", {"job_id": JOB}, work)
+        result = run_activity("assemble_mosaic", JOB, work)
     print(f"\nfirst attempt: {type(caught.value).__name__}: {str(caught.value)[:200]}")
     assert result["outcome"] == "already-present" and result["nbytes"] == first.nbytes
     assert "verify" in result["timings"]
@@ -288,15 +298,7 @@ def test_an_already_present_tile_with_other_bytes_is_recorded_as_stored_and_the_
     drift = dataclasses.replace(default, level=1)  # an encoder that drifted
     monkeypatch.setitem(profiles.PROFILES, profiles.DEFAULT, drift)
     for window in (drifted, plain):
-        render_tile(
-            path,
-            window,
-            job_id=JOB,
-            tiles=stores["tiles"],
-            manifest=stores["manifest"],
-            settings=settings,
-            spec=output_spec,
-        )
+        render_tile(job_of(settings), job_stores(stores, settings), path, window)
         stores["manifest"].delete_entity(JOB, window.id)
     plain_name = jobs.tile_blob_name(JOB, plain)
     plain_body = stores["tiles"].download_blob(plain_name).readall()

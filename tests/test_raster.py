@@ -48,6 +48,8 @@ from .raster_jobs import (
     blob_names,
     download,
     hooked_stores,
+    job_of,
+    job_stores,
     manifest_rows,
     render_all,
 )
@@ -272,28 +274,12 @@ def test_second_render_of_a_window_is_skipped_without_reading(small_scene, store
     _, path = small_scene
     settings = Settings(window_size=512)
     window = plan_windows(600, 520, 512)[0]
-    first = render_tile(
-        path,
-        window,
-        job_id=JOB,
-        tiles=stores["tiles"],
-        manifest=stores["manifest"],
-        settings=settings,
-        spec=OutputSpec.from_settings(settings),
-    )
+    first = render_tile(job_of(settings), job_stores(stores, settings), path, window)
     assert first.outcome == "written" and not first.skipped
     etag = stores["tiles"].get_blob_client(first.uri).get_blob_properties().etag
     # Without the source, a render that read anything would fail: the skip must come before the read.
     os.rename(path, str(tmp_path / "gone.tif"))
-    second = render_tile(
-        path,
-        window,
-        job_id=JOB,
-        tiles=stores["tiles"],
-        manifest=stores["manifest"],
-        settings=settings,
-        spec=OutputSpec.from_settings(settings),
-    )
+    second = render_tile(job_of(settings), job_stores(stores, settings), path, window)
     assert second.outcome == "already-present" and second.skipped
     assert (second.nbytes, second.sha256, second.uri) == (first.nbytes, first.sha256, first.uri)
     assert "read" not in second.timings and "encode" not in second.timings
@@ -310,15 +296,7 @@ def test_render_after_a_crash_between_blob_and_manifest_row_completes_the_row(sm
         body, _ = encode_tile(src, window, spec=OutputSpec(window_size=512))
     name = jobs.tile_blob_name(JOB, window)
     assert gates.commit_blob(stores["tiles"], name, body, job_id=JOB) == gates.Outcome.WRITTEN
-    result = render_tile(
-        path,
-        window,
-        job_id=JOB,
-        tiles=stores["tiles"],
-        manifest=stores["manifest"],
-        settings=settings,
-        spec=OutputSpec.from_settings(settings),
-    )
+    result = render_tile(job_of(settings), job_stores(stores, settings), path, window)
     assert result.outcome == "already-present" and not result.skipped
     assert result.sha256 == hashlib.sha256(body).hexdigest()
     entry = get_manifest_entry(stores["manifest"], JOB, window)
@@ -376,15 +354,7 @@ def test_a_block_that_cannot_be_decoded_fails_its_window_and_writes_nothing(tmp_
     )  # the damage is not where inspection looks
     window = plan_windows(1024, 512, 256)[0]
     with pytest.raises(InvalidRasterError, match="window col=0 row=0 256x256 cannot be decoded"):
-        render_tile(
-            path,
-            window,
-            job_id=JOB,
-            tiles=stores["tiles"],
-            manifest=stores["manifest"],
-            settings=settings,
-            spec=OutputSpec.from_settings(settings),
-        )
+        render_tile(job_of(settings), job_stores(stores, settings), path, window)
     assert blob_names(stores["tiles"]) == []
     assert manifest_rows(stores["manifest"]) == []
 

@@ -35,7 +35,7 @@ from tilecommit.settings import Settings
 from tilecommit.spec import OutputSpec
 from tilecommit.storage import StorageConnection
 
-from .raster_jobs import JOB, assemble, assert_same_pixels, download, render_all
+from .raster_jobs import JOB, assemble, assert_same_pixels, download, job_of, job_stores, render_all
 
 
 def test_a_tile_changed_after_its_manifest_row_fails_the_assembly_naming_the_window(stores, storage, tmp_path):
@@ -65,15 +65,7 @@ def test_a_tile_changed_after_its_manifest_row_fails_the_assembly_naming_the_win
     tile.delete_blob()
     stores["manifest"].delete_entity(JOB, changed)
     window = next(w for w in plan_windows(scene.width, scene.height, settings.window_size) if w.id == changed)
-    render_tile(
-        path,
-        window,
-        job_id=JOB,
-        tiles=stores["tiles"],
-        manifest=stores["manifest"],
-        settings=settings,
-        spec=OutputSpec.from_settings(settings),
-    )
+    render_tile(job_of(settings), job_stores(stores, settings), path, window)
     result = assemble(scene, settings, stores, storage)
     assert (result.outcome, result.method) == ("written", "server")
     with rasterio.open(download(stores["output"], result.mosaic, tmp_path / "mosaic.tif")) as mosaic:

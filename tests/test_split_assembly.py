@@ -21,10 +21,11 @@ from tilecommit.raster.assembly.server_copy import ranges_tag
 from tilecommit.settings import Settings
 from tilecommit.spec import OutputSpec
 
-from .raster_jobs import JOB, RequestLog, assemble, assert_same_pixels, hooked_stores, render_all
+from .raster_jobs import JOB, RequestLog, assemble, assert_same_pixels, hooked_stores, job_of, job_stores, render_all
 
 #: Bytes a share copies here: the test mosaic (about 3.6 MB of tiles) makes several shares.
 SHARE_BYTES = 512 * 1024
+SETTINGS = Settings(window_size=256)
 
 
 @pytest.fixture
@@ -32,28 +33,20 @@ def split_scene(tmp_path, stores):
     """A 1100 x 800 x 3 uint16 scene in 20 windows of 256, rendered: its tiles and manifest rows."""
     spec = SceneSpec(1100, 800, 3, "uint16", nodata=0)
     path = write_scene(str(tmp_path / "scene.tif"), spec)
-    settings = Settings(window_size=256)
+    settings = SETTINGS
     scene = inspect_source(path, settings=settings, spec=OutputSpec.from_settings(settings))
     render_all(path, scene, settings, stores)
     return spec, scene, settings
 
 
 def plan(scene, settings, stores) -> shares.StagedShares:
-    planned = shares.plan_shares(
-        JOB,
-        scene,
-        tiles=stores["tiles"],
-        output=stores["output"],
-        manifest=stores["manifest"],
-        spec=OutputSpec.from_settings(settings),
-        share_bytes=SHARE_BYTES,
-    )
+    planned = shares.plan_shares(job_of(settings), job_stores(stores, settings), scene, share_bytes=SHARE_BYTES)
     assert isinstance(planned, shares.StagedShares), planned
     return planned
 
 
 def stage(staged, index: int, stores) -> dict:
-    return shares.stage_share(JOB, staged, index, tiles=stores["tiles"], output=stores["output"])
+    return shares.stage_share(job_of(SETTINGS), job_stores(stores, SETTINGS), staged, index)
 
 
 def remove_outputs(stores, result) -> None:

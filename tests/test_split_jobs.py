@@ -24,7 +24,7 @@ from tilecommit.manifest import count_manifest
 from tilecommit.raster import SceneInfo, assemble_mosaic
 from tilecommit.raster.assembly import attempt
 from tilecommit.settings import Settings
-from tilecommit.spec import spec_of
+from tilecommit.stores import JobStores
 
 from .app_jobs import check_outputs, local_host, make_scene, serve, upload, wait_for_state
 
@@ -122,16 +122,13 @@ def test_a_large_mosaic_is_staged_in_shares_committed_once_and_equals_the_one_ac
         output.delete_blob(name)
     payload = next(e.input for e in executions if e.name == names.PLAN_MOSAIC_SHARES)
     job = payload["job"]
-    single = assemble_mosaic(
-        job_id,
-        SceneInfo.from_dict(payload["scene"]),
+    stores = JobStores(
         tiles=storage.blob_service().get_container_client(app_env.tiles),
         output=output,
         manifest=storage.table_service().get_table_client(app_env.manifest),
         settings=Settings.from_env(),
-        spec=spec_of(job),
-        method="server",
     )
+    single = assemble_mosaic(jobs.Job.from_dict(job), stores, SceneInfo.from_dict(payload["scene"]), method="server")
     assert (single.outcome, single.transfer["shares"]) == ("written", 1)
     assert mosaic.download_blob().readall() == split_bytes
     # The same metadata, but for each commit's own write id.

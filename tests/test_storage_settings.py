@@ -283,7 +283,7 @@ def process_contexts() -> dict:
     from activities.context import activity_context
     from client_functions.context import client_context
 
-    return {"activities": activity_context, "client functions": client_context}
+    return {"activities": lambda: activity_context().stores, "client functions": client_context}
 
 
 @pytest.mark.parametrize("part", ["activities", "client functions"])

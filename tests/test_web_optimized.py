@@ -49,7 +49,7 @@ from tilecommit.warping import WARP_RESAMPLINGS
 from .app_jobs import WINDOW, download, local_host, wait_until
 from .conftest import counter_total
 from .made_rasters import made
-from .raster_jobs import JOB, assert_complete_pyramid, run_steps
+from .raster_jobs import assert_complete_pyramid, job_of, job_stores, run_steps
 
 WHERE = "blob metadata tilecommit_profile"
 
@@ -473,9 +473,7 @@ def test_the_other_assemblies_take_the_warped_tiles(tmp_path, stores, storage, m
     assert result.outcome == "written"
     # A scrub reads each window warped as the render did, and finds every tile as made.
     for window in plan_windows(scene.width, scene.height, spec.window_size):
-        report = check_window(
-            source, window, job_id=JOB, tiles=stores["tiles"], manifest=stores["manifest"], settings=settings, spec=spec
-        )
+        report = check_window(job_of(settings, spec=spec), job_stores(stores, settings), source, window)
         assert report.differences == [], report.details
     mosaic = tmp_path / "mosaic.tif"
     with open(mosaic, "wb") as f:

@@ -23,6 +23,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from .jobs import Job
 from .records import Record
 from .settings import SETTING_EVENTS_KEY
 
@@ -43,7 +44,7 @@ def container_url(upload_url: str, blob_name: str) -> str:
 
 
 def job_event(
-    job: dict,
+    job: Job,
     *,
     outcome: str,
     started_at: str,
@@ -62,10 +63,10 @@ def job_event(
         raise ValueError(f"outcome {outcome!r}: expected completed or failed")
     result = result or {}
     data = {
-        "job_id": job["job_id"],
+        "job_id": job.job_id,
         "outcome": outcome,
-        "upload": {"blob": job["blob"], "url": job.get("url", ""), "etag": job["etag"]},
-        "spec": job.get("spec", {}),
+        "upload": {"blob": job.blob, "url": job.url, "etag": job.etag},
+        "spec": job.spec.to_dict(),
         "windows": result.get("windows"),
         "written": result.get("written"),
         "already_present": result.get("already_present"),
@@ -78,10 +79,10 @@ def job_event(
     }
     return {
         "specversion": "1.0",
-        "id": event_id(job["job_id"], outcome, started_at),
-        "source": container_url(job.get("url", ""), job["blob"]) or "tilecommit",
+        "id": event_id(job.job_id, outcome, started_at),
+        "source": container_url(job.url, job.blob) or "tilecommit",
         "type": COMPLETED if outcome == "completed" else FAILED,
-        "subject": job["blob"],
+        "subject": job.blob,
         "time": ended_at,
         "datacontenttype": "application/json",
         "data": data,

@@ -1,4 +1,5 @@
-"""Job identity and output keys: pure functions, no uuid, clock, host or attempt in them.
+"""Jobs: the payload every step of one reads (:class:`Job`), its identity and its output keys,
+pure functions with no uuid, clock, host or attempt in them.
 
 The same upload (URL + ETag) made to the same output spec (window size, block size, profile)
 always maps to the same job id, and a job's tile keys are a pure function of that id and the
@@ -10,10 +11,15 @@ from __future__ import annotations
 import hashlib
 import re
 import unicodedata
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Self
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 from .errors import InvalidNameError
 from .grid import Window
+from .records import Record
+from .settings import DEFAULT_ASSEMBLY_SHARE_MB, Settings
 from .spec import OutputSpec
 
 _JOB_ID = re.compile(r"[0-9a-f]{16}")
@@ -88,6 +94,89 @@ def job_id_for(blob_url: str, etag: str, spec: OutputSpec) -> str:
         raise TypeError(f"spec must be an OutputSpec, got {type(spec).__name__}")
     material = f"{normalise_blob_url(blob_url)}\n{normalise_etag(etag)}\n{spec.canonical()}".encode()
     return hashlib.sha256(material).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Job(Record):
+    """One job: the upload version it is made from and what it is made to, as the starter fixed
+    them when it started the job (:meth:`for_upload`).
+
+    The orchestrations carry it as :meth:`to_dict` (the payload, kept in their Durable history)
+    and every activity reads it back with :meth:`from_dict`; nothing a job's outputs depend on is
+    read from the app settings once it has started. The payload's shape is stored state: fields
+    are never renamed or reordered, and an optional one is left out of the payload while it is
+    None, so that payloads made before it existed read back, and write, as they were.
+    """
+
+    job_id: str
+    #: The upload's blob name, its URL and the version (ETag, unquoted) every read of it is pinned to.
+    blob: str
+    url: str
+    etag: str
+    size: int
+    spec: OutputSpec
+    #: Windows per batch orchestration.
+    batch_size: int
+    #: Bytes of copied ranges per share of the mosaic's split staging; None in payloads made
+    #: before the split staging existed (:attr:`share_bytes` then gives the default).
+    assembly_share_bytes: int | None = None
+    #: Why the upload's metadata names a profile this build cannot make; the job then fails at
+    #: once saying so (its validation raises it before the upload is read).
+    profile_error: str | None = None
+
+    JSON_IN = {"spec": OutputSpec.from_dict}
+
+    @property
+    def share_bytes(self) -> int:
+        return self.assembly_share_bytes if self.assembly_share_bytes is not None else DEFAULT_SHARE_BYTES
+
+    def to_dict(self) -> dict:
+        data = {**super().to_dict(), "spec": self.spec.to_dict()}
+        return {k: v for k, v in data.items() if v is not None or k not in _OPTIONAL}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Self:
+        """The job of a payload the starter made; unknown keys are ignored.
+
+        A payload from before the spec was part of it carries only ``window_size``: its tiles were
+        made with the default block size and profile, which is the spec it gets (and the form it
+        is written in from then on).
+        """
+        if "spec" not in data:
+            data = {**data, "spec": {"window_size": data["window_size"]}}
+        return super().from_dict(data)
+
+    @classmethod
+    def for_upload(
+        cls, name: str, url: str, etag: str, size: int, settings: Settings, metadata: dict[str, str] | None = None
+    ) -> Job:
+        """The job started now for one upload version: its id, its source and its output spec.
+
+        The spec comes from ``settings`` (the instance that starts the job) and from the upload's
+        blob ``metadata`` (its profile, tilecommit/profiles.py), and is then the job's: a change of
+        the app settings while the job runs cannot give it tiles of two grids or two encodings. Metadata
+        naming a profile this build cannot make still gives a job, with the settings' spec and the
+        reason in ``profile_error``: the user finds it where they find every job's, not in the
+        host's log alone.
+        """
+        spec, profile_error = OutputSpec.started_for(settings, name, metadata)
+        return cls(
+            job_id=job_id_for(url, etag, spec),
+            blob=name,
+            url=url,
+            etag=etag.strip('"'),
+            size=size,
+            spec=spec,
+            batch_size=settings.batch_size,
+            assembly_share_bytes=settings.assembly_share_mb * 2**20,
+            profile_error=profile_error or None,
+        )
+
+
+#: The fields a payload carries only when they are set.
+_OPTIONAL = ("assembly_share_bytes", "profile_error")
+#: The share size of a job whose payload names none.
+DEFAULT_SHARE_BYTES = DEFAULT_ASSEMBLY_SHARE_MB * 2**20
 
 
 def check_job_id(job_id: str) -> str:

@@ -129,14 +129,3 @@ class OutputSpec(Record):
     def canonical(self) -> str:
         """One text for one spec (sorted keys, no spaces): what the job id hashes."""
         return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
-
-
-def spec_of(job: dict[str, Any]) -> OutputSpec:
-    """The spec of a job payload the starter made.
-
-    A payload from before the spec was part of it carries only ``window_size``; its tiles were
-    made with the default block size and profile, which is what it gets.
-    """
-    if "spec" in job:
-        return OutputSpec.from_dict(job["spec"])
-    return OutputSpec(window_size=int(job["window_size"]))

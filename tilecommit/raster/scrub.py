@@ -17,7 +17,6 @@ import os
 from dataclasses import dataclass, field
 
 import numpy as np
-from azure.data.tables import TableClient
 from azure.storage.blob import ContainerClient
 from rasterio.errors import RasterioIOError
 from rasterio.io import MemoryFile
@@ -26,12 +25,12 @@ from rasterio.windows import Window as RioWindow
 from .. import gates, jobs
 from ..errors import IncompleteManifestError, InvalidRasterError, MosaicCheckError
 from ..grid import Window
+from ..jobs import Job
 from ..manifest import get_manifest_row, record_manifest_entry, repair_manifest_entry
 from ..observability import telemetry
 from ..records import Record
-from ..settings import Settings
-from ..spec import OutputSpec
 from ..storage_answers import STORAGE_ERRORS, Meaning, call_failed, classify
+from ..stores import JobStores
 from .assembly.checks import blob_properties
 from .assembly.commit import MosaicResult, output_names
 from .assembly.committed import verify_outputs
@@ -142,22 +141,17 @@ def _differences(
 
 
 def check_window(
-    upload: str | os.PathLike | Source,
-    window: Window,
-    *,
-    job_id: str,
-    tiles: ContainerClient,
-    manifest: TableClient,
-    settings: Settings,
-    spec: OutputSpec,
-    repair: bool = False,
+    job: Job, stores: JobStores, upload: str | os.PathLike | Source, window: Window, *, repair: bool = False
 ) -> WindowReport:
     """Compare one window's row and tile with the source window; with ``repair``, fix what differs."""
-    row = get_manifest_row(manifest, job_id, window)
+    job_id, spec = job.job_id, job.spec
+    row = get_manifest_row(stores.manifest, job_id, window)
     name = row[0].uri if row else jobs.tile_blob_name(job_id, window)
-    stored = _stored_tile(tiles, name)
+    stored = _stored_tile(stores.tiles, name)
     with (
-        window_of_upload(upload, window, settings=settings, purpose="verify", spec=spec) as src,
+        window_of_upload(
+            upload, window, settings=stores.settings, purpose="verify", spec=spec, gdal_options=stores.gdal_options
+        ) as src,
         gdal_step(f"verifying tile {window.id} of {src.name}", window=window.id),
     ):
         pixels = read_window(src, window, choice=spec.choice)
@@ -178,23 +172,16 @@ def check_window(
         logger.warning("job %s: window %s differs from its source: %s", job_id, window.id, "; ".join(details))
     if not (kinds and repair):
         return report
-    tile, recorded = repair_window(window, body, name, row, stored, job_id=job_id, tiles=tiles, manifest=manifest)
+    tile, recorded = _repair_window(job, stores, window, body, name, row, stored)
     return WindowReport(window=window.id, differences=kinds, details=details, tile=tile, manifest=recorded)
 
 
-def repair_window(
-    window: Window,
-    body: bytes,
-    name: str,
-    row,
-    stored: StoredTile | None,
-    *,
-    job_id: str,
-    tiles: ContainerClient,
-    manifest: TableClient,
+def _repair_window(
+    job: Job, stores: JobStores, window: Window, body: bytes, name: str, row, stored: StoredTile | None
 ) -> tuple[str, str]:
     """Make ``name`` hold ``body`` and the window's row name it, each conditional on what was
     inspected (``stored``, ``row``); returns the two outcomes."""
+    job_id, tiles, manifest = job.job_id, stores.tiles, stores.manifest
     digest = gates.sha256_hex(body)
     if stored is None:
         tile, _ = gates.commit_blob_versioned(tiles, name, body, job_id=job_id)
@@ -219,35 +206,14 @@ def repair_window(
     return str(tile), str(recorded)
 
 
-def check_outputs(
-    job_id: str,
-    scene: SceneInfo,
-    *,
-    tiles: ContainerClient,
-    output: ContainerClient,
-    manifest: TableClient,
-    settings: Settings,
-    spec: OutputSpec,
-    gdal_options: dict | None = None,
-    source_name: str = "",
-) -> list[str]:
+def check_outputs(job: Job, stores: JobStores, scene: SceneInfo) -> list[str]:
     """What is wrong with the committed mosaic, STAC item and quicklook ([] when they verify as an
     assembly would verify them), writing nothing. Counted and logged like the windows' differences."""
     try:
-        verify_outputs(
-            job_id,
-            scene,
-            tiles=tiles,
-            output=output,
-            manifest=manifest,
-            settings=settings,
-            spec=spec,
-            gdal_options=gdal_options,
-            source_name=source_name,
-        )
+        verify_outputs(job, stores, scene)
     except (MosaicCheckError, IncompleteManifestError) as exc:
-        telemetry.count_difference(job_id, OUTPUTS_DIFFER)
-        logger.warning("job %s: its outputs are not what its tiles make: %s", job_id, exc)
+        telemetry.count_difference(job.job_id, OUTPUTS_DIFFER)
+        logger.warning("job %s: its outputs are not what its tiles make: %s", job.job_id, exc)
         return [str(exc)]
     return []
 
@@ -258,29 +224,6 @@ def inspect_outputs(output: ContainerClient, job_id: str) -> dict[str, str | Non
     return {key: props.etag if props is not None else None for key, props in found.items()}
 
 
-def rebuild_outputs(
-    job_id: str,
-    scene: SceneInfo,
-    *,
-    tiles: ContainerClient,
-    output: ContainerClient,
-    manifest: TableClient,
-    settings: Settings,
-    spec: OutputSpec,
-    gdal_options: dict | None = None,
-    source_name: str = "",
-) -> MosaicResult:
+def rebuild_outputs(job: Job, stores: JobStores, scene: SceneInfo) -> MosaicResult:
     """Assemble the mosaic again from the (repaired) manifest and replace the outputs as inspected now."""
-    inspected = inspect_outputs(output, job_id)
-    return assemble_mosaic(
-        job_id,
-        scene,
-        tiles=tiles,
-        output=output,
-        manifest=manifest,
-        settings=settings,
-        spec=spec,
-        gdal_options=gdal_options,
-        source_name=source_name,
-        replace=inspected,
-    )
+    return assemble_mosaic(job, stores, scene, replace=inspect_outputs(stores.output, job.job_id))

@@ -200,7 +200,7 @@ def prepare_block_copy(job: MosaicJob, executor: ThreadPoolExecutor) -> BlockCop
     """
     scene, spec, timings = job.scene, job.spec, job.timings
     levels = read_tile_levels(
-        scene, job.windows, job.summary, tiles=job.tiles, spec=spec, timings=timings, executor=executor
+        scene, job.windows, job.summary, tiles=job.stores.tiles, spec=spec, timings=timings, executor=executor
     )
     started = time.perf_counter()
     directories, sources, reference = list(levels.directories), levels.sources, levels.reference
@@ -219,7 +219,7 @@ def prepare_block_copy(job: MosaicJob, executor: ThreadPoolExecutor) -> BlockCop
             len(directories) - 1,
             fetch,
             job.workdir,
-            job.settings,
+            job.stores.settings,
             spec,
         )
         sources["coarse"] = coarse_source
@@ -254,7 +254,7 @@ def planned_block_copy(job: MosaicJob) -> Iterator[BlockCopy]:
                 head,
                 job.scene,
                 layout.levels,
-                settings=job.settings,
+                settings=job.stores.settings,
                 job_id=job.job_id,
                 block_size=job.spec.block_size,
                 shorter_side=job.spec.choice.web_optimized,

@@ -27,7 +27,9 @@ from .strategy import BuiltMosaic, MosaicJob, PlannedMosaic
 def build(job: MosaicJob) -> BuiltMosaic:
     """Stream the mosaic into staged blocks of its blob, its planned head checked first; nothing
     is committed. On any failure the stream is aborted: no block of it is left in flight."""
-    sink = StagedBlockSink(job.output.get_blob_client(job.mosaic_name), committed_elsewhere=job.committed_elsewhere)
+    sink = StagedBlockSink(
+        job.stores.output.get_blob_client(job.mosaic_name), committed_elsewhere=job.committed_elsewhere
+    )
     planned_head: list[bytes] = []
 
     def check_head(head: bytes, planned_levels: int) -> None:
@@ -35,7 +37,7 @@ def build(job: MosaicJob) -> BuiltMosaic:
             head,
             job.scene,
             planned_levels,
-            settings=job.settings,
+            settings=job.stores.settings,
             job_id=job.job_id,
             block_size=job.spec.block_size,
             shorter_side=job.spec.choice.web_optimized,

@@ -22,6 +22,7 @@ from ..reading.scene import SceneInfo, crs_label, same_crs
 from ..reading.source import PinnedBlob, Source, open_upload, reading
 from ..reading.upload import upload_gdal_options
 from .pyramid import pyramid_problems
+from .strategy import MosaicJob
 
 
 def check_mosaic_file(
@@ -150,36 +151,30 @@ def repair_instruction(job_id: str) -> str:
 
 
 def verify_committed_mosaic(
-    output: ContainerClient,
-    name: str,
-    scene: SceneInfo,
+    job: MosaicJob,
     levels: int,
     *,
-    settings: Settings,
-    gdal_options: dict | None,
     nbytes: int | None = None,
     metadata: dict[str, str | None] | None = None,
     head: bytes | None = None,
     hash_content_from: str | None = None,
-    block_size: int = BLOCK_SIZE,
-    shorter_side: bool = False,
 ) -> None:
-    """The checks of :func:`check_mosaic_file`, on the committed blob through /vsiaz/ (directories only),
-    after those of what the assembly planned:
+    """The checks of :func:`check_mosaic_file` on the job's committed mosaic (``levels`` overview
+    levels; directories only, through the pinned reader), after those of what the assembly planned:
 
     - ``nbytes``: the stored size;
-    - ``metadata``: what the blob's metadata must hold, key by key (the level count, the method,
-      the evidence: a streamed sha256 or a server-side plan's digest); None for a value this
-      call cannot know, which must then be present;
+    - ``metadata``: what the blob's metadata must hold, key by key (the level count, the method, the
+      evidence: a streamed sha256 or a server-side plan's digest); None for a value this call
+      cannot know, which must then be present;
     - ``head``: the planned header and directories the blob must begin with (one ranged read);
-    - ``hash_content_from``: a metadata key holding a sha256 the stored bytes must hash to (one
-      full read, pinned to the version checked), for a streamed mosaic whose sha256 this call
-      cannot know.
+    - ``hash_content_from``: a metadata key holding a sha256 the stored bytes must hash to (one full
+      read, pinned to the version checked), for a streamed mosaic whose sha256 this call cannot know.
 
     Raises :class:`MosaicCheckError` when the mosaic is known bad, and a retryable
-    :class:`StorageFaultError` when storage did not deliver what it read back (its reader's
-    record, :func:`check_mosaic_file`): a check that could not finish never passes.
+    :class:`StorageFaultError` when storage did not deliver what it read back (its reader's record,
+    :func:`check_mosaic_file`): a check that could not finish never passes.
     """
+    output, name, scene, spec = job.stores.output, job.mosaic_name, job.scene, job.spec
     props = committed_properties(output, name)
     problems = []
     stored = props.metadata or {}
@@ -202,17 +197,16 @@ def verify_committed_mosaic(
             problems.append(f"its bytes hash to {found}, its {hash_content_from} says {recorded}")
     if problems:
         raise MosaicCheckError(f"committed mosaic {name}: " + "; ".join(problems))
-    # The version whose properties were just checked, read through the app's pinned, counted
-    # reader (GDAL's own network file systems are closed meanwhile): a newer version cannot be
-    # checked in its place, and every request counts toward the job's usage.
+    # The version just checked, through the app's pinned, counted reader (GDAL's own network file
+    # systems closed): no newer version is checked in its place, every request counts as the job's.
     committed = PinnedBlob(output.get_blob_client(name), props.etag, upload=False)
     check_mosaic_file(
         committed,
         scene,
         levels,
-        settings=settings,
-        gdal_options={**(gdal_options or {}), **upload_gdal_options(committed.path)},
+        settings=job.stores.settings,
+        gdal_options={**(job.stores.gdal_options or {}), **upload_gdal_options(committed.path)},
         label=f"committed mosaic {name}",
-        block_size=block_size,
-        shorter_side=shorter_side,
+        block_size=spec.block_size,
+        shorter_side=spec.choice.web_optimized,
     )

@@ -84,7 +84,7 @@ def commit_and_verify(job: MosaicJob, built: BuiltMosaic) -> MosaicResult:
     # (MosaicCheckError, not retryable) and the blob is left in place to be examined; every
     # later assembly verifies it again and fails the same way.
     verify_mosaic(job, built.planned)
-    write_sidecars(job.job_id, job.scene, **_companions(job), replace=job.replace)
+    write_sidecars(job, replace=job.replace)
     planned = built.planned
     logger.info(
         "job %s: mosaic %s (%s, %d bytes, %d overview levels, %s, %s)",
@@ -115,7 +115,7 @@ def _commit(job: MosaicJob, built: BuiltMosaic) -> gates.Outcome:
     expect_etag = (job.replace or {}).get("mosaic")
     if built.path is not None:
         return commit_file(
-            job.output,
+            job.stores.output,
             job.mosaic_name,
             built.path,
             sha256=built.sha256,
@@ -125,7 +125,7 @@ def _commit(job: MosaicJob, built: BuiltMosaic) -> gates.Outcome:
             expect_etag=expect_etag,
         )
     return commit_staged_blob(
-        job.output,
+        job.stores.output,
         job.mosaic_name,
         built.block_ids,
         sha256=built.sha256,
@@ -142,7 +142,7 @@ def already_present(job: MosaicJob, planned: PlannedMosaic | None = None) -> Mos
     access), verified against ``planned`` (None: what the tiles make) before it counts as done;
     its companions are written if a crash left them out, and verified if not."""
     stored = verify_mosaic(job, planned)
-    write_sidecars(job.job_id, job.scene, **_companions(job))
+    write_sidecars(job)
     metadata = stored.metadata or {}
     return MosaicResult(
         outcome=str(gates.Outcome.ALREADY_PRESENT),
@@ -160,15 +160,4 @@ def superseded(job_id: str, timings: dict[str, float]) -> MosaicResult:
     logger.info("job %s: the mosaic changed since it was inspected for a rebuild; left as it is", job_id)
     return MosaicResult(
         outcome=str(gates.Outcome.SUPERSEDED), nbytes=0, overview_levels=-1, timings=timings, **output_names(job_id)
-    )
-
-
-def _companions(job: MosaicJob) -> dict:
-    return dict(
-        output=job.output,
-        settings=job.settings,
-        spec=job.spec,
-        source_name=job.source_name,
-        timings=job.timings,
-        cost=job.cost,
     )

@@ -11,21 +11,15 @@ companions, writing nothing.
 
 from __future__ import annotations
 
-import shutil
 import time
-
-from azure.data.tables import TableClient
-from azure.storage.blob import ContainerClient
 
 from ... import gates, jobs
 from ...errors import IncompatibleTilesError, MosaicCheckError
-from ...settings import Settings
-from ...spec import OutputSpec
+from ...jobs import Job
+from ...stores import JobStores
 from ..reading.scene import SceneInfo
-from . import attempt
 from .block_copy import plan_block_copy
 from .checks import blob_properties, committed_properties, repair_instruction, verify_committed_mosaic
-from .manifest_check import check_manifest
 from .pyramid import levels_of
 from .sidecars import write_sidecars
 from .strategy import (
@@ -35,6 +29,7 @@ from .strategy import (
     PLAN_SHA256_METADATA_KEY,
     MosaicJob,
     PlannedMosaic,
+    mosaic_job,
 )
 
 
@@ -53,9 +48,9 @@ def verify_mosaic(job: MosaicJob, planned: PlannedMosaic | None):
     A mosaic known bad raises :class:`MosaicCheckError` saying how to repair it (a re-run would
     meet the same mosaic); a check that storage kept from finishing raises a retryable fault.
     """
-    name, scene, spec = job.mosaic_name, job.scene, job.spec
+    name = job.mosaic_name
     started = time.perf_counter()
-    props = committed_properties(job.output, name)
+    props = committed_properties(job.stores.output, name)
     method = (props.metadata or {}).get(METHOD_METADATA_KEY, "")
     try:
         if method not in COMMITTED_METHODS:
@@ -64,22 +59,16 @@ def verify_mosaic(job: MosaicJob, planned: PlannedMosaic | None):
                 "no assembly committed it"
             )
         planned = _comparable_plan(job, method, planned)
-        levels = planned.levels if planned is not None else levels_of(scene, spec)
+        levels = planned.levels if planned is not None else levels_of(job.scene, job.spec)
         key = PLAN_SHA256_METADATA_KEY if method == "server" else gates.SHA256_METADATA_KEY
         ours = planned.evidence[1] if planned is not None and planned.evidence[0] == key else None
         verify_committed_mosaic(
-            job.output,
-            name,
-            scene,
+            job,
             levels,
-            settings=job.settings,
-            gdal_options=job.gdal_options,
             nbytes=planned.nbytes if planned is not None else None,
             metadata={OVERVIEW_LEVELS_METADATA_KEY: str(levels), key: ours},
             head=planned.head if planned is not None else None,
             hash_content_from=key if ours is None and key == gates.SHA256_METADATA_KEY else None,
-            block_size=spec.block_size,
-            shorter_side=spec.choice.web_optimized,
         )
     except MosaicCheckError as exc:
         raise MosaicCheckError(f"{exc}; {repair_instruction(job.job_id)}") from exc
@@ -102,54 +91,16 @@ def _comparable_plan(job: MosaicJob, method: str, planned: PlannedMosaic | None)
         ) from exc
 
 
-def verify_outputs(
-    job_id: str,
-    scene: SceneInfo,
-    *,
-    tiles: ContainerClient,
-    output: ContainerClient,
-    manifest: TableClient,
-    settings: Settings,
-    spec: OutputSpec,
-    gdal_options: dict | None = None,
-    source_name: str = "",
-) -> None:
+def verify_outputs(job: Job, stores: JobStores, scene: SceneInfo) -> None:
     """Verify the committed mosaic and its companions as an assembly does before it calls them
     done (:func:`verify_mosaic`, :func:`.sidecars.write_sidecars`), writing nothing: a scrub's check.
 
     Raises :class:`MosaicCheckError` for an output that is missing or known bad,
     :class:`IncompleteManifestError` when the tiles themselves are not what their rows say.
     """
-    name = jobs.mosaic_blob_name(job_id)
-    if blob_properties(output, name) is None:
-        raise MosaicCheckError(f"{name} does not exist; {repair_instruction(job_id)}")
-    windows, summary = check_manifest(job_id, scene, tiles=tiles, manifest=manifest, spec=spec)
-    timings: dict[str, float] = {}
-    workdir = attempt.new_workdir(job_id)
-    try:
-        job = MosaicJob(
-            job_id,
-            scene,
-            windows,
-            summary,
-            tiles=tiles,
-            output=output,
-            settings=settings,
-            spec=spec,
-            workdir=workdir,
-            timings=timings,
-            gdal_options=gdal_options,
-        )
-        verify_mosaic(job, None)
-        write_sidecars(
-            job_id,
-            scene,
-            output=output,
-            settings=settings,
-            spec=spec,
-            source_name=source_name,
-            timings=timings,
-            verify_only=True,
-        )
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+    name = jobs.mosaic_blob_name(job.job_id)
+    if blob_properties(stores.output, name) is None:
+        raise MosaicCheckError(f"{name} does not exist; {repair_instruction(job.job_id)}")
+    with mosaic_job(job, stores, scene, {}) as assembly:
+        verify_mosaic(assembly, None)
+        write_sidecars(assembly, verify_only=True)

@@ -4,21 +4,17 @@ tile the size its row says. Completeness comes from the manifest, never from lis
 
 from __future__ import annotations
 
-from azure.data.tables import TableClient
-from azure.storage.blob import ContainerClient
-
 from ... import storage
 from ...errors import IncompleteManifestError
 from ...grid import Window, plan_windows
+from ...jobs import Job
 from ...manifest import ManifestSummary, count_manifest
-from ...spec import OutputSpec
 from ...storage_answers import STORAGE_ERRORS, call_failed
+from ...stores import JobStores
 from ..reading.scene import SceneInfo
 
 
-def check_manifest(
-    job_id: str, scene: SceneInfo, *, tiles: ContainerClient, manifest: TableClient, spec: OutputSpec
-) -> tuple[list[Window], ManifestSummary]:
+def check_manifest(job: Job, stores: JobStores, scene: SceneInfo) -> tuple[list[Window], ManifestSummary]:
     """The planned windows and their manifest rows, or :class:`IncompleteManifestError`.
 
     Completeness comes from the manifest (never from listing the tiles); each row's byte count is
@@ -26,8 +22,9 @@ def check_manifest(
     per 5,000 tiles instead of one HEAD per tile; a row naming a blob the listing lacks counts
     as a mismatch.
     """
-    windows = plan_windows(scene.width, scene.height, spec.window_size)
-    summary = count_manifest(manifest, job_id)
+    job_id, tiles = job.job_id, stores.tiles
+    windows = plan_windows(scene.width, scene.height, job.spec.window_size)
+    summary = count_manifest(stores.manifest, job_id)
     missing = [w.id for w in windows if w.id not in summary.entries]
     if missing:
         shown = ", ".join(missing[:20]) + (f" and {len(missing) - 20} more" if len(missing) > 20 else "")

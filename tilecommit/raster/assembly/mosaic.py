@@ -22,24 +22,21 @@ the assembly, every time, saying how to repair it.
 from __future__ import annotations
 
 import logging
-import shutil
 import time
 from collections.abc import Callable
 
-from azure.data.tables import TableClient
 from azure.storage.blob import ContainerClient
 
 from ... import jobs
 from ...errors import CommittedElsewhere, CopyFromUrlUnsupported, IncompatibleTilesError
-from ...settings import Settings
-from ...spec import OutputSpec
+from ...jobs import Job
+from ...stores import JobStores
 from ..reading.scene import SceneInfo
 from . import attempt, blocks_strategy, server_strategy, vrt_strategy
 from .checks import blob_properties
 from .commit import MosaicResult, already_present, commit_and_verify, superseded
-from .manifest_check import check_manifest
 from .shares import StagedShares
-from .strategy import BuiltMosaic, MosaicJob, Strategy
+from .strategy import BuiltMosaic, MosaicJob, Strategy, mosaic_job
 
 logger = logging.getLogger(__name__)
 
@@ -61,34 +58,25 @@ FALLBACKS: dict[str, tuple[tuple[type[Exception], str, str], ...]] = {
 
 
 def assemble_mosaic(
-    job_id: str,
+    job: Job,
+    stores: JobStores,
     scene: SceneInfo,
     *,
-    tiles: ContainerClient,
-    output: ContainerClient,
-    manifest: TableClient,
-    settings: Settings,
-    spec: OutputSpec,
-    gdal_options: dict | None = None,
-    source_name: str = "",
     method: str = "auto",
     workdir: str | None = None,
     replace: dict[str, str | None] | None = None,
     shares: StagedShares | None = None,
     cost: Callable[[], dict] | None = None,
 ) -> MosaicResult:
-    """Assemble the job's tiles into ``jobs.mosaic_blob_name(job_id)`` once, plus STAC item and quicklook.
+    """Assemble the job's tiles into ``jobs.mosaic_blob_name(job.job_id)`` once, plus STAC item and
+    quicklook. ``method``: "auto" (``server``, falling back as :data:`FALLBACKS` says), or one strategy.
 
-    ``method``: "auto" (server-side block copy; through this process when the service lacks Put
-    Block From URL; VRT when the tiles cannot be block-copied), "server", "blocks" or "vrt".
     Raises :class:`IncompleteManifestError` (missing windows, a tile whose size differs from its
-    row, or, server-side, a tile changed since its row: named by window). Attempts running at
-    the same time take no claim and never wait for each other: each stages under block ids of
-    its own, the create-only commit lets one mosaic through and the other attempts return
-    ``already-present`` (see :mod:`tilecommit.raster.assembly.attempt`). ``workdir`` (default: a
-    private temporary directory, removed afterwards) holds the coarse-level copy, or the VRT
-    path's files. ``spec`` is the job's output spec: the windows planned and the blocks laid out
-    are its; the STAC item records it.
+    row, or, server-side, a tile changed since its row: named by window). Attempts at the same
+    time take no claim: one commit wins, the others return ``already-present`` (:mod:`.attempt`).
+    ``workdir`` (default: a private temporary directory, removed afterwards) holds the coarse-level
+    copy, or the VRT path's files. The job's spec decides the windows planned and the blocks laid
+    out; the STAC item records it, and the job's blob name as the source.
 
     ``replace`` (a rebuild after a repair): ``{"mosaic": etag, "stac": etag, "quicklook": etag}``,
     the versions inspected before it (None: absent). The mosaic is then assembled whatever is
@@ -97,15 +85,11 @@ def assemble_mosaic(
     ``superseded`` (companions untouched) when something newer landed first.
 
     ``shares`` (the commit step of a split staging, :mod:`.shares`): the copied ranges were staged
-    by share activities under that plan's ids; this call does everything else, as above.
-
-    ``cost`` gives what the job has cost so far; the STAC item made by this call records it.
+    by share activities under that plan's ids; this call does everything else, as above. ``cost``
+    gives what the job has cost so far; the STAC item made by this call records it.
     """
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, not {method!r}")
-    if shares is not None and (method not in ("auto", "server") or replace is not None):
-        raise ValueError("ranges staged in shares are committed by the server method, never as a rebuild")
-    mosaic_name = jobs.mosaic_blob_name(job_id)
+    _check_method(method, shares, replace)
+    job_id, output, mosaic_name = job.job_id, stores.output, jobs.mosaic_blob_name(job.job_id)
     timings: dict[str, float] = {}
     committed_elsewhere = _committed_elsewhere(output, mosaic_name, replace)
 
@@ -120,53 +104,50 @@ def assemble_mosaic(
     # 2. The plan: the manifest says every window is done, with the stored sizes (and ETags) it
     #    recorded. No claim: a dead attempt's temporary directories are removed, its staged
     #    blocks are never in our list (and are discarded by our commit).
-    started = time.perf_counter()
-    windows, summary = check_manifest(job_id, scene, tiles=tiles, manifest=manifest, spec=spec)
-    timings["manifest"] = time.perf_counter() - started
-    own_workdir = workdir is None
-    if own_workdir:
+    if workdir is None:
         attempt.sweep_dead_workdirs()
-        workdir = attempt.new_workdir(job_id)
-    job = MosaicJob(
-        job_id,
+    with mosaic_job(
+        job,
+        stores,
         scene,
-        windows,
-        summary,
-        tiles=tiles,
-        output=output,
-        settings=settings,
-        spec=spec,
+        timings,
         workdir=workdir,
-        timings=timings,
-        gdal_options=gdal_options,
         committed_elsewhere=committed_elsewhere,
-        shares=shares,
         replace=replace,
-        source_name=source_name,
         cost=cost,
-    )
+    ) as assembly:
+        return _built_or_present(assembly, existing is not None, method, shares)
+
+
+def _check_method(method: str, shares: StagedShares | None, replace: dict | None) -> None:
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, not {method!r}")
+    if shares is not None and (method not in ("auto", "server") or replace is not None):
+        raise ValueError("ranges staged in shares are committed by the server method, never as a rebuild")
+
+
+def _built_or_present(assembly: MosaicJob, exists: bool, method: str, shares: StagedShares | None) -> MosaicResult:
+    """Steps 3 to 5: a strategy builds the mosaic, the shared step commits and verifies it; or the
+    mosaic committed before (``exists``) or by another attempt while this one staged, verified."""
     try:
-        if existing is not None and replace is None:
-            return already_present(job)
-        # 3.-5. A strategy builds it, the shared step commits and verifies it.
-        return commit_and_verify(job, build(job, method))
+        if exists and assembly.replace is None:
+            return already_present(assembly)
+        return commit_and_verify(assembly, build(assembly, method, shares))
     except CommittedElsewhere:
-        if replace is not None:
-            return superseded(job_id, timings)
-        logger.info("job %s: another attempt committed the mosaic while this one staged; stopped", job_id)
-        return already_present(job)
-    finally:
-        if own_workdir:
-            shutil.rmtree(workdir, ignore_errors=True)
+        if assembly.replace is not None:
+            return superseded(assembly.job_id, assembly.timings)
+        logger.info("job %s: another attempt committed the mosaic while this one staged; stopped", assembly.job_id)
+        return already_present(assembly)
 
 
-def build(job: MosaicJob, method: str) -> BuiltMosaic:
+def build(job: MosaicJob, method: str, shares: StagedShares | None = None) -> BuiltMosaic:
     """The mosaic built by ``method``'s strategy, nothing committed; ``auto`` starts with
-    ``server`` and follows :data:`FALLBACKS`, any other method raises what its strategy raised."""
+    ``server`` and follows :data:`FALLBACKS`, any other method raises what its strategy raised.
+    ``shares``: the copied ranges the server strategy finds staged (:mod:`.shares`)."""
     name = "server" if method == "auto" else method
     while True:
         try:
-            return STRATEGIES[name](job)
+            return server_strategy.build(job, shares) if name == "server" else STRATEGIES[name](job)
         except (CopyFromUrlUnsupported, IncompatibleTilesError) as exc:
             fallback = _fallback(name, exc) if method == "auto" else None
             if fallback is None:

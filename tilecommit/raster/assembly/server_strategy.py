@@ -7,8 +7,9 @@ URL, each range pinned to the tile version the manifest recorded: :mod:`.server_
 :mod:`.copy_plan`). Only the head and the coarse levels, computed from the tiles' smallest
 reused level, pass through this process.
 
-With the job's ``shares`` the copied ranges were staged by share activities (:mod:`.shares`):
-only the head and coarse levels are staged here, once the plan is found to be the shares' own.
+Given ``shares``, the copied ranges were staged by share activities (:mod:`.shares`): only the
+head and coarse levels are staged here, once the plan is found to be the shares' own. Only this
+strategy knows of shares; the others and the shared commit never see them.
 
 A service without Put Block From URL raises :class:`~tilecommit.errors.CopyFromUrlUnsupported`
 (``auto`` then streams the bytes: :mod:`.blocks_strategy`); tiles that cannot be block-copied
@@ -22,14 +23,16 @@ import time
 
 from .block_copy import planned_block_copy
 from .server_copy import ServerSideStager, copy_source_for, ranges_tag
-from .shares import check_against_plan, read_share_plan
+from .shares import StagedShares, check_against_plan, read_share_plan
 from .strategy import BuiltMosaic, MosaicJob
 
 logger = logging.getLogger(__name__)
 
 
-def build(job: MosaicJob) -> BuiltMosaic:
-    """Plan the block-copy mosaic, check its head, and have the service stage it; nothing is committed."""
+def build(job: MosaicJob, shares: StagedShares | None = None) -> BuiltMosaic:
+    """Plan the block-copy mosaic, check its head, and have the service stage it (the copied
+    ranges only when no ``shares`` staged them); nothing is committed."""
+    tiles = job.stores.tiles
     with planned_block_copy(job) as copy:
         unpinned = [w for w, etag in copy.versions.items() if not etag]
         if unpinned:
@@ -40,15 +43,15 @@ def build(job: MosaicJob) -> BuiltMosaic:
                 unpinned[0],
             )
         layout = copy.layout
-        share_plan = read_share_plan(job.tiles, job.shares) if job.shares is not None else None
+        share_plan = read_share_plan(tiles, shares) if shares is not None else None
         if share_plan is not None:
             check_against_plan(share_plan, copy.plan, copy.versions)
         stager = ServerSideStager(
-            job.output.get_blob_client(job.mosaic_name),
-            job.tiles,
+            job.stores.output.get_blob_client(job.mosaic_name),
+            tiles,
             uris={w.id: job.summary.entries[w.id].uri for w in job.windows},
             etags=copy.versions,
-            copy_source=copy_source_for(job.tiles),
+            copy_source=copy_source_for(tiles),
             read_local=lambda ref: layout.sources[ref.source].read(ref.offset, ref.length),
             leaders=layout.writer.leaders,
             trailers=layout.writer.trailers,
@@ -65,6 +68,6 @@ def build(job: MosaicJob) -> BuiltMosaic:
         "sent_from_instance": stager.local_bytes_sent,
         "staged_blocks": len(block_ids),
         "copy_ranges": len(copy.plan.ranges),
-        "shares": job.shares.shares if job.shares is not None else 1,
+        "shares": shares.shares if shares is not None else 1,
     }
     return BuiltMosaic(copy.planned, transfer, block_ids=block_ids)

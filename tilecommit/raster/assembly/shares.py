@@ -34,7 +34,6 @@ import logging
 from dataclasses import dataclass
 
 from azure.core import MatchConditions
-from azure.data.tables import TableClient
 from azure.storage.blob import ContainerClient
 
 from ... import gates, jobs
@@ -45,9 +44,10 @@ from ...errors import (
     IncompleteManifestError,
     MosaicCheckError,
 )
+from ...jobs import Job
 from ...records import Record
-from ...spec import OutputSpec
 from ...storage_answers import STORAGE_ERRORS, call_failed, classify
+from ...stores import JobStores
 from ...usage import ContextExecutor
 from ..reading.scene import SceneInfo
 from .block_copy import read_tile_levels
@@ -124,31 +124,23 @@ def planned_ranges(levels) -> CopyPlan:
     return plan_copy(head, order, total, leaders=levels.writer.leaders, trailers=levels.writer.trailers)
 
 
-def plan_shares(
-    job_id: str,
-    scene: SceneInfo,
-    *,
-    tiles: ContainerClient,
-    output: ContainerClient,
-    manifest: TableClient,
-    spec: OutputSpec,
-    share_bytes: int,
-) -> StagedShares | str:
+def plan_shares(job: Job, stores: JobStores, scene: SceneInfo, *, share_bytes: int) -> StagedShares | str:
     """Plan the split staging of the mosaic and record it (create-only), named by its tag.
 
     Returns the :class:`StagedShares`, or why the mosaic is assembled by one activity instead:
     it exists already (that path verifies it), its tiles cannot be block-copied, or its copy
     fits one share. Raises :class:`IncompleteManifestError` as the assembly does.
     """
+    job_id, tiles = job.job_id, stores.tiles
     mosaic = jobs.mosaic_blob_name(job_id)
-    if blob_properties(output, mosaic) is not None:
+    if blob_properties(stores.output, mosaic) is not None:
         return "the mosaic exists already"
-    windows, summary = check_manifest(job_id, scene, tiles=tiles, manifest=manifest, spec=spec)
+    windows, summary = check_manifest(job, stores, scene)
     timings: dict[str, float] = {}
     try:
         with ContextExecutor(max_workers=FETCH_THREADS, thread_name_prefix="tilefetch") as executor:
             levels = read_tile_levels(
-                scene, windows, summary, tiles=tiles, spec=spec, timings=timings, executor=executor
+                scene, windows, summary, tiles=tiles, spec=job.spec, timings=timings, executor=executor
             )
     except IncompatibleTilesError as exc:
         return f"the tiles cannot be block-copied ({exc})"
@@ -202,14 +194,7 @@ def read_share_plan(tiles: ContainerClient, staged: StagedShares) -> SharePlan:
     return plan
 
 
-def stage_share(
-    job_id: str,
-    staged: StagedShares,
-    index: int,
-    *,
-    tiles: ContainerClient,
-    output: ContainerClient,
-) -> dict:
+def stage_share(job: Job, stores: JobStores, staged: StagedShares, index: int) -> dict:
     """Stage share ``index`` of the plan; ``{"share", "ranges", "bytes", "stopped", ...}``.
 
     ``stopped``: the mosaic was committed meanwhile (by anyone), so the rest is not staged (the
@@ -217,6 +202,7 @@ def stage_share(
     URL; the orchestration then assembles in one activity, which streams the bytes itself.
     Raises :class:`IncompleteManifestError` naming the window when a tile changed since its row.
     """
+    job_id, tiles, output = job.job_id, stores.tiles, stores.output
     plan = read_share_plan(tiles, staged)
     start, stop = plan.shares[index]
     name = jobs.mosaic_blob_name(job_id)

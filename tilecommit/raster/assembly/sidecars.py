@@ -12,33 +12,19 @@ from azure.storage.blob import ContainerClient
 
 from ... import gates, jobs
 from ...errors import MosaicCheckError
-from ...settings import Settings
-from ...spec import OutputSpec
 from ..env import gdal_env
 from ..gdal_errors import gdal_step
-from ..reading.scene import SceneInfo
 from ..reading.source import PinnedBlob, reading
 from ..reading.upload import upload_gdal_options
 from .checks import blob_properties, committed_properties, repair_instruction
 from .stac import mosaic_footprint, quicklook_png, stac_item_bytes, without_run_facts
+from .strategy import MosaicJob
 
 
-def write_sidecars(
-    job_id: str,
-    scene: SceneInfo,
-    *,
-    output: ContainerClient,
-    settings: Settings,
-    spec: OutputSpec,
-    source_name: str,
-    timings: dict[str, float],
-    replace: dict[str, str | None] | None = None,
-    verify_only: bool = False,
-    cost: Callable[[], dict] | None = None,
-) -> int:
+def write_sidecars(job: MosaicJob, *, replace: dict[str, str | None] | None = None, verify_only: bool = False) -> int:
     """Quicklook, then STAC item (which names both), each create-only, or verified when already there.
 
-    ``cost`` (the assembly's): what the job has cost until the item is made, recorded in it as
+    The assembly's ``cost``: what the job has cost until the item is made, recorded in it as
     ``tilecommit:cost``. That is the one part of the item that is not a function of the mosaic:
     an item already there is checked with it left out (:func:`.stac.without_run_facts`), and
     keeps the cost of the run that wrote it.
@@ -55,24 +41,19 @@ def write_sidecars(
     source, so it writes the same bytes. For the same reason an existing one must hold exactly
     those bytes (:func:`_commit_or_verify`).
     """
-    mosaic_name, stac_name, quicklook_name = (
-        jobs.mosaic_blob_name(job_id),
-        jobs.stac_blob_name(job_id),
-        jobs.quicklook_blob_name(job_id),
-    )
-    props = committed_properties(output, mosaic_name)
-    sha = (props.metadata or {}).get(gates.SHA256_METADATA_KEY, "")
+    job_id, output, timings = job.job_id, job.stores.output, job.timings
+    props = committed_properties(output, job.mosaic_name)
     # The mosaic is read at the version just inspected, through the app's counted reader: a read
     # storage did not answer in full fails the step (retried) instead of baking zeros into a
     # companion committed create-only. GDAL's network file systems are closed meanwhile.
-    mosaic = PinnedBlob(output.get_blob_client(mosaic_name), props.etag, upload=False)
-    with gdal_env(settings, upload_gdal_options(mosaic.path)):
+    mosaic = PinnedBlob(output.get_blob_client(job.mosaic_name), props.etag, upload=False)
+    with gdal_env(job.stores.settings, upload_gdal_options(mosaic.path)):
         started = time.perf_counter()
-        with gdal_step(f"making the quicklook of {mosaic_name}", window="smallest overview"):
+        with gdal_step(f"making the quicklook of {job.mosaic_name}", window="smallest overview"):
             quicklook = quicklook_png(mosaic)
         _commit_or_verify(
             output,
-            quicklook_name,
+            jobs.quicklook_blob_name(job_id),
             quicklook,
             content_type="image/png",
             job_id=job_id,
@@ -82,29 +63,10 @@ def write_sidecars(
         )
         timings["quicklook"] = time.perf_counter() - started
         started = time.perf_counter()
-        with (
-            gdal_step(f"reading the overview levels of {mosaic_name} for its STAC item"),
-            reading(mosaic) as src,
-        ):
-            levels = len(src.overviews(1))
-        body = stac_item_bytes(
-            job_id=job_id,
-            scene=scene,
-            mosaic_href="./" + mosaic_name.rsplit("/", 1)[-1],
-            quicklook_href="./" + quicklook_name.rsplit("/", 1)[-1],
-            mosaic_nbytes=int(props.size),
-            mosaic_sha256=sha,
-            overview_levels=levels,
-            created=props.creation_time or props.last_modified,
-            footprint=mosaic_footprint(mosaic, scene.crs),
-            source_name=source_name,
-            spec=spec,
-            cost=cost() if cost is not None else None,
-        )
         _commit_or_verify(
             output,
-            stac_name,
-            body,
+            jobs.stac_blob_name(job_id),
+            _stac_item(job, mosaic, props),
             content_type="application/geo+json",
             job_id=job_id,
             replace=replace,
@@ -114,6 +76,31 @@ def write_sidecars(
         )
         timings["stac"] = time.perf_counter() - started
     return int(props.size)
+
+
+def _stac_item(job: MosaicJob, mosaic: PinnedBlob, props) -> bytes:
+    """The STAC item of the committed mosaic ``mosaic`` (whose properties are ``props``), naming its
+    quicklook beside it; the cost in it is the job's until now."""
+    mosaic_name, scene = job.mosaic_name, job.scene
+    with (
+        gdal_step(f"reading the overview levels of {mosaic_name} for its STAC item"),
+        reading(mosaic) as src,
+    ):
+        levels = len(src.overviews(1))
+    return stac_item_bytes(
+        job_id=job.job_id,
+        scene=scene,
+        mosaic_href="./" + mosaic_name.rsplit("/", 1)[-1],
+        quicklook_href="./" + jobs.quicklook_blob_name(job.job_id).rsplit("/", 1)[-1],
+        mosaic_nbytes=int(props.size),
+        mosaic_sha256=(props.metadata or {}).get(gates.SHA256_METADATA_KEY, ""),
+        overview_levels=levels,
+        created=props.creation_time or props.last_modified,
+        footprint=mosaic_footprint(mosaic, scene.crs),
+        source_name=job.job.blob,
+        spec=job.spec,
+        cost=job.cost() if job.cost is not None else None,
+    )
 
 
 def _commit_or_verify(

@@ -18,21 +18,21 @@ no request of its own in flight.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-from azure.storage.blob import ContainerClient
 
 from ... import jobs
 from ...grid import Window
+from ...jobs import Job
 from ...manifest import ManifestSummary
-from ...settings import Settings
 from ...spec import OutputSpec
+from ...stores import JobStores
 from ..reading.scene import SceneInfo
-
-if TYPE_CHECKING:
-    from .shares import StagedShares
+from . import attempt
+from .manifest_check import check_manifest
 
 #: Blob metadata key recording the mosaic's overview level count (read back by a duplicate call).
 OVERVIEW_LEVELS_METADATA_KEY = "overview_levels"
@@ -46,37 +46,79 @@ COMMITTED_METHODS = ("server", "blocks", "vrt")
 
 @dataclass(frozen=True)
 class MosaicJob:
-    """One assembly of one job's tiles, as the strategies, the commit and the verification see it.
+    """One assembly of one job's tiles, as the strategies, the commit and the verification see it;
+    made by :func:`mosaic_job`.
 
     ``windows`` and ``summary`` are what the manifest check returned (every planned window, its
     row); ``workdir`` is the attempt's own temporary directory; every step adds its seconds to
     ``timings``. ``committed_elsewhere`` asks whether someone else committed the mosaic meanwhile
-    (a strategy that stages stops then). ``shares``: the copied ranges were staged by share
-    activities (:mod:`.shares`), so the server strategy stages only the rest. ``replace`` (a
-    rebuild): the versions of the mosaic and its companions inspected before it (None: absent);
-    ``source_name`` and ``cost`` are what the STAC item records.
+    (a strategy that stages stops then). ``replace`` (a rebuild): the versions of the mosaic and
+    its companions inspected before it (None: absent); ``cost`` is what the STAC item records.
     """
 
-    job_id: str
+    job: Job
+    stores: JobStores
     scene: SceneInfo
     windows: list[Window]
     summary: ManifestSummary
-    tiles: ContainerClient
-    output: ContainerClient
-    settings: Settings
-    spec: OutputSpec
     workdir: str
     timings: dict[str, float]
-    gdal_options: dict | None = None
     committed_elsewhere: Callable[[], bool] | None = None
-    shares: StagedShares | None = None
     replace: dict[str, str | None] | None = None
-    source_name: str = ""
     cost: Callable[[], dict] | None = None
+
+    @property
+    def job_id(self) -> str:
+        return self.job.job_id
+
+    @property
+    def spec(self) -> OutputSpec:
+        return self.job.spec
 
     @property
     def mosaic_name(self) -> str:
         return jobs.mosaic_blob_name(self.job_id)
+
+
+@contextmanager
+def mosaic_job(
+    job: Job,
+    stores: JobStores,
+    scene: SceneInfo,
+    timings: dict[str, float],
+    *,
+    workdir: str | None = None,
+    committed_elsewhere: Callable[[], bool] | None = None,
+    replace: dict[str, str | None] | None = None,
+    cost: Callable[[], dict] | None = None,
+) -> Iterator[MosaicJob]:
+    """The assembly of ``job``'s tiles once the manifest says every planned window is done, with
+    the stored sizes it recorded (:func:`.manifest_check.check_manifest`, raised from here).
+
+    ``workdir`` None: a temporary directory of the attempt's own (:func:`.attempt.new_workdir`),
+    removed when the assembly leaves; one given is the caller's to remove.
+    """
+    started = time.perf_counter()
+    windows, summary = check_manifest(job, stores, scene)
+    timings["manifest"] = time.perf_counter() - started
+    own_workdir = workdir is None
+    workdir = attempt.new_workdir(job.job_id) if workdir is None else workdir
+    try:
+        yield MosaicJob(
+            job,
+            stores,
+            scene,
+            windows,
+            summary,
+            workdir=workdir,
+            timings=timings,
+            committed_elsewhere=committed_elsewhere,
+            replace=replace,
+            cost=cost,
+        )
+    finally:
+        if own_workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
 
 
 @dataclass(frozen=True)

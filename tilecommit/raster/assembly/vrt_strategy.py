@@ -159,7 +159,7 @@ def build(job: MosaicJob) -> BuiltMosaic:
         out_path,
         job.scene,
         levels,
-        settings=job.settings,
+        settings=job.stores.settings,
         block_size=job.spec.block_size,
         shorter_side=job.spec.choice.web_optimized,
     )
@@ -176,7 +176,7 @@ def build_mosaic_vrt(job: MosaicJob, out_path: str, num_threads: int = NUM_THREA
     levels = levels_of(scene, spec)
     _warn_of_its_costs(job)
     vrt_path = os.path.join(workdir, "mosaic.vrt")
-    paths = fetch_tiles(windows, summary, job.tiles, os.path.join(workdir, "tiles"))
+    paths = fetch_tiles(windows, summary, job.stores.tiles, os.path.join(workdir, "tiles"))
     with open(vrt_path, "w", encoding="utf-8") as f:
         f.write(_vrt_xml(scene, windows, paths, spec.block_size))
     # The mosaic says what its tiles say, and each tile says what the source does
@@ -198,7 +198,9 @@ def build_mosaic_vrt(job: MosaicJob, out_path: str, num_threads: int = NUM_THREA
     started = time.perf_counter()
     # The COG driver writes its overviews to a temporary file beside the output: keep it in workdir.
     with (
-        gdal_env(job.settings, {**(job.gdal_options or {}), "CPL_TMPDIR": workdir}, num_threads=num_threads),
+        gdal_env(
+            job.stores.settings, {**(job.stores.gdal_options or {}), "CPL_TMPDIR": workdir}, num_threads=num_threads
+        ),
         gdal_step(
             "assembling the mosaic through a VRT (COG driver)",
             window=f"{scene.width}x{scene.height}, {len(windows)} tiles",

@@ -13,17 +13,17 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from azure.data.tables import TableClient
-from azure.storage.blob import ContainerClient
 from rasterio.errors import RasterioIOError
 
 from ... import cancellation, gates, jobs
 from ... import manifest as manifest_rows
 from ...errors import InvalidRasterError, JobCancelledError
 from ...grid import Window
+from ...jobs import Job
 from ...records import Record
 from ...settings import Settings
 from ...spec import OutputSpec
+from ...stores import JobStores
 from ..env import NUM_THREADS, gdal_env
 from ..gdal_errors import gdal_step
 from ..reading.source import Source, as_source, open_upload
@@ -98,19 +98,15 @@ class TileResult(Record):
 
 
 def render_tile(
+    job: Job,
+    stores: JobStores,
     upload: str | os.PathLike | Source,
     window: Window,
     *,
-    job_id: str,
-    tiles: ContainerClient,
-    manifest: TableClient,
-    settings: Settings,
-    spec: OutputSpec,
-    gdal_options: dict | None = None,
     num_threads: int = NUM_THREADS,
 ) -> TileResult:
-    """Render one window of ``source_path`` into the tiles container, at most once in effect,
-    made to the job's output ``spec`` (``settings`` give GDAL's limits only).
+    """Render one window of ``upload`` into the tiles container, at most once in effect, made to
+    the job's output spec (the stores' settings give GDAL's limits only).
 
     1. A point read of the manifest: a row means the tile is done. Without one, a point read of
        the job's cancellation row: a cancelled job (:mod:`tilecommit.cancellation`) renders
@@ -121,9 +117,10 @@ def render_tile(
        (same sha256) and writes the row. The row is written only after the blob exists, so the
        manifest never names a tile that is not there.
     """
+    job_id, spec = job.job_id, job.spec
     timings: dict[str, float] = {}
     started = time.perf_counter()
-    entry, cancelled = cancellation.lookup_window(manifest, job_id, window)
+    entry, cancelled = cancellation.lookup_window(stores.manifest, job_id, window)
     timings["manifest_check"] = time.perf_counter() - started
     if cancelled:
         raise JobCancelledError(f"job {job_id} was cancelled: window {window.id} is not rendered")
@@ -138,14 +135,13 @@ def render_tile(
             timings=timings,
         )
 
-    name = jobs.tile_blob_name(job_id, window)
     with window_of_upload(
         upload,
         window,
-        settings=settings,
+        settings=stores.settings,
         purpose="render",
         spec=spec,
-        gdal_options=gdal_options,
+        gdal_options=stores.gdal_options,
         num_threads=num_threads,
     ) as src:
         where = f"col={window.col_off} row={window.row_off} {window.width}x{window.height}"
@@ -154,16 +150,27 @@ def render_tile(
     # Every read of this window was answered in full at the job's version (checked() above
     # raised otherwise): only now may its tile be committed, once and for good.
     timings.update(encode_timings)
+    return _commit_tile(job, stores, window, body, timings)
 
+
+def _commit_tile(job: Job, stores: JobStores, window: Window, body: bytes, timings: dict[str, float]) -> TileResult:
+    """Step 3 of :func:`render_tile`: the tile committed create-only, then its manifest row."""
+    job_id, name = job.job_id, jobs.tile_blob_name(job.job_id, window)
     started = time.perf_counter()
-    outcome, stored = gates.commit_blob_versioned(tiles, name, body, job_id=job_id)
+    outcome, stored = gates.commit_blob_versioned(stores.tiles, name, body, job_id=job_id)
     timings["commit"] = time.perf_counter() - started
 
     # The row describes the tile storage holds (ours, or an already-present one with other bytes).
     started = time.perf_counter()
     # Called through its module, where the crash tests' fault injection replaces it.
     manifest_rows.record_manifest_entry(
-        manifest, job_id=job_id, window=window, uri=name, nbytes=stored.nbytes, sha256=stored.sha256, etag=stored.etag
+        stores.manifest,
+        job_id=job_id,
+        window=window,
+        uri=name,
+        nbytes=stored.nbytes,
+        sha256=stored.sha256,
+        etag=stored.etag,
     )
     timings["manifest"] = time.perf_counter() - started
     logger.info("tile %s of job %s: %s, %d bytes", window.id, job_id, outcome, stored.nbytes)
