@@ -32,7 +32,7 @@ def price_table(path: Path = PRICE_TABLE) -> dict:
         return tomllib.load(table)
 
 
-def estimate(used: dict, *, instance_memory_mb: int, tile_bytes: int = 0, prices: dict | None = None) -> dict:
+def estimate(used: dict | None, *, instance_memory_mb: int, tile_bytes: int = 0, prices: dict | None = None) -> dict:
     """The job's estimate in the price table's currency, item by item, with what each item counts."""
     prices = prices or price_table()
     used = usage.add(usage.empty(), used)

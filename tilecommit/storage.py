@@ -117,6 +117,13 @@ def pooled_session(connections: int = STORAGE_CONNECTIONS) -> Any:
     return session
 
 
+def _endpoint(endpoint: str | None, service: str) -> str:
+    """A service's endpoint for the identity's clients; ``from_env`` always sets both."""
+    if not endpoint:
+        raise ConfigurationError(f"no {service} endpoint: a connection without a connection string needs one")
+    return endpoint
+
+
 @dataclass(frozen=True)
 class StorageConnection:
     """Where storage is and how to authenticate to it."""
@@ -234,7 +241,7 @@ class StorageConnection:
         }
         if self.connection_string:
             return BlobServiceClient.from_connection_string(self.connection_string, **kwargs)
-        return BlobServiceClient(self.blob_endpoint, credential=self.credential, **kwargs)
+        return BlobServiceClient(_endpoint(self.blob_endpoint, "blob"), credential=self.credential, **kwargs)
 
     def table_service(self, **kwargs: Any) -> TableServiceClient:
         """A table client with the retry settings and timeouts of :mod:`tilecommit.retries`, counted
@@ -248,7 +255,7 @@ class StorageConnection:
         }
         if self.connection_string:
             return TableServiceClient.from_connection_string(self.connection_string, **kwargs)
-        return TableServiceClient(self.table_endpoint, credential=self.credential, **kwargs)
+        return TableServiceClient(_endpoint(self.table_endpoint, "table"), credential=self.credential, **kwargs)
 
     def gdal_options(self) -> dict[str, str]:
         """GDAL configuration for reading ``/vsiaz/{container}/{blob}`` with these settings.

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import numpy as np
 from azure.storage.blob import ContainerClient
@@ -172,6 +173,7 @@ def check_window(
         logger.warning("job %s: window %s differs from its source: %s", job_id, window.id, "; ".join(details))
     if not (kinds and repair):
         return report
+    assert body is not None  # encoded above whenever a repair is due
     tile, recorded = _repair_window(job, stores, window, body, name, row, stored)
     return WindowReport(window=window.id, differences=kinds, details=details, tile=tile, manifest=recorded)
 
@@ -183,6 +185,7 @@ def _repair_window(
     inspected (``stored``, ``row``); returns the two outcomes."""
     job_id, tiles, manifest = job.job_id, stores.tiles, stores.manifest
     digest = gates.sha256_hex(body)
+    tile: gates.Outcome | str
     if stored is None:
         tile, _ = gates.commit_blob_versioned(tiles, name, body, job_id=job_id)
     elif stored.sha256 != digest:
@@ -195,7 +198,10 @@ def _repair_window(
     if now is None or now.sha256 != digest:
         logger.warning("job %s: %s changed again during its repair; its row is left for the next scrub", job_id, name)
         return str(tile), str(gates.Outcome.SUPERSEDED)
-    fields = dict(job_id=job_id, window=window, uri=name, nbytes=len(now.body), sha256=digest, etag=now.etag)
+    fields: dict[str, Any] = dict(
+        job_id=job_id, window=window, uri=name, nbytes=len(now.body), sha256=digest, etag=now.etag
+    )
+    recorded: gates.Outcome | str
     if row is None:
         recorded = record_manifest_entry(manifest, **fields)
     elif (row[0].uri, row[0].nbytes, row[0].sha256, row[0].etag) != (name, len(now.body), digest, now.etag):
@@ -220,7 +226,8 @@ def check_outputs(job: Job, stores: JobStores, scene: SceneInfo) -> list[str]:
 
 def inspect_outputs(output: ContainerClient, job_id: str) -> dict[str, str | None]:
     """The ETags of the job's mosaic, STAC item and quicklook as they are now (None: absent)."""
-    found = {key: blob_properties(output, name) for key, name in output_names(job_id).items()}
+    names = cast(dict[str, str], output_names(job_id))
+    found = {key: blob_properties(output, name) for key, name in names.items()}
     return {key: props.etag if props is not None else None for key, props in found.items()}
 
 

@@ -120,10 +120,10 @@ def build_coarse_levels(
     for j, d in enumerate(reduced, start=1):
         image = coarse(d, tiff.SUBFILE_REDUCED, f"level {first_level + j}")
         if base.mask is not None:
-            mask = masks.get((d.width, d.height))
-            if mask is None:
+            mask_dir = masks.get((d.width, d.height))
+            if mask_dir is None:
                 raise MosaicCheckError(f"GDAL built no mask for computed level {first_level + j}")
-            image.mask = coarse(mask, tiff.SUBFILE_REDUCED | tiff.SUBFILE_MASK, f"level {first_level + j} mask")
+            image.mask = coarse(mask_dir, tiff.SUBFILE_REDUCED | tiff.SUBFILE_MASK, f"level {first_level + j} mask")
         out_dirs.append(image)
     if len(out_dirs) != len(factors):
         raise MosaicCheckError(f"GDAL built {len(out_dirs)} coarse levels, {len(factors)} were asked for")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
 from azure.core import MatchConditions
 from azure.storage.blob import ContainerClient
@@ -47,7 +48,9 @@ class BlobRangeSource:
         self.window = window or name
 
     def _download(self, offset: int, length: int):
-        condition = {"etag": self.etag, "match_condition": MatchConditions.IfNotModified} if self.etag else {}
+        condition: dict[str, Any] = (
+            {"etag": self.etag, "match_condition": MatchConditions.IfNotModified} if self.etag else {}
+        )
         try:
             downloader = self.container.download_blob(
                 self.name, offset=offset, length=length, max_concurrency=1, **condition

@@ -21,6 +21,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
+from typing import TypedDict
 
 from ... import gates, jobs
 from ...records import Record
@@ -54,9 +55,15 @@ class MosaicResult(Record):
     JSON_IN = {"timings": lambda timings: dict(timings or {}), "transfer": lambda counts: dict(counts or {})}
 
 
-def output_names(job_id: str) -> dict[str, str]:
+class OutputNames(TypedDict):
+    mosaic: str
+    stac: str
+    quicklook: str
+
+
+def output_names(job_id: str) -> OutputNames:
     """The job's three outputs by the name :class:`MosaicResult` gives each."""
-    return dict(
+    return OutputNames(
         mosaic=jobs.mosaic_blob_name(job_id),
         stac=jobs.stac_blob_name(job_id),
         quicklook=jobs.quicklook_blob_name(job_id),
@@ -124,6 +131,8 @@ def _commit(job: MosaicJob, built: BuiltMosaic) -> gates.Outcome:
             metadata=metadata,
             expect_etag=expect_etag,
         )
+    if built.block_ids is None:
+        raise AssertionError(f"the {built.method} strategy built neither a file nor staged blocks")
     return commit_staged_blob(
         job.stores.output,
         job.mosaic_name,

@@ -28,6 +28,7 @@ client already has:
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections import deque
@@ -195,7 +196,7 @@ class ServerSideStager:
         for index, piece in enumerate(ranges, start=first):
             yield (
                 self.range_id(index),
-                (lambda block_id, piece=piece: self._copy_range(block_id, piece)),
+                functools.partial(self._copy_range, piece=piece),
                 (f"range of {piece.source}"),
             )
 
@@ -215,7 +216,7 @@ class ServerSideStager:
             for chunk in self._local_chunks(piece):
                 order.append(attempt.block_id(self.tag, local))
                 local += 1
-                yield order[-1], (lambda block_id, chunk=chunk: self._put_local(block_id, chunk)), "local bytes"
+                yield order[-1], functools.partial(self._put_local, chunk=chunk), "local bytes"
 
     def _copy_range(self, block_id: str, piece: CopyRange) -> None:
         tile = self.tiles.get_blob_client(self.uris[piece.source])

@@ -134,7 +134,7 @@ class PlannedMosaic:
     method: str
     levels: int
     evidence: tuple[str, str]
-    nbytes: int | None = None
+    nbytes: int
     head: bytes | None = None
 
 

@@ -365,7 +365,7 @@ class SourceFile(io.RawIOBase):
 class LocalFile(Source):
     """A file on this machine's disk, read through the same counted path as a blob."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str | os.PathLike[str]):
         super().__init__(os.fspath(path))
         self._local = os.fspath(path)
 
@@ -462,7 +462,7 @@ class PinnedBlob(Source):
 _SOURCES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def as_source(path_or_source: str | os.PathLike | Source) -> Source:
+def as_source(path_or_source: str | os.PathLike[str] | Source) -> Source:
     return path_or_source if isinstance(path_or_source, Source) else LocalFile(path_or_source)
 
 

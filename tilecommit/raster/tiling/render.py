@@ -63,9 +63,9 @@ def window_of_upload(
         except RasterioIOError as exc:
             raise InvalidRasterError(f"{source.name} cannot be opened to {purpose} window {window.id}: {exc}") from exc
         with src, source.checked():
-            grid = view_grid(src, spec.choice) if spec is not None else None
-            if grid is not None:
-                choice = spec.choice
+            choice = spec.choice if spec is not None else None
+            grid = view_grid(src, choice) if choice is not None else None
+            if choice is not None and grid is not None:
                 with warped(src, grid, resampling=choice.warp_resampling, nodata=choice.nodata_for(src.nodata)) as view:
                     _check_inside(window, view, f"{grid.name} of the source")
                     yield view
