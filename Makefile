@@ -61,7 +61,7 @@ demo: setup
 	$(PY) -m devhost demo
 
 # Lint first, so CI (.ci/run calls `make test`) fails on a finding before the slow tests start.
-# mypy checks the app's layers (pyproject.toml [tool.mypy]), clean.
+# mypy checks the app's layers and the local host (pyproject.toml [tool.mypy]), clean.
 lint: setup
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .

@@ -16,6 +16,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import BinaryIO
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 ACCOUNT_NAME = "tilecommitdev"
@@ -80,7 +81,8 @@ class Azurite:
         self.blob_port = self.queue_port = self.table_port = 0
         self.process: subprocess.Popen | None = None
         self._tmpdir: tempfile.TemporaryDirectory | None = None
-        self._log = None
+        #: Azurite's stdout and stderr while it runs, if ``log_path`` is given (else discarded).
+        self._log: BinaryIO | None = None
 
     @property
     def blob_endpoint(self) -> str:
@@ -115,7 +117,7 @@ class Azurite:
             try:
                 return self._start(timeout)
             except AzuriteExited:
-                if self._log not in (None, subprocess.DEVNULL):
+                if self._log is not None:
                     self._log.close()
                 if attempt == PORT_ATTEMPTS - 1:
                     raise
@@ -149,13 +151,13 @@ class Azurite:
         if self.in_memory:
             args.append("--inMemoryPersistence")
         else:
+            assert self.workdir is not None  # a folder was made above when none was given
             args += ["--location", self.workdir]
         env = dict(os.environ, AZURITE_ACCOUNTS=f"{self.account}:{self.key}")
         # Held open for the life of the process (closed by stop()), so no with-block.
-        self._log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
-        self.process = subprocess.Popen(
-            args, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
-        )
+        self._log = open(self.log_path, "ab") if self.log_path else None  # noqa: SIM115
+        output = subprocess.DEVNULL if self._log is None else self._log
+        self.process = subprocess.Popen(args, env=env, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -184,7 +186,7 @@ class Azurite:
         if self.process and self.process.poll() is None:
             os.killpg(self.process.pid, sig)
             self.process.wait(timeout=30)
-        if self._log not in (None, subprocess.DEVNULL):
+        if self._log is not None:
             self._log.close()
 
     def stop(self) -> None:
@@ -198,7 +200,7 @@ class Azurite:
                 except ProcessLookupError:
                     pass
                 self.process.wait(timeout=10)
-        if self._log not in (None, subprocess.DEVNULL):
+        if self._log is not None:
             self._log.close()
         if self._tmpdir is not None:
             self._tmpdir.cleanup()

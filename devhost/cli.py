@@ -30,6 +30,7 @@ import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from tilecommit.settings import CONSUMPTION_INSTANCE_MB, DEAD_LETTER_CONTAINER
 
@@ -40,7 +41,7 @@ EXIT_COMPLETED, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # argparse exits 2 too; keep the message short
+    def error(self, message: str) -> NoReturn:  # argparse exits 2 too; keep the message short
         self.print_usage(sys.stderr)
         raise SystemExit(f"{self.prog}: error: {message}") from None
 

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import uuid
+from typing import IO
 
 from .durable.http_routes import FUNCTION_KEY_ENV
 
@@ -53,7 +54,7 @@ def serve_hosts(args: argparse.Namespace, storage) -> int:
             env={**os.environ, **({FUNCTION_KEY_ENV: args.function_key} if args.function_key else {})},
         )
         hosts.append(process)
-        threading.Thread(target=_relay, args=(process, number + 1, ready[number]), daemon=True).start()
+        threading.Thread(target=_relay, args=(process.stderr, number + 1, ready[number]), daemon=True).start()
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -78,9 +79,9 @@ def serve_hosts(args: argparse.Namespace, storage) -> int:
     return max(codes) if any(codes) else 0
 
 
-def _relay(process: subprocess.Popen, number: int, ready: threading.Event) -> None:
+def _relay(stderr: IO[bytes], number: int, ready: threading.Event) -> None:
     """Each host's stderr on this one's, its lines marked with the host's number."""
-    for line in process.stderr:
+    for line in stderr:
         text = line.decode(errors="replace")
         if text.startswith("devhost: watching"):
             ready.set()

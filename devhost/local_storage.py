@@ -90,6 +90,7 @@ def probe_endpoints(source: str) -> StorageChoice:
                 f"failed ({reason}); start it (Azurite: node_modules/.bin/node node_modules/.bin/azurite --skipApiVersionCheck --loose), fix "
                 f"{STORAGE_CONNECTION}, or unset it and remove local.settings.json to use the embedded Azurite"
             ) from None
+    assert connection.blob_endpoint is not None  # from_env raises when no blob endpoint is configured
     return StorageChoice(source, connection.blob_endpoint)
 
 
@@ -159,6 +160,7 @@ def embedded_azurite(start_timeout: float = 30.0) -> Iterator[StorageChoice]:
             ) from None
         try:
             ports = {"blob": azurite.blob_port, "queue": azurite.queue_port, "table": azurite.table_port}
+            assert azurite.process is not None  # started above
             running.write_text(json.dumps({"pid": os.getpid(), "azurite_pid": azurite.process.pid, **ports}))
             os.environ[STORAGE_CONNECTION] = azurite.connection_string
             yield StorageChoice(f"the embedded Azurite ({folder})", azurite.blob_endpoint)

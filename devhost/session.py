@@ -118,8 +118,12 @@ def process_file(
     # hashes it into the id.
     spec, _ = OutputSpec.started_for(host.settings, blob.blob_name, metadata)
     job_id = job_id_for(blob.url, uploaded["etag"], spec)
-    board = None if callable(progress) else ProgressBoard(progress)
-    update = progress if callable(progress) else board.updater(0)
+    board: ProgressBoard | None = None
+    if callable(progress):
+        update = progress
+    else:
+        board = ProgressBoard(progress)
+        update = board.updater(0)
     deadline = time.monotonic() + timeout
     # A watcher delivers the event (this host's, or that of the host owning the event's partition);
     # the starter may also decide to ignore the upload.

@@ -45,12 +45,20 @@ class EpisodePlan:
     nondeterminism: str | None = None
 
 
+def _scheduled_meta(inst: Instance, item: dict) -> dict:
+    """What the host keeps about the task ``item`` completes; empty if it completes none (or one
+    not scheduled here). Retry failures and retry timers are sorted out by what it holds, so it
+    holds something for them."""
+    task_id = completion_task_id(item)
+    return inst.scheduled.get(task_id, {}) if task_id is not None else {}
+
+
 def order_new_events(inst: Instance, events: list[dict]) -> tuple[list[dict], list[dict], list[dict]]:
     """[retry failures, retry timers with attempts left, everything else]: the order in which the
     SDK numbers the tasks these events make, so history is appended in that order too."""
     retry_failures, retry_timers, rest = [], [], []
     for item in events:
-        meta = inst.scheduled.get(completion_task_id(item), {})
+        meta = _scheduled_meta(inst, item)
         retry_of = meta.get("retry_of")
         if item["EventType"] in (TASK_FAILED, SUB_ORCHESTRATION_FAILED) and meta.get("retry"):
             retry_failures.append(item)
@@ -80,7 +88,7 @@ def plan_episode(
     finished: list[int] = []
     ids = itertools.count(inst.next_id)  # committed to the instance only with the episode
     for item in retry_failures:
-        meta = inst.scheduled[completion_task_id(item)]
+        meta = _scheduled_meta(inst, item)
         delay = shim.retry_delay(meta["retry"], meta["attempt"], parse_iso(meta["first_attempt_at"]), moment)
         if delay is None:  # the retry timeout has passed: the failure is final, no timer
             finished.append(meta["leaf"])
@@ -90,13 +98,13 @@ def plan_episode(
         appended.append(event(TIMER_CREATED, moment, EventId=timer_id, FireAt=iso(fire_at)))
         scheduled[timer_id] = {"kind": "timer", "fire_at": iso(fire_at), "retry_of": meta, "leaf": meta["leaf"]}
     for item in retry_timers:
-        meta = inst.scheduled[completion_task_id(item)]["retry_of"]
+        meta = _scheduled_meta(inst, item)["retry_of"]
         task_id = next(ids)
         again = {**meta, "attempt": meta["attempt"] + 1}
         appended.append(scheduled_event(task_id, again, moment))
         scheduled[task_id] = again
     for item in rest:
-        meta = inst.scheduled.get(completion_task_id(item), {})
+        meta = _scheduled_meta(inst, item)
         if "leaf" in meta:
             finished.append(meta["leaf"])
     done = inst.finished_leaves | set(finished)

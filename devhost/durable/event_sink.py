@@ -59,14 +59,14 @@ class EventSink:
                 with self.file.open("a", encoding="utf-8") as out:
                     out.write(json.dumps(event, sort_keys=True) + "\n")
             if self.url is not None:
-                self._forward(event)
+                self._forward(self.url, event)
             self.received += 1
 
-    def _forward(self, event: dict) -> None:
+    def _forward(self, url: str, event: dict) -> None:
         body = json.dumps(event).encode()
         for attempt in range(1, FORWARD_TRIES + 1):
             request = urllib.request.Request(
-                self.url,
+                url,
                 data=body,
                 method="POST",
                 headers={"Content-Type": "application/cloudevents+json; charset=utf-8"},

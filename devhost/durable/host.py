@@ -117,11 +117,12 @@ class _DecisionLog(logging.Handler):
         self.decisions: list[dict] = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        action = getattr(record, "start_action", None)
+        fields = vars(record)  # the starter's ``extra`` fields are attributes of the record
+        action = fields.get("start_action")
         if action is not None:
-            job_id = record.job_id if record.job_id != "none" else None
+            job_id = fields["job_id"] if fields["job_id"] != "none" else None
             self.decisions.append(
-                {"action": action, "blob": record.start_blob, "job_id": job_id, "reason": record.start_reason}
+                {"action": action, "blob": fields["start_blob"], "job_id": job_id, "reason": fields["start_reason"]}
             )
 
 

@@ -119,7 +119,9 @@ class HttpRoutes:
 
     @property
     def base_url(self) -> str:
-        host, port = self.server.server_address[:2]
+        # The bound socket's own address (what server_address holds): a str host for AF_INET,
+        # where the server's declared address type also allows bytes.
+        host, port = self.server.socket.getsockname()[:2]
         return f"http://{host}:{port}"
 
     def _authorised(self, route: HttpRoute, headers: dict, query: dict) -> bool:

@@ -53,7 +53,7 @@ from datetime import UTC, datetime, timedelta
 
 from azure.core import MatchConditions
 from azure.core.exceptions import HttpResponseError, ResourceExistsError
-from azure.data.tables import TableClient, UpdateMode
+from azure.data.tables import TableClient, TableEntity, UpdateMode
 
 logger = logging.getLogger(__name__)
 
@@ -217,7 +217,7 @@ class PartitionManager:
         if not shutting_down:
             self._present(entities, rows, moment)
         busy = False
-        others: dict[str, list[dict]] = {}
+        others: dict[str, list[TableEntity]] = {}
         mine = 0
         for row in rows:
             partition = int(row["RowKey"].split("-")[1])
@@ -255,13 +255,13 @@ class PartitionManager:
                 if next_owner == self.worker_id:
                     busy = True
                     mine += 1
-                elif (next_owner or owner) is not None:
-                    others.setdefault(next_owner or owner, []).append(row)
+                elif (holder := next_owner or owner) is not None:
+                    others.setdefault(holder, []).append(row)
         if not shutting_down and others:
             busy = self._balance(others, mine) or busy
         return busy
 
-    def _present(self, entities: list[dict], rows: list[dict], moment: datetime) -> None:
+    def _present(self, entities: list[TableEntity], rows: list[TableEntity], moment: datetime) -> None:
         """Renew this host's presence row and see whether any other host is live."""
         self.table.upsert_entity(
             {
@@ -283,7 +283,7 @@ class PartitionManager:
             logger.info("another host is on the task hub (%s)", ", ".join(sorted(others)))
             self._crowded()
 
-    def _balance(self, others: dict[str, list[dict]], mine: int) -> bool:
+    def _balance(self, others: dict[str, list[TableEntity]], mine: int) -> bool:
         """Steal rows from hosts over their share until this one has its share (the provider's
         ``BalanceLeasesAsync``: share = partitions // (other hosts + 1), at most one apart)."""
         share = self.partitions // (len(others) + 1)
@@ -310,7 +310,7 @@ class PartitionManager:
 
     # ------------------------------------------------------------------ row changes
 
-    def _claim(self, row: dict, moment: datetime) -> None:
+    def _claim(self, row: TableEntity, moment: datetime) -> None:
         row.update(
             CurrentOwner=self.worker_id,
             NextOwner=None,
@@ -320,10 +320,10 @@ class PartitionManager:
             IsDraining=False,
         )
 
-    def _renew(self, row: dict, moment: datetime) -> None:
+    def _renew(self, row: TableEntity, moment: datetime) -> None:
         row.update(LastRenewal=moment, ExpiresAt=moment + timedelta(seconds=self.timings.lease_s))
 
-    def _release(self, row: dict) -> None:
+    def _release(self, row: TableEntity) -> None:
         row.update(CurrentOwner=None, IsDraining=False)
 
     def _forget(self, partition: int) -> None:
@@ -338,7 +338,7 @@ class PartitionManager:
             self._draining.add(partition)
         return partition not in self._owned or self._drain(partition)
 
-    def _write(self, row: dict, partition: int, after_crash: bool) -> None:
+    def _write(self, row: TableEntity, partition: int, after_crash: bool) -> None:
         etag = row.metadata["etag"]
         entity = {k: v for k, v in row.items() if v is not None}
         self.table.update_entity(

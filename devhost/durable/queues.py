@@ -57,7 +57,8 @@ class Received:
 
     queue: str
     id: str
-    pop_receipt: str
+    #: Optional in the SDK's QueueMessage, as the queue client's calls that take it accept.
+    pop_receipt: str | None
     body: dict
     dequeue_count: int
     #: The blob holding the body when it was too large for the message (deleted with it).
@@ -170,6 +171,6 @@ class TaskHubQueues:
             received.pop_receipt = updated.pop_receipt
             return True
 
-    def approximate_counts(self) -> dict[str, int]:
+    def approximate_counts(self) -> dict[str, int | None]:
         """Messages in each queue, visible or not (the scale controller's signal in Azure)."""
         return {name: client.get_queue_properties().approximate_message_count for name, client in self._by_name.items()}

@@ -221,7 +221,9 @@ class EpisodeRunner:
             self.store.commit_episode(inst.id, episode, new_state)
         except EpisodeAlreadyCommitted:
             # An earlier attempt was committed although its answer was lost: carry on from storage.
-            episode, new_state = self.store.read_episode(inst.id, episode.number), self.store.read_state(inst.id)
+            episode, stored = self.store.read_episode(inst.id, episode.number), self.store.read_state(inst.id)
+            assert stored is not None  # the state row is written in one transaction with the episode's
+            new_state = stored
             self._requeue_undelivered(inst, events, episode)
             with self.instances.lock:
                 self.stats.episodes_found_committed += 1

@@ -46,7 +46,9 @@ class DurableHttpApi:
 
     @property
     def base_url(self) -> str:
-        host, port = self.server.server_address[:2]
+        # The bound socket's own address (what server_address holds): a str host for AF_INET,
+        # where the server's declared address type also allows bytes.
+        host, port = self.server.socket.getsockname()[:2]
         return f"http://{host}:{port}/runtime/webhooks/durabletask/"
 
     def management_urls(self, instance_id: str) -> dict:

@@ -37,7 +37,8 @@ MAX_CUSTOM_STATUS_KB = 16
 #: The extension's RetryOptions default for MaxRetryInterval (RetryOptions.cs); 6 days.
 DEFAULT_MAX_RETRY_INTERVAL_MS = 6 * 24 * 3600 * 1000
 
-_KIND = {
+#: Keyed by any JSON value: an action's ``actionType`` may be missing or unknown.
+_KIND: dict[object, str] = {
     CALL_ACTIVITY: "activity",
     CALL_ACTIVITY_WITH_RETRY: "activity",
     CALL_SUB_ORCHESTRATOR: "sub-orchestration",
@@ -144,9 +145,9 @@ def first_attempt_time(meta: dict) -> datetime:
 # ---------------------------------------------------------------------- wording and limits
 
 
-def activity_failure_reason(name: str, exc: BaseException) -> str:
+def activity_failure_reason(name: str, message: str) -> str:
     """TaskActivityShim: ``Activity function 'X' failed: <message>``."""
-    return f"Activity function '{name}' failed: {exc}"
+    return f"Activity function '{name}' failed: {message}"
 
 
 def activity_failure_details(exc: BaseException) -> str:

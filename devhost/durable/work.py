@@ -3,6 +3,7 @@ the patience the host has with its own storage."""
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -294,13 +295,13 @@ class ActivityRunner:
                 if self.stopping() or not self._free or not self._queue:
                     return
                 self._free -= 1
-                *task, token = self._queue.popleft()
-                run = Execution(*task, worker=self.worker, token=token)
+                instance_id, execution_id, task_id, name, input_json, token = self._queue.popleft()
+                run = Execution(instance_id, execution_id, task_id, name, input_json, self.worker, token)
                 self._running.add(run)
             if self.function_timeout is not None:
                 # The host's clock runs from the invocation it sends, a wait in the worker's pool included.
-                self.later(self.function_timeout, lambda run=run: self._timed_out(run))
-            run.worker.threads.submit(lambda run=run: self._run(run))
+                self.later(self.function_timeout, functools.partial(self._timed_out, run, self.function_timeout))
+            run.worker.threads.submit(functools.partial(self._run, run))
 
     def _settle(self, run: Execution, item: dict) -> bool:
         """Hand the host the execution's outcome, once; its slot is free again."""
@@ -347,8 +348,8 @@ class ActivityRunner:
         elif not self._settle(run, item):
             self.count("duplicate_completions_dropped")  # a late result after the timeout
 
-    def _timed_out(self, run: Execution) -> None:
-        limit = format_timeout(self.function_timeout)
+    def _timed_out(self, run: Execution, timeout: float) -> None:
+        limit = format_timeout(timeout)
         reason = shim.activity_failure_reason(
             run.name, f"Timeout value of {limit} was exceeded by function: Functions.{run.name}"
         )
@@ -358,9 +359,9 @@ class ActivityRunner:
                 "activity %s (%s #%d) passed the function timeout %s", run.name, run.instance_id, run.task_id, limit
             )
             self.count("activity_timeouts")
-            self.later(self.grace, lambda: self._restart_worker(run))
+            self.later(self.grace, functools.partial(self._restart_worker, run, timeout))
 
-    def _restart_worker(self, run: Execution) -> None:
+    def _restart_worker(self, run: Execution, timeout: float) -> None:
         """The timed-out execution has not ended within the grace period: restart its worker."""
         with self._lock:
             if run.ended or run.worker.restarted:
@@ -386,7 +387,7 @@ class ActivityRunner:
             run.instance_id,
             run.task_id,
             self.grace,
-            format_timeout(self.function_timeout),
+            format_timeout(timeout),
             "recycling this host's process"
             if self.recycle is not None
             else "a thread cannot be killed, so it runs on in this process, holding whatever it holds",
