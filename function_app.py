@@ -45,54 +45,37 @@ def tiling_functions(activity_functions=activities) -> df.Blueprint:
     Each activity execution and each job's end is recorded (:mod:`tilecommit.observability.observed`).
     """
     bp = df.Blueprint()
-    bp.orchestration_trigger(context_name="context", orchestration=names.TILE_SCENE)(
-        observed_job(orchestrators.tile_scene)
-    )
-    bp.orchestration_trigger(context_name="context", orchestration=names.RENDER_GROUP)(orchestrators.render_group)
-    bp.orchestration_trigger(context_name="context", orchestration=names.RENDER_BATCH)(orchestrators.render_batch)
-    bp.activity_trigger(input_name="job", activity=names.VALIDATE_SOURCE)(
-        observed_activity(names.VALIDATE_SOURCE, activity_functions.validate_source)
-    )
-    bp.activity_trigger(input_name="payload", activity=names.RENDER_TILE)(
-        observed_activity(names.RENDER_TILE, activity_functions.render_tile, on_result=telemetry.count_tile)
-    )
-    bp.activity_trigger(input_name="payload", activity=names.ASSEMBLE_MOSAIC)(
-        observed_activity(names.ASSEMBLE_MOSAIC, activity_functions.assemble_mosaic)
-    )
-    bp.activity_trigger(input_name="payload", activity=names.PLAN_MOSAIC_SHARES)(
-        observed_activity(names.PLAN_MOSAIC_SHARES, activity_functions.plan_mosaic_shares)
-    )
-    bp.activity_trigger(input_name="payload", activity=names.STAGE_MOSAIC_SHARE)(
-        observed_activity(names.STAGE_MOSAIC_SHARE, activity_functions.stage_mosaic_share)
-    )
-    bp.activity_trigger(input_name="payload", activity=names.PUBLISH_JOB_EVENT)(
-        observed_activity(names.PUBLISH_JOB_EVENT, activity_functions.publish_job_event)
-    )
+    _orchestrator(bp, names.TILE_SCENE, observed_job(orchestrators.tile_scene))
+    _orchestrator(bp, names.RENDER_GROUP, orchestrators.render_group)
+    _orchestrator(bp, names.RENDER_BATCH, orchestrators.render_batch)
+    _activity(bp, names.VALIDATE_SOURCE, activity_functions.validate_source, input_name="job")
+    _activity(bp, names.RENDER_TILE, activity_functions.render_tile, on_result=telemetry.count_tile)
+    _activity(bp, names.ASSEMBLE_MOSAIC, activity_functions.assemble_mosaic)
+    _activity(bp, names.PLAN_MOSAIC_SHARES, activity_functions.plan_mosaic_shares)
+    _activity(bp, names.STAGE_MOSAIC_SHARE, activity_functions.stage_mosaic_share)
+    _activity(bp, names.PUBLISH_JOB_EVENT, activity_functions.publish_job_event)
     return bp
 
 
 def verify_functions() -> df.Blueprint:
     """The scrub: verify_scene and its batches, verifying (and repairing) one window per activity."""
     bp = df.Blueprint()
-    bp.orchestration_trigger(context_name="context", orchestration=names.VERIFY_SCENE)(
-        verify_orchestrators.verify_scene
-    )
-    bp.orchestration_trigger(context_name="context", orchestration=names.VERIFY_GROUP)(
-        verify_orchestrators.verify_group
-    )
-    bp.orchestration_trigger(context_name="context", orchestration=names.VERIFY_BATCH)(
-        verify_orchestrators.verify_batch
-    )
-    bp.activity_trigger(input_name="payload", activity=names.VERIFY_WINDOW)(
-        observed_activity(names.VERIFY_WINDOW, verify_activities.verify_window)
-    )
-    bp.activity_trigger(input_name="payload", activity=names.VERIFY_OUTPUTS)(
-        observed_activity(names.VERIFY_OUTPUTS, verify_activities.verify_outputs)
-    )
-    bp.activity_trigger(input_name="payload", activity=names.REBUILD_MOSAIC)(
-        observed_activity(names.REBUILD_MOSAIC, verify_activities.rebuild_mosaic)
-    )
+    _orchestrator(bp, names.VERIFY_SCENE, verify_orchestrators.verify_scene)
+    _orchestrator(bp, names.VERIFY_GROUP, verify_orchestrators.verify_group)
+    _orchestrator(bp, names.VERIFY_BATCH, verify_orchestrators.verify_batch)
+    _activity(bp, names.VERIFY_WINDOW, verify_activities.verify_window)
+    _activity(bp, names.VERIFY_OUTPUTS, verify_activities.verify_outputs)
+    _activity(bp, names.REBUILD_MOSAIC, verify_activities.rebuild_mosaic)
     return bp
+
+
+def _orchestrator(bp: df.Blueprint, name: str, function) -> None:
+    bp.orchestration_trigger(context_name="context", orchestration=name)(function)
+
+
+def _activity(bp: df.Blueprint, name: str, function, *, input_name: str = "payload", on_result=None) -> None:
+    """Bind ``function`` as the activity ``name``, each execution recorded (:func:`observed_activity`)."""
+    bp.activity_trigger(input_name=input_name, activity=name)(observed_activity(name, function, on_result))
 
 
 app = df.DFApp(http_auth_level=func.AuthLevel.FUNCTION)

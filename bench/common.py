@@ -18,7 +18,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -288,10 +288,8 @@ class BenchStorage:
 
         blobs, tables = self.connection.blob_service(), self.connection.table_service()
         for key in (names.SETTING_INPUT_CONTAINER, names.SETTING_TILES_CONTAINER, names.SETTING_OUTPUT_CONTAINER):
-            try:
+            with suppress(ResourceExistsError):
                 blobs.create_container(env[key])
-            except ResourceExistsError:
-                pass
         tables.create_table_if_not_exists(env[names.SETTING_MANIFEST_TABLE])
 
     def drop(self, env: dict) -> None:
@@ -300,21 +298,15 @@ class BenchStorage:
 
         blobs, tables = self.connection.blob_service(), self.connection.table_service()
         for key in (names.SETTING_INPUT_CONTAINER, names.SETTING_TILES_CONTAINER, names.SETTING_OUTPUT_CONTAINER):
-            try:
+            with suppress(Exception):
                 blobs.delete_container(env[key])
-            except Exception:
-                pass
         hub = env.get("BENCH_HUB")
         if hub:
-            try:
+            with suppress(Exception):
                 blobs.delete_container(f"{hub.lower()}-largemessages")
-            except Exception:
-                pass
         for name in [env.get(names.SETTING_MANIFEST_TABLE)] + ([f"{hub}History", f"{hub}Events"] if hub else []):
-            try:
+            with suppress(Exception):
                 tables.delete_table(name)
-            except Exception:
-                pass
 
 
 @contextmanager

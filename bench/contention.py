@@ -100,37 +100,22 @@ def race(
     run_id = f"{time.time_ns():x}"
     if mode == "process":
         mp = multiprocessing.get_context("spawn")
-        barrier, results = mp.Barrier(workers), mp.Queue()
-        procs = [
-            mp.Process(
-                target=worker, args=(conn_str, container, run_id, i, keys, rounds, body_bytes, barrier, results, order)
-            )
-            for i in range(workers)
-        ]
-        for p in procs:
-            p.start()
-        records = []
-        for _ in procs:
-            records.extend(results.get(timeout=1800))
-        for p in procs:
-            p.join(timeout=60)
-        return records
-    import queue
+        barrier, results, runner = mp.Barrier(workers), mp.Queue(), mp.Process
+    else:
+        import queue
 
-    barrier, results = threading.Barrier(workers), queue.Queue()
-    threads = [
-        threading.Thread(
-            target=worker, args=(conn_str, container, run_id, i, keys, rounds, body_bytes, barrier, results, order)
-        )
+        barrier, results, runner = threading.Barrier(workers), queue.Queue(), threading.Thread
+    runs = [
+        runner(target=worker, args=(conn_str, container, run_id, i, keys, rounds, body_bytes, barrier, results, order))
         for i in range(workers)
     ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    for run in runs:
+        run.start()
     records = []
-    while not results.empty():
-        records.extend(results.get())
+    for _ in runs:  # each worker puts its records once, at its end
+        records.extend(results.get(timeout=1800))
+    for run in runs:
+        run.join(timeout=60)
     return records
 
 

@@ -117,7 +117,7 @@ def upload_until_killed(
     host = serve(app_env, log, *extra, module=module)
     try:
         job_id = upload(storage, app_env, scene)
-        assert host.wait(timeout=180) == -signal.SIGKILL
+        assert host.wait(timeout=180) == -signal.SIGKILL, log.read_text()
     finally:
         if host.poll() is None:
             os.killpg(host.pid, signal.SIGKILL)

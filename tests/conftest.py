@@ -74,35 +74,41 @@ def _unique_name(request, prefix: str) -> str:
     return f"{prefix}{stem}{digest}"
 
 
-@pytest.fixture
-def new_container(storage, request):
-    """Factory: ``new_container(prefix)`` makes a fresh blob container, deleted after the test."""
+def _made_then_deleted(request, create, delete, default_prefix: str):
+    """A factory fixture's body: ``make(prefix)`` creates under a name unique to the test; every
+    made one is deleted after it."""
     made = []
 
-    def make(prefix: str = "t-"):
-        client = storage.blob_service().get_container_client(_unique_name(request, prefix))
-        client.create_container()
+    def make(prefix: str = default_prefix):
+        client = create(_unique_name(request, prefix))
         made.append(client)
         return client
 
     yield make
     for client in made:
-        client.delete_container()
+        delete(client)
+
+
+@pytest.fixture
+def new_container(storage, request):
+    """Factory: ``new_container(prefix)`` makes a fresh blob container, deleted after the test."""
+
+    def create(name: str):
+        client = storage.blob_service().get_container_client(name)
+        client.create_container()
+        return client
+
+    yield from _made_then_deleted(request, create, lambda client: client.delete_container(), "t-")
 
 
 @pytest.fixture
 def new_table(storage, request):
     """Factory: ``new_table(prefix)`` makes a fresh table, deleted after the test."""
-    made = []
 
-    def make(prefix: str = "t"):
-        client = storage.table_service().create_table(_unique_name(request, prefix))
-        made.append(client)
-        return client
+    def create(name: str):
+        return storage.table_service().create_table(name)
 
-    yield make
-    for client in made:
-        client.delete_table()
+    yield from _made_then_deleted(request, create, lambda client: client.delete_table(), "t")
 
 
 @pytest.fixture

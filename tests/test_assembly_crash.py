@@ -19,7 +19,7 @@ from azure.core.exceptions import ResourceNotFoundError
 
 from tilecommit.raster.assembly import attempt
 
-from .app_jobs import AppEnv, check_outputs, make_scene, serve, upload, wait_for_state
+from .app_jobs import AppEnv, check_outputs, make_scene, serve, upload_until_killed, wait_for_state
 
 pytestmark = pytest.mark.slow
 
@@ -57,13 +57,8 @@ def crash_then_restart(storage, app_env: AppEnv, tmp_path: Path, point: str, *, 
     app_env = dataclasses.replace(app_env, env={**app_env.env, "TMPDIR": str(root)})
     scene = make_scene(tmp_path / "scene.tif", 1100, 800)  # 5 x 4 windows of 256
     log = tmp_path / "serve.log"
-    crashed = serve(app_env, log, module=("tests.crash_host", point, "--block-kib", str(CRASH_BLOCK_KIB), "--"))
-    try:
-        job_id = upload(storage, app_env, scene)
-        assert crashed.wait(timeout=180) == -signal.SIGKILL, log.read_text()
-    finally:
-        if crashed.poll() is None:
-            os.killpg(crashed.pid, signal.SIGKILL)
+    crash = ("tests.crash_host", point, "--block-kib", str(CRASH_BLOCK_KIB), "--")
+    job_id = upload_until_killed(storage, app_env, scene, log, module=crash)
     blob = mosaic_blob(storage, app_env, job_id)
     staged_at_crash = uncommitted_blocks(blob)
     exists_at_crash = blob.exists()

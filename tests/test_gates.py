@@ -819,30 +819,26 @@ def test_manifest_row_whose_answer_is_lost_is_resolved_from_its_sha256(storage, 
     """Test double (Tables ``per_retry_policies``): the insert reaches Azurite and its answer is
     lost (ServiceResponseError); SDK retries off. Ours -> WRITTEN; another writer's -> ALREADY_PRESENT
     with the mismatch counted, as for blobs."""
-    lose = LoseResponses("POST", times=1)
-    client = TableClient.from_connection_string(
-        storage.connection_string, table.table_name, per_retry_policies=[lose], retry_total=0
-    )
-    counters = Counters("manifest")
-    assert (
-        record_manifest_entry(client, job_id=JOB, window="0000_0000", uri="u", nbytes=1, sha256="a" * 64)
-        is Outcome.WRITTEN
-    )
-    assert lose.lost == [201]  # Insert Entity, created
-    assert counters.delta()["resolved"] == 1
+
+    def insert_losing_its_answer(window: str, uri: str, nbytes: int, sha256: str, before=None):
+        lose = LoseResponses("POST", times=1, before=before)
+        client = TableClient.from_connection_string(
+            storage.connection_string, table.table_name, per_retry_policies=[lose], retry_total=0
+        )
+        counters = Counters("manifest")
+        outcome = record_manifest_entry(client, job_id=JOB, window=window, uri=uri, nbytes=nbytes, sha256=sha256)
+        return outcome, lose.lost, counters.delta()
+
+    outcome, lost, delta = insert_losing_its_answer("0000_0000", "u", 1, "a" * 64)
+    assert outcome is Outcome.WRITTEN
+    assert lost == [201]  # Insert Entity, created
+    assert delta["resolved"] == 1
 
     def other_writer_first():
         record_manifest_entry(table, job_id=JOB, window="0000_0001", uri="theirs", nbytes=2, sha256="b" * 64)
 
-    lose = LoseResponses("POST", times=1, before=other_writer_first)
-    client = TableClient.from_connection_string(
-        storage.connection_string, table.table_name, per_retry_policies=[lose], retry_total=0
-    )
-    counters = Counters("manifest")
-    assert (
-        record_manifest_entry(client, job_id=JOB, window="0000_0001", uri="ours", nbytes=3, sha256="c" * 64)
-        is Outcome.ALREADY_PRESENT
-    )
-    assert lose.lost == [409]
-    assert counters.delta()["resolved"] == 1 and counters.delta()["mismatch"] == 1
+    outcome, lost, delta = insert_losing_its_answer("0000_0001", "ours", 3, "c" * 64, before=other_writer_first)
+    assert outcome is Outcome.ALREADY_PRESENT
+    assert lost == [409]
+    assert delta["resolved"] == 1 and delta["mismatch"] == 1
     assert get_manifest_entry(table, JOB, "0000_0001").uri == "theirs"

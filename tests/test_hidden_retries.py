@@ -96,13 +96,19 @@ def test_a_mosaic_commit_whose_answer_is_lost_is_written(behind, container, answ
     assert container.get_blob_client(blob.blob_name).download_blob().readall() == body
 
 
+def committed_then_behind(behind, container, name: str, body: bytes, operation, answer):
+    """``name`` committed with ``body``, then a client of its container whose first answer to
+    ``operation`` is lost as ``answer`` says: (the committed ETag, that client, its blob proxy)."""
+    assert gates.commit_blob(container, name, body) is Outcome.WRITTEN
+    old = container.get_blob_client(name).get_blob_properties().etag
+    connection, blobs, _ = behind(lose_first(operation, answer))
+    return old, connection.blob_service().get_container_client(container.container_name), blobs
+
+
 @pytest.mark.parametrize("answer", LOST_ANSWERS)
 def test_a_mosaic_rebuild_whose_answer_is_lost_is_written_not_superseded(behind, container, answer):
     name = f"mosaics/{JOB}/mosaic.tif"
-    assert gates.commit_blob(container, name, b"the old mosaic") is Outcome.WRITTEN
-    old = container.get_blob_client(name).get_blob_properties().etag
-    connection, blobs, _ = behind(lose_first(ops.PUT_BLOCK_LIST, answer))
-    client = connection.blob_service().get_container_client(container.container_name)
+    old, client, blobs = committed_then_behind(behind, container, name, b"the old mosaic", ops.PUT_BLOCK_LIST, answer)
     body = b"the rebuilt mosaic" * 100
     ids = [attempt.block_id(attempt.new_attempt_tag(), 0)]
     client.get_blob_client(name).stage_block(ids[0], body)
@@ -125,10 +131,7 @@ def test_a_mosaic_rebuild_whose_answer_is_lost_is_written_not_superseded(behind,
 @pytest.mark.parametrize("answer", LOST_ANSWERS)
 def test_a_blob_repair_whose_answer_is_lost_is_written_with_its_new_etag(behind, container, answer):
     name = f"tiles/{JOB}/0000_0001.tif"
-    assert gates.commit_blob(container, name, b"damaged") is Outcome.WRITTEN
-    old = container.get_blob_client(name).get_blob_properties().etag
-    connection, blobs, _ = behind(lose_first(ops.PUT_BLOB, answer))
-    client = connection.blob_service().get_container_client(container.container_name)
+    old, client, blobs = committed_then_behind(behind, container, name, b"damaged", ops.PUT_BLOB, answer)
     before = counter_total("ConditionalWritePreconditionFailed", gate=gates.REPAIR_GATE)
 
     outcome, etag = gates.repair_blob_versioned(client, name, b"repaired" * 10, expect_etag=old, job_id=JOB)

@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from devhost.durable.limits import MemoryWatchdog, resident_mb
-from tests.app_jobs import check_outputs, make_scene, serve, serve_until_finished, upload, upload_until_killed
+from tests.app_jobs import check_outputs, make_scene, serve, serve_until_finished, upload_until_killed
 
 
 def test_the_watchdog_sees_this_process_pass_its_limit():
@@ -55,13 +55,8 @@ def test_a_host_whose_function_has_not_ended_after_its_timeout_is_recycled_and_t
     scene = make_scene(tmp_path / "scene.tif", 1100, 800)  # 20 windows
     log = tmp_path / "serve.log"
     marker = tmp_path / "stuck"
-    host = serve(app_env, log, "--function-timeout", "2", module=("tests.stuck_host", "0000_0000", str(marker), "--"))
-    try:
-        job_id = upload(storage, app_env, scene)
-        assert host.wait(timeout=180) == -signal.SIGKILL
-    finally:
-        if host.poll() is None:
-            os.killpg(host.pid, signal.SIGKILL)
+    stuck = ("tests.stuck_host", "0000_0000", str(marker), "--")
+    job_id = upload_until_killed(storage, app_env, scene, log, "--function-timeout", "2", module=stuck)
     said = log.read_text()
     assert marker.exists() and "ERROR" in said and "render_tile" in said and "has not ended" in said, said[-3000:]
     assert "recycling this host's process" in said

@@ -93,6 +93,19 @@ def other_pixels_cog(body: bytes) -> bytes:
         return memory.read()
 
 
+def stac_item_refused(app_env) -> FaultPlan:
+    """A plan by which storage refuses the app's STAC item with a plain 403 (set ``busy`` to 0.0 to stop)."""
+    mine = app_storage(app_env)
+    return FaultPlan(
+        busy=1.0,
+        status=403,
+        code="AuthorizationPermissionMismatch",
+        applies=lambda method, path: (
+            method == "PUT" and mine(method, path) and path.split("?")[0].endswith("/item.json")
+        ),
+    )
+
+
 def replace_as_a_hostile_writer(container, name: str, body: bytes) -> None:
     """Overwrite exactly the stored version (If-Match), keeping its metadata: the worst case."""
     blob = container.get_blob_client(name)
@@ -341,15 +354,7 @@ def test_a_job_over_a_mosaic_replaced_by_a_hostile_writer_fails_with_the_repair_
     the mosaic (If-Match, metadata kept) with a valid COG of other pixels. Delivered again, the
     job fails saying how to repair it; delivered once more, the same: it never completes."""
     scene = make_scene(tmp_path / "hostile.tif", 300, 260)
-    mine = app_storage(app_env)
-    plan = FaultPlan(
-        busy=1.0,
-        status=403,
-        code="AuthorizationPermissionMismatch",
-        applies=lambda method, path: (
-            method == "PUT" and mine(method, path) and path.split("?")[0].endswith("/item.json")
-        ),
-    )
+    plan = stac_item_refused(app_env)
     with (
         app_behind_proxy(azurite, monkeypatch, plan),
         LocalHost(HostOptions(hub=app_env.hub, timer_scale=0.01, watch_interval=0.1)) as host,

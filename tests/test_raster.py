@@ -454,32 +454,20 @@ def test_tiff_block_copy_round_trips_a_cog(small_scene, tmp_path, bigtiff):
     every pixel of every level and the COG layout."""
     from tilecommit.raster import tiff
 
+    from .test_tiff import copy_plan, fetch_from
+
     spec, path = small_scene
     window = plan_windows(spec.width, spec.height, 512)[0]
     with rasterio.open(path) as src:
         body, _ = encode_tile(src, window, spec=OutputSpec(window_size=512))
     layout = tiff.read_layout(body[:4096], lambda offset, length: body[offset : offset + length])
     assert [d.subfile_type for d in layout.directories] == [0, 1]
-    directories = [
-        tiff.OutputDirectory(
-            tags=tiff.copyable_tags(d, width=d.width, height=d.height, subfile_type=d.subfile_type),
-            blocks=[tiff.BlockRef("tile", o, c) for o, c in zip(d.block_offsets, d.block_byte_counts, strict=True)],
-            width=d.width,
-            height=d.height,
-        )
-        for d in layout.directories
-    ]
-
-    def fetch(index, directory):
-        for block in directory.blocks:
-            yield body[block.offset : block.offset + block.length]
-
     out_path = str(tmp_path / "copy.tif")
     writer = tiff.TiffWriter(
         layout.byte_order, ghost=layout.ghost, leaders=layout.block_leaders, trailers=layout.block_trailers
     )
     with open(out_path, "wb") as out:
-        written = writer.write(out, directories, fetch, force_bigtiff=bigtiff)
+        written = writer.write(out, copy_plan(layout), fetch_from(body), force_bigtiff=bigtiff)
     copied = Path(out_path).read_bytes()
     assert written.nbytes == len(copied) and written.sha256 == hashlib.sha256(copied).hexdigest()
     assert copied[2:4] == (b"+\x00" if bigtiff else b"*\x00")

@@ -34,8 +34,18 @@ NORTH_UP = from_origin(500000, 4600000, 10, 10)
 
 
 def write_raster(
-    path, *, dtype="uint16", transform=NORTH_UP, crs="EPSG:32633", width=300, height=200, count=1, **extra
+    path,
+    *,
+    dtype="uint16",
+    transform=NORTH_UP,
+    crs="EPSG:32633",
+    width=300,
+    height=200,
+    count=1,
+    pixels: bool = True,
+    **extra,
 ) -> str:
+    """A tiled GeoTIFF of ones (``pixels``; else its header only, for ``sparse_ok=True``)."""
     with rasterio.open(
         path,
         "w",
@@ -51,7 +61,8 @@ def write_raster(
         blockysize=256,
         **extra,
     ) as dst:
-        dst.write(np.ones((count, height, width), dtype=dtype))
+        if pixels:
+            dst.write(np.ones((count, height, width), dtype=dtype))
     return str(path)
 
 
@@ -130,23 +141,7 @@ def make_complex(tmp_path):
 
 def sparse_raster(path, *, count: int, dtype: str, width: int = 1024, height: int = 1024) -> str:
     """A GeoTIFF whose blocks were never written (GDAL reads them as zeros): header only."""
-    with rasterio.open(
-        path,
-        "w",
-        driver="GTiff",
-        width=width,
-        height=height,
-        count=count,
-        dtype=dtype,
-        crs="EPSG:32633",
-        transform=NORTH_UP,
-        tiled=True,
-        blockxsize=256,
-        blockysize=256,
-        sparse_ok=True,
-    ):
-        pass
-    return str(path)
+    return write_raster(path, count=count, dtype=dtype, width=width, height=height, pixels=False, sparse_ok=True)
 
 
 def make_too_many_bands(tmp_path):

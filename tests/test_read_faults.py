@@ -8,6 +8,8 @@ retries shortened so a refused read fails here in about a second.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -234,6 +236,19 @@ def assert_refused_not_retried(error: StorageFaultError) -> None:
     assert "AuthorizationPermissionMismatch" in str(error) and "not retried" in str(error), error
 
 
+@contextlib.contextmanager
+def opened_then_forbidden(azurite, container, uploaded) -> Iterator[tuple]:
+    """The upload opened through a proxy, then every GET refused as :data:`FORBIDDEN`:
+    (the proxy, the pinned source, the opened dataset)."""
+    plan = FaultPlan(applies=lambda method, path: method == "GET")
+    with FaultProxy(f"http://127.0.0.1:{azurite.blob_port}", plan) as proxy:
+        source = pinned_through(proxy, azurite, container, *uploaded)
+        with gdal_env(SETTINGS), open_upload(source) as src:
+            for option, value in FORBIDDEN.items():
+                setattr(plan, option, value)
+            yield proxy, source, src
+
+
 def test_a_403_to_the_request_that_learns_the_size_is_a_storage_fault_not_retried(azurite, container, uploaded):
     plan = FaultPlan(**FORBIDDEN, applies=lambda method, path: method == "GET")
     with (
@@ -247,27 +262,22 @@ def test_a_403_to_the_request_that_learns_the_size_is_a_storage_fault_not_retrie
 def test_a_403_to_a_windows_prefetch_is_the_same_storage_fault_not_retried(azurite, container, uploaded):
     """Before, the same 403 answered to a window's reads was recorded as a fault without its status:
     retried, six attempts over 135 s, for an answer that cannot change."""
-    plan = FaultPlan(applies=lambda method, path: method == "GET")
-    with FaultProxy(f"http://127.0.0.1:{azurite.blob_port}", plan) as proxy:
-        source = pinned_through(proxy, azurite, container, *uploaded)
-        with gdal_env(SETTINGS), open_upload(source) as src:
-            for option, value in FORBIDDEN.items():
-                setattr(plan, option, value)
-            with pytest.raises(StorageFaultError) as caught:
-                encode_tile(src, WINDOW, spec=SPEC)  # its blocks fetched ahead first (source.prefetch)
+    with (
+        opened_then_forbidden(azurite, container, uploaded) as (proxy, _, src),
+        pytest.raises(StorageFaultError) as caught,
+    ):
+        encode_tile(src, WINDOW, spec=SPEC)  # its blocks fetched ahead first (source.prefetch)
     assert_refused_not_retried(caught.value)
     assert proxy.injected["busy"] >= 1
 
 
 def test_a_403_to_gdals_own_block_read_is_the_same_storage_fault_not_retried(azurite, container, uploaded):
     """GDAL's block reads through the plugin, without a prefetch (Source.read_at)."""
-    plan = FaultPlan(applies=lambda method, path: method == "GET")
-    with FaultProxy(f"http://127.0.0.1:{azurite.blob_port}", plan) as proxy:
-        source = pinned_through(proxy, azurite, container, *uploaded)
-        with gdal_env(SETTINGS), open_upload(source) as src:
-            for option, value in FORBIDDEN.items():
-                setattr(plan, option, value)
-            with pytest.raises(StorageFaultError) as caught, source.checked():
-                src.read(window=WINDOW)
+    with (
+        opened_then_forbidden(azurite, container, uploaded) as (_, source, src),
+        pytest.raises(StorageFaultError) as caught,
+        source.checked(),
+    ):
+        src.read(window=WINDOW)
     assert_refused_not_retried(caught.value)
     assert [fault.status for fault in source.faults] == [403] * len(source.faults) and source.faults

@@ -104,17 +104,7 @@ def test_the_identity_paths_copy_request_carries_the_bearer_token_and_the_pinned
     output = storage.blob_service().get_container_client(stores["output"].container_name)
     blob = output.get_blob_client("mosaics/x/mosaic.tif")
     credential = FixedToken()
-    stager = ServerSideStager(
-        blob,
-        stores["tiles"],
-        uris={"0000_0000": tile.blob_name},
-        etags={"0000_0000": etag},
-        copy_source=BearerCopySource(credential),
-        read_local=lambda ref: b"",
-        leaders=False,
-        trailers=False,
-        range_tag=attempt.new_attempt_tag(),
-    )
+    stager = one_tile_stager(blob, stores["tiles"], tile, etag, BearerCopySource(credential))
     plan = SimpleNamespace(pieces=[CopyRange("0000_0000", 100, 250)])
     original = blob.stage_block_from_url
 
@@ -189,18 +179,23 @@ def test_block_grouping_for_the_largest_scene_stays_under_the_blob_limits(tmp_pa
 
 def copy_one_range(output, tiles, tile, etag: str | None) -> list[str]:
     """Stage one range of ``tile`` into the mosaic through ``output``'s client (SAS copy source)."""
-    stager = ServerSideStager(
-        output.get_blob_client("mosaics/x/mosaic.tif"),
+    stager = one_tile_stager(output.get_blob_client("mosaics/x/mosaic.tif"), tiles, tile, etag, copy_source_for(tiles))
+    return stager.stage_ranges([CopyRange("0000_0000", 0, 500)])
+
+
+def one_tile_stager(blob, tiles, tile, etag: str | None, copy_source) -> ServerSideStager:
+    """A stager into ``blob`` whose one source, window 0000_0000, is ``tile`` at ``etag``."""
+    return ServerSideStager(
+        blob,
         tiles,
         uris={"0000_0000": tile.blob_name},
         etags={"0000_0000": etag},
-        copy_source=copy_source_for(tiles),
+        copy_source=copy_source,
         read_local=lambda ref: b"",
         leaders=False,
         trailers=False,
         range_tag=attempt.new_attempt_tag(),
     )
-    return stager.stage_ranges([CopyRange("0000_0000", 0, 500)])
 
 
 @pytest.mark.parametrize("refusals", [2, 10])

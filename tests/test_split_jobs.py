@@ -26,7 +26,7 @@ from tilecommit.raster.assembly import attempt
 from tilecommit.settings import Settings
 from tilecommit.stores import JobStores
 
-from .app_jobs import check_outputs, local_host, make_scene, serve, upload, wait_for_state
+from .app_jobs import check_outputs, local_host, make_scene, serve, upload_until_killed, wait_for_state
 
 pytestmark = pytest.mark.slow
 
@@ -175,13 +175,7 @@ def test_a_host_killed_while_staging_shares_completes_the_job_on_a_restarted_hos
     monkeypatch.setenv(setting_names.SETTING_ASSEMBLY_SHARE, SHARE_MB)
     scene = make_scene(tmp_path / "scene.tif", 1100, 800)
     log = tmp_path / "serve.log"
-    crashed = serve(app_env, log, module=("tests.crash_host", "block:6", "--"))
-    try:
-        job_id = upload(storage, app_env, scene)
-        assert crashed.wait(timeout=180) == -signal.SIGKILL, log.read_text()
-    finally:
-        if crashed.poll() is None:
-            os.killpg(crashed.pid, signal.SIGKILL)
+    job_id = upload_until_killed(storage, app_env, scene, log, module=("tests.crash_host", "block:6", "--"))
     assert "crash_host: SIGKILL" in log.read_text()
     tiles = storage.blob_service().get_container_client(app_env.tiles)
     (plan,) = [b.name for b in tiles.list_blobs(name_starts_with=f"plans/{job_id}/")]

@@ -273,21 +273,11 @@ def test_a_job_failed_on_a_mosaic_known_bad_is_repaired_as_its_message_says_then
     item (403): it fails. A hostile writer replaces the mosaic. Delivered again, the job fails
     with "mosaic check failed" and the repair command. That command (a scrub of the failed job)
     finds the mosaic, rebuilds it; delivered once more, the job completes, pixel-exact."""
-    from testkit.storage_proxy import FaultPlan
-
     from .fault_jobs import app_behind_proxy
-    from .test_output_verification import other_pixels_cog, replace_as_a_hostile_writer
+    from .test_output_verification import other_pixels_cog, replace_as_a_hostile_writer, stac_item_refused
 
     scene = make_scene(tmp_path / "operator.tif", 600, 520)
-    mine = app_storage(app_env)
-    plan = FaultPlan(
-        busy=1.0,
-        status=403,
-        code="AuthorizationPermissionMismatch",
-        applies=lambda method, path: (
-            method == "PUT" and mine(method, path) and path.split("?")[0].endswith("/item.json")
-        ),
-    )
+    plan = stac_item_refused(app_env)
     output = storage.blob_service().get_container_client(app_env.output)
     with app_behind_proxy(azurite, monkeypatch, plan), local_host(app_env) as host:
         first = process_file(host, scene, timeout=120)

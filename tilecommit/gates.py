@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from azure.core import MatchConditions
@@ -214,27 +214,46 @@ def stored_blob(blob: BlobClient) -> StoredBlob | None:
     return StoredBlob(etag=props.etag, nbytes=int(props.size), sha256=digest)
 
 
-def _put(
-    blob: BlobClient,
-    body: bytes,
-    *,
-    digest: str,
-    write_id: str,
-    content_type: str,
-    metadata: dict[str, str] | None,
-    **conditions: Any,
-) -> dict[str, Any]:
-    meta = dict(metadata or {})
-    meta[SHA256_METADATA_KEY] = digest
-    meta[conditional.WRITE_ID_KEY] = write_id
-    return blob.upload_blob(
-        body,
-        length=len(body),
-        metadata=meta,
-        content_settings=ContentSettings(content_type=content_type),
-        max_concurrency=1,
-        **conditions,
-    )
+@dataclass
+class _SinglePut:
+    """One body going up through a gate as one Put Blob: its client, sha256 and write id, and
+    the service's answer once sent (empty until then, or when the answer was lost)."""
+
+    blob: BlobClient
+    body: bytes
+    digest: str
+    write_id: str
+    content_type: str
+    metadata: dict[str, str] | None
+    answer: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(
+        cls, container: ContainerClient, name: str, body: bytes, content_type: str, metadata: dict[str, str] | None
+    ) -> _SinglePut:
+        body = bytes(body)
+        digest = sha256_hex(body)
+        blob = _single_put_client(container, name, len(body))
+        return cls(blob, body, digest, conditional.new_write_id(), content_type, metadata)
+
+    def sender(self, **conditions: Any) -> Callable[[], None]:
+        """The request, carrying ``conditions``, with the sha256 and the write id in its metadata."""
+
+        def put() -> None:
+            meta = dict(self.metadata or {})
+            meta[SHA256_METADATA_KEY] = self.digest
+            meta[conditional.WRITE_ID_KEY] = self.write_id
+            answer = self.blob.upload_blob(
+                self.body,
+                length=len(self.body),
+                metadata=meta,
+                content_settings=ContentSettings(content_type=self.content_type),
+                max_concurrency=1,
+                **conditions,
+            )
+            self.answer.update(answer)
+
+        return put
 
 
 def create_once(
@@ -301,12 +320,11 @@ def commit_blob_versioned(
     or another writer) the refusal was already logged and counted as a content mismatch by
     :func:`create_once`; it is not an error by itself.
     """
-    outcome, answer, blob, digest = _commit_blob(
-        container, name, body, content_type=content_type, metadata=metadata, job_id=job_id
-    )
-    if outcome is Outcome.WRITTEN and answer.get("etag"):
-        return outcome, StoredBlob(etag=answer["etag"], nbytes=len(body), sha256=digest)
-    held = stored_blob(blob)
+    outcome, one = _commit_blob(container, name, body, content_type=content_type, metadata=metadata, job_id=job_id)
+    digest = one.digest
+    if outcome is Outcome.WRITTEN and one.answer.get("etag"):
+        return outcome, StoredBlob(etag=one.answer["etag"], nbytes=len(one.body), sha256=digest)
+    held = stored_blob(one.blob)
     if held is None:
         raise storage_fault(f"{name!r} vanished right after its create was answered ({outcome})")
     if held.sha256 != digest:
@@ -332,29 +350,12 @@ def _commit_blob(
     content_type: str,
     metadata: dict[str, str] | None,
     job_id: str,
-) -> tuple[Outcome, dict[str, Any], BlobClient, str]:
-    body = bytes(body)
-    digest = sha256_hex(body)
-    blob = _single_put_client(container, name, len(body))
-    answer: dict[str, Any] = {}
-    write_id = conditional.new_write_id()
-
-    def put() -> None:
-        # overwrite=False makes the SDK send If-None-Match: *. (Passing etag="*" with
-        # MatchConditions.IfMissing raises TypeError in the SDK: docs/design.md, 'Storage semantics'.)
-        answer.update(
-            _put(
-                blob,
-                body,
-                digest=digest,
-                write_id=write_id,
-                content_type=content_type,
-                metadata=metadata,
-                overwrite=False,
-            )
-        )
-
-    return create_once(blob, put, digest=digest, write_id=write_id, job_id=job_id), answer, blob, digest
+) -> tuple[Outcome, _SinglePut]:
+    one = _SinglePut.of(container, name, body, content_type, metadata)
+    # overwrite=False makes the SDK send If-None-Match: *. (Passing etag="*" with
+    # MatchConditions.IfMissing raises TypeError in the SDK: docs/design.md, 'Storage semantics'.)
+    put = one.sender(overwrite=False)
+    return create_once(one.blob, put, digest=one.digest, write_id=one.write_id, job_id=job_id), one
 
 
 def repair_blob(
@@ -388,31 +389,14 @@ def repair_blob_versioned(
     job_id: str = "",
 ) -> tuple[Outcome, str | None]:
     """:func:`repair_blob`, plus the ETag of the version it wrote (None unless ``WRITTEN``)."""
-    body = bytes(body)
-    digest = sha256_hex(body)
-    blob = _single_put_client(container, name, len(body))
-    answer: dict[str, Any] = {}
-    write_id = conditional.new_write_id()
-
-    def put() -> None:
-        answer.update(
-            _put(
-                blob,
-                body,
-                digest=digest,
-                write_id=write_id,
-                content_type=content_type,
-                metadata=metadata,
-                overwrite=True,
-                etag=expect_etag,
-                match_condition=MatchConditions.IfNotModified,
-            )
-        )
-
-    outcome = replace_once(blob, put, expect_etag=expect_etag, digest=digest, write_id=write_id, job_id=job_id)
-    etag = answer.get("etag") if outcome is Outcome.WRITTEN else None
+    one = _SinglePut.of(container, name, body, content_type, metadata)
+    put = one.sender(overwrite=True, etag=expect_etag, match_condition=MatchConditions.IfNotModified)
+    outcome = replace_once(
+        one.blob, put, expect_etag=expect_etag, digest=one.digest, write_id=one.write_id, job_id=job_id
+    )
+    etag = one.answer.get("etag") if outcome is Outcome.WRITTEN else None
     if outcome is Outcome.WRITTEN and etag is None:  # written, found after a lost response
-        _, etag = stored_blob_sha256(blob)
+        _, etag = stored_blob_sha256(one.blob)
     return outcome, etag
 
 

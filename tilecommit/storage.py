@@ -14,7 +14,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from azure.data.tables import TableServiceClient
@@ -115,6 +115,10 @@ def pooled_session(connections: int = STORAGE_CONNECTIONS) -> Any:
     session.mount("http://", adapter)
     session.mount("https://", adapter)
     return session
+
+
+#: The two kinds of service client a connection builds.
+_Client = TypeVar("_Client", BlobServiceClient, TableServiceClient)
 
 
 def _endpoint(endpoint: str | None, service: str) -> str:
@@ -232,30 +236,26 @@ class StorageConnection:
     def blob_service(self, **kwargs: Any) -> BlobServiceClient:
         """A blob client with the retry policy and timeouts of :mod:`tilecommit.retries`, whose
         requests count toward the running activity's usage (:mod:`tilecommit.usage`); ``kwargs`` win."""
-        kwargs = {
-            **retries.blob_client_options(),
-            **environment_options(self.blob_endpoint),
-            "session": pooled_session(),
-            "raw_response_hook": usage.response_hook("blob"),
-            **kwargs,
-        }
-        if self.connection_string:
-            return BlobServiceClient.from_connection_string(self.connection_string, **kwargs)
-        return BlobServiceClient(_endpoint(self.blob_endpoint, "blob"), credential=self.credential, **kwargs)
+        return self._service(BlobServiceClient, "blob", self.blob_endpoint, retries.blob_client_options(), kwargs)
 
     def table_service(self, **kwargs: Any) -> TableServiceClient:
         """A table client with the retry settings and timeouts of :mod:`tilecommit.retries`, counted
         as :meth:`blob_service`'s; ``kwargs`` win."""
+        return self._service(TableServiceClient, "table", self.table_endpoint, retries.table_client_options(), kwargs)
+
+    def _service(
+        self, client_class: type[_Client], kind: str, endpoint: str | None, options: dict, kwargs: dict
+    ) -> _Client:
         kwargs = {
-            **retries.table_client_options(),
-            **environment_options(self.table_endpoint),
+            **options,
+            **environment_options(endpoint),
             "session": pooled_session(),
-            "raw_response_hook": usage.response_hook("table"),
+            "raw_response_hook": usage.response_hook(kind),
             **kwargs,
         }
         if self.connection_string:
-            return TableServiceClient.from_connection_string(self.connection_string, **kwargs)
-        return TableServiceClient(_endpoint(self.table_endpoint, "table"), credential=self.credential, **kwargs)
+            return client_class.from_connection_string(self.connection_string, **kwargs)
+        return client_class(_endpoint(endpoint, kind), credential=self.credential, **kwargs)
 
     def gdal_options(self) -> dict[str, str]:
         """GDAL configuration for reading ``/vsiaz/{container}/{blob}`` with these settings.

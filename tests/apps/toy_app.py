@@ -192,12 +192,17 @@ def slow_first_time(payload: dict) -> dict:
     return {"key": payload["key"], "slow": first}
 
 
-@app.orchestration_trigger(context_name="context")
-def times_out_once(context: df.DurableOrchestrationContext):
+def _with_retry(context: df.DurableOrchestrationContext, activity: str):
+    """Call ``activity`` with the job as its input, retried as the job's ``first_ms`` and ``attempts`` say."""
     job = context.get_input()
     retry = df.RetryOptions(job["first_ms"], job["attempts"])
-    result = yield context.call_activity_with_retry("slow_first_time", retry, job)
+    result = yield context.call_activity_with_retry(activity, retry, job)
     return result
+
+
+@app.orchestration_trigger(context_name="context")
+def times_out_once(context: df.DurableOrchestrationContext):
+    return (yield from _with_retry(context, "slow_first_time"))
 
 
 @app.orchestration_trigger(context_name="context")
@@ -241,10 +246,7 @@ def stuck_first_time(payload: dict) -> dict:
 
 @app.orchestration_trigger(context_name="context")
 def stuck_once(context: df.DurableOrchestrationContext):
-    job = context.get_input()
-    retry = df.RetryOptions(job["first_ms"], job["attempts"])
-    result = yield context.call_activity_with_retry("stuck_first_time", retry, job)
-    return result
+    return (yield from _with_retry(context, "stuck_first_time"))
 
 
 @app.orchestration_trigger(context_name="context")

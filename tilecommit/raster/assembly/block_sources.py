@@ -15,7 +15,7 @@ from azure.storage.blob import ContainerClient
 
 from ...errors import CorruptTileError, IncompleteManifestError
 from ...grid import Window
-from ...storage_answers import STORAGE_ERRORS, Meaning, classify, storage_fault
+from ...storage_answers import STORAGE_ERRORS, Answer, Meaning, classify, storage_fault
 from .. import tiff
 from ..env import BLOCK_SIZE
 from .pyramid import TileHead
@@ -26,6 +26,21 @@ TILE_HEAD_BYTES = 16 * 1024
 FETCH_THREADS = 8
 #: Two block runs of one tile closer than this are fetched in one ranged read (leaders/trailers lie between).
 MERGE_GAP_BYTES = 4096
+
+
+def tile_not_as_recorded(
+    answer: Answer, window: str, tile: str, *, replaced: str, missing: str
+) -> IncompleteManifestError | None:
+    """What storage's refusal to serve a tile at the version its manifest row recorded means for
+    the mosaic: the tile of ``window`` changed since (``replaced`` says what was refused and the
+    remedy) or is gone (``missing``), the window named as mismatched; None for any other answer."""
+    if answer.meaning is Meaning.REPLACED:
+        said = f"changed after its manifest row was written {replaced}"
+    elif answer.meaning is Meaning.MISSING:
+        said = missing
+    else:
+        return None
+    return IncompleteManifestError(f"window {window}: tile {tile} {said}", mismatched=[window])
 
 
 class BlobRangeSource:
@@ -63,18 +78,16 @@ class BlobRangeSource:
         """What a failed ranged read of the tile means: a version other than its row's, or none,
         needs a repair; anything else is a storage fault as its answer says."""
         answer = classify(exc)
-        if answer.meaning is Meaning.REPLACED:
-            return IncompleteManifestError(
-                f"window {self.window}: tile {self.name} changed after its manifest row was written (recorded "
-                f"ETag {self.etag}): the service refused to read another version; nothing was committed. Repair "
-                "the job's tiles (verify --repair) and re-run",
-                mismatched=[self.window],
-            )
-        if answer.meaning is Meaning.MISSING:
-            return IncompleteManifestError(
-                f"window {self.window}: tile {self.name} is in the manifest but not in storage",
-                mismatched=[self.window],
-            )
+        refused = tile_not_as_recorded(
+            answer,
+            self.window,
+            self.name,
+            replaced=f"(recorded ETag {self.etag}): the service refused to read another version; nothing was committed. "
+            "Repair the job's tiles (verify --repair) and re-run",
+            missing="is in the manifest but not in storage",
+        )
+        if refused is not None:
+            return refused
         return storage_fault(f"reading {length} bytes at {offset} of {self.name} failed: {exc}", answer)
 
     def head(self, length: int) -> tuple[bytes, int]:

@@ -45,11 +45,12 @@ from azure.storage.blob import BlobClient, BlobSasPermissions, ContainerClient, 
 from azure.storage.blob._generated.models import SourceModifiedAccessConditions
 
 from ... import conditional
-from ...errors import ConfigurationError, CopyFromUrlUnsupported, IncompleteManifestError
+from ...errors import ConfigurationError, CopyFromUrlUnsupported
 from ...storage_answers import TRANSPORT_FAULTS, Meaning, classify, storage_fault
 from ...usage import ContextExecutor
 from .. import tiff
 from . import attempt
+from .block_sources import tile_not_as_recorded
 from .copy_plan import LOCAL_BLOCK_BYTES, CopyPlan, CopyRange, LocalRun
 from .staging import COMMITTED_ELSEWHERE_CHECK_S, CommitWatch, staging_fault
 
@@ -254,18 +255,16 @@ class ServerSideStager:
         uri = self.uris[piece.source]
         if answer.meaning is Meaning.UNSUPPORTED:
             return CopyFromUrlUnsupported(f"Put Block From URL: {exc.reason}")
-        if answer.meaning is Meaning.REPLACED:
-            return IncompleteManifestError(
-                f"window {piece.source}: tile {uri} changed after its manifest row was written (recorded ETag "
-                f"{etag}; the service refused to copy from it: {said}); nothing was committed. Render the "
-                "window again (delete its tile and manifest row) and re-run",
-                mismatched=[piece.source],
-            )
-        if answer.meaning is Meaning.MISSING:
-            return IncompleteManifestError(
-                f"window {piece.source}: tile {uri} is gone ({said}); nothing was committed",
-                mismatched=[piece.source],
-            )
+        refused = tile_not_as_recorded(
+            answer,
+            piece.source,
+            uri,
+            replaced=f"(recorded ETag {etag}; the service refused to copy from it: {said}); nothing was committed. "
+            "Render the window again (delete its tile and manifest row) and re-run",
+            missing=f"is gone ({said}); nothing was committed",
+        )
+        if refused is not None:
+            return refused
         return staging_fault(f"staging {piece.length} bytes of {uri} into", self.blob.blob_name, exc)
 
     def _put_local(self, block_id: str, chunk: bytes) -> None:

@@ -17,7 +17,7 @@ from ..gdal_errors import gdal_step
 from ..reading.source import PinnedBlob, reading
 from ..reading.upload import upload_gdal_options
 from .checks import blob_properties, committed_properties, repair_instruction
-from .stac import mosaic_footprint, quicklook_png, stac_item_bytes, without_run_facts
+from .stac import CommittedMosaic, mosaic_footprint, quicklook_png, stac_item_bytes, without_run_facts
 from .strategy import MosaicJob
 
 
@@ -87,20 +87,15 @@ def _stac_item(job: MosaicJob, mosaic: PinnedBlob, props) -> bytes:
         reading(mosaic) as src,
     ):
         levels = len(src.overviews(1))
-    return stac_item_bytes(
-        job_id=job.job_id,
-        scene=scene,
-        mosaic_href="./" + mosaic_name.rsplit("/", 1)[-1],
-        quicklook_href="./" + jobs.quicklook_blob_name(job.job_id).rsplit("/", 1)[-1],
-        mosaic_nbytes=int(props.size),
-        mosaic_sha256=(props.metadata or {}).get(gates.SHA256_METADATA_KEY, ""),
+    committed = CommittedMosaic(
+        name=mosaic_name,
+        nbytes=int(props.size),
+        sha256=(props.metadata or {}).get(gates.SHA256_METADATA_KEY, ""),
         overview_levels=levels,
         created=props.creation_time or props.last_modified,
         footprint=mosaic_footprint(mosaic, scene.crs),
-        source_name=job.job.blob,
-        spec=job.spec,
-        cost=job.cost() if job.cost is not None else None,
     )
+    return stac_item_bytes(job, committed)
 
 
 def _commit_or_verify(

@@ -18,6 +18,7 @@ import json
 import logging
 import math
 import warnings
+from dataclasses import dataclass
 from datetime import datetime
 
 import numpy as np
@@ -31,12 +32,12 @@ from rasterio.crs import CRS
 from rasterio.errors import NotGeoreferencedWarning
 from rasterio.io import MemoryFile
 
-from ... import profiles
-from ...spec import OutputSpec
+from ... import jobs, profiles
 from ..gdal_errors import gdal_step
 from ..reading.scene import SceneInfo, as_crs, same_crs
 from ..reading.source import Source, reading
 from .footprint import Footprint, footprint
+from .strategy import MosaicJob
 
 COG_MEDIA_TYPE = "image/tiff; application=geotiff; profile=cloud-optimized"
 COST_PROPERTY = "tilecommit:cost"
@@ -108,37 +109,66 @@ def datetime_fields(scene: SceneInfo, created: datetime) -> tuple[datetime, dict
     return created, said
 
 
-def stac_item_bytes(
-    *,
-    job_id: str,
-    scene: SceneInfo,
-    mosaic_href: str,
-    quicklook_href: str,
-    mosaic_nbytes: int,
-    mosaic_sha256: str,
-    overview_levels: int,
-    created: datetime,
-    footprint: Footprint,
-    spec: OutputSpec,
-    source_name: str = "",
-    cost: dict | None = None,
-) -> bytes:
-    """A STAC 1.x item describing the mosaic, as canonical JSON bytes (sorted keys).
+@dataclass(frozen=True)
+class CommittedMosaic:
+    """The committed mosaic as its STAC item describes it: its blob name (the item names it and
+    its quicklook by relative hrefs), size, sha256 (empty: the storage service assembled it and
+    no one hashed its bytes), overview levels, creation time and valid-pixel footprint."""
 
-    ``footprint`` (:func:`mosaic_footprint`) gives the geometry and bbox; when it has none the
-    item has ``geometry: null`` and no bbox, and ``tilecommit:footprint`` says why.
+    name: str
+    nbytes: int
+    sha256: str
+    overview_levels: int
+    created: datetime
+    footprint: Footprint
+
+
+def stac_item_bytes(job: MosaicJob, mosaic: CommittedMosaic) -> bytes:
+    """A STAC 1.x item describing the mosaic of ``job``, as canonical JSON bytes (sorted keys).
+
+    ``mosaic.footprint`` (:func:`mosaic_footprint`) gives the geometry and bbox; when it has none
+    the item has ``geometry: null`` and no bbox, and ``tilecommit:footprint`` says why.
     ``tilecommit:spec`` is the job's output spec (window size, block size, profile);
     ``tilecommit:profile`` the compression, level and predictor that profile gave this data;
     ``tilecommit:cost`` the job's estimate when the item was made (:mod:`tilecommit.cost`);
     ``tilecommit:datetime`` which time ``datetime`` is (:func:`datetime_fields`).
     """
-    moment, said = datetime_fields(scene, created)
+    scene = job.scene
+    moment, said = datetime_fields(scene, mosaic.created)
+    item = pystac.Item(
+        id=job.job_id,
+        geometry=mosaic.footprint.geometry,
+        bbox=mosaic.footprint.bbox,
+        datetime=moment,
+        properties=item_properties(job, mosaic, said),
+    )
+    ProjectionExtension.ext(item, add_if_missing=True).apply(
+        **projection_fields(scene.crs),
+        bbox=native_bbox(scene),
+        shape=[scene.height, scene.width],
+        transform=[float(v) for v in scene.transform[:6]],
+    )
+    add_mosaic_asset(item, scene, mosaic)
+    quicklook_href = "./" + jobs.quicklook_blob_name(job.job_id).rsplit("/", 1)[-1]
+    item.add_asset(
+        "thumbnail",
+        pystac.Asset(
+            href=quicklook_href, media_type=pystac.MediaType.PNG, roles=["thumbnail", "overview"], title="Quicklook"
+        ),
+    )
+    return _canonical(item.to_dict(include_self_link=False, transform_hrefs=False))
+
+
+def item_properties(job: MosaicJob, mosaic: CommittedMosaic, said: dict) -> dict:
+    """The item's own properties: when it was made, which time its ``datetime`` is (``said``),
+    the job, its spec and what its profile made of this data, its source and cost."""
+    spec, scene = job.spec, job.scene
     properties = {
-        "created": pystac.utils.datetime_to_str(created),
+        "created": pystac.utils.datetime_to_str(mosaic.created),
         **said,
-        "tilecommit:job_id": job_id,
-        "tilecommit:overview_levels": overview_levels,
-        "tilecommit:footprint": footprint.note,
+        "tilecommit:job_id": job.job_id,
+        "tilecommit:overview_levels": mosaic.overview_levels,
+        "tilecommit:footprint": mosaic.footprint.note,
         "tilecommit:spec": spec.to_dict(),
         # What the profile made of this data: the codec and the options the tiles were encoded with.
         "tilecommit:profile": {
@@ -151,30 +181,26 @@ def stac_item_bytes(
         properties["tilecommit:profile"].update(
             overview_resampling=spec.overview_resampling(scene.overview_resampling), blocksize=spec.block_size
         )
-    if source_name:
-        properties["tilecommit:source"] = source_name
-    if cost is not None:
-        properties[COST_PROPERTY] = cost
-    item = pystac.Item(
-        id=job_id, geometry=footprint.geometry, bbox=footprint.bbox, datetime=moment, properties=properties
-    )
+    if job.job.blob:
+        properties["tilecommit:source"] = job.job.blob
+    if job.cost is not None:
+        properties[COST_PROPERTY] = job.cost()
+    return properties
 
-    projection = ProjectionExtension.ext(item, add_if_missing=True)
-    projection.apply(
-        **projection_fields(scene.crs),
-        bbox=native_bbox(scene),
-        shape=[scene.height, scene.width],
-        transform=[float(v) for v in scene.transform[:6]],
-    )
 
-    mosaic = pystac.Asset(href=mosaic_href, media_type=COG_MEDIA_TYPE, roles=["data"], title="Mosaic (COG)")
-    item.add_asset("data", mosaic)
+def add_mosaic_asset(item: pystac.Item, scene: SceneInfo, mosaic: CommittedMosaic) -> None:
+    """The item's ``data`` asset: the mosaic, its bands (raster and eo extensions) and its file."""
+    asset = pystac.Asset(
+        href="./" + mosaic.name.rsplit("/", 1)[-1], media_type=COG_MEDIA_TYPE, roles=["data"], title="Mosaic (COG)"
+    )
+    # Added first: an asset's extensions are declared on the item that owns it.
+    item.add_asset("data", asset)
     # STAC writes a nodata that is no JSON number as its name.
     nodata: float | str | None = scene.nodata
     if scene.nodata is not None and not math.isfinite(scene.nodata):
         nodata = "nan" if math.isnan(scene.nodata) else ("inf" if scene.nodata > 0 else "-inf")
     resolution = abs(scene.transform[0])
-    RasterExtension.ext(mosaic, add_if_missing=True).apply(
+    RasterExtension.ext(asset, add_if_missing=True).apply(
         bands=[
             RasterBand.create(
                 nodata=nodata,  # type: ignore[arg-type]  # pystac writes a name ("nan") as given
@@ -187,18 +213,11 @@ def stac_item_bytes(
     )
     names = eo_bands(scene)
     if names is not None:
-        EOExtension.ext(mosaic, add_if_missing=True).apply(bands=names)
+        EOExtension.ext(asset, add_if_missing=True).apply(bands=names)
     # A mosaic the storage service assembled has no sha256 (no one reads its bytes): size only.
-    FileExtension.ext(mosaic, add_if_missing=True).apply(
-        size=mosaic_nbytes, checksum="1220" + mosaic_sha256 if mosaic_sha256 else None
+    FileExtension.ext(asset, add_if_missing=True).apply(
+        size=mosaic.nbytes, checksum="1220" + mosaic.sha256 if mosaic.sha256 else None
     )
-    item.add_asset(
-        "thumbnail",
-        pystac.Asset(
-            href=quicklook_href, media_type=pystac.MediaType.PNG, roles=["thumbnail", "overview"], title="Quicklook"
-        ),
-    )
-    return _canonical(item.to_dict(include_self_link=False, transform_hrefs=False))
 
 
 def band_meanings(scene: SceneInfo) -> list[dict]:
