@@ -10,6 +10,7 @@ from datetime import timedelta
 import pytest
 
 from devhost.durable.dispatch import EpisodeDue, EpisodeQueue, StartDue
+from devhost.durable.engine import wired_partitions
 from devhost.durable.handover import Handover
 from devhost.durable.history import (
     COMPLETED,
@@ -24,7 +25,7 @@ from devhost.durable.history import (
 )
 from devhost.durable.instance import EngineStats, HeldInstances, Instance, new_execution_id
 from devhost.durable.messaging import Messaging, event_body, start_body
-from devhost.durable.partitions import LeaseTimings, PartitionManager, partition_of
+from devhost.durable.partitions import LeaseTimings, partition_of
 from devhost.durable.progress import ProgressWatch
 from devhost.durable.starts import Starts
 from devhost.durable.store import Episode
@@ -66,17 +67,7 @@ class HostParts:
 
     def __init__(self, store, worker_id: str = "solo", lease: LeaseTimings = LONG_LEASE):
         self.store, self.instances, self.stats, self.timers = store, HeldInstances(), EngineStats(), Timers()
-        self.partitions = PartitionManager(
-            store.partition_table,
-            store.queues.partitions,
-            worker_id,
-            acquired=lambda partition, after_crash: self.handover.acquired(partition, after_crash),
-            drain=lambda partition: self.handover.drain(partition),
-            lost=lambda partition: self.handover.lost(partition),
-            crowded=lambda: self.messaging.crowded(),
-            taken_up=lambda partition: self.handover.taken_up(partition),
-            timings=lease,
-        )
+        self.partitions = wired_partitions(self, store, worker_id, lease)
         self.partitions.ensure()
         self.queue = EpisodeQueue(
             self.instances, owns=self.partitions.owns_instance, linger=0.0, later=self.timers.later

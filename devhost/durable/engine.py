@@ -95,6 +95,23 @@ def new_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
+def wired_partitions(parts: Any, store: HistoryStore, worker_id: str, lease: LeaseTimings) -> PartitionManager:
+    """The partition manager of a host whose ``handover`` and ``messaging`` are attributes of
+    ``parts`` (the engine, or a test's rig of the parts): the links are looked up when called,
+    since those parts are built after the partitions they serve."""
+    return PartitionManager(
+        store.partition_table,
+        store.queues.partitions,
+        worker_id,
+        acquired=lambda partition, after_crash: parts.handover.acquired(partition, after_crash),
+        drain=lambda partition: parts.handover.drain(partition),
+        lost=lambda partition: parts.handover.lost(partition),
+        crowded=lambda: parts.messaging.crowded(),
+        taken_up=lambda partition: parts.handover.taken_up(partition),
+        timings=lease,
+    )
+
+
 class Engine:
     """Runs orchestrations and activities of one app against one task hub, as one of any number of
     hosts sharing it: episodes of the partitions this host owns (:mod:`devhost.durable.partitions`),
@@ -140,17 +157,7 @@ class Engine:
             stopping=lambda: self._closing,
             recycle=on_stuck_function,
         )
-        self.partitions = PartitionManager(
-            store.partition_table,
-            store.queues.partitions,
-            self.worker_id,
-            acquired=lambda partition, after_crash: self.handover.acquired(partition, after_crash),
-            drain=lambda partition: self.handover.drain(partition),
-            lost=lambda partition: self.handover.lost(partition),
-            crowded=lambda: self.messaging.crowded(),
-            taken_up=lambda partition: self.handover.taken_up(partition),
-            timings=lease,
-        )
+        self.partitions = wired_partitions(self, store, self.worker_id, lease)
         self._build_orchestration(
             max_orchestrators, episode_linger, duplicate_activities, timer_scale, strict_determinism
         )
