@@ -3,7 +3,7 @@
 Assembly runs at least once: a retry after a crash, or a duplicate delivery running beside the
 first. Nothing is locked. Each attempt instead:
 
-- stages the mosaic's blocks under ids of its own (:func:`block_id`: a random tag per attempt
+- stages the mosaic's blocks under ids of its own (:func:`block_id`: a random tag per attempt for the blocks it sends
   plus the block's index), so its Put Block List names only blocks it staged itself, whatever
   another attempt, dead or alive, staged under its ids. The one create-only Put Block List
   (``If-None-Match: *``) then decides which attempt's mosaic exists; the other gets 409. Blocks

@@ -14,7 +14,7 @@ what an assembly beside the last tiles takes, each activity has :data:`ACTIVITY_
 - rendering a window peaks at :data:`RENDER_PEAK_FACTOR` times its decoded bytes, hence
   :data:`MAX_WINDOW_BYTES` (48 MiB) a window (``scene._check_window_budget``);
 - reading a window holds the window and one whole block of the upload decoded, with its stored
-  bytes (:func:`block_read_bytes`, :func:`check_window_reads`);
+  bytes (:attr:`Blocks.read_bytes`, :func:`check_window_reads`);
 - a warped window also holds the source area one block of its grid maps to (:func:`warp_source_area`);
 - the tags the upload's tiles and mosaic carry are bounded apart (:func:`check_carried_metadata`);
 - an assembly's temporary disk: :data:`TEMPORARY_DISK_BYTES`.
