@@ -27,7 +27,15 @@ from . import conditional, jobs
 from .conditional import Outcome, Stored
 from .errors import BodyTooLargeError, ConfigurationError, StorageFaultError, retryable_status
 from .storage import blob_head
-from .storage_answers import STORAGE_ERRORS, TRANSPORT_FAULTS, Meaning, call_failed, classify, error_code, storage_fault
+from .storage_answers import (
+    STORAGE_ERRORS,
+    TRANSPORT_FAULTS,
+    call_failed,
+    classify,
+    error_code,
+    storage_fault,
+    unless_missing,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -438,13 +446,10 @@ def replace_once(
 
 def read_entity(table: TableClient, partition_key: str, row_key: str) -> TableEntity | None:
     """One point read: the entity, its ETag in ``.metadata["etag"]``, or None when there is
-    none; anything else storage answers (or does not) is a storage fault (:func:`.storage_answers.call_failed`)."""
-    try:
-        return table.get_entity(partition_key, row_key)
-    except STORAGE_ERRORS as exc:
-        if classify(exc).meaning is Meaning.MISSING:
-            return None
-        raise call_failed("reading entity", f"{partition_key}/{row_key}", exc) from exc
+    none; anything else storage answers (or does not) is a storage fault (:func:`.storage_answers.unless_missing`)."""
+    return unless_missing(
+        "reading entity", f"{partition_key}/{row_key}", lambda: table.get_entity(partition_key, row_key)
+    )
 
 
 def stored_entity(table: TableClient, partition_key: str, row_key: str, evidence_field: str | None) -> Stored:

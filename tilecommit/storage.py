@@ -23,18 +23,13 @@ from azure.storage.blob import BlobClient, BlobProperties, BlobServiceClient
 from . import retries, usage
 from .errors import ConfigurationError, InvalidNameError
 from .settings import DATA_CONNECTION, STORAGE_CONNECTION
-from .storage_answers import STORAGE_ERRORS, Meaning, call_failed, classify
+from .storage_answers import unless_missing
 
 
 def blob_head(blob: BlobClient) -> BlobProperties | None:
     """One HEAD: the blob's properties, or None when there is no blob; anything else storage
-    answers (or does not) is a storage fault (:func:`~tilecommit.storage_answers.call_failed`)."""
-    try:
-        return blob.get_blob_properties()
-    except STORAGE_ERRORS as exc:
-        if classify(exc).meaning is Meaning.MISSING:
-            return None
-        raise call_failed("reading the properties of", blob.blob_name, exc) from exc
+    answers (or does not) is a storage fault (:func:`~tilecommit.storage_answers.unless_missing`)."""
+    return unless_missing("reading the properties of", blob.blob_name, blob.get_blob_properties)
 
 
 #: The scope of a token for Azure Storage (blobs, tables and queues).

@@ -30,8 +30,10 @@ storage fault built from its answer: retried unless storage answered a plain 4xx
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import TypeVar
 
 from azure.core.exceptions import (
     HttpResponseError,
@@ -158,6 +160,20 @@ def storage_fault(
     if retryable is not None:
         fault.retryable = retryable
     return fault
+
+
+T = TypeVar("T")
+
+
+def unless_missing(action: str, key: str, read: Callable[[], T]) -> T | None:
+    """``read()``, or None when storage answers that nothing holds ``key`` (404); any other failure
+    is a storage fault (:func:`call_failed`) for ``action`` (a verb phrase) on ``key``."""
+    try:
+        return read()
+    except STORAGE_ERRORS as exc:
+        if classify(exc).meaning is Meaning.MISSING:
+            return None
+        raise call_failed(action, key, exc) from exc
 
 
 def call_failed(action: str, key: str, exc: BaseException) -> StorageFaultError:

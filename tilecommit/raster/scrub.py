@@ -30,7 +30,7 @@ from ..jobs import Job
 from ..manifest import get_manifest_row, record_manifest_entry, repair_manifest_entry
 from ..observability import telemetry
 from ..records import Record
-from ..storage_answers import STORAGE_ERRORS, Meaning, call_failed, classify
+from ..storage_answers import unless_missing
 from ..stores import JobStores
 from .assembly.checks import blob_properties
 from .assembly.commit import MosaicResult, output_names
@@ -86,13 +86,12 @@ class StoredTile:
 
 def _stored_tile(tiles: ContainerClient, name: str) -> StoredTile | None:
     """The tile blob's bytes and the ETag of the version read, or None when there is none."""
-    try:
+
+    def read() -> StoredTile:
         download = tiles.get_blob_client(name).download_blob()
         return StoredTile(download.readall(), download.properties.etag)
-    except STORAGE_ERRORS as exc:
-        if classify(exc).meaning is Meaning.MISSING:
-            return None
-        raise call_failed("reading tile", name, exc) from exc
+
+    return unless_missing("reading tile", name, read)
 
 
 def _decoded(body: bytes) -> tuple[np.ndarray, np.ndarray | None]:
