@@ -12,7 +12,7 @@ watch for them here, apart from the reader's own refusal of them:
   renders do, for each read path (:data:`WARPED`: the warped ones);
 - :func:`run_at_once` runs tasks in threads of their own and, watching them from the calling
   thread, waits a bounded time; a task still running then fails the test with the stack of every
-  thread (``sys._current_frames``). A
+  thread (written by ``faulthandler``). A
   deadlock in which a thread holds the GIL stops every Python thread, the waiting one too, so
   the concurrent test runs its tasks in a process of its own (:mod:`tests.concurrent_warps`),
   with ``faulthandler`` set to dump every stack and exit once the bound has passed.
@@ -20,10 +20,10 @@ watch for them here, apart from the reader's own refusal of them:
 
 from __future__ import annotations
 
-import sys
+import faulthandler
+import tempfile
 import threading
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -101,12 +101,17 @@ def render_every_window(upload: str, options: dict[str, str], settings: Settings
 
 
 def all_stacks() -> str:
-    """The stack of every thread of the process, named."""
-    names = {thread.ident: thread.name for thread in threading.enumerate()}
-    return "\n".join(
-        f"--- thread {names.get(ident, ident)}\n" + "".join(traceback.format_stack(frame))
-        for ident, frame in sys._current_frames().items()
-    )
+    """The stack of every thread of the process, with the threads' names by id.
+
+    Written by faulthandler, which reads each thread's frames as the interpreter keeps them. Walking
+    the frame objects of ``sys._current_frames()`` with ``traceback`` instead crashed CPython 3.11
+    with a segmentation fault in ``walk_stack`` when other tests' server threads were alive (seen
+    running this file after tests/test_uploads.py)."""
+    names = "".join(f"thread {thread.ident:#018x} is {thread.name}\n" for thread in threading.enumerate())
+    with tempfile.TemporaryFile("w+") as out:
+        faulthandler.dump_traceback(out, all_threads=True)
+        out.seek(0)
+        return names + out.read()
 
 
 def run_at_once(tasks: dict[str, Callable[[], Any]], bound: float) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from tilecommit.errors import GdalStepError, is_retryable, kind_of
 from tilecommit.grid import plan_windows
 from tilecommit.raster.env import gdal_env
 from tilecommit.raster.reading.source import UPLOAD_DATASET_OPTIONS, LocalFile
-from tilecommit.raster.reading.upload import UPLOAD_DRIVER, upload_gdal_options
+from tilecommit.raster.reading.upload import TIFF, upload_gdal_options
 from tilecommit.raster.scrub import check_window
 from tilecommit.settings import Settings
 
@@ -116,7 +116,7 @@ def test_an_upload_gdal_reads_with_its_own_threads_is_refused_with_a_fault_that_
         gdal_env(SETTINGS, upload_gdal_options(upload.path)),
         pytest.raises(GdalStepError) as caught,
         upload.checked(),
-        rasterio.open(upload.path, driver=UPLOAD_DRIVER, opener=upload, **threads) as src,
+        rasterio.open(upload.path, driver=TIFF.driver, opener=upload, **threads) as src,
     ):
         src.read(window=RioWindow(0, 0, 768, 640))
     assert not is_retryable(caught.value) and kind_of(caught.value) == "fault"
@@ -129,7 +129,7 @@ def test_an_upload_gdal_reads_with_its_own_threads_is_refused_with_a_fault_that_
     with (
         gdal_env(SETTINGS, upload_gdal_options(again.path)),
         again.checked(),
-        rasterio.open(again.path, driver=UPLOAD_DRIVER, opener=again, **UPLOAD_DATASET_OPTIONS) as src,
+        rasterio.open(again.path, driver=TIFF.driver, opener=again, **UPLOAD_DATASET_OPTIONS) as src,
     ):
         assert np.array_equal(src.read(), expected)
     assert again.faults == []
@@ -142,4 +142,6 @@ def test_run_at_once_fails_with_every_threads_stack_when_a_task_does_not_finish(
     with pytest.raises(AssertionError) as caught:
         run_at_once({"stuck": lambda: release.wait(30), "quick": lambda: 1}, bound=0.5)
     release.set()
-    assert "['stuck'] still running" in str(caught.value) and "release.wait(30)" in str(caught.value)
+    message = str(caught.value)
+    assert "['stuck'] still running" in message and " is stuck\n" in message
+    assert 'threading.py", line' in message and "in wait" in message  # where the stuck task waits

@@ -448,9 +448,9 @@ def inspect_source(
     path = source.name
     with gdal_env(settings, {**(gdal_options or {}), **upload_gdal_options(source.path)}):
         head, size = _read_header(source)
-        check_upload_content(path, head, size)
+        upload_format = check_upload_content(path, head, size)
         try:
-            src = open_upload(source)
+            src = open_upload(source, upload_format=upload_format)
         except RasterioIOError as exc:
             raise InvalidRasterError(
                 f"{path} starts like a TIFF but its header or directories cannot be read ({size} bytes): "

@@ -42,7 +42,7 @@ from rasterio.abc import FileContainer
 
 from ...errors import GdalStepError, InvalidRasterError, SourceChangedError
 from ...storage_answers import STORAGE_ERRORS, Answer, Meaning, classify, status_of, storage_fault
-from .upload import UPLOAD_DRIVER, UPLOAD_OPEN_OPTIONS
+from .upload import HEADER_BYTES, TIFF, UploadFormat, check_upload_content
 
 #: Small reads (GDAL walking the header and directories) are served from chunks of this size,
 #: so a TIFF's header costs a request or two instead of one per field.
@@ -76,8 +76,9 @@ MERGE_GAP = 64 * 1024
 #: their threads. A read that reaches the plugin from a GDAL thread all the same is refused
 #: (:meth:`Source.refused_on_gdal_thread`).
 UPLOAD_READ_THREADS = 1
-#: The GTiff open options of every dataset GDAL opens on the upload (here, and in a warped VRT).
-UPLOAD_DATASET_OPTIONS = {**UPLOAD_OPEN_OPTIONS, "NUM_THREADS": UPLOAD_READ_THREADS}
+#: The GTiff open options of every dataset GDAL opens on a TIFF upload (here, and in a warped VRT);
+#: each accepted format has its own (:attr:`~.upload.UploadFormat.open_options`).
+UPLOAD_DATASET_OPTIONS = dict(TIFF.open_options)
 #: The largest single GET; larger spans are fetched in parts.
 MAX_GET = 32 * 1024 * 1024
 
@@ -466,24 +467,36 @@ def as_source(path_or_source: str | os.PathLike[str] | Source) -> Source:
     return path_or_source if isinstance(path_or_source, Source) else LocalFile(path_or_source)
 
 
-def open_upload(path_or_source: str | os.PathLike | Source, **open_options) -> rasterio.DatasetReader:
-    """Open an upload (or a blob of the app's own, read the same way) with the GTiff driver alone,
-    every byte read through its :class:`Source`.
+def upload_format_of(source: Source) -> UploadFormat:
+    """The accepted format of ``source``, from its first bytes (served from the read-ahead
+    GDAL's own open then reads); refused as :func:`~.upload.check_upload_content` refuses."""
+    with source.checked():
+        head = source.read_at(0, HEADER_BYTES)
+    return check_upload_content(source.name, head, source.file_size)
+
+
+def open_upload(
+    path_or_source: str | os.PathLike | Source, *, upload_format: UploadFormat | None = None, **open_options
+) -> rasterio.DatasetReader:
+    """Open an upload (or a blob of the app's own, read the same way) with its format's driver
+    alone, every byte read through its :class:`Source`.
 
     Call inside :func:`~tilecommit.raster.env.gdal_env` with
-    :func:`~tilecommit.raster.reading.upload.upload_gdal_options`, after the content check. The open
+    :func:`~tilecommit.raster.reading.upload.upload_gdal_options`. The format is the one its first
+    bytes are in (:func:`upload_format_of`) unless the caller checked it already. The open
     itself runs under :meth:`Source.checked`: a directory read that failed is a fault, not a
-    corrupt file. ``open_options`` go to GTiff (``overview_level``, say), besides
-    :data:`UPLOAD_DATASET_OPTIONS` (GDAL decodes it on the calling thread only).
+    corrupt file. ``open_options`` go to the driver (``overview_level``, say), besides the
+    format's own (:attr:`~.upload.UploadFormat.open_options`: GDAL decodes it on the calling thread only).
     """
     source = as_source(path_or_source)
     source.file_size  # noqa: B018 - the version check and size, raised as ours before GDAL stats the file
+    fmt = upload_format if upload_format is not None else upload_format_of(source)
     with source.checked():
         dataset = rasterio.open(
             source.path,
-            driver=UPLOAD_DRIVER,
+            driver=fmt.driver,
             opener=source,
-            **UPLOAD_DATASET_OPTIONS,
+            **fmt.open_options,
             **open_options,
         )
     _SOURCES[dataset] = source

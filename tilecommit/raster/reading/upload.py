@@ -16,22 +16,55 @@ docs/uploads.md for the whole list and the tests that show each.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
 from ...errors import InvalidRasterError, UnsupportedRasterError
 
 #: How many leading bytes decide what a file is (enough for every signature below).
 HEADER_BYTES = 64
 
-#: The one GDAL driver an upload is opened with (COG is a layout of GeoTIFF, read by GTiff too).
-UPLOAD_DRIVER = "GTiff"
 
-#: GTiff open options: georeferencing from the file's own tags only, never from a .aux.xml,
-#: world file (.tfw/.wld), MapInfo .tab or .xml beside it.
-UPLOAD_OPEN_OPTIONS = {"GEOREF_SOURCES": "INTERNAL"}
+@dataclass(frozen=True)
+class UploadFormat:
+    """A format uploads are accepted in: the first bytes that recognise it, and how GDAL opens it.
 
-ACCEPTED_FORMATS = "a self-contained GeoTIFF or Cloud-Optimized GeoTIFF (classic TIFF or BigTIFF)"
+    ``open_options`` are given to every dataset GDAL opens on an upload of this format (rasterio's
+    open, and a warped VRT's open of its source by name): each format's options that keep GDAL to
+    the file's own bytes, and its decoding on the calling thread (see
+    :data:`tilecommit.raster.reading.source.UPLOAD_READ_THREADS`).
+    """
+
+    name: str
+    signatures: tuple[bytes, ...]
+    driver: str
+    open_options: Mapping[str, str | int] = field(default_factory=dict)
+    #: What the format is, in the words of a refusal's "accepted:" list.
+    described: str = ""
+
+    def recognises(self, head: bytes) -> bool:
+        return any(head.startswith(signature) for signature in self.signatures)
+
 
 #: Byte-order mark and version of a classic TIFF ("*" = 42) and a BigTIFF ("+" = 43).
 TIFF_SIGNATURES = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")
+
+#: The TIFF family, opened by GTiff alone (COG is a layout of GeoTIFF, read by GTiff too).
+#: GEOREF_SOURCES=INTERNAL: georeferencing from the file's own tags only, never from a .aux.xml,
+#: world file (.tfw/.wld), MapInfo .tab or .xml beside it. NUM_THREADS=1: see
+#: :data:`~tilecommit.raster.reading.source.UPLOAD_READ_THREADS`.
+TIFF = UploadFormat(
+    name="GeoTIFF",
+    signatures=TIFF_SIGNATURES,
+    driver="GTiff",
+    open_options={"GEOREF_SOURCES": "INTERNAL", "NUM_THREADS": 1},
+    described="a self-contained GeoTIFF or Cloud-Optimized GeoTIFF (classic TIFF or BigTIFF)",
+)
+
+#: The formats an upload may be in, recognised in this order from its first bytes.
+UPLOAD_FORMATS: tuple[UploadFormat, ...] = (TIFF,)
+
+ACCEPTED_FORMATS = "; ".join(fmt.described for fmt in UPLOAD_FORMATS)
 
 #: Signatures of formats that are refused, for a message that says what the file is and why.
 #: Formats in the first group name other files or URLs; the rest are plain images without
@@ -75,11 +108,21 @@ def describe_header(head: bytes) -> str | None:
 
 
 def is_tiff(head: bytes) -> bool:
-    return head[:4] in TIFF_SIGNATURES
+    return TIFF.recognises(head)
 
 
-def check_upload_content(path: str, head: bytes, size: int | None) -> None:
-    """Refuse anything but a TIFF, from the file's first bytes, before GDAL parses it.
+def format_of_driver(driver: str) -> UploadFormat:
+    """The accepted format a dataset GDAL opened with ``driver`` is in."""
+    return next(fmt for fmt in UPLOAD_FORMATS if fmt.driver == driver)
+
+
+def recognised_format(head: bytes) -> UploadFormat | None:
+    """The accepted format a file starting with ``head`` is in (None: none of them)."""
+    return next((fmt for fmt in UPLOAD_FORMATS if fmt.recognises(head)), None)
+
+
+def check_upload_content(path: str, head: bytes, size: int | None) -> UploadFormat:
+    """The accepted format of an upload, from the file's first bytes, before GDAL parses it.
 
     Raises :class:`InvalidRasterError` (empty, unrecognised bytes) or
     :class:`UnsupportedRasterError` (a format GDAL reads that is not accepted), each saying what
@@ -90,8 +133,9 @@ def check_upload_content(path: str, head: bytes, size: int | None) -> None:
             f"{path} is empty (0 bytes): nothing was uploaded, or the upload has not been committed yet; "
             f"upload the raster itself ({ACCEPTED_FORMATS})"
         )
-    if is_tiff(head):
-        return
+    fmt = recognised_format(head)
+    if fmt is not None:
+        return fmt
     what = describe_header(head)
     if what is not None:
         raise UnsupportedRasterError(

@@ -47,7 +47,8 @@ from rasterio.warp import calculate_default_transform, transform, transform_boun
 from rasterio.windows import Window as RioWindow
 
 from .alpha import alpha_band
-from .source import UPLOAD_DATASET_OPTIONS, prefetch_window, reads_through, source_of
+from .source import prefetch_window, reads_through, source_of
+from .upload import format_of_driver
 
 #: The tile matrix set of ``--web-optimized`` (rio-cogeo's default ``tms``).
 TILE_MATRIX_SET = "WebMercatorQuad"
@@ -297,7 +298,7 @@ def warped(src, grid: TargetGrid, *, resampling: str, nodata: float | None) -> I
 
     GDAL opens the source again by its name, so an upload opened through its pinned reader is
     read through that reader, every byte at the job's version and counted, and opened with the
-    upload's own options (:data:`~.source.UPLOAD_DATASET_OPTIONS`): without NUM_THREADS=1 there,
+    upload's own options (its format's, :attr:`~.upload.UploadFormat.open_options`): without NUM_THREADS=1 there,
     that dataset would take the environment's GDAL_NUM_THREADS and be decoded by GDAL's threads
     through the plugin (why they must not: :data:`~.source.UPLOAD_READ_THREADS`). A source whose valid
     area is an internal mask (and no nodata value is given) is seen with the warper's alpha band
@@ -314,7 +315,7 @@ def warped(src, grid: TargetGrid, *, resampling: str, nodata: float | None) -> I
         nodata=nodata,
         alpha=alpha,
         src_alpha=src_alpha,
-        open_options=UPLOAD_DATASET_OPTIONS if source is not None else None,
+        open_options=dict(format_of_driver(src.driver).open_options) if source is not None else None,
     )
     with rasterio.open(xml) as dataset:
         _ORIGINS[dataset] = (src, grid)
