@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from . import warping
+from .catalog.naming import METADATA_COLLECTION
 from .errors import BadInputError, ConfigurationError
 
 DEFAULT = "default"
@@ -355,7 +356,11 @@ def resolve(metadata: Mapping[str, str], blob_name: str, *, rules: list[tuple[st
     Raises :class:`BadInputError` for metadata that names what this build cannot make: the job
     of that upload fails at once, saying which key, which value and what is accepted.
     """
-    given = {k.lower(): v for k, v in (metadata or {}).items() if k.lower().startswith(METADATA_PREFIX)}
+    given = {
+        k.lower(): v
+        for k, v in (metadata or {}).items()
+        if k.lower().startswith(METADATA_PREFIX) and k.lower() != METADATA_COLLECTION  # not the profile's
+    }
     if given:
         name = given.pop(METADATA_PROFILE, DEFAULT)
         options = {k[len(METADATA_PREFIX) :]: v for k, v in given.items()}
