@@ -75,6 +75,7 @@ def test_32_jobs_completing_at_once_each_delivered_twice_list_exactly_their_32_i
     blobs = storage.blob_service().get_container_client(app_env.input)
 
     with local_host(app_env, deliveries=2) as host:
+
         def upload(path):
             blob = blobs.get_blob_client(path.name)
             etag = blob.upload_blob(path.read_bytes(), overwrite=True)["etag"]

@@ -177,7 +177,9 @@ def test_the_collection_document_merge_never_takes_anything_away():
     assert stale is not None and stale[documents.ITEMS] == 2 and stale[documents.PAGE_RECORDS][key]["revision"] == 2
     assert stale["extent"]["spatial"]["bbox"] == [documents.union(a["bbox"], b["bbox"])]
     assert stale[documents.REVISION] == 2
-    assert page2["tiles"] and all(url.startswith("http://x/mosaics/") for urls in page2["tiles"].values() for url in urls)
+    assert page2["tiles"] and all(
+        url.startswith("http://x/mosaics/") for urls in page2["tiles"].values() for url in urls
+    )
 
 
 def test_quadkeys_are_web_mercator_tiles():
@@ -201,17 +203,23 @@ def test_the_collection_is_chosen_by_metadata_then_the_longest_prefix_then_the_d
     assert settings.collection_for("dem/b.tif", {}) == "elevation"
     assert settings.collection_for("other.tif", None) == "all"
     assert settings.collection_for("dem/b.tif", {"Tilecommit_Collection": "mine"}) == "mine"
-    with pytest.raises(ConfigurationError, match="TILECOMMIT_COLLECTION_RULES rule 'dem/'='Bad' is not a collection id"):
+    with pytest.raises(
+        ConfigurationError, match="TILECOMMIT_COLLECTION_RULES rule 'dem/'='Bad' is not a collection id"
+    ):
         Settings(collection_rules="dem/=Bad")
     assert Settings().collection == naming.DEFAULT_COLLECTION
 
 
 def test_the_job_carries_its_collection_and_a_payload_from_before_reads_back_without_one():
     settings = Settings(collection_rules="dem/=elevation")
-    job = Job.for_upload("dem/a.tif", "http://127.0.0.1/a/in/dem/a.tif", '"0x1"', 10, settings, {"tilecommit_level": "9"})
+    job = Job.for_upload(
+        "dem/a.tif", "http://127.0.0.1/a/in/dem/a.tif", '"0x1"', 10, settings, {"tilecommit_level": "9"}
+    )
     assert job.collection == "elevation" and job.collection_error is None
     assert job.spec.profile_options == (("level", 9),)  # the collection key is no profile option
-    same = Job.for_upload("dem/a.tif", "http://127.0.0.1/a/in/dem/a.tif", '"0x1"', 10, Settings(), {"tilecommit_level": "9"})
+    same = Job.for_upload(
+        "dem/a.tif", "http://127.0.0.1/a/in/dem/a.tif", '"0x1"', 10, Settings(), {"tilecommit_level": "9"}
+    )
     assert same.job_id == job.job_id  # the collection is not part of the job id
     bad = Job.for_upload("a.tif", "http://127.0.0.1/a/in/a.tif", '"0x1"', 10, settings, {"tilecommit_collection": "A"})
     assert bad.collection_error is not None and "'A'" in bad.collection_error

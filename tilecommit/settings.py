@@ -206,9 +206,7 @@ class Settings:
     def collection_for(self, blob_name: str, metadata: Mapping[str, str] | None) -> str:
         """The collection an upload joins (tilecommit/catalog/naming.py); raises
         :class:`~tilecommit.errors.BadInputError` for metadata naming no valid id."""
-        return collections.resolve(
-            metadata, blob_name, rules=self.collection_rule_list(), default=self.collection
-        )
+        return collections.resolve(metadata, blob_name, rules=self.collection_rule_list(), default=self.collection)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:

@@ -46,7 +46,9 @@ def parse_rules(text: str, *, where: str) -> list[tuple[str, str]]:
         prefix, sep, collection = rule.partition("=")
         if not sep or not prefix.strip():
             raise ConfigurationError(f"{where}: rule {rule!r} is not prefix=collection")
-        checked = check_collection_id(collection.strip(), where=f"{where} rule {prefix.strip()!r}", error=ConfigurationError)
+        checked = check_collection_id(
+            collection.strip(), where=f"{where} rule {prefix.strip()!r}", error=ConfigurationError
+        )
         rules.append((prefix.strip(), checked))
     return sorted(rules, key=lambda r: -len(r[0]))
 
