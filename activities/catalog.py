@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from tilecommit.catalog import collections
+from tilecommit.errors import BadInputError
 from tilecommit.jobs import Job
 
 from .context import activity_context
@@ -14,15 +15,17 @@ def add_to_collection(payload: dict) -> dict:
     """Add the job's stored STAC item to its collection's documents; ``{"collection", ...
     "outcome", "revision", "conflicts", "attempts", "collection_url"}`` or the error.
 
-    A job whose payload names no collection (started before collections existed) joins the one
-    its blob name gives under this instance's settings (the upload's metadata is not read again).
+    The orchestration calls it only for a job whose payload names its collection (a payload from
+    before collections names none, and its job ends as it did: orchestrators/tiling.py).
     """
     job = Job.from_dict(payload["job"])
     ctx = activity_context()
 
     def work() -> dict:
         output = ctx.stores.output
-        collection = job.collection or ctx.settings.collection_for(job.blob, None)
+        collection = job.collection
+        if collection is None:
+            raise BadInputError(f"job {job.job_id}: its payload names no collection to add its item to")
         entry = collections.stored_item_entry(output, job.job_id)
         added = collections.add_item(output, collection, entry, job_id=job.job_id)
         return {**added.to_dict(), "collection_url": output.get_blob_client(added.collection_blob).url}

@@ -218,11 +218,15 @@ def run_job(context: df.DurableOrchestrationContext, job: dict, used: dict) -> G
     status["stage"] = "assembling"
     context.set_custom_status(status)
     mosaic = yield from assemble(context, job, scene, totals["bytes"], status, used)
-    status["stage"] = "cataloguing"
-    context.set_custom_status(status)
-    collection = yield from call_activity(
-        context, job, names.ADD_TO_COLLECTION, {"job": job}, stage="adding the item to its collection", used=used
-    )
+    # A payload from before collections (none named) was started by a release whose job announced
+    # itself right after the assembly; its history replays only if it still does.
+    listed = {}
+    if job.get("collection") is not None:
+        status["stage"] = "cataloguing"
+        context.set_custom_status(status)
+        listed["collection"] = yield from call_activity(
+            context, job, names.ADD_TO_COLLECTION, {"job": job}, stage="adding the item to its collection", used=used
+        )
     context.set_custom_status({**status, "stage": "done"})
     totals.pop("errors")
     totals["usage"] = used  # the whole job's, not only its tiles'
@@ -235,7 +239,7 @@ def run_job(context: df.DurableOrchestrationContext, job: dict, used: dict) -> G
         "mosaic_url": mosaic["mosaic_url"],
         "stac_url": mosaic["stac_url"],
         "quicklook_url": mosaic["quicklook_url"],
-        "collection": collection,
+        **listed,
     }
 
 

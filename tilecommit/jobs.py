@@ -124,10 +124,10 @@ class Job(Record):
     #: once saying so (its validation raises it before the upload is read).
     profile_error: str | None = None
     #: The collection the job's item joins once its mosaic is assembled (tilecommit/catalog/naming.py).
-    #: None in payloads made before collections existed: the activity that adds the item then
-    #: resolves it from the job's blob name and its own settings (the upload's metadata is not read
-    #: again), so such a job still completes, into the collection its path gives today. Not part of
-    #: the job id: the item and the mosaic do not name their collection (membership lives in the
+    #: None in payloads made before collections existed: such a job was started by a release whose
+    #: orchestration announced the job right after its assembly, and its Durable history replays
+    #: only if it still does, so it completes as it did then, in no collection. Not part of the job
+    #: id: the item and the mosaic do not name their collection (membership lives in the
     #: collection's own documents), so the same upload version is the same outputs whichever
     #: collection lists them, and jobs made before collections verify as they did.
     collection: str | None = None
