@@ -10,7 +10,6 @@ as they arrive (percent-encoded or raw, with SAS tokens, quoted ETags).
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import re
 import string
