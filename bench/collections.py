@@ -22,6 +22,7 @@ Prints figures, asserts nothing.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import math
 import statistics
 import threading
@@ -36,7 +37,7 @@ from tilecommit.settings import CONSUMPTION_INSTANCE_MB
 
 def made_entry(n: int, *, salt: str = "") -> dict:
     """The index entry of a made-up item ``n``: a 0.05-degree square on a grid over Europe."""
-    job_id = f"{hash((salt, n)) & (2**64 - 1):016x}"
+    job_id = hashlib.sha256(f"{salt}/{n}".encode()).hexdigest()[:16]
     west, south = -10.0 + (n % 400) * 0.1, 35.0 + (n // 400 % 250) * 0.1
     item = {
         "id": job_id,
