@@ -71,7 +71,7 @@ def test_a_job_ends_with_its_item_in_its_collection_and_its_mosaic_in_the_mosaic
 def test_32_jobs_completing_at_once_each_delivered_twice_list_exactly_their_32_items(storage, app_env, tmp_path):
     """Every job adds its item at about the same moment: the collection document is the one hot
     spot, refused (412) and retried on the newer version; it ends with the 32 items, once each."""
-    scenes = [make_scene(tmp_path / f"s{n:02d}.tif", 256 + 8 * n, 256) for n in range(JOBS)]
+    scenes = [make_scene(tmp_path / f"s{n:02d}.tif", 200 + n, 200) for n in range(JOBS)]  # one window each
     blobs = storage.blob_service().get_container_client(app_env.input)
 
     with local_host(app_env, deliveries=2) as host:
