@@ -182,6 +182,21 @@ def test_the_collection_document_merge_never_takes_anything_away():
     )
 
 
+def test_an_entry_is_the_stored_items_own_facts():
+    """From the item alone: a 3D bbox loses its heights; the zooms from its pixel size (0.1 degree
+    over 1000 pixels: zoom 14, where a pixel is 0.000086 degree) and its overview levels."""
+    item = {
+        "id": "0123456789abcdef",
+        "bbox": [10.0, 45.0, 0.0, 10.1, 45.1, 200.0],
+        "properties": {"datetime": None, "start_datetime": "2026-02-01T00:00:00Z", "proj:shape": [1000, 1000]},
+    }
+    made = documents.entry(item, item_blob="i", mosaic_blob="m", item_sha256="s")
+    assert made["bbox"] == [10.0, 45.0, 10.1, 45.1]
+    assert made["datetime"] == "2026-02-01T00:00:00Z"
+    assert (made["maxzoom"], made["minzoom"]) == (14, 14)
+    assert made["proj:code"] is None and made["tilecommit:profile"] is None
+
+
 def test_quadkeys_are_web_mercator_tiles():
     """Known tiles at zoom 8 (Munich's and Greenwich's, which straddles the meridian)."""
     assert documents.quadkeys([11.0, 47.0, 11.5, 47.4]) == ["12022113", "12022131", "12023002", "12023020"]

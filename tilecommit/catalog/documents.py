@@ -78,15 +78,14 @@ def entry(item: dict, *, item_blob: str, mosaic_blob: str, item_sha256: str) -> 
     (without what depends on the run that wrote it). A function of the stored item, so adding the
     same item again gives the same entry."""
     properties = item.get("properties") or {}
-    bbox = item.get("bbox")
+    bbox = _flat_bbox(item.get("bbox"))
     profile = properties.get("tilecommit:profile") or {}
-    shape = properties.get("proj:shape")
-    maxzoom = _zoom_of(bbox, shape)
+    maxzoom = _zoom_of(bbox, properties.get("proj:shape"))
     return {
         "id": item["id"],
         "item": item_blob,
         "mosaic": mosaic_blob,
-        "bbox": [float(v) for v in bbox[:2] + bbox[-2:]] if bbox else None,
+        "bbox": bbox,
         "datetime": properties.get("datetime") or properties.get("start_datetime"),
         "proj:code": properties.get("proj:code"),
         "tilecommit:profile": profile.get("name") if isinstance(profile, dict) else None,
@@ -96,11 +95,19 @@ def entry(item: dict, *, item_blob: str, mosaic_blob: str, item_sha256: str) -> 
     }
 
 
-def _zoom_of(bbox: list | None, shape: list | None) -> int:
+def _flat_bbox(bbox: list | None) -> list[float] | None:
+    """A STAC bbox as west, south, east, north (a 3D one, of 6 numbers, without its heights)."""
+    if not bbox:
+        return None
+    corners = (bbox[0], bbox[1], bbox[3], bbox[4]) if len(bbox) == 6 else bbox[:4]
+    return [float(v) for v in corners]
+
+
+def _zoom_of(bbox: list[float] | None, shape: list | None) -> int:
     """The Web Mercator zoom whose pixel is about the item's (degrees per pixel across its bbox)."""
     if not bbox or not shape or not shape[-1]:
         return QUADKEY_ZOOM
-    degrees_per_pixel = abs(bbox[-2] - bbox[0]) / shape[-1]
+    degrees_per_pixel = abs(bbox[2] - bbox[0]) / shape[-1]
     if degrees_per_pixel <= 0:
         return QUADKEY_ZOOM
     return max(0, min(24, round(math.log2(360.0 / (256 * degrees_per_pixel)))))
