@@ -14,7 +14,8 @@ warp's kernel, as ``--resampling``). The choice, in order:
    ``tilecommit_blocksize``, ``tilecommit_resampling``, ``tilecommit_nodata``,
    ``tilecommit_add_mask``, ``tilecommit_web_optimized``, ``tilecommit_target_srs``,
    ``tilecommit_resolution``, ``tilecommit_warp_resampling`` (any of them present: the metadata decides, from the default profile
-   when it names none);
+   when it names none; ``tilecommit_collection`` is none of them: it chooses the upload's
+   collection, tilecommit/catalog/naming.py);
 2. the first path rule of ``TILECOMMIT_PROFILE_RULES`` whose prefix the upload's name starts with
    (``dem/=zstd,predictor=3;previews/=lzw``; the longest prefix wins);
 3. the app's default, ``TILECOMMIT_PROFILE`` (``default``).
