@@ -238,6 +238,7 @@ def test_the_job_carries_its_collection_and_a_payload_from_before_reads_back_wit
     assert same.job_id == job.job_id  # the collection is not part of the job id
     bad = Job.for_upload("a.tif", "http://127.0.0.1/a/in/a.tif", '"0x1"', 10, settings, {"tilecommit_collection": "A"})
     assert bad.collection_error is not None and "'A'" in bad.collection_error
+    assert bad.profile_error is None and bad.spec == OutputSpec.from_settings(settings)  # not a profile key
     old = {k: v for k, v in job.to_dict().items() if k not in ("collection", "collection_error")}
     assert Job.from_dict(old).collection is None
     assert Job.from_dict(old).to_dict() == old  # written as it was
