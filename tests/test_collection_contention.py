@@ -68,6 +68,17 @@ def test_a_job_ends_with_its_item_in_its_collection_and_its_mosaic_in_the_mosaic
     assert page["bounds"] == item["bbox"]
 
 
+def test_an_upload_naming_no_valid_collection_fails_at_once_saying_which_key_and_value(storage, app_env, tmp_path):
+    scene = make_scene(tmp_path / "scene.tif", 300, 200)
+    with local_host(app_env) as host:
+        refused = process_file(host, scene, timeout=120, metadata={"tilecommit_collection": "Field/2026"})
+    # Failed while validating: no window was planned, nothing listed anywhere.
+    assert refused["status"] == "failed" and refused["windows"] is None, refused
+    assert "blob metadata tilecommit_collection='Field/2026' is not a collection id" in str(refused["error"])
+    assert "BadInputError" in str(refused["error"])
+    assert not list(output_container(storage, app_env).list_blobs(name_starts_with="collections/"))
+
+
 def test_32_jobs_completing_at_once_each_delivered_twice_list_exactly_their_32_items(storage, app_env, tmp_path):
     """Every job adds its item at about the same moment: the collection document is the one hot
     spot, refused (412) and retried on the newer version; it ends with the 32 items, once each."""
