@@ -16,6 +16,7 @@ from tilecommit.settings import Settings
 from tilecommit.spec import OutputSpec
 
 from .conftest import counter_total
+from .test_gates import FAST_SDK_RETRY, LoseResponses, container_client
 
 COLLECTION = "scenes"
 
@@ -138,6 +139,38 @@ def test_a_crash_between_the_page_and_the_collection_document_converges_on_the_r
     # Running it again changes nothing: both steps find what they add.
     again = collections.add_item(output, COLLECTION, second)
     assert (again.outcome, again.revision, again.attempts) == ("already-present", 2, 0)
+
+
+class LoseEveryOtherPut(LoseResponses):
+    """Test double: the answer of the 1st, 3rd, 5th... PUT is lost after it landed (the SDK's
+    resend of each gets through)."""
+
+    def __init__(self):
+        super().__init__("PUT", times=0)
+        self.puts = 0
+
+    def send(self, request):
+        if request.http_request.method == "PUT":
+            self.puts += 1
+            self.left = self.puts % 2
+        return super().send(request)
+
+
+def test_a_write_whose_answer_was_lost_counts_once(storage, output):
+    """Test double (a lost answer cannot be caused on purpose): every PUT of two adds lands and its
+    answer is lost; the SDK sends it again, storage refuses it (409 on a create, 412 on an
+    If-Match of the version it replaced), and the write id stored with the document says it was
+    ours. Each add is one page write and one collection write, the revision one per add."""
+    lose = LoseEveryOtherPut()
+    client = container_client(storage, output, lose, **FAST_SDK_RETRY)
+    first = collections.add_item(client, COLLECTION, item_entry(7))  # both documents created
+    second = collections.add_item(client, COLLECTION, item_entry(8, west=12.0))  # the document replaced
+    assert lose.lost == [201, 201, 201, 201]  # each write's first answer lost, its resend answered
+    assert (first.outcome, first.revision, first.conflicts) == ("written", 1, 0)
+    assert (second.outcome, second.revision, second.conflicts) == ("written", 2, 0)
+    doc, _ = stored(output, documents.collection_blob_name(COLLECTION))
+    assert doc is not None and doc[documents.ITEMS] == 2 and doc[documents.REVISION] == 2
+    assert sorted(listed_items(output)) == sorted([item_entry(7)["id"], item_entry(8)["id"]])
 
 
 def test_a_document_that_keeps_changing_under_the_writer_exhausts_its_budget_retryably(output):
