@@ -30,7 +30,7 @@ from typing import Any
 PAGES = 256
 PAGE_DIGITS = 2
 #: The zoom of the index's quadkeys (Web Mercator tiles of about 156 km at the equator): a scene
-#: of 40,960 pixels at 10 m falls in about 9 to 16 of them.
+#: of 40,960 pixels at 10 m (410 km across) falls in some 9 to 25 of them.
 QUADKEY_ZOOM = 8
 MOSAICJSON_VERSION = "0.0.3"
 STAC_VERSION = "1.0.0"
