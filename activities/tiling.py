@@ -75,6 +75,8 @@ def _validate(job: Job, ctx: ActivityContext) -> dict:
     def work() -> dict:
         if job.profile_error:  # the upload's metadata names a profile this build cannot make
             raise BadInputError(job.profile_error)
+        if job.collection_error:  # the upload's metadata names no valid collection
+            raise BadInputError(job.collection_error)
         upload = pinned_upload(ctx, job)
         scene = raster.inspect_source(upload, settings=ctx.settings, spec=job.spec)
         # The assembly's temporary disk, from the scene's numbers (the reading room cannot count the mosaic's levels).

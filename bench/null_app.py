@@ -40,12 +40,16 @@ class NullActivities:
         return {"share": payload["share"], "ranges": 0, "bytes": 0, "stopped": False, "staged": 0}
 
     @staticmethod
+    def add_to_collection(payload: dict) -> dict:
+        return {"collection": "null", "outcome": "written", "revision": 1, "conflicts": 0, "attempts": 1}
+
+    @staticmethod
     def publish_job_event(payload: dict) -> dict:
         return {"outcome": "not-configured", "event_id": "", "type": ""}
 
 
 app = df.DFApp()
-app.register_functions(tiling_functions(NullActivities))
+app.register_functions(tiling_functions(NullActivities, NullActivities))
 
 
 def job_input(job_id: str, windows: int, *, window_size: int = 1024, batch_size: int = 64) -> dict:

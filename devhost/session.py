@@ -181,6 +181,7 @@ def job_summary(state: dict, *, elapsed: float | None = None) -> dict:
         "mosaic_url": (output or {}).get("mosaic_url"),
         "stac_url": (output or {}).get("stac_url"),
         "quicklook_url": (output or {}).get("quicklook_url"),
+        "collection": (output or {}).get("collection"),
     }
     if elapsed is not None:
         summary["elapsed_s"] = round(elapsed, 3)

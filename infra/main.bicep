@@ -120,6 +120,12 @@ param outputProfile string = 'default'
 @description('TILECOMMIT_PROFILE_RULES: profiles by upload path, prefix=profile[,key=value...] separated by semicolons (e.g. dem/=zstd,predictor=3;previews/=lzw); the longest prefix wins. Empty: none.')
 param profileRules string = ''
 
+@description('TILECOMMIT_COLLECTION: the collection of uploads whose metadata (tilecommit_collection) names none and that match no rule: 1 to 64 characters of a-z, 0-9, - and _, beginning with a letter or a digit (docs/catalog.md).')
+param collectionId string = 'tilecommit'
+
+@description('TILECOMMIT_COLLECTION_RULES: collections by upload path, prefix=collection separated by semicolons (e.g. dem/=elevation;previews/=quicklooks); the longest prefix wins. Empty: none.')
+param collectionRules string = ''
+
 @description('Storage redundancy (see infra/checkov-skips.toml, CKV_AZURE_206).')
 @allowed([
   'Standard_LRS'
@@ -496,6 +502,14 @@ resource functionApp 'Microsoft.Web/sites@2024-04-01' = {
         {
           name: 'TILECOMMIT_PROFILE_RULES'
           value: profileRules
+        }
+        {
+          name: 'TILECOMMIT_COLLECTION'
+          value: collectionId
+        }
+        {
+          name: 'TILECOMMIT_COLLECTION_RULES'
+          value: collectionRules
         }
         {
           // Each job's compute estimate: the instance's memory (Consumption's instances have 1.5 GB).

@@ -18,6 +18,8 @@ ASSEMBLE_MOSAIC = "assemble_mosaic"
 #: by ASSEMBLE_MOSAIC.
 PLAN_MOSAIC_SHARES = "plan_mosaic_shares"
 STAGE_MOSAIC_SHARE = "stage_mosaic_share"
+#: The job's item joins its collection (tilecommit/catalog/collections.py), after the assembly.
+ADD_TO_COLLECTION = "add_to_collection"
 #: The job's completion event (completed or failed), once it ended.
 PUBLISH_JOB_EVENT = "publish_job_event"
 

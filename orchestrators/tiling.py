@@ -1,5 +1,5 @@
 """The job orchestration: validate -> plan windows -> render in batches -> assemble (a large
-mosaic: plan its staging -> stage the shares -> commit).
+mosaic: plan its staging -> stage the shares -> commit) -> add the item to its collection.
 
 Orchestrator code is replayed from history many times, so everything here is deterministic:
 no clock, no random, no I/O. The window plan is a pure function of the validated scene size
@@ -187,7 +187,7 @@ def announce(
 
 
 def run_job(context: df.DurableOrchestrationContext, job: dict, used: dict) -> Generator[Any, Any, dict]:
-    """Validate, render in batches, assemble; the job's summary."""
+    """Validate, render in batches, assemble, add the item to its collection; the job's summary."""
     context.set_custom_status({"stage": "validating", "windows_done": 0, "windows_total": None})
     validated = yield from call_activity(
         context, job, names.VALIDATE_SOURCE, job, stage="validating the upload", used=used
@@ -218,6 +218,15 @@ def run_job(context: df.DurableOrchestrationContext, job: dict, used: dict) -> G
     status["stage"] = "assembling"
     context.set_custom_status(status)
     mosaic = yield from assemble(context, job, scene, totals["bytes"], status, used)
+    # A payload from before collections (none named) was started by a release whose job announced
+    # itself right after the assembly; its history replays only if it still does.
+    listed = {}
+    if job.get("collection") is not None:
+        status["stage"] = "cataloguing"
+        context.set_custom_status(status)
+        listed["collection"] = yield from call_activity(
+            context, job, names.ADD_TO_COLLECTION, {"job": job}, stage="adding the item to its collection", used=used
+        )
     context.set_custom_status({**status, "stage": "done"})
     totals.pop("errors")
     totals["usage"] = used  # the whole job's, not only its tiles'
@@ -230,6 +239,7 @@ def run_job(context: df.DurableOrchestrationContext, job: dict, used: dict) -> G
         "mosaic_url": mosaic["mosaic_url"],
         "stac_url": mosaic["stac_url"],
         "quicklook_url": mosaic["quicklook_url"],
+        **listed,
     }
 
 

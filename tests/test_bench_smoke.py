@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from bench import breakdown, contention, duplicates, e2e, levels, memory, orchestration, raster, s2s, split
+from bench import collections as collection_bench
 from bench.__main__ import targets
 from bench.common import BenchStorage, Context, tiny_scene
 from bench.terrain import write_terrain
@@ -46,6 +47,25 @@ def test_contention_analysis_of_known_records():
     assert result["observed"] == [0, 1, 0]
     assert result["p_overlap"] == 0.5
     assert result["expected"] == [0.25, 0.5, 0.25]
+
+
+def test_collection_race_and_one_add_count_up(output, capsys):
+    outcome = collection_bench.race(output, items=4, rounds=1)
+    assert (outcome["lost"], outcome["doubled"], outcome["failures"]) == (0, 0, 0)
+    assert len(outcome["publications"]) == 8  # 4 items, each delivered twice
+    assert all(attempts >= refused for refused, attempts in outcome["publications"])
+    collection_bench.one_add(output, 300)
+    assert "one add into a collection of 300 entries" in capsys.readouterr().out
+
+
+def test_collection_model_of_known_publications():
+    """Two publications: 1 refusal in 3 writes (2 landed), 0 in 2: p = 1/5; each publication's
+    refusals ~ NegBin(2 landed, p)."""
+    fitted = collection_bench.model([(1, 3), (0, 2)])
+    assert fitted["p"] == pytest.approx(0.2)
+    assert fitted["observed"] == [1, 1]
+    assert fitted["expected"] == pytest.approx([2 * 0.8**2, 2 * 2 * 0.2 * 0.8**2])
+    assert fitted["model_mean"] == pytest.approx(2 * 0.2 / 0.8)
 
 
 def test_orchestration_scale_on_the_real_orchestrators(ctx):

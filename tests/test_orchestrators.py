@@ -32,6 +32,9 @@ JOB = {
     "batch_size": 4,
 }
 SCENE = {"width": 2500, "height": 1800}  # 3 x 2 windows of 1024
+#: The job as the starter makes it since collections: it names the collection its item joins.
+#: ``JOB`` is a payload from before, which ends after the assembly as it did then.
+LISTED_JOB = {**JOB, "collection": "tilecommit"}
 
 
 def error(exc: Exception, window: str | None = None) -> dict:
@@ -70,6 +73,32 @@ def announced(history: History, outcome: str, answer: dict | None = None) -> His
     task_id = next_task_id(history)
     history.scheduled(task_id, names.PUBLISH_JOB_EVENT).episode()
     return history.completed(task_id, answer or {"outcome": "published", "event_id": "e", "type": outcome})
+
+
+#: What ``add_to_collection`` answers for the job (activities/catalog.py).
+COLLECTED = {
+    "collection": "tilecommit",
+    "collection_blob": "collections/tilecommit/collection.json",
+    "collection_url": "c",
+    "index_blob": "collections/tilecommit/index/7a.json",
+    "outcome": "written",
+    "revision": 3,
+    "conflicts": 1,
+    "attempts": 3,
+}
+
+
+def catalogued(history: History, answer: dict | None = None) -> History:
+    """Runs the episode after the assembly: it must schedule ``add_to_collection`` with the job
+    (and nothing after it); then its completion is added with ``answer``."""
+    state = run(tiling.tile_scene, history)
+    add = leaf_actions(state)[-1]
+    assert add["functionName"] == names.ADD_TO_COLLECTION and state["isDone"] is False
+    assert json.loads(add["input"]) == {"job": json.loads(history.input)}
+    assert state["customStatus"]["stage"] == "cataloguing"
+    task_id = next_task_id(history)
+    history.scheduled(task_id, names.ADD_TO_COLLECTION).episode()
+    return history.completed(task_id, answer or COLLECTED)
 
 
 def test_first_episode_validates_with_retry_and_reports_stage():
@@ -169,8 +198,8 @@ def batch_summary(windows, written, present, nbytes, batches=1):
     }
 
 
-def test_fan_in_then_assembly_then_summary():
-    history = validated_history()
+def test_fan_in_then_assembly_then_collection_then_summary():
+    history = validated_history(LISTED_JOB)
     history.sub_created(1, names.RENDER_BATCH, "a").sub_created(2, names.RENDER_BATCH, "b").episode()
     # What each part used rides with its result; the job adds it all up (tilecommit/usage.py).
     tiles_used = {"functions": {"render_tile": {"executions": 4, "seconds": 2.0}}, "requests": {"blob.write": 4}}
@@ -181,13 +210,14 @@ def test_fan_in_then_assembly_then_summary():
     assemble = leaf_actions(state)[-1]
     assert assemble["functionName"] == names.ASSEMBLE_MOSAIC
     # It is given what the job used until now (for the cost its STAC item records) and the tiles' bytes.
-    assert json.loads(assemble["input"]) == {"job": JOB, "scene": SCENE, "tile_bytes": 600, "usage": tiles_used}
+    assert json.loads(assemble["input"]) == {"job": LISTED_JOB, "scene": SCENE, "tile_bytes": 600, "usage": tiles_used}
     assert state["customStatus"]["stage"] == "assembling" and state["customStatus"]["windows_done"] == 6
 
     assembly_used = {"functions": {"assemble_mosaic": {"executions": 1, "seconds": 1.5}}, "requests": {"blob.write": 3}}
     history.scheduled(3, names.ASSEMBLE_MOSAIC).episode().completed(
         3, {"outcome": "written", "mosaic_url": "m", "stac_url": "s", "quicklook_url": "q", "usage": assembly_used}
     )
+    history = catalogued(history)
     publish = json.loads(leaf_actions(run(tiling.tile_scene, history))[-1]["input"])
     job_used = {
         "functions": {
@@ -204,7 +234,7 @@ def test_fan_in_then_assembly_then_summary():
     assert state["output"]["cost"] == {"usd": 0.5}  # the publish priced it (it reads the settings)
     assert publish["started_at"] < publish["ended_at"] and publish["duration_s"] > 0
     assert state["output"] == {
-        "job_id": JOB["job_id"],
+        "job_id": LISTED_JOB["job_id"],
         "source": "scene.tif",
         "spec": {"window_size": 1024, "block_size": 256, "profile": "default"},
         "windows": 6,
@@ -216,6 +246,7 @@ def test_fan_in_then_assembly_then_summary():
         "mosaic_url": "m",
         "stac_url": "s",
         "quicklook_url": "q",
+        "collection": COLLECTED,
         "usage": job_used,
         "cost": {"usd": 0.5},
     }
@@ -353,6 +384,26 @@ def test_a_mosaic_that_fails_its_checks_fails_the_job():
     history.scheduled(3, names.ASSEMBLE_MOSAIC).episode()
     history.completed(3, {"error": error(MosaicCheckError("2 levels, 3 expected"))})
     assert "mosaic check failed: 2 levels, 3 expected" in run_failing(tiling.tile_scene, history)
+
+
+def test_a_job_from_before_collections_ends_after_its_assembly_as_it_did():
+    """A payload without ``collection`` was started by a release whose job published its event
+    right after the assembly: replaying its history must ask for the same actions, so it is not
+    listed (tests/test_replay_history.py replays recorded ones)."""
+    history = assembly_answered({"outcome": "written", "mosaic_url": "m", "stac_url": "s", "quicklook_url": "q"})
+    state = run(tiling.tile_scene, announced(history, "completed"))
+    assert state["isDone"] is True and "collection" not in state["output"]
+    assert names.ADD_TO_COLLECTION not in [a["functionName"] for a in leaf_actions(state)]
+
+
+def test_an_item_its_collection_lists_otherwise_fails_the_job_as_a_check_and_it_is_announced():
+    """The collection's index lists the item with another entry (known bad): the job fails with
+    the check's wording, after its failed event."""
+    history = tiled_history(LISTED_JOB).scheduled(3, names.ASSEMBLE_MOSAIC).episode()
+    history.completed(3, {"outcome": "written", "mosaic_url": "m", "stac_url": "s", "quicklook_url": "q"})
+    listed = MosaicCheckError("collections/tilecommit/index/7a.json lists item 7a otherwise than its stored item gives")
+    message = run_failing(tiling.tile_scene, catalogued(history, {"error": error(listed)}))
+    assert "mosaic check failed: collections/tilecommit/index/7a.json lists item 7a otherwise" in message
 
 
 @pytest.mark.parametrize(

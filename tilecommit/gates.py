@@ -268,7 +268,7 @@ def create_once(
     blob: BlobClient,
     put: Callable[[], Any],
     *,
-    digest: str,
+    digest: str | None,
     write_id: str,
     job_id: str = "",
     gate: str | None = None,
@@ -301,13 +301,18 @@ def commit_blob(
     content_type: str = "image/tiff",
     metadata: dict[str, str] | None = None,
     job_id: str = "",
+    same_bytes: bool = True,
 ) -> Outcome:
     """Create ``name`` with ``body`` if nothing holds the key: one Put Blob with ``If-None-Match: *``.
 
     Outcomes and evidence as :func:`create_once`. The body never goes up as staged blocks, whose
-    Put Block requests carry no condition, whatever its size.
+    Put Block requests carry no condition, whatever its size. ``same_bytes`` False: the blob is a
+    document several writers change (a collection's), so one another writer created first holds
+    other bytes by right and is not compared with ours (no content mismatch counted).
     """
-    return _commit_blob(container, name, body, content_type=content_type, metadata=metadata, job_id=job_id)[0]
+    return _commit_blob(
+        container, name, body, content_type=content_type, metadata=metadata, job_id=job_id, same_bytes=same_bytes
+    )[0]
 
 
 def commit_blob_versioned(
@@ -358,12 +363,14 @@ def _commit_blob(
     content_type: str,
     metadata: dict[str, str] | None,
     job_id: str,
+    same_bytes: bool = True,
 ) -> tuple[Outcome, _SinglePut]:
     one = _SinglePut.of(container, name, body, content_type, metadata)
     # overwrite=False makes the SDK send If-None-Match: *. (Passing etag="*" with
     # MatchConditions.IfMissing raises TypeError in the SDK: docs/design.md, 'Storage semantics'.)
     put = one.sender(overwrite=False)
-    return create_once(one.blob, put, digest=one.digest, write_id=one.write_id, job_id=job_id), one
+    digest = one.digest if same_bytes else None
+    return create_once(one.blob, put, digest=digest, write_id=one.write_id, job_id=job_id), one
 
 
 def repair_blob(
@@ -395,12 +402,20 @@ def repair_blob_versioned(
     content_type: str = "image/tiff",
     metadata: dict[str, str] | None = None,
     job_id: str = "",
+    gate: str | None = None,
 ) -> tuple[Outcome, str | None]:
-    """:func:`repair_blob`, plus the ETag of the version it wrote (None unless ``WRITTEN``)."""
+    """:func:`repair_blob`, plus the ETag of the version it wrote (None unless ``WRITTEN``).
+    ``gate`` labels the counters (by default :data:`REPAIR_GATE`)."""
     one = _SinglePut.of(container, name, body, content_type, metadata)
     put = one.sender(overwrite=True, etag=expect_etag, match_condition=MatchConditions.IfNotModified)
     outcome = replace_once(
-        one.blob, put, expect_etag=expect_etag, digest=one.digest, write_id=one.write_id, job_id=job_id
+        one.blob,
+        put,
+        expect_etag=expect_etag,
+        digest=one.digest,
+        write_id=one.write_id,
+        job_id=job_id,
+        gate=gate or REPAIR_GATE,
     )
     etag = one.answer.get("etag") if outcome is Outcome.WRITTEN else None
     if outcome is Outcome.WRITTEN and etag is None:  # written, found after a lost response

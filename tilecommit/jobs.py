@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Self
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
-from .errors import InvalidNameError
+from .errors import BadInputError, InvalidNameError
 from .grid import Window
 from .records import Record
 from .settings import DEFAULT_ASSEMBLY_SHARE_MB, Settings
@@ -123,6 +123,16 @@ class Job(Record):
     #: Why the upload's metadata names a profile this build cannot make; the job then fails at
     #: once saying so (its validation raises it before the upload is read).
     profile_error: str | None = None
+    #: The collection the job's item joins once its mosaic is assembled (tilecommit/catalog/naming.py).
+    #: None in payloads made before collections existed: such a job was started by a release whose
+    #: orchestration announced the job right after its assembly, and its Durable history replays
+    #: only if it still does, so it completes as it did then, in no collection. Not part of the job
+    #: id: the item and the mosaic do not name their collection (membership lives in the
+    #: collection's own documents), so the same upload version is the same outputs whichever
+    #: collection lists them, and jobs made before collections verify as they did.
+    collection: str | None = None
+    #: Why the upload's metadata names no valid collection; the job then fails at once saying so.
+    collection_error: str | None = None
 
     JSON_IN = {"spec": OutputSpec.from_dict}
 
@@ -157,9 +167,13 @@ class Job(Record):
         the app settings while the job runs cannot give it tiles of two grids or two encodings. Metadata
         naming a profile this build cannot make still gives a job, with the settings' spec and the
         reason in ``profile_error``: the user finds it where they find every job's, not in the
-        host's log alone.
+        host's log alone. The collection is chosen alike (``collection``, ``collection_error``).
         """
         spec, profile_error = OutputSpec.started_for(settings, name, metadata)
+        try:
+            collection, collection_error = settings.collection_for(name, metadata), None
+        except BadInputError as exc:
+            collection, collection_error = settings.collection, str(exc)
         return cls(
             job_id=job_id_for(url, etag, spec),
             blob=name,
@@ -170,11 +184,13 @@ class Job(Record):
             batch_size=settings.batch_size,
             assembly_share_bytes=settings.assembly_share_mb * 2**20,
             profile_error=profile_error or None,
+            collection=collection,
+            collection_error=collection_error,
         )
 
 
 #: The fields a payload carries only when they are set.
-_OPTIONAL = ("assembly_share_bytes", "profile_error")
+_OPTIONAL = ("assembly_share_bytes", "profile_error", "collection", "collection_error")
 #: The share size of a job whose payload names none.
 DEFAULT_SHARE_BYTES = DEFAULT_ASSEMBLY_SHARE_MB * 2**20
 
@@ -230,11 +246,14 @@ _GATES = (
     (re.compile(r"^mosaics/[0-9a-f]{16}/item\.json$"), "stac"),
     (re.compile(r"^mosaics/[0-9a-f]{16}/quicklook\.png$"), "quicklook"),
     (re.compile(rf"^plans/[0-9a-f]{{16}}/{BLOCK_TAG}\.json$"), "plan"),
+    (re.compile(r"^collections/[^/]+/collection\.json$"), "collection"),
+    (re.compile(r"^collections/[^/]+/index/[0-9a-f]+\.json$"), "collection-index"),
 )
 
 
 def blob_gate(name: str) -> str:
-    """``tile``, ``mosaic``, ``stac``, ``quicklook`` or ``plan`` for a job's blob, else ``blob``.
+    """``tile``, ``mosaic``, ``stac``, ``quicklook`` or ``plan`` for a job's blob, ``collection`` or
+    ``collection-index`` for a collection's documents (tilecommit/catalog/documents.py), else ``blob``.
 
     The counters of refused writes are labelled with it, so the label follows from the key and
     no caller has to pass it along.

@@ -14,7 +14,8 @@ warp's kernel, as ``--resampling``). The choice, in order:
    ``tilecommit_blocksize``, ``tilecommit_resampling``, ``tilecommit_nodata``,
    ``tilecommit_add_mask``, ``tilecommit_web_optimized``, ``tilecommit_target_srs``,
    ``tilecommit_resolution``, ``tilecommit_warp_resampling`` (any of them present: the metadata decides, from the default profile
-   when it names none);
+   when it names none; ``tilecommit_collection`` is none of them: it chooses the upload's
+   collection, tilecommit/catalog/naming.py);
 2. the first path rule of ``TILECOMMIT_PROFILE_RULES`` whose prefix the upload's name starts with
    (``dem/=zstd,predictor=3;previews/=lzw``; the longest prefix wins);
 3. the app's default, ``TILECOMMIT_PROFILE`` (``default``).
@@ -49,6 +50,7 @@ from typing import Any
 import numpy as np
 
 from . import warping
+from .catalog.naming import METADATA_COLLECTION
 from .errors import BadInputError, ConfigurationError
 
 DEFAULT = "default"
@@ -355,7 +357,11 @@ def resolve(metadata: Mapping[str, str], blob_name: str, *, rules: list[tuple[st
     Raises :class:`BadInputError` for metadata that names what this build cannot make: the job
     of that upload fails at once, saying which key, which value and what is accepted.
     """
-    given = {k.lower(): v for k, v in (metadata or {}).items() if k.lower().startswith(METADATA_PREFIX)}
+    given = {
+        k.lower(): v
+        for k, v in (metadata or {}).items()
+        if k.lower().startswith(METADATA_PREFIX) and k.lower() != METADATA_COLLECTION  # not the profile's
+    }
     if given:
         name = given.pop(METADATA_PROFILE, DEFAULT)
         options = {k[len(METADATA_PREFIX) :]: v for k, v in given.items()}

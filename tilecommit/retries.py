@@ -46,6 +46,20 @@ SLOWEST_COPY_BYTES_PER_S = 8 * 2**20
 #: (tilecommit/raster/assembly/shares.py); the default of TILECOMMIT_ASSEMBLY_SHARE_MB.
 ASSEMBLY_SHARE_MB = int(FUNCTION_TIMEOUT_S * (1 - RETRY_SHARE) * SLOWEST_COPY_BYTES_PER_S) // 2**20
 
+# -- A shared document's read-modify-write --------------------------------------------------
+#: A document several jobs change (a collection's, tilecommit/catalog/collections.py) is read,
+#: changed and written with If-Match on the version read; a 412 means another writer's version
+#: landed in between, and the change is made again on the newer one. Each refusal costs one read
+#: and one write; between them the writer sleeps a random time up to a cap that doubles from
+#: the first (full jitter, so writers that collided do not collide again in step).
+DOCUMENT_FIRST_BACKOFF_S = 0.02
+DOCUMENT_MAX_BACKOFF_S = 1.0
+#: Conditional writes of one document one activity attempt makes before it gives up (raising a
+#: retryable fault, so the orchestrator's retry policy waits and the activity tries again), and
+#: the time they may take: one storage call's budget, so the activity fits the function's timeout.
+DOCUMENT_WRITE_ATTEMPTS = 100
+DOCUMENT_WRITE_BUDGET_S = CALL_BUDGET_S
+
 # -- SDK clients -----------------------------------------------------------------------------
 #: Seconds to open a connection, and to wait for the next bytes of an answer (per request).
 CONNECTION_TIMEOUT_S = 5

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from . import profiles
+from .catalog import naming as collections
 from .errors import ConfigurationError
 from .retries import ASSEMBLY_SHARE_MB
 
@@ -62,6 +63,10 @@ SETTING_TILE_RETENTION_DAYS = "TILECOMMIT_TILE_RETENTION_DAYS"
 SETTING_PROFILE = "TILECOMMIT_PROFILE"
 #: Profiles by upload path: ``prefix=profile[,key=value...];...``, the longest prefix first.
 SETTING_PROFILE_RULES = "TILECOMMIT_PROFILE_RULES"
+#: The collection of uploads that name none and match no rule (tilecommit/catalog/naming.py).
+SETTING_COLLECTION = "TILECOMMIT_COLLECTION"
+#: Collections by upload path: ``prefix=collection;...``, the longest prefix first.
+SETTING_COLLECTION_RULES = "TILECOMMIT_COLLECTION_RULES"
 
 APP_SETTINGS = (
     SETTING_INPUT_CONTAINER,
@@ -78,6 +83,8 @@ APP_SETTINGS = (
     SETTING_INSTANCE_MEMORY_MB,
     SETTING_PROFILE,
     SETTING_PROFILE_RULES,
+    SETTING_COLLECTION,
+    SETTING_COLLECTION_RULES,
 )
 
 #: 1024 px windows: 0.17-0.21 s and ~115 MB a worker for 3-band uint16 (docs/design.md, 'GDAL settings and raster figures').
@@ -143,11 +150,15 @@ class Settings:
     instance_memory_mb: int = DEFAULT_INSTANCE_MEMORY_MB
     profile: str = profiles.DEFAULT
     profile_rules: str = ""
+    collection: str = collections.DEFAULT_COLLECTION
+    collection_rules: str = ""
 
     def __post_init__(self) -> None:
         # Refused here, at start, when malformed.
         choices = [(SETTING_PROFILE, self.default_profile())]
         choices += [(f"{SETTING_PROFILE_RULES} rule {prefix!r}", c) for prefix, c in self.profile_rule_list()]
+        collections.check_collection_id(self.collection, where=SETTING_COLLECTION, error=ConfigurationError)
+        self.collection_rule_list()
         if self.window_size <= 0 or self.window_size % 256:
             raise ConfigurationError(
                 f"{SETTING_WINDOW_SIZE}={self.window_size}: the window size must be a positive "
@@ -189,6 +200,14 @@ class Settings:
     def profile_rule_list(self) -> list[tuple[str, profiles.Choice]]:
         return profiles.parse_rules(self.profile_rules, where=SETTING_PROFILE_RULES)
 
+    def collection_rule_list(self) -> list[tuple[str, str]]:
+        return collections.parse_rules(self.collection_rules, where=SETTING_COLLECTION_RULES)
+
+    def collection_for(self, blob_name: str, metadata: Mapping[str, str] | None) -> str:
+        """The collection an upload joins (tilecommit/catalog/naming.py); raises
+        :class:`~tilecommit.errors.BadInputError` for metadata naming no valid id."""
+        return collections.resolve(metadata, blob_name, rules=self.collection_rule_list(), default=self.collection)
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         env = os.environ if environ is None else environ
@@ -217,6 +236,8 @@ class Settings:
             instance_memory_mb=integer(SETTING_INSTANCE_MEMORY_MB, DEFAULT_INSTANCE_MEMORY_MB),
             profile=env.get(SETTING_PROFILE, "").strip() or profiles.DEFAULT,
             profile_rules=env.get(SETTING_PROFILE_RULES, "").strip(),
+            collection=env.get(SETTING_COLLECTION, "").strip() or collections.DEFAULT_COLLECTION,
+            collection_rules=env.get(SETTING_COLLECTION_RULES, "").strip(),
         )
 
 

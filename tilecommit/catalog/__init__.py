@@ -1,0 +1,2 @@
+"""The catalog: each finished job's item in its collection (:mod:`.collections`, the documents'
+shapes in :mod:`.documents`, which collection an upload belongs to in :mod:`.naming`)."""
