@@ -1,0 +1,168 @@
+"""The bands' statistics and histograms in the STAC item: rio-stac's, from one overview level.
+
+- the level is the coarsest with at least ``MIN_PIXELS`` pixels, and the item names it;
+- the numbers are what rio-stac itself (pinned in requirements-dev.txt) computes on that level
+  of the committed mosaic, nodata and invalid values left out as it leaves them out;
+- an item a build before the statistics stored (a job it completed, delivered again) is still
+  good; anything else that differs is still known bad.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import rasterio
+from azure.core import MatchConditions
+from rio_stac.stac import _get_stats, get_raster_info
+
+from tilecommit import jobs
+from tilecommit.errors import MosaicCheckError
+from tilecommit.raster.assembly import stac, statistics
+from tilecommit.raster.assembly.statistics import MIN_PIXELS, band_statistics, statistics_level
+
+from .raster_jobs import JOB, assemble, download
+
+
+def test_the_level_is_the_coarsest_with_at_least_min_pixels():
+    assert MIN_PIXELS == 1024 * 1024
+    # 8192 x 8192: 4096, 2048, 1024 (exactly MIN_PIXELS), 512, 256 on a side.
+    assert statistics_level(8192, 8192, [2, 4, 8, 16, 32]) == 3
+    # 5000 x 3000: 2500 x 1500 holds 3.75 M pixels, 1250 x 750 fewer than MIN_PIXELS.
+    assert statistics_level(5000, 3000, [2, 4, 8]) == 1
+    # Overview sizes round up: 2049 x 2048 by 2 is 1025 x 1024, by 4 is 513 x 512.
+    assert statistics_level(2049, 2048, [2, 4]) == 1
+    # A mosaic smaller than MIN_PIXELS, or one without overviews: the full resolution.
+    assert statistics_level(600, 520, [2, 4]) == 0
+    assert statistics_level(4096, 4096, []) == 0
+
+
+def assert_rio_stacs(ours: dict, theirs: dict, rel: float = 1e-12) -> None:
+    """Exactly rio-stac's, but for the mean and standard deviation, which are correctly rounded
+    float64 sums here and numpy's pairwise ones there (the last bits may differ; for float32
+    samples numpy sums in float32, ``rel`` its precision)."""
+    mine, its = dict(ours["statistics"]), dict(theirs["statistics"])
+    assert mine.pop("mean") == pytest.approx(its.pop("mean"), rel=rel)
+    assert mine.pop("stddev") == pytest.approx(its.pop("stddev"), rel=rel)
+    assert mine == its and type(mine["minimum"]) is type(its["minimum"])
+    assert ours["histogram"] == theirs["histogram"]
+
+
+def test_the_items_statistics_are_rio_stacs_on_the_overview_level_it_names(
+    rendered, stores, storage, monkeypatch, tmp_path
+):
+    spec, _, scene, settings, _ = rendered
+    # 600 x 520 pixels with levels of 300 x 260 and 150 x 130: with this threshold the first overview.
+    monkeypatch.setattr(statistics, "MIN_PIXELS", 50_000)
+    assert assemble(scene, settings, stores, storage).outcome == "written"
+    item = json.loads(stores["output"].download_blob(jobs.stac_blob_name(JOB)).readall())
+    note = item["properties"][stac.STATISTICS_PROPERTY]
+    assert note == {"approximate": True, "overview_level": 1, "width": 300, "height": 260, "histogram_bins": 10}
+    bands = item["assets"]["data"]["raster:bands"]
+    assert len(bands) == spec.count == 3
+
+    mosaic = download(stores["output"], jobs.mosaic_blob_name(JOB), tmp_path / "mosaic.tif")
+    with rasterio.open(mosaic, overview_level=0) as level:
+        assert (level.width, level.height) == (300, 260)
+        theirs = get_raster_info(level, max_size=None)
+        assert level.nodata == 0  # the scene's nodata, left out by both
+    for ours, its in zip(bands, theirs, strict=True):
+        assert_rio_stacs(ours, its)
+        assert 0 < ours["statistics"]["valid_percent"] < 100
+    with rasterio.open(mosaic) as full:
+        whole = get_raster_info(full, max_size=None)
+    # The control: the full resolution gives other figures, so the level read is the one named.
+    assert [b["histogram"] for b in whole] != [b["histogram"] for b in bands]
+
+
+def test_one_band_is_described_as_rio_stac_describes_it():
+    """Invalid values and the mask left out, the narrow-range fallback of the histogram, integer
+    extremes kept integers; a band with no valid pixel has only its valid_percent."""
+    rng = np.random.default_rng(7)
+    floats = rng.normal(100.0, 15.0, (300, 200)).astype("float32")
+    floats[:10] = np.nan
+    floats[10:12] = np.inf
+    floats[50:60] = -9999.0
+    integers = rng.integers(0, 65535, (300, 200), dtype="uint16")
+    integers[:5] = 0
+    # Two values 6 ulps apart: too narrow for 10 buckets, wide enough for 3.
+    narrow = np.full((64, 64), 1.0, dtype="float64")
+    narrow[0, :5] = 1.0 + 6 * np.spacing(1.0)
+    # Each with a mask array, as rasterio's masked reads give (rio-stac counts an array with no
+    # mask at all, numpy's ``nomask``, as one valid pixel; here it has no invalid one).
+    cases = [
+        np.ma.masked_equal(floats, -9999.0),
+        np.ma.masked_equal(integers, 0),
+        np.ma.masked_array(integers, mask=np.zeros(integers.shape, bool)),
+        np.ma.masked_array(narrow, mask=np.zeros(narrow.shape, bool)),
+    ]
+    with pytest.warns(UserWarning, match="fall back to automatic bin"):
+        theirs = [_get_stats(case) for case in cases]
+    for case, its in zip(cases, theirs, strict=True):
+        ours = band_statistics(case)
+        assert ours is not None
+        single = case.dtype == np.float32
+        assert_rio_stacs({"statistics": ours.statistics, "histogram": ours.histogram}, its, 1e-6 if single else 1e-12)
+        # In float64 throughout, numpy agrees with ours to the last bits, float32 samples included.
+        valid = np.ma.fix_invalid(case).compressed().astype(np.float64)
+        assert ours.statistics["mean"] == pytest.approx(valid.mean(), rel=1e-13)
+        assert ours.statistics["stddev"] == pytest.approx(valid.std(), rel=1e-12)
+    assert theirs[-1]["histogram"]["count"] == 4  # the control: the fallback was taken (3 buckets)
+    empty = band_statistics(np.ma.masked_all((4, 4), dtype="uint8"))
+    assert empty is not None and (empty.statistics, empty.histogram) == ({"valid_percent": 0.0}, None)
+
+
+def test_the_figures_do_not_depend_on_the_order_of_the_pixels():
+    """The item is compared byte for byte when it is made again: the same pixels in another
+    order (another machine's summation) give the very same numbers."""
+    rng = np.random.default_rng(11)
+    values = rng.normal(0.0, 1e6, 100_003)
+    shuffled = rng.permutation(values)
+    first, second = band_statistics(np.ma.masked_array(values)), band_statistics(np.ma.masked_array(shuffled))
+    assert first == second
+
+
+def replace_stored(container, name: str, body: bytes) -> None:
+    blob = container.get_blob_client(name)
+    props = blob.get_blob_properties()
+    blob.upload_blob(
+        body, overwrite=True, etag=props.etag, match_condition=MatchConditions.IfNotModified, metadata=props.metadata
+    )
+
+
+def canonical(item: dict) -> bytes:
+    return (json.dumps(item, sort_keys=True, indent=2) + "\n").encode()
+
+
+def test_an_item_stored_before_the_statistics_is_good_and_any_other_difference_is_not(rendered, stores, storage):
+    """A job completed by a build before the statistics, delivered again: its item has none of
+    them (the rest of the item that build made is this one's), and it is already-present, kept
+    as it was. The same item with another geometry is known bad; so is an item with statistics
+    that are not the mosaic's."""
+    _, _, scene, settings, _ = rendered
+    assert assemble(scene, settings, stores, storage).outcome == "written"
+    output, name = stores["output"], jobs.stac_blob_name(JOB)
+    made = json.loads(output.download_blob(name).readall())
+    assert all("statistics" in b and "histogram" in b for b in made["assets"]["data"]["raster:bands"])
+
+    before = json.loads(stac.without_statistics(canonical(made)))
+    assert stac.STATISTICS_PROPERTY not in before["properties"]
+    assert not any("statistics" in b for b in before["assets"]["data"]["raster:bands"])
+    replace_stored(output, name, canonical(before))
+    assert assemble(scene, settings, stores, storage).outcome == "already-present"
+    assert json.loads(output.download_blob(name).readall()) == before
+
+    moved = {**before, "bbox": [b + 1.0 for b in before["bbox"]]}
+    replace_stored(output, name, canonical(moved))
+    with pytest.raises(MosaicCheckError, match=f"{name} is not what the committed mosaic gives"):
+        assemble(scene, settings, stores, storage)
+
+    wrong = json.loads(canonical(made))
+    wrong["assets"]["data"]["raster:bands"][0]["statistics"]["mean"] += 1.0
+    replace_stored(output, name, canonical(wrong))
+    with pytest.raises(MosaicCheckError, match=f"{name} is not what the committed mosaic gives"):
+        assemble(scene, settings, stores, storage)
+
+    replace_stored(output, name, canonical(made))
+    assert assemble(scene, settings, stores, storage).outcome == "already-present"

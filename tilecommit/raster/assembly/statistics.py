@@ -1,0 +1,132 @@
+"""Per-band statistics and histograms of the committed mosaic for its STAC item, approximate.
+
+The fields are rio-stac's (``rio_stac/stac.py``, ``_get_stats``), under ``raster:bands``:
+``statistics`` {minimum, maximum, mean, stddev, valid_percent} and ``histogram`` {count, min,
+max, buckets}, with its rules: invalid values (NaN, infinities) and the mask (nodata, the
+internal mask, alpha) left out; ``valid_percent`` over every pixel of the level read; ten
+buckets between the minimum and maximum, or one per distinct value plus one when the range is
+too narrow for ten (numpy's "Too many bins for data range").
+
+rio-stac reads a decimated copy of the dataset (1024 pixels on the longer edge by default),
+which GDAL serves from an overview. Here the level is named instead: the coarsest overview with
+at least :data:`MIN_PIXELS` pixels (the full resolution when no overview has as many), so a
+large mosaic costs one small level, never a full read, and the item says which
+(:attr:`MosaicStatistics.note`: ``approximate`` and the level).
+
+The item is committed create-only and compared byte for byte when it is made again, possibly on
+another machine: its numbers must not depend on the order a sum was taken in. So the mean and
+the standard deviation are correctly rounded sums (:func:`math.fsum`) rather than numpy's
+pairwise ones; they agree with numpy's to the last few bits.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..reading.source import Source, reading
+
+#: The statistics are read from the coarsest level with at least this many pixels: rio-stac's
+#: default sample is at most 1024 x 1024; this is never less (and a level is a quarter of the
+#: one above it, so at most four times as many are read).
+MIN_PIXELS = 1024 * 1024
+#: Histogram buckets, rio-stac's default.
+HISTOGRAM_BINS = 10
+
+
+@dataclass(frozen=True)
+class BandStatistics:
+    """One band's ``statistics`` and ``histogram`` (None when it has no valid pixel: only its
+    ``valid_percent``, 0, is known)."""
+
+    statistics: dict
+    histogram: dict | None
+
+
+@dataclass(frozen=True)
+class MosaicStatistics:
+    """Every band's statistics and the level they were read from: 0 the full resolution, ``k`` the
+    ``k``-th overview (``tilecommit:overview_levels`` counts them), ``width`` x ``height`` pixels."""
+
+    level: int
+    width: int
+    height: int
+    bands: tuple[BandStatistics | None, ...]
+
+    @property
+    def note(self) -> dict:
+        """What the item says of its statistics (``tilecommit:statistics``)."""
+        return {
+            "approximate": True,
+            "overview_level": self.level,
+            "width": self.width,
+            "height": self.height,
+            "histogram_bins": HISTOGRAM_BINS,
+        }
+
+
+def statistics_level(width: int, height: int, factors: list[int]) -> int:
+    """The coarsest level with at least :data:`MIN_PIXELS` pixels: 0 (full resolution) or the
+    1-based index of an overview whose decimation factors are ``factors`` (GDAL's, band 1).
+    An overview of factor ``f`` is ``ceil(width / f)`` x ``ceil(height / f)`` pixels."""
+    chosen = 0
+    for index, factor in enumerate(factors, start=1):
+        if -(-width // factor) * -(-height // factor) >= MIN_PIXELS:
+            chosen = index
+    return chosen
+
+
+def mosaic_statistics(mosaic: str | Source) -> MosaicStatistics:
+    """The statistics of every band of ``mosaic``, from the level :func:`statistics_level` picks,
+    read one band at a time through the reader the mosaic is given by (a read storage did not
+    deliver raises, as every read of the committed mosaic does)."""
+    with reading(mosaic) as src:
+        level = statistics_level(src.width, src.height, src.overviews(1))
+    open_options = {"overview_level": level - 1} if level else {}
+    with reading(mosaic, **open_options) as src:
+        bands = tuple(band_statistics(src.read(index, masked=True)) for index in src.indexes)
+        return MosaicStatistics(level=level, width=src.width, height=src.height, bands=bands)
+
+
+def band_statistics(band: np.ma.MaskedArray) -> BandStatistics | None:
+    """rio-stac's statistics and histogram of one band read masked; None for complex samples
+    (which have no order, and which rio-stac cannot describe either)."""
+    if band.dtype.kind == "c":
+        return None
+    band = np.ma.fix_invalid(band, copy=True)
+    valid_mask = ~np.ma.getmaskarray(band)
+    valid_percent = float(np.count_nonzero(valid_mask) / float(band.data.size) * 100)
+    valid = band.data[valid_mask]
+    if valid.size == 0:
+        return BandStatistics(statistics={"valid_percent": valid_percent}, histogram=None)
+    values = valid.astype(np.float64)
+    mean = math.fsum(values.tolist()) / values.size
+    deviations = values - mean
+    stddev = math.sqrt(math.fsum((deviations * deviations).tolist()) / values.size)
+    statistics = {
+        "minimum": valid.min().item(),
+        "maximum": valid.max().item(),
+        "mean": mean,
+        "stddev": stddev,
+        "valid_percent": valid_percent,
+    }
+    return BandStatistics(statistics=statistics, histogram=_histogram(valid))
+
+
+def _histogram(valid: np.ndarray) -> dict:
+    """rio-stac's histogram of the valid values: :data:`HISTOGRAM_BINS` buckets over their range,
+    or, where numpy finds that range too narrow for them, one per distinct value plus one."""
+    try:
+        buckets, edges = np.histogram(valid, bins=HISTOGRAM_BINS)
+    except ValueError as exc:
+        if "Too many bins for data range" not in str(exc):
+            raise
+        buckets, edges = np.histogram(valid, bins=len(np.unique(valid)) + 1)
+    return {
+        "count": len(edges),
+        "min": float(edges.min()),
+        "max": float(edges.max()),
+        "buckets": buckets.tolist(),
+    }
