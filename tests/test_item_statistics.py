@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,10 +20,18 @@ from rio_stac.stac import _get_stats, get_raster_info
 
 from tilecommit import jobs
 from tilecommit.errors import MosaicCheckError
-from tilecommit.raster.assembly import stac, statistics
-from tilecommit.raster.assembly.statistics import MIN_PIXELS, band_statistics, statistics_level
+from tilecommit.raster.assembly import stac
+from tilecommit.raster.assembly.statistics import (
+    MIN_PIXELS,
+    band_statistics,
+    masked_level,
+    mosaic_statistics,
+    statistics_level,
+)
 
 from .raster_jobs import JOB, assemble, download
+
+REAL = Path(__file__).resolve().parent / "fixtures" / "real"
 
 
 def test_the_level_is_the_coarsest_with_at_least_min_pixels():
@@ -33,9 +42,11 @@ def test_the_level_is_the_coarsest_with_at_least_min_pixels():
     assert statistics_level(5000, 3000, [2, 4, 8]) == 1
     # Overview sizes round up: 2049 x 2048 by 2 is 1025 x 1024, by 4 is 513 x 512.
     assert statistics_level(2049, 2048, [2, 4]) == 1
-    # A mosaic smaller than MIN_PIXELS, or one without overviews: the full resolution.
-    assert statistics_level(600, 520, [2, 4]) == 0
-    assert statistics_level(4096, 4096, []) == 0
+    # No overview as large: the first, never the full resolution, which only a mosaic without
+    # overviews (one block) is read at.
+    assert statistics_level(600, 520, [2, 4]) == 1
+    assert statistics_level(1500, 1500, [2, 4, 8]) == 1
+    assert statistics_level(256, 200, []) == 0
 
 
 def assert_rio_stacs(ours: dict, theirs: dict, rel: float = 1e-12) -> None:
@@ -49,12 +60,9 @@ def assert_rio_stacs(ours: dict, theirs: dict, rel: float = 1e-12) -> None:
     assert ours["histogram"] == theirs["histogram"]
 
 
-def test_the_items_statistics_are_rio_stacs_on_the_overview_level_it_names(
-    rendered, stores, storage, monkeypatch, tmp_path
-):
+def test_the_items_statistics_are_rio_stacs_on_the_overview_level_it_names(rendered, stores, storage, tmp_path):
     spec, _, scene, settings, _ = rendered
-    # 600 x 520 pixels with levels of 300 x 260 and 150 x 130: with this threshold the first overview.
-    monkeypatch.setattr(statistics, "MIN_PIXELS", 50_000)
+    # 600 x 520 pixels with levels of 300 x 260 and 150 x 130, none of MIN_PIXELS: the first overview.
     assert assemble(scene, settings, stores, storage).outcome == "written"
     item = json.loads(stores["output"].download_blob(jobs.stac_blob_name(JOB)).readall())
     note = item["properties"][stac.STATISTICS_PROPERTY]
@@ -74,6 +82,32 @@ def test_the_items_statistics_are_rio_stacs_on_the_overview_level_it_names(
         whole = get_raster_info(full, max_size=None)
     # The control: the full resolution gives other figures, so the level read is the one named.
     assert [b["histogram"] for b in whole] != [b["histogram"] for b in bands]
+
+
+@pytest.mark.parametrize("path", sorted(REAL.glob("*.tif")), ids=lambda p: p.name)
+def test_the_level_read_once_is_masked_as_rasterio_masks_it(path):
+    """Every real file (nodata, NaN nodata, internal masks, alpha bands, none): the pixels read
+    once and masked by GDAL in memory are rasterio's ``read(masked=True)``, mask and values."""
+    with rasterio.open(path) as src:
+        expected, found = src.read(masked=True), masked_level(src)
+    assert np.array_equal(np.ma.getmaskarray(found), np.ma.getmaskarray(expected))
+    assert np.array_equal(found.data, expected.data, equal_nan=True)
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["alpha.tif", "cog_uint8_rgb_mask.tif", "nan32_nodata.tif", "float_raster_with_extra_nodata.tif", "clp.tif"],
+)
+def test_real_files_are_described_as_rio_stac_describes_the_level_read(name):
+    found = mosaic_statistics(str(REAL / name))
+    options = {"overview_level": found.level - 1} if found.level else {}
+    with rasterio.open(REAL / name, **options) as level:
+        assert (level.width, level.height) == (found.width, found.height)
+        theirs = get_raster_info(level, max_size=None)
+    for ours, its in zip(found.bands, theirs, strict=True):
+        assert ours is not None
+        single = its["data_type"] in ("float32", "float16")
+        assert_rio_stacs({"statistics": ours.statistics, "histogram": ours.histogram}, its, 1e-6 if single else 1e-12)
 
 
 def test_one_band_is_described_as_rio_stac_describes_it():

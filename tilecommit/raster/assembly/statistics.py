@@ -9,8 +9,9 @@ too narrow for ten (numpy's "Too many bins for data range").
 
 rio-stac reads a decimated copy of the dataset (1024 pixels on the longer edge by default),
 which GDAL serves from an overview. Here the level is named instead: the coarsest overview with
-at least :data:`MIN_PIXELS` pixels (the full resolution when no overview has as many), so a
-large mosaic costs one small level, never a full read, and the item says which
+at least :data:`MIN_PIXELS` pixels, the first overview when none has as many, the full
+resolution only for a mosaic without overviews (one block at most). So a mosaic costs one
+overview's read, never a full one, and the item says which level
 (:attr:`MosaicStatistics.note`: ``approximate`` and the level).
 
 The item is committed create-only and compared byte for byte when it is made again, possibly on
@@ -22,15 +23,19 @@ pairwise ones; they agree with numpy's to the last few bits.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
+import rasterio
+from rasterio.enums import MaskFlags
+from rasterio.errors import NotGeoreferencedWarning
 
 from ..reading.source import Source, reading
 
-#: The statistics are read from the coarsest level with at least this many pixels: rio-stac's
-#: default sample is at most 1024 x 1024; this is never less (and a level is a quarter of the
-#: one above it, so at most four times as many are read).
+#: The statistics are read from the coarsest overview with at least this many pixels: rio-stac's
+#: default sample is at most 1024 x 1024; this is never less where the mosaic has as many (and a
+#: level is a quarter of the one above it, so fewer than four times as many are read).
 MIN_PIXELS = 1024 * 1024
 #: Histogram buckets, rio-stac's default.
 HISTOGRAM_BINS = 10
@@ -68,10 +73,11 @@ class MosaicStatistics:
 
 
 def statistics_level(width: int, height: int, factors: list[int]) -> int:
-    """The coarsest level with at least :data:`MIN_PIXELS` pixels: 0 (full resolution) or the
-    1-based index of an overview whose decimation factors are ``factors`` (GDAL's, band 1).
-    An overview of factor ``f`` is ``ceil(width / f)`` x ``ceil(height / f)`` pixels."""
-    chosen = 0
+    """The coarsest overview with at least :data:`MIN_PIXELS` pixels, else the first: its
+    1-based index among the overviews whose decimation factors are ``factors`` (GDAL's, band 1);
+    0 (the full resolution) when there are none. An overview of factor ``f`` is
+    ``ceil(width / f)`` x ``ceil(height / f)`` pixels."""
+    chosen = 1 if factors else 0
     for index, factor in enumerate(factors, start=1):
         if -(-width // factor) * -(-height // factor) >= MIN_PIXELS:
             chosen = index
@@ -80,14 +86,41 @@ def statistics_level(width: int, height: int, factors: list[int]) -> int:
 
 def mosaic_statistics(mosaic: str | Source) -> MosaicStatistics:
     """The statistics of every band of ``mosaic``, from the level :func:`statistics_level` picks,
-    read one band at a time through the reader the mosaic is given by (a read storage did not
-    deliver raises, as every read of the committed mosaic does)."""
+    read once, all bands together (a pixel-interleaved block holds them all), through the reader
+    the mosaic is given by (a read storage did not deliver raises, as every read of the committed
+    mosaic does)."""
     with reading(mosaic) as src:
         level = statistics_level(src.width, src.height, src.overviews(1))
     open_options = {"overview_level": level - 1} if level else {}
     with reading(mosaic, **open_options) as src:
-        bands = tuple(band_statistics(src.read(index, masked=True)) for index in src.indexes)
-        return MosaicStatistics(level=level, width=src.width, height=src.height, bands=bands)
+        data = masked_level(src)
+        return MosaicStatistics(
+            level=level, width=src.width, height=src.height, bands=tuple(band_statistics(band) for band in data)
+        )
+
+
+def masked_level(src) -> np.ma.MaskedArray:
+    """Every band of ``src`` read once, masked as rasterio's ``read(masked=True)`` masks it.
+
+    GDAL computes a band's mask (nodata, alpha or an internal mask) by reading the band again,
+    and its GTiff reader fetches those bytes again for each band (what a read of the mosaic costs
+    tripled for three bands, seen through the pinned reader). So the pixels are read once and
+    handed to GDAL in memory with the nodata, the colour interpretation (an alpha band) and the
+    internal mask (read from its own blocks), and GDAL masks that copy by its own rules.
+    """
+    data = src.read()
+    flags = src.mask_flag_enums
+    internal = any(MaskFlags.per_dataset in f for f in flags) and not any(MaskFlags.alpha in f for f in flags)
+    mask = src.dataset_mask() if internal else None
+    profile = {"width": src.width, "height": src.height, "count": src.count, "dtype": src.dtypes[0]}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NotGeoreferencedWarning)  # pixels only
+        with rasterio.open("", "w+", driver="MEM", nodata=src.nodata, **profile) as copy:
+            copy.write(data)
+            copy.colorinterp = src.colorinterp
+            if mask is not None:
+                copy.write_mask(mask)
+            return copy.read(masked=True)
 
 
 def band_statistics(band: np.ma.MaskedArray) -> BandStatistics | None:
