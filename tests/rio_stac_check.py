@@ -26,14 +26,31 @@ def assert_rio_stacs(ours: dict, theirs: dict, data_type: str) -> None:
     assert ours["histogram"] == theirs["histogram"]
 
 
+def check_level(mosaic_path: str, chosen: int) -> None:
+    """``chosen`` is the coarsest overview with at least 512 x 512 pixels, or the first when none
+    has as many; the full resolution only for a mosaic without overviews (sizes as GDAL reads them)."""
+    with rasterio.open(mosaic_path) as full:
+        count = len(full.overviews(1))
+    pixels = []
+    for level in range(count):
+        with rasterio.open(mosaic_path, overview_level=level) as overview:
+            pixels.append(overview.width * overview.height)
+    if count == 0:
+        assert chosen == 0
+        return
+    assert 1 <= chosen <= count
+    coarser = pixels[chosen:]  # the overviews after the chosen one (pixels[chosen - 1] is it)
+    assert all(p < 512 * 512 for p in coarser)
+    assert chosen == 1 or pixels[chosen - 1] >= 512 * 512
+
+
 def check_item_statistics(item: dict, mosaic_path: str) -> None:
     """The item names the level its statistics come from, and they are what rio-stac computes on
     that level of the mosaic (complex samples have none: rio-stac cannot order them either)."""
     note = item["properties"][stac.STATISTICS_PROPERTY]
     assert note["approximate"] is True
     options = {"overview_level": note["overview_level"] - 1} if note["overview_level"] else {}
-    with rasterio.open(mosaic_path) as full:
-        assert note["overview_level"] == (1 if full.overviews(1) else 0) or note["width"] * note["height"] >= 2**20
+    check_level(mosaic_path, note["overview_level"])
     with rasterio.open(mosaic_path, **options) as level:
         assert (level.width, level.height) == (note["width"], note["height"])
         complex_samples = level.dtypes[0].startswith("complex")

@@ -36,17 +36,17 @@ REAL = Path(__file__).resolve().parent / "fixtures" / "real"
 
 
 def test_the_level_is_the_coarsest_with_at_least_min_pixels():
-    assert MIN_PIXELS == 1024 * 1024
-    # 8192 x 8192: 4096, 2048, 1024 (exactly MIN_PIXELS), 512, 256 on a side.
-    assert statistics_level(8192, 8192, [2, 4, 8, 16, 32]) == 3
-    # 5000 x 3000: 2500 x 1500 holds 3.75 M pixels, 1250 x 750 fewer than MIN_PIXELS.
-    assert statistics_level(5000, 3000, [2, 4, 8]) == 1
-    # Overview sizes round up: 2049 x 2048 by 2 is 1025 x 1024, by 4 is 513 x 512.
-    assert statistics_level(2049, 2048, [2, 4]) == 1
+    assert MIN_PIXELS == 512 * 512
+    # 8192 x 8192: 4096, 2048, 1024, 512 (exactly MIN_PIXELS), 256 on a side.
+    assert statistics_level(8192, 8192, [2, 4, 8, 16, 32]) == 4
+    # 5000 x 3000: 1250 x 750 holds 937,500 pixels, 625 x 375 fewer than MIN_PIXELS.
+    assert statistics_level(5000, 3000, [2, 4, 8]) == 2
+    # Overview sizes round up: 2045 x 2048 by 4 is 512 x 512 (by 4, rounded down, 511 x 512).
+    assert statistics_level(2045, 2048, [2, 4]) == 2
     # No overview as large: the first, never the full resolution, which only a mosaic without
     # overviews (one block) is read at.
     assert statistics_level(600, 520, [2, 4]) == 1
-    assert statistics_level(1500, 1500, [2, 4, 8]) == 1
+    assert statistics_level(900, 900, [2, 4]) == 1
     assert statistics_level(256, 200, []) == 0
 
 

@@ -22,8 +22,10 @@ pairwise ones; they agree with numpy's to the last few bits.
 
 from __future__ import annotations
 
+import itertools
 import math
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,12 +35,14 @@ from rasterio.errors import NotGeoreferencedWarning
 
 from ..reading.source import Source, reading
 
-#: The statistics are read from the coarsest overview with at least this many pixels: rio-stac's
-#: default sample is at most 1024 x 1024; this is never less where the mosaic has as many (and a
-#: level is a quarter of the one above it, so fewer than four times as many are read).
-MIN_PIXELS = 1024 * 1024
+#: The statistics are read from the coarsest overview with at least this many pixels. A level
+#: is a quarter of the one above it, so the level read holds from 512 x 512 to about 1024 x 1024
+#: pixels: as many as rio-stac's default sample (1024 pixels on the longer edge).
+MIN_PIXELS = 512 * 512
 #: Histogram buckets, rio-stac's default.
 HISTOGRAM_BINS = 10
+#: Values summed at a time (:func:`_exact_sum`).
+SUM_CHUNK = 65536
 
 
 @dataclass(frozen=True)
@@ -134,10 +138,8 @@ def band_statistics(band: np.ma.MaskedArray) -> BandStatistics | None:
     valid = band.data[valid_mask]
     if valid.size == 0:
         return BandStatistics(statistics={"valid_percent": valid_percent}, histogram=None)
-    values = valid.astype(np.float64)
-    mean = math.fsum(values.tolist()) / values.size
-    deviations = values - mean
-    stddev = math.sqrt(math.fsum((deviations * deviations).tolist()) / values.size)
+    mean = _exact_sum(valid, lambda chunk: chunk) / valid.size
+    stddev = math.sqrt(_exact_sum(valid, lambda chunk: (chunk - mean) ** 2) / valid.size)
     statistics = {
         "minimum": valid.min().item(),
         "maximum": valid.max().item(),
@@ -146,6 +148,14 @@ def band_statistics(band: np.ma.MaskedArray) -> BandStatistics | None:
         "valid_percent": valid_percent,
     }
     return BandStatistics(statistics=statistics, histogram=_histogram(valid))
+
+
+def _exact_sum(valid: np.ndarray, term: Callable[[np.ndarray], np.ndarray]) -> float:
+    """The correctly rounded sum of ``term`` of every value (as float64), :data:`SUM_CHUNK`
+    values at a time: a Python list of them all would cost 32 bytes a value (128 MiB for a
+    level of four million pixels), a chunk's a couple of MiB."""
+    chunks = (term(valid[i : i + SUM_CHUNK].astype(np.float64)).tolist() for i in range(0, valid.size, SUM_CHUNK))
+    return math.fsum(itertools.chain.from_iterable(chunks))
 
 
 def _histogram(valid: np.ndarray) -> dict:
