@@ -160,7 +160,7 @@ def test_the_stac_api_is_the_pinned_image_with_an_identity_of_its_own_and_reads_
     compile(launcher, "launch.py", "exec")
     # The Transactions extension stays off: no write pool, and the read role is the one granted.
     assert "add_write_connection_pool" not in launcher and "writepool" not in launcher
-    assert "password=password" in launcher and 'ssl="require"' in launcher
+    assert "password=entra_token," in launcher and 'ssl="require"' in launcher
     read_role = MAIN.evaluate(MAIN.outputs["catalogReadRole"].value, {"catalogEnabled": True})
     assert read_role == Unresolved("stacApi.outputs.identityName")
 

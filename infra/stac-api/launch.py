@@ -10,7 +10,6 @@ minutes before it expires. Only the standard library and what the image holds ar
 The Transactions extension stays off (stac-fastapi-pgstac's default): the role is pgstac_read.
 """
 
-import asyncio
 import json
 import os
 import time
@@ -47,10 +46,6 @@ def entra_token() -> str:
     return str(_token["value"])
 
 
-async def password() -> str:
-    return await asyncio.to_thread(entra_token)
-
-
 @asynccontextmanager
 async def lifespan(app):
     app.state.readpool = await asyncpg.create_pool(
@@ -58,7 +53,10 @@ async def lifespan(app):
         port=int(os.environ.get("PGPORT", "5432")),
         database=os.environ["PGDATABASE"],
         user=os.environ["PGUSER"],
-        password=password,
+        # asyncpg calls a callable password for every new connection; a plain function rather than
+        # a coroutine (which only its newer releases await), blocking the loop for the identity
+        # endpoint's answer once a day at most.
+        password=entra_token,
         ssl="require",
         min_size=1,
         max_size=int(os.environ.get("DB_MAX_CONN_SIZE", "10")),
