@@ -42,7 +42,7 @@ from rasterio.abc import FileContainer
 
 from ...errors import GdalStepError, InvalidRasterError, SourceChangedError
 from ...storage_answers import STORAGE_ERRORS, Answer, Meaning, classify, status_of, storage_fault
-from .upload import HEADER_BYTES, TIFF, UploadFormat, check_upload_content
+from .upload import HEADER_BYTES, SCENE_DOCUMENT, TIFF, UploadFormat, check_upload_content
 
 #: Small reads (GDAL walking the header and directories) are served from chunks of this size,
 #: so a TIFF's header costs a request or two instead of one per field.
@@ -133,6 +133,9 @@ class Source(FileContainer):
         #: Fetched byte spans ``(start, bytes)``, oldest first, at most MAX_CACHED_BYTES in all.
         self._spans: list[tuple[int, bytes]] = []
         self._known_size: int | None = None
+        #: Other sources the same GDAL calls read (a scene document's members): a read of theirs
+        #: that failed fails those calls as one of this source's does (:meth:`checked`).
+        self.members: tuple[Source, ...] = ()
 
     # -- where the bytes come from ----------------------------------------------------------
     def _size(self) -> int:
@@ -284,14 +287,18 @@ class Source(FileContainer):
 
     @contextmanager
     def checked(self) -> Iterator[None]:
-        """Run GDAL calls on this source; a read that failed during them fails them, whatever GDAL returned."""
-        mark = len(self.faults)
+        """Run GDAL calls on this source (and its :attr:`members`); a read that failed during them
+        fails them, whatever GDAL returned."""
+        sources = (self, *self.members)
+        marks = [len(source.faults) for source in sources]
         try:
             yield
         except Exception as exc:
-            self.raise_faults(mark, cause=exc)
+            for source, mark in zip(sources, marks, strict=True):
+                source.raise_faults(mark, cause=exc)
             raise
-        self.raise_faults(mark)
+        for source, mark in zip(sources, marks, strict=True):
+            source.raise_faults(mark)
 
     # -- rasterio's plugin interface -------------------------------------------------------------
     def _is_mine(self, path: str) -> bool:
@@ -491,6 +498,12 @@ def open_upload(
     source = as_source(path_or_source)
     source.file_size  # noqa: B018 - the version check and size, raised as ours before GDAL stats the file
     fmt = upload_format if upload_format is not None else upload_format_of(source)
+    if fmt is SCENE_DOCUMENT:
+        from .scene_document import open_scene  # it opens each member with this function
+
+        dataset = open_scene(source)
+        _SOURCES[dataset] = source
+        return dataset
     with source.checked():
         dataset = rasterio.open(
             source.path,
