@@ -27,9 +27,14 @@ def scene_members(source: BlobClient, props: BlobProperties, uploads: ContainerC
     None when ``source`` is no valid scene document."""
     if props.size > MAX_DOCUMENT_BYTES:
         return None  # not a document the starter reads; one that is JSON is refused by its validation
-    condition = {"etag": props.etag, "match_condition": MatchConditions.IfNotModified}
     try:
-        body = source.download_blob(offset=0, length=props.size, max_concurrency=1, **condition).readall()
+        body = source.download_blob(
+            offset=0,
+            length=props.size,
+            max_concurrency=1,
+            etag=props.etag,
+            match_condition=MatchConditions.IfNotModified,
+        ).readall()
     except STORAGE_ERRORS as exc:
         if classify(exc).version_gone:
             return None  # overwritten or deleted since: its job fails saying so, the new version has its own

@@ -68,7 +68,7 @@ def looks_like_document(head: bytes) -> bool:
     return head.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"{")
 
 
-def member_blob(document_blob: str, href: str) -> str:
+def member_blob(document_blob: str, href: object) -> str:
     """The blob name ``href`` names, relative to the folder of ``document_blob``; refused unless
     it is a plain relative path (the module's rules)."""
     if not isinstance(href, str) or not href:
@@ -117,7 +117,7 @@ def _stac_bands(item: dict) -> tuple[list[tuple[object, object, object]], object
 
 def _list_bands(document: dict) -> tuple[list[tuple[object, object, object]], object]:
     if document.get(LIST_MARKER) != 1:
-        raise UnsupportedRasterError(f'{LIST_MARKER} must be 1, got {document.get(LIST_MARKER)!r}; {ACCEPTED}')
+        raise UnsupportedRasterError(f"{LIST_MARKER} must be 1, got {document.get(LIST_MARKER)!r}; {ACCEPTED}")
     listed = document.get("bands")
     if not isinstance(listed, list):
         raise UnsupportedRasterError(f"the document's bands must be a list; {ACCEPTED}")
@@ -163,7 +163,9 @@ def parse_document(document_blob: str, body: bytes, size: int | None = None) -> 
         )
     bands = []
     for href, name, description in listed:
-        blob = member_blob(document_blob, href)  # type: ignore[arg-type]  # checked inside
-        label = _text(name, f"band {href!r}'s name", MAX_NAME_CHARS) or href.rpartition("/")[2]  # type: ignore[union-attr]
+        blob = member_blob(document_blob, href)
+        label = _text(name, f"band {href!r}'s name", MAX_NAME_CHARS) or blob.rpartition("/")[2]
         bands.append(Band(blob, label, _text(description, f"band {href!r}'s description", MAX_DESCRIPTION_CHARS)))
+    if len({band.blob for band in bands}) != len(bands):
+        raise UnsupportedRasterError(f"{document_blob} names a member twice; {ACCEPTED}")
     return SceneDocument(tuple(bands), resampling)

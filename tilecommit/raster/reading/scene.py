@@ -33,8 +33,8 @@ from .acquisition import acquisition_of
 from .alpha import WARP, alpha_band, check_alpha_options
 from .budgets import MAX_BLOCK_BYTES, MAX_WINDOW_BYTES, Blocks, check_carried_metadata, check_window_reads
 from .metadata import colour_interpretations, has_colormap
-from .scene_document import member_format, member_sources, member_spec, read_document
-from .source import Source, as_source, open_upload, prefetch_window, source_of
+from .scene_document import member_format, member_sources, member_spec, open_any_upload, read_document
+from .source import Source, as_source, prefetch_window, source_of
 from .upload import ACCEPTED_FORMATS, HEADER_BYTES, SCENE_DOCUMENT, check_upload_content, upload_gdal_options
 from .warp import TargetGrid, target_grid
 
@@ -463,7 +463,7 @@ def inspect_source(
         size = sum(member.file_size for member in members)
     with gdal_env(settings, {**(gdal_options or {}), **upload_gdal_options(source.path)}):
         try:
-            src = open_upload(source, upload_format=upload_format)
+            src = open_any_upload(source, upload_format=upload_format)
         except RasterioIOError as exc:
             raise InvalidRasterError(
                 f"{path} starts like a TIFF but its header or directories cannot be read ({size} bytes): "

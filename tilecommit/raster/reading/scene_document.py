@@ -25,6 +25,7 @@ import weakref
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
+from typing import Any
 
 import rasterio
 from rasterio.dtypes import _gdal_typename
@@ -33,7 +34,7 @@ from ...errors import InvalidRasterError, SourceChangedError, UnsupportedRasterE
 from ...jobs import SceneMember
 from ...scene_documents import MAX_DOCUMENT_BYTES, SceneDocument, parse_document
 from ...spec import OutputSpec
-from .source import LocalFile, PinnedBlob, Source, open_upload, upload_format_of
+from .source import LocalFile, PinnedBlob, Source, open_upload, reads_through, upload_format_of
 from .upload import SCENE_DOCUMENT, UploadFormat
 
 #: How far a member's resolution ratio or origin offset may be from a whole number of finest
@@ -104,6 +105,17 @@ def member_format(member: Source) -> UploadFormat:
     return fmt
 
 
+def open_any_upload(source: Source, *, upload_format: UploadFormat | None = None) -> rasterio.DatasetReader:
+    """An upload opened as :func:`~.source.open_upload` opens it, or, for a scene document, its
+    stack (:func:`open_scene`), read through the document's source and its members'."""
+    fmt = upload_format if upload_format is not None else upload_format_of(source)
+    if fmt is not SCENE_DOCUMENT:
+        return open_upload(source, upload_format=fmt)
+    dataset = open_scene(source)
+    reads_through(dataset, source)
+    return dataset
+
+
 def open_scene(source: Source) -> rasterio.DatasetReader:
     """The stack of the document ``source``: a dataset GDAL reads through every member's reader;
     the members stay open while it is (they close with it)."""
@@ -169,7 +181,7 @@ def check_stack(path: str, document: SceneDocument, datasets: Sequence) -> None:
             )
 
 
-def stack_xml(document: SceneDocument, opened: Sequence[tuple[object, UploadFormat]]) -> str:
+def stack_xml(document: SceneDocument, opened: Sequence[tuple[Any, UploadFormat]]) -> str:
     """The VRT ``gdalbuildvrt -separate -resolution highest -r <kernel>`` writes for the members
     (each by its opener path), with the document's band names as the bands' descriptions."""
     datasets = [dataset for dataset, _ in opened]
@@ -194,6 +206,9 @@ def stack_xml(document: SceneDocument, opened: Sequence[tuple[object, UploadForm
             blockYSize=str(STACK_BLOCK),
         )
         ET.SubElement(element, "Description").text = band.name
+        # A COG of gdalbuildvrt's stack (which names no colours) has its first band grey, the rest
+        # undefined, as GTiff reads a "minisblack" file; the stack says so itself, as its tiles will.
+        ET.SubElement(element, "ColorInterp").text = "Gray" if index == 1 else "Undefined"
         if dataset.nodata is not None:
             ET.SubElement(element, "NoDataValue").text = repr(float(dataset.nodata))
         kind = "ComplexSource" if dataset.nodata is not None else "SimpleSource"

@@ -40,7 +40,7 @@ import rasterio
 from azure.core import MatchConditions
 from rasterio.abc import FileContainer
 
-from ...errors import GdalStepError, InvalidRasterError, SourceChangedError
+from ...errors import GdalStepError, InvalidRasterError, SourceChangedError, UnsupportedRasterError
 from ...storage_answers import STORAGE_ERRORS, Answer, Meaning, classify, status_of, storage_fault
 from .upload import HEADER_BYTES, SCENE_DOCUMENT, TIFF, UploadFormat, check_upload_content
 
@@ -498,12 +498,8 @@ def open_upload(
     source = as_source(path_or_source)
     source.file_size  # noqa: B018 - the version check and size, raised as ours before GDAL stats the file
     fmt = upload_format if upload_format is not None else upload_format_of(source)
-    if fmt is SCENE_DOCUMENT:
-        from .scene_document import open_scene  # it opens each member with this function
-
-        dataset = open_scene(source)
-        _SOURCES[dataset] = source
-        return dataset
+    if fmt is SCENE_DOCUMENT:  # never given to GDAL: .scene_document.open_any_upload stacks its members
+        raise UnsupportedRasterError(f"{source.name} is a scene document, not a band file GDAL may open")
     with source.checked():
         dataset = rasterio.open(
             source.path,

@@ -62,6 +62,7 @@ TIFF = UploadFormat(
     described="a self-contained GeoTIFF or Cloud-Optimized GeoTIFF (classic TIFF or BigTIFF)",
 )
 
+
 @dataclass(frozen=True)
 class DocumentFormat(UploadFormat):
     """A format recognised as a JSON object (blank lines or a byte-order mark may come first)."""
