@@ -214,6 +214,7 @@ def check_stacked_outputs(storage, app_env, summary: dict, folder: Path, kernel:
         assert list(src.descriptions) == NAMES
     item = json.loads(download(storage, app_env.output, f"mosaics/{summary['job_id']}/item.json"))
     assert [b["name"] for b in item["assets"]["data"]["eo:bands"]] == NAMES
+    assert [b["description"] for b in item["assets"]["data"]["eo:bands"]] == [d for _, d, _ in TRIO]
 
 
 def test_a_scene_document_through_the_local_host_equals_gdalbuildvrt_then_gdal_translate(storage, app_env, tmp_path):

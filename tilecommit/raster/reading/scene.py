@@ -110,6 +110,9 @@ class SceneInfo(Record):
     acquired: str | None = None
     #: Why the source's ACQUISITIONDATETIME was not taken, when it has one that is not a time ("" otherwise).
     acquired_note: str = ""
+    #: Per band, what a scene document says of it beside its name (the STAC item's eo:bands
+    #: ``description``); empty for a single file (and payloads from before).
+    band_notes: list[str] = field(default_factory=list)
 
     @property
     def pixels(self) -> int:
@@ -122,6 +125,13 @@ class SceneInfo(Record):
         return Affine(*self.transform[:6])
 
     JSON_OUT = {"nodata": _nodata_to_json}
+
+    def to_dict(self) -> dict:
+        """The record; ``band_notes`` only when set, so a single file's scene is written as before."""
+        data = super().to_dict()
+        if not data["band_notes"]:
+            del data["band_notes"]
+        return data
     JSON_IN = {
         "nodata": _nodata_from_json,
         "transform": lambda values: [float(v) for v in values],
@@ -455,8 +465,11 @@ def inspect_source(
             f"{path} is a scene document and its profile {spec.profile!r} warps or adds a mask; accepted: a scene "
             "stacked on its members' grid (a profile without web_optimized, target_srs, resolution or add_mask)"
         )
+    notes: list[str] = []
     if stacked:  # every member checked as an upload, before the stack is opened
-        members = member_sources(source, read_document(source))
+        document = read_document(source)
+        notes = [band.description for band in document.bands] if any(b.description for b in document.bands) else []
+        members = member_sources(source, document)
         for member in members:
             member_format(member)
             inspect_source(member, settings=settings, spec=member_spec(spec), gdal_options=gdal_options)
@@ -500,7 +513,9 @@ def inspect_source(
             # directory-field-025-striped-raw-rgb.tif of the fuzz corpus pass it (and fail its first window).
             check_carried_metadata(path, src)
             check_alpha_options(path, src, spec.choice, _mask_kind(src))
-            scene = scene_from_dataset(src, nbytes=size, choice=spec.choice, path=path)
+            scene = dataclasses.replace(
+                scene_from_dataset(src, nbytes=size, choice=spec.choice, path=path), band_notes=notes
+            )
             if grid is not None:
                 return on_target_grid(path, src, scene, grid, spec.choice)
             return scene

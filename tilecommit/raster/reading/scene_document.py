@@ -213,6 +213,8 @@ def stack_xml(document: SceneDocument, opened: Sequence[tuple[Any, UploadFormat]
             ET.SubElement(element, "NoDataValue").text = repr(float(dataset.nodata))
         kind = "ComplexSource" if dataset.nodata is not None else "SimpleSource"
         source = ET.SubElement(element, kind, resampling=document.resampling)
+        # Not shared: a member opened for this stack closes with it, while its reader is registered
+        # (a shared one stays in GDAL's dataset pool after the stack and is closed later, by then unregistered).
         ET.SubElement(source, "SourceFilename", relativeToVRT="0").text = dataset.name
         if fmt.open_options:
             options = ET.SubElement(source, "OpenOptions")
