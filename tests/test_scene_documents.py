@@ -19,11 +19,11 @@ from rasterio.io import MemoryFile
 from devhost.session import job_summary
 from testkit.band_files import TRIO, scene_list, write_band, write_trio_document
 from testkit.storage_proxy import FaultPlan, RecordingProxy, TrapServer
-from tilecommit.errors import BadInputError, UnsupportedRasterError
+from tilecommit.errors import BadInputError, SourceChangedError, UnsupportedRasterError
 from tilecommit.jobs import Job, SceneMember, job_id_for
 from tilecommit.raster import inspect_source
 from tilecommit.raster.env import gdal_env
-from tilecommit.raster.reading.scene_document import open_any_upload
+from tilecommit.raster.reading.scene_document import open_any_upload, pin_members
 from tilecommit.raster.reading.source import LocalFile, PinnedBlob
 from tilecommit.scene_documents import MAX_DOCUMENT_BYTES, MAX_MEMBERS, parse_document
 from tilecommit.settings import Settings
@@ -258,3 +258,55 @@ def test_seeded_read_faults_on_members_make_no_wrong_pixel_nor_bad_input(storage
     print(f"\n1 in {k}: {summary['status']}, injected {dict(blobs.injected)}")
     assert sum(blobs.injected.values()) > 0
     check_stacked_outputs(storage, app_env, summary, tmp_path, "nearest")
+
+
+def test_a_member_overwritten_after_the_job_started_is_source_changed(tmp_path, new_container):
+    """Every member is read at the ETag the job was started with, as the upload is."""
+    uploads = new_container("up-")
+    document = write_trio_document(tmp_path)
+    members = []
+    for name in [*NAMES, "scene"]:
+        path = tmp_path / (f"{name}.tif" if name != "scene" else "scene.json")
+        etag = uploads.upload_blob(f"s/{path.name}", path.read_bytes())
+        blob = uploads.get_blob_client(f"s/{path.name}")
+        members.append(SceneMember(blob.blob_name, blob.url, etag.get_blob_properties().etag))
+    *bands, scene = members
+    upload = PinnedBlob(uploads.get_blob_client(scene.blob), scene.etag)
+    pin_members(upload, bands, uploads.get_blob_client)
+    assert inspect_source(upload, settings=SETTINGS, spec=SPEC).count == 3
+    write_band(tmp_path / "other.tif", 200, 150, 60.0, seed=99)
+    uploads.upload_blob("s/B01.tif", (tmp_path / "other.tif").read_bytes(), overwrite=True)
+    upload = PinnedBlob(uploads.get_blob_client(scene.blob), scene.etag)
+    pin_members(upload, bands, uploads.get_blob_client)
+    with pytest.raises(SourceChangedError, match="s/B01.tif' was overwritten"):
+        inspect_source(upload, settings=SETTINGS, spec=SPEC)
+    assert document.exists()
+
+
+def test_hostile_documents_fail_their_jobs_with_no_tile_and_no_request_but_the_document(
+    storage, app_env, azurite, monkeypatch
+):
+    documents = {
+        "h/other-container.json": scene_list(["B04.tif", "../../other/B04.tif"]),
+        "h/url.json": scene_list(["B04.tif", "http://127.0.0.1:9/B04.tif"]),
+        "h/dotdot.json": scene_list(["../B04.tif"]),
+        "h/many.json": scene_list(["B04.tif"] * 10_000),
+    }
+    plan = FaultPlan(every=0, applies=upload_gets(app_env), seed=0)
+    uploads = storage.blob_service().get_container_client(app_env.input)
+    with app_behind_proxy(azurite, monkeypatch, plan) as (blobs, _), local_host(app_env) as host:
+        for name, body in documents.items():
+            uploads.upload_blob(name, body)
+        summaries = {}
+        for name in documents:
+            while not [d for d in host.decisions if d["blob"] == name and d.get("job_id")]:
+                time.sleep(0.1)
+            job_id = next(d["job_id"] for d in host.decisions if d["blob"] == name)
+            summaries[name] = job_summary(host.engine.wait_for(job_id, timeout=120))
+    for name, summary in summaries.items():
+        assert summary["status"] == "failed" and "(UnsupportedRasterError)" in summary["error"], (name, summary)
+        assert "accepted: a scene document" in summary["error"]
+    tiles = storage.blob_service().get_container_client(app_env.tiles)
+    assert not list(tiles.list_blobs(name_starts_with="tiles/"))
+    asked = {path.split("?")[0].split("/", 3)[3] for method, path in blobs.requests if f"/{app_env.input}/" in path}
+    assert asked == set(documents), asked

@@ -132,6 +132,7 @@ class SceneInfo(Record):
         if not data["band_notes"]:
             del data["band_notes"]
         return data
+
     JSON_IN = {
         "nodata": _nodata_from_json,
         "transform": lambda values: [float(v) for v in values],

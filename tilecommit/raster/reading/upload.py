@@ -12,6 +12,10 @@ alone. What GDAL could still reach beside the file (sidecars, the network, PROJ 
 by :func:`upload_gdal_options`, by the reader that serves GDAL the upload's bytes
 (:mod:`.source`) and by :func:`tilecommit.raster.env.gdal_config`. See
 docs/uploads.md for the whole list and the tests that show each.
+
+A scene document (:data:`SCENE_DOCUMENT`, a JSON object) is accepted too: it is never given to
+GDAL; the band files it names beside it, each a TIFF checked as an upload is, are stacked by a VRT
+the app writes itself (:mod:`.scene_document`).
 """
 
 from __future__ import annotations
