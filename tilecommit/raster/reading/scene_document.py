@@ -20,21 +20,34 @@ one nodata value (or none) between them; refused with the reason otherwise.
 
 from __future__ import annotations
 
+import math
 import os
 import weakref
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
+from functools import partial
 from typing import Any
 
 import rasterio
+from affine import Affine
 from rasterio.dtypes import _gdal_typename
+from rasterio.windows import Window as RioWindow
 
 from ...errors import InvalidRasterError, SourceChangedError, UnsupportedRasterError
 from ...jobs import SceneMember
 from ...scene_documents import MAX_DOCUMENT_BYTES, SceneDocument, parse_document
 from ...spec import OutputSpec
-from .source import LocalFile, PinnedBlob, Source, open_upload, reads_through, upload_format_of
+from .source import (
+    LocalFile,
+    PinnedBlob,
+    Source,
+    open_upload,
+    prefetch_window,
+    prefetches_by,
+    reads_through,
+    upload_format_of,
+)
 from .upload import SCENE_DOCUMENT, UploadFormat
 
 #: How far a member's resolution ratio or origin offset may be from a whole number of finest
@@ -135,7 +148,21 @@ def open_scene(source: Source) -> rasterio.DatasetReader:
         stack.close()
         raise
     dataset._env.push(stack)  # rasterio closes a dataset's _env (an ExitStack) after the dataset
+    prefetches_by(dataset, partial(_prefetch_members, dataset.transform, [d for d, _ in opened]))
     return dataset
+
+
+def _prefetch_members(stack: Affine, members: Sequence, window) -> None:
+    """Fetch ahead each member's blocks under ``window`` of the stack (whose grid is ``stack``),
+    a pixel more around for the kernel's reach, one merged request per run of blocks."""
+    left, top = stack * (window.col_off, window.row_off)
+    right, bottom = stack * (window.col_off + window.width, window.row_off + window.height)
+    for member in members:
+        cols, rows = zip(*(~member.transform * corner for corner in ((left, top), (right, bottom))), strict=True)
+        col0, row0 = max(0, math.floor(min(cols)) - 1), max(0, math.floor(min(rows)) - 1)
+        col1, row1 = min(member.width, math.ceil(max(cols)) + 1), min(member.height, math.ceil(max(rows)) + 1)
+        if col1 > col0 and row1 > row0:
+            prefetch_window(member, RioWindow(col0, row0, col1 - col0, row1 - row0))
 
 
 def _nests(value: float) -> bool:

@@ -32,9 +32,10 @@ import io
 import os
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import rasterio
 from azure.core import MatchConditions
@@ -551,8 +552,21 @@ def window_ranges(src, col_off: int, row_off: int, width: int, height: int) -> l
     return ranges
 
 
+#: How a window of a dataset that is no file of its own (a scene document's stack) is fetched ahead.
+_PREFETCHERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def prefetches_by(dataset, prefetcher: Callable[[Any], None]) -> None:
+    """Say that :func:`prefetch_window` of ``dataset`` is ``prefetcher(window)``."""
+    _PREFETCHERS[dataset] = prefetcher
+
+
 def prefetch_window(src, window) -> None:
     """Fetch the blocks a window read of an upload opened with :func:`open_upload` will ask for."""
+    prefetcher = _PREFETCHERS.get(src)
+    if prefetcher is not None:
+        prefetcher(window)
+        return
     source = source_of(src)
     if source is not None:
         col, row = int(window.col_off), int(window.row_off)
