@@ -243,7 +243,7 @@ def test_a_missing_member_fails_the_job_once_naming_it_and_the_documents_reuploa
 @pytest.mark.parametrize("k", [10])
 def test_seeded_read_faults_on_members_make_no_wrong_pixel_nor_bad_input(storage, app_env, azurite, monkeypatch,
                                                                          tmp_path, k):  # fmt: skip
-    document = write_trio_document(tmp_path, seed=7)
+    document = write_trio_document(tmp_path, seed=7, width=768, height=768)
     plan = FaultPlan(every=k, applies=upload_gets(app_env), seed=k)
     with app_behind_proxy(azurite, monkeypatch, plan) as (blobs, _), local_host(app_env) as host:
         upload_folder(storage, app_env, tmp_path, "s2", [f"{n}.tif" for n in NAMES])
