@@ -195,4 +195,4 @@ async def raster_uploaded(upload: blob.BlobClient, client: df.DurableOrchestrati
     # The SDK-type binding hands over a client, not the blob's bytes: a raster can be GBs. What
     # raising here does (the event is delivered again): client_functions/starter.py, _restart_failed.
     ctx = client_context()
-    await starter.start_job(upload, client, ctx.settings, ctx.manifest)
+    await starter.start_job(upload, client, ctx.settings, ctx.manifest, ctx.input)

@@ -22,6 +22,8 @@ class ClientContext:
     settings: Settings
     manifest: TableClient
     tiles: ContainerClient
+    #: The uploads' container: a scene document's members are looked up there.
+    input: ContainerClient
 
 
 @lru_cache(maxsize=4)
@@ -33,6 +35,7 @@ def _context_for(connection_key: str, settings: Settings) -> ClientContext:
         settings=settings,
         manifest=connection.table_service().get_table_client(settings.manifest_table),
         tiles=connection.blob_service().get_container_client(settings.tiles_container),
+        input=connection.blob_service().get_container_client(settings.input_container),
     )
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import azure.durable_functions as df
 from azure.data.tables import TableClient
 from azure.durable_functions.models.DurableOrchestrationStatus import DurableOrchestrationStatus
-from azure.storage.blob import BlobClient, BlobProperties
+from azure.storage.blob import BlobClient, BlobProperties, ContainerClient
 
 from orchestrators import names
 from tilecommit.errors import InvalidNameError, JobApiError
@@ -23,6 +23,7 @@ from tilecommit.records import Record
 from tilecommit.settings import SIDECAR_SUFFIXES, Settings
 
 from .job_api import restart_job
+from .scene_members import scene_members
 
 logger = logging.getLogger(__name__)
 
@@ -75,9 +76,16 @@ def _decided(decision: StartDecision, level: int, message: str, *args) -> StartD
 
 
 async def start_job(
-    source: BlobClient, client: df.DurableOrchestrationClient, settings: Settings, manifest: TableClient
+    source: BlobClient,
+    client: df.DurableOrchestrationClient,
+    settings: Settings,
+    manifest: TableClient,
+    uploads: ContainerClient | None = None,
 ) -> StartDecision:
     """Start the job for this upload unless it already exists; never fails on a duplicate.
+
+    ``uploads``: the upload's container, where a scene document's members are looked up
+    (:mod:`.scene_members`); without it no upload is read as one.
 
     Raises :class:`JobApiError` (409 ``job-stopping`` or ``job-being-swept``) when a failed job
     cannot be started again yet, so the event is delivered again (see :func:`_restart_failed`)."""
@@ -111,7 +119,8 @@ async def start_job(
             props.etag,
         )
 
-    job = Job.for_upload(name, source.url, props.etag, props.size, settings, props.metadata)
+    members = await asyncio.to_thread(scene_members, source, props, uploads) if uploads is not None else None
+    job = Job.for_upload(name, source.url, props.etag, props.size, settings, props.metadata, members)
     job_id = job.job_id
     status = await client.get_status(job_id, show_input=True)
     if status.runtime_status in _LIVE_OR_DONE:

@@ -4,6 +4,8 @@
   GDAL options that keep GDAL from reaching anything beside it;
 - :mod:`.source`: the upload as GDAL reads it, every byte fetched at the job's version and
   counted (:class:`~.source.PinnedBlob`, :class:`~.source.LocalFile`);
+- :mod:`.scene_document`: a scene document's band files stacked into one dataset (a VRT of our
+  own over each member's pinned reader), :func:`~.scene_document.open_any_upload`;
 - :mod:`.scene`: :func:`~.scene.inspect_source`, the bad-input gate, and :class:`~.scene.SceneInfo`;
 - :mod:`.metadata`: what a source says about its pixels (tags, band descriptions, scales,
   colormap). It is read from the source (inspection asks it for a colormap), so it lives here,

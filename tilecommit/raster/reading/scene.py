@@ -33,8 +33,9 @@ from .acquisition import acquisition_of
 from .alpha import WARP, alpha_band, check_alpha_options
 from .budgets import MAX_BLOCK_BYTES, MAX_WINDOW_BYTES, Blocks, check_carried_metadata, check_window_reads
 from .metadata import colour_interpretations, has_colormap
-from .source import Source, as_source, open_upload, prefetch_window, source_of
-from .upload import ACCEPTED_FORMATS, HEADER_BYTES, check_upload_content, upload_gdal_options
+from .scene_document import member_format, member_sources, member_spec, open_any_upload, read_document
+from .source import Source, as_source, prefetch_window, source_of
+from .upload import ACCEPTED_FORMATS, HEADER_BYTES, SCENE_DOCUMENT, check_upload_content, upload_gdal_options
 from .warp import TargetGrid, target_grid
 
 #: Sample types a tile COG, the mosaic and the quicklook handle (PREDICTOR 2 or 3 applies to all).
@@ -109,6 +110,9 @@ class SceneInfo(Record):
     acquired: str | None = None
     #: Why the source's ACQUISITIONDATETIME was not taken, when it has one that is not a time ("" otherwise).
     acquired_note: str = ""
+    #: Per band, what a scene document says of it beside its name (the STAC item's eo:bands
+    #: ``description``); empty for a single file (and payloads from before).
+    band_notes: list[str] = field(default_factory=list)
 
     @property
     def pixels(self) -> int:
@@ -121,6 +125,14 @@ class SceneInfo(Record):
         return Affine(*self.transform[:6])
 
     JSON_OUT = {"nodata": _nodata_to_json}
+
+    def to_dict(self) -> dict:
+        """The record; ``band_notes`` only when set, so a single file's scene is written as before."""
+        data = super().to_dict()
+        if not data["band_notes"]:
+            del data["band_notes"]
+        return data
+
     JSON_IN = {
         "nodata": _nodata_from_json,
         "transform": lambda values: [float(v) for v in values],
@@ -446,11 +458,26 @@ def inspect_source(
     """
     source = as_source(upload)
     path = source.name
+    head, size = _read_header(source)
+    upload_format = check_upload_content(path, head, size)
+    stacked = upload_format is SCENE_DOCUMENT
+    if stacked and (spec.choice.warped or spec.choice.add_mask):
+        raise UnsupportedRasterError(
+            f"{path} is a scene document and its profile {spec.profile!r} warps or adds a mask; accepted: a scene "
+            "stacked on its members' grid (a profile without web_optimized, target_srs, resolution or add_mask)"
+        )
+    notes: list[str] = []
+    if stacked:  # every member checked as an upload, before the stack is opened
+        document = read_document(source)
+        notes = [band.description for band in document.bands] if any(b.description for b in document.bands) else []
+        members = member_sources(source, document)
+        for member in members:
+            member_format(member)
+            inspect_source(member, settings=settings, spec=member_spec(spec), gdal_options=gdal_options)
+        size = sum(member.file_size for member in members)
     with gdal_env(settings, {**(gdal_options or {}), **upload_gdal_options(source.path)}):
-        head, size = _read_header(source)
-        upload_format = check_upload_content(path, head, size)
         try:
-            src = open_upload(source, upload_format=upload_format)
+            src = open_any_upload(source, upload_format=upload_format)
         except RasterioIOError as exc:
             raise InvalidRasterError(
                 f"{path} starts like a TIFF but its header or directories cannot be read ({size} bytes): "
@@ -476,17 +503,20 @@ def inspect_source(
             _check_window_budget(path, src, spec)
             _check_georeferencing(path, src)
             grid = _target_grid(path, src, settings, spec.choice) if spec.choice.warped else None
-            _check_block_layout(path, src)
-            listed = _list_blocks(path, src, size)
-            # The budgets of a window's read, from the header (and the target grid): before any block is decoded.
-            blocks = Blocks.of(src, stored=listed.largest_stored)
-            check_window_reads(path, src, spec, blocks, grid, resolution=spec.choice.resolution)
-            _check_blocks_decode(path, src, size, spec.window_size, listed)
+            if not stacked:  # a stack's blocks are its members', each checked above
+                _check_block_layout(path, src)
+                listed = _list_blocks(path, src, size)
+                # The budgets of a window's read, from the header (and the target grid): before any block is decoded.
+                blocks = Blocks.of(src, stored=listed.largest_stored)
+                check_window_reads(path, src, spec, blocks, grid, resolution=spec.choice.resolution)
+                _check_blocks_decode(path, src, size, spec.window_size, listed)
             # After the decode check, as the mask flags: listing the metadata domains before it let
             # directory-field-025-striped-raw-rgb.tif of the fuzz corpus pass it (and fail its first window).
             check_carried_metadata(path, src)
             check_alpha_options(path, src, spec.choice, _mask_kind(src))
-            scene = scene_from_dataset(src, nbytes=size, choice=spec.choice, path=path)
+            scene = dataclasses.replace(
+                scene_from_dataset(src, nbytes=size, choice=spec.choice, path=path), band_notes=notes
+            )
             if grid is not None:
                 return on_target_grid(path, src, scene, grid, spec.choice)
             return scene

@@ -32,17 +32,18 @@ import io
 import os
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import rasterio
 from azure.core import MatchConditions
 from rasterio.abc import FileContainer
 
-from ...errors import GdalStepError, InvalidRasterError, SourceChangedError
+from ...errors import GdalStepError, InvalidRasterError, SourceChangedError, UnsupportedRasterError
 from ...storage_answers import STORAGE_ERRORS, Answer, Meaning, classify, status_of, storage_fault
-from .upload import HEADER_BYTES, TIFF, UploadFormat, check_upload_content
+from .upload import HEADER_BYTES, SCENE_DOCUMENT, TIFF, UploadFormat, check_upload_content
 
 #: Small reads (GDAL walking the header and directories) are served from chunks of this size,
 #: so a TIFF's header costs a request or two instead of one per field.
@@ -133,6 +134,9 @@ class Source(FileContainer):
         #: Fetched byte spans ``(start, bytes)``, oldest first, at most MAX_CACHED_BYTES in all.
         self._spans: list[tuple[int, bytes]] = []
         self._known_size: int | None = None
+        #: Other sources the same GDAL calls read (a scene document's members): a read of theirs
+        #: that failed fails those calls as one of this source's does (:meth:`checked`).
+        self.members: tuple[Source, ...] = ()
 
     # -- where the bytes come from ----------------------------------------------------------
     def _size(self) -> int:
@@ -284,14 +288,18 @@ class Source(FileContainer):
 
     @contextmanager
     def checked(self) -> Iterator[None]:
-        """Run GDAL calls on this source; a read that failed during them fails them, whatever GDAL returned."""
-        mark = len(self.faults)
+        """Run GDAL calls on this source (and its :attr:`members`); a read that failed during them
+        fails them, whatever GDAL returned."""
+        sources = (self, *self.members)
+        marks = [len(source.faults) for source in sources]
         try:
             yield
         except Exception as exc:
-            self.raise_faults(mark, cause=exc)
+            for source, mark in zip(sources, marks, strict=True):
+                source.raise_faults(mark, cause=exc)
             raise
-        self.raise_faults(mark)
+        for source, mark in zip(sources, marks, strict=True):
+            source.raise_faults(mark)
 
     # -- rasterio's plugin interface -------------------------------------------------------------
     def _is_mine(self, path: str) -> bool:
@@ -491,6 +499,8 @@ def open_upload(
     source = as_source(path_or_source)
     source.file_size  # noqa: B018 - the version check and size, raised as ours before GDAL stats the file
     fmt = upload_format if upload_format is not None else upload_format_of(source)
+    if fmt is SCENE_DOCUMENT:  # never given to GDAL: .scene_document.open_any_upload stacks its members
+        raise UnsupportedRasterError(f"{source.name} is a scene document, not a band file GDAL may open")
     with source.checked():
         dataset = rasterio.open(
             source.path,
@@ -542,8 +552,21 @@ def window_ranges(src, col_off: int, row_off: int, width: int, height: int) -> l
     return ranges
 
 
+#: How a window of a dataset that is no file of its own (a scene document's stack) is fetched ahead.
+_PREFETCHERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def prefetches_by(dataset, prefetcher: Callable[[Any], None]) -> None:
+    """Say that :func:`prefetch_window` of ``dataset`` is ``prefetcher(window)``."""
+    _PREFETCHERS[dataset] = prefetcher
+
+
 def prefetch_window(src, window) -> None:
     """Fetch the blocks a window read of an upload opened with :func:`open_upload` will ask for."""
+    prefetcher = _PREFETCHERS.get(src)
+    if prefetcher is not None:
+        prefetcher(window)
+        return
     source = source_of(src)
     if source is not None:
         col, row = int(window.col_off), int(window.row_off)

@@ -12,6 +12,10 @@ alone. What GDAL could still reach beside the file (sidecars, the network, PROJ 
 by :func:`upload_gdal_options`, by the reader that serves GDAL the upload's bytes
 (:mod:`.source`) and by :func:`tilecommit.raster.env.gdal_config`. See
 docs/uploads.md for the whole list and the tests that show each.
+
+A scene document (:data:`SCENE_DOCUMENT`, a JSON object) is accepted too: it is never given to
+GDAL; the band files it names beside it, each a TIFF checked as an upload is, are stacked by a VRT
+the app writes itself (:mod:`.scene_document`).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ...errors import InvalidRasterError, UnsupportedRasterError
+from ...scene_documents import looks_like_document
 
 #: How many leading bytes decide what a file is (enough for every signature below).
 HEADER_BYTES = 64
@@ -61,8 +66,26 @@ TIFF = UploadFormat(
     described="a self-contained GeoTIFF or Cloud-Optimized GeoTIFF (classic TIFF or BigTIFF)",
 )
 
+
+@dataclass(frozen=True)
+class DocumentFormat(UploadFormat):
+    """A format recognised as a JSON object (blank lines or a byte-order mark may come first)."""
+
+    def recognises(self, head: bytes) -> bool:
+        return looks_like_document(head)
+
+
+#: A scene document (tilecommit/scene_documents.py): JSON naming band files beside it, stacked by
+#: a VRT the app writes itself (reading/scene_document.py); the document is never given to GDAL.
+SCENE_DOCUMENT = DocumentFormat(
+    name="scene document",
+    signatures=(b"{",),
+    driver="VRT",
+    described="a scene document naming band files in the same container (a STAC item or a tilecommit:scene list)",
+)
+
 #: The formats an upload may be in, recognised in this order from its first bytes.
-UPLOAD_FORMATS: tuple[UploadFormat, ...] = (TIFF,)
+UPLOAD_FORMATS: tuple[UploadFormat, ...] = (TIFF, SCENE_DOCUMENT)
 
 ACCEPTED_FORMATS = "; ".join(fmt.described for fmt in UPLOAD_FORMATS)
 
@@ -89,7 +112,6 @@ _KNOWN_FORMATS: tuple[tuple[bytes, str], ...] = (
     (b"CDF\x01", "a netCDF classic file"),
     (b"CDF\x02", "a netCDF classic file"),
     (b"GRIB", "a GRIB message"),
-    (b"{", "a JSON document (a STAC or tile-matrix description names URLs to fetch)"),
     (b"<", "an XML or HTML document"),
 )
 

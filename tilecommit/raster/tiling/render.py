@@ -26,7 +26,8 @@ from ...spec import OutputSpec
 from ...stores import JobStores
 from ..env import NUM_THREADS, gdal_env
 from ..gdal_errors import gdal_step
-from ..reading.source import Source, as_source, open_upload
+from ..reading.scene_document import open_any_upload
+from ..reading.source import Source, as_source
 from ..reading.upload import upload_gdal_options
 from ..reading.warp import view_grid, warped
 from .encode import encode_tile
@@ -59,7 +60,7 @@ def window_of_upload(
     source = as_source(upload)
     with gdal_env(settings, {**(gdal_options or {}), **upload_gdal_options(source.path)}, num_threads=num_threads):
         try:
-            src = open_upload(source)
+            src = open_any_upload(source)
         except RasterioIOError as exc:
             raise InvalidRasterError(f"{source.name} cannot be opened to {purpose} window {window.id}: {exc}") from exc
         with src, source.checked():
