@@ -28,13 +28,13 @@ from ...records import Record
 from ...settings import Settings
 from ...spec import OutputSpec
 from ..env import gdal_env
-from . import budgets
+from . import budgets, jpeg2000
 from .acquisition import acquisition_of
 from .alpha import WARP, alpha_band, check_alpha_options
 from .budgets import MAX_BLOCK_BYTES, MAX_WINDOW_BYTES, Blocks, check_carried_metadata, check_window_reads
 from .metadata import colour_interpretations, has_colormap
 from .source import Source, as_source, open_upload, prefetch_window, source_of
-from .upload import ACCEPTED_FORMATS, HEADER_BYTES, check_upload_content, upload_gdal_options
+from .upload import ACCEPTED_FORMATS, HEADER_BYTES, JPEG2000, check_upload_content, upload_gdal_options
 from .warp import TargetGrid, target_grid
 
 #: Sample types a tile COG, the mosaic and the quicklook handle (PREDICTOR 2 or 3 applies to all).
@@ -449,12 +449,13 @@ def inspect_source(
     with gdal_env(settings, {**(gdal_options or {}), **upload_gdal_options(source.path)}):
         head, size = _read_header(source)
         upload_format = check_upload_content(path, head, size)
+        stream = _jpeg2000_header(path, source, size, settings, spec) if upload_format is JPEG2000 else None
         try:
             src = open_upload(source, upload_format=upload_format)
         except RasterioIOError as exc:
             raise InvalidRasterError(
-                f"{path} starts like a TIFF but its header or directories cannot be read ({size} bytes): "
-                f"the file is truncated or corrupt ({exc}); upload the complete file"
+                f"{path} starts like {upload_format.described} but its header or directories cannot be read "
+                f"({size} bytes): the file is truncated or corrupt ({exc}); upload the complete file"
             ) from exc
         with src, source.checked():
             if src.count == 0:
@@ -476,10 +477,13 @@ def inspect_source(
             _check_window_budget(path, src, spec)
             _check_georeferencing(path, src)
             grid = _target_grid(path, src, settings, spec.choice) if spec.choice.warped else None
-            _check_block_layout(path, src)
-            listed = _list_blocks(path, src, size)
+            if stream is None:
+                _check_block_layout(path, src)
+                listed = _list_blocks(path, src, size)
+                blocks = Blocks.of(src, stored=listed.largest_stored)
+            else:
+                listed, blocks = _jpeg2000_blocks(src, stream)
             # The budgets of a window's read, from the header (and the target grid): before any block is decoded.
-            blocks = Blocks.of(src, stored=listed.largest_stored)
             check_window_reads(path, src, spec, blocks, grid, resolution=spec.choice.resolution)
             _check_blocks_decode(path, src, size, spec.window_size, listed)
             # After the decode check, as the mask flags: listing the metadata domains before it let
@@ -490,6 +494,35 @@ def inspect_source(
             if grid is not None:
                 return on_target_grid(path, src, scene, grid, spec.choice)
             return scene
+
+
+def _jpeg2000_header(path: str, source: Source, size: int, settings: Settings, spec: OutputSpec) -> jpeg2000.Codestream:
+    """A JPEG 2000 upload's codestream header, checked before GDAL (and OpenJPEG) parse it: what
+    it declares must fit the pixel limit, the standard and a window's memory
+    (:func:`~.jpeg2000.check_codestream`, :func:`_check_window_budget`), and every tile's bytes
+    must be in the file (:func:`~.jpeg2000.index_tiles`). A read that failed is a storage fault."""
+    with source.checked():
+        stream = jpeg2000.read_codestream(source.read_at, size, path)
+        jpeg2000.check_codestream(path, stream, settings.max_pixels, spec.window_size)
+        _check_window_budget(path, jpeg2000.HeaderView.of(stream), spec)
+        return jpeg2000.index_tiles(stream, source.read_at, path)
+
+
+def _jpeg2000_blocks(src, stream: jpeg2000.Codestream) -> tuple[BlockList, Blocks]:
+    """What reading a JPEG 2000 upload's window holds (:func:`~.jpeg2000.decode_unit`, in
+    OpenJPEG's 32-bit samples), and its last tile as GDAL's block to decode for the damage check."""
+    width, height, stored = jpeg2000.decode_unit(stream, src.block_shapes[0])
+    blocks = Blocks(
+        width=width,
+        height=height,
+        samples=stream.components,
+        itemsize=jpeg2000.DECODED_SAMPLE_BYTES,
+        dtype="int32 (OpenJPEG's decoded samples)",
+        stored=stored,
+    )
+    block_h, block_w = src.block_shapes[0]
+    col, row, _, _ = stream.tile_area(stream.tiles - 1)
+    return BlockList((col // block_w, row // block_h), stored), blocks
 
 
 def _target_grid(path: str, src, settings: Settings, choice: profiles.Choice) -> TargetGrid:

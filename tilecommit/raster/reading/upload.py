@@ -61,8 +61,27 @@ TIFF = UploadFormat(
     described="a self-contained GeoTIFF or Cloud-Optimized GeoTIFF (classic TIFF or BigTIFF)",
 )
 
+#: The JP2 signature box (ISO/IEC 15444-1, I.5.1): what recognises a JP2 file.
+JP2_SIGNATURE = b"\x00\x00\x00\x0cjP  \r\n\x87\n"
+#: SOC then SIZ: a raw codestream (.j2k, .j2c), which has no box to hold georeferencing.
+J2K_SIGNATURE = b"\xff\x4f\xff\x51"
+
+#: JPEG 2000 in its JP2 file format, opened by JP2OpenJPEG alone (GDAL's OpenJPEG-based driver,
+#: which decodes on the calling thread: see docs/uploads.md, "JPEG 2000"). GEOREF_SOURCES=INTERNAL
+#: stands for the file's own GeoJP2, GMLJP2 and MSIG boxes (GDAL's gcore/gdaljp2abstractdataset.cpp,
+#: LoadJP2Metadata), never a .aux.xml (PAM) or a world file (.j2w, .wld): GDAL's default
+#: "PAM,INTERNAL,WORLDFILE" would take both. The header is checked before the driver parses it
+#: (:mod:`.jpeg2000`).
+JPEG2000 = UploadFormat(
+    name="JPEG 2000",
+    signatures=(JP2_SIGNATURE,),
+    driver="JP2OpenJPEG",
+    open_options={"GEOREF_SOURCES": "INTERNAL"},
+    described="a JPEG 2000 (JP2) file georeferenced by its own GeoJP2 or GMLJP2 box",
+)
+
 #: The formats an upload may be in, recognised in this order from its first bytes.
-UPLOAD_FORMATS: tuple[UploadFormat, ...] = (TIFF,)
+UPLOAD_FORMATS: tuple[UploadFormat, ...] = (TIFF, JPEG2000)
 
 ACCEPTED_FORMATS = "; ".join(fmt.described for fmt in UPLOAD_FORMATS)
 
@@ -78,8 +97,12 @@ _KNOWN_FORMATS: tuple[tuple[bytes, str], ...] = (
     (b"EHFA_HEADER_TAG", "an ERDAS Imagine (HFA) file, which can keep its pixels in a separate .ige file"),
     (b"PDS_VERSION_ID", "a PDS label, which names the file that holds the pixels"),
     (b"ENVI", "an ENVI header, which describes a separate raw data file"),
-    (b"\x00\x00\x00\x0cjP  \r\n\x87\n", "a JPEG 2000 (JP2) file, whose GML boxes can reference other files"),
-    (b"\xffO\xffQ", "a raw JPEG 2000 codestream"),
+    (
+        J2K_SIGNATURE,
+        "a raw JPEG 2000 codestream (.j2k, .j2c), which has no box to hold georeferencing (only a world file or "
+        ".aux.xml beside it could place it, and those are never read); wrap it in a JP2 file with its GeoJP2 box "
+        "(`gdal_translate -of JP2OpenJPEG in.j2k out.jp2` where the sidecar is)",
+    ),
     (b"\x89PNG\r\n\x1a\n", "a PNG image (georeferenced only through sidecar files)"),
     (b"\xff\xd8\xff", "a JPEG image (georeferenced only through sidecar files)"),
     (b"GIF8", "a GIF image"),

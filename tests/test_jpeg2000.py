@@ -1,0 +1,362 @@
+"""JPEG 2000 (JP2) uploads: the same promises as a GeoTIFF's.
+
+Every file is made by GDAL in the test (tests/hostile_jp2.py). A JP2 goes through the library as a
+job calls it (inspect, render every window, assemble) against Azurite, and its mosaic must equal
+``gdal_translate -of COG`` of the same file (lossless: Debian's gdal-bin, another GDAL and
+OpenJPEG, decodes the same pixels), or, lossy, the COG rasterio's own GDAL makes, pixel for pixel,
+with what rio-cogeo keeps of its metadata. Hostile files: boxes that name a URL or a local file
+(0 requests to the trap, 0 opens of the file), sidecars, headers declaring what the file does not
+hold: each refused before any tile, with the numbers. Whole jobs on the local host and seeded read
+faults run at the end (slow).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import rasterio
+from rasterio.crs import CRS
+from rasterio.enums import ColorInterp
+from rio_cogeo.cogeo import cog_validate
+
+from testkit.storage_proxy import RecordingProxy, TrapServer
+from tilecommit.errors import BadInputError, InvalidRasterError, UnsupportedRasterError
+from tilecommit.raster import inspect_source
+from tilecommit.raster.assembly.pyramid import mosaic_overview_levels
+from tilecommit.raster.reading.metadata import said
+from tilecommit.raster.reading.scene import same_crs
+from tilecommit.raster.reading.source import READ_AHEAD, LocalFile, PinnedBlob
+from tilecommit.settings import Settings
+from tilecommit.spec import OutputSpec
+from tilecommit.storage import StorageConnection
+
+from .hostile_jp2 import (
+    CRS as FILE_CRS,
+)
+from .hostile_jp2 import (
+    LocalFileTrap,
+    box,
+    crs_dictionary,
+    gml_boxes,
+    gml_coverage,
+    pixels,
+    sentinel2_like,
+    with_boxes,
+    with_cod,
+    with_siz,
+    write_jp2,
+)
+from .raster_jobs import assemble, assert_complete_pyramid, blob_names, download, job_of, job_stores, manifest_rows, render_all
+from .test_real_rasters import check_band_fields
+
+SETTINGS = Settings(window_size=512)
+
+
+def spec_of(settings: Settings = SETTINGS) -> OutputSpec:
+    return OutputSpec.from_settings(settings)
+
+
+def run_library_job(path: Path, settings: Settings, stores, storage):
+    scene = inspect_source(str(path), settings=settings, spec=spec_of(settings))
+    results = render_all(str(path), scene, settings, stores)
+    assert {r.outcome for r in results} == {"written"}
+    return scene, assemble(scene, settings, stores, storage, source_name=path.name)
+
+
+def gdal_translate_cog(source: Path, target: Path) -> Path:
+    """The reference: Debian's ``gdal_translate -of COG`` (DEFLATE, as the app's default profile)."""
+    subprocess.run(
+        ["gdal_translate", "-q", "-of", "COG", "-co", "COMPRESS=DEFLATE", str(source), str(target)],
+        check=True,
+        capture_output=True,
+    )
+    return target
+
+
+def assert_same_mosaic(mosaic: Path, reference: Path) -> None:
+    with rasterio.open(mosaic) as m, rasterio.open(reference) as r:
+        assert (m.width, m.height, m.count, m.dtypes) == (r.width, r.height, r.count, r.dtypes)
+        assert m.transform == r.transform and same_crs(m.crs, r.crs)
+        assert m.nodata == r.nodata
+        assert np.array_equal(m.read(), r.read())
+        assert np.array_equal(m.read_masks(), r.read_masks())
+
+
+# --------------------------------------------------------------------------- pixel-exact mosaics
+
+
+def test_a_sentinel2_like_jp2_becomes_the_mosaic_gdal_translate_makes(stores, storage, tmp_path):
+    """2048² uint16 in lossless 1024² tiles with TLM markers (a Sentinel-2 band is 10980²: bench/formats_jp2.py)."""
+    source = sentinel2_like(tmp_path / "T33UUP_B04.jp2")
+    scene, result = run_library_job(source, SETTINGS, stores, storage)
+    assert scene.driver == "JP2OpenJPEG" and scene.block_shapes == [[1024, 1024]] and same_crs(scene.crs, FILE_CRS)
+    assert result.outcome == "written"
+    mosaic = Path(download(stores["output"], result.mosaic, tmp_path / "mosaic.tif"))
+    assert cog_validate(str(mosaic), quiet=True)[0]
+    reference = gdal_translate_cog(source, tmp_path / "reference.tif")
+    assert_same_mosaic(mosaic, reference)
+    # What the source says of its pixels (tags, descriptions, scales, offsets, units, colour
+    # interpretation) is what gdal_translate's COG says (rio-cogeo 7.0.4 refuses a GeoJP2 file:
+    # docs/uploads.md), AREA_OR_POINT=Area among it, which a GeoTIFF always states.
+    with rasterio.open(mosaic) as m, rasterio.open(reference) as r:
+        assert said(m) == said(r) and said(m)["tags"] == {"AREA_OR_POINT": "Area"}
+        assert len(m.overviews(1)) == result.overview_levels == mosaic_overview_levels(m.width, m.height)
+    assert_complete_pyramid(str(mosaic))
+
+
+def test_an_rgb_jp2_keeps_its_bands_named_in_the_item(stores, storage, tmp_path):
+    """Colour from the JP2's colr box, tags from GDAL's metadata box: kept as gdal_translate keeps them."""
+    source = write_jp2(
+        tmp_path / "rgb.jp2",
+        pixels(700, 600, count=3, dtype="uint8", seed=4),
+        tile=256,
+        colorinterp=[ColorInterp.red, ColorInterp.green, ColorInterp.blue],
+        tags={"SPACECRAFT": "stand-in", "PROCESSING_LEVEL": "L2A"},
+    )
+    _, result = run_library_job(source, SETTINGS, stores, storage)
+    mosaic = Path(download(stores["output"], result.mosaic, tmp_path / "mosaic.tif"))
+    reference = gdal_translate_cog(source, tmp_path / "reference.tif")
+    assert_same_mosaic(mosaic, reference)
+    with rasterio.open(mosaic) as m, rasterio.open(reference) as r:
+        assert said(m) == said(r) and m.tags()["PROCESSING_LEVEL"] == "L2A"
+    item = json.loads(stores["output"].download_blob(result.stac).readall())
+    check_band_fields(item, str(source))
+    assert [b["common_name"] for b in item["assets"]["data"]["eo:bands"]] == ["red", "green", "blue"]
+
+
+def test_a_lossy_jp2_becomes_the_mosaic_rasterios_own_gdal_makes(stores, storage, tmp_path):
+    """The 9/7 wavelet's decode is deterministic for one OpenJPEG: the reference is made by the GDAL
+    the app runs (rasterio's), Debian's may link another OpenJPEG."""
+    source = write_jp2(tmp_path / "lossy.jp2", pixels(900, 700, seed=5), tile=512, lossless=False)
+    _, result = run_library_job(source, SETTINGS, stores, storage)
+    mosaic = Path(download(stores["output"], result.mosaic, tmp_path / "mosaic.tif"))
+    reference = tmp_path / "reference.tif"
+    with rasterio.Env(GDAL_PAM_ENABLED="NO"):
+        rasterio.shutil.copy(str(source), str(reference), driver="COG", COMPRESS="DEFLATE")
+    assert_same_mosaic(mosaic, reference)
+
+
+def test_a_jp2_georeferenced_by_its_gmljp2_box_alone_is_placed_by_it(tmp_path):
+    source = write_jp2(tmp_path / "gml.jp2", pixels(300, 200), GeoJP2="NO", GMLJP2="YES")
+    scene = inspect_source(str(source), settings=SETTINGS, spec=spec_of())
+    assert same_crs(scene.crs, FILE_CRS) and scene.transform == [10.0, 0.0, 300000.0, 0.0, -10.0, 5000040.0]
+
+
+# --------------------------------------------------------------------------- names inside the file
+
+
+@pytest.fixture
+def trap():
+    with TrapServer() as server:
+        yield server
+
+
+def named_url_boxes(trap_url: str, width: int, height: int) -> bytes:
+    """A GMLJP2 box whose CRS, feature collection and schema are the trap's URLs, and an XML box
+    holding a VRT that names the trap."""
+    gml = gml_coverage(
+        width, height, f"{trap_url}/def/crs/EPSG/0/4326", feature=f"{trap_url}/features.gml", schema=f"{trap_url}/a.xsd"
+    )
+    vrt = f"<VRTDataset><SourceFilename>/vsicurl/{trap_url}/vrt.tif</SourceFilename></VRTDataset>"
+    return gml_boxes(gml) + box(b"xml ", vrt.encode())
+
+
+def test_gmljp2_and_xml_boxes_naming_a_url_are_never_asked(tmp_path, trap):
+    bare = write_jp2(tmp_path / "bare.jp2", pixels(300, 200), georeferenced=False)
+    named = with_boxes(bare, tmp_path / "named.jp2", named_url_boxes(trap.url, 300, 200))
+    # The control: GDAL asked for the file's vector layers with OPEN_REMOTE_GML=YES fetches the feature collection.
+    subprocess.run(["ogrinfo", "-ro", "-oo", "OPEN_REMOTE_GML=YES", str(named)], capture_output=True, timeout=60)
+    assert ("HEAD", "/features.gml") in trap.requests or ("GET", "/features.gml") in trap.requests, trap.requests
+    del trap.requests[:]
+    started = time.perf_counter()
+    with pytest.raises(UnsupportedRasterError, match="has no georeferencing") as caught:
+        inspect_source(str(named), settings=SETTINGS, spec=spec_of())
+    assert time.perf_counter() - started < 2 and "accepted:" in str(caught.value)
+    # With a GeoJP2 box of its own: accepted, placed by that box, the names never followed.
+    own = write_jp2(tmp_path / "own.jp2", pixels(300, 200), GMLJP2="NO")
+    scene = inspect_source(
+        str(with_boxes(own, tmp_path / "own-named.jp2", named_url_boxes(trap.url, 300, 200))),
+        settings=SETTINGS,
+        spec=spec_of(),
+    )
+    assert same_crs(scene.crs, FILE_CRS)
+    assert trap.requests == []
+
+
+def test_gmljp2_and_xml_boxes_naming_a_local_file_never_open_it(tmp_path):
+    dictionary = tmp_path / "crs-dictionary.xml"
+    with LocalFileTrap(dictionary, crs_dictionary(4326).encode()) as local:
+        with open(dictionary) as f:  # the control: the trap sees an open
+            assert "EPSG:4326" in f.read()
+        assert local.opens == 1
+        own = write_jp2(tmp_path / "own.jp2", pixels(300, 200), GMLJP2="NO")
+        bare = write_jp2(tmp_path / "bare.jp2", pixels(300, 200), georeferenced=False)
+        extra = b"".join(
+            [
+                gml_boxes(gml_coverage(300, 200, f"file://{dictionary}#crs1")),
+                gml_boxes(gml_coverage(300, 200, f"{dictionary}#crs1")),
+                box(b"xml ", f"<VRTDataset><SourceFilename>{dictionary}</SourceFilename></VRTDataset>".encode()),
+            ]
+        )
+        scene = inspect_source(str(with_boxes(own, tmp_path / "o.jp2", extra)), settings=SETTINGS, spec=spec_of())
+        assert same_crs(scene.crs, FILE_CRS)  # the GeoJP2 box's own, not the dictionary's EPSG:4326
+        with pytest.raises(UnsupportedRasterError, match="has no georeferencing"):
+            inspect_source(str(with_boxes(bare, tmp_path / "b.jp2", extra)), settings=SETTINGS, spec=spec_of())
+        # GDAL left alone does not open it either: the name is looked up among the file's own boxes
+        # (GMLSRSLookup in GDAL's gcore/gdaljp2metadata.cpp); the trap would see a GDAL that did.
+        with rasterio.open(tmp_path / "b.jp2") as left_alone:
+            assert left_alone.crs is None
+        assert local.opens == 1
+
+
+def test_sidecars_beside_a_jp2_are_never_read(tmp_path):
+    bare = write_jp2(tmp_path / "scene.jp2", pixels(300, 200), georeferenced=False)
+    (tmp_path / "scene.jp2.aux.xml").write_text(
+        "<PAMDataset><SRS>EPSG:4326</SRS><GeoTransform>10, 1, 0, 50, 0, -1</GeoTransform></PAMDataset>"
+    )
+    with LocalFileTrap(tmp_path / "scene.j2w", b"10\n0\n0\n-10\n500000\n4600000\n") as world:
+        with rasterio.open(bare) as left_alone:  # the control: GDAL's defaults take the world file and the .aux.xml
+            assert left_alone.crs == CRS.from_epsg(4326) and not left_alone.transform.is_identity
+        assert world.opens >= 1
+        opened = world.opens
+        with pytest.raises(UnsupportedRasterError, match="has no georeferencing"):
+            inspect_source(str(bare), settings=SETTINGS, spec=spec_of())
+        assert world.opens == opened
+
+
+def test_on_storage_only_the_jp2_itself_is_requested(tmp_path, new_container, azurite, trap):
+    uploads = new_container("up-")
+    own = write_jp2(tmp_path / "own.jp2", pixels(600, 500), tile=256, GMLJP2="NO")
+    named = with_boxes(own, tmp_path / "scene.jp2", named_url_boxes(trap.url, 600, 500))
+    for name, body in [
+        ("scene.jp2", named.read_bytes()),
+        ("scene.j2w", b"1\n0\n0\n-1\n0\n0\n"),
+        ("scene.jp2.aux.xml", b"<PAMDataset><SRS>EPSG:4326</SRS></PAMDataset>"),
+    ]:
+        uploads.upload_blob("scenes/" + name, body)
+    with RecordingProxy(azurite.blob_endpoint.rsplit("/", 1)[0]) as proxy:
+        proxied = azurite.connection_string.replace(f":{azurite.blob_port}/", f":{proxy.port}/")
+        connection = StorageConnection.from_connection_string(proxied)
+        blob = connection.blob_service().get_blob_client(uploads.container_name, "scenes/scene.jp2")
+        scene = inspect_source(
+            PinnedBlob(blob, blob.get_blob_properties().etag),
+            settings=SETTINGS,
+            spec=spec_of(),
+            gdal_options=connection.gdal_options(),
+        )
+        asked = proxy.paths()
+    assert same_crs(scene.crs, FILE_CRS) and scene.width == 600
+    assert asked and {p.split("?")[0].rsplit("/", 1)[1] for p in asked} == {"scene.jp2"}, asked
+    assert trap.requests == []
+
+
+# --------------------------------------------------------------------------- the header's budgets
+
+
+def refused(path: Path, error: type[BadInputError], settings: Settings = SETTINGS) -> tuple[str, LocalFile, float]:
+    """``path`` refused by the validation as ``error``: the message, the reader, the seconds taken."""
+    source = LocalFile(path)
+    started = time.perf_counter()
+    with pytest.raises(error) as caught:
+        inspect_source(source, settings=settings, spec=spec_of(settings))
+    return str(caught.value), source, time.perf_counter() - started
+
+
+def test_a_small_jp2_declaring_a_500000_square_image_is_refused_before_gdal_opens_it(tmp_path):
+    small = write_jp2(tmp_path / "small.jp2", pixels(256, 256), tile=256)
+    huge = with_siz(small, tmp_path / "huge.jp2", width=500000, height=500000, tile_width=500000, tile_height=500000)
+    assert huge.stat().st_size < 200_000
+    message, source, seconds = refused(huge, UnsupportedRasterError)
+    assert "500000 x 500000 = 250000000000 pixels" in message and str(SETTINGS.max_pixels) in message
+    assert seconds < 1 and source.requests == 1  # the first 64 KiB: header, boxes and main header
+
+
+def test_tiles_too_large_to_decode_are_refused_with_the_numbers(tmp_path):
+    small = write_jp2(tmp_path / "small.jp2", pixels(256, 256), tile=256)
+    tall = with_siz(small, tmp_path / "tall.jp2", width=16384, height=16384, tile_width=16384, tile_height=8192)
+    message, _, _ = refused(tall, UnsupportedRasterError)
+    assert "tiles of 16384 x 8192 pixels x 1 components" in message, message
+    assert f"{16384 * 8192 * 4} bytes" in message and "accepted: tiles of at most" in message
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        ({"levels": 40}, "declares 40 decomposition levels: JPEG 2000 allows at most 32"),
+        ({"codeblock_exponents": (8, 8)}, "code-blocks of 1024 x 1024 samples"),
+    ],
+)
+def test_a_coding_style_past_the_standard_is_refused_as_damaged(tmp_path, change, words):
+    source = with_cod(write_jp2(tmp_path / "a.jp2", pixels(256, 256)), tmp_path / "b.jp2", **change)
+    message, _, _ = refused(source, InvalidRasterError)
+    assert words in message, message
+
+
+def test_a_window_of_too_many_components_is_refused_from_the_header(tmp_path):
+    many = write_jp2(tmp_path / "many.jp2", pixels(64, 64, count=60, dtype="uint8"), tile=64)
+    wide = with_siz(many, tmp_path / "wide.jp2", width=4096, height=4096)
+    settings = Settings(window_size=1024)
+    message, _, _ = refused(wide, UnsupportedRasterError, settings)
+    assert "has 60 bands of uint8: one 1024 x 1024 window of it needs 62914560 bytes" in message, message
+
+
+def test_a_truncated_jp2_is_refused_before_any_tile(tmp_path, stores):
+    whole = sentinel2_like(tmp_path / "whole.jp2", size=1024, tile=512)
+    cut = tmp_path / "cut.jp2"
+    cut.write_bytes(whole.read_bytes()[: whole.stat().st_size * 2 // 3])
+    message, _, _ = refused(cut, InvalidRasterError)
+    assert "truncated" in message, message
+    assert blob_names(stores["tiles"]) == [] and manifest_rows(stores["manifest"]) == []
+
+
+def test_a_raw_codestream_is_refused_saying_it_cannot_hold_georeferencing(tmp_path):
+    raw = write_jp2(tmp_path / "raw.j2k", pixels(128, 128), CODEC="J2K")
+    assert raw.read_bytes()[:4] == b"\xff\x4f\xff\x51"
+    message, _, _ = refused(raw, UnsupportedRasterError)
+    assert "raw JPEG 2000 codestream" in message and "no box to hold georeferencing" in message
+
+
+# --------------------------------------------------------------------------- reads per window
+
+
+def fetched_per_window(source: Path, window_size: int, stores) -> tuple[int, int]:
+    """Bytes the app's reader fetched to render every window of ``source`` (each window opened
+    afresh, as an activity opens it), and the windows."""
+    from tilecommit.grid import plan_windows
+    from tilecommit.raster import render_tile
+
+    settings = Settings(window_size=window_size)
+    scene = inspect_source(str(source), settings=settings, spec=spec_of(settings))
+    fetched = 0
+
+    class Counted(LocalFile):
+        def _get(self, offset: int, length: int) -> bytes:
+            nonlocal fetched
+            fetched += length
+            return super()._get(offset, length)
+
+    job, job_stores_ = job_of(settings), job_stores(stores, settings)
+    windows = plan_windows(scene.width, scene.height, window_size)
+    for window in windows:
+        render_tile(job, job_stores_, Counted(source), window)
+    return fetched, len(windows)
+
+
+def test_windows_on_the_jp2_tiles_read_each_tile_once(tmp_path, stores, new_container, new_table):
+    """Windows of the tiles' size read the file once, besides each window's reads of the header
+    (a few read-ahead chunks); windows of half of it read each tile four times (OpenJPEG decodes a
+    tile whole): the figures are in docs/uploads.md."""
+    source = sentinel2_like(tmp_path / "s2.jp2", size=2048, tile=1024)
+    size = source.stat().st_size
+    aligned, windows = fetched_per_window(source, 1024, stores)
+    print(f"\n{size} bytes: windows on the tiles fetched {aligned}", end="")
+    assert windows == 4 and aligned <= size + windows * 4 * READ_AHEAD, (aligned, size)
+    other = {"tiles": new_container("tiles-"), "output": stores["output"], "manifest": new_table("manifest")}
+    halves, windows = fetched_per_window(source, 512, other)
+    print(f", windows of half a tile {halves}")
+    assert windows == 16 and halves >= 3.5 * size, (halves, size)
