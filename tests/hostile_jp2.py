@@ -149,7 +149,9 @@ def with_siz(source: Path, target: Path, **fields: int) -> Path:
     return target
 
 
-def with_cod(source: Path, target: Path, *, levels: int | None = None, codeblock_exponents: tuple[int, int] | None = None) -> Path:
+def with_cod(
+    source: Path, target: Path, *, levels: int | None = None, codeblock_exponents: tuple[int, int] | None = None
+) -> Path:
     """``source`` with its COD's decomposition levels or code-block size (stored exponents) changed."""
     data = bytearray(source.read_bytes())
     offset = _codestream(bytes(data)) + 2

@@ -35,9 +35,9 @@ from tilecommit.settings import Settings
 from tilecommit.spec import OutputSpec
 from tilecommit.storage import StorageConnection
 
-from .hostile_jp2 import (
-    CRS as FILE_CRS,
-)
+from .app_jobs import download as download_blob
+from .app_jobs import local_host
+from .hostile_jp2 import CRS as FILE_CRS
 from .hostile_jp2 import (
     LocalFileTrap,
     box,
@@ -51,7 +51,16 @@ from .hostile_jp2 import (
     with_siz,
     write_jp2,
 )
-from .raster_jobs import assemble, assert_complete_pyramid, blob_names, download, job_of, job_stores, manifest_rows, render_all
+from .raster_jobs import (
+    assemble,
+    assert_complete_pyramid,
+    blob_names,
+    download,
+    job_of,
+    job_stores,
+    manifest_rows,
+    render_all,
+)
 from .test_real_rasters import check_band_fields
 
 SETTINGS = Settings(window_size=512)
@@ -356,7 +365,81 @@ def test_windows_on_the_jp2_tiles_read_each_tile_once(tmp_path, stores, new_cont
     aligned, windows = fetched_per_window(source, 1024, stores)
     print(f"\n{size} bytes: windows on the tiles fetched {aligned}", end="")
     assert windows == 4 and aligned <= size + windows * 4 * READ_AHEAD, (aligned, size)
-    other = {"tiles": new_container("tiles-"), "output": stores["output"], "manifest": new_table("manifest")}
+    other = {"tiles": new_container("halves-"), "output": stores["output"], "manifest": new_table("halves")}
     halves, windows = fetched_per_window(source, 512, other)
     print(f", windows of half a tile {halves}")
     assert windows == 16 and halves >= 3.5 * size, (halves, size)
+
+
+# --------------------------------------------------------------------------- whole jobs on the local host
+
+
+@pytest.mark.slow
+def test_jp2_uploads_as_whole_jobs_on_the_local_host(storage, app_env, tmp_path, trap):
+    """Through the real orchestration: a JP2 becomes gdal_translate's mosaic; a 500000² header and
+    a file whose boxes name the trap fail their jobs at validation, with no tile and no request."""
+    from devhost.session import process_file
+
+    band = sentinel2_like(tmp_path / "T33UUP_B08.jp2", size=1024, tile=512, seed=8)
+    huge = with_siz(
+        write_jp2(tmp_path / "small.jp2", pixels(256, 256)),
+        tmp_path / "huge.jp2",
+        width=500000,
+        height=500000,
+        tile_width=500000,
+        tile_height=500000,
+    )
+    bare = write_jp2(tmp_path / "bare.jp2", pixels(300, 200), georeferenced=False)
+    named = with_boxes(bare, tmp_path / "named.jp2", named_url_boxes(trap.url, 300, 200))
+    with local_host(app_env) as host:
+        done = process_file(host, band, timeout=180)
+        failed = {path.name: process_file(host, path, timeout=120) for path in (huge, named)}
+    assert done["status"] == "completed", done
+    mosaic = tmp_path / "mosaic.tif"
+    mosaic.write_bytes(download_blob(storage, app_env.output, f"mosaics/{done['job_id']}/mosaic.tif"))
+    assert_same_mosaic(mosaic, gdal_translate_cog(band, tmp_path / "reference.tif"))
+    tiles = storage.blob_service().get_container_client(app_env.tiles)
+    for name, fragment in (
+        ("huge.jp2", "500000 x 500000 = 250000000000 pixels"),
+        ("named.jp2", "has no georeferencing"),
+    ):
+        summary = failed[name]
+        print(f"\n{name}: {summary['status']} in {summary.get('elapsed_s')} s: {summary.get('error', '')[:160]}")
+        assert summary["status"] == "failed" and summary["windows"] is None, summary
+        assert fragment in summary["error"], summary["error"]
+        assert not list(tiles.list_blobs(name_starts_with=f"tiles/{summary['job_id']}/"))
+    assert trap.requests == []
+
+
+@pytest.mark.slow
+def test_seeded_read_faults_on_jp2_uploads_never_make_a_wrong_tile_nor_bad_input(
+    storage, app_env, azurite, monkeypatch, tmp_path
+):
+    """1 in 4 of the GETs for the uploads' bytes refused, reset or cut (as tests/test_seeded_read_faults.py
+    does to GeoTIFFs): each job completes, at once or when its upload is delivered again, every tile
+    and the mosaic equal to the JP2's pixels."""
+    from devhost.session import job_summary, process_file
+    from testkit.storage_proxy import FaultPlan
+
+    from .app_jobs import check_outputs
+    from .fault_jobs import app_behind_proxy
+    from .test_seeded_read_faults import BAD_INPUT_TYPES, upload_gets, wrong_tiles
+
+    plan = FaultPlan(every=4, applies=upload_gets(app_env), seed=4)
+    bands = [sentinel2_like(tmp_path / f"B0{i}.jp2", size=768, tile=256, seed=i) for i in (2, 3)]
+    delivered_again = 0
+    with app_behind_proxy(azurite, monkeypatch, plan) as (blobs, _), local_host(app_env) as host:
+        for band in bands:
+            summary = process_file(host, band, timeout=300)
+            if summary["status"] != "completed":
+                error = summary.get("error", "")
+                assert not any(f"({t})" in error for t in BAD_INPUT_TYPES), f"a storage fault called bad input: {error}"
+                delivered_again += 1
+                host.deliver_blob_created(band.name)
+                summary = job_summary(host.engine.wait_for(summary["job_id"], timeout=300))
+            check_outputs(storage, app_env, summary, band)
+            checked, wrong = wrong_tiles(storage, app_env, summary["job_id"], band)
+            assert checked == 9 and wrong == []
+    injected = sum(blobs.injected.values())
+    print(f"\nJP2 under 1 in 4 broken GETs: {dict(blobs.injected)} injected, {delivered_again} delivered again")
+    assert injected >= 5

@@ -234,7 +234,9 @@ def read_codestream(read: Read, size: int, path: str) -> Codestream:
         if marker == _SOT:
             break
         if marker >> 8 != 0xFF or size_ < 2:
-            raise InvalidRasterError(f"{path} has a damaged codestream main header at byte {offset}; upload an intact file")
+            raise InvalidRasterError(
+                f"{path} has a damaged codestream main header at byte {offset}; upload an intact file"
+            )
         body = reader.exact(offset + 4, size_ - 2, f"marker {marker:04X}")
         if marker == _SIZ:
             siz = _siz(body, path)
@@ -325,7 +327,11 @@ class HeaderView:
     @classmethod
     def of(cls, stream: Codestream) -> HeaderView:
         signed = any(stream.signed)
-        dtype = {1: "int8" if signed else "uint8", 2: "int16" if signed else "uint16", 4: "int32" if signed else "uint32"}
+        dtype = {
+            1: "int8" if signed else "uint8",
+            2: "int16" if signed else "uint16",
+            4: "int32" if signed else "uint32",
+        }
         return cls(stream.width, stream.height, stream.components, (dtype[stream.itemsize],) * stream.components)
 
 
@@ -408,12 +414,3 @@ def decode_unit(stream: Codestream, gdal_block: tuple[int, int]) -> tuple[int, i
         return gdal_block[1], gdal_block[0], stream.length
     largest = max(stream.tile_bytes, default=0)
     return min(stream.tile_width, stream.width), min(stream.tile_height, stream.height), largest
-
-
-def windows_per_tile(stream: Codestream, window_size: int) -> float:
-    """How many times a tile's bytes are read by the job's windows: 1 when the windows and the
-    tiles coincide or each window holds whole tiles; (tile / window)² for windows smaller than
-    the tile; 1 to 4 when their grids are offset (a tile read by each window it crosses)."""
-    across = -(-min(stream.tile_width, stream.width) // window_size)
-    down = -(-min(stream.tile_height, stream.height) // window_size)
-    return float(across * down)
