@@ -56,6 +56,9 @@ FULL_DECODE_MAX_DECODED_BYTES = 512 * 1024 * 1024
 
 T = TypeVar("T")
 
+#: What a file whose open failed started like, in a refusal's words, by the format's name.
+_LOOKS_LIKE = {"GeoTIFF": "a TIFF", "JPEG 2000": "a JPEG 2000 (JP2) file"}
+
 
 def _nodata_to_json(value: float | None) -> float | str | None:
     if value is None:
@@ -454,7 +457,7 @@ def inspect_source(
             src = open_upload(source, upload_format=upload_format)
         except RasterioIOError as exc:
             raise InvalidRasterError(
-                f"{path} starts like {upload_format.described} but its header or directories cannot be read "
+                f"{path} starts like {_LOOKS_LIKE.get(upload_format.name, upload_format.name)} but its header or directories cannot be read "
                 f"({size} bytes): the file is truncated or corrupt ({exc}); upload the complete file"
             ) from exc
         with src, source.checked():
