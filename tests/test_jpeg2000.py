@@ -60,6 +60,7 @@ from .raster_jobs import (
     job_stores,
     manifest_rows,
     render_all,
+    run_steps,
 )
 from .test_real_rasters import check_band_fields
 
@@ -154,6 +155,20 @@ def test_a_jp2_georeferenced_by_its_gmljp2_box_alone_is_placed_by_it(tmp_path):
     source = write_jp2(tmp_path / "gml.jp2", pixels(300, 200), GeoJP2="NO", GMLJP2="YES")
     scene = inspect_source(str(source), settings=SETTINGS, spec=spec_of())
     assert same_crs(scene.crs, FILE_CRS) and scene.transform == [10.0, 0.0, 300000.0, 0.0, -10.0, 5000040.0]
+
+
+def test_a_web_optimized_jp2_job_is_the_exact_warp_of_the_jp2(stores, storage, tmp_path):
+    """A warped job reads the JP2 through the warper's own open of it (its format's open options,
+    tilecommit/raster/reading/warp.py): the mosaic is the exact warp of the source, as a GeoTIFF's."""
+    from .test_web_optimized import differing, whole_warp
+
+    source = write_jp2(tmp_path / "band.jp2", pixels(600, 520, seed=6), tile=256)
+    settings = Settings(window_size=512, profile="default,web_optimized=true")
+    spec, scene, result = run_steps(str(source), settings, stores, storage)
+    assert result.outcome == "written" and same_crs(scene.crs, "EPSG:3857")
+    mosaic = Path(download(stores["output"], result.mosaic, tmp_path / "mosaic.tif"))
+    with rasterio.open(mosaic) as m:
+        assert differing(m.read(), whole_warp(str(source), "nearest")[0]) == 0
 
 
 # --------------------------------------------------------------------------- names inside the file
