@@ -16,6 +16,8 @@ what an assembly beside the last tiles takes, each activity has :data:`ACTIVITY_
 - reading a window holds the window and one whole block of the upload decoded, with its stored
   bytes (:attr:`Blocks.read_bytes`, :func:`check_window_reads`);
 - a warped window also holds the source area one block of its grid maps to (:func:`warp_source_area`);
+- a JPEG 2000's tile, decoded whole by OpenJPEG, from its header before GDAL opens it
+  (:func:`check_jpeg2000_tile`);
 - the tags the upload's tiles and mosaic carry are bounded apart (:func:`check_carried_metadata`);
 - an assembly's temporary disk: :data:`TEMPORARY_DISK_BYTES`.
 
@@ -34,7 +36,7 @@ from rasterio.warp import transform
 from ...errors import UnsupportedRasterError
 from ...settings import CONSUMPTION_INSTANCE_MB
 from ...spec import OutputSpec
-from . import metadata
+from . import jpeg2000, metadata
 from .source import READ_AHEAD
 from .warp import EDGE_SAMPLES, PREFETCH_MARGIN, WARP_BLOCK, TargetGrid, srs_grid
 
@@ -356,6 +358,31 @@ def _refuse_warp(
         f"{window} bytes and the source block's {blocks.read_bytes} that is {needed} bytes ({mib(needed)}), "
         f"more than {_budget_words()}; accepted: {remedy}, or fewer bands per file (a smaller window "
         f"does not help: the warper reads a block's area whatever the window)"
+    )
+
+
+def check_jpeg2000_tile(path: str, stream: jpeg2000.Codestream, window_size: int) -> None:
+    """A tile OpenJPEG decodes whole (in 32-bit samples, every component) to read any pixel of it
+    must fit an activity beside one window (``budgets``: 289 MiB). A file of one tile is decoded
+    by areas (:func:`~.jpeg2000.decode_unit`): its budget is checked once GDAL has opened it and chosen them."""
+    if stream.single_tiled:
+        return
+    window = window_bytes(stream.components, stream.itemsize, stream.width, stream.height, window_size)
+    needed = stream.decoded_tile_bytes + window
+    if needed <= ACTIVITY_MEMORY_BYTES:
+        return
+    side = (
+        int(((ACTIVITY_MEMORY_BYTES - window) // (stream.components * jpeg2000.DECODED_SAMPLE_BYTES)) ** 0.5)
+        // 256
+        * 256
+    )
+    raise UnsupportedRasterError(
+        f"{path} is stored in JPEG 2000 tiles of {stream.tile_width} x {stream.tile_height} pixels x "
+        f"{stream.components} components; OpenJPEG decodes a whole tile in 32-bit samples to read any pixel of "
+        f"it ({stream.decoded_tile_bytes} bytes), which with one window ({window} bytes) is {needed} bytes "
+        f"({mib(needed)}), more than the {ACTIVITY_MEMORY_BYTES} bytes ({mib(ACTIVITY_MEMORY_BYTES)}) one activity "
+        f"may hold ({ACTIVITY_SLOTS} run at once on an instance of {INSTANCE_MEMORY_BYTES // MiB} MiB); accepted: "
+        f"tiles of at most {side} x {side} pixels at this band count (`{jpeg2000.RETILE}`)"
     )
 
 

@@ -24,11 +24,11 @@ The module reads through the callable it is given and keeps no state: the job's 
 from __future__ import annotations
 
 import struct
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from ...errors import InvalidRasterError, UnsupportedRasterError
-from .budgets import ACTIVITY_MEMORY_BYTES, ACTIVITY_SLOTS, INSTANCE_MEMORY_BYTES, MiB, mib, window_bytes
 
 #: Top-level boxes walked before the codestream (a GDAL-written GMLJP2 file has seven).
 MAX_BOXES = 256
@@ -77,8 +77,10 @@ class Codestream:
     #: length), empty when it has none, and where the first tile-part starts.
     tlm: tuple[tuple[int | None, int], ...]
     first_sot: int
-    #: Stored bytes of each tile, in raster order (filled by :func:`index_tiles`).
+    #: Stored bytes of each tile, in raster order, and every tile-part as (tile, offset, length)
+    #: (filled by :func:`index_tiles`).
     tile_bytes: tuple[int, ...] = ()
+    parts: tuple[tuple[int, int, int], ...] = ()
 
     @property
     def components(self) -> int:
@@ -262,6 +264,7 @@ def index_tiles(stream: Codestream, read: Read, path: str) -> Codestream:
     end = stream.offset + stream.length
     stored = [0] * stream.tiles
     seen = [False] * stream.tiles
+    parts: list[tuple[int, int, int]] = []
     if stream.tlm:
         offset = stream.first_sot
         for part, (tile, length) in enumerate(stream.tlm):
@@ -274,8 +277,9 @@ def index_tiles(stream: Codestream, read: Read, path: str) -> Codestream:
             _check_inside(path, tile, offset, length, end)
             stored[tile] += length
             seen[tile] = True
+            parts.append((tile, offset, length))
             offset += length
-        return _complete(stream, stored, seen, path)
+        return _complete(stream, stored, seen, parts, path)
     reader = _Reader(read, end, path)
     offset = stream.first_sot
     for part in range(MAX_TILES * 4):
@@ -291,8 +295,9 @@ def index_tiles(stream: Codestream, read: Read, path: str) -> Codestream:
         _check_inside(path, tile, offset, psot, end)
         stored[tile] += psot
         seen[tile] = True
+        parts.append((tile, offset, psot))
         offset += psot
-    return _complete(stream, stored, seen, path)
+    return _complete(stream, stored, seen, parts, path)
 
 
 def _check_inside(path: str, tile: int, offset: int, length: int, end: int) -> None:
@@ -303,7 +308,9 @@ def _check_inside(path: str, tile: int, offset: int, length: int, end: int) -> N
         )
 
 
-def _complete(stream: Codestream, stored: list[int], seen: list[bool], path: str) -> Codestream:
+def _complete(
+    stream: Codestream, stored: list[int], seen: list[bool], parts: list[tuple[int, int, int]], path: str
+) -> Codestream:
     missing = [i for i, present in enumerate(seen) if not present]
     if missing:
         col, row, _, _ = stream.tile_area(missing[0])
@@ -311,7 +318,31 @@ def _complete(stream: Codestream, stored: list[int], seen: list[bool], path: str
             f"{path} is truncated: {len(missing)} of its {stream.tiles} tiles have no data (the first, tile "
             f"{missing[0]}, at column {col}, row {row}); upload the complete file"
         )
-    return replace(stream, tile_bytes=tuple(stored))
+    return replace(stream, tile_bytes=tuple(stored), parts=tuple(parts))
+
+
+def window_ranges(stream: Codestream, col: int, row: int, width: int, height: int) -> list[tuple[int, int]]:
+    """``(offset, size)`` of every tile-part of the tiles a window touches (OpenJPEG reads a tile whole)."""
+    touched = set()
+    for tile in range(stream.tiles):
+        x, y, w, h = stream.tile_area(tile)
+        if x < col + width and col < x + w and y < row + height and row < y + h:
+            touched.add(tile)
+    return [(offset, length) for tile, offset, length in stream.parts if tile in touched]
+
+
+#: Each source's tile index, for the windows read through it (one parse per open source).
+_INDEXES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def indexed(source) -> Codestream | None:
+    """The tile index of a JP2 upload read through ``source`` (a :class:`~.source.Source`), when
+    its TLM markers give it without a read beyond the header's; None otherwise (a file without
+    them would cost a read per tile-part: GDAL's own reads fetch its tiles then)."""
+    if source not in _INDEXES:
+        stream = read_codestream(source.read_at, source.file_size, source.name)
+        _INDEXES[source] = index_tiles(stream, source.read_at, source.name) if stream.tlm else None
+    return _INDEXES[source]
 
 
 @dataclass(frozen=True)
@@ -339,7 +370,7 @@ class HeaderView:
 RETILE = "gdal_translate -of JP2OpenJPEG -co BLOCKXSIZE=1024 -co BLOCKYSIZE=1024 -co QUALITY=100 -co REVERSIBLE=YES"
 
 
-def check_codestream(path: str, stream: Codestream, max_pixels: int, window_size: int) -> None:
+def check_codestream(path: str, stream: Codestream, max_pixels: int) -> None:
     """Refuse, from the main header alone and before GDAL opens the file, what OpenJPEG would
     allocate for or cannot decode: each refusal gives the numbers and what is accepted."""
     if any(step != (1, 1) for step in stream.subsampling):
@@ -365,28 +396,6 @@ def check_codestream(path: str, stream: Codestream, max_pixels: int, window_size
             f"structure for each): accepted: at most {MAX_TILES}; re-encode it in larger tiles (`{RETILE}`)"
         )
     _check_coding_style(path, stream)
-    _check_tile_memory(path, stream, window_size)
-
-
-def _check_tile_memory(path: str, stream: Codestream, window_size: int) -> None:
-    """A tile OpenJPEG decodes whole (in 32-bit samples, every component) to read any pixel of it
-    must fit an activity beside one window (``budgets``: 289 MiB). A file of one tile is decoded
-    by areas (:func:`decode_unit`): its budget is checked once GDAL has opened it and chosen them."""
-    if stream.single_tiled:
-        return
-    window = window_bytes(stream.components, stream.itemsize, stream.width, stream.height, window_size)
-    needed = stream.decoded_tile_bytes + window
-    if needed <= ACTIVITY_MEMORY_BYTES:
-        return
-    side = int(((ACTIVITY_MEMORY_BYTES - window) // (stream.components * DECODED_SAMPLE_BYTES)) ** 0.5) // 256 * 256
-    raise UnsupportedRasterError(
-        f"{path} is stored in JPEG 2000 tiles of {stream.tile_width} x {stream.tile_height} pixels x "
-        f"{stream.components} components; OpenJPEG decodes a whole tile in 32-bit samples to read any pixel of "
-        f"it ({stream.decoded_tile_bytes} bytes), which with one window ({window} bytes) is {needed} bytes "
-        f"({mib(needed)}), more than the {ACTIVITY_MEMORY_BYTES} bytes ({mib(ACTIVITY_MEMORY_BYTES)}) one activity "
-        f"may hold ({ACTIVITY_SLOTS} run at once on an instance of {INSTANCE_MEMORY_BYTES // MiB} MiB); accepted: "
-        f"tiles of at most {side} x {side} pixels at this band count (`{RETILE}`)"
-    )
 
 
 def _check_coding_style(path: str, stream: Codestream) -> None:

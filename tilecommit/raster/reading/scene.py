@@ -506,7 +506,8 @@ def _jpeg2000_header(path: str, source: Source, size: int, settings: Settings, s
     must be in the file (:func:`~.jpeg2000.index_tiles`). A read that failed is a storage fault."""
     with source.checked():
         stream = jpeg2000.read_codestream(source.read_at, size, path)
-        jpeg2000.check_codestream(path, stream, settings.max_pixels, spec.window_size)
+        jpeg2000.check_codestream(path, stream, settings.max_pixels)
+        budgets.check_jpeg2000_tile(path, stream, spec.window_size)
         _check_window_budget(path, jpeg2000.HeaderView.of(stream), spec)
         return jpeg2000.index_tiles(stream, source.read_at, path)
 
