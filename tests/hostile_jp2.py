@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import os
 import struct
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -64,6 +65,29 @@ def write_jp2(
             dst.colorinterp = colorinterp
         if tags:
             dst.update_tags(**tags)
+    return path
+
+
+def single_tiled(path: Path, data: np.ndarray) -> Path:
+    """``data`` as a lossless JP2 of one tile, as many vendors deliver (Debian's gdal_translate
+    from a GeoTIFF: rasterio's writer keeps JP2 tiles at most 1024 wide)."""
+    tiff = path.with_suffix(".tif")
+    count, height, width = data.shape
+    profile = dict(driver="GTiff", width=width, height=height, count=count, dtype=data.dtype.name, crs=CRS)
+    with rasterio.open(tiff, "w", transform=from_origin(*ORIGIN, RESOLUTION, RESOLUTION), **profile) as dst:
+        dst.write(data)
+    options = [
+        "-co",
+        f"BLOCKXSIZE={width}",
+        "-co",
+        f"BLOCKYSIZE={height}",
+        "-co",
+        "QUALITY=100",
+        "-co",
+        "REVERSIBLE=YES",
+    ]
+    subprocess.run(["gdal_translate", "-q", "-of", "JP2OpenJPEG", *options, str(tiff), str(path)], check=True)
+    tiff.unlink()
     return path
 
 

@@ -46,6 +46,7 @@ from .hostile_jp2 import (
     gml_coverage,
     pixels,
     sentinel2_like,
+    single_tiled,
     with_boxes,
     with_cod,
     with_siz,
@@ -137,6 +138,16 @@ def test_an_rgb_jp2_keeps_its_bands_named_in_the_item(stores, storage, tmp_path)
     item = json.loads(stores["output"].download_blob(result.stac).readall())
     check_band_fields(item, str(source))
     assert [b["common_name"] for b in item["assets"]["data"]["eo:bands"]] == ["red", "green", "blue"]
+
+
+def test_a_jp2_of_one_tile_is_decoded_by_areas_and_becomes_gdal_translates_mosaic(stores, storage, tmp_path):
+    """One 1300 x 1100 tile: GDAL decodes it by blocks of 1024 (a decode area each), which is what
+    a window's read is counted by (scene._jpeg2000_blocks)."""
+    source = single_tiled(tmp_path / "one-tile.jp2", pixels(1300, 1100, seed=7))
+    scene, result = run_library_job(source, SETTINGS, stores, storage)
+    assert scene.block_shapes == [[1024, 1024]]
+    mosaic = Path(download(stores["output"], result.mosaic, tmp_path / "mosaic.tif"))
+    assert_same_mosaic(mosaic, gdal_translate_cog(source, tmp_path / "reference.tif"))
 
 
 def test_a_lossy_jp2_becomes_the_mosaic_rasterios_own_gdal_makes(stores, storage, tmp_path):
