@@ -50,7 +50,7 @@ def write_jp2(
     in GDAL's own metadata box (WRITE_METADATA=YES)."""
     count, height, width = data.shape
     profile = dict(driver="JP2OpenJPEG", width=width, height=height, count=count, dtype=data.dtype.name)
-    profile.update(BLOCKXSIZE=tile, BLOCKYSIZE=tile, TLM="YES")
+    profile.update(tiled=True, blockxsize=tile, blockysize=tile, TLM="YES")  # rasterio overrides BLOCKXSIZE
     profile.update(QUALITY=100, REVERSIBLE="YES") if lossless else profile.update(QUALITY=20)
     if georeferenced:
         profile.update(crs=CRS, transform=from_origin(*ORIGIN, RESOLUTION, RESOLUTION))

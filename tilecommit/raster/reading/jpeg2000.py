@@ -321,14 +321,19 @@ def _complete(
     return replace(stream, tile_bytes=tuple(stored), parts=tuple(parts))
 
 
+#: What OpenJPEG reads past a tile's last tile-part: the next one's SOT marker (GDAL asks for 1 KiB).
+NEXT_PART_PEEK = 1024
+
+
 def window_ranges(stream: Codestream, col: int, row: int, width: int, height: int) -> list[tuple[int, int]]:
-    """``(offset, size)`` of every tile-part of the tiles a window touches (OpenJPEG reads a tile whole)."""
+    """``(offset, size)`` of every tile-part of the tiles a window touches (OpenJPEG reads a tile
+    whole), each with the first :data:`NEXT_PART_PEEK` bytes after it, which OpenJPEG reads too."""
     touched = set()
     for tile in range(stream.tiles):
         x, y, w, h = stream.tile_area(tile)
         if x < col + width and col < x + w and y < row + height and row < y + h:
             touched.add(tile)
-    return [(offset, length) for tile, offset, length in stream.parts if tile in touched]
+    return [(offset, length + NEXT_PART_PEEK) for tile, offset, length in stream.parts if tile in touched]
 
 
 #: Each source's tile index, for the windows read through it (one parse per open source).
