@@ -13,6 +13,7 @@ faults run at the end (slow).
 from __future__ import annotations
 
 import json
+import struct
 import subprocess
 import time
 from pathlib import Path
@@ -32,6 +33,7 @@ from tilecommit.raster.reading.jpeg2000 import NEXT_PART_PEEK
 from tilecommit.raster.reading.metadata import said
 from tilecommit.raster.reading.scene import same_crs
 from tilecommit.raster.reading.source import READ_AHEAD, LocalFile, PinnedBlob
+from tilecommit.raster.reading.upload import JP2_SIGNATURE
 from tilecommit.settings import Settings
 from tilecommit.spec import OutputSpec
 from tilecommit.storage import StorageConnection
@@ -355,6 +357,44 @@ def test_a_raw_codestream_is_refused_saying_it_cannot_hold_georeferencing(tmp_pa
     assert raw.read_bytes()[:4] == b"\xff\x4f\xff\x51"
     message, _, _ = refused(raw, UnsupportedRasterError)
     assert "raw JPEG 2000 codestream" in message and "no box to hold georeferencing" in message
+
+
+def synthetic_jp2(*markers: bytes, parts: int = 4) -> bytes:
+    """A JP2 of 512² in four 256² tiles whose codestream is SOC, SIZ (one 16-bit component),
+    ``markers``, then ``parts`` empty tile-parts, one per tile: written byte by byte."""
+    siz = struct.pack(">HIIIIIIIIH3B", 0, 512, 512, 0, 0, 256, 256, 0, 0, 1, 15, 1, 1)
+    stream = b"\xff\x4f" + marker(0xFF51, siz) + b"".join(markers)
+    for index in range(parts):
+        stream += b"\xff\x90" + struct.pack(">HHIBB", 10, index, 14, 0, 1) + b"\xff\x93"
+    stream += b"\xff\xd9"
+    return JP2_SIGNATURE + box(b"ftyp", b"jp2 \x00\x00\x00\x00jp2 ") + box(b"jp2c", stream)
+
+
+def marker(code: int, body: bytes) -> bytes:
+    return struct.pack(">HH", code, 2 + len(body)) + body
+
+
+#: A COD: Scod, progression, 1 layer, no MCT; 5 levels, 64 x 64 code-blocks, 5/3 wavelet.
+COD = marker(0xFF52, bytes([0, 0, 0, 1, 0, 5, 4, 4, 0, 1]))
+
+
+@pytest.mark.parametrize(
+    ("markers", "parts", "words"),
+    [
+        ((marker(0xFF52, b"\x00"),), 4, "damaged marker FF52 (1 bytes)"),
+        ((COD, marker(0xFF53, bytes([0, 0, 40, 4, 4, 0, 1]))), 4, "declares 40 decomposition levels"),
+        ((COD, marker(0xFF55, bytes([0, 0x40]) + struct.pack(">I", 10**9))), 4, "truncated: tile 0's data extends"),
+        ((COD,), 1, "3 of its 4 tiles have no data"),
+    ],
+    ids=["short-cod", "coc-levels", "tlm-past-the-end", "tiles-missing"],
+)
+def test_a_header_written_byte_by_byte_is_refused_before_gdal_opens_it(tmp_path, markers, parts, words):
+    """A marker too short for its fields, a component's own COC past the standard, a TLM naming
+    bytes past the end, tiles without a tile-part: each found by the app's reading of the header."""
+    path = tmp_path / "made.jp2"
+    path.write_bytes(synthetic_jp2(*markers, parts=parts))
+    message, _, _ = refused(path, InvalidRasterError)
+    assert words in message, message
 
 
 # --------------------------------------------------------------------------- reads per window

@@ -32,8 +32,9 @@ from ...errors import InvalidRasterError, UnsupportedRasterError
 
 #: Top-level boxes walked before the codestream (a GDAL-written GMLJP2 file has seven).
 MAX_BOXES = 256
-#: Markers in the main header (SIZ, COD, QCD, TLM, COM... a real one has fewer than twenty).
-MAX_MARKERS = 4096
+#: Markers in the main header (SIZ, COD, QCD, TLM, COM..., a COC and a QCC per component at
+#: most: a real one has a few dozen). Only SIZ, COD, COC and TLM are read; the others are skipped.
+MAX_MARKERS = 1024
 #: Tiles a source may have: each is indexed before any tile is written (as TIFF's blocks).
 MAX_TILES = 262_144
 #: The standard's limits (ISO/IEC 15444-1, Table A.15 and A.18): at most 32 decomposition levels;
@@ -223,9 +224,9 @@ def _tlm_lengths(body: bytes) -> list[tuple[int | None, int]]:
 
 
 def read_codestream(read: Read, size: int, path: str) -> Codestream:
-    """The main header of the upload's codestream, and every tile's stored bytes, from ``read``
-    (``read(offset, length)``: the upload's bytes). Raises :class:`InvalidRasterError` for a
-    damaged or truncated header; reads no tile's data."""
+    """The main header of the upload's codestream, from ``read`` (``read(offset, length)``: the
+    upload's bytes). Raises :class:`InvalidRasterError` for a damaged or truncated header; reads
+    no tile's data (:func:`index_tiles` finds the tiles)."""
     start, length = find_codestream(read, size, path)
     reader = _Reader(read, start + length, path)
     if _u(reader.exact(start, 2, "codestream start"), "H", 0)[0] != _SOC:
@@ -239,16 +240,23 @@ def read_codestream(read: Read, size: int, path: str) -> Codestream:
             raise InvalidRasterError(
                 f"{path} has a damaged codestream main header at byte {offset}; upload an intact file"
             )
-        body = reader.exact(offset + 4, size_ - 2, f"marker {marker:04X}")
-        if marker == _SIZ:
-            siz = _siz(body, path)
-        elif marker in (_COD, _COC) and siz is not None:
-            at = 5 if marker == _COD else (3 if len(siz["bits"]) < 257 else 4)
-            found_levels, found_block = _coding_style(body, at)
-            levels = max(levels, found_levels)
-            codeblock = (max(codeblock[0], found_block[0]), max(codeblock[1], found_block[1]))
-        elif marker == _TLM:
-            tlm.extend(_tlm_lengths(body))
+        if marker in (_SIZ, _COD, _COC, _TLM):
+            body = reader.exact(offset + 4, size_ - 2, f"marker {marker:04X}")
+            try:
+                if marker == _SIZ:
+                    siz = _siz(body, path)
+                elif marker == _TLM:
+                    tlm.extend(_tlm_lengths(body))
+                elif siz is not None:
+                    # SPcod follows Scod and SGcod (5 bytes); SPcoc follows Ccoc (1 or 2 bytes) and Scoc.
+                    at = 5 if marker == _COD else (2 if len(siz["bits"]) < 257 else 3)
+                    found_levels, found_block = _coding_style(body, at)
+                    levels = max(levels, found_levels)
+                    codeblock = (max(codeblock[0], found_block[0]), max(codeblock[1], found_block[1]))
+            except (struct.error, IndexError):
+                raise InvalidRasterError(
+                    f"{path} has a damaged marker {marker:04X} ({size_ - 2} bytes) at byte {offset}; upload an intact file"
+                ) from None
         offset += 2 + size_
     else:
         raise InvalidRasterError(f"{path}'s codestream main header has more than {MAX_MARKERS} markers")
