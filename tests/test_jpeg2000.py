@@ -322,6 +322,16 @@ def test_tiles_too_large_to_decode_are_refused_with_the_numbers(tmp_path):
     assert f"{16384 * 8192 * 4} bytes" in message and "accepted: tiles of at most" in message
 
 
+def test_tiles_too_many_for_openjpegs_structures_are_refused_with_the_numbers(tmp_path):
+    """40960² in tiles of 200: OpenJPEG would keep 42025 tiles' structures from its reading of the
+    header on (+406 MiB measured, jpeg2000.HEADER_BYTES_PER_TILE)."""
+    small = write_jp2(tmp_path / "small.jp2", pixels(256, 256), tile=256)
+    many = with_siz(small, tmp_path / "many.jp2", width=40960, height=40960, tile_width=200, tile_height=200)
+    message, source, seconds = refused(many, UnsupportedRasterError)
+    assert "stored in 42025 JPEG 2000 tiles of 200 x 200" in message and "fewer, larger tiles" in message, message
+    assert seconds < 1 and source.requests == 1
+
+
 @pytest.mark.parametrize(
     ("change", "words"),
     [

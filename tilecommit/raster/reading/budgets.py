@@ -362,27 +362,30 @@ def _refuse_warp(
 
 
 def check_jpeg2000_tile(path: str, stream: jpeg2000.Codestream, window_size: int) -> None:
-    """A tile OpenJPEG decodes whole (in 32-bit samples, every component) to read any pixel of it
-    must fit an activity beside one window (``budgets``: 289 MiB). A file of one tile is decoded
-    by areas (:func:`~.jpeg2000.decode_unit`): its budget is checked once GDAL has opened it and chosen them."""
-    if stream.single_tiled:
-        return
+    """What OpenJPEG holds to read one window, from the header before GDAL opens the file, must
+    fit an activity (289 MiB): its structures for every tile (:attr:`~.jpeg2000.Codestream.header_bytes`),
+    held from the header's reading on, a tile decoded whole in 32-bit samples of every component,
+    and the window. A file of one tile is decoded by areas (:func:`~.jpeg2000.decode_unit`): what
+    that holds is checked once GDAL has opened it and chosen them."""
     window = window_bytes(stream.components, stream.itemsize, stream.width, stream.height, window_size)
-    needed = stream.decoded_tile_bytes + window
+    tile = 0 if stream.single_tiled else stream.decoded_tile_bytes
+    needed = stream.header_bytes + tile + window
     if needed <= ACTIVITY_MEMORY_BYTES:
         return
-    side = (
-        int(((ACTIVITY_MEMORY_BYTES - window) // (stream.components * jpeg2000.DECODED_SAMPLE_BYTES)) ** 0.5)
-        // 256
-        * 256
+    per_sample = stream.components * jpeg2000.DECODED_SAMPLE_BYTES
+    side = int(max(0, ACTIVITY_MEMORY_BYTES - window - stream.header_bytes) // per_sample) ** 0.5
+    accepted = (
+        f"tiles of at most {int(side) // 256 * 256} x {int(side) // 256 * 256} pixels at this band count"
+        if stream.decoded_tile_bytes >= stream.header_bytes
+        else "fewer, larger tiles (1024 x 1024 is what Sentinel-2 uses)"
     )
     raise UnsupportedRasterError(
-        f"{path} is stored in JPEG 2000 tiles of {stream.tile_width} x {stream.tile_height} pixels x "
-        f"{stream.components} components; OpenJPEG decodes a whole tile in 32-bit samples to read any pixel of "
-        f"it ({stream.decoded_tile_bytes} bytes), which with one window ({window} bytes) is {needed} bytes "
-        f"({mib(needed)}), more than the {ACTIVITY_MEMORY_BYTES} bytes ({mib(ACTIVITY_MEMORY_BYTES)}) one activity "
-        f"may hold ({ACTIVITY_SLOTS} run at once on an instance of {INSTANCE_MEMORY_BYTES // MiB} MiB); accepted: "
-        f"tiles of at most {side} x {side} pixels at this band count (`{jpeg2000.RETILE}`)"
+        f"{path} is stored in {stream.tiles} JPEG 2000 tiles of {stream.tile_width} x {stream.tile_height} "
+        f"pixels x {stream.components} components; reading a window holds OpenJPEG's structures for every "
+        f"tile ({stream.header_bytes} bytes), a tile decoded whole in 32-bit samples ({tile} bytes) and the "
+        f"window ({window} bytes): {needed} bytes ({mib(needed)}), more than the {ACTIVITY_MEMORY_BYTES} bytes "
+        f"({mib(ACTIVITY_MEMORY_BYTES)}) one activity may hold ({ACTIVITY_SLOTS} run at once on an instance of "
+        f"{INSTANCE_MEMORY_BYTES // MiB} MiB); accepted: {accepted} (`{jpeg2000.RETILE}`)"
     )
 
 

@@ -46,6 +46,12 @@ MAX_CODEBLOCK_EXPONENT_SUM = 12
 MAX_BITS = 31
 #: OpenJPEG's decoded sample: one 32-bit integer per sample of every component of a tile.
 DECODED_SAMPLE_BYTES = 4
+#: What OpenJPEG keeps for each tile, and each tile's component, from the moment it reads the
+#: header (its coding parameters): measured with rasterio 1.4.4's GDAL 3.10.3, headers written byte
+#: by byte, 40960² in 16384 tiles of one component +163 MiB, of eight components +281 MiB; 42025
+#: tiles of one component +406 MiB. Rounded up.
+HEADER_BYTES_PER_TILE = 9400
+HEADER_BYTES_PER_TILE_COMPONENT = 1100
 
 _SOC, _SOT, _EOC = 0xFF4F, 0xFF90, 0xFFD9
 _SIZ, _COD, _COC, _TLM = 0xFF51, 0xFF52, 0xFF53, 0xFF55
@@ -117,6 +123,11 @@ class Codestream:
         x1 = min(self.tile_origin[0] + (across + 1) * self.tile_width, self.origin[0] + self.width)
         y1 = min(self.tile_origin[1] + (down + 1) * self.tile_height, self.origin[1] + self.height)
         return x0 - self.origin[0], y0 - self.origin[1], x1 - x0, y1 - y0
+
+    @property
+    def header_bytes(self) -> int:
+        """What OpenJPEG holds from reading the header on: its structures for every tile."""
+        return self.tiles * (HEADER_BYTES_PER_TILE + HEADER_BYTES_PER_TILE_COMPONENT * self.components)
 
     @property
     def decoded_tile_bytes(self) -> int:

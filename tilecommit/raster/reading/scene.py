@@ -501,14 +501,15 @@ def inspect_source(
 
 def _jpeg2000_header(path: str, source: Source, size: int, settings: Settings, spec: OutputSpec) -> jpeg2000.Codestream:
     """A JPEG 2000 upload's codestream header, checked before GDAL (and OpenJPEG) parse it: what
-    it declares must fit the pixel limit, the standard and a window's memory
-    (:func:`~.jpeg2000.check_codestream`, :func:`_check_window_budget`), and every tile's bytes
+    it declares must fit the pixel limit, the standard, a window's memory and what OpenJPEG holds
+    (:func:`~.jpeg2000.check_codestream`, :func:`_check_window_budget`,
+    :func:`~.budgets.check_jpeg2000_tile`), and every tile's bytes
     must be in the file (:func:`~.jpeg2000.index_tiles`). A read that failed is a storage fault."""
     with source.checked():
         stream = jpeg2000.read_codestream(source.read_at, size, path)
         jpeg2000.check_codestream(path, stream, settings.max_pixels)
-        budgets.check_jpeg2000_tile(path, stream, spec.window_size)
         _check_window_budget(path, jpeg2000.HeaderView.of(stream), spec)
+        budgets.check_jpeg2000_tile(path, stream, spec.window_size)
         return jpeg2000.index_tiles(stream, source.read_at, path)
 
 
