@@ -40,7 +40,7 @@ def make_band(path: Path, size: int) -> Path:
     rng = np.random.default_rng(size)
     profile = dict(driver="JP2OpenJPEG", width=size, height=size, count=1, dtype="uint16", crs="EPSG:32633")
     profile.update(transform=from_origin(300000, 5000040, 10, 10), QUALITY=100, REVERSIBLE="YES", TLM="YES")
-    profile.update(tiled=True, blockxsize=TILE, blockysize=TILE)  # rasterio overrides BLOCKXSIZE
+    profile.update(blockxsize=TILE, blockysize=TILE)  # rasterio passes its own over a BLOCKXSIZE option
     with rasterio.Env(GDAL_PAM_ENABLED="NO"), rasterio.open(path, "w", **profile) as dst:
         for row in range(0, size, TILE):
             height = min(TILE, size - row)

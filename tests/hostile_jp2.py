@@ -50,7 +50,9 @@ def write_jp2(
     in GDAL's own metadata box (WRITE_METADATA=YES)."""
     count, height, width = data.shape
     profile = dict(driver="JP2OpenJPEG", width=width, height=height, count=count, dtype=data.dtype.name)
-    profile.update(tiled=True, blockxsize=tile, blockysize=tile, TLM="YES")  # rasterio overrides BLOCKXSIZE
+    # rasterio passes its own blockxsize over a BLOCKXSIZE option; the codec is JP2 whatever the
+    # name (GDAL picks a raw codestream for names not ending .jp2).
+    profile.update(blockxsize=tile, blockysize=tile, TLM="YES", CODEC="JP2")
     profile.update(QUALITY=100, REVERSIBLE="YES") if lossless else profile.update(QUALITY=20)
     if georeferenced:
         profile.update(crs=CRS, transform=from_origin(*ORIGIN, RESOLUTION, RESOLUTION))
@@ -231,3 +233,65 @@ class LocalFileTrap:
                 pass
             os.close(fd)
             time.sleep(0.05)  # the reader reads to the end and closes before the next look
+
+
+# --------------------------------------------------------------------------- damaged files
+
+
+def _bases(directory: Path) -> list[Path]:
+    """Intact JP2s the damage starts from: tiled with TLM, lossy RGB without TLM, one tile. Named
+    ``.tif``: the content decides what a file is (tests/tiff_fuzz.py's worker takes ``*.tif``)."""
+    return [
+        write_jp2(directory / "base-tlm-uint16.tif", pixels(300, 200, seed=1), tile=128),
+        write_jp2(
+            directory / "base-lossy-rgb.tif", pixels(260, 180, 3, "uint8", 2), tile=128, lossless=False, TLM="NO"
+        ),
+        write_jp2(directory / "base-one-tile.tif", pixels(200, 150, seed=3), tile=256),
+    ]
+
+
+def _flip(data: bytes, rng, start: int, end: int, count: int) -> bytes:
+    out = bytearray(data)
+    for _ in range(count):
+        at = rng.randrange(start, min(end, len(out)))
+        out[at] = rng.randrange(256)
+    return bytes(out)
+
+
+def _set_word(data: bytes, rng, start: int, width: int) -> bytes:
+    """A SIZ/COD-sized field near ``start`` set to an extreme value."""
+    out = bytearray(data)
+    at = start + rng.randrange(0, 40)
+    value = rng.choice([0, 1, 2**16 - 1, 2**31, 2**32 - 1, rng.randrange(2**32)])
+    out[at : at + width] = value.to_bytes(4, "big")[-width:]
+    return bytes(out)
+
+
+def _damaged(family: str, data: bytes, rng) -> bytes:
+    header = _codestream(data)
+    if family == "truncated":
+        return data[: rng.randrange(1, len(data))]
+    if family == "header-bytes":
+        return _flip(data, rng, 0, header + 200, rng.randint(1, 4))
+    if family == "tile-bytes":
+        return _flip(data, rng, header + 200, len(data), rng.randint(1, 8))
+    return _set_word(data, rng, header + 6, rng.choice([2, 4]))
+
+
+def damaged_corpus(directory: Path, seed: int = 20261204) -> list[tuple[Path, str]]:
+    """Seeded damage to the bases: truncations, flipped bytes in the boxes and main header, in the
+    tiles' data, extreme SIZ and COD fields. (file, family) pairs, the intact bases first."""
+    import random
+
+    directory.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(seed)
+    bases = _bases(directory)
+    corpus = [(base, "intact") for base in bases]
+    families = ("truncated", "header-bytes", "tile-bytes", "siz-field")
+    for i in range(200):
+        base = bases[i % len(bases)]
+        family = families[i % 4 if i < 160 else rng.randrange(4)]
+        path = directory / f"{family}-{i:03d}-{base.stem}.tif"
+        path.write_bytes(_damaged(family, base.read_bytes(), rng))
+        corpus.append((path, family))
+    return corpus

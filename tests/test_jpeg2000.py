@@ -16,6 +16,7 @@ import json
 import struct
 import subprocess
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -446,6 +447,37 @@ def test_windows_on_the_jp2_tiles_read_each_tile_once(tmp_path, stores, new_cont
     halves, windows = fetched_per_window(source, 256, other)
     print(f", windows of half a tile {halves}")
     assert windows == 16 and halves >= 3.5 * size, (halves, size)
+
+
+@pytest.mark.slow
+def test_damaged_jp2s_are_refused_or_processed_never_crash_or_hang(tmp_path, capsys):
+    """Seeded damage (tests/hostile_jp2.py) through the fuzz worker GeoTIFFs go through
+    (tests/test_upload_fuzz.py): each file validated in a worker process, every window encoded and
+    compared with the file's own pixels; a worker that dies or hangs is recorded against its file."""
+    from .hostile_jp2 import damaged_corpus
+    from .test_upload_fuzz import MAX_RSS_BYTES, MAX_SECONDS, run_worker
+
+    corpus = damaged_corpus(tmp_path / "corpus")
+    started = time.perf_counter()
+    results, broken = run_worker(tmp_path / "corpus")
+    outcomes = {family: Counter() for _, family in corpus}
+    for path, family in corpus:
+        outcomes[family][results.get(path.name, {}).get("outcome", "crashed or hung")] += 1
+    slowest = max(results.values(), key=lambda r: r["seconds"])
+    peak = max(r["peak_rss"] for r in results.values())
+    with capsys.disabled():
+        print(f"\nJP2 damage: {len(corpus)} files in {time.perf_counter() - started:.1f} s; crashed or hung: {broken}")
+        for family, counts in outcomes.items():
+            print(f"  {family:14s} {dict(counts)}")
+        print(f"  slowest: {slowest['file']} {slowest['seconds']:.2f} s; worker peak RSS {peak / 2**20:.0f} MiB")
+    assert broken == {}, broken
+    assert len(results) == len(corpus)
+    assert all(results[path.name]["outcome"] == "processed" for path, family in corpus if family == "intact")
+    unexpected = {n: r for n, r in results.items() if r["outcome"] not in ("refused", "processed")}
+    assert unexpected == {}, unexpected
+    refusals = [r for r in results.values() if r["outcome"] == "refused"]
+    assert all(r["error_type"] in ("InvalidRasterError", "UnsupportedRasterError") for r in refusals)
+    assert slowest["seconds"] < MAX_SECONDS and peak < MAX_RSS_BYTES
 
 
 # --------------------------------------------------------------------------- whole jobs on the local host

@@ -33,7 +33,7 @@ import numpy as np
 from rasterio.errors import CRSError
 from rasterio.warp import transform
 
-from ...errors import UnsupportedRasterError
+from ...errors import InvalidRasterError, UnsupportedRasterError
 from ...settings import CONSUMPTION_INSTANCE_MB
 from ...spec import OutputSpec
 from . import jpeg2000, metadata
@@ -391,8 +391,16 @@ def check_jpeg2000_tile(path: str, stream: jpeg2000.Codestream, window_size: int
 
 def check_carried_metadata(path: str, src) -> None:
     """Refuse an upload whose tags, as its tiles and mosaic would carry them (:func:`~.metadata.carried_sizes`),
-    add up to more than :data:`MAX_CARRIED_METADATA_BYTES`, naming the largest. Header only."""
-    sizes = metadata.carried_sizes(src)
+    add up to more than :data:`MAX_CARRIED_METADATA_BYTES`, naming the largest. Header only.
+    Metadata that is not UTF-8 text (a damaged label or tag: rasterio cannot decode its name) is
+    refused as damaged: nothing could carry it."""
+    try:
+        sizes = metadata.carried_sizes(src)
+    except UnicodeDecodeError as exc:
+        raise InvalidRasterError(
+            f"{path} has metadata whose names or values are not UTF-8 text ({exc}): the file is damaged; "
+            "upload an intact file"
+        ) from exc
     total = sum(sizes.values())
     if total <= MAX_CARRIED_METADATA_BYTES:
         return
