@@ -437,8 +437,9 @@ def inspect_source(
     """Check that ``upload`` (a local path, or a :class:`~.source.PinnedBlob`: one version of a
     blob) is an upload this pipeline accepts, and describe it.
 
-    The first bytes decide, before any GDAL driver parses the file, that it is a TIFF (see
-    :mod:`.upload`); it is then opened by the GTiff driver alone, every byte read through the
+    The first bytes decide, before any GDAL driver parses the file, that it is in an accepted
+    format (see :mod:`.upload`; a JPEG 2000's header is then checked by the app itself,
+    :func:`_jpeg2000_header`); it is then opened by that format's driver alone, every byte read through the
     upload's counted reader (:mod:`.source`). Raises :class:`InvalidRasterError` (not a TIFF;
     empty, truncated or corrupt) or :class:`UnsupportedRasterError` (another format; no or
     rotated georeferencing, too many pixels, absurd blocks, a sample type or band layout this
