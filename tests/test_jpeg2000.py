@@ -4,10 +4,10 @@ Every file is made by GDAL in the test (tests/hostile_jp2.py). A JP2 goes throug
 job calls it (inspect, render every window, assemble) against Azurite, and its mosaic must equal
 ``gdal_translate -of COG`` of the same file (lossless: Debian's gdal-bin, another GDAL and
 OpenJPEG, decodes the same pixels), or, lossy, the COG rasterio's own GDAL makes, pixel for pixel,
-with what rio-cogeo keeps of its metadata. Hostile files: boxes that name a URL or a local file
-(0 requests to the trap, 0 opens of the file), sidecars, headers declaring what the file does not
-hold: each refused before any tile, with the numbers. Whole jobs on the local host and seeded read
-faults run at the end (slow).
+with the metadata gdal_translate's COG has (rio-cogeo 7.0.4 refuses GeoJP2 files: docs/uploads.md).
+Hostile files: boxes that name a URL or a local file (0 requests to the trap, 0 opens of the file),
+sidecars, headers declaring what the file does not hold: each refused before any tile, with the
+numbers. Damaged files, whole jobs on the local host and seeded read faults run at the end (slow).
 """
 
 from __future__ import annotations
