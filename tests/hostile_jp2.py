@@ -94,8 +94,9 @@ def single_tiled(path: Path, data: np.ndarray) -> Path:
 
 
 def sentinel2_like(path: Path, size: int = 2048, tile: int = 1024, seed: int = 2) -> Path:
-    """A stand-in for a Sentinel-2 band (10980² uint16, 1024² tiles, TLM markers, lossless), smaller."""
-    return write_jp2(path, pixels(size, size, seed=seed), tile=tile)
+    """A stand-in for a Sentinel-2 band (10980² of 15-bit samples in uint16, 1024² tiles, TLM
+    markers, lossless), smaller."""
+    return write_jp2(path, pixels(size, size, seed=seed), tile=tile, NBITS=15)
 
 
 # --------------------------------------------------------------------------- boxes
