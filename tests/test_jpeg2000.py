@@ -220,6 +220,7 @@ def test_gmljp2_and_xml_boxes_naming_a_url_are_never_asked(tmp_path, trap):
     with pytest.raises(UnsupportedRasterError, match="has no georeferencing") as caught:
         inspect_source(str(named), settings=SETTINGS, spec=spec_of())
     assert time.perf_counter() - started < 2 and "accepted:" in str(caught.value)
+    assert f"its GMLJP2 box names its CRS '{trap.url}/def/crs/EPSG/0/4326'" in str(caught.value)
     # With a GeoJP2 box of its own: accepted, placed by that box, the names never followed.
     own = write_jp2(tmp_path / "own.jp2", pixels(300, 200), GMLJP2="NO")
     scene = inspect_source(

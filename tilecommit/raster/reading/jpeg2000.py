@@ -23,6 +23,7 @@ The module reads through the callable it is given and keeps no state: the job's 
 
 from __future__ import annotations
 
+import re
 import struct
 import weakref
 from collections.abc import Callable
@@ -447,3 +448,19 @@ def decode_unit(stream: Codestream, gdal_block: tuple[int, int]) -> tuple[int, i
         return gdal_block[1], gdal_block[0], stream.length
     largest = max(stream.tile_bytes, default=0)
     return min(stream.tile_width, stream.width), min(stream.tile_height, stream.height), largest
+
+
+#: The GMLJP2 box, as GDAL's JP2 driver reports it (a metadata domain holding the XML).
+GML_DOMAIN = "xml:gml.root-instance"
+
+
+def unfollowed_crs_names(src) -> list[str]:
+    """The CRS names (``srsName``) the GMLJP2 box of an open JP2 gives, for a refusal of a file
+    left without a CRS: GDAL resolves EPSG codes, URNs and OGC CRS URLs from PROJ's database and
+    looks any other name up only among the file's own boxes (``GMLSRSLookup``, GDAL's
+    gcore/gdaljp2metadata.cpp), never fetching or opening it. Empty when it has none."""
+    try:
+        document = src.tags(ns=GML_DOMAIN).get(GML_DOMAIN, "")
+    except UnicodeDecodeError:
+        return []
+    return sorted(set(re.findall(r'srsName="([^"]{1,300})"', document)))[:3]

@@ -244,7 +244,8 @@ def _check_window_budget(path: str, src, spec: OutputSpec) -> None:
     )
 
 
-def _check_georeferencing(path: str, src) -> None:
+def _check_georeferencing(path: str, src, stream: jpeg2000.Codestream | None = None) -> None:
+    """``stream``: a JPEG 2000's header, whose GMLJP2 box's CRS names a refusal then quotes."""
     transform = src.transform
     if src.crs is None or transform.is_identity:
         if src.gcps[0]:
@@ -253,9 +254,17 @@ def _check_georeferencing(path: str, src) -> None:
                 "warp it to a regular grid first (gdalwarp); accepted: a CRS and an affine geotransform"
             )
         missing = "CRS" if src.crs is None else "geotransform"
+        names = jpeg2000.unfollowed_crs_names(src) if stream is not None and src.crs is None else []
+        named = (
+            f" (its GMLJP2 box names its CRS {', '.join(map(repr, names))}: a name that is no EPSG code, URN or "
+            "OGC CRS URL is looked up among the file's own boxes only, never fetched or opened)"
+            if names
+            else ""
+        )
         raise UnsupportedRasterError(
-            f"{path} has no georeferencing (it lacks a {missing}): tiles and mosaic must be placed on the Earth; "
-            "accepted: a raster with a CRS and an affine geotransform (e.g. a GeoTIFF with GeoKeys)"
+            f"{path} has no georeferencing (it lacks a {missing}){named}: tiles and mosaic must be placed on the "
+            "Earth; accepted: a raster with a CRS and an affine geotransform (e.g. a GeoTIFF with GeoKeys, a JP2 "
+            "with a GeoJP2 or GMLJP2 box)"
         )
     if transform.b != 0 or transform.d != 0:
         raise UnsupportedRasterError(
@@ -479,7 +488,7 @@ def inspect_source(
             nodata = spec.choice.nodata_for(src.nodata)
             profiles.check_for(spec.choice, src.dtypes[0], count=src.count, nodata=nodata, alpha=alpha)
             _check_window_budget(path, src, spec)
-            _check_georeferencing(path, src)
+            _check_georeferencing(path, src, stream)
             grid = _target_grid(path, src, settings, spec.choice) if spec.choice.warped else None
             if stream is None:
                 _check_block_layout(path, src)
