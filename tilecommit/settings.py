@@ -151,6 +151,8 @@ SIDECAR_SUFFIXES = (
     ".tfw",
     ".tifw",
     ".tiffw",
+    ".j2w",
+    ".jp2w",
     ".wld",
     ".prj",
     ".tab",

@@ -28,14 +28,14 @@ from ...records import Record
 from ...settings import Settings
 from ...spec import OutputSpec
 from ..env import gdal_env
-from . import budgets
+from . import budgets, jpeg2000
 from .acquisition import acquisition_of
 from .alpha import WARP, alpha_band, check_alpha_options
 from .budgets import MAX_BLOCK_BYTES, MAX_WINDOW_BYTES, Blocks, check_carried_metadata, check_window_reads
 from .metadata import colour_interpretations, has_colormap
 from .scene_document import member_format, member_sources, member_spec, open_any_upload, read_document
 from .source import Source, as_source, prefetch_window, source_of
-from .upload import ACCEPTED_FORMATS, HEADER_BYTES, SCENE_DOCUMENT, check_upload_content, upload_gdal_options
+from .upload import ACCEPTED_FORMATS, HEADER_BYTES, JPEG2000, SCENE_DOCUMENT, check_upload_content, upload_gdal_options
 from .warp import TargetGrid, target_grid
 
 #: Sample types a tile COG, the mosaic and the quicklook handle (PREDICTOR 2 or 3 applies to all).
@@ -56,6 +56,9 @@ FULL_DECODE_MAX_FILE_BYTES = 64 * 1024 * 1024
 FULL_DECODE_MAX_DECODED_BYTES = 512 * 1024 * 1024
 
 T = TypeVar("T")
+
+#: What a file whose open failed started like, in a refusal's words, by the format's name.
+_LOOKS_LIKE = {"GeoTIFF": "a TIFF", "JPEG 2000": "a JPEG 2000 (JP2) file"}
 
 
 def _nodata_to_json(value: float | None) -> float | str | None:
@@ -253,7 +256,8 @@ def _check_window_budget(path: str, src, spec: OutputSpec) -> None:
     )
 
 
-def _check_georeferencing(path: str, src) -> None:
+def _check_georeferencing(path: str, src, stream: jpeg2000.Codestream | None = None) -> None:
+    """``stream``: a JPEG 2000's header, whose GMLJP2 box's CRS names a refusal then quotes."""
     transform = src.transform
     if src.crs is None or transform.is_identity:
         if src.gcps[0]:
@@ -262,9 +266,17 @@ def _check_georeferencing(path: str, src) -> None:
                 "warp it to a regular grid first (gdalwarp); accepted: a CRS and an affine geotransform"
             )
         missing = "CRS" if src.crs is None else "geotransform"
+        names = jpeg2000.unfollowed_crs_names(src) if stream is not None and src.crs is None else []
+        named = (
+            f" (its GMLJP2 box names its CRS {', '.join(map(repr, names))}: a name that is no EPSG code, URN or "
+            "OGC CRS URL is looked up among the file's own boxes only, never fetched or opened)"
+            if names
+            else ""
+        )
         raise UnsupportedRasterError(
-            f"{path} has no georeferencing (it lacks a {missing}): tiles and mosaic must be placed on the Earth; "
-            "accepted: a raster with a CRS and an affine geotransform (e.g. a GeoTIFF with GeoKeys)"
+            f"{path} has no georeferencing (it lacks a {missing}){named}: tiles and mosaic must be placed on the "
+            "Earth; accepted: a raster with a CRS and an affine geotransform (e.g. a GeoTIFF with GeoKeys, a JP2 "
+            "with a GeoJP2 or GMLJP2 box)"
         )
     if transform.b != 0 or transform.d != 0:
         raise UnsupportedRasterError(
@@ -446,8 +458,9 @@ def inspect_source(
     """Check that ``upload`` (a local path, or a :class:`~.source.PinnedBlob`: one version of a
     blob) is an upload this pipeline accepts, and describe it.
 
-    The first bytes decide, before any GDAL driver parses the file, that it is a TIFF (see
-    :mod:`.upload`); it is then opened by the GTiff driver alone, every byte read through the
+    The first bytes decide, before any GDAL driver parses the file, that it is in an accepted
+    format (see :mod:`.upload`; a JPEG 2000's header is then checked by the app itself,
+    :func:`_jpeg2000_header`); it is then opened by that format's driver alone, every byte read through the
     upload's counted reader (:mod:`.source`). Raises :class:`InvalidRasterError` (not a TIFF;
     empty, truncated or corrupt) or :class:`UnsupportedRasterError` (another format; no or
     rotated georeferencing, too many pixels, absurd blocks, a sample type or band layout this
@@ -476,12 +489,13 @@ def inspect_source(
             inspect_source(member, settings=settings, spec=member_spec(spec), gdal_options=gdal_options)
         size = sum(member.file_size for member in members)
     with gdal_env(settings, {**(gdal_options or {}), **upload_gdal_options(source.path)}):
+        stream = _jpeg2000_header(path, source, size, settings, spec) if upload_format is JPEG2000 else None
         try:
             src = open_any_upload(source, upload_format=upload_format)
         except RasterioIOError as exc:
             raise InvalidRasterError(
-                f"{path} starts like a TIFF but its header or directories cannot be read ({size} bytes): "
-                f"the file is truncated or corrupt ({exc}); upload the complete file"
+                f"{path} starts like {_LOOKS_LIKE.get(upload_format.name, upload_format.name)} but its header or directories cannot be read "
+                f"({size} bytes): the file is truncated or corrupt ({exc}); upload the complete file"
             ) from exc
         with src, source.checked():
             if src.count == 0:
@@ -501,13 +515,16 @@ def inspect_source(
             nodata = spec.choice.nodata_for(src.nodata)
             profiles.check_for(spec.choice, src.dtypes[0], count=src.count, nodata=nodata, alpha=alpha)
             _check_window_budget(path, src, spec)
-            _check_georeferencing(path, src)
+            _check_georeferencing(path, src, stream)
             grid = _target_grid(path, src, settings, spec.choice) if spec.choice.warped else None
             if not stacked:  # a stack's blocks are its members', each checked above
-                _check_block_layout(path, src)
-                listed = _list_blocks(path, src, size)
+                if stream is None:
+                    _check_block_layout(path, src)
+                    listed = _list_blocks(path, src, size)
+                    blocks = Blocks.of(src, stored=listed.largest_stored)
+                else:
+                    listed, blocks = _jpeg2000_blocks(src, stream)
                 # The budgets of a window's read, from the header (and the target grid): before any block is decoded.
-                blocks = Blocks.of(src, stored=listed.largest_stored)
                 check_window_reads(path, src, spec, blocks, grid, resolution=spec.choice.resolution)
                 _check_blocks_decode(path, src, size, spec.window_size, listed)
             # After the decode check, as the mask flags: listing the metadata domains before it let
@@ -520,6 +537,37 @@ def inspect_source(
             if grid is not None:
                 return on_target_grid(path, src, scene, grid, spec.choice)
             return scene
+
+
+def _jpeg2000_header(path: str, source: Source, size: int, settings: Settings, spec: OutputSpec) -> jpeg2000.Codestream:
+    """A JPEG 2000 upload's codestream header, checked before GDAL (and OpenJPEG) parse it: what
+    it declares must fit the pixel limit, the standard, a window's memory and what OpenJPEG holds
+    (:func:`~.jpeg2000.check_codestream`, :func:`_check_window_budget`,
+    :func:`~.budgets.check_jpeg2000_tile`), and every tile's bytes
+    must be in the file (:func:`~.jpeg2000.index_tiles`). A read that failed is a storage fault."""
+    with source.checked():
+        stream = jpeg2000.read_codestream(source.read_at, size, path)
+        jpeg2000.check_codestream(path, stream, settings.max_pixels)
+        _check_window_budget(path, jpeg2000.HeaderView.of(stream), spec)
+        budgets.check_jpeg2000_tile(path, stream, spec.window_size)
+        return jpeg2000.index_tiles(stream, source.read_at, path)
+
+
+def _jpeg2000_blocks(src, stream: jpeg2000.Codestream) -> tuple[BlockList, Blocks]:
+    """What reading a JPEG 2000 upload's window holds (:func:`~.jpeg2000.decode_unit`, in
+    OpenJPEG's 32-bit samples), and its last tile as GDAL's block to decode for the damage check."""
+    width, height, stored = jpeg2000.decode_unit(stream, src.block_shapes[0])
+    blocks = Blocks(
+        width=width,
+        height=height,
+        samples=stream.components,
+        itemsize=jpeg2000.DECODED_SAMPLE_BYTES,
+        dtype="int32 (OpenJPEG's decoded samples)",
+        stored=stored,
+    )
+    block_h, block_w = src.block_shapes[0]
+    col, row, _, _ = stream.tile_area(stream.tiles - 1)
+    return BlockList((col // block_w, row // block_h), stored), blocks
 
 
 def _target_grid(path: str, src, settings: Settings, choice: profiles.Choice) -> TargetGrid:

@@ -43,6 +43,7 @@ from rasterio.abc import FileContainer
 
 from ...errors import GdalStepError, InvalidRasterError, SourceChangedError, UnsupportedRasterError
 from ...storage_answers import STORAGE_ERRORS, Answer, Meaning, classify, status_of, storage_fault
+from . import jpeg2000
 from .upload import HEADER_BYTES, SCENE_DOCUMENT, TIFF, UploadFormat, check_upload_content
 
 #: Small reads (GDAL walking the header and directories) are served from chunks of this size,
@@ -562,12 +563,18 @@ def prefetches_by(dataset, prefetcher: Callable[[Any], None]) -> None:
 
 
 def prefetch_window(src, window) -> None:
-    """Fetch the blocks a window read of an upload opened with :func:`open_upload` will ask for."""
+    """Fetch the blocks a window read of an upload opened with :func:`open_upload` will ask for:
+    a TIFF's from its block tags, a JPEG 2000's tiles from its TLM markers, a stack's by its own
+    prefetcher (:func:`prefetches_by`)."""
     prefetcher = _PREFETCHERS.get(src)
     if prefetcher is not None:
         prefetcher(window)
         return
     source = source_of(src)
     if source is not None:
-        col, row = int(window.col_off), int(window.row_off)
-        source.prefetch(window_ranges(src, col, row, int(window.width), int(window.height)))
+        col, row, width, height = int(window.col_off), int(window.row_off), int(window.width), int(window.height)
+        if src.driver == "JP2OpenJPEG":
+            stream = jpeg2000.indexed(source)
+            source.prefetch(jpeg2000.window_ranges(stream, col, row, width, height) if stream else [])
+            return
+        source.prefetch(window_ranges(src, col, row, width, height))

@@ -1,4 +1,5 @@
-"""What an upload may be: a self-contained TIFF, recognised by its first bytes, opened by GTiff alone.
+"""What an upload may be (a self-contained TIFF, a JPEG 2000 in a JP2 file), recognised by its first
+bytes, opened by its format's driver alone.
 
 An upload is data from outside the app. Several formats GDAL reads name other files or URLs
 inside them, and GDAL follows those names when it opens the file: a VRT's sources (any path,
@@ -7,8 +8,9 @@ or STAC description's URLs, a PDS or ISIS label's data file. Opened as they come
 make the app send requests to any address its instance reaches (internal ones included) or copy
 a file of the instance's disk, or another container's blob, into a tile anyone with access to the
 outputs can read. A TIFF names nothing outside itself, so the TIFF family (GeoTIFF, COG, BigTIFF)
-is the one accepted, decided from the content, never from the name, and opened by the GTiff driver
-alone. What GDAL could still reach beside the file (sidecars, the network, PROJ grids) is closed
+is accepted, decided from the content, never from the name, and opened by the GTiff driver alone;
+a JP2's boxes can name a CRS, a feature collection or a schema by URL, which GDAL, reading it as a
+raster with its own boxes as the only georeferencing, never follows (:data:`JPEG2000`). What GDAL could still reach beside the file (sidecars, the network, PROJ grids) is closed
 by :func:`upload_gdal_options`, by the reader that serves GDAL the upload's bytes
 (:mod:`.source`) and by :func:`tilecommit.raster.env.gdal_config`. See
 docs/uploads.md for the whole list and the tests that show each.
@@ -66,6 +68,25 @@ TIFF = UploadFormat(
     described="a self-contained GeoTIFF or Cloud-Optimized GeoTIFF (classic TIFF or BigTIFF)",
 )
 
+#: The JP2 signature box (ISO/IEC 15444-1, I.5.1): what recognises a JP2 file.
+JP2_SIGNATURE = b"\x00\x00\x00\x0cjP  \r\n\x87\n"
+#: SOC then SIZ: a raw codestream (.j2k, .j2c), which has no box to hold georeferencing.
+J2K_SIGNATURE = b"\xff\x4f\xff\x51"
+
+#: JPEG 2000 in its JP2 file format, opened by JP2OpenJPEG alone (GDAL's OpenJPEG-based driver,
+#: which decodes on the calling thread: see docs/uploads.md, "JPEG 2000"). GEOREF_SOURCES=INTERNAL
+#: stands for the file's own GeoJP2, GMLJP2 and MSIG boxes (GDAL's gcore/gdaljp2abstractdataset.cpp,
+#: LoadJP2Metadata), never a .aux.xml (PAM) or a world file (.j2w, .wld): GDAL's default
+#: "PAM,INTERNAL,WORLDFILE" would take both. The header is checked before the driver parses it
+#: (:mod:`.jpeg2000`).
+JPEG2000 = UploadFormat(
+    name="JPEG 2000",
+    signatures=(JP2_SIGNATURE,),
+    driver="JP2OpenJPEG",
+    open_options={"GEOREF_SOURCES": "INTERNAL"},
+    described="a JPEG 2000 (JP2) file georeferenced by its own GeoJP2 or GMLJP2 box",
+)
+
 
 @dataclass(frozen=True)
 class DocumentFormat(UploadFormat):
@@ -85,7 +106,7 @@ SCENE_DOCUMENT = DocumentFormat(
 )
 
 #: The formats an upload may be in, recognised in this order from its first bytes.
-UPLOAD_FORMATS: tuple[UploadFormat, ...] = (TIFF, SCENE_DOCUMENT)
+UPLOAD_FORMATS: tuple[UploadFormat, ...] = (TIFF, JPEG2000, SCENE_DOCUMENT)
 
 ACCEPTED_FORMATS = "; ".join(fmt.described for fmt in UPLOAD_FORMATS)
 
@@ -101,8 +122,12 @@ _KNOWN_FORMATS: tuple[tuple[bytes, str], ...] = (
     (b"EHFA_HEADER_TAG", "an ERDAS Imagine (HFA) file, which can keep its pixels in a separate .ige file"),
     (b"PDS_VERSION_ID", "a PDS label, which names the file that holds the pixels"),
     (b"ENVI", "an ENVI header, which describes a separate raw data file"),
-    (b"\x00\x00\x00\x0cjP  \r\n\x87\n", "a JPEG 2000 (JP2) file, whose GML boxes can reference other files"),
-    (b"\xffO\xffQ", "a raw JPEG 2000 codestream"),
+    (
+        J2K_SIGNATURE,
+        "a raw JPEG 2000 codestream (.j2k, .j2c), which has no box to hold georeferencing (only a world file or "
+        ".aux.xml beside it could place it, and those are never read); wrap it in a JP2 file with its GeoJP2 box "
+        "(`gdal_translate -of JP2OpenJPEG in.j2k out.jp2` where the sidecar is)",
+    ),
     (b"\x89PNG\r\n\x1a\n", "a PNG image (georeferenced only through sidecar files)"),
     (b"\xff\xd8\xff", "a JPEG image (georeferenced only through sidecar files)"),
     (b"GIF8", "a GIF image"),
