@@ -488,7 +488,7 @@ def inspect_source(
             member_format(member)
             inspect_source(member, settings=settings, spec=member_spec(spec), gdal_options=gdal_options)
         size = sum(member.file_size for member in members)
-    with gdal_env(settings, {**(gdal_options or {}), **upload_gdal_options(source.path)}):
+    with gdal_env(settings, {**(gdal_options or {}), **upload_gdal_options(source.path, upload_format)}):
         stream = _jpeg2000_header(path, source, size, settings, spec) if upload_format is JPEG2000 else None
         try:
             src = open_any_upload(source, upload_format=upload_format)

@@ -48,6 +48,8 @@ class UploadFormat:
     open_options: Mapping[str, str | int] = field(default_factory=dict)
     #: What the format is, in the words of a refusal's "accepted:" list.
     described: str = ""
+    #: GDAL configuration while an upload of this format is open (:func:`upload_gdal_options`).
+    gdal_config: Mapping[str, str | int] = field(default_factory=dict)
 
     def recognises(self, head: bytes) -> bool:
         return any(head.startswith(signature) for signature in self.signatures)
@@ -85,6 +87,15 @@ JPEG2000 = UploadFormat(
     driver="JP2OpenJPEG",
     open_options={"GEOREF_SOURCES": "INTERNAL"},
     described="a JPEG 2000 (JP2) file georeferenced by its own GeoJP2 or GMLJP2 box",
+    # JP2OpenJPEG has no NUM_THREADS open option (GDAL warns "does not support open option"): it
+    # takes GDAL_NUM_THREADS, and when a read spans several JPEG 2000 tiles that the block cache can
+    # hold, decodes them at once on GDAL's pool, each thread opening the file by its name. Those
+    # opens fail through rasterio's opener (GDAL logs "OPENJPEG: Cannot open /vsiriopener_..."; the
+    # read then fails as if the file were corrupt; seen in a web-optimized JP2 job once the block
+    # cache was its configured size), and reads on GDAL's threads must not reach the plugin anyway
+    # (reading/source.py, UPLOAD_READ_THREADS). So the pool has one thread while a JP2 is open: the
+    # warper and the tile's encoder then run on one thread too, for JP2 uploads only.
+    gdal_config={"GDAL_NUM_THREADS": 1},
 )
 
 
@@ -103,6 +114,8 @@ SCENE_DOCUMENT = DocumentFormat(
     signatures=(b"{",),
     driver="VRT",
     described="a scene document naming band files in the same container (a STAC item or a tilecommit:scene list)",
+    # Its members may be JPEG 2000 files, read while the stack is open: as a JP2 upload's.
+    gdal_config=JPEG2000.gdal_config,
 )
 
 #: The formats an upload may be in, recognised in this order from its first bytes.
@@ -193,13 +206,15 @@ def check_upload_content(path: str, head: bytes, size: int | None) -> UploadForm
     raise InvalidRasterError(f"{path} is not a TIFF (it starts with {head[:8]!r}): accepted: {ACCEPTED_FORMATS}")
 
 
-def upload_gdal_options(path: str) -> dict[str, str]:
+def upload_gdal_options(path: str, upload_format: UploadFormat | None = None) -> dict[str, str | int]:
     """GDAL configuration while an upload is open: GDAL's network file systems closed.
 
     The upload itself is read through the app's reader (:mod:`.source`), never through GDAL's
     network layer. GDAL's curl-based file systems (``/vsiaz/``, ``/vsicurl/``, ``/vsis3/``, ...)
     refuse every name but ``CPL_VSIL_CURL_ALLOWED_FILENAME`` when it is set (``IsAllowedFilename``
     in GDAL's ``port/cpl_vsil_curl.cpp``); set to the upload's plugin path, which is no URL, any
-    URL or blob a file could name fails without a request.
+    URL or blob a file could name fails without a request. ``upload_format``'s own configuration
+    (:attr:`UploadFormat.gdal_config`) is added.
     """
-    return {"CPL_VSIL_CURL_ALLOWED_FILENAME": path}
+    own = dict(upload_format.gdal_config) if upload_format is not None else {}
+    return {**own, "CPL_VSIL_CURL_ALLOWED_FILENAME": path}
