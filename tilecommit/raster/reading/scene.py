@@ -32,9 +32,9 @@ from . import budgets
 from .acquisition import acquisition_of
 from .alpha import WARP, alpha_band, check_alpha_options
 from .budgets import MAX_BLOCK_BYTES, MAX_WINDOW_BYTES, Blocks, check_carried_metadata, check_window_reads
-from .metadata import colour_interpretations, has_colormap
+from .metadata import colour_interpretations, descriptions_of, has_colormap
 from .source import Source, as_source, open_upload, prefetch_window, source_of
-from .upload import ACCEPTED_FORMATS, HEADER_BYTES, check_upload_content, upload_gdal_options
+from .upload import ACCEPTED_FORMATS, HEADER_BYTES, TIFF, check_upload_content, upload_gdal_options
 from .warp import TargetGrid, target_grid
 
 #: Sample types a tile COG, the mosaic and the quicklook handle (PREDICTOR 2 or 3 applies to all).
@@ -404,6 +404,7 @@ def scene_from_dataset(
     bands = [band for band in src.indexes if band != dropped]
     scales, offsets = [float(src.scales[b - 1]) for b in bands], [float(src.offsets[b - 1]) for b in bands]
     units = [src.units[b - 1] or None for b in bands]
+    descriptions = descriptions_of(src)
     return SceneInfo(
         width=src.width,
         height=src.height,
@@ -414,7 +415,7 @@ def scene_from_dataset(
         nodata=choice.output_nodata(src.nodata),
         block_shapes=[[int(h), int(w)] for h, w in src.block_shapes],
         driver=src.driver,
-        descriptions=[src.descriptions[b - 1] for b in bands],
+        descriptions=[descriptions[b - 1] for b in bands],
         colorinterp=[ci.name for ci in colour_interpretations(src, bands)],
         mask=mask,
         overview_resampling=overview_resampling_for(src),
@@ -450,11 +451,11 @@ def inspect_source(
         head, size = _read_header(source)
         upload_format = check_upload_content(path, head, size)
         try:
-            src = open_upload(source, upload_format=upload_format)
+            src = open_upload(source, upload_format=upload_format, variable=spec.choice.variable)
         except RasterioIOError as exc:
             raise InvalidRasterError(
-                f"{path} starts like a TIFF but its header or directories cannot be read ({size} bytes): "
-                f"the file is truncated or corrupt ({exc}); upload the complete file"
+                f"{path} starts like a {upload_format.name} file but its header or directories cannot be read "
+                f"({size} bytes): the file is truncated or corrupt ({exc}); upload the complete file"
             ) from exc
         with src, source.checked():
             if src.count == 0:
@@ -477,9 +478,10 @@ def inspect_source(
             _check_georeferencing(path, src)
             grid = _target_grid(path, src, settings, spec.choice) if spec.choice.warped else None
             _check_block_layout(path, src)
-            listed = _list_blocks(path, src, size)
+            # A TIFF's block arrays, read from its tags; a NetCDF chunk is counted at its decoded size.
+            listed = _list_blocks(path, src, size) if upload_format is TIFF else BlockList(None, 0)
             # The budgets of a window's read, from the header (and the target grid): before any block is decoded.
-            blocks = Blocks.of(src, stored=listed.largest_stored)
+            blocks = Blocks.of(src, stored=listed.largest_stored or Blocks.of(src, stored=0).decoded)
             check_window_reads(path, src, spec, blocks, grid, resolution=spec.choice.resolution)
             _check_blocks_decode(path, src, size, spec.window_size, listed)
             # After the decode check, as the mask flags: listing the metadata domains before it let

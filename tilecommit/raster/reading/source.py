@@ -40,7 +40,7 @@ import rasterio
 from azure.core import MatchConditions
 from rasterio.abc import FileContainer
 
-from ...errors import GdalStepError, InvalidRasterError, SourceChangedError
+from ...errors import GdalStepError, InvalidRasterError, SourceChangedError, UnsupportedRasterError
 from ...storage_answers import STORAGE_ERRORS, Answer, Meaning, classify, status_of, storage_fault
 from .upload import HEADER_BYTES, TIFF, UploadFormat, check_upload_content
 
@@ -476,7 +476,11 @@ def upload_format_of(source: Source) -> UploadFormat:
 
 
 def open_upload(
-    path_or_source: str | os.PathLike | Source, *, upload_format: UploadFormat | None = None, **open_options
+    path_or_source: str | os.PathLike | Source,
+    *,
+    upload_format: UploadFormat | None = None,
+    variable: str | None = None,
+    **open_options,
 ) -> rasterio.DatasetReader:
     """Open an upload (or a blob of the app's own, read the same way) with its format's driver
     alone, every byte read through its :class:`Source`.
@@ -487,18 +491,31 @@ def open_upload(
     itself runs under :meth:`Source.checked`: a directory read that failed is a fault, not a
     corrupt file. ``open_options`` go to the driver (``overview_level``, say), besides the
     format's own (:attr:`~.upload.UploadFormat.open_options`: GDAL decodes it on the calling thread only).
+    A format its driver cannot read through the reader is opened from a pinned local copy
+    (:attr:`~.upload.UploadFormat.local_copy`, :mod:`.netcdf`), its ``variable`` (the job's
+    option; None: its only one).
     """
     source = as_source(path_or_source)
     source.file_size  # noqa: B018 - the version check and size, raised as ours before GDAL stats the file
     fmt = upload_format if upload_format is not None else upload_format_of(source)
-    with source.checked():
-        dataset = rasterio.open(
-            source.path,
-            driver=fmt.driver,
-            opener=source,
-            **fmt.open_options,
-            **open_options,
+    if fmt.local_copy:
+        from .netcdf import open_copy
+
+        dataset = open_copy(source, variable, **open_options)
+    elif variable is not None:
+        raise UnsupportedRasterError(
+            f"{source.name} is {fmt.described}, which has no variables: the job names variable={variable!r}, "
+            "which only a NetCDF or HDF5 upload has; accepted: no variable option for it"
         )
+    else:
+        with source.checked():
+            dataset = rasterio.open(
+                source.path,
+                driver=fmt.driver,
+                opener=source,
+                **fmt.open_options,
+                **open_options,
+            )
     _SOURCES[dataset] = source
     return dataset
 

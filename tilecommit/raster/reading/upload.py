@@ -41,6 +41,9 @@ class UploadFormat:
     open_options: Mapping[str, str | int] = field(default_factory=dict)
     #: What the format is, in the words of a refusal's "accepted:" list.
     described: str = ""
+    #: Whether its driver reads a pinned, length-checked local copy (:mod:`.netcdf`) instead of
+    #: the upload's reader (:mod:`.source`), which it cannot read through.
+    local_copy: bool = False
 
     def recognises(self, head: bytes) -> bool:
         return any(head.startswith(signature) for signature in self.signatures)
@@ -61,8 +64,27 @@ TIFF = UploadFormat(
     described="a self-contained GeoTIFF or Cloud-Optimized GeoTIFF (classic TIFF or BigTIFF)",
 )
 
+#: The NetCDF family: classic (``CDF\x01``), 64-bit offset (``CDF\x02``) and netCDF-4, which is
+#: HDF5 (its signature at byte 0; HDF5 also allows it at 512, 1024... after a user block, which is
+#: not accepted), all opened by GDAL's netCDF driver, which reads the CF conventions (the
+#: ``grid_mapping`` variable, the coordinate variables). An HDF5 file that is no netCDF-4 file is
+#: read by the same driver through the netCDF library (CF attributes, dimension scales).
+#: Everything that makes it safe, from the structure checks before GDAL opens it to the copy it
+#: reads, is in :mod:`.netcdf`.
+NETCDF_SIGNATURES = (b"CDF\x01", b"CDF\x02", b"\x89HDF\r\n\x1a\n")
+NETCDF = UploadFormat(
+    name="NetCDF",
+    signatures=NETCDF_SIGNATURES,
+    driver="netCDF",
+    described=(
+        "a NetCDF file following the CF conventions (classic, 64-bit offset, or netCDF-4/HDF5 with no "
+        "external link, external storage or virtual dataset)"
+    ),
+    local_copy=True,
+)
+
 #: The formats an upload may be in, recognised in this order from its first bytes.
-UPLOAD_FORMATS: tuple[UploadFormat, ...] = (TIFF,)
+UPLOAD_FORMATS: tuple[UploadFormat, ...] = (TIFF, NETCDF)
 
 ACCEPTED_FORMATS = "; ".join(fmt.described for fmt in UPLOAD_FORMATS)
 
@@ -85,9 +107,6 @@ _KNOWN_FORMATS: tuple[tuple[bytes, str], ...] = (
     (b"GIF8", "a GIF image"),
     (b"PK\x03\x04", "a ZIP archive"),
     (b"\x1f\x8b", "a gzip stream"),
-    (b"\x89HDF\r\n\x1a\n", "an HDF5 / netCDF-4 container, which can link to other files"),
-    (b"CDF\x01", "a netCDF classic file"),
-    (b"CDF\x02", "a netCDF classic file"),
     (b"GRIB", "a GRIB message"),
     (b"{", "a JSON document (a STAC or tile-matrix description names URLs to fetch)"),
     (b"<", "an XML or HTML document"),

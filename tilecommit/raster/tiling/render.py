@@ -59,7 +59,7 @@ def window_of_upload(
     source = as_source(upload)
     with gdal_env(settings, {**(gdal_options or {}), **upload_gdal_options(source.path)}, num_threads=num_threads):
         try:
-            src = open_upload(source)
+            src = open_upload(source, variable=spec.choice.variable if spec is not None else None)
         except RasterioIOError as exc:
             raise InvalidRasterError(f"{source.name} cannot be opened to {purpose} window {window.id}: {exc}") from exc
         with src, source.checked():

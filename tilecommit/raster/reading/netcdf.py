@@ -1,0 +1,207 @@
+"""NetCDF and HDF5 uploads: read from a pinned, length-checked local copy, their HDF5 structure
+checked before GDAL opens them, one variable of them opened.
+
+**Why a copy.** GDAL's netCDF driver reads through the netCDF library, which opens a path on
+disk, not GDAL's virtual files. For a ``/vsi`` path GDAL 3.10 maps the file into memory and
+serves its page faults on a thread of its own through userfaultfd (``netCDFDataset::Open`` in
+frmts/netcdf/netcdfdataset.cpp, port/cpl_userfaultfd.cpp). Through the upload's reader (rasterio's
+opener, which calls Python) that thread waits for the GIL the faulting thread holds: measured
+here, an open of a 300 x 200 netCDF-4 file through it hung for good (the main thread in the
+kernel's ``handle_userfault``, the other in a futex wait); where userfaultfd is not allowed
+(``vm.unprivileged_userfaultfd=0`` without ``CAP_SYS_PTRACE``, as on most hosts) the open fails.
+So the upload is copied to the instance's temporary disk, every byte through the same pinned
+reader a TIFF is read with (``If-Match`` on the job's ETag on every GET, every short or failed
+read a fault, never bad input), its size checked against :data:`~.budgets.MAX_LOCAL_COPY_BYTES`
+before the first byte is fetched and the copy's length against the blob's size after the last.
+
+**One copy per open, no sharing.** Each open (the validation, each window's render or scrub)
+makes its own copy in a fresh private directory, opens it, and unlinks it at once: the netCDF and
+HDF5 libraries read through the descriptor they opened, so the disk is given back when the dataset
+is closed, or when the process dies (a killed worker leaves nothing behind). Nothing but the copy
+is ever in that directory, so no sidecar (``.aux.xml``, ``.ncml``) can be found beside it.
+
+**What a file may name.** NetCDF classic and 64-bit offset files hold a header and the variables'
+bytes, nothing that names another file. A netCDF-4 file is HDF5, which can: an external link
+(a group member that is an object of another file), a dataset's external storage (its bytes in
+other files, ``H5Pset_external``) and a virtual dataset (VDS) whose sources are other files. HDF5
+follows them when the object is opened, relative to the process's directory, the file's, or
+``HDF5_EXT_PREFIX`` / ``HDF5_VDS_PREFIX``; neither the netCDF library nor GDAL offers a switch
+that stops it (HDF5's own, an external-link callback, ``H5Pset_elink_cb``, is not reachable
+through them), and no prefix makes an absolute name safe. So the copy's structure is read with
+h5py, which lists links without following them (``visititems_links``), before GDAL opens it
+(:func:`check_hdf5_structure`), and a file with any of them is refused naming it. So is a dataset
+whose filter is not one HDF5 builds in: the library would look for it as a plugin in
+``HDF5_PLUGIN_PATH`` (a shared library loaded into the process).
+
+**The variable.** A file with one data variable (GDAL's netCDF driver: a variable of two
+dimensions or more that is no coordinate) needs none named; with several, the job's ``variable``
+option (``tilecommit_variable`` in the blob's metadata, or a path rule's ``variable=``,
+tilecommit/profiles.py) names it, else the file is refused naming them. It is part of the job's
+spec, so of its id, and every open of the job opens the same one.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import warnings
+from typing import TYPE_CHECKING
+
+import rasterio
+from rasterio.errors import NotGeoreferencedWarning
+
+from ...errors import InvalidRasterError, UnsupportedRasterError
+from .budgets import MAX_LOCAL_COPY_BYTES
+from .upload import NETCDF
+
+if TYPE_CHECKING:
+    from .source import Source
+
+#: The HDF5 signature (a netCDF-4 file's first bytes).
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+#: Bytes fetched by one GET of the copy (each pinned and checked as the upload's reader checks one).
+COPY_PART = 32 * 1024 * 1024
+#: Prefix of a copy's private directory.
+COPY_PREFIX = "tilecommit-netcdf-"
+#: Most HDF5 objects and links the structure check walks: a file declaring more is refused, not walked.
+MAX_HDF5_OBJECTS = 10_000
+#: HDF5's own filters (H5Zpublic.h: deflate, shuffle, fletcher32, szip, nbit, scaleoffset): any
+#: other is a plugin HDF5 would look for on disk.
+BUILTIN_FILTERS = {1: "deflate", 2: "shuffle", 3: "fletcher32", 4: "szip", 5: "nbit", 6: "scaleoffset"}
+
+
+def local_copy(source: Source) -> str:
+    """The path of a fresh copy of ``source`` (its own private directory), every byte read through
+    it at its version: a fault is raised as the upload's reader raises it (retried, never bad input)."""
+    size = source.file_size
+    if size > MAX_LOCAL_COPY_BYTES:
+        raise UnsupportedRasterError(
+            f"{source.name} is a NetCDF/HDF5 file of {size} bytes: GDAL reads one from a copy on the instance's "
+            f"temporary disk, and a copy may take at most {MAX_LOCAL_COPY_BYTES} bytes; accepted: a file of at "
+            "most that size (split it by time or by variable), or a GeoTIFF (`gdal_translate -of COG`)"
+        )
+    directory = tempfile.mkdtemp(prefix=COPY_PREFIX)
+    path = os.path.join(directory, "upload.nc")
+    try:
+        with open(path, "xb") as out, source.checked():
+            for offset in range(0, size, COPY_PART):
+                out.write(source.fetch(offset, min(COPY_PART, size - offset)))
+        copied = os.path.getsize(path)
+        if copied != size:  # fetch returns every byte asked for or raises: this is the last word on it
+            raise OSError(f"the copy of {source.name} has {copied} bytes, the blob {size}")
+    except BaseException:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
+    return path
+
+
+def _refusal(name: str, what: str) -> UnsupportedRasterError:
+    return UnsupportedRasterError(
+        f"{name} is an HDF5/netCDF-4 file that names another file: {what}; an upload must hold its pixels "
+        "itself (nothing is read beside it); accepted: a self-contained NetCDF file (e.g. `nccopy -k nc4 in out`, "
+        "or `gdal_translate -of netCDF`, on a machine that has the other files)"
+    )
+
+
+def check_hdf5_structure(path: str, name: str) -> None:
+    """Refuse an HDF5 file that names other files or needs a filter plugin, reading its structure
+    with h5py before GDAL opens it; nothing named is opened (links are listed, not followed)."""
+    import h5py
+
+    # h5py's visitors stop at a callback's first value that is not None; an exception raised
+    # inside one does not come back through its lock intact (a SystemError), so each returns why.
+    seen = 0
+
+    def link(member: str, found) -> Exception | None:
+        nonlocal seen
+        seen += 1
+        if seen > MAX_HDF5_OBJECTS:
+            return UnsupportedRasterError(
+                f"{name} has more than {MAX_HDF5_OBJECTS} HDF5 objects and links: accepted: at most that many"
+            )
+        if isinstance(found, h5py.ExternalLink):
+            return _refusal(name, f"{member!r} is an external link to {found.path!r} in {found.filename!r}")
+        if not isinstance(found, h5py.HardLink | h5py.SoftLink):
+            return _refusal(name, f"{member!r} is a user-defined link, which HDF5 resolves by its own rules")
+        return None
+
+    def dataset(member: str, found) -> Exception | None:
+        if not isinstance(found, h5py.Dataset):
+            return None
+        if found.is_virtual:
+            others = sorted({source.file_name for source in found.virtual_sources() if source.file_name != "."})
+            if others:
+                return _refusal(name, f"{member!r} is a virtual dataset whose sources are in {', '.join(others)}")
+        if found.external:
+            files = sorted({str(entry[0]) for entry in found.external})
+            return _refusal(name, f"{member!r} keeps its bytes in external storage ({', '.join(files)})")
+        plist = found.id.get_create_plist()
+        for index in range(plist.get_nfilters()):
+            code = plist.get_filter(index)[0]
+            if code not in BUILTIN_FILTERS:
+                return UnsupportedRasterError(
+                    f"{name}: {member!r} is compressed with HDF5 filter {code}, a plugin HDF5 would load from "
+                    f"disk; accepted: HDF5's own filters ({', '.join(BUILTIN_FILTERS.values())})"
+                )
+        return None
+
+    try:
+        with h5py.File(path, "r") as file:
+            refused = file.visititems_links(link) or file.visititems(dataset)
+    except OSError as exc:
+        raise InvalidRasterError(f"{name} starts like an HDF5 file but its structure cannot be read: {exc}") from exc
+    if refused is not None:
+        raise refused
+
+
+def variables_of(dataset) -> list[str]:
+    """The data variables GDAL's netCDF driver offers in the file it opened whole: its
+    subdatasets (``NETCDF:"file":name``), or the one variable it opened as bands."""
+    listed = dataset.tags(ns="SUBDATASETS")  # SUBDATASET_<n>_NAME=NETCDF:"file":name (rasterio's list drops the quotes)
+    names = [value.rpartition('":')[2] for key, value in sorted(listed.items()) if key.endswith("_NAME")]
+    if not names and dataset.count:
+        name = dataset.tags(1).get("NETCDF_VARNAME")
+        names = [name] if name else []
+    return names
+
+
+def _chosen(name: str, variables: list[str], variable: str | None) -> str:
+    listed = ", ".join(variables)
+    if variable is not None and variable not in variables:
+        raise UnsupportedRasterError(
+            f"{name} has no data variable {variable!r} (the job's variable option): it holds {listed or 'none'}"
+        )
+    if variable is not None:
+        return variable
+    if not variables:
+        raise UnsupportedRasterError(
+            f"{name} holds no data variable of two dimensions or more on a grid: nothing to tile; accepted: a "
+            "CF variable on a grid (x, y, perhaps time or level)"
+        )
+    if len(variables) > 1:
+        raise UnsupportedRasterError(
+            f"{name} holds several data variables ({listed}) and the job names none: set the blob metadata "
+            "tilecommit_variable (or a TILECOMMIT_PROFILE_RULES rule's variable=) to one of them"
+        )
+    return variables[0]
+
+
+def open_copy(source: Source, variable: str | None, **open_options) -> rasterio.DatasetReader:
+    """``variable`` of the upload (its only data variable when None), opened by GDAL's netCDF
+    driver from a local copy that is unlinked as soon as it is open (the module's notes)."""
+    path = local_copy(source)
+    try:
+        with source.checked():
+            head = source.read_at(0, len(HDF5_SIGNATURE))
+        if head == HDF5_SIGNATURE:
+            check_hdf5_structure(path, source.name)
+        options = {**NETCDF.open_options, **open_options}
+        with warnings.catch_warnings():
+            # Opened whole, a file of several variables has no bands and no georeferencing: only its list.
+            warnings.simplefilter("ignore", NotGeoreferencedWarning)
+            with rasterio.open(path, driver=NETCDF.driver, **options) as whole:
+                chosen = _chosen(source.name, variables_of(whole), variable)
+        return rasterio.open(f'NETCDF:"{path}":{chosen}', driver=NETCDF.driver, **options)
+    finally:
+        shutil.rmtree(os.path.dirname(path), ignore_errors=True)
