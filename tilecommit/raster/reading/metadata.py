@@ -70,10 +70,14 @@ def has_colormap(src) -> bool:
 def colour_interpretations(src, bands: list[int]) -> list[ColorInterp]:
     """The colour interpretations of ``src``'s ``bands`` where they are the outputs' bands: their
     own; one band left of several (an alpha band dropped into the mask) is grey unless it is
-    paletted, as rio-cogeo sets a single output band."""
+    paletted, as rio-cogeo sets a single output band. A format that says nothing of colour (the
+    netCDF driver's bands are all undefined) gets what a GeoTIFF of it holds, and what
+    ``gdal_translate -of COG`` makes: its first band grey (TIFF's PHOTOMETRIC=MINISBLACK)."""
     own = [src.colorinterp[band - 1] for band in bands]
     if len(bands) == 1 < src.count and own[0] != ColorInterp.palette:
         return [ColorInterp.gray]
+    if src.driver == "netCDF" and own and own[0] == ColorInterp.undefined:
+        return [ColorInterp.gray, *own[1:]]
     return own
 
 

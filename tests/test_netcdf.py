@@ -1,0 +1,240 @@
+"""NetCDF and HDF5 uploads (tilecommit/raster/reading/netcdf.py): the mosaic is the COG GDAL makes
+of the same variable, pixel for pixel, with its metadata; a file that names another file is
+refused before GDAL opens it; read faults during the copy are faults, never bad input.
+
+The files are made by the tests (testkit/netcdf_scenes.py): by the app's GDAL (its netCDF driver,
+the three kinds of file) and by h5py (the hostile additions)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import rasterio
+import rasterio.shutil
+from rio_cogeo.cogeo import cog_validate
+
+from testkit import netcdf_scenes
+from testkit.netcdf_scenes import SECRET_VALUE, write_netcdf, write_secret_hdf5
+from testkit.storage_proxy import RecordingProxy
+from tilecommit import profiles
+from tilecommit.errors import BadInputError, UnsupportedRasterError
+from tilecommit.grid import plan_windows
+from tilecommit.jobs import job_id_for
+from tilecommit.raster import PinnedBlob, assemble_mosaic, inspect_source, render_tile
+from tilecommit.raster.reading import netcdf
+from tilecommit.raster.reading.metadata import said
+from tilecommit.settings import Settings
+from tilecommit.spec import OutputSpec
+from tilecommit.storage import StorageConnection
+
+from .app_jobs import download as download_blob
+from .app_jobs import local_host
+from .raster_jobs import blob_names, download, job_of, job_stores, manifest_rows
+
+WIDTH, HEIGHT = 520, 300
+SETTINGS = Settings(window_size=256)
+
+
+def spec_naming(variable: str | None) -> OutputSpec:
+    options = {"variable": variable} if variable else {}
+    return OutputSpec.with_choice(SETTINGS.window_size, profiles.choose("default", options, where="test"))
+
+
+def gdal_translate_cog(source: str, out: Path) -> Path:
+    """``gdal_translate -of COG`` (Debian's gdal-bin, `make setup`): the reference tool itself."""
+    program = shutil.which("gdal_translate")
+    assert program, "gdal_translate is not installed: `make setup` installs it (Debian's gdal-bin)"
+    done = subprocess.run([program, "-q", "-of", "COG", source, str(out)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return out
+
+
+def run_library_job(source, spec: OutputSpec, stores, tmp_path: Path) -> tuple[str, dict]:
+    """inspect, render every window, assemble, as the job's activities call them; the mosaic's path and the item."""
+    scene = inspect_source(source, settings=SETTINGS, spec=spec)
+    job, job_stores_ = job_of(SETTINGS, spec=spec, source_name="scene.nc"), job_stores(stores, SETTINGS)
+    windows = plan_windows(scene.width, scene.height, spec.window_size)
+    results = [render_tile(job, job_stores_, source, window) for window in windows]
+    assert [r.outcome for r in results] == ["written"] * len(windows)
+    result = assemble_mosaic(job, job_stores_, scene)
+    mosaic = download(stores["output"], result.mosaic, tmp_path / "mosaic.tif")
+    return mosaic, json.loads(stores["output"].download_blob(result.stac).readall())
+
+
+def assert_same_as_reference(mosaic: str, reference: str, *, descriptions: list[str]) -> None:
+    """Pixels, grid, nodata and everything the reference says, but the band descriptions, which
+    GDAL's COG leaves empty and the mosaic fills with the time steps."""
+    with rasterio.open(mosaic) as m, rasterio.open(reference) as ref:
+        assert (m.width, m.height, m.count, m.dtypes) == (ref.width, ref.height, ref.count, ref.dtypes)
+        assert m.transform == ref.transform and m.crs == ref.crs
+        assert np.array_equal(m.read(), ref.read())
+        assert m.nodata == ref.nodata == -999
+        assert m.scales == ref.scales == (0.01,) * m.count
+        assert m.offsets == ref.offsets == (273.15,) * m.count
+        assert m.units == ref.units == ("K",) * m.count
+        ours, theirs = said(m), said(ref)
+        assert ours.pop("descriptions") == descriptions
+        assert theirs.pop("descriptions") == descriptions  # said() names the reference's steps the same way
+        assert list(ref.descriptions) == [None] * ref.count  # ... which GDAL's COG itself leaves empty
+        assert [d for d in m.descriptions] == descriptions
+        assert ours == theirs
+
+
+STEPS = ["time=0 days since 2000-01-01", "time=31 days since 2000-01-01", "time=59 days since 2000-01-01"]
+
+
+@pytest.mark.parametrize("kind", ["classic", "64bit", "netcdf4"])
+def test_each_kind_of_netcdf_becomes_the_cog_gdal_makes_of_it(kind, stores, tmp_path):
+    source = write_netcdf(tmp_path / f"{kind}.nc", width=WIDTH, height=HEIGHT, kind=kind)
+    mosaic, item = run_library_job(str(source), spec_naming(None), stores, tmp_path)
+    valid, errors, _ = cog_validate(mosaic, quiet=True)
+    assert valid, errors
+    # The app's own GDAL (rasterio's), and Debian's gdal_translate (GDAL 3.6): the same pixels and tags.
+    ours = tmp_path / "rasterio-cog.tif"
+    rasterio.shutil.copy(f'NETCDF:"{source}":tas', ours, driver="COG")
+    assert_same_as_reference(mosaic, str(ours), descriptions=STEPS)
+    tool = gdal_translate_cog(f'NETCDF:"{source}":tas', tmp_path / "gdal-translate-cog.tif")
+    with rasterio.open(mosaic) as m, rasterio.open(tool) as ref:
+        assert np.array_equal(m.read(), ref.read()) and m.transform == ref.transform and m.crs == ref.crs
+        assert [m.tags(b) for b in m.indexes] == [ref.tags(b) for b in ref.indexes]
+        assert (m.scales, m.offsets, m.units, m.nodata) == (ref.scales, ref.offsets, ref.units, ref.nodata)
+    bands = item["assets"]["data"]
+    assert [band["name"] for band in bands["eo:bands"]] == STEPS
+    assert [(b["scale"], b["offset"], b["unit"], b["nodata"]) for b in bands["raster:bands"]] == [
+        (0.01, 273.15, "K", -999.0)
+    ] * 3
+    assert blob_names(stores["tiles"])  # tiles were written ...
+    assert not list(Path(netcdf.tempfile.gettempdir()).glob(f"{netcdf.COPY_PREFIX}*"))  # ... and no copy is left
+
+
+def test_a_file_of_several_variables_is_refused_naming_them_unless_the_job_names_one(stores, tmp_path):
+    source = str(write_netcdf(tmp_path / "two.nc", width=WIDTH, height=HEIGHT, variables=("tas", "pr")))
+    with pytest.raises(UnsupportedRasterError, match=r"several data variables \(tas, pr\).*tilecommit_variable"):
+        inspect_source(source, settings=SETTINGS, spec=spec_naming(None))
+    with pytest.raises(UnsupportedRasterError, match=r"no data variable 'rain'.*it holds tas, pr"):
+        inspect_source(source, settings=SETTINGS, spec=spec_naming("rain"))
+    assert blob_names(stores["tiles"]) == [] and manifest_rows(stores["manifest"]) == []
+    # Named, each variable is its own output, and so its own job.
+    scene = inspect_source(source, settings=SETTINGS, spec=spec_naming("pr"))
+    assert (scene.width, scene.height, scene.count, scene.descriptions) == (WIDTH, HEIGHT, 3, STEPS)
+    url, etag = "https://acct.blob.core.windows.net/in/two.nc", "0x1"
+    ids = {job_id_for(url, etag, spec_naming(v)) for v in (None, "tas", "pr")}
+    assert len(ids) == 3
+
+
+def test_a_variable_option_is_refused_on_a_tiff_and_where_it_could_leave_the_gdal_name(tmp_path):
+    for bad in ('tas":/etc/passwd', "../x", "1abc", "a b", ""):
+        with pytest.raises(BadInputError, match="variable="):
+            profiles.resolve({"tilecommit_variable": bad}, "x.nc", rules=[], default=profiles.DEFAULT_CHOICE)
+    assert profiles.resolve({"tilecommit_variable": "/grp/tas"}, "x.nc", rules=[], default=profiles.DEFAULT_CHOICE)
+    tiff = tmp_path / "plain.tif"
+    with rasterio.open(
+        tiff,
+        "w",
+        driver="GTiff",
+        width=8,
+        height=8,
+        count=1,
+        dtype="uint8",
+        crs="EPSG:4326",
+        transform=(1, 0, 0, 0, -1, 8),
+    ) as dst:
+        dst.write(np.zeros((1, 8, 8), "uint8"))
+    with pytest.raises(UnsupportedRasterError, match="which has no variables"):
+        inspect_source(str(tiff), settings=SETTINGS, spec=spec_naming("tas"))
+
+
+HOSTILE = {
+    "external link": (netcdf_scenes.add_external_link, "'elsewhere' is an external link to '/secret'"),
+    "virtual dataset": (netcdf_scenes.add_virtual_dataset, "'stolen' is a virtual dataset whose sources are in"),
+    "external storage": (netcdf_scenes.add_external_storage, "'outside' keeps its bytes in external storage"),
+}
+
+
+def hostile_file(kind: str, tmp_path: Path) -> tuple[Path, Path]:
+    secret = write_secret_hdf5(tmp_path / "instance-secret.h5", width=WIDTH, height=HEIGHT)
+    add, _ = HOSTILE[kind]
+    source = write_netcdf(tmp_path / f"{kind.replace(' ', '-')}.nc", width=WIDTH, height=HEIGHT)
+    if kind == "external link":
+        return add(source, secret), secret
+    return add(source, secret, width=WIDTH, height=HEIGHT), secret
+
+
+@pytest.mark.parametrize("kind", sorted(HOSTILE))
+def test_a_netcdf4_naming_another_file_is_refused_before_gdal_opens_it(
+    kind, tmp_path, new_container, azurite, monkeypatch
+):
+    source, secret = hostile_file(kind, tmp_path)
+    # The control: GDAL left alone lists the member as a variable, read from the other file.
+    member = {"external link": "elsewhere", "virtual dataset": "stolen", "external storage": "outside"}[kind]
+    with rasterio.open(source) as whole:
+        assert any(name.endswith(f":{member}") for name in whole.tags(ns="SUBDATASETS").values())
+    if kind != "external storage":  # external storage holds raw bytes: the HDF5 file's, not its pixels
+        with rasterio.open(f'NETCDF:"{source}":{member}') as stolen:
+            assert (stolen.read(1) == SECRET_VALUE).all()
+
+    uploads = new_container("up-")
+    with source.open("rb") as data:
+        uploads.upload_blob("scenes/hostile.nc", data)
+    opened: list[str] = []
+    real_open = netcdf.rasterio.open
+    monkeypatch.setattr(
+        netcdf.rasterio, "open", lambda path, *a, **k: opened.append(str(path)) or real_open(path, *a, **k)
+    )
+    with RecordingProxy(azurite.blob_endpoint.rsplit("/", 1)[0]) as proxy:
+        proxied = azurite.connection_string.replace(f":{azurite.blob_port}/", f":{proxy.port}/")
+        container = (
+            StorageConnection.from_connection_string(proxied)
+            .blob_service()
+            .get_container_client(uploads.container_name)
+        )
+        blob = container.get_blob_client("scenes/hostile.nc")
+        upload = PinnedBlob(blob, blob.get_blob_properties().etag)
+        with pytest.raises(UnsupportedRasterError) as refused:
+            inspect_source(upload, settings=SETTINGS, spec=spec_naming("tas"))
+        asked = proxy.paths()
+    assert HOSTILE[kind][1] in str(refused.value) and "names another file" in str(refused.value)
+    assert opened == []  # GDAL never opened the copy
+    assert asked and all(p.split("?")[0].endswith("/scenes/hostile.nc") for p in asked), asked
+    assert not list(Path(netcdf.tempfile.gettempdir()).glob(f"{netcdf.COPY_PREFIX}*"))
+
+
+def test_a_netcdf_whole_job_on_the_local_host_is_the_gdal_translate_cog_of_its_variable(storage, app_env, tmp_path):
+    from devhost.session import process_file
+
+    source = write_netcdf(tmp_path / "climate.nc", width=WIDTH, height=HEIGHT, variables=("tas", "pr"))
+    with local_host(app_env) as host:
+        summary = process_file(host, source, timeout=120, metadata={"tilecommit_variable": "pr"})
+        refused = process_file(host, source, name="no-variable.nc", timeout=120)
+        (tmp_path / "hostile").mkdir()
+        hostile = process_file(
+            host,
+            hostile_file("virtual dataset", tmp_path / "hostile")[0],
+            timeout=120,
+            metadata={"tilecommit_variable": "tas"},
+        )
+    assert summary["status"] == "completed", summary
+    mosaic = tmp_path / "mosaic.tif"
+    mosaic.write_bytes(download_blob(storage, app_env.output, f"mosaics/{summary['job_id']}/mosaic.tif"))
+    reference = gdal_translate_cog(f'NETCDF:"{source}":pr', tmp_path / "reference.tif")
+    with rasterio.open(mosaic) as m, rasterio.open(reference) as ref:
+        assert np.array_equal(m.read(), ref.read()) and m.transform == ref.transform and m.crs == ref.crs
+        assert [m.tags(b) for b in m.indexes] == [ref.tags(b) for b in ref.indexes]
+        assert (m.scales, m.offsets, m.units, m.nodata) == (ref.scales, ref.offsets, ref.units, ref.nodata)
+        assert list(m.descriptions) == STEPS
+    item = json.loads(download_blob(storage, app_env.output, f"mosaics/{summary['job_id']}/item.json"))
+    assert [band["name"] for band in item["assets"]["data"]["eo:bands"]] == STEPS
+    # The same file with no variable named fails once, as bad input naming the variables, with no tile.
+    assert refused["status"] == "failed" and refused["windows"] is None, refused
+    assert "several data variables (tas, pr)" in refused["error"]
+    # A file naming another fails once, as bad input naming the member, with no tile.
+    assert hostile["status"] == "failed" and hostile["windows"] is None, hostile
+    assert "'stolen' is a virtual dataset" in hostile["error"]
+    tiles = storage.blob_service().get_container_client(app_env.tiles)
+    for job in (refused, hostile):
+        assert not list(tiles.list_blobs(name_starts_with=f"tiles/{job['job_id']}/"))
