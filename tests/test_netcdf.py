@@ -238,3 +238,46 @@ def test_a_netcdf_whole_job_on_the_local_host_is_the_gdal_translate_cog_of_its_v
     tiles = storage.blob_service().get_container_client(app_env.tiles)
     for job in (refused, hostile):
         assert not list(tiles.list_blobs(name_starts_with=f"tiles/{job['job_id']}/"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("k", [3, 10])
+def test_seeded_read_faults_on_netcdf_copies_make_no_wrong_pixel_nor_bad_input(
+    storage, app_env, azurite, monkeypatch, tmp_path, k
+):
+    """1 in ``k`` of the upload's GETs refused, reset or cut (tests/test_seeded_read_faults.py's
+    proxy and seed), on jobs of netCDF-4 and classic files: a job fails only as a storage fault,
+    and completes when its upload is delivered again; every tile is its window of the variable."""
+    from devhost.session import job_summary, process_file
+    from testkit.storage_proxy import FaultPlan
+
+    from .fault_jobs import app_behind_proxy
+    from .test_seeded_read_faults import BAD_INPUT_TYPES, upload_gets
+
+    sources = [
+        write_netcdf(tmp_path / f"{kind}.nc", width=WIDTH, height=HEIGHT, kind=kind) for kind in ("netcdf4", "classic")
+    ]
+    plan = FaultPlan(every=k, applies=upload_gets(app_env), seed=k)
+    wrong, injected, failed_first = [], 0, 0
+    with app_behind_proxy(azurite, monkeypatch, plan) as (blobs, _), local_host(app_env) as host:
+        for source in sources:
+            summary = process_file(host, source, name=f"k{k}/{source.name}", timeout=300)
+            if summary["status"] != "completed":
+                error = summary.get("error", "")
+                assert not any(f"({t})" in error for t in BAD_INPUT_TYPES), f"a storage fault called bad input: {error}"
+                failed_first += 1
+                host.deliver_blob_created(f"k{k}/{source.name}")
+                summary = job_summary(host.engine.wait_for(summary["job_id"], timeout=300))
+            assert summary["status"] == "completed", summary
+            with rasterio.open(f'NETCDF:"{source}":tas') as src:
+                for window in plan_windows(src.width, src.height, SETTINGS.window_size):
+                    tile = download_blob(storage, app_env.tiles, f"tiles/{summary['job_id']}/{window.id}.tif")
+                    with rasterio.MemoryFile(tile) as memory, memory.open() as decoded:
+                        want = src.read(
+                            window=rasterio.windows.Window(window.col_off, window.row_off, window.width, window.height)
+                        )
+                        if not np.array_equal(decoded.read(), want):
+                            wrong.append((source.name, window.id))
+        injected = sum(blobs.injected.values())
+    print(f"\n1 in {k}: injected {dict(blobs.injected)}, jobs failed first {failed_first}, wrong tiles {wrong}")
+    assert injected > 0 and wrong == []

@@ -17,8 +17,8 @@ what an assembly beside the last tiles takes, each activity has :data:`ACTIVITY_
   bytes (:attr:`Blocks.read_bytes`, :func:`check_window_reads`);
 - a warped window also holds the source area one block of its grid maps to (:func:`warp_source_area`);
 - the tags the upload's tiles and mosaic carry are bounded apart (:func:`check_carried_metadata`);
-- an assembly's temporary disk: :data:`TEMPORARY_DISK_BYTES`, and a NetCDF upload's local copy:
-  :data:`MAX_LOCAL_COPY_BYTES`.
+- an assembly's temporary disk: :data:`TEMPORARY_DISK_BYTES` (a NetCDF upload's local copy:
+  :data:`.netcdf.MAX_LOCAL_COPY_BYTES`).
 
 Flex Consumption's 2048 and 4096 MB instances hold what fits this one.
 """
@@ -73,10 +73,6 @@ MAX_BLOCK_BYTES = ACTIVITY_MEMORY_BYTES
 MAX_CARRIED_METADATA_BYTES = READ_AHEAD
 #: Temporary disk one assembly may use: the Consumption plan gives an instance about 0.5 GB in all.
 TEMPORARY_DISK_BYTES = 400 * 1000 * 1000
-#: The largest local copy of a NetCDF/HDF5 upload (:mod:`.netcdf`): each activity that reads one
-#: makes its own, and host.json lets an instance run 4 activities at once (its
-#: ``maxConcurrentActivityFunctions``), so 4 copies fit the same temporary disk.
-MAX_LOCAL_COPY_BYTES = TEMPORARY_DISK_BYTES // 4
 
 #: How an upload gets blocks a window can read: what the refusals say.
 RETILE = "gdal_translate -co TILED=YES -co BLOCKXSIZE=512 -co BLOCKYSIZE=512 in.tif out.tif"

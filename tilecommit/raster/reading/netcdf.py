@@ -11,7 +11,7 @@ kernel's ``handle_userfault``, the other in a futex wait); where userfaultfd is 
 (``vm.unprivileged_userfaultfd=0`` without ``CAP_SYS_PTRACE``, as on most hosts) the open fails.
 So the upload is copied to the instance's temporary disk, every byte through the same pinned
 reader a TIFF is read with (``If-Match`` on the job's ETag on every GET, every short or failed
-read a fault, never bad input), its size checked against :data:`~.budgets.MAX_LOCAL_COPY_BYTES`
+read a fault, never bad input), its size checked against :data:`MAX_LOCAL_COPY_BYTES`
 before the first byte is fetched and the copy's length against the blob's size after the last.
 
 **One copy per open, no sharing.** Each open (the validation, each window's render or scrub)
@@ -46,18 +46,18 @@ import os
 import shutil
 import tempfile
 import warnings
-from typing import TYPE_CHECKING
 
 import rasterio
 from rasterio.errors import NotGeoreferencedWarning
 
 from ...errors import InvalidRasterError, UnsupportedRasterError
-from .budgets import MAX_LOCAL_COPY_BYTES
 from .upload import NETCDF
 
-if TYPE_CHECKING:
-    from .source import Source
-
+#: The largest local copy: each activity that reads the upload makes its own, and host.json lets an
+#: instance run 4 activities at once (``maxConcurrentActivityFunctions``), so 4 copies fit the
+#: temporary disk an assembly may use (:data:`~.budgets.TEMPORARY_DISK_BYTES`, 400 MB; this
+#: module cannot import it: the reader that opens through this module is imported by budgets).
+MAX_LOCAL_COPY_BYTES = 100 * 1000 * 1000
 #: The HDF5 signature (a netCDF-4 file's first bytes).
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 #: Bytes fetched by one GET of the copy (each pinned and checked as the upload's reader checks one).
@@ -71,8 +71,9 @@ MAX_HDF5_OBJECTS = 10_000
 BUILTIN_FILTERS = {1: "deflate", 2: "shuffle", 3: "fletcher32", 4: "szip", 5: "nbit", 6: "scaleoffset"}
 
 
-def local_copy(source: Source) -> str:
-    """The path of a fresh copy of ``source`` (its own private directory), every byte read through
+def local_copy(source) -> str:
+    """The path of a fresh copy of ``source`` (a :class:`~.source.Source`, which imports this
+    module: not imported here) in its own private directory, every byte read through
     it at its version: a fault is raised as the upload's reader raises it (retried, never bad input)."""
     size = source.file_size
     if size > MAX_LOCAL_COPY_BYTES:
@@ -187,7 +188,7 @@ def _chosen(name: str, variables: list[str], variable: str | None) -> str:
     return variables[0]
 
 
-def open_copy(source: Source, variable: str | None, **open_options) -> rasterio.DatasetReader:
+def open_copy(source, variable: str | None, **open_options) -> rasterio.DatasetReader:
     """``variable`` of the upload (its only data variable when None), opened by GDAL's netCDF
     driver from a local copy that is unlinked as soon as it is open (the module's notes)."""
     path = local_copy(source)

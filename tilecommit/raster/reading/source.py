@@ -42,6 +42,7 @@ from rasterio.abc import FileContainer
 
 from ...errors import GdalStepError, InvalidRasterError, SourceChangedError, UnsupportedRasterError
 from ...storage_answers import STORAGE_ERRORS, Answer, Meaning, classify, status_of, storage_fault
+from .netcdf import open_copy
 from .upload import HEADER_BYTES, TIFF, UploadFormat, check_upload_content
 
 #: Small reads (GDAL walking the header and directories) are served from chunks of this size,
@@ -499,8 +500,6 @@ def open_upload(
     source.file_size  # noqa: B018 - the version check and size, raised as ours before GDAL stats the file
     fmt = upload_format if upload_format is not None else upload_format_of(source)
     if fmt.local_copy:
-        from .netcdf import open_copy
-
         dataset = open_copy(source, variable, **open_options)
     elif variable is not None:
         raise UnsupportedRasterError(
