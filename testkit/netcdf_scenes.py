@@ -137,3 +137,42 @@ def add_external_storage(path: Path, target: Path, *, width: int, height: int) -
             "outside", shape=(height, width), dtype="int16", external=[(str(target), 0, width * height * 2)]
         )
     return path
+
+
+def write_cf_hdf5(path: Path, *, width: int, height: int) -> Path:
+    """A plain HDF5 file (h5py's, no netCDF-4 bookkeeping) following the CF conventions: ``sst``,
+    int16 in 128² gzip chunks, on UTM zone 33N given only by CF's ``grid_mapping`` variable and the
+    x / y coordinate variables (dimension scales), scale 0.01, unit degC, ``_FillValue`` -1."""
+    import h5py
+
+    with h5py.File(path, "w") as file:
+        x = file.create_dataset("x", data=500000 + 15 + 30 * np.arange(width, dtype="f8"))
+        y = file.create_dataset("y", data=4000000 - 15 - 30 * np.arange(height, dtype="f8"))
+        for scale, axis in ((x, "x"), (y, "y")):
+            scale.make_scale(axis)
+            scale.attrs["standard_name"] = np.bytes_(f"projection_{axis}_coordinate")
+            scale.attrs["units"] = np.bytes_("m")
+        crs = file.create_dataset("crs", shape=(), dtype="i4")
+        crs.attrs.update(
+            grid_mapping_name=np.bytes_("transverse_mercator"),
+            longitude_of_central_meridian=15.0,
+            latitude_of_projection_origin=0.0,
+            scale_factor_at_central_meridian=0.9996,
+            false_easting=500000.0,
+            false_northing=0.0,
+            semi_major_axis=6378137.0,
+            inverse_flattening=298.257223563,
+        )
+        data = pixels(width, height, 0)
+        data[data == -999] = -1
+        sst = file.create_dataset("sst", data=data, chunks=(128, 128), compression="gzip", fillvalue=-1)
+        sst.attrs.update(
+            _FillValue=np.int16(-1),
+            scale_factor=0.01,
+            add_offset=0.0,
+            units=np.bytes_("degC"),
+            grid_mapping=np.bytes_("crs"),
+        )
+        sst.dims[0].attach_scale(y)
+        sst.dims[1].attach_scale(x)
+    return path

@@ -62,6 +62,7 @@ def run_library_job(source, spec: OutputSpec, stores, tmp_path: Path) -> tuple[s
     results = [render_tile(job, job_stores_, source, window) for window in windows]
     assert [r.outcome for r in results] == ["written"] * len(windows)
     result = assemble_mosaic(job, job_stores_, scene)
+    tmp_path.mkdir(exist_ok=True)
     mosaic = download(stores["output"], result.mosaic, tmp_path / "mosaic.tif")
     return mosaic, json.loads(stores["output"].download_blob(result.stac).readall())
 
@@ -79,8 +80,7 @@ def assert_same_as_reference(mosaic: str, reference: str, *, descriptions: list[
         assert m.units == ref.units == ("K",) * m.count
         ours, theirs = said(m), said(ref)
         assert ours.pop("descriptions") == descriptions
-        assert theirs.pop("descriptions") == descriptions  # said() names the reference's steps the same way
-        assert list(ref.descriptions) == [None] * ref.count  # ... which GDAL's COG itself leaves empty
+        assert theirs.pop("descriptions") == [None] * ref.count  # GDAL's COG leaves them empty
         assert [d for d in m.descriptions] == descriptions
         assert ours == theirs
 
@@ -281,3 +281,66 @@ def test_seeded_read_faults_on_netcdf_copies_make_no_wrong_pixel_nor_bad_input(
         injected = sum(blobs.injected.values())
     print(f"\n1 in {k}: injected {dict(blobs.injected)}, jobs failed first {failed_first}, wrong tiles {wrong}")
     assert injected > 0 and wrong == []
+
+
+def test_a_web_optimized_netcdf_job_warps_the_variable_as_the_same_job_of_its_geotiff(
+    new_container, new_table, tmp_path
+):
+    """The warp opens its source again by name (reading/warp.py), after the copy's path is gone:
+    the job's mosaic is the one the same job makes of the variable saved as a GeoTIFF."""
+    source = write_netcdf(tmp_path / "warped.nc", width=WIDTH, height=HEIGHT)
+    geotiff = tmp_path / "warped.tif"
+    rasterio.shutil.copy(f'NETCDF:"{source}":tas', geotiff, driver="GTiff", TILED="YES")
+    spec = OutputSpec.with_choice(
+        SETTINGS.window_size, profiles.choose("default", {"web_optimized": "true"}, where="t")
+    )
+    mosaics = []
+    for path in (source, geotiff):
+        kind = path.suffix[1:]
+        stores = {
+            "tiles": new_container(f"tiles{kind}-"),
+            "output": new_container(f"out{kind}-"),
+            "manifest": new_table(f"manifest{kind}"),
+        }
+        mosaic, _ = run_library_job(str(path), spec, stores, tmp_path / kind)
+        with rasterio.open(mosaic) as m:
+            mosaics.append((m.read(), m.transform, m.crs))
+    assert np.array_equal(mosaics[0][0], mosaics[1][0]) and mosaics[0][1:] == mosaics[1][1:]
+    assert mosaics[0][2].to_epsg() == 3857
+
+
+def test_a_plain_hdf5_file_following_cf_becomes_the_cog_gdal_makes_of_it(stores, tmp_path):
+    """No netCDF-4 bookkeeping, no GDAL attribute: the CRS and grid come from CF's grid_mapping
+    variable and the coordinate variables, as GDAL's netCDF driver reads them."""
+    source = netcdf_scenes.write_cf_hdf5(tmp_path / "sst.h5", width=WIDTH, height=HEIGHT)
+    mosaic, item = run_library_job(str(source), spec_naming(None), stores, tmp_path)
+    reference = gdal_translate_cog(f'NETCDF:"{source}":sst', tmp_path / "reference.tif")
+    with rasterio.open(mosaic) as m, rasterio.open(reference) as ref:
+        assert np.array_equal(m.read(), ref.read()) and m.transform == ref.transform and m.crs == ref.crs
+        assert m.transform.c == 500000 and m.transform.f == 4000000 and m.crs.to_epsg() in (None, 32633)
+        assert [m.tags(b) for b in m.indexes] == [ref.tags(b) for b in ref.indexes]
+        assert (m.scales, m.offsets, m.units, m.nodata) == (ref.scales, ref.offsets, ref.units, ref.nodata)
+        assert (m.scales, m.units, m.nodata) == ((0.01,), ("degC",), -1.0)
+    assert [band["name"] for band in item["assets"]["data"]["eo:bands"]] == ["sst"]  # named by its variable
+    raster_bands = item["assets"]["data"]["raster:bands"]
+    assert [(b["scale"], b["unit"], b["nodata"]) for b in raster_bands] == [(0.01, "degC", -1.0)]
+
+
+def test_a_copy_larger_than_its_budget_is_refused_before_its_download(new_container, monkeypatch, tmp_path):
+    source = write_netcdf(tmp_path / "big.nc", width=WIDTH, height=HEIGHT)
+    uploads = new_container("up-")
+    with source.open("rb") as data:
+        uploads.upload_blob("big.nc", data)
+    blob = uploads.get_blob_client("big.nc")
+    monkeypatch.setattr(
+        netcdf, "MAX_LOCAL_COPY_BYTES", source.stat().st_size - 1
+    )  # the limit, lowered for a small file
+    upload = PinnedBlob(blob, blob.get_blob_properties().etag)
+    with pytest.raises(
+        UnsupportedRasterError, match=f"of {source.stat().st_size} bytes.*at most {source.stat().st_size - 1}"
+    ):
+        inspect_source(upload, settings=SETTINGS, spec=spec_naming(None))
+    assert upload.requests == 1  # the pinned GET of the first 64 KiB, which gave the size: nothing more
+    monkeypatch.setattr(netcdf, "MAX_LOCAL_COPY_BYTES", source.stat().st_size)
+    upload = PinnedBlob(blob, blob.get_blob_properties().etag)
+    assert inspect_source(upload, settings=SETTINGS, spec=spec_naming(None)).count == 3

@@ -43,19 +43,20 @@ def descriptions_of(src) -> list[str | None]:
     unit: ``time=31 days since 2000-01-01`` (``, `` between several dimensions). The driver keeps
     them as ``NETCDF_DIM_EXTRA={time}``, ``time#units`` and the band's ``NETCDF_DIM_time``;
     ``gdal_translate -of COG`` and ``rio cogeo create`` keep those tags and leave the
-    description empty, so the bands would be nameless in a STAC item."""
+    description empty, so the bands would be nameless in a STAC item. A variable with no extra
+    dimension (one band) is named by its name (the band's ``NETCDF_VARNAME``)."""
     tags = src.tags()
     extra = [dim for dim in tags.get("NETCDF_DIM_EXTRA", "").strip("{}").split(",") if dim]
     described = []
     for band in src.indexes:
         own = src.descriptions[band - 1]
-        band_tags = src.tags(band) if extra and not own else {}
+        band_tags = {} if own or src.driver != "netCDF" else src.tags(band)
         steps = [
             " ".join(filter(None, (f"{dim}={band_tags[f'NETCDF_DIM_{dim}']}", tags.get(f"{dim}#units"))))
             for dim in extra
             if f"NETCDF_DIM_{dim}" in band_tags
         ]
-        described.append(own or ", ".join(steps) or None)
+        described.append(own or ", ".join(steps) or (None if extra else band_tags.get("NETCDF_VARNAME")))
     return described
 
 

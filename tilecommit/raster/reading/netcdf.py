@@ -16,8 +16,9 @@ before the first byte is fetched and the copy's length against the blob's size a
 
 **One copy per open, no sharing.** Each open (the validation, each window's render or scrub)
 makes its own copy in a fresh private directory, opens it, and unlinks it at once: the netCDF and
-HDF5 libraries read through the descriptor they opened, so the disk is given back when the dataset
-is closed, or when the process dies (a killed worker leaves nothing behind). Nothing but the copy
+HDF5 libraries read through the descriptors they opened, and one more is held for the dataset's
+life (:func:`open_copy`), so the disk is given back when the dataset is gone, or when the process
+dies (a killed worker leaves nothing behind). Nothing but the copy
 is ever in that directory, so no sidecar (``.aux.xml``, ``.ncml``) can be found beside it.
 
 **What a file may name.** NetCDF classic and 64-bit offset files hold a header and the variables'
@@ -46,6 +47,7 @@ import os
 import shutil
 import tempfile
 import warnings
+import weakref
 
 import rasterio
 from rasterio.errors import NotGeoreferencedWarning
@@ -190,19 +192,32 @@ def _chosen(name: str, variables: list[str], variable: str | None) -> str:
 
 def open_copy(source, variable: str | None, **open_options) -> rasterio.DatasetReader:
     """``variable`` of the upload (its only data variable when None), opened by GDAL's netCDF
-    driver from a local copy that is unlinked as soon as it is open (the module's notes)."""
+    driver from a local copy that is unlinked as soon as it is open (the module's notes).
+
+    The dataset is opened by the name ``/proc/self/fd/<n>`` of a descriptor held on the copy for
+    as long as the dataset lives: a warped job's VRT opens its source again by name
+    (:func:`~.warp.warped`), which must still find the copy after its path is gone."""
     path = local_copy(source)
+    held = None
     try:
         with source.checked():
             head = source.read_at(0, len(HDF5_SIGNATURE))
         if head == HDF5_SIGNATURE:
             check_hdf5_structure(path, source.name)
+        held = os.open(path, os.O_RDONLY)
+        name = f"/proc/self/fd/{held}"
         options = {**NETCDF.open_options, **open_options}
         with warnings.catch_warnings():
             # Opened whole, a file of several variables has no bands and no georeferencing: only its list.
             warnings.simplefilter("ignore", NotGeoreferencedWarning)
-            with rasterio.open(path, driver=NETCDF.driver, **options) as whole:
+            with rasterio.open(name, driver=NETCDF.driver, **options) as whole:
                 chosen = _chosen(source.name, variables_of(whole), variable)
-        return rasterio.open(f'NETCDF:"{path}":{chosen}', driver=NETCDF.driver, **options)
+        dataset = rasterio.open(f'NETCDF:"{name}":{chosen}', driver=NETCDF.driver, **options)
+    except BaseException:
+        if held is not None:
+            os.close(held)
+        raise
     finally:
         shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+    weakref.finalize(dataset, os.close, held)
+    return dataset
