@@ -1,4 +1,5 @@
-"""What an upload may be: a self-contained TIFF, recognised by its first bytes, opened by GTiff alone.
+"""What an upload may be: a self-contained TIFF, opened by GTiff alone, or a NetCDF/HDF5 file,
+opened by the netCDF driver alone (:mod:`.netcdf`), each recognised by its first bytes.
 
 An upload is data from outside the app. Several formats GDAL reads name other files or URLs
 inside them, and GDAL follows those names when it opens the file: a VRT's sources (any path,
@@ -7,8 +8,9 @@ or STAC description's URLs, a PDS or ISIS label's data file. Opened as they come
 make the app send requests to any address its instance reaches (internal ones included) or copy
 a file of the instance's disk, or another container's blob, into a tile anyone with access to the
 outputs can read. A TIFF names nothing outside itself, so the TIFF family (GeoTIFF, COG, BigTIFF)
-is the one accepted, decided from the content, never from the name, and opened by the GTiff driver
-alone. What GDAL could still reach beside the file (sidecars, the network, PROJ grids) is closed
+is accepted, decided from the content, never from the name, and opened by the GTiff driver
+alone. A NetCDF file can name nothing either; a netCDF-4 (HDF5) file can, and is accepted only
+once its structure shows it does not (:mod:`.netcdf`). What GDAL could still reach beside the file (sidecars, the network, PROJ grids) is closed
 by :func:`upload_gdal_options`, by the reader that serves GDAL the upload's bytes
 (:mod:`.source`) and by :func:`tilecommit.raster.env.gdal_config`. See
 docs/uploads.md for the whole list and the tests that show each.
