@@ -176,3 +176,22 @@ def write_cf_hdf5(path: Path, *, width: int, height: int) -> Path:
         sst.dims[0].attach_scale(y)
         sst.dims[1].attach_scale(x)
     return path
+
+
+#: A filter HDF5 does not build in (Zstandard's registered id): HDF5 would look for it as a plugin.
+PLUGIN_FILTER = 32015
+
+
+def add_plugin_filtered_dataset(path: Path) -> Path:
+    """``path`` (netCDF-4) with a dataset ``/squeezed`` whose pipeline names :data:`PLUGIN_FILTER`
+    (optional, so HDF5 lets it be written without the plugin)."""
+    import h5py
+    from h5py import h5d, h5p, h5s, h5t, h5z
+
+    with h5py.File(path, "r+") as file:
+        plist = h5p.create(h5p.DATASET_CREATE)
+        plist.set_chunk((16, 16))
+        plist.set_filter(PLUGIN_FILTER, h5z.FLAG_OPTIONAL, ())
+        h5d.create(file.id, b"squeezed", h5t.NATIVE_INT16, h5s.create_simple((32, 32)), dcpl=plist)
+        file["squeezed"][...] = 1
+    return path

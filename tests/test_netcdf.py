@@ -344,3 +344,28 @@ def test_a_copy_larger_than_its_budget_is_refused_before_its_download(new_contai
     monkeypatch.setattr(netcdf, "MAX_LOCAL_COPY_BYTES", source.stat().st_size)
     upload = PinnedBlob(blob, blob.get_blob_properties().etag)
     assert inspect_source(upload, settings=SETTINGS, spec=spec_naming(None)).count == 3
+
+
+def test_a_dataset_needing_an_hdf5_filter_plugin_is_refused_before_gdal_opens_it(tmp_path):
+    source = netcdf_scenes.add_plugin_filtered_dataset(write_netcdf(tmp_path / "plugin.nc", width=WIDTH, height=HEIGHT))
+    with pytest.raises(
+        UnsupportedRasterError, match=f"'squeezed' is compressed with HDF5 filter {netcdf_scenes.PLUGIN_FILTER}"
+    ):
+        inspect_source(str(source), settings=SETTINGS, spec=spec_naming("tas"))
+
+
+def test_the_copy_budget_lets_host_json_s_activities_copy_at_once_within_the_temporary_disk():
+    from tilecommit.raster.reading.budgets import TEMPORARY_DISK_BYTES
+
+    host = json.loads((Path(__file__).resolve().parent.parent / "host.json").read_text())
+    slots = host["extensions"]["durableTask"]["maxConcurrentActivityFunctions"]
+    assert netcdf.MAX_LOCAL_COPY_BYTES * slots <= TEMPORARY_DISK_BYTES < netcdf.MAX_LOCAL_COPY_BYTES * (slots + 1)
+
+
+def test_an_hdf5_file_of_more_objects_than_the_walk_allows_is_refused_not_walked(tmp_path, monkeypatch):
+    source = write_netcdf(tmp_path / "many.nc", width=WIDTH, height=HEIGHT)  # 5 members: tas, time, x, y, the CRS
+    monkeypatch.setattr(netcdf, "MAX_HDF5_OBJECTS", 4)  # the limit, lowered for a small file
+    with pytest.raises(UnsupportedRasterError, match="more than 4 HDF5 objects and links"):
+        inspect_source(str(source), settings=SETTINGS, spec=spec_naming(None))
+    monkeypatch.setattr(netcdf, "MAX_HDF5_OBJECTS", 5)
+    assert inspect_source(str(source), settings=SETTINGS, spec=spec_naming(None)).count == 3
