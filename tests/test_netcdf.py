@@ -22,7 +22,7 @@ from testkit import netcdf_scenes
 from testkit.netcdf_scenes import SECRET_VALUE, write_netcdf, write_secret_hdf5
 from testkit.storage_proxy import RecordingProxy
 from tilecommit import profiles
-from tilecommit.errors import BadInputError, UnsupportedRasterError
+from tilecommit.errors import BadInputError, InvalidRasterError, UnsupportedRasterError
 from tilecommit.grid import plan_windows
 from tilecommit.jobs import job_id_for
 from tilecommit.raster import PinnedBlob, assemble_mosaic, inspect_source, render_tile
@@ -369,3 +369,17 @@ def test_an_hdf5_file_of_more_objects_than_the_walk_allows_is_refused_not_walked
         inspect_source(str(source), settings=SETTINGS, spec=spec_naming(None))
     monkeypatch.setattr(netcdf, "MAX_HDF5_OBJECTS", 5)
     assert inspect_source(str(source), settings=SETTINGS, spec=spec_naming(None)).count == 3
+
+
+@pytest.mark.parametrize("kind", ["classic", "64bit", "netcdf4"])
+def test_a_truncated_netcdf_is_refused_as_corrupt_before_any_tile(kind, stores, tmp_path):
+    """The netCDF library reads a classic file cut short as if the rest were unwritten (fill
+    values): its length is checked against what its header declares, which is the whole file."""
+    whole = write_netcdf(tmp_path / f"{kind}.nc", width=WIDTH, height=HEIGHT, kind=kind).read_bytes()
+    if kind != "netcdf4":
+        assert netcdf.classic_data_end(whole, "whole") == len(whole)
+    cut = tmp_path / f"cut-{kind}.nc"
+    cut.write_bytes(whole[: len(whole) * 2 // 3])
+    with pytest.raises(InvalidRasterError, match="is truncated|structure cannot be read"):
+        inspect_source(str(cut), settings=SETTINGS, spec=spec_naming(None))
+    assert blob_names(stores["tiles"]) == []

@@ -60,6 +60,9 @@ from .upload import NETCDF
 #: temporary disk an assembly may use (:data:`~.budgets.TEMPORARY_DISK_BYTES`, 400 MB; this
 #: module cannot import it: the reader that opens through this module is imported by budgets).
 MAX_LOCAL_COPY_BYTES = 100 * 1000 * 1000
+#: Most bytes of a classic file's header read to find where its data ends (a header longer than
+#: this is refused as truncated: it would name thousands of variables and attributes).
+CLASSIC_HEADER_BYTES = 4 * 1024 * 1024
 #: The HDF5 signature (a netCDF-4 file's first bytes).
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 #: Bytes fetched by one GET of the copy (each pinned and checked as the upload's reader checks one).
@@ -158,6 +161,83 @@ def check_hdf5_structure(path: str, name: str) -> None:
         raise refused
 
 
+#: Bytes of one value of each classic nc_type (NC_BYTE, NC_CHAR, NC_SHORT, NC_INT, NC_FLOAT, NC_DOUBLE).
+CLASSIC_TYPE_SIZES = {1: 1, 2: 1, 3: 2, 4: 4, 5: 4, 6: 8}
+#: numrecs of a classic file still being written (the netCDF format spec's STREAMING).
+STREAMING = 0xFFFFFFFF
+
+
+class _Header:
+    """A classic or 64-bit offset NetCDF header read field by field (big-endian, 4-byte aligned)."""
+
+    def __init__(self, data: bytes, name: str):
+        self.data, self.at, self.name = data, 4, name
+
+    def take(self, size: int) -> bytes:
+        if self.at + size > len(self.data):
+            raise InvalidRasterError(f"{self.name} is truncated: its NetCDF header ends past the file's end")
+        chunk, self.at = self.data[self.at : self.at + size], self.at + size
+        return chunk
+
+    def number(self, size: int = 4) -> int:
+        return int.from_bytes(self.take(size), "big")
+
+    def skip_name(self) -> None:
+        self.take(-(-self.number() // 4) * 4)
+
+    def skip_attributes(self) -> None:
+        self.number()  # NC_ATTRIBUTE, or ABSENT's first zero
+        for _ in range(self.number()):
+            self.skip_name()
+            size = CLASSIC_TYPE_SIZES.get(self.number(), 1)
+            self.take(-(-(self.number() * size) // 4) * 4)
+
+
+def classic_data_end(data: bytes, name: str) -> int:
+    """The byte at which a classic (``CDF\x01``) or 64-bit offset (``CDF\x02``) file's data ends,
+    as its header declares it (the netCDF classic format specification: each variable's ``begin``
+    and ``vsize``, records ``numrecs`` times the sum of the record variables' sizes). The netCDF
+    library reads the bytes of a file cut short as if they were unwritten (fill values), so a
+    truncated upload would make tiles of made-up pixels: its length is checked against this."""
+    header = _Header(data, name)
+    offset_size = 8 if data[3] == 2 else 4
+    records = header.number()
+    lengths = []
+    header.number()  # NC_DIMENSION, or ABSENT's first zero
+    for _ in range(header.number()):
+        header.skip_name()
+        lengths.append(header.number())
+    header.skip_attributes()
+    header.number()  # NC_VARIABLE, or ABSENT's first zero
+    fixed_end, record_vars = 0, []
+    for _ in range(header.number()):
+        header.skip_name()
+        dims = [header.number() for _ in range(header.number())]
+        header.skip_attributes()
+        header.number()  # nc_type
+        vsize, begin = header.number(), header.number(offset_size)
+        if dims and dims[0] < len(lengths) and lengths[dims[0]] == 0:
+            record_vars.append((begin, vsize))
+        else:
+            fixed_end = max(fixed_end, begin + vsize)
+    if not record_vars or records in (0, STREAMING):
+        return fixed_end
+    record_size = sum(vsize for _, vsize in record_vars)
+    return max(fixed_end, *(begin + (records - 1) * record_size + vsize for begin, vsize in record_vars))
+
+
+def check_classic_length(path: str, name: str, size: int) -> None:
+    """Refuse a classic or 64-bit offset file shorter than its header says (:func:`classic_data_end`)."""
+    with open(path, "rb") as file:
+        head = file.read(CLASSIC_HEADER_BYTES)
+    end = classic_data_end(head, name)
+    if end > size:
+        raise InvalidRasterError(
+            f"{name} is truncated: its NetCDF header declares data up to byte {end}, the file has {size} bytes; "
+            "upload the complete file"
+        )
+
+
 def variables_of(dataset) -> list[str]:
     """The data variables GDAL's netCDF driver offers in the file it opened whole: its
     subdatasets (``NETCDF:"file":name``), or the one variable it opened as bands."""
@@ -204,6 +284,8 @@ def open_copy(source, variable: str | None, **open_options) -> rasterio.DatasetR
             head = source.read_at(0, len(HDF5_SIGNATURE))
         if head == HDF5_SIGNATURE:
             check_hdf5_structure(path, source.name)
+        else:
+            check_classic_length(path, source.name, source.file_size)
         held = os.open(path, os.O_RDONLY)
         name = f"/proc/self/fd/{held}"
         options = {**NETCDF.open_options, **open_options}

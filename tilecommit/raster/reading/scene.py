@@ -454,7 +454,8 @@ def inspect_source(
             src = open_upload(source, upload_format=upload_format, variable=spec.choice.variable)
         except RasterioIOError as exc:
             raise InvalidRasterError(
-                f"{path} starts like a {upload_format.name} file but its header or directories cannot be read "
+                f"{path} starts like a {'TIFF' if upload_format is TIFF else upload_format.name + ' file'} but its "
+                "header or directories cannot be read "
                 f"({size} bytes): the file is truncated or corrupt ({exc}); upload the complete file"
             ) from exc
         with src, source.checked():
