@@ -383,3 +383,17 @@ def test_a_truncated_netcdf_is_refused_as_corrupt_before_any_tile(kind, stores, 
     with pytest.raises(InvalidRasterError, match="is truncated|structure cannot be read"):
         inspect_source(str(cut), settings=SETTINGS, spec=spec_naming(None))
     assert blob_names(stores["tiles"]) == []
+
+
+def test_a_scrub_of_a_netcdf_job_reads_the_job_s_own_variable(stores, tmp_path):
+    """The scrub opens the upload as the render did (the spec's variable): no difference; the same
+    tiles checked against the file's other variable all differ (the control)."""
+    from tilecommit.raster.scrub import check_window
+
+    source = str(write_netcdf(tmp_path / "two.nc", width=WIDTH, height=HEIGHT, variables=("tas", "pr")))
+    run_library_job(source, spec_naming("pr"), stores, tmp_path)
+    windows = plan_windows(WIDTH, HEIGHT, SETTINGS.window_size)
+    for variable, differs in (("pr", False), ("tas", True)):
+        job = job_of(SETTINGS, spec=spec_naming(variable))
+        reports = [check_window(job, job_stores(stores, SETTINGS), source, window) for window in windows]
+        assert [bool(report.differences) for report in reports] == [differs] * len(windows), reports
