@@ -28,6 +28,7 @@ from tilecommit.jobs import job_id_for
 from tilecommit.raster import PinnedBlob, assemble_mosaic, inspect_source, render_tile
 from tilecommit.raster.reading import netcdf
 from tilecommit.raster.reading.metadata import said
+from tilecommit.raster.reading.source import open_upload
 from tilecommit.settings import Settings
 from tilecommit.spec import OutputSpec
 from tilecommit.storage import StorageConnection
@@ -397,3 +398,37 @@ def test_a_scrub_of_a_netcdf_job_reads_the_job_s_own_variable(stores, tmp_path):
         job = job_of(SETTINGS, spec=spec_naming(variable))
         reports = [check_window(job, job_stores(stores, SETTINGS), source, window) for window in windows]
         assert [bool(report.differences) for report in reports] == [differs] * len(windows), reports
+
+
+def test_opens_of_one_version_at_once_in_a_process_read_one_copy(new_container, tmp_path):
+    """A window opened while another of the same version is open reads that copy (no download);
+    once none is open, the next open downloads its own."""
+    import gc
+
+    source = write_netcdf(tmp_path / "shared.nc", width=WIDTH, height=HEIGHT)
+    uploads = new_container("up-")
+    with source.open("rb") as data:
+        uploads.upload_blob("shared.nc", data)
+    blob = uploads.get_blob_client("shared.nc")
+    etag = blob.get_blob_properties().etag
+
+    def opened() -> tuple:
+        upload = PinnedBlob(blob, etag)
+        return open_upload(upload, variable="tas"), upload
+
+    (first, first_reader), (second, second_reader) = opened(), opened()
+    assert (first_reader.requests, second_reader.requests) == (2, 1)  # the size, then the copy; the size alone
+    assert np.array_equal(first.read(), second.read())
+    first.close()
+    del first
+    gc.collect()
+    third, third_reader = opened()  # the second still reads the copy
+    assert third_reader.requests == 1 and np.array_equal(second.read(), third.read())
+    second.close()
+    third.close()
+    del second, third
+    gc.collect()
+    assert netcdf._LIVE == {}
+    fourth, fourth_reader = opened()
+    assert fourth_reader.requests == 2
+    fourth.close()

@@ -14,11 +14,13 @@ reader a TIFF is read with (``If-Match`` on the job's ETag on every GET, every s
 read a fault, never bad input), its size checked against :data:`MAX_LOCAL_COPY_BYTES`
 before the first byte is fetched and the copy's length against the blob's size after the last.
 
-**One copy per open, no sharing.** Each open (the validation, each window's render or scrub)
-makes its own copy in a fresh private directory, opens it, and unlinks it at once: the netCDF and
-HDF5 libraries read through the descriptors they opened, and one more is held for the dataset's
-life (:func:`open_copy`), so the disk is given back when the dataset is gone, or when the process
-dies (a killed worker leaves nothing behind). Nothing but the copy
+**A copy while it is read.** An open (the validation, a window's render or scrub) makes a copy
+in a fresh private directory, opens it, and unlinks it at once: the netCDF and HDF5 libraries
+read through the descriptors they opened, and one more is held for the dataset's life
+(:func:`open_copy`), so the disk is given back when the last dataset reading it is gone, or when
+the process dies (a killed worker leaves nothing behind). An open of the same version (blob name,
+ETag, size) while a dataset of this process still reads a copy of it reads that copy instead;
+nothing is kept for a later open. Nothing but the copy
 is ever in that directory, so no sidecar (``.aux.xml``, ``.ncml``) can be found beside it.
 
 **What a file may name.** NetCDF classic and 64-bit offset files hold a header and the variables'
@@ -46,11 +48,12 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import threading
 import warnings
 import weakref
 
 import rasterio
-from rasterio.errors import NotGeoreferencedWarning
+from rasterio.errors import NotGeoreferencedWarning, RasterioIOError
 
 from ...errors import InvalidRasterError, UnsupportedRasterError
 from .upload import NETCDF
@@ -270,13 +273,65 @@ def _chosen(name: str, variables: list[str], variable: str | None) -> str:
     return variables[0]
 
 
-def open_copy(source, variable: str | None, **open_options) -> rasterio.DatasetReader:
-    """``variable`` of the upload (its only data variable when None), opened by GDAL's netCDF
-    driver from a local copy that is unlinked as soon as it is open (the module's notes).
+#: The descriptor held on each live copy of this process, by upload version (blob name, ETag,
+#: size), and how many datasets read it: all of them by its one ``/proc/self/fd/<n>`` name.
+_LIVE: dict[tuple[str, str, int], list[int]] = {}
+_LIVE_LOCK = threading.Lock()
 
-    The dataset is opened by the name ``/proc/self/fd/<n>`` of a descriptor held on the copy for
-    as long as the dataset lives: a warped job's VRT opens its source again by name
-    (:func:`~.warp.warped`), which must still find the copy after its path is gone."""
+
+def _version_of(source) -> tuple[str, str, int] | None:
+    """What a copy of ``source`` is a copy of: a pinned blob's name, ETag and size (None for a
+    local file, which is read where it is by each open)."""
+    etag = getattr(source, "etag", None)
+    return None if etag is None else (source.name, etag, source.file_size)
+
+
+def _shared(version: tuple[str, str, int] | None) -> int | None:
+    """The descriptor on a live copy of ``version``, now read by one more dataset; None: none."""
+    with _LIVE_LOCK:
+        live = _LIVE.get(version) if version is not None else None
+        if live is None:
+            return None
+        live[1] += 1
+        return live[0]
+
+
+def _hold(version: tuple[str, str, int] | None, held: int) -> bool:
+    """Make ``held`` the live copy of ``version`` unless one is live already (another open made
+    one meanwhile, or a local file: then ``held`` is its dataset's alone)."""
+    with _LIVE_LOCK:
+        if version is None or version in _LIVE:
+            return False
+        _LIVE[version] = [held, 1]
+        return True
+
+
+def _release(version: tuple[str, str, int] | None, held: int) -> None:
+    """One dataset fewer reads the copy ``held``; the last closes it (and the disk is given back)."""
+    with _LIVE_LOCK:
+        live = _LIVE.get(version) if version is not None else None
+        if live is not None and live[0] == held:
+            live[1] -= 1
+            if live[1]:
+                return
+            del _LIVE[version]  # type: ignore[arg-type]  # live is None when version is
+    os.close(held)
+
+
+def _open_held(held: int, name: str, variable: str | None, options: dict) -> rasterio.DatasetReader:
+    """The variable of the copy ``held`` is a descriptor on, opened by its ``/proc/self/fd`` name."""
+    path = f"/proc/self/fd/{held}"
+    with warnings.catch_warnings():
+        # Opened whole, a file of several variables has no bands and no georeferencing: only its list.
+        warnings.simplefilter("ignore", NotGeoreferencedWarning)
+        with rasterio.open(path, driver=NETCDF.driver, **options) as whole:
+            chosen = _chosen(name, variables_of(whole), variable)
+    return rasterio.open(f'NETCDF:"{path}":{chosen}', driver=NETCDF.driver, **options)
+
+
+def _open_fresh(source, variable: str | None, options: dict) -> tuple[rasterio.DatasetReader, int]:
+    """The variable opened from a new, checked copy of ``source``, whose path is gone once it is open
+    (HDF5 opens a file by name only while its path exists, or while it holds it open already)."""
     path = local_copy(source)
     held = None
     try:
@@ -287,19 +342,44 @@ def open_copy(source, variable: str | None, **open_options) -> rasterio.DatasetR
         else:
             check_classic_length(path, source.name, source.file_size)
         held = os.open(path, os.O_RDONLY)
-        name = f"/proc/self/fd/{held}"
-        options = {**NETCDF.open_options, **open_options}
-        with warnings.catch_warnings():
-            # Opened whole, a file of several variables has no bands and no georeferencing: only its list.
-            warnings.simplefilter("ignore", NotGeoreferencedWarning)
-            with rasterio.open(name, driver=NETCDF.driver, **options) as whole:
-                chosen = _chosen(source.name, variables_of(whole), variable)
-        dataset = rasterio.open(f'NETCDF:"{name}":{chosen}', driver=NETCDF.driver, **options)
+        return _open_held(held, source.name, variable, options), held
     except BaseException:
         if held is not None:
             os.close(held)
         raise
     finally:
         shutil.rmtree(os.path.dirname(path), ignore_errors=True)
-    weakref.finalize(dataset, os.close, held)
+
+
+def open_copy(source, variable: str | None, **open_options) -> rasterio.DatasetReader:
+    """``variable`` of the upload (its only data variable when None), opened by GDAL's netCDF
+    driver from a local copy whose path is gone as soon as it is open (the module's notes).
+
+    The dataset is opened by the name ``/proc/self/fd/<n>`` of a descriptor held on the copy for
+    as long as the dataset lives: a warped job's VRT opens its source again by name
+    (:func:`~.warp.warped`) while the dataset holds it open. While one lives, another open of the
+    same version in this process (a window rendered beside it) reads the same copy by the same name
+    (the descriptor closed with the last of them) instead of downloading it again. HDF5 opens a
+    file whose path is gone by that name only while it holds the file open (it resolves the link
+    to the deleted path otherwise): should the copy's last dataset close in between, the open
+    makes a copy of its own."""
+    options = {**NETCDF.open_options, **open_options}
+    version = _version_of(source)
+    held = _shared(version)
+    if held is not None:
+        try:
+            dataset = _open_held(held, source.name, variable, options)
+        except RasterioIOError:
+            _release(version, held)
+        except BaseException:
+            _release(version, held)
+            raise
+        else:
+            weakref.finalize(dataset, _release, version, held)
+            return dataset
+    dataset, held = _open_fresh(source, variable, options)
+    if _hold(version, held):
+        weakref.finalize(dataset, _release, version, held)
+    else:
+        weakref.finalize(dataset, os.close, held)
     return dataset
