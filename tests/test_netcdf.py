@@ -426,7 +426,10 @@ def test_opens_of_one_version_at_once_in_a_process_read_one_copy(new_container, 
     assert third_reader.requests == 1 and np.array_equal(second.read(), third.read())
     second.close()
     third.close()
-    del second, third
+    closed_but_alive, closed_reader = opened()  # closed datasets whose objects live on hold nothing open
+    assert closed_reader.requests == 2
+    closed_but_alive.close()
+    del second, third, closed_but_alive
     gc.collect()
     assert netcdf._LIVE == {}
     fourth, fourth_reader = opened()

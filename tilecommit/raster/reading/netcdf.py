@@ -51,6 +51,7 @@ import tempfile
 import threading
 import warnings
 import weakref
+from dataclasses import dataclass, field
 
 import rasterio
 from rasterio.errors import NotGeoreferencedWarning, RasterioIOError
@@ -273,9 +274,21 @@ def _chosen(name: str, variables: list[str], variable: str | None) -> str:
     return variables[0]
 
 
-#: The descriptor held on each live copy of this process, by upload version (blob name, ETag,
-#: size), and how many datasets read it: all of them by its one ``/proc/self/fd/<n>`` name.
-_LIVE: dict[tuple[str, str, int], list[int]] = {}
+@dataclass
+class _Live:
+    """The descriptor held on one live copy, how many datasets read it (all of them by its one
+    ``/proc/self/fd/<n>`` name), and those datasets (GDAL may have closed one its object outlives)."""
+
+    held: int
+    readers: int = 1
+    datasets: weakref.WeakSet = field(default_factory=weakref.WeakSet)
+
+    def open(self) -> bool:
+        return any(not dataset.closed for dataset in self.datasets)
+
+
+#: This process's live copies, by upload version (blob name, ETag, size).
+_LIVE: dict[tuple[str, str, int], _Live] = {}
 _LIVE_LOCK = threading.Lock()
 
 
@@ -287,32 +300,41 @@ def _version_of(source) -> tuple[str, str, int] | None:
 
 
 def _shared(version: tuple[str, str, int] | None) -> int | None:
-    """The descriptor on a live copy of ``version``, now read by one more dataset; None: none."""
+    """The descriptor on a copy of ``version`` a dataset still holds open, now read by one more
+    dataset; None: none."""
     with _LIVE_LOCK:
         live = _LIVE.get(version) if version is not None else None
-        if live is None:
+        if live is None or not live.open():
             return None
-        live[1] += 1
-        return live[0]
+        live.readers += 1
+        return live.held
 
 
-def _hold(version: tuple[str, str, int] | None, held: int) -> bool:
-    """Make ``held`` the live copy of ``version`` unless one is live already (another open made
-    one meanwhile, or a local file: then ``held`` is its dataset's alone)."""
+def _hold(version: tuple[str, str, int] | None, held: int, dataset) -> bool:
+    """Make ``held`` (read by ``dataset``) the live copy of ``version`` unless one is live already
+    (another open made one meanwhile, or a local file: then ``held`` is its dataset's alone)."""
     with _LIVE_LOCK:
         if version is None or version in _LIVE:
             return False
-        _LIVE[version] = [held, 1]
+        _LIVE[version] = _Live(held)
+        _LIVE[version].datasets.add(dataset)
         return True
+
+
+def _read_by(version: tuple[str, str, int] | None, dataset) -> None:
+    with _LIVE_LOCK:
+        live = _LIVE.get(version) if version is not None else None
+        if live is not None:
+            live.datasets.add(dataset)
 
 
 def _release(version: tuple[str, str, int] | None, held: int) -> None:
     """One dataset fewer reads the copy ``held``; the last closes it (and the disk is given back)."""
     with _LIVE_LOCK:
         live = _LIVE.get(version) if version is not None else None
-        if live is not None and live[0] == held:
-            live[1] -= 1
-            if live[1]:
+        if live is not None and live.held == held:
+            live.readers -= 1
+            if live.readers:
                 return
             del _LIVE[version]  # type: ignore[arg-type]  # live is None when version is
     os.close(held)
@@ -375,10 +397,11 @@ def open_copy(source, variable: str | None, **open_options) -> rasterio.DatasetR
             _release(version, held)
             raise
         else:
+            _read_by(version, dataset)
             weakref.finalize(dataset, _release, version, held)
             return dataset
     dataset, held = _open_fresh(source, variable, options)
-    if _hold(version, held):
+    if _hold(version, held, dataset):
         weakref.finalize(dataset, _release, version, held)
     else:
         weakref.finalize(dataset, os.close, held)
