@@ -19,7 +19,8 @@ what an assembly beside the last tiles takes, each activity has :data:`ACTIVITY_
 - a JPEG 2000's tile, decoded whole by OpenJPEG, from its header before GDAL opens it
   (:func:`check_jpeg2000_tile`);
 - the tags the upload's tiles and mosaic carry are bounded apart (:func:`check_carried_metadata`);
-- an assembly's temporary disk: :data:`TEMPORARY_DISK_BYTES`.
+- an assembly's temporary disk: :data:`TEMPORARY_DISK_BYTES` (a NetCDF upload's local copy:
+  :data:`.netcdf.MAX_LOCAL_COPY_BYTES`).
 
 Flex Consumption's 2048 and 4096 MB instances hold what fits this one.
 """

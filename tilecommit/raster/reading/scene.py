@@ -32,10 +32,18 @@ from . import budgets, jpeg2000
 from .acquisition import acquisition_of
 from .alpha import WARP, alpha_band, check_alpha_options
 from .budgets import MAX_BLOCK_BYTES, MAX_WINDOW_BYTES, Blocks, check_carried_metadata, check_window_reads
-from .metadata import colour_interpretations, has_colormap
+from .metadata import colour_interpretations, descriptions_of, has_colormap
 from .scene_document import member_format, member_sources, member_spec, open_any_upload, read_document
 from .source import Source, as_source, prefetch_window, source_of
-from .upload import ACCEPTED_FORMATS, HEADER_BYTES, JPEG2000, SCENE_DOCUMENT, check_upload_content, upload_gdal_options
+from .upload import (
+    ACCEPTED_FORMATS,
+    HEADER_BYTES,
+    JPEG2000,
+    SCENE_DOCUMENT,
+    TIFF,
+    check_upload_content,
+    upload_gdal_options,
+)
 from .warp import TargetGrid, target_grid
 
 #: Sample types a tile COG, the mosaic and the quicklook handle (PREDICTOR 2 or 3 applies to all).
@@ -58,7 +66,7 @@ FULL_DECODE_MAX_DECODED_BYTES = 512 * 1024 * 1024
 T = TypeVar("T")
 
 #: What a file whose open failed started like, in a refusal's words, by the format's name.
-_LOOKS_LIKE = {"GeoTIFF": "a TIFF", "JPEG 2000": "a JPEG 2000 (JP2) file"}
+_LOOKS_LIKE = {"GeoTIFF": "a TIFF", "JPEG 2000": "a JPEG 2000 (JP2) file", "NetCDF": "a NetCDF file"}
 
 
 def _nodata_to_json(value: float | None) -> float | str | None:
@@ -428,6 +436,7 @@ def scene_from_dataset(
     bands = [band for band in src.indexes if band != dropped]
     scales, offsets = [float(src.scales[b - 1]) for b in bands], [float(src.offsets[b - 1]) for b in bands]
     units = [src.units[b - 1] or None for b in bands]
+    descriptions = descriptions_of(src)
     return SceneInfo(
         width=src.width,
         height=src.height,
@@ -438,7 +447,7 @@ def scene_from_dataset(
         nodata=choice.output_nodata(src.nodata),
         block_shapes=[[int(h), int(w)] for h, w in src.block_shapes],
         driver=src.driver,
-        descriptions=[src.descriptions[b - 1] for b in bands],
+        descriptions=[descriptions[b - 1] for b in bands],
         colorinterp=[ci.name for ci in colour_interpretations(src, bands)],
         mask=mask,
         overview_resampling=overview_resampling_for(src),
@@ -491,7 +500,7 @@ def inspect_source(
     with gdal_env(settings, {**(gdal_options or {}), **upload_gdal_options(source.path, upload_format)}):
         stream = _jpeg2000_header(path, source, size, settings, spec) if upload_format is JPEG2000 else None
         try:
-            src = open_any_upload(source, upload_format=upload_format)
+            src = open_any_upload(source, upload_format=upload_format, variable=spec.choice.variable)
         except RasterioIOError as exc:
             raise InvalidRasterError(
                 f"{path} starts like {_LOOKS_LIKE.get(upload_format.name, upload_format.name)} but its header or directories cannot be read "
@@ -518,12 +527,13 @@ def inspect_source(
             _check_georeferencing(path, src, stream)
             grid = _target_grid(path, src, settings, spec.choice) if spec.choice.warped else None
             if not stacked:  # a stack's blocks are its members', each checked above
-                if stream is None:
-                    _check_block_layout(path, src)
-                    listed = _list_blocks(path, src, size)
-                    blocks = Blocks.of(src, stored=listed.largest_stored)
-                else:
+                if stream is not None:
                     listed, blocks = _jpeg2000_blocks(src, stream)
+                else:
+                    _check_block_layout(path, src)
+                    # A TIFF's block arrays, read from its tags; a NetCDF chunk is counted at its decoded size.
+                    listed = _list_blocks(path, src, size) if upload_format is TIFF else BlockList(None, 0)
+                    blocks = Blocks.of(src, stored=listed.largest_stored or Blocks.of(src, stored=0).decoded)
                 # The budgets of a window's read, from the header (and the target grid): before any block is decoded.
                 check_window_reads(path, src, spec, blocks, grid, resolution=spec.choice.resolution)
                 _check_blocks_decode(path, src, size, spec.window_size, listed)

@@ -118,12 +118,16 @@ def member_format(member: Source) -> UploadFormat:
     return fmt
 
 
-def open_any_upload(source: Source, *, upload_format: UploadFormat | None = None) -> rasterio.DatasetReader:
-    """An upload opened as :func:`~.source.open_upload` opens it, or, for a scene document, its
-    stack (:func:`open_scene`), read through the document's source and its members'."""
+def open_any_upload(
+    source: Source, *, upload_format: UploadFormat | None = None, variable: str | None = None
+) -> rasterio.DatasetReader:
+    """An upload opened as :func:`~.source.open_upload` opens it (a NetCDF's ``variable``), or, for
+    a scene document, its stack (:func:`open_scene`), read through the document's source and its
+    members'. A document has no variables: one named is refused as :func:`~.source.open_upload`
+    refuses it for a TIFF."""
     fmt = upload_format if upload_format is not None else upload_format_of(source)
-    if fmt is not SCENE_DOCUMENT:
-        return open_upload(source, upload_format=fmt)
+    if fmt is not SCENE_DOCUMENT or variable is not None:
+        return open_upload(source, upload_format=fmt, variable=variable)
     dataset = open_scene(source)
     reads_through(dataset, source)
     return dataset

@@ -44,6 +44,7 @@ from rasterio.abc import FileContainer
 from ...errors import GdalStepError, InvalidRasterError, SourceChangedError, UnsupportedRasterError
 from ...storage_answers import STORAGE_ERRORS, Answer, Meaning, classify, status_of, storage_fault
 from . import jpeg2000
+from .netcdf import open_copy
 from .upload import HEADER_BYTES, SCENE_DOCUMENT, TIFF, UploadFormat, check_upload_content
 
 #: Small reads (GDAL walking the header and directories) are served from chunks of this size,
@@ -485,7 +486,11 @@ def upload_format_of(source: Source) -> UploadFormat:
 
 
 def open_upload(
-    path_or_source: str | os.PathLike | Source, *, upload_format: UploadFormat | None = None, **open_options
+    path_or_source: str | os.PathLike | Source,
+    *,
+    upload_format: UploadFormat | None = None,
+    variable: str | None = None,
+    **open_options,
 ) -> rasterio.DatasetReader:
     """Open an upload (or a blob of the app's own, read the same way) with its format's driver
     alone, every byte read through its :class:`Source`.
@@ -496,20 +501,31 @@ def open_upload(
     itself runs under :meth:`Source.checked`: a directory read that failed is a fault, not a
     corrupt file. ``open_options`` go to the driver (``overview_level``, say), besides the
     format's own (:attr:`~.upload.UploadFormat.open_options`: GDAL decodes it on the calling thread only).
+    A format its driver cannot read through the reader is opened from a pinned local copy
+    (:attr:`~.upload.UploadFormat.local_copy`, :mod:`.netcdf`), its ``variable`` (the job's
+    option; None: its only one).
     """
     source = as_source(path_or_source)
     source.file_size  # noqa: B018 - the version check and size, raised as ours before GDAL stats the file
     fmt = upload_format if upload_format is not None else upload_format_of(source)
+    if variable is not None and not fmt.local_copy:
+        raise UnsupportedRasterError(
+            f"{source.name} is {fmt.described}, which has no variables: the job names variable={variable!r}, "
+            "which only a NetCDF or HDF5 upload has; accepted: no variable option for it"
+        )
     if fmt is SCENE_DOCUMENT:  # never given to GDAL: .scene_document.open_any_upload stacks its members
         raise UnsupportedRasterError(f"{source.name} is a scene document, not a band file GDAL may open")
-    with source.checked():
-        dataset = rasterio.open(
-            source.path,
-            driver=fmt.driver,
-            opener=source,
-            **fmt.open_options,
-            **open_options,
-        )
+    if fmt.local_copy:
+        dataset = open_copy(source, variable, **open_options)
+    else:
+        with source.checked():
+            dataset = rasterio.open(
+                source.path,
+                driver=fmt.driver,
+                opener=source,
+                **fmt.open_options,
+                **open_options,
+            )
     _SOURCES[dataset] = source
     return dataset
 

@@ -1,5 +1,5 @@
-"""What an upload may be (a self-contained TIFF, a JPEG 2000 in a JP2 file), recognised by its first
-bytes, opened by its format's driver alone.
+"""What an upload may be (a self-contained TIFF, a JPEG 2000 in a JP2 file, a NetCDF/HDF5 file, a
+scene document), recognised by its first bytes, opened by its format's driver alone.
 
 An upload is data from outside the app. Several formats GDAL reads name other files or URLs
 inside them, and GDAL follows those names when it opens the file: a VRT's sources (any path,
@@ -10,7 +10,9 @@ a file of the instance's disk, or another container's blob, into a tile anyone w
 outputs can read. A TIFF names nothing outside itself, so the TIFF family (GeoTIFF, COG, BigTIFF)
 is accepted, decided from the content, never from the name, and opened by the GTiff driver alone;
 a JP2's boxes can name a CRS, a feature collection or a schema by URL, which GDAL, reading it as a
-raster with its own boxes as the only georeferencing, never follows (:data:`JPEG2000`). What GDAL could still reach beside the file (sidecars, the network, PROJ grids) is closed
+raster with its own boxes as the only georeferencing, never follows (:data:`JPEG2000`). A NetCDF
+file can name nothing either; a netCDF-4 (HDF5) file can, and is accepted only once its structure
+shows it does not (:mod:`.netcdf`). What GDAL could still reach beside the file (sidecars, the network, PROJ grids) is closed
 by :func:`upload_gdal_options`, by the reader that serves GDAL the upload's bytes
 (:mod:`.source`) and by :func:`tilecommit.raster.env.gdal_config`. See
 docs/uploads.md for the whole list and the tests that show each.
@@ -50,6 +52,9 @@ class UploadFormat:
     described: str = ""
     #: GDAL configuration while an upload of this format is open (:func:`upload_gdal_options`).
     gdal_config: Mapping[str, str | int] = field(default_factory=dict)
+    #: Whether its driver reads a pinned, length-checked local copy (:mod:`.netcdf`) instead of
+    #: the upload's reader (:mod:`.source`), which it cannot read through.
+    local_copy: bool = False
 
     def recognises(self, head: bytes) -> bool:
         return any(head.startswith(signature) for signature in self.signatures)
@@ -118,8 +123,27 @@ SCENE_DOCUMENT = DocumentFormat(
     gdal_config=JPEG2000.gdal_config,
 )
 
+#: The NetCDF family: classic (``CDF\x01``), 64-bit offset (``CDF\x02``) and netCDF-4, which is
+#: HDF5 (its signature at byte 0; HDF5 also allows it at 512, 1024... after a user block, which is
+#: not accepted), all opened by GDAL's netCDF driver, which reads the CF conventions (the
+#: ``grid_mapping`` variable, the coordinate variables). An HDF5 file that is no netCDF-4 file is
+#: read by the same driver through the netCDF library (CF attributes, dimension scales).
+#: Everything that makes it safe, from the structure checks before GDAL opens it to the copy it
+#: reads, is in :mod:`.netcdf`.
+NETCDF_SIGNATURES = (b"CDF\x01", b"CDF\x02", b"\x89HDF\r\n\x1a\n")
+NETCDF = UploadFormat(
+    name="NetCDF",
+    signatures=NETCDF_SIGNATURES,
+    driver="netCDF",
+    described=(
+        "a NetCDF file following the CF conventions (classic, 64-bit offset, or netCDF-4/HDF5 with no "
+        "external link, external storage or virtual dataset)"
+    ),
+    local_copy=True,
+)
+
 #: The formats an upload may be in, recognised in this order from its first bytes.
-UPLOAD_FORMATS: tuple[UploadFormat, ...] = (TIFF, JPEG2000, SCENE_DOCUMENT)
+UPLOAD_FORMATS: tuple[UploadFormat, ...] = (TIFF, JPEG2000, NETCDF, SCENE_DOCUMENT)
 
 ACCEPTED_FORMATS = "; ".join(fmt.described for fmt in UPLOAD_FORMATS)
 
@@ -146,9 +170,6 @@ _KNOWN_FORMATS: tuple[tuple[bytes, str], ...] = (
     (b"GIF8", "a GIF image"),
     (b"PK\x03\x04", "a ZIP archive"),
     (b"\x1f\x8b", "a gzip stream"),
-    (b"\x89HDF\r\n\x1a\n", "an HDF5 / netCDF-4 container, which can link to other files"),
-    (b"CDF\x01", "a netCDF classic file"),
-    (b"CDF\x02", "a netCDF classic file"),
     (b"GRIB", "a GRIB message"),
     (b"<", "an XML or HTML document"),
 )

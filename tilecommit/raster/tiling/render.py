@@ -62,7 +62,9 @@ def window_of_upload(
     config = {**(gdal_options or {}), **upload_gdal_options(source.path, upload_format)}
     with gdal_env(settings, config, num_threads=num_threads):
         try:
-            src = open_any_upload(source, upload_format=upload_format)
+            src = open_any_upload(
+                source, upload_format=upload_format, variable=spec.choice.variable if spec is not None else None
+            )
         except RasterioIOError as exc:
             raise InvalidRasterError(f"{source.name} cannot be opened to {purpose} window {window.id}: {exc}") from exc
         with src, source.checked():
