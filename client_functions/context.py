@@ -1,8 +1,11 @@
 """Clients and settings for the client functions (the starter, the job API, the retention sweep),
 built once per process from the app settings, as the activities' are (activities/context.py).
 
-They need only the manifest table (the cancellation rows, the starter's and the retry's reads)
-and the tiles container (the sweep's deletes), from the code's data connection.
+They need only the manifest table (the cancellation rows, the starter's and the retry's reads),
+the tiles container (the sweep's deletes) and the input container (a backfill's listing), from
+the code's data connection, which names the same blob endpoint as the blob trigger's
+(:meth:`tilecommit.storage.StorageConnection.for_data`): a blob's URL, and so its job id, is
+the same whichever of the two hands it over.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ class ClientContext:
     settings: Settings
     manifest: TableClient
     tiles: ContainerClient
+    #: The input container, which a backfill lists (client_functions/backfill_pages.py).
+    uploads: ContainerClient
 
 
 @lru_cache(maxsize=4)
@@ -29,10 +34,12 @@ def _context_for(connection_key: str, settings: Settings) -> ClientContext:
     """Clients for one connection (``connection_key`` only keys the cache) and one set of settings:
     the code's data connection (``TilecommitData``, else the host's)."""
     connection = StorageConnection.for_data()
+    blobs = connection.blob_service()
     return ClientContext(
         settings=settings,
         manifest=connection.table_service().get_table_client(settings.manifest_table),
-        tiles=connection.blob_service().get_container_client(settings.tiles_container),
+        tiles=blobs.get_container_client(settings.tiles_container),
+        uploads=blobs.get_container_client(settings.input_container),
     )
 
 

@@ -13,6 +13,7 @@ from azure.core.exceptions import ResourceNotFoundError
 
 from .functions import FunctionIndex
 from .history import (
+    CONTINUED_AS_NEW,
     EXECUTION_TERMINATED,
     PENDING,
     RUNNING,
@@ -54,7 +55,7 @@ class TaskHubClient:
         if input_json is None and input_value is not None:
             input_json = json.dumps(input_value)
         existing, etag = self.store.read_state_and_etag(instance_id)
-        if existing is not None and existing["status"] in (PENDING, RUNNING):
+        if existing is not None and existing["status"] in (PENDING, RUNNING, CONTINUED_AS_NEW):
             raise InstanceAlreadyExists(
                 f"An Orchestration instance with the status {existing['status']} already exists."
             )

@@ -1,0 +1,167 @@
+"""The backfill: blobs already stored, started as jobs as their upload events would start them.
+
+Through the local host and Azurite: a container of which a third already has jobs (completed,
+failed, pending), backfilled by ``python -m devhost backfill`` killed (SIGKILL) just after it
+started a job, then run again with the same arguments; and the HTTP API's dry run, cancel and
+resume. The figures of the issue's 300 blobs: ``python -m bench.backfill``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from devhost.durable.queues import queue_service
+from devhost.durable.store import HistoryStore
+from tilecommit.backfill import backfill_id
+from tilecommit.jobs import job_id_for
+from tilecommit.spec import OutputSpec
+
+from .app_jobs import ROOT, AppEnv, local_host, make_scene
+
+pytestmark = pytest.mark.slow
+
+#: Blobs of the crash test: a third of them with jobs already (completed, failed, pending).
+BLOBS = 30
+PAGE_SIZE = 7
+MAX_RUNNING = 4
+#: The kill comes just after the backfill's 8th job started (of 20 new ones).
+KILL_AFTER_STARTS = 8
+#: The history of one execution of the backfill (orchestrators/backfill.py's docstring).
+HISTORY_BOUND = 26
+STARTED = re.compile(r"started job ([0-9a-f]{16}) for ")
+RESUMED = re.compile(r"started failed job ([0-9a-f]{16}) again for ")
+
+
+def blob_names(count: int) -> list[str]:
+    return [f"scenes/b{i:03d}.tif" for i in range(count)]
+
+
+def upload_all(storage, app_env: AppEnv, names: list[str], content: bytes) -> None:
+    container = storage.blob_service().get_container_client(app_env.input)
+    for name in names:
+        container.upload_blob(name, content, overwrite=True)
+
+
+def create_containers(storage, app_env: AppEnv) -> None:
+    for name in (app_env.input, app_env.tiles, app_env.output):
+        storage.blob_service().create_container(name)
+
+
+def jobs_delivered(app_env: AppEnv, names: list[str], *, run: bool) -> dict[str, str]:
+    """Deliver each blob's upload event once; {name: job id}. With ``run``, wait until every job
+    has ended; without, the jobs stay pending: no engine runs them until a host does."""
+    host = local_host(app_env)
+    if run:
+        host.start(watch=False)
+    else:
+        host.ensure_storage()
+        host.api.start()  # the Durable HTTP API alone: start_new queues the job, nothing runs it
+    try:
+        for name in names:
+            host.deliver_blob_created(name)
+        ids = job_ids(host, names)
+        for job_id in ids.values() if run else ():
+            host.engine.wait_for(job_id, timeout=120)
+        return ids
+    finally:
+        if run:
+            host.stop()
+        else:
+            from devhost.durable.host import close_durable_client_session
+
+            close_durable_client_session()
+            host.api.stop()
+
+
+def job_ids(host, names: list[str]) -> dict[str, str]:
+    """The job id of each blob's upload as it is stored now (its URL, its ETag, the settings' spec)."""
+    container = host.blobs.get_container_client(host.settings.input_container)
+    spec = OutputSpec.from_settings(host.settings)
+    found = {}
+    for name in names:
+        blob = container.get_blob_client(name)
+        found[name] = job_id_for(blob.url, blob.get_blob_properties().etag, spec)
+    return found
+
+
+def backfill_command(app_env: AppEnv, *args: str, crash: str | None = None) -> subprocess.CompletedProcess:
+    module = ["tests.crash_host", crash, "--"] if crash else ["devhost"]
+    command = [
+        sys.executable,
+        "-m",
+        *module,
+        "-v",
+        "backfill",
+        "--hub",
+        app_env.hub,
+        "--worker-id",
+        f"{app_env.hub}-backfill",
+        "--lease-seconds",
+        "3",
+        "--timer-scale",
+        "0.01",
+        *args,
+    ]
+    return subprocess.run(
+        command, cwd=ROOT, env={**os.environ, **app_env.env}, capture_output=True, text=True, timeout=300
+    )
+
+
+def history_events(storage, app_env: AppEnv, instance_id: str) -> int:
+    store = HistoryStore(storage.blob_service(), storage.table_service(), app_env.hub, queue_service(storage))
+    return sum(len(episode.events) for episode in store.episodes(instance_id))
+
+
+def test_backfill_killed_and_run_again_starts_each_job_once(storage, app_env, tmp_path):
+    create_containers(storage, app_env)
+    scene = make_scene(tmp_path / "scene.tif", 256, 256).read_bytes()  # one window
+    names = blob_names(BLOBS)
+    had_jobs = names[::3]  # 10: 4 completed, 3 failed, 3 pending
+    completed, failed, pending = had_jobs[:4], had_jobs[4:7], had_jobs[7:]
+    upload_all(storage, app_env, [n for n in names if n not in failed], scene)
+    upload_all(storage, app_env, failed, b"not a raster at all")
+    upload_all(storage, app_env, ["scenes/b000.tif.aux.xml"], b"<PAMDataset/>")  # a sidecar: ignored
+    upload_all(storage, app_env, ["scenes/empty.tif"], b"")  # zero bytes: ignored
+    before = jobs_delivered(app_env, completed + failed, run=True)
+    before.update(jobs_delivered(app_env, pending, run=False))
+    assert len(before) == len(had_jobs)
+
+    args = ("--page-size", str(PAGE_SIZE), "--max-running", str(MAX_RUNNING), "--wait-seconds", "0.2")
+    killed = backfill_command(app_env, *args, crash=f"start:{KILL_AFTER_STARTS}")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    again = backfill_command(app_env, *args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    view = json.loads(again.stdout.strip().splitlines()[-1])
+    assert view["action"] == "running"  # the killed host's backfill, found and carried on by this host
+    assert view["state"] == "completed"
+    new = len(names) - len(had_jobs)
+    assert view["counts"] == {
+        "listed": len(names) + 2,
+        "started": new,
+        "resumed": len(failed),  # a failed job is resumed, as its upload event would resume it
+        "duplicates": len(completed) + len(pending),
+        "refused": 0,
+        "ignored": 2,
+        "failed": 0,
+    }
+
+    # None started twice, none missed: the starter's own decisions, in both hosts' logs.
+    logs = killed.stderr + again.stderr
+    started = STARTED.findall(logs)
+    assert len(started) == len(set(started)) == new
+    assert not set(started) & set(before.values())
+    assert sorted(RESUMED.findall(logs)) == sorted(before[n] for n in failed)
+    store = HistoryStore(storage.blob_service(), storage.table_service(), app_env.hub, queue_service(storage))
+    assert all(store.read_state(job_id) is not None for job_id in started)
+
+    # Bounded history: every page is a new execution, and the last one holds a few events.
+    instance_id = backfill_id(app_env.input, "", False)
+    assert view["pages"] == -(-(len(names) + 2) // PAGE_SIZE) - 1
+    assert history_events(storage, app_env, instance_id) <= HISTORY_BOUND
