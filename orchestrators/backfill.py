@@ -6,7 +6,8 @@ One execution handles (part of) one page, then ``continue_as_new`` carries the s
 (tilecommit/backfill.py) to the next, so the history never holds more than one execution's
 events however many blobs: at most a count of the running jobs, one listing, one survey and
 one start (four activities, two events each), one timer (two), the execution's start and end
-and two events per episode for at most six episodes: 26 events (docs/pipeline.md).
+and two events per episode for at most six episodes: 24 events, and four more for each retry
+of an activity after a fault (docs/pipeline.md).
 """
 
 from __future__ import annotations

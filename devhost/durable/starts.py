@@ -70,6 +70,10 @@ class Starts:
             parent=message.parent,
             execution_id=message.execution_id,
         )
+        if current is not None and _continues(current, message):
+            # DTFx carries the custom status over to the execution continue_as_new begins
+            # (TaskOrchestrationDispatcher: ``runtimeState.Status = ... carryOverStatus``).
+            inst.custom_status = current.custom_status
         with self.instances.lock:
             self.instances.put(inst)
             self.queue.mark_ready(inst.id)
