@@ -37,7 +37,7 @@ def backfill(context: df.DurableOrchestrationContext) -> Generator[Any, Any, dic
         return (yield from wait_for_room(context, state))
     report(context, state, "listing")
     page = yield activity_task(context, names.LIST_BACKFILL_PAGE, listing(state))
-    remaining = [blob for blob in page["blobs"] if state["after"] is None or blob > state["after"]]
+    remaining = unhandled(page["blobs"], state["after"])
     if remaining:
         report(context, state, "starting")
         survey = yield activity_task(context, names.SURVEY_BACKFILL_BLOBS, {**listing(state), "blobs": remaining})
@@ -67,6 +67,16 @@ def backfill(context: df.DurableOrchestrationContext) -> Generator[Any, Any, dic
 
 def listing(state: dict) -> dict:
     return {key: state[key] for key in ("container", "prefix", "token", "page_size")}
+
+
+def unhandled(blobs: list[str], after: str | None) -> list[str]:
+    """The page's blobs after ``after``, the last one a step before handled: by position while it
+    is still listed, else by name (the listing's order is the names' code-point order in Azure)."""
+    if after is None:
+        return blobs
+    if after in blobs:
+        return blobs[blobs.index(after) + 1 :]
+    return [blob for blob in blobs if blob > after]
 
 
 def within_room(survey: list[dict], room: int) -> list[dict]:

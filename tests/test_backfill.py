@@ -24,7 +24,9 @@ from client_functions import backfill_pages
 from devhost.durable.functions import EventLoopThread
 from devhost.durable.queues import queue_service
 from devhost.durable.store import HistoryStore
-from tilecommit.backfill import COUNTS, backfill_id
+from orchestrators.backfill import unhandled, within_room
+from tilecommit.backfill import COUNTS, BackfillRequest, backfill_id, check_backfill_id
+from tilecommit.errors import InvalidNameError
 from tilecommit.jobs import job_id_for
 from tilecommit.settings import Settings
 from tilecommit.spec import OutputSpec
@@ -250,3 +252,26 @@ def test_a_name_no_upload_may_have_is_refused(storage, app_env):
     entries = EventLoopThread.shared().run(survey)
     assert [e["kind"] for e in entries] == ["refused", "refused"]
     assert "may not start with '/'" in entries[0]["reason"]
+
+
+def test_a_backfill_id_is_a_pure_function_of_what_it_lists_and_whether_it_starts():
+    assert backfill_id("in", "a/", False) == backfill_id("in", "a/", False)
+    ids = {backfill_id("in", "a/", False), backfill_id("in", "a/", True), backfill_id("in", "b/", False)}
+    assert len(ids) == 3 and all(check_backfill_id(i) == i for i in ids)
+    assert BackfillRequest("in-x", "a/", max_running=3).instance_id == backfill_id("in-x", "a/", False)
+    for bad in ({"container": "In_X"}, {"prefix": "a\x00"}, {"max_running": 0}, {"page_size": 5001}, {"dry_run": 1}):
+        with pytest.raises(InvalidNameError):
+            BackfillRequest(**{"container": "in-x", **bad})
+
+
+def test_a_page_is_taken_up_to_the_room_and_resumed_after_its_last_blob_handled():
+    survey = [
+        {"blob": b, "kind": k}
+        for b, k in zip("abcdef", ("new", "ignored", "failed", "exists", "new", "new"), strict=True)
+    ]
+    assert [e["blob"] for e in within_room(survey, 2)] == ["a", "b", "c", "d"]  # d starts nothing: taken too
+    assert [e["blob"] for e in within_room(survey, 0)] == []
+    assert [e["blob"] for e in within_room(survey, 9)] == list("abcdef")
+    assert unhandled(list("abcdef"), None) == list("abcdef")
+    assert unhandled(list("abcdef"), "d") == ["e", "f"]
+    assert unhandled(list("abcef"), "d") == ["e", "f"]  # "d" deleted since: by name

@@ -72,7 +72,8 @@ class Starts:
         )
         if current is not None and _continues(current, message):
             # DTFx carries the custom status over to the execution continue_as_new begins
-            # (TaskOrchestrationDispatcher: ``runtimeState.Status = ... carryOverStatus``).
+            # (TaskOrchestrationDispatcher: ``runtimeState.Status = ... carryOverStatus``), until
+            # that execution's first episode sets its own.
             inst.custom_status = current.custom_status
         with self.instances.lock:
             self.instances.put(inst)
