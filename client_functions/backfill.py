@@ -56,7 +56,8 @@ def _json(value: object) -> dict:
 
 def checkpoint(status: DurableOrchestrationStatus) -> dict:
     """Where the backfill is: its custom status, or, before its execution has set one (the first
-    moment of an execution that ``continue_as_new`` began), that execution's input."""
+    moment of an execution that ``continue_as_new`` began), that execution's input. The running
+    jobs' ids are its execution's input's (those running when it began)."""
     return _json(status.custom_status) or _json(status.input_)
 
 
@@ -65,6 +66,7 @@ def backfill_view(status: DurableOrchestrationStatus, action: str | None = None)
     runtime = status.runtime_status
     state = checkpoint(status)
     output = status.output if isinstance(status.output, dict) else {}
+    running = output.get("running") if output else _json(status.input_).get("running")
     view = {
         "id": status.instance_id,
         "state": STATES.get(runtime, runtime.value.lower()) if runtime else None,
@@ -74,7 +76,8 @@ def backfill_view(status: DurableOrchestrationStatus, action: str | None = None)
         "stage": state.get("stage"),
         "pages": state.get("pages"),
         "counts": output.get("counts") or state.get("counts"),
-        "running_jobs": state.get("running"),
+        "running_count": state.get("running_count"),
+        "running_jobs": running,
         "failures": state.get("failures"),
         "error": status.output if runtime == Status.Failed else None,
     }
@@ -109,7 +112,11 @@ async def start_backfill(
         if runtime == Status.Completed:
             return backfill_view(status, "completed")
         resuming = runtime in (Status.Failed, Status.Terminated)
-        state = resumed_state(checkpoint(status), request) if resuming else initial_state(request)
+        if resuming:
+            last = {**checkpoint(status), "running": _json(status.input_).get("running") or []}
+            state = resumed_state(last, request)
+        else:
+            state = initial_state(request)
         try:
             await client.start_new(names.BACKFILL, instance_id, state)
         except Exception as exc:  # the SDK raises a bare Exception carrying the host's message

@@ -18,7 +18,7 @@ from typing import Any
 
 import azure.durable_functions as df
 
-from tilecommit.backfill import tally
+from tilecommit.backfill import progress, tally
 
 from . import names
 from .calls import activity_task
@@ -106,10 +106,10 @@ def wait_for_room(context: df.DurableOrchestrationContext, state: dict) -> Gener
 
 
 def report(context: df.DurableOrchestrationContext, state: dict, stage: str) -> None:
-    """The custom status: the whole state (the progress a caller reads, and the checkpoint a
-    re-run resumes from after a failure or a cancel)."""
+    """The custom status: the state (the progress a caller reads, and the checkpoint a re-run
+    resumes from after a failure or a cancel), the running jobs counted."""
     state["stage"] = stage
-    context.set_custom_status(state)
+    context.set_custom_status(progress(state))
 
 
 def summary(state: dict) -> dict:

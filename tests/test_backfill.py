@@ -231,7 +231,8 @@ def test_backfill_api_dry_run_cancel_and_resume(storage, app_env, tmp_path):
         assert status == 202 and cancelled["state"] == "cancelling"
         stopped = wait_for_backfill(host, view["id"], ("cancelled",))
         assert stopped["state"] == "cancelled" and stopped["counts"]["started"] == 1
-        first_job = stopped["running_jobs"][0]
+        [first_job] = [d["job_id"] for d in host.decisions if d["action"] == "started"]
+        assert stopped["running_jobs"] == [first_job] and stopped["running_count"] == 1
         assert host.engine.wait_for(first_job, timeout=60)["status"] == "Completed"  # a job runs on after a cancel
 
         status, resumed = call(host, "POST", "/api/backfill", {**real, "wait_s": 0.2})

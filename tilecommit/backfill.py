@@ -3,8 +3,9 @@ job as its upload event would have started it. Pure: the request, its instance i
 the orchestration carries from page to page, and its counts.
 
 The orchestration (orchestrators/backfill.py) carries :func:`initial_state`'s dict through
-``continue_as_new``; its custom status is the same dict, which is how a re-run with the same
-arguments reads where a stopped backfill was (client_functions/backfill.py).
+``continue_as_new``; its custom status is the same dict less the running jobs' ids
+(:func:`progress`), which is how a re-run with the same arguments reads where a stopped backfill
+was (client_functions/backfill.py).
 """
 
 from __future__ import annotations
@@ -24,15 +25,13 @@ DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 5000
 #: Jobs of one backfill running at once unless the request says.
 DEFAULT_MAX_RUNNING = 8
-#: The running jobs' ids ride in the custom status (16 KB at most, the extension's bound): 200 of
-#: them take under 4 KB.
 MAX_MAX_RUNNING = 200
 #: Seconds between two counts of the running jobs while the backfill waits for room.
 DEFAULT_WAIT_S = 5.0
 #: A backfill keeps the blob names of this many failed starts (the rest are counted only).
-MAX_FAILURES_KEPT = 5
+MAX_FAILURES_KEPT = 3
 #: Characters of a failed blob's name and reason kept (a name may have 1,024).
-MAX_KEPT_CHARS = 200
+MAX_KEPT_CHARS = 100
 
 #: What a backfill counts, per blob listed: a new job, a failed job resumed, a job already
 #: there (pending, running, done, or cancelled by its user), a name refused as an upload's would
@@ -112,9 +111,18 @@ def initial_state(request: BackfillRequest) -> dict:
     }
 
 
+def progress(state: dict) -> dict:
+    """The custom status: the state, with how many of its jobs run instead of their ids. The
+    extension refuses a custom status over 16 KB of UTF-16; with two names of up to 1,024
+    characters (the prefix, the last blob handled), the listing's token and the failures kept,
+    the state stays under it, and 200 job ids would not."""
+    shown = {key: value for key, value in state.items() if key != "running"}
+    return {**shown, "running_count": len(state["running"])}
+
+
 def resumed_state(checkpoint: dict, request: BackfillRequest) -> dict:
-    """The input that resumes a stopped backfill from its last checkpoint (its last execution's
-    input, or its custom status), paced as the new request says."""
+    """The input that resumes a stopped backfill from its last checkpoint (its custom status, with
+    the running jobs of its last execution's input), paced as the new request says."""
     return {
         **initial_state(request),
         **{
