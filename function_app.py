@@ -191,7 +191,8 @@ async def get_verify(req: func.HttpRequest, client: df.DurableOrchestrationClien
 @app.durable_client_input(client_name="client")
 async def start_backfill(req: func.HttpRequest, client: df.DurableOrchestrationClient) -> func.HttpResponse:
     """POST /api/backfill {"container", "prefix", "dry_run", "max_running"}: start the backfill of
-    those arguments, or report it (running, completed), or resume it (failed, cancelled); 202."""
+    those arguments (202), or report it (running, completed: 200), or resume it (failed,
+    cancelled: 202)."""
     try:
         values = req.get_json() if req.get_body() else {}
     except ValueError:
@@ -203,7 +204,11 @@ async def start_backfill(req: func.HttpRequest, client: df.DurableOrchestrationC
         request = backfill.request_from(values, ctx.settings.input_container)
     except JobApiError as exc:
         return json_response(exc.body(), exc.status)
-    return await answer(backfill.start_backfill(client, request, ctx.uploads), 202)
+    try:
+        view = await backfill.start_backfill(client, request, ctx.uploads)
+    except JobApiError as exc:
+        return json_response(exc.body(), exc.status)
+    return json_response(view, 202 if view["action"] in ("started", "resumed") else 200)
 
 
 @app.function_name(names.BACKFILL_STATUS_ROUTE)

@@ -342,6 +342,8 @@ def check_usage(args: argparse.Namespace) -> None:
         raise UsageError(f"--older-than {args.older_than}: expected days >= 0 (0: every finished job)")
     if args.command == "status" and args.limit < 1:
         raise UsageError("--limit must be at least 1")
+    if args.command == "backfill":
+        check_backfill_usage(args)
     if args.command != "process":
         return
     for path in args.paths:
@@ -359,6 +361,32 @@ def check_usage(args: argparse.Namespace) -> None:
     stems = [path.stem for path in args.paths]
     if args.output is not None and len(set(stems)) < len(stems):
         raise UsageError("--output saves by file stem: two files share one")
+
+
+def backfill_values(args: argparse.Namespace) -> dict:
+    """The backfill's request as ``POST /api/backfill`` takes it; None: the default."""
+    return {
+        "container": args.container,
+        "prefix": args.prefix,
+        "dry_run": args.dry_run,
+        "max_running": args.max_running,
+        "page_size": args.page_size,
+        "wait_s": args.wait_seconds,
+    }
+
+
+def check_backfill_usage(args: argparse.Namespace) -> None:
+    """The backfill's values, checked as the API checks them (the container, once the settings
+    are read, against the input container)."""
+    from tilecommit.backfill import BackfillRequest
+    from tilecommit.errors import InvalidNameError
+    from tilecommit.settings import INPUT_CONTAINER
+
+    values = {k: v for k, v in backfill_values(args).items() if v is not None}
+    try:
+        BackfillRequest(**{"container": INPUT_CONTAINER, **values})
+    except InvalidNameError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _host(args: argparse.Namespace):
@@ -628,14 +656,7 @@ def backfill(args: argparse.Namespace, storage) -> int:
 
     from .backfill import print_result, run_backfill
 
-    values = {
-        "container": args.container,
-        "prefix": args.prefix,
-        "dry_run": args.dry_run,
-        "max_running": args.max_running,
-        "page_size": args.page_size,
-        "wait_s": args.wait_seconds,
-    }
+    values = backfill_values(args)
     host = _host(args)
     host.start(watch=False)  # only the backfill starts jobs here: no upload event is delivered
     try:

@@ -219,7 +219,8 @@ def test_backfill_api_dry_run_cancel_and_resume(storage, app_env, tmp_path):
         assert dry["counts"] == {**dict.fromkeys(COUNTS, 0), "listed": 5, "started": 4, "ignored": 1}
         assert host.engine.status(backfill_id(app_env.input, "scenes/", False)) is None
         assert not [d for d in host.decisions if d["action"] == "started"]  # a dry run starts nothing
-        assert call(host, "POST", "/api/backfill", {"prefix": "scenes/", "dry_run": True})[1]["action"] == "completed"
+        again = call(host, "POST", "/api/backfill", {"prefix": "scenes/", "dry_run": True})
+        assert again[0] == 200 and again[1]["action"] == "completed" and again[1]["counts"] == dry["counts"]
 
         # One job at a time, and a long wait for room (3600 s, at the host's timer scale 36 s):
         # the backfill is waiting after its first start when it is cancelled.
@@ -244,6 +245,15 @@ def test_backfill_api_dry_run_cancel_and_resume(storage, app_env, tmp_path):
         assert len(started) == len(set(started)) == 4 and first_job in started
     finally:
         host.stop()
+
+
+def test_the_command_refuses_values_out_of_range_before_any_connection():
+    for args in (("--max-running", "0"), ("--page-size", "6000"), ("--prefix", "a\x01")):
+        refused = subprocess.run(
+            [sys.executable, "-m", "devhost", "backfill", *args], cwd=ROOT, capture_output=True, text=True, timeout=60
+        )
+        assert refused.returncode == 2 and refused.stdout == "", refused.stderr
+        assert refused.stderr.startswith("python -m devhost backfill: ") and len(refused.stderr.splitlines()) == 1
 
 
 def test_a_name_no_upload_may_have_is_refused(storage, app_env):
