@@ -21,8 +21,9 @@ from .records import Record
 #: Blobs listed per page unless the request says: one listing call, one survey and at most one
 #: start activity per page, each handling at most this many blobs.
 DEFAULT_PAGE_SIZE = 100
-#: The listing service's own bound on a page (List Blobs ``maxresults``).
-MAX_PAGE_SIZE = 5000
+#: A page's names travel in the survey's and the start's messages: at most a thousand (List Blobs
+#: itself answers up to 5,000).
+MAX_PAGE_SIZE = 1000
 #: Jobs of one backfill running at once unless the request says.
 DEFAULT_MAX_RUNNING = 8
 MAX_MAX_RUNNING = 200
