@@ -33,8 +33,6 @@ from tilecommit.spec import OutputSpec
 
 from .app_jobs import ROOT, AppEnv, local_host, make_scene, wait_until
 
-pytestmark = pytest.mark.slow
-
 #: Blobs of the crash test: a third of them with jobs already (completed, failed, pending).
 BLOBS = 30
 PAGE_SIZE = 7
@@ -128,6 +126,7 @@ def history_events(storage, app_env: AppEnv, instance_id: str) -> int:
     return sum(len(episode.events) for episode in store.episodes(instance_id))
 
 
+@pytest.mark.slow
 def test_backfill_killed_and_run_again_starts_each_job_once(storage, app_env, tmp_path):
     create_containers(storage, app_env)
     scene = make_scene(tmp_path / "scene.tif", 256, 256).read_bytes()  # one window
@@ -199,6 +198,7 @@ def wait_for_backfill(host, backfill: str, states: tuple[str, ...], timeout: flo
         time.sleep(0.1)
 
 
+@pytest.mark.slow
 def test_backfill_api_dry_run_cancel_and_resume(storage, app_env, tmp_path):
     create_containers(storage, app_env)
     names = blob_names(4)
