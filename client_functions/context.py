@@ -1,8 +1,11 @@
 """Clients and settings for the client functions (the starter, the job API, the retention sweep),
 built once per process from the app settings, as the activities' are (activities/context.py).
 
-They need only the manifest table (the cancellation rows, the starter's and the retry's reads)
-and the tiles container (the sweep's deletes), from the code's data connection.
+They need only the manifest table (the cancellation rows, the starter's and the retry's reads),
+the tiles container (the sweep's deletes) and the input container (a backfill's listing), from
+the code's data connection, which names the same blob endpoint as the blob trigger's
+(:meth:`tilecommit.storage.StorageConnection.for_data`): a blob's URL, and so its job id, is
+the same whichever of the two hands it over.
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ class ClientContext:
     settings: Settings
     manifest: TableClient
     tiles: ContainerClient
-    #: The uploads' container: a scene document's members are looked up there.
-    input: ContainerClient
+    #: The uploads' container: a backfill lists it (client_functions/backfill_pages.py), and a
+    #: scene document's members are looked up there (client_functions/scene_members.py).
+    uploads: ContainerClient
 
 
 @lru_cache(maxsize=4)
@@ -31,11 +35,12 @@ def _context_for(connection_key: str, settings: Settings) -> ClientContext:
     """Clients for one connection (``connection_key`` only keys the cache) and one set of settings:
     the code's data connection (``TilecommitData``, else the host's)."""
     connection = StorageConnection.for_data()
+    blobs = connection.blob_service()
     return ClientContext(
         settings=settings,
         manifest=connection.table_service().get_table_client(settings.manifest_table),
-        tiles=connection.blob_service().get_container_client(settings.tiles_container),
-        input=connection.blob_service().get_container_client(settings.input_container),
+        tiles=blobs.get_container_client(settings.tiles_container),
+        uploads=blobs.get_container_client(settings.input_container),
     )
 
 

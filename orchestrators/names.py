@@ -41,3 +41,14 @@ CANCEL_ROUTE = "cancel_job"
 RETRY_ROUTE = "retry_job"
 #: The daily timer that purges what finished jobs no longer need (tiles, rows, history).
 RETENTION_SWEEP = "retention_sweep"
+
+#: A backfill: the blobs already stored under a prefix, each started as its upload would be.
+BACKFILL = "backfill"
+LIST_BACKFILL_PAGE = "list_backfill_page"
+SURVEY_BACKFILL_BLOBS = "survey_backfill_blobs"
+START_BACKFILL_JOBS = "start_backfill_jobs"
+COUNT_RUNNING_JOBS = "count_running_jobs"
+#: POST /api/backfill, GET /api/backfill/{backfill_id}, POST /api/backfill/{backfill_id}/cancel.
+BACKFILL_ROUTE = "start_backfill"
+BACKFILL_STATUS_ROUTE = "get_backfill"
+BACKFILL_CANCEL_ROUTE = "cancel_backfill"

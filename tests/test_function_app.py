@@ -27,6 +27,7 @@ def test_functions_and_raw_bindings_as_the_worker_sends_them():
         names.VERIFY_SCENE,
         names.VERIFY_GROUP,
         names.VERIFY_BATCH,
+        names.BACKFILL,
     }
     assert set(index.activities) == {
         names.VALIDATE_SOURCE,
@@ -39,7 +40,22 @@ def test_functions_and_raw_bindings_as_the_worker_sends_them():
         names.VERIFY_WINDOW,
         names.VERIFY_OUTPUTS,
         names.REBUILD_MOSAIC,
+        names.LIST_BACKFILL_PAGE,
+        names.SURVEY_BACKFILL_BLOBS,
+        names.START_BACKFILL_JOBS,
+        names.COUNT_RUNNING_JOBS,
     }
+    # The backfill's activities that start or read jobs take a Durable client, as the starter does.
+    assert set(index.activity_clients) == {
+        names.SURVEY_BACKFILL_BLOBS,
+        names.START_BACKFILL_JOBS,
+        names.COUNT_RUNNING_JOBS,
+    }
+    for name in index.activity_clients:
+        assert sorted(index.raw_bindings[name], key=lambda b: b["type"]) == [
+            {"direction": "IN", "type": "activityTrigger", "name": "payload", "activity": name},
+            {"direction": "IN", "type": "durableClient", "name": "client"},
+        ]
     assert set(index.blob_triggers) == {names.STARTER} == {settings.TRIGGER_FUNCTION}
     # The scrub's route: function-key auth, POST only.
     route = next(b for b in index.raw_bindings[names.VERIFY_ROUTE] if b["type"] == "httpTrigger")
@@ -60,6 +76,9 @@ def test_functions_and_raw_bindings_as_the_worker_sends_them():
         names.RETRY_ROUTE: ("POST", "jobs/{job_id}/retry"),
         names.VERIFY_ROUTE: ("POST", "jobs/{job_id}/verify"),
         names.VERIFY_STATUS_ROUTE: ("GET", "jobs/{job_id}/verify/{verify_id}"),
+        names.BACKFILL_ROUTE: ("POST", "backfill"),
+        names.BACKFILL_STATUS_ROUTE: ("GET", "backfill/{backfill_id}"),
+        names.BACKFILL_CANCEL_ROUTE: ("POST", "backfill/{backfill_id}/cancel"),
     }
     assert set(index.http_functions) == set(routes)
     for name, (method, path) in routes.items():
