@@ -16,7 +16,7 @@ PYTEST_ARGS ?=
 # shared machine; 0 runs it in one process.
 PYTEST_WORKERS ?= 3
 
-.PHONY: setup gdalwarp demo test bench bench-quick lint clean
+.PHONY: setup gdalwarp postgres demo test bench bench-quick lint clean
 
 setup: $(VENV)/.installed $(CHECKOV_VENV)/.installed node_modules/.installed
 
@@ -57,7 +57,24 @@ gdalwarp:
 	  rm -f "$$log"; \
 	}
 
-demo: setup
+# PostgreSQL and PostGIS (Debian's postgresql and postgresql-15-postgis-3, bookworm's) for the
+# catalog: the tests and the demo start a cluster of their own on 127.0.0.1 (testkit/postgres.py)
+# and install pgstac in it with pypgstac's migration. Installed only when missing, as gdalwarp is.
+POSTGRES_PACKAGES := postgresql postgresql-15-postgis-3
+postgres:
+	@{ ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 && ls /usr/share/postgresql/*/extension/postgis.control >/dev/null 2>&1; } || { \
+	  if ! command -v apt-get >/dev/null; then \
+	    echo "warning: PostgreSQL with PostGIS is missing and there is no apt-get: install them for the catalog's tests" >&2; exit 0; \
+	  fi; \
+	  sudo=$$( [ "$$(id -u)" -eq 0 ] || echo sudo ); \
+	  install="$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(POSTGRES_PACKAGES)"; \
+	  echo "PostgreSQL or PostGIS is missing: installing $(POSTGRES_PACKAGES)"; log=$$(mktemp); \
+	  $$install >"$$log" 2>&1 || { $$sudo apt-get update -qq && $$install; } >"$$log" 2>&1; \
+	  ls /usr/share/postgresql/*/extension/postgis.control >/dev/null 2>&1 || { cat "$$log" >&2; rm -f "$$log"; echo "$(POSTGRES_PACKAGES) did not install PostGIS" >&2; exit 1; }; \
+	  rm -f "$$log"; \
+	}
+
+demo: setup postgres
 	$(PY) -m devhost demo
 
 # Lint first, so CI (.ci/run calls `make test`) fails on a finding before the slow tests start.
@@ -75,7 +92,7 @@ lint: setup
 FAULT_TESTS := tests/test_storage_faults.py
 
 # --durations: the slowest tests, in every run's log, so the suite's time is watched where it is spent.
-test: lint gdalwarp
+test: lint gdalwarp postgres
 	@faults_log=$$(mktemp); \
 	$(PY) -m pytest $(PYTEST_ARGS) $(FAULT_TESTS) >"$$faults_log" 2>&1 & faults=$$!; \
 	trap 'kill $$faults 2>/dev/null; rm -f "$$faults_log"' EXIT; \

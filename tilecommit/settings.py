@@ -62,6 +62,17 @@ SETTING_TILE_RETENTION_DAYS = "TILECOMMIT_TILE_RETENTION_DAYS"
 SETTING_PROFILE = "TILECOMMIT_PROFILE"
 #: Profiles by upload path: ``prefix=profile[,key=value...];...``, the longest prefix first.
 SETTING_PROFILE_RULES = "TILECOMMIT_PROFILE_RULES"
+#: The pgstac database each finished job's STAC item is published to (docs/catalog.md). Its host
+#: empty or unset: no publication (the embedded default needs no database).
+SETTING_PGSTAC_HOST = "TILECOMMIT_PGSTAC_HOST"
+SETTING_PGSTAC_PORT = "TILECOMMIT_PGSTAC_PORT"
+SETTING_PGSTAC_DATABASE = "TILECOMMIT_PGSTAC_DATABASE"
+SETTING_PGSTAC_USER = "TILECOMMIT_PGSTAC_USER"
+#: How the app signs in to it: ``entra`` (a Microsoft Entra token of the app's data identity as
+#: the password, TLS required) or ``trust`` (a local cluster that trusts 127.0.0.1). Never a password.
+SETTING_PGSTAC_AUTH = "TILECOMMIT_PGSTAC_AUTH"
+#: The STAC API's base URL, for each item's catalog link; empty: the link is the item's blob URL.
+SETTING_STAC_API_URL = "TILECOMMIT_STAC_API_URL"
 
 APP_SETTINGS = (
     SETTING_INPUT_CONTAINER,
@@ -79,6 +90,24 @@ APP_SETTINGS = (
     SETTING_PROFILE,
     SETTING_PROFILE_RULES,
 )
+
+#: The catalog's settings (the publication to pgstac and the STAC API's URL): deployed only where a
+#: catalog is deployed; unset, the app publishes nowhere.
+CATALOG_SETTINGS = (
+    SETTING_PGSTAC_HOST,
+    SETTING_PGSTAC_PORT,
+    SETTING_PGSTAC_DATABASE,
+    SETTING_PGSTAC_USER,
+    SETTING_PGSTAC_AUTH,
+    SETTING_STAC_API_URL,
+)
+PGSTAC_AUTH_ENTRA = "entra"
+PGSTAC_AUTH_TRUST = "trust"
+DEFAULT_PGSTAC_PORT = 5432
+#: pgstac's own name for its database (pypgstac's and stac-fastapi-pgstac's examples use it).
+DEFAULT_PGSTAC_DATABASE = "pgstac"
+#: The token scope of Azure Database for PostgreSQL's Microsoft Entra authentication.
+PGSTAC_ENTRA_SCOPE = "https://ossrdbms-aad.database.windows.net/.default"
 
 #: 1024 px windows: 0.17-0.21 s and ~115 MB a worker for 3-band uint16 (docs/design.md, 'GDAL settings and raster figures').
 DEFAULT_WINDOW_SIZE = 1024
@@ -143,6 +172,12 @@ class Settings:
     instance_memory_mb: int = DEFAULT_INSTANCE_MEMORY_MB
     profile: str = profiles.DEFAULT
     profile_rules: str = ""
+    pgstac_host: str = ""
+    pgstac_port: int = DEFAULT_PGSTAC_PORT
+    pgstac_database: str = DEFAULT_PGSTAC_DATABASE
+    pgstac_user: str = ""
+    pgstac_auth: str = PGSTAC_AUTH_ENTRA
+    stac_api_url: str = ""
 
     def __post_init__(self) -> None:
         # Refused here, at start, when malformed.
@@ -182,6 +217,19 @@ class Settings:
                 f"{SETTING_ASSEMBLY_SHARE}={self.assembly_share_mb}: expected 1..{DEFAULT_ASSEMBLY_SHARE_MB} "
                 "(more would not fit one function's time at the slowest copy rate planned for)"
             )
+        if self.pgstac_auth not in (PGSTAC_AUTH_ENTRA, PGSTAC_AUTH_TRUST):
+            raise ConfigurationError(
+                f"{SETTING_PGSTAC_AUTH}={self.pgstac_auth!r}: expected {PGSTAC_AUTH_ENTRA} or {PGSTAC_AUTH_TRUST}"
+            )
+        if self.pgstac_host and not self.pgstac_user:
+            raise ConfigurationError(f"{SETTING_PGSTAC_HOST} is set: {SETTING_PGSTAC_USER} must name the role")
+        if self.stac_api_url and not self.stac_api_url.startswith(("https://", "http://127.0.0.1:")):
+            raise ConfigurationError(f"{SETTING_STAC_API_URL}={self.stac_api_url!r}: expected an https:// URL")
+
+    @property
+    def publishes(self) -> bool:
+        """Whether finished jobs are published to pgstac."""
+        return bool(self.pgstac_host)
 
     def default_profile(self) -> profiles.Choice:
         return profiles.parse(self.profile, where=SETTING_PROFILE, error=ConfigurationError)
@@ -217,6 +265,12 @@ class Settings:
             instance_memory_mb=integer(SETTING_INSTANCE_MEMORY_MB, DEFAULT_INSTANCE_MEMORY_MB),
             profile=env.get(SETTING_PROFILE, "").strip() or profiles.DEFAULT,
             profile_rules=env.get(SETTING_PROFILE_RULES, "").strip(),
+            pgstac_host=env.get(SETTING_PGSTAC_HOST, "").strip(),
+            pgstac_port=integer(SETTING_PGSTAC_PORT, DEFAULT_PGSTAC_PORT),
+            pgstac_database=env.get(SETTING_PGSTAC_DATABASE, "").strip() or DEFAULT_PGSTAC_DATABASE,
+            pgstac_user=env.get(SETTING_PGSTAC_USER, "").strip(),
+            pgstac_auth=env.get(SETTING_PGSTAC_AUTH, "").strip() or PGSTAC_AUTH_ENTRA,
+            stac_api_url=env.get(SETTING_STAC_API_URL, "").strip().rstrip("/"),
         )
 
 
