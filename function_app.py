@@ -17,6 +17,7 @@ import azure.durable_functions as df  # noqa: E402 - after the process settings 
 import azure.functions as func
 import azurefunctions.extensions.bindings.blob as blob
 
+from activities import catalog as catalog_activities
 from activities import tiling as activities
 from activities import verify as verify_activities
 from client_functions import job_api, retention, starter, verify_start
@@ -34,12 +35,12 @@ from tilecommit.settings import SETTING_INPUT_CONTAINER, STORAGE_CONNECTION
 monitoring.configure_telemetry()
 
 
-def tiling_functions(activity_functions=activities) -> df.Blueprint:
+def tiling_functions(activity_functions=activities, catalog_functions=catalog_activities) -> df.Blueprint:
     """The orchestrators and the activities they call, bound under the names the orchestrators use.
 
     ``activity_functions`` supplies ``validate_source``, ``render_tile``, ``assemble_mosaic``,
-    ``plan_mosaic_shares``, ``stage_mosaic_share`` and ``publish_job_event``:
-    the real ones for this app; bench/null_app.py passes stand-ins that do no raster work, so
+    ``plan_mosaic_shares``, ``stage_mosaic_share`` and ``publish_job_event``, ``catalog_functions``
+    ``publish_item``: the real ones for this app; bench/null_app.py passes stand-ins that do no raster work, so
     the benchmark runs the same orchestrators with the same bindings. A fresh blueprint on each
     call: the SDK wraps each function as it registers it, and an app indexes its functions once.
     Each activity execution and each job's end is recorded (:mod:`tilecommit.observability.observed`).
@@ -53,6 +54,7 @@ def tiling_functions(activity_functions=activities) -> df.Blueprint:
     _activity(bp, names.ASSEMBLE_MOSAIC, activity_functions.assemble_mosaic)
     _activity(bp, names.PLAN_MOSAIC_SHARES, activity_functions.plan_mosaic_shares)
     _activity(bp, names.STAGE_MOSAIC_SHARE, activity_functions.stage_mosaic_share)
+    _activity(bp, names.PUBLISH_ITEM, catalog_functions.publish_item)
     _activity(bp, names.PUBLISH_JOB_EVENT, activity_functions.publish_job_event)
     return bp
 

@@ -40,12 +40,17 @@ class NullActivities:
         return {"share": payload["share"], "ranges": 0, "bytes": 0, "stopped": False, "staged": 0}
 
     @staticmethod
+    def publish_item(payload: dict) -> dict:
+        job_id = payload["job"]["job_id"]
+        return {"state": "not-configured", "collection": "", "item_id": job_id, "url": "", "outcome": None}
+
+    @staticmethod
     def publish_job_event(payload: dict) -> dict:
         return {"outcome": "not-configured", "event_id": "", "type": ""}
 
 
 app = df.DFApp()
-app.register_functions(tiling_functions(NullActivities))
+app.register_functions(tiling_functions(NullActivities, NullActivities))
 
 
 def job_input(job_id: str, windows: int, *, window_size: int = 1024, batch_size: int = 64) -> dict:

@@ -18,6 +18,8 @@ ASSEMBLE_MOSAIC = "assemble_mosaic"
 #: by ASSEMBLE_MOSAIC.
 PLAN_MOSAIC_SHARES = "plan_mosaic_shares"
 STAGE_MOSAIC_SHARE = "stage_mosaic_share"
+#: The job's STAC item into the catalog (pgstac), once its mosaic is assembled; before its event.
+PUBLISH_ITEM = "publish_item"
 #: The job's completion event (completed or failed), once it ended.
 PUBLISH_JOB_EVENT = "publish_job_event"
 

@@ -23,6 +23,8 @@ from .failures import JobFailure, checked
 
 #: The stage named when the mosaic's staging or assembly runs out of retries.
 ASSEMBLING = "assembling the mosaic"
+#: The stage named when the item's publication to the catalog runs out of retries.
+PUBLISHING = "publishing the STAC item to the catalog"
 
 
 def empty_summary() -> dict:
@@ -187,7 +189,8 @@ def announce(
 
 
 def run_job(context: df.DurableOrchestrationContext, job: dict, used: dict) -> Generator[Any, Any, dict]:
-    """Validate, render in batches, assemble; the job's summary."""
+    """Validate, render in batches, assemble, publish the item to the catalog (a job started with a
+    catalog configured, ``Job.publish``); the job's summary."""
     context.set_custom_status({"stage": "validating", "windows_done": 0, "windows_total": None})
     validated = yield from call_activity(
         context, job, names.VALIDATE_SOURCE, job, stage="validating the upload", used=used
@@ -218,6 +221,14 @@ def run_job(context: df.DurableOrchestrationContext, job: dict, used: dict) -> G
     status["stage"] = "assembling"
     context.set_custom_status(status)
     mosaic = yield from assemble(context, job, scene, totals["bytes"], status, used)
+    published = None
+    if Job.from_dict(job).publish:
+        # The catalog before the completion event (announce), so the event carries the item's link.
+        status["stage"] = "publishing"
+        context.set_custom_status(status)
+        published = yield from call_activity(
+            context, job, names.PUBLISH_ITEM, {"job": job}, stage=PUBLISHING, used=used
+        )
     context.set_custom_status({**status, "stage": "done"})
     totals.pop("errors")
     totals["usage"] = used  # the whole job's, not only its tiles'
@@ -230,6 +241,7 @@ def run_job(context: df.DurableOrchestrationContext, job: dict, used: dict) -> G
         "mosaic_url": mosaic["mosaic_url"],
         "stac_url": mosaic["stac_url"],
         "quicklook_url": mosaic["quicklook_url"],
+        **({"published": published} if published is not None else {}),
     }
 
 

@@ -123,6 +123,11 @@ class Job(Record):
     #: Why the upload's metadata names a profile this build cannot make; the job then fails at
     #: once saying so (its validation raises it before the upload is read).
     profile_error: str | None = None
+    #: True when the instance that started the job had a pgstac catalog configured: the job then
+    #: publishes its item (tilecommit/catalog/pgstac.py) before its completion event. None (left
+    #: out of the payload) otherwise, and in payloads made before publication existed, whose
+    #: orchestrations so replay as they ran.
+    publish: bool | None = None
 
     JSON_IN = {"spec": OutputSpec.from_dict}
 
@@ -170,11 +175,12 @@ class Job(Record):
             batch_size=settings.batch_size,
             assembly_share_bytes=settings.assembly_share_mb * 2**20,
             profile_error=profile_error or None,
+            publish=True if settings.publishes else None,
         )
 
 
 #: The fields a payload carries only when they are set.
-_OPTIONAL = ("assembly_share_bytes", "profile_error")
+_OPTIONAL = ("assembly_share_bytes", "profile_error", "publish")
 #: The share size of a job whose payload names none.
 DEFAULT_SHARE_BYTES = DEFAULT_ASSEMBLY_SHARE_MB * 2**20
 

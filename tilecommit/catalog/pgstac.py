@@ -47,6 +47,7 @@ from ..raster.assembly.stac import without_run_facts
 from ..records import Record
 from ..settings import Settings
 from .database import connect, database_fault, retryable
+from .published import NOT_CONFIGURED, PUBLISHED
 
 logger = logging.getLogger(__name__)
 
@@ -55,8 +56,6 @@ DEFAULT_COLLECTION = "tilecommit"
 GATE_ITEM, GATE_COLLECTION = "pgstac-item", "pgstac-collection"
 #: Where the write id of the request that created an item is kept: a key of its row's ``private``.
 WRITE_ID_KEY = "tilecommit:write_id"
-#: What a publication did: the item is in pgstac, or no pgstac is configured (the link is the blob's).
-PUBLISHED, NOT_CONFIGURED = "published", "not-configured"
 
 ITEM_SQL = "SELECT content_hydrate(i), i.private ->> %s FROM items i WHERE i.id = %s AND i.collection = %s"
 #: The collection's extent made the union of what it was and one item's: its bbox corner by corner
