@@ -6,6 +6,7 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 CHECKOV_VENV := .venv-checkov
+STAC_VENV := .venv-stac
 PYTEST_ARGS ?=
 # The main suite runs in this many pytest-xdist workers, whole files per worker (--dist loadfile:
 # a module's fixtures, its Azurite included, stay in one process). Each worker starts its own
@@ -18,7 +19,7 @@ PYTEST_WORKERS ?= 3
 
 .PHONY: setup gdalwarp postgres demo test bench bench-quick lint clean
 
-setup: $(VENV)/.installed $(CHECKOV_VENV)/.installed node_modules/.installed
+setup: $(VENV)/.installed $(CHECKOV_VENV)/.installed $(STAC_VENV)/.installed node_modules/.installed postgres
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +32,13 @@ $(CHECKOV_VENV)/.installed: requirements-checkov.txt
 	$(PYTHON) -m venv $(CHECKOV_VENV)
 	$(CHECKOV_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip
 	$(CHECKOV_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-checkov.txt
+	touch $@
+
+# stac-fastapi-pgstac pins its own web stack, so the STAC API runs from a venv of its own too.
+$(STAC_VENV)/.installed: requirements-stac.txt
+	$(PYTHON) -m venv $(STAC_VENV)
+	$(STAC_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip
+	$(STAC_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-stac.txt
 	touch $@
 
 node_modules/.installed: package.json package-lock.json
@@ -109,4 +117,4 @@ bench-quick: setup
 	$(PY) -m bench --quick
 
 clean:
-	rm -rf $(VENV) $(CHECKOV_VENV) node_modules .pytest_cache .hypothesis
+	rm -rf $(VENV) $(CHECKOV_VENV) $(STAC_VENV) node_modules .pytest_cache .hypothesis

@@ -226,9 +226,8 @@ def run_job(context: df.DurableOrchestrationContext, job: dict, used: dict) -> G
         # The catalog before the completion event (announce), so the event carries the item's link.
         status["stage"] = "publishing"
         context.set_custom_status(status)
-        published = yield from call_activity(
-            context, job, names.PUBLISH_ITEM, {"job": job}, stage=PUBLISHING, used=used
-        )
+        called = yield from call_activity(context, job, names.PUBLISH_ITEM, {"job": job}, stage=PUBLISHING, used=used)
+        published = {k: v for k, v in called.items() if k != "usage"}  # counted in the job's usage
     context.set_custom_status({**status, "stage": "done"})
     totals.pop("errors")
     totals["usage"] = used  # the whole job's, not only its tiles'

@@ -12,12 +12,14 @@ import json
 import threading
 import time
 from collections import Counter
+from datetime import datetime, timedelta
 
 import psycopg
 import pytest
 
 from testkit.postgres_cut import AFTER, BEFORE, CommitCutProxy
 from testkit.scenes import SceneSpec, write_scene
+from testkit.stac_api import StacApi
 from tilecommit import jobs
 from tilecommit.catalog import pgstac as catalog
 from tilecommit.errors import CatalogCheckError, StorageFaultError, is_retryable, kind_of
@@ -177,8 +179,11 @@ def test_a_database_down_is_a_retryable_fault_and_costs_nothing_once_it_is_back(
 def test_32_publications_at_once_each_delivered_twice_make_32_items(pgstac, job_output):
     settings = settings_for(pgstac)
     ids = [f"{n:016x}" for n in range(0x3200, 0x3220)]
+    base = datetime.fromisoformat(item_of(job_output, JOB)["properties"]["datetime"].replace("Z", "+00:00"))
+    moments = [(base + timedelta(days=40 * n)).isoformat().replace("+00:00", "Z") for n in range(len(ids))]
     for n, job_id in enumerate(ids):
-        place_item(job_output, job_id, east=0.01 * n)
+        # Each its own place and month: pgstac's partition constraints are widened by each insert.
+        place_item(job_output, job_id, east=0.01 * n, datetime=moments[n])
     outcomes: Counter = Counter()
     errors: list[BaseException] = []
     start = threading.Barrier(2 * len(ids))
@@ -202,3 +207,23 @@ def test_32_publications_at_once_each_delivered_twice_make_32_items(pgstac, job_
     west, south, east, north = item_of(job_output, ids[0])["bbox"]
     extent = collection_of(pgstac, "thirty-two")["extent"]
     assert extent["spatial"]["bbox"][0] == pytest.approx([west, south, east + 0.01 * 31, north])
+    interval = [datetime.fromisoformat(t) for t in extent["temporal"]["interval"][0]]
+    assert interval == [
+        datetime.fromisoformat(moments[0].replace("Z", "+00:00")),
+        datetime.fromisoformat(moments[-1].replace("Z", "+00:00")),
+    ]
+    # Each is found through the STAC API's search, by place and time.
+    with StacApi(db_host=pgstac.host, db_port=pgstac.port, database="pgstac", user="postgres") as api:
+        everything = f"{moments[0]}/{moments[-1]}"
+        found = api.search(
+            collections=["thirty-two"], bbox=extent["spatial"]["bbox"][0], datetime=everything, limit=100
+        )
+        assert sorted(f["id"] for f in found["features"]) == ids
+        west_of_all = api.search(collections=["thirty-two"], bbox=[west - 1, south, west - 0.5, north], limit=100)
+        assert west_of_all["features"] == []  # the search does filter by place
+        for n in (0, 31):  # the first and the last alone, by a point inside each and no other
+            point = east + 0.01 * n - 0.001
+            alone = api.search(
+                collections=["thirty-two"], bbox=[point - 0.0005, south, point, north], datetime=moments[n], limit=100
+            )
+            assert [f["id"] for f in alone["features"]] == [ids[n]]  # its place and its time: it alone

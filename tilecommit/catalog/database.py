@@ -12,7 +12,7 @@ here once (:func:`classify`), by the SQLSTATE class and psycopg's exception fami
 | answer | :class:`~tilecommit.storage_answers.Meaning` | retried |
 |---|---|---|
 | the connection failed or was lost (psycopg's ``OperationalError``, ``InterfaceError``: a server down, shut down by its admin, a reset) | ``no-answer``: a commit in flight has an unknown outcome | yes |
-| 40xxx (serialization failure, deadlock: the server rolled the transaction back), 53xxx (insufficient resources, too many connections), 55P03 (lock not available), 57014 (a statement timed out) | ``busy``: nothing was written; the same request may go through | yes |
+| 40xxx (serialization failure, deadlock: the server rolled the transaction back), 53xxx (insufficient resources, too many connections), 55P03 (lock not available), 57014 (a statement timed out), and an insert that met a concurrent change of pgstac's partitions (:func:`_lost_a_race_with_pgstac_ddl`) | ``busy``: nothing was written; the same request may go through | yes |
 | anything else (a syntax or data error, a permission refused, a constraint) | ``refused``: the same request gets the same answer | no |
 
 A unique violation is not a fault but the create-only refusal, which :mod:`.pgstac` reads first.
@@ -58,11 +58,28 @@ def connect(settings: Settings, credential: Any = None) -> psycopg.Connection:
         raise database_fault(f"connecting to pgstac at {settings.pgstac_host}:{settings.pgstac_port}", exc) from exc
 
 
+def _lost_a_race_with_pgstac_ddl(exc: BaseException) -> bool:
+    """Whether ``exc`` is an insert that met another's change of pgstac's partitions half-way.
+
+    pgstac's insert trigger makes the collection's partition and widens its time constraint
+    (``_items_<key>_dt``, ``check_partition``) before inserting; two inserts at once can make the
+    same partition (a unique violation in a system catalog, ``pg_*``) or each set the constraint
+    to its own range, so the other's row violates it (23514, seen here with 32 publications at
+    once): pgstac's issue 222. Nothing was written; the same insert, sent again, widens it for itself.
+    """
+    diag = getattr(exc, "diag", None)
+    table, constraint = getattr(diag, "table_name", None) or "", getattr(diag, "constraint_name", None) or ""
+    sqlstate = getattr(exc, "sqlstate", None)
+    if sqlstate == "23505":
+        return table.startswith("pg_")
+    return sqlstate == "23514" and table.startswith("_items_") and constraint.startswith("_items_")
+
+
 def classify(exc: BaseException) -> Answer:
     """What a database call's exception says the server answered (the module's table)."""
     reason = f"{type(exc).__name__}: {str(exc).strip()}".splitlines()[0]
     sqlstate = getattr(exc, "sqlstate", None)
-    if sqlstate and (sqlstate[:2] in BUSY_CLASSES or sqlstate in BUSY_CODES):
+    if sqlstate and (sqlstate[:2] in BUSY_CLASSES or sqlstate in BUSY_CODES or _lost_a_race_with_pgstac_ddl(exc)):
         return Answer(Meaning.BUSY, None, sqlstate, reason)
     if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError) or not isinstance(exc, psycopg.Error):
         return Answer(Meaning.NO_ANSWER, None, sqlstate, reason)

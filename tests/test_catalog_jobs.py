@@ -1,0 +1,108 @@
+"""32 whole jobs on the local host at once, publishing to a real pgstac, PostgreSQL stopped for 10 s
+while they run: every job still ends published, each item once, found through the STAC API, its state and link shown by the
+job API and ``devhost status``, its completion event carrying the link.
+
+The host's timers run at full scale here (the activity retry policy's real intervals: 5 s, then
+10 s...), since what is shown is that the policy outlasts the outage. Each job's item has its own
+time (its creation's): 32 inserts at once widening one pgstac partition's time constraint, which
+before tilecommit/catalog/database.py read that race as busy failed about 3 jobs of 32 for good.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+
+import psycopg
+import pytest
+
+from testkit.stac_api import StacApi
+from tilecommit import settings as names
+
+from .app_jobs import ROOT, local_host, make_scene, upload, wait_for_state
+
+JOBS = 32
+OUTAGE_S = 10.0
+
+
+@pytest.fixture
+def catalog_env(app_env, pgstac, monkeypatch):
+    api = StacApi(db_host=pgstac.host, db_port=pgstac.port, database="pgstac", user="postgres").start()
+    env = {**pgstac.settings(), names.SETTING_STAC_API_URL: api.url}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    app_env.env.update(env)
+    yield app_env, api
+    api.close()
+
+
+def items_in(pgstac, collection: str) -> Counter:
+    with psycopg.connect(pgstac.dsn()) as conn:
+        found = conn.execute("SELECT id FROM pgstac.items WHERE collection = %s", (collection,)).fetchall()
+    return Counter(row[0] for row in found)
+
+
+@pytest.mark.slow
+def test_32_jobs_still_end_published_when_postgresql_stops_for_10_s_while_they_run(
+    storage, catalog_env, pgstac, tmp_path
+):
+    app_env, api = catalog_env
+    events = tmp_path / "events.jsonl"
+    scenes = [make_scene(tmp_path / f"scene{n}.tif", 256, 256 + 16 * n) for n in range(JOBS)]
+    outage: dict[str, float] = {}
+    with local_host(app_env, timer_scale=1.0, events_file=events):
+        pgstac.stop_server()
+        outage["stopped"] = time.monotonic()
+        restart = threading.Timer(OUTAGE_S, lambda: (pgstac.start_server(), outage.update(started=time.monotonic())))
+        restart.start()
+        try:
+            job_ids = [upload(storage, app_env, scene) for scene in scenes]
+            states = [
+                wait_for_state(storage, app_env, job_id, lambda s: s["status"] in ("Completed", "Failed"), timeout=180)
+                for job_id in job_ids
+            ]
+        finally:
+            restart.join()
+    assert [s["status"] for s in states] == ["Completed"] * JOBS, "; ".join(
+        json.dumps({k: str(v)[-600:] for k, v in s.items() if k != "input"})
+        for s in states
+        if s["status"] != "Completed"
+    )
+    assert outage["started"] - outage["stopped"] >= OUTAGE_S
+    summaries = [json.loads(s["output"]) if isinstance(s["output"], str) else s["output"] for s in states]
+    for job_id, summary in zip(job_ids, summaries, strict=True):
+        assert summary["published"] == {
+            "state": "published",
+            "collection": "tilecommit",
+            "item_id": job_id,
+            "url": f"{api.url}/collections/tilecommit/items/{job_id}",
+            "outcome": "written",
+        }
+    assert items_in(pgstac, "tilecommit") == Counter({job_id: 1 for job_id in job_ids})
+    # Each is found through the STAC API, by place and time, at the link the job gives.
+    for job_id, summary in zip(job_ids, summaries, strict=True):
+        item = api.get(f"/collections/tilecommit/items/{job_id}")
+        found = api.search(bbox=item["bbox"], datetime=item["properties"]["datetime"], limit=100)
+        assert job_id in [f["id"] for f in found["features"]]
+    # The completion events, sent after the publication, carry the link.
+    sent = {e["data"]["job_id"]: e["data"] for e in map(json.loads, events.read_text().splitlines())}
+    assert {job_id: sent[job_id]["catalog"]["url"] for job_id in job_ids} == {
+        job_id: f"{api.url}/collections/tilecommit/items/{job_id}" for job_id in job_ids
+    }
+    # devhost status shows the published state and the link (the job API's view).
+    shown = subprocess.run(
+        [sys.executable, "-m", "devhost", "status", job_ids[0], "--hub", app_env.hub],
+        cwd=ROOT,
+        env={**os.environ, **app_env.env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert shown.returncode == 0, shown.stderr
+    view = json.loads(shown.stdout)
+    assert view["published"]["state"] == "published" and view["published"]["url"] == summaries[0]["published"]["url"]
