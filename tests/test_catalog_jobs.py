@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections import Counter
 
 import psycopg
@@ -24,7 +28,7 @@ import pytest
 from testkit.stac_api import StacApi
 from tilecommit import settings as names
 
-from .app_jobs import ROOT, local_host, make_scene, upload, wait_for_state
+from .app_jobs import ROOT, download, local_host, make_scene, serve, upload, wait_for_state
 
 JOBS = 32
 OUTAGE_S = 10.0
@@ -106,3 +110,29 @@ def test_32_jobs_still_end_published_when_postgresql_stops_for_10_s_while_they_r
     assert shown.returncode == 0, shown.stderr
     view = json.loads(shown.stdout)
     assert view["published"]["state"] == "published" and view["published"]["url"] == summaries[0]["published"]["url"]
+
+
+@pytest.mark.slow
+def test_devhost_serve_catalog_serves_a_stac_api_that_finds_the_job_by_place_and_time(storage, app_env, tmp_path):
+    log = tmp_path / "serve.log"
+    host = serve(app_env, log, "--catalog")
+    try:
+        url = re.search(r"the STAC API on (http://127\.0\.0\.1:\d+)", log.read_text()).group(1)
+        job_id = upload(storage, app_env, make_scene(tmp_path / "scene.tif", 256, 256))
+        state = wait_for_state(storage, app_env, job_id, lambda s: s["status"] in ("Completed", "Failed"))
+        assert state["status"] == "Completed", state.get("error")
+        summary = json.loads(state["output"]) if isinstance(state["output"], str) else state["output"]
+        assert summary["published"]["url"] == f"{url}/collections/tilecommit/items/{job_id}"
+        item = json.loads(download(storage, app_env.output, f"mosaics/{job_id}/item.json"))
+        query = {"bbox": item["bbox"], "datetime": item["properties"]["datetime"], "limit": 100}
+        request = urllib.request.Request(
+            f"{url}/search", data=json.dumps(query).encode(), headers={"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            assert [f["id"] for f in json.loads(answer.read())["features"]] == [job_id]
+    finally:
+        os.killpg(host.pid, signal.SIGTERM)
+        host.wait(timeout=60)
+    # Stopped with the host: nothing answers on its port any more.
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(f"{url}/_mgmt/ping", timeout=5)

@@ -22,7 +22,8 @@ from testkit.scenes import SceneSpec, write_scene
 from testkit.stac_api import StacApi
 from tilecommit import jobs
 from tilecommit.catalog import pgstac as catalog
-from tilecommit.errors import CatalogCheckError, StorageFaultError, is_retryable, kind_of
+from tilecommit.catalog.published import publication_of
+from tilecommit.errors import CatalogCheckError, ConfigurationError, StorageFaultError, is_retryable, kind_of
 from tilecommit.settings import PGSTAC_AUTH_TRUST, Settings
 
 from .conftest import counter_total
@@ -227,3 +228,31 @@ def test_32_publications_at_once_each_delivered_twice_make_32_items(pgstac, job_
                 collections=["thirty-two"], bbox=[point - 0.0005, south, point, north], datetime=moments[n], limit=100
             )
             assert [f["id"] for f in alone["features"]] == [ids[n]]  # its place and its time: it alone
+
+
+def test_a_job_publishes_when_the_instance_that_started_it_had_a_catalog():
+    url = "http://127.0.0.1:10000/acct/raster-uploads/scene.tif"
+    with_catalog = Settings(pgstac_host="db.example", pgstac_user="tilecommit-data")
+    assert jobs.Job.for_upload("scene.tif", url, '"0x1"', 1, with_catalog).to_dict()["publish"] is True
+    # Without one the payload is as it always was: no step is added to the job's history.
+    assert "publish" not in jobs.Job.for_upload("scene.tif", url, '"0x1"', 1, Settings()).to_dict()
+
+
+def test_a_job_that_published_nothing_shows_its_item_blob_as_its_link():
+    assert publication_of({"stac_url": "http://blob/item.json"}) == {
+        "state": "not-configured",
+        "url": "http://blob/item.json",
+        "outcome": None,
+    }
+    recorded = {"state": "published", "url": "http://api/collections/c/items/i"}
+    assert publication_of({"stac_url": "x", "published": recorded}) == recorded
+    assert publication_of(None) is None  # not completed: nothing to show yet
+
+
+def test_settings_refuse_a_catalog_they_cannot_sign_in_to():
+    with pytest.raises(ConfigurationError, match="TILECOMMIT_PGSTAC_USER"):
+        Settings(pgstac_host="db.example")
+    with pytest.raises(ConfigurationError, match="TILECOMMIT_PGSTAC_AUTH"):
+        Settings(pgstac_host="db.example", pgstac_user="u", pgstac_auth="password")
+    read = Settings.from_env({"TILECOMMIT_PGSTAC_HOST": "db.example", "TILECOMMIT_PGSTAC_USER": "u"})
+    assert (read.pgstac_port, read.pgstac_database, read.pgstac_auth) == (5432, "pgstac", "entra")
