@@ -46,6 +46,7 @@ from ..raster.assembly.checks import blob_properties
 from ..raster.assembly.stac import without_run_facts
 from ..records import Record
 from ..settings import Settings
+from ..storage_answers import storage_fault
 from .database import connect, database_fault, retryable
 from .published import NOT_CONFIGURED, PUBLISHED
 
@@ -277,9 +278,13 @@ def publish_item(
         gate = ItemGate(session, item)
         ours = item_digest(item)
         outcome = conditional.create_once(gate, digest=ours, gate=GATE_ITEM, job_id=job_id)
-        if outcome is Outcome.ALREADY_PRESENT and gate.held is not None and item_digest(gate.held) != ours:
+        held = gate.held
+        if outcome is Outcome.ALREADY_PRESENT and held is None:
+            # Refused as present, then not found: deleted meanwhile. The retry publishes it again.
+            raise storage_fault(f"{gate.key} was refused as present, then not found in pgstac", retryable=True)
+        if outcome is Outcome.ALREADY_PRESENT and held is not None and item_digest(held) != ours:
             raise CatalogCheckError(
-                f"pgstac holds another item as {gate.key} than job {job_id}'s committed {name}: delete it "
+                f"pgstac holds an item at {gate.key} that is not job {job_id}'s committed {name}: delete it "
                 f"(SELECT pgstac.delete_item('{job_id}', '{collection}')) and publish again by retrying the job"
             )
         _refresh_extent(session, item)
