@@ -189,12 +189,22 @@ def test_32_publications_at_once_each_delivered_twice_make_32_items(pgstac, job_
     errors: list[BaseException] = []
     start = threading.Barrier(2 * len(ids))
 
+    redelivered: list[str] = []
+
     def deliver(job_id: str) -> None:
         start.wait()
-        try:
-            outcomes[publish(job_output, settings, "thirty-two", job_id).outcome] += 1
-        except BaseException as exc:  # noqa: BLE001 - collected for the assertion
-            errors.append(exc)
+        for _ in range(3):
+            try:
+                outcomes[publish(job_output, settings, "thirty-two", job_id).outcome] += 1
+                return
+            except BaseException as exc:  # noqa: BLE001 - collected for the assertion
+                if not is_retryable(exc):
+                    errors.append(exc)
+                    return
+                # The activity fails retryably (the same insert busy three times over) and Durable
+                # runs it again: here, the delivery is made again at once.
+                redelivered.append(f"{job_id}: {exc}")
+        errors.append(AssertionError(f"{job_id}: three deliveries failed"))
 
     threads = [threading.Thread(target=deliver, args=(job_id,)) for job_id in ids * 2]
     for thread in threads:
@@ -202,6 +212,7 @@ def test_32_publications_at_once_each_delivered_twice_make_32_items(pgstac, job_
     for thread in threads:
         thread.join()
     assert errors == []
+    assert len(redelivered) <= 4, redelivered  # a rare streak of busy answers, not the rule
     assert outcomes == Counter({"written": 32, "already-present": 32})
     assert rows(pgstac, "thirty-two") == Counter({job_id: 1 for job_id in ids})
     # The collection's extent is the union of the 32 items' (each moved 0.01 degrees east of the last).
