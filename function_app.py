@@ -41,7 +41,7 @@ def tiling_functions(activity_functions=activities, catalog_functions=catalog_ac
 
     ``activity_functions`` supplies ``validate_source``, ``render_tile``, ``assemble_mosaic``,
     ``plan_mosaic_shares``, ``stage_mosaic_share`` and ``publish_job_event``, ``catalog_functions``
-    ``add_to_collection``: the real ones for this app; bench/null_app.py passes stand-ins that do no raster work, so
+    ``add_to_collection`` and ``publish_item``: the real ones for this app; bench/null_app.py passes stand-ins that do no raster work, so
     the benchmark runs the same orchestrators with the same bindings. A fresh blueprint on each
     call: the SDK wraps each function as it registers it, and an app indexes its functions once.
     Each activity execution and each job's end is recorded (:mod:`tilecommit.observability.observed`).
@@ -56,6 +56,7 @@ def tiling_functions(activity_functions=activities, catalog_functions=catalog_ac
     _activity(bp, names.PLAN_MOSAIC_SHARES, activity_functions.plan_mosaic_shares)
     _activity(bp, names.STAGE_MOSAIC_SHARE, activity_functions.stage_mosaic_share)
     _activity(bp, names.ADD_TO_COLLECTION, catalog_functions.add_to_collection)
+    _activity(bp, names.PUBLISH_ITEM, catalog_functions.publish_item)
     _activity(bp, names.PUBLISH_JOB_EVENT, activity_functions.publish_job_event)
     return bp
 

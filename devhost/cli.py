@@ -1,6 +1,7 @@
 """``python -m devhost``: run the Functions app locally, without the Functions host.
 
-    python -m devhost serve                       watch the input container and process uploads
+    python -m devhost serve [--catalog]           watch the input container and process uploads;
+                                                  --catalog: publish to a local pgstac, serve a STAC API
     python -m devhost process PATH... [--output DIR] [--deliveries N] [--duplicate-activities]
                                                   upload each PATH, process them at once, print
                                                   one JSON summary line per job
@@ -137,6 +138,13 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
         metavar="KEY",
         help=f"the key routes of auth level function require (x-functions-key header or ?code=); default "
         f"${FUNCTION_KEY_ENV}; none: keys are not enforced, as in func start",
+    )
+    serve.add_argument(
+        "--catalog",
+        action="store_true",
+        help="start a local PostgreSQL with pgstac, publish every finished job's STAC item to it and serve "
+        "the STAC API over it on 127.0.0.1 (its URL is printed); without it, a pgstac the settings name "
+        "(TILECOMMIT_PGSTAC_HOST, trust) gets the STAC API alone",
     )
     serve.add_argument(
         "--hosts",
@@ -424,6 +432,15 @@ def _local_host(args: argparse.Namespace):
 
 
 def serve(args: argparse.Namespace, storage) -> int:
+    from .catalog import local_catalog
+
+    with local_catalog(args.catalog) as stac_api:
+        if stac_api is not None:
+            print(f"devhost: the STAC API on {stac_api.url} (search: {stac_api.url}/search)", file=sys.stderr)
+        return _serve(args, storage)
+
+
+def _serve(args: argparse.Namespace, storage) -> int:
     if args.hosts > 1:
         from .hosts import serve_hosts
 

@@ -20,6 +20,8 @@ PLAN_MOSAIC_SHARES = "plan_mosaic_shares"
 STAGE_MOSAIC_SHARE = "stage_mosaic_share"
 #: The job's item joins its collection (tilecommit/catalog/collections.py), after the assembly.
 ADD_TO_COLLECTION = "add_to_collection"
+#: The job's STAC item into the catalog (pgstac), once its mosaic is assembled; before its event.
+PUBLISH_ITEM = "publish_item"
 #: The job's completion event (completed or failed), once it ended.
 PUBLISH_JOB_EVENT = "publish_job_event"
 

@@ -36,6 +36,7 @@ def test_functions_and_raw_bindings_as_the_worker_sends_them():
         names.PLAN_MOSAIC_SHARES,
         names.STAGE_MOSAIC_SHARE,
         names.ADD_TO_COLLECTION,
+        names.PUBLISH_ITEM,
         names.PUBLISH_JOB_EVENT,
         names.VERIFY_WINDOW,
         names.VERIFY_OUTPUTS,

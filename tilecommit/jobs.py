@@ -154,6 +154,11 @@ class Job(Record):
     collection_error: str | None = None
     #: A scene document's members, in its order (:mod:`tilecommit.scene_documents`); None for a single file.
     members: tuple[SceneMember, ...] | None = None
+    #: True when the instance that started the job had a pgstac catalog configured: the job then
+    #: publishes its item (tilecommit/catalog/pgstac.py) before its completion event. None (left
+    #: out of the payload) otherwise, and in payloads made before publication existed, whose
+    #: orchestrations so replay as they ran.
+    publish: bool | None = None
 
     JSON_IN = {"spec": OutputSpec.from_dict, "members": _members_in}
 
@@ -217,6 +222,7 @@ class Job(Record):
             collection=collection,
             collection_error=collection_error,
             members=None if members is None else tuple(_unquoted(m) for m in members),
+            publish=True if settings.publishes else None,
         )
 
 
@@ -225,7 +231,7 @@ def _unquoted(member: SceneMember) -> SceneMember:
 
 
 #: The fields a payload carries only when they are set.
-_OPTIONAL = ("assembly_share_bytes", "profile_error", "collection", "collection_error", "members")
+_OPTIONAL = ("assembly_share_bytes", "profile_error", "collection", "collection_error", "members", "publish")
 #: The share size of a job whose payload names none.
 DEFAULT_SHARE_BYTES = DEFAULT_ASSEMBLY_SHARE_MB * 2**20
 
