@@ -48,11 +48,6 @@ T = TypeVar("T")
 
 #: Mosaics kept open per process (each holds its reader's fetched blocks, up to 64 MiB).
 MAX_OPEN = 8
-#: Bytes a small read of a mosaic fetches (a block of a COG, which the first GET's 64 KiB, its
-#: header and directories, does not hold): each tile reads a few blocks, scattered over its levels,
-#: and a 64 KiB chunk for each (the reader's default) fetched up to four times the blocks' bytes
-#: (bench/tiles.py, uint16 deflate blocks of 15 to 40 KiB).
-TILE_READ_AHEAD = 16 * 1024
 #: What storage answers to a pinned read of a version that is no longer stored.
 VERSION_GONE = (404, 412)
 #: Seconds a kept mosaic's ETag is trusted before it is read again (one HEAD).
@@ -130,7 +125,6 @@ class OpenMosaics:
         if item is None or etag is None:
             return None
         source = PinnedBlob(self.output.get_blob_client(name), etag, upload=False)
-        source.read_ahead = TILE_READ_AHEAD
         context = contextvars.Context()
         dataset = context.run(self._open_dataset, source)
         return OpenMosaic(name, etag, item, source, dataset, time.monotonic(), context)

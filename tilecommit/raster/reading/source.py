@@ -133,9 +133,6 @@ class Source(FileContainer):
         #: Fetched byte spans ``(start, bytes)``, oldest first, at most MAX_CACHED_BYTES in all.
         self._spans: list[tuple[int, bytes]] = []
         self._known_size: int | None = None
-        #: Small reads after the first are served from chunks of this size (:data:`READ_AHEAD`;
-        #: a reader of a few blocks at a time, such as a map tile's, asks for less).
-        self.read_ahead = READ_AHEAD
 
     # -- where the bytes come from ----------------------------------------------------------
     def _size(self) -> int:
@@ -237,10 +234,10 @@ class Source(FileContainer):
         hit = self._cached(offset, length)
         if hit is not None:
             return hit
-        if length > self.read_ahead:
+        if length > READ_AHEAD:
             return self.fetch(offset, length)
-        start = offset - offset % self.read_ahead
-        data = self.fetch(start, max(self.read_ahead, offset + length - start))
+        start = offset - offset % READ_AHEAD
+        data = self.fetch(start, max(READ_AHEAD, offset + length - start))
         self._keep(start, data)
         return data[offset - start : offset - start + length]
 
