@@ -12,13 +12,18 @@ import urllib.request
 import numpy as np
 import pytest
 from rasterio.io import MemoryFile
+from rio_cogeo.cogeo import cog_translate
+from rio_cogeo.profiles import cog_profiles
 from rio_tiler.io import Reader
 
 from devhost.session import process_file
+from testkit.scenes import SceneSpec, write_scene
 from tilecommit.errors import JobApiError
 from tilecommit.jobs import job_id_for
+from tilecommit.settings import Settings
 from tilecommit.spec import OutputSpec
 from tilecommit.tiles.query import MAX_OVERZOOM, TileQuery, etag_matches, parse_query, tile_etag
+from tilecommit.tiles.render import TileMaker
 from tilecommit.tiles.stretch import band_ranges, histogram_percentiles
 
 from .app_jobs import download, local_host, make_scene
@@ -205,3 +210,41 @@ def test_the_stretch_and_the_etag_rules():
     assert one == tile_etag("0x8D", 14, 1, 2, query, "r")
     assert len({one, tile_etag("0x8E", 14, 1, 2, query, "r"), tile_etag("0x8D", 14, 1, 3, query, "r")}) == 3
     assert etag_matches(f'W/{one}, "x"', one) and etag_matches("*", one) and not etag_matches('"x"', one)
+
+
+def _cog(path, seed: int) -> bytes:
+    """A 1024 x 1024 3-band uint16 COG with overviews, its pixels from ``seed``."""
+    source = write_scene(str(path.with_suffix(".src.tif")), SceneSpec(1024, 1024, seed=seed, blocksize=256))
+    cog_translate(source, str(path), cog_profiles.get("deflate"), quiet=True)
+    return path.read_bytes()
+
+
+def test_a_mosaic_replaced_while_open_is_read_again_at_its_new_version(output, tmp_path):
+    """A repair writes a new version of the mosaic: the next read of the old one is refused (412),
+    the mosaic is opened again at the new version, and its tiles carry the new version's ETag."""
+    job_id = "0123456789abcdef"
+    mosaic, item = f"mosaics/{job_id}/mosaic.tif", f"mosaics/{job_id}/item.json"
+    first, second = _cog(tmp_path / "first.tif", 1), _cog(tmp_path / "second.tif", 2)
+    output.upload_blob(mosaic, first)
+    output.upload_blob(item, b"{}")
+    maker = TileMaker(output, Settings())
+    query = TileQuery(rescale=(0, 65535))
+    try:
+        with Reader(str(tmp_path / "first.tif")) as src:
+            fine = list(src.tms.tiles(*src.get_geographic_bounds(src.tms.rasterio_geographic_crs), zooms=[src.maxzoom]))
+            coarse = src.tms.tile(*src.tms.ul(fine[0])[:2], src.minzoom)
+        before = maker.job_tile(job_id, fine[0].z, fine[0].x, fine[0].y, query, None)
+        assert before is not None and before.png is not None
+        output.upload_blob(mosaic, second, overwrite=True)
+        # Blocks this tile needs were never read: the read at the old ETag is refused, the mosaic
+        # opened again, and the tile is the new version's.
+        after = maker.job_tile(job_id, coarse.z, coarse.x, coarse.y, query, None)
+        expected = rio_tiler_png(tmp_path / "second.tif", coarse.z, coarse.x, coarse.y, rescale=(0, 65535))
+        assert after is not None and np.array_equal(pixels(after.png), pixels(expected))
+        again = maker.job_tile(job_id, fine[0].z, fine[0].x, fine[0].y, query, None)
+        assert again is not None and again.etag != before.etag
+        expected = rio_tiler_png(tmp_path / "second.tif", fine[0].z, fine[0].x, fine[0].y, rescale=(0, 65535))
+        assert np.array_equal(pixels(again.png), pixels(expected))
+        assert not np.array_equal(pixels(again.png), pixels(before.png))
+    finally:
+        maker.close()
