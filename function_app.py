@@ -20,8 +20,8 @@ import azurefunctions.extensions.bindings.blob as blob
 from activities import catalog as catalog_activities
 from activities import tiling as activities
 from activities import verify as verify_activities
-from client_functions import backfill, backfill_pages, job_api, retention, starter, verify_start
-from client_functions.context import client_context
+from client_functions import backfill, backfill_pages, job_api, retention, starter, tiles, verify_start
+from client_functions.context import client_context, tile_maker
 from orchestrators import backfill as backfill_orchestrator
 from orchestrators import names
 from orchestrators import tiling as orchestrators
@@ -229,6 +229,56 @@ async def cancel_backfill(req: func.HttpRequest, client: df.DurableOrchestration
     """POST /api/backfill/{backfill_id}/cancel: stop a backfill; 202. The jobs it started run on."""
     reason = req.params.get("reason") or "cancelled through the backfill API"
     return await answer(backfill.cancel_backfill(client, req.route_params["backfill_id"], reason), 202)
+
+
+def tile_response(answer: tiles.Answer) -> func.HttpResponse:
+    return func.HttpResponse(answer.body, status_code=answer.status, mimetype=answer.mimetype, headers=answer.headers)
+
+
+def _zxy(req: func.HttpRequest) -> tuple[str, str, str]:
+    return req.route_params["z"], req.route_params["x"], req.route_params["y"]
+
+
+@app.function_name(names.JOB_TILEJSON_ROUTE)
+@app.route(route="tiles/jobs/{job_id}/tilejson.json", methods=["GET"], auth_level=func.AuthLevel.FUNCTION)
+@app.durable_client_input(client_name="client")
+async def job_tilejson(req: func.HttpRequest, client: df.DurableOrchestrationClient) -> func.HttpResponse:
+    """GET /api/tiles/jobs/{job_id}/tilejson.json[?bands=..][&rescale=..]: the TileJSON of the job's mosaic."""
+    return tile_response(
+        await tiles.job_tilejson(client, tile_maker(), req.route_params["job_id"], req.url, req.params)
+    )
+
+
+@app.function_name(names.JOB_TILE_ROUTE)
+@app.route(route="tiles/jobs/{job_id}/{z}/{x}/{y}.png", methods=["GET"], auth_level=func.AuthLevel.FUNCTION)
+@app.durable_client_input(client_name="client")
+async def job_tile(req: func.HttpRequest, client: df.DurableOrchestrationClient) -> func.HttpResponse:
+    """GET /api/tiles/jobs/{job_id}/{z}/{x}/{y}.png[?bands=1,2,3][&rescale=min,max]: a PNG tile of the job's mosaic."""
+    answer = await tiles.job_tile(
+        client, tile_maker(), req.route_params["job_id"], _zxy(req), req.params, req.headers.get("If-None-Match")
+    )
+    return tile_response(answer)
+
+
+@app.function_name(names.COLLECTION_TILEJSON_ROUTE)
+@app.route(route="tiles/collections/{collection_id}/tilejson.json", methods=["GET"], auth_level=func.AuthLevel.FUNCTION)
+async def collection_tilejson(req: func.HttpRequest) -> func.HttpResponse:
+    """GET /api/tiles/collections/{collection_id}/tilejson.json: the TileJSON of the collection's mosaics."""
+    return tile_response(
+        await tiles.collection_tilejson(tile_maker(), req.route_params["collection_id"], req.url, req.params)
+    )
+
+
+@app.function_name(names.COLLECTION_TILE_ROUTE)
+@app.route(
+    route="tiles/collections/{collection_id}/{z}/{x}/{y}.png", methods=["GET"], auth_level=func.AuthLevel.FUNCTION
+)
+async def collection_tile(req: func.HttpRequest) -> func.HttpResponse:
+    """GET /api/tiles/collections/{collection_id}/{z}/{x}/{y}.png: a PNG tile of the collection's mosaics."""
+    answer = await tiles.collection_tile(
+        tile_maker(), req.route_params["collection_id"], _zxy(req), req.params, req.headers.get("If-None-Match")
+    )
+    return tile_response(answer)
 
 
 @app.function_name(names.RETENTION_SWEEP)

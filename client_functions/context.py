@@ -1,9 +1,10 @@
 """Clients and settings for the client functions (the starter, the job API, the retention sweep),
 built once per process from the app settings, as the activities' are (activities/context.py).
 
-They need only the manifest table (the cancellation rows, the starter's and the retry's reads),
-the tiles container (the sweep's deletes) and the input container (a backfill's listing), from
-the code's data connection, which names the same blob endpoint as the blob trigger's
+They need the manifest table (the cancellation rows, the starter's and the retry's reads), the
+tiles container (the sweep's deletes), the input container (a backfill's listing, a scene
+document's members) and the output container (the tile routes' mosaics), from the code's data
+connection, which names the same blob endpoint as the blob trigger's
 (:meth:`tilecommit.storage.StorageConnection.for_data`): a blob's URL, and so its job id, is
 the same whichever of the two hands it over.
 """
@@ -18,6 +19,7 @@ from azure.storage.blob import ContainerClient
 
 from tilecommit.settings import Settings, connection_fingerprint
 from tilecommit.storage import StorageConnection
+from tilecommit.tiles.render import TileMaker
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,8 @@ class ClientContext:
     #: The uploads' container: a backfill lists it (client_functions/backfill_pages.py), and a
     #: scene document's members are looked up there (client_functions/scene_members.py).
     uploads: ContainerClient
+    #: The mosaics, items and collections (the tile routes read them).
+    output: ContainerClient
 
 
 @lru_cache(maxsize=4)
@@ -41,7 +45,18 @@ def _context_for(connection_key: str, settings: Settings) -> ClientContext:
         manifest=connection.table_service().get_table_client(settings.manifest_table),
         tiles=blobs.get_container_client(settings.tiles_container),
         uploads=blobs.get_container_client(settings.input_container),
+        output=blobs.get_container_client(settings.output_container),
     )
+
+
+@lru_cache(maxsize=4)
+def _tile_maker(context: ClientContext) -> TileMaker:
+    return TileMaker(context.output, context.settings)
+
+
+def tile_maker() -> TileMaker:
+    """The process's tile maker (its mosaics kept open between requests), one per context."""
+    return _tile_maker(client_context())
 
 
 def client_context() -> ClientContext:

@@ -41,6 +41,12 @@ JOB_ROUTE = "get_job"
 JOBS_ROUTE = "list_jobs"
 CANCEL_ROUTE = "cancel_job"
 RETRY_ROUTE = "retry_job"
+#: Map tiles (docs/tiles.md): GET /api/tiles/jobs/{job_id}/tilejson.json and .../{z}/{x}/{y}.png,
+#: GET /api/tiles/collections/{collection_id}/tilejson.json and .../{z}/{x}/{y}.png.
+JOB_TILEJSON_ROUTE = "job_tilejson"
+JOB_TILE_ROUTE = "job_tile"
+COLLECTION_TILEJSON_ROUTE = "collection_tilejson"
+COLLECTION_TILE_ROUTE = "collection_tile"
 #: The daily timer that purges what finished jobs no longer need (tiles, rows, history).
 RETENTION_SWEEP = "retention_sweep"
 

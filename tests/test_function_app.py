@@ -80,12 +80,20 @@ def test_functions_and_raw_bindings_as_the_worker_sends_them():
         names.BACKFILL_ROUTE: ("POST", "backfill"),
         names.BACKFILL_STATUS_ROUTE: ("GET", "backfill/{backfill_id}"),
         names.BACKFILL_CANCEL_ROUTE: ("POST", "backfill/{backfill_id}/cancel"),
+        names.JOB_TILEJSON_ROUTE: ("GET", "tiles/jobs/{job_id}/tilejson.json"),
+        names.JOB_TILE_ROUTE: ("GET", "tiles/jobs/{job_id}/{z}/{x}/{y}.png"),
     }
-    assert set(index.http_functions) == set(routes)
-    for name, (method, path) in routes.items():
+    # The collections' tiles read storage alone: no Durable client.
+    storage_routes = {
+        names.COLLECTION_TILEJSON_ROUTE: ("GET", "tiles/collections/{collection_id}/tilejson.json"),
+        names.COLLECTION_TILE_ROUTE: ("GET", "tiles/collections/{collection_id}/{z}/{x}/{y}.png"),
+    }
+    assert set(index.http_functions) == set(routes) | set(storage_routes)
+    for name, (method, path) in (routes | storage_routes).items():
         trigger = next(b for b in index.raw_bindings[name] if b["type"] == "httpTrigger")
         assert (trigger["methods"], trigger["authLevel"], trigger["route"]) == ([method], "FUNCTION", path)
-        assert {"direction": "IN", "type": "durableClient", "name": "client"} in index.raw_bindings[name]
+        client = {"direction": "IN", "type": "durableClient", "name": "client"}
+        assert (client in index.raw_bindings[name]) == (name in routes)
 
     starter = sorted(index.raw_bindings[names.STARTER], key=lambda b: b["type"])
     assert starter == [
