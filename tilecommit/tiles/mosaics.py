@@ -62,10 +62,10 @@ def keep_block_cache(size: int) -> None:
 
     A tile server lives on that cache: a tile read again, or its neighbour, finds its blocks
     decoded in memory. rasterio's ``Env`` does not keep it: an integer ``GDAL_CACHEMAX`` goes to
-    GDALSetCacheMax64, which takes bytes, so the app's setting of 64 (MB) is a cache of 64 bytes
-    while such an environment is entered (measured with GDALGetCacheMax64, rasterio 1.4.4), and on
-    leaving, each ``Env`` puts back the size it found on entering, which flushes the cache when
-    that is smaller; two activities whose environments overlap leave the 64 bytes behind them. So
+    GDALSetCacheMax64 (bytes: tilecommit/raster/env.py gives it the setting's megabytes as
+    bytes) while the environment is entered, and on leaving, each ``Env`` puts back the size it
+    found on entering (GDAL's default before any job), which flushes the cache when that is
+    smaller; environments that overlap put back one another's sizes in any order. So
     a tile's environment names no cache size, and the size is set here, outside any ``Env``,
     before each tile (no flush: the cache only grows to it). Measured in bench/tiles.py: under the
     app's environment every band of a pixel-interleaved block fetched the block again (three
