@@ -20,7 +20,7 @@ import azurefunctions.extensions.bindings.blob as blob
 from activities import catalog as catalog_activities
 from activities import tiling as activities
 from activities import verify as verify_activities
-from client_functions import job_api, retention, starter, verify_start
+from client_functions import job_api, job_views, retention, starter, verify_start, web_page
 from client_functions.context import client_context
 from orchestrators import names
 from orchestrators import tiling as orchestrators
@@ -165,6 +165,54 @@ async def verify_job(req: func.HttpRequest, client: df.DurableOrchestrationClien
 async def get_verify(req: func.HttpRequest, client: df.DurableOrchestrationClient) -> func.HttpResponse:
     """GET /api/jobs/{job_id}/verify/{verify_id}: a scrub's state, and its report once it has ended."""
     return await answer(verify_start.verify_view(client, req.route_params["job_id"], req.route_params["verify_id"]))
+
+
+async def blob_answer(call) -> func.HttpResponse:
+    """A stored output as it is, with its strong ETag and caching, or the job API's refusal."""
+    try:
+        found = await call
+    except JobApiError as exc:
+        return json_response(exc.body(), exc.status)
+    headers = {"ETag": found.etag, "Cache-Control": found.cache_control, "X-Content-Type-Options": "nosniff"}
+    return func.HttpResponse(found.body, status_code=200, mimetype=found.content_type, headers=headers)
+
+
+@app.function_name(names.WINDOWS_ROUTE)
+@app.route(route="jobs/{job_id}/windows", methods=["GET"], auth_level=func.AuthLevel.FUNCTION)
+@app.durable_client_input(client_name="client")
+async def job_windows(req: func.HttpRequest, client: df.DurableOrchestrationClient) -> func.HttpResponse:
+    """GET /api/jobs/{job_id}/windows: per window, when it was scheduled, started and finished."""
+    return await answer(job_views.window_timeline(client, client_context().manifest, req.route_params["job_id"]))
+
+
+@app.function_name(names.OUTPUT_ROUTE)
+@app.route(route="jobs/{job_id}/outputs/{name}", methods=["GET"], auth_level=func.AuthLevel.FUNCTION)
+@app.durable_client_input(client_name="client")
+async def job_output(req: func.HttpRequest, client: df.DurableOrchestrationClient) -> func.HttpResponse:
+    """GET /api/jobs/{job_id}/outputs/{item.json|quicklook.png}: a completed job's item or quicklook."""
+    job_id, name = req.route_params["job_id"], req.route_params["name"]
+    return await blob_answer(job_views.job_output(client, client_context().outputs, job_id, name))
+
+
+@app.function_name(names.COLLECTION_ROUTE)
+@app.route(route="collections/{collection_id}", methods=["GET"], auth_level=func.AuthLevel.FUNCTION)
+async def get_collection(req: func.HttpRequest) -> func.HttpResponse:
+    """GET /api/collections/{collection_id}: the collection's STAC Collection document."""
+    return await blob_answer(job_views.collection_document(client_context().outputs, req.route_params["collection_id"]))
+
+
+@app.function_name(names.WEB_PAGE_ROUTE)
+# Anonymous: the page's files are the same for everyone and hold no data; every request the page
+# then makes for data goes to a route that needs the function key (docs/dashboard.md).
+@app.route(route="ui/{*path}", methods=["GET"], auth_level=func.AuthLevel.ANONYMOUS)
+def web_page_file(req: func.HttpRequest) -> func.HttpResponse:
+    """GET /api/ui/{path}: the web page (index.html at /api/ui/), its script and style."""
+    path = req.route_params.get("path") or ""
+    if not path and not urlsplit(req.url).path.endswith("/"):
+        # The page names its files relative to itself: it must be loaded from the folder's URL.
+        return func.HttpResponse(status_code=308, headers={"Location": f"{urlsplit(req.url).path}/"})
+    found = web_page.serve(path, req.headers.get("if-none-match"))
+    return func.HttpResponse(found.body, status_code=found.status, headers=found.headers)
 
 
 @app.function_name(names.RETENTION_SWEEP)

@@ -22,6 +22,8 @@ class ClientContext:
     settings: Settings
     manifest: TableClient
     tiles: ContainerClient
+    #: The output container: the web page reads a job's item and quicklook, a collection's document.
+    outputs: ContainerClient
 
 
 @lru_cache(maxsize=4)
@@ -33,6 +35,7 @@ def _context_for(connection_key: str, settings: Settings) -> ClientContext:
         settings=settings,
         manifest=connection.table_service().get_table_client(settings.manifest_table),
         tiles=connection.blob_service().get_container_client(settings.tiles_container),
+        outputs=connection.blob_service().get_container_client(settings.output_container),
     )
 
 

@@ -39,5 +39,12 @@ JOB_ROUTE = "get_job"
 JOBS_ROUTE = "list_jobs"
 CANCEL_ROUTE = "cancel_job"
 RETRY_ROUTE = "retry_job"
+#: What the web page reads: GET /api/jobs/{job_id}/windows (the timeline),
+#: /api/jobs/{job_id}/outputs/{name} (item.json, quicklook.png), /api/collections/{collection_id}.
+WINDOWS_ROUTE = "job_windows"
+OUTPUT_ROUTE = "job_output"
+COLLECTION_ROUTE = "get_collection"
+#: The web page's files: GET /api/ui/{*path}.
+WEB_PAGE_ROUTE = "web_page"
 #: The daily timer that purges what finished jobs no longer need (tiles, rows, history).
 RETENTION_SWEEP = "retention_sweep"
