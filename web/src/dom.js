@@ -4,6 +4,8 @@ export function el(tag, attrs = {}, ...children) {
   for (const [name, value] of Object.entries(attrs)) {
     if (value === undefined || value === null || value === false) continue;
     if (name.startsWith("on")) node.addEventListener(name.slice(2), value);
+    // Through the CSSOM: the page's Content-Security-Policy refuses style attributes.
+    else if (name === "style") Object.assign(node.style, value);
     else node.setAttribute(name, value === true ? "" : String(value));
   }
   for (const child of children.flat()) {

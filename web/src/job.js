@@ -20,7 +20,7 @@ function summaryTable(job) {
     ["elapsed", seconds(elapsed(job))],
     ["cost", usd(job.cost)],
     ["upload", job.upload?.blob || ""],
-    ["profile", job.profile?.name || JSON.stringify(job.profile || "")],
+    ["profile", typeof job.profile === "string" ? job.profile : JSON.stringify(job.profile ?? "")],
     ["error", errorText(job.error)],
   ];
   if (job.summary?.collection?.collection) {
@@ -51,17 +51,20 @@ function actionButtons(job, say) {
 
 async function showOutputs(job, box) {
   const itemPath = `jobs/${job.job_id}/outputs/item.json`;
-  const [item, tilejson] = await Promise.all([getJson(itemPath), getJson(`tiles/jobs/${job.job_id}/tilejson.json`)]);
   const map = mapBox();
-  const quicklook = await quicklookImage(job);
+  const item = await getJson(itemPath).catch((error) => ({ error: error.message }));
   box.replaceChildren(
     el("h2", {}, "Mosaic"),
     map,
-    el("div", { class: "side" }, el("h2", {}, "Quicklook"), quicklook, el("h2", {}, "STAC item"),
+    el("div", { class: "side" }, el("h2", {}, "Quicklook"), await quicklookImage(job), el("h2", {}, "STAC item"),
       el("p", {}, el("a", { href: API + itemPath, target: "_blank", id: "stac-link" }, "item.json")),
       el("pre", { class: "stac", id: "stac-item" }, JSON.stringify(item, null, 2))),
   );
-  mosaicMap(map, tilejson, item.geometry);
+  try {
+    mosaicMap(map, await getJson(`tiles/jobs/${job.job_id}/tilejson.json`), item.geometry);
+  } catch (error) {
+    map.replaceChildren(el("p", { class: "status" }, `no map: ${error.message}`));
+  }
 }
 
 async function quicklookImage(job) {
@@ -89,7 +92,7 @@ export function showJob(main, jobId) {
       windows.lastChild.replaceChildren(timeline(rows.windows));
       if (job.state === "completed" && !shownOutputs) {
         shownOutputs = true;
-        await showOutputs(job, outputs).catch((error) => outputs.replaceChildren(el("p", {}, `outputs: ${error.message}`)));
+        await showOutputs(job, outputs);
       }
     } catch (error) {
       say(`could not read the job: ${error.message}`);

@@ -14,11 +14,11 @@ export function timeline(rows) {
     const bars = el("div", { class: "bars" });
     if (row.scheduled && row.started) {
       const left = at(row.scheduled);
-      bars.append(el("span", { class: "wait", style: `left:${left}%;width:${Math.max(0.3, at(row.started) - left)}%` }));
+      bars.append(el("span", { class: "wait", style: { left: `${left}%`, width: `${Math.max(0.3, at(row.started) - left)}%` } }));
     }
     if (row.started && row.finished) {
       const left = at(row.started);
-      bars.append(el("span", { class: "run", style: `left:${left}%;width:${Math.max(0.3, at(row.finished) - left)}%` }));
+      bars.append(el("span", { class: "run", style: { left: `${left}%`, width: `${Math.max(0.3, at(row.finished) - left)}%` } }));
     }
     const title = `wait ${seconds(row.queue_s) || "?"}, run ${seconds(row.run_s) || "?"}`;
     table.append(

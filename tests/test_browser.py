@@ -1,0 +1,241 @@
+"""The web page in a real browser: Debian's Chromium, driven by Playwright, against ``devhost
+serve`` on Azurite, as a user sees it. A scene uploaded appears in the job list, its progress
+moves, it completes; its page shows the mosaic on a map whose tiles the app answered with 200 and
+whose pixels equal rio-tiler's rendering of the source at the same tiles; a second job is
+cancelled and retried from its page. Each page's screenshot is saved in the test's folder and its
+path printed.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shutil
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+import numpy as np
+import pytest
+import requests
+from rasterio.io import MemoryFile
+
+from testkit.scenes import SceneSpec, write_scene
+
+from .app_jobs import AppEnv, serve, upload
+from .conftest import app_env_for
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM = "/usr/bin/chromium"
+#: Chromium's switches for a test: headless, no GPU, and nothing fetched from anywhere on its own.
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+TILE_URL = re.compile(r"/api/tiles/jobs/(?P<job>[0-9a-f]+)/(?P<z>\d+)/(?P<x>\d+)/(?P<y>\d+)\.png")
+
+
+@dataclass
+class Site:
+    app_env: AppEnv
+    base: str
+    storage: object
+    folder: Path
+    context: object
+    log: Path
+    shots: list[Path] = field(default_factory=list)
+
+    def page_url(self, fragment: str = "/") -> str:
+        return f"{self.base}/api/ui/#{fragment}"
+
+    def screenshot(self, page, name: str) -> Path:
+        path = self.folder / f"{name}.png"
+        page.screenshot(path=str(path), full_page=True)
+        print(f"screenshot of the {name} page: {path}")
+        self.shots.append(path)
+        return path
+
+    def job(self, job_id: str) -> dict:
+        return requests.get(f"{self.base}/api/jobs/{job_id}", timeout=10).json()
+
+
+@pytest.fixture(scope="module")
+def site(azurite, storage, tmp_path_factory) -> Iterator[Site]:
+    if shutil.which("chromium") is None:
+        pytest.fail("Debian's chromium is not installed: `make chromium` installs it")
+    from playwright.sync_api import sync_playwright
+
+    folder = tmp_path_factory.mktemp("browser")
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        app_env = app_env_for(azurite, monkeypatch, "tests/test_browser.py")
+        log = folder / "serve.log"
+        host = serve(app_env, log)
+        try:
+            base = re.search(r"the web page on (http://127\.0\.0\.1:\d+)/api/ui/", log.read_text()).group(1)
+            with sync_playwright() as playwright:
+                context = playwright.chromium.launch_persistent_context(
+                    str(folder / "profile"),  # a new, empty user-data-dir
+                    executable_path=CHROMIUM,
+                    headless=True,
+                    args=CHROMIUM_ARGS,
+                    viewport={"width": 1280, "height": 900},
+                )
+                try:
+                    yield Site(app_env, base, storage, folder, context, log)
+                finally:
+                    context.close()
+        finally:
+            host.send_signal(signal.SIGINT)
+            host.wait(timeout=60)
+
+
+def row_of(page, job_id: str) -> dict | None:
+    """What the job list shows of ``job_id`` now: its state and windows done/total, or None."""
+    return page.evaluate(
+        """(id) => {
+            const row = document.querySelector(`tr[data-job="${id}"]`);
+            if (!row) return null;
+            return {state: row.dataset.state, count: row.querySelector(".count").textContent,
+                    cost: row.cells[6].textContent, elapsed: row.cells[5].textContent};
+        }""",
+        job_id,
+    )
+
+
+@dataclass
+class Watched:
+    job_id: str
+    scene: Path
+    seen: list[dict]
+
+
+@pytest.fixture(scope="module")
+def completed(site: Site) -> Watched:
+    """A scene uploaded while the job list is open, the list read every 100 ms until it completes."""
+    scene = Path(write_scene(str(site.folder / "watched.tif"), SceneSpec(1536, 1024, 3, "uint16", nodata=0)))
+    page = site.context.new_page()
+    page.goto(site.page_url("/"))
+    page.wait_for_selector("table.jobs")
+    job_id = upload(site.storage, site.app_env, scene)
+    seen: list[dict] = []
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        row = row_of(page, job_id)
+        if row and (not seen or row != seen[-1]):
+            seen.append(row)
+            if len(seen) == 2:
+                site.screenshot(page, "jobs-running")
+        if row and row["state"] in ("completed", "failed", "terminated"):
+            break
+        time.sleep(0.1)
+    site.screenshot(page, "jobs")
+    page.close()
+    return Watched(job_id, scene, seen)
+
+
+def test_an_upload_appears_in_the_list_its_progress_moves_and_it_completes(completed: Watched):
+    seen = completed.seen
+    assert seen, "the job never appeared in the list"
+    assert seen[-1]["state"] == "completed", seen
+    done = [tuple(map(int, row["count"].split(" / "))) for row in seen if " / " in row["count"]]
+    assert done[-1] == (24, 24), seen  # 1536 x 1024 in 256 px windows
+    assert len({d for d, _ in done}) >= 2, f"the windows done never moved: {seen}"
+    assert seen[-1]["cost"].startswith("$") and seen[-1]["elapsed"], seen
+
+
+def tile_pixels(png: bytes) -> np.ndarray:
+    with MemoryFile(png) as memory, memory.open() as src:
+        return src.read()
+
+
+def rio_tiler_tile(scene: Path, z: int, x: int, y: int, query: dict[str, list[str]]) -> np.ndarray:
+    """rio-tiler's own rendering of the source at the tile, with the band and stretch the app's
+    tile URL asked for."""
+    from rio_tiler.io import Reader
+
+    bands = tuple(int(b) for b in query["bands"][0].split(",")) if "bands" in query else None
+    with Reader(str(scene)) as src:
+        image = src.tile(x, y, z, indexes=bands)
+    if "rescale" in query:
+        image.rescale(in_range=[tuple(float(v) for v in r.split(",")) for r in query["rescale"]])
+    return tile_pixels(image.render(img_format="PNG"))
+
+
+def mercator(lon: float, lat: float) -> tuple[float, float]:
+    half = 20037508.342789244
+    return lon * half / 180, math.log(math.tan((90 + lat) * math.pi / 360)) * half / math.pi
+
+
+def test_the_job_page_shows_the_map_whose_tiles_equal_rio_tilers_rendering(site: Site, completed: Watched):
+    assert completed.seen[-1]["state"] == "completed"
+    page = site.context.new_page()
+    tiles: list = []
+    page.on("response", lambda r: tiles.append(r) if TILE_URL.search(r.url) else None)
+    with page.expect_response(lambda r: "/tilejson.json" in r.url) as answered:
+        page.goto(site.page_url(f"/jobs/{completed.job_id}"))
+    tilejson = answered.value.json()
+    page.wait_for_selector("#map canvas")
+    page.wait_for_selector("#quicklook")
+    item = page.inner_text("#stac-item")
+    assert f'"id": "{completed.job_id}"' in item or completed.job_id in item
+    page.wait_for_selector(".timeline .lane .run")
+    assert page.locator(".timeline .lane").count() == 24
+    site.screenshot(page, "job")
+
+    # Full resolution, where the mosaic's pixels are the source's own.
+    west, south, east, north = tilejson["bounds"]
+    centre = mercator((west + east) / 2, (south + north) / 2)
+    zoom = tilejson["maxzoom"]
+    page.evaluate(
+        "([c, z]) => { const v = window.tilecommitMap.getView(); v.setCenter(c); v.setZoom(z); }", [centre, zoom]
+    )
+    page.wait_for_function(
+        "(z) => window.tilecommitMap.getView().getZoom() === z && !window.tilecommitMap.getLoadingOrNotReady()",
+        arg=zoom,
+    )
+    site.screenshot(page, "job-full-resolution")
+    fetched = [r for r in tiles if int(TILE_URL.search(r.url)["z"]) == zoom]
+    assert fetched and all(r.status == 200 for r in fetched), [(r.url, r.status) for r in fetched]
+    assert len(fetched) >= 3, [r.url for r in fetched]
+    for response in fetched[:3]:
+        where = TILE_URL.search(response.url)
+        z, x, y = (int(where[k]) for k in ("z", "x", "y"))
+        expected = rio_tiler_tile(completed.scene, z, x, y, parse_qs(urlsplit(response.url).query))
+        np.testing.assert_array_equal(tile_pixels(response.body()), expected, err_msg=response.url)
+    page.close()
+
+
+def test_a_running_job_is_cancelled_and_retried_from_its_page(site: Site):
+    scene = Path(write_scene(str(site.folder / "cancelled.tif"), SceneSpec(2048, 2048, 3, "uint16")))
+    job_id = upload(site.storage, site.app_env, scene)
+    page = site.context.new_page()
+    asked: list[str] = []
+
+    def accept(dialog) -> None:
+        asked.append(dialog.message)
+        dialog.accept()
+
+    page.on("dialog", accept)
+    page.goto(site.page_url(f"/jobs/{job_id}"))
+    page.locator('button[data-action="cancel"]').click(timeout=30_000)
+    page.wait_for_selector('#job-state:text("terminated")', timeout=30_000)
+    assert asked and asked[0].startswith("Cancel this job?")
+    assert site.job(job_id)["state"] == "terminated"
+    site.screenshot(page, "job-cancelled")
+
+    page.locator('button[data-action="retry"]').click(timeout=10_000)
+    page.wait_for_selector('#job-state:text("completed")', timeout=90_000)
+    assert asked[-1].startswith("Run this job again?")
+    assert site.job(job_id)["progress"]["windows_done"] == 64
+    site.screenshot(page, "job-retried")
+    page.close()
