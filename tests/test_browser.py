@@ -149,7 +149,10 @@ def test_an_upload_appears_in_the_list_its_progress_moves_and_it_completes(compl
     assert seen[-1]["state"] == "completed", seen
     done = [tuple(map(int, row["count"].split(" / "))) for row in seen if " / " in row["count"]]
     assert done[-1] == (24, 24), seen  # 1536 x 1024 in 256 px windows
+    # The list was not reloaded: the same page showed the job while it ran, then its end.
+    assert any(row["state"] in ("pending", "running") for row in seen), seen
     assert len({d for d, _ in done}) >= 2, f"the windows done never moved: {seen}"
+    assert [d for d, _ in done] == sorted(d for d, _ in done), seen
     assert seen[-1]["cost"].startswith("$") and seen[-1]["elapsed"], seen
 
 
@@ -190,6 +193,10 @@ def test_the_job_page_shows_the_map_whose_tiles_equal_rio_tilers_rendering(site:
     assert f'"id": "{completed.job_id}"' in item or completed.job_id in item
     page.wait_for_selector(".timeline .lane .run")
     assert page.locator(".timeline .lane").count() == 24
+    windows = requests.get(f"{site.base}/api/jobs/{completed.job_id}/windows", timeout=10).json()["windows"]
+    assert len(windows) == 24 and all(w["batch"].startswith(f"{completed.job_id}-batch-") for w in windows)
+    assert all(w["run_s"] > 0 and w["queue_s"] is not None and w["queue_s"] >= 0 for w in windows), windows
+    assert page.locator(".timeline .lane .wait").count() == 24
     site.screenshot(page, "job")
 
     # Full resolution, where the mosaic's pixels are the source's own.

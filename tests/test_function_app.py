@@ -60,12 +60,21 @@ def test_functions_and_raw_bindings_as_the_worker_sends_them():
         names.RETRY_ROUTE: ("POST", "jobs/{job_id}/retry"),
         names.VERIFY_ROUTE: ("POST", "jobs/{job_id}/verify"),
         names.VERIFY_STATUS_ROUTE: ("GET", "jobs/{job_id}/verify/{verify_id}"),
+        names.WINDOWS_ROUTE: ("GET", "jobs/{job_id}/windows"),
+        names.OUTPUT_ROUTE: ("GET", "jobs/{job_id}/outputs/{name}"),
     }
-    assert set(index.http_functions) == set(routes)
+    # What the web page reads without the Durable client, and its own files, which need no key.
+    storage_routes = {names.COLLECTION_ROUTE: ("GET", "collections/{collection_id}", "FUNCTION")}
+    page_routes = {names.WEB_PAGE_ROUTE: ("GET", "ui/{*path}", "ANONYMOUS")}
+    assert set(index.http_functions) == set(routes) | set(storage_routes) | set(page_routes)
     for name, (method, path) in routes.items():
         trigger = next(b for b in index.raw_bindings[name] if b["type"] == "httpTrigger")
         assert (trigger["methods"], trigger["authLevel"], trigger["route"]) == ([method], "FUNCTION", path)
         assert {"direction": "IN", "type": "durableClient", "name": "client"} in index.raw_bindings[name]
+    for name, (method, path, level) in {**storage_routes, **page_routes}.items():
+        trigger = next(b for b in index.raw_bindings[name] if b["type"] == "httpTrigger")
+        assert (trigger["methods"], trigger["authLevel"], trigger["route"]) == ([method], level, path)
+        assert not any(b["type"] == "durableClient" for b in index.raw_bindings[name])
 
     starter = sorted(index.raw_bindings[names.STARTER], key=lambda b: b["type"])
     assert starter == [

@@ -92,3 +92,20 @@ def test_the_page_needs_no_key_and_the_data_it_reads_does(routes):
     assert get(routes, "/api/ui/")[0] == 200
     for path in ("/api/jobs", "/api/jobs/0123456789abcdef/windows", "/api/collections/tilecommit"):
         assert get(routes, path)[0] == 401, path
+
+
+def test_each_rendered_window_records_when_its_activity_started_and_finished(rendered, stores):
+    from datetime import UTC, datetime
+
+    from tilecommit.manifest import count_manifest, window_timings
+
+    from .raster_jobs import JOB, render_all
+
+    _, path, scene, settings, results = rendered
+    times = window_timings(stores["manifest"], JOB)
+    assert set(times) == set(count_manifest(stores["manifest"], JOB).entries) == {r.window for r in results}
+    for started, finished in times.values():
+        assert started is not None and finished is not None and started < finished <= datetime.now(UTC)
+    # A repeat finds each window's row already there: the first attempt's times stay.
+    assert all(r.skipped for r in render_all(path, scene, settings, stores))
+    assert window_timings(stores["manifest"], JOB) == times
