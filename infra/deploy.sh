@@ -2,7 +2,8 @@
 # Deploy tilecommit to Azure: infrastructure (infra/main.bicep), code, Event Grid subscription.
 # Safe to run again: every step converges to the same state. See docs/deployment.md.
 # `azd up` deploys the same template and code, then runs step 3 of this script
-# (infra/hooks/postdeploy.sh -> --subscribe-only).
+# (infra/hooks/postdeploy.sh -> --subscribe-only); with the catalog, both run
+# infra/catalog-migrate.sh once the template is deployed (azd: infra/hooks/postprovision.sh).
 set -euo pipefail
 
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -49,6 +50,8 @@ Deploys tilecommit in three steps, each safe to repeat:
                        requirements.txt on the platform);
      Consumption:      the package with its dependencies as Linux x86-64 wheels for
                        Python 3.11, uploaded to the package container; restart;
+  With --catalog, after step 1: pgstac's migration and the identities' database roles
+     (infra/catalog-migrate.sh, as you: the server's Entra administrator);
   3. waits for the blob trigger's webhook key, then deploys the Event Grid subscription
      alone (infra/modules/event-subscription.bicep; what main.bicep deploys with
      deployEventSubscription=true), retried with backoff, without touching the app.
@@ -65,7 +68,10 @@ Options:
       --durable-backend B    where Durable keeps its task hub: storage (the storage account,
                              default) or scheduler (a Durable Task Scheduler and task hub;
                              main.bicep durableBackend)
-      --infra-only           step 1 only
+      --catalog              the catalog (main.bicep catalogEnabled): PostgreSQL Flexible Server
+                             with pgstac, you its Entra administrator, and the STAC API on
+                             Azure Container Apps (docs/catalog.md, "Deploying the catalog")
+      --infra-only           step 1 only (with --catalog, the migration too)
       --no-deployer-access   do not grant the signed-in principal upload/read roles on the
                              input and output containers (Consumption still needs the package one)
       --package-only FILE    only build the Consumption-plan package (code and Linux
@@ -98,6 +104,7 @@ package_only=""
 vnet_enabled=false
 durable="storage"
 subscribe_only=false
+catalog=false
 
 while (($# > 0)); do
   case "$1" in
@@ -107,6 +114,7 @@ while (($# > 0)); do
     -n | --base-name) [[ $# -ge 2 ]] || usage_error "$1 needs a value"; base_name="$2"; shift 2 ;;
     --infra-only) infra_only=true; shift ;;
     --vnet) vnet_enabled=true; shift ;;
+    --catalog) catalog=true; shift ;;
     --durable-backend) [[ $# -ge 2 ]] || usage_error "$1 needs a value"; durable="$2"; shift 2 ;;
     --subscribe-only) subscribe_only=true; shift ;;
     --no-deployer-access) deployer_access=false; shift ;;
@@ -256,6 +264,7 @@ deploy() {
     durableBackend="${durable_backend}" \
     deployerPrincipalId="${deployer_id}" deployerPrincipalType="${deployer_type}" \
     grantDeployerDataAccess="${deployer_access}" \
+    catalogEnabled="${catalog}" catalogAdministratorName="${deployer_name}" \
     deployEventSubscription="${with_subscription}" \
     --output none
 }
@@ -289,8 +298,10 @@ if [[ "${DRY_RUN}" != 1 ]]; then
 fi
 
 if [[ "${subscribe_only}" != true ]]; then
-  for namespace in Microsoft.Web Microsoft.Storage Microsoft.EventGrid Microsoft.Insights \
-    Microsoft.OperationalInsights Microsoft.ManagedIdentity; do
+  namespaces=(Microsoft.Web Microsoft.Storage Microsoft.EventGrid Microsoft.Insights
+    Microsoft.OperationalInsights Microsoft.ManagedIdentity)
+  [[ "${catalog}" != true ]] || namespaces+=(Microsoft.DBforPostgreSQL Microsoft.App)
+  for namespace in "${namespaces[@]}"; do
     state="$(az_cli provider show --namespace "${namespace}" --query registrationState --output tsv 2>/dev/null || true)"
     if [[ "${state}" != "Registered" ]]; then
       say "Registering resource provider ${namespace}"
@@ -316,14 +327,21 @@ if [[ "${subscribe_only}" != true ]]; then
 
   deployer_id=""
   deployer_type="User"
-  if [[ "${deployer_access}" == true || "${hosting_plan}" == "Consumption" ]]; then
+  # The catalog's server takes its Entra administrator by object id and name.
+  deployer_name=""
+  if [[ "${deployer_access}" == true || "${hosting_plan}" == "Consumption" || "${catalog}" == true ]]; then
     user_type="$(az_cli account show --query user.type --output tsv)"
     if [[ "${user_type}" == "user" ]]; then
       deployer_id="$(az_cli ad signed-in-user show --query id --output tsv 2>/dev/null || true)"
+      deployer_name="$(az_cli ad signed-in-user show --query userPrincipalName --output tsv 2>/dev/null || true)"
     else
       deployer_type="ServicePrincipal"
       app_id="$(az_cli account show --query user.name --output tsv)"
       deployer_id="$(az_cli ad sp show --id "${app_id}" --query id --output tsv 2>/dev/null || true)"
+      deployer_name="$(az_cli ad sp show --id "${app_id}" --query displayName --output tsv 2>/dev/null || true)"
+    fi
+    if [[ "${catalog}" == true && ( -z "${deployer_id}" || -z "${deployer_name}" ) ]]; then
+      die "--catalog: could not look up your object id and name in Entra ID; the server's Entra administrator is you"
     fi
     if [[ -z "${deployer_id}" ]]; then
       [[ "${hosting_plan}" != "Consumption" ]] \
@@ -345,6 +363,11 @@ if [[ "${subscribe_only}" != true ]]; then
   app_name="$(output functionAppName)"
   storage_account="$(output storageAccountName)"
   note "function app ${app_name}, storage account ${storage_account}"
+  if [[ "${catalog}" == true ]]; then
+    say "Catalog: pgstac's migration and the identities' roles (infra/catalog-migrate.sh)"
+    "${SCRIPT_DIR}/catalog-migrate.sh" --resource-group "${resource_group}" --from-deployment
+    note "STAC API: $(output stacApiUrl)"
+  fi
 
   if [[ "${infra_only}" == true ]]; then
     say "Done (--infra-only): run again without it to publish the code and subscribe the trigger"

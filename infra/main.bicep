@@ -72,6 +72,12 @@ param instanceMemoryMB int = 2048
 @maxValue(1000)
 param maximumInstanceCount int = 40
 
+@description('The catalog (docs/catalog.md): Azure Database for PostgreSQL Flexible Server with pgstac (Burstable B1ms, Microsoft Entra authentication only, the deployer its Entra administrator) that each finished job is published to, and the STAC API (stac-fastapi-pgstac on Azure Container Apps) that searches it. Off: collections in blob storage only, no database.')
+param catalogEnabled bool = false
+
+@description('catalogEnabled only: the deployer\'s name in Entra ID (user principal name, or the group\'s or application\'s display name), for deployerPrincipalId as the server\'s Entra administrator.')
+param catalogAdministratorName string = ''
+
 @description('Second step of infra/deploy.sh: create the Event Grid subscription (needs the code deployed).')
 param deployEventSubscription bool = false
 
@@ -192,6 +198,11 @@ var systemTopicName = '${baseName}-evgt-${token}'
 var completionTopicName = '${baseName}-evt-${token}'
 var virtualNetworkName = '${baseName}-vnet-${token}'
 var schedulerName = '${baseName}-dts-${token}'
+var postgresName = '${baseName}-pg-${token}'
+var stacApiName = '${baseName}-stac-${token}'
+// pgstac's database and port (tilecommit/settings.py DEFAULT_PGSTAC_DATABASE, DEFAULT_PGSTAC_PORT).
+var catalogDatabaseName = 'pgstac'
+var catalogPort = 5432
 var eventSubscriptionName = '${replace(triggerFunctionName, '_', '-')}-blob-created'
 
 // ---------------------------------------------------------------------------------------------
@@ -280,6 +291,39 @@ module durableTaskScheduler 'modules/durable-task-scheduler.bicep' = if (useSche
     taskHubName: taskHubName
     skuName: durableTaskSchedulerSku
     hostPrincipalId: identity.properties.principalId
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The catalog (catalogEnabled): pgstac on PostgreSQL and the STAC API reading it
+// ---------------------------------------------------------------------------------------------
+
+module postgres 'modules/postgres.bicep' = if (catalogEnabled) {
+  name: 'postgres'
+  params: {
+    name: postgresName
+    location: location
+    tags: resourceTags
+    databaseName: catalogDatabaseName
+    administratorObjectId: deployerPrincipalId
+    administratorName: catalogAdministratorName
+    administratorType: deployerPrincipalType
+    privateAccess: networkIsolated
+    virtualNetworkId: networkIsolated ? virtualNetwork.outputs.id : ''
+    privateEndpointSubnetId: networkIsolated ? virtualNetwork.outputs.privateEndpointSubnetId : ''
+  }
+}
+
+module stacApi 'modules/stac-api.bicep' = if (catalogEnabled) {
+  name: 'stac-api'
+  params: {
+    name: stacApiName
+    location: location
+    tags: resourceTags
+    databaseHost: catalogEnabled ? postgres.outputs.fqdn : ''
+    databaseName: catalogDatabaseName
+    logAnalyticsName: monitoring.outputs.logAnalyticsName
+    infrastructureSubnetId: networkIsolated ? virtualNetwork.outputs.stacApiSubnetId : ''
   }
 }
 
@@ -546,7 +590,35 @@ resource functionApp 'Microsoft.Web/sites@2024-04-01' = {
           name: 'GDAL_HTTP_RETRY_DELAY'
           value: '2'
         }
-      ], useScheduler ? [
+      ], catalogEnabled ? [
+        // catalogEnabled only (tilecommit/settings.py CATALOG_SETTINGS): each finished job is published
+        // to pgstac as the data identity, whose role (named after it, catalog-migrate.sh) holds
+        // pgstac_ingest; the password is an Entra token of that identity (AZURE_CLIENT_ID).
+        {
+          name: 'TILECOMMIT_PGSTAC_HOST'
+          value: catalogEnabled ? postgres.outputs.fqdn : ''
+        }
+        {
+          name: 'TILECOMMIT_PGSTAC_PORT'
+          value: string(catalogPort)
+        }
+        {
+          name: 'TILECOMMIT_PGSTAC_DATABASE'
+          value: catalogDatabaseName
+        }
+        {
+          name: 'TILECOMMIT_PGSTAC_USER'
+          value: dataIdentity.name
+        }
+        {
+          name: 'TILECOMMIT_PGSTAC_AUTH'
+          value: 'entra'
+        }
+        {
+          name: 'TILECOMMIT_STAC_API_URL'
+          value: catalogEnabled ? stacApi.outputs.url : ''
+        }
+      ] : [], useScheduler ? [
         // durableBackend DurableTaskScheduler only. Each AzureFunctionsJobHost__<path> setting
         // overrides host.json's value at that path (the Functions host reads app settings over
         // host.json), so host.json stays the Azure Storage provider's; the storageProvider section is
@@ -692,6 +764,14 @@ output networkIsolated bool = networkIsolated
 output durableBackend string = durableBackend
 output durableTaskSchedulerName string = useScheduler ? durableTaskScheduler.outputs.name : ''
 output durableTaskSchedulerEndpoint string = useScheduler ? durableTaskScheduler.outputs.endpoint : ''
+// What infra/catalog-migrate.sh reads (empty without the catalog).
+output catalogEnabled bool = catalogEnabled
+output catalogServerName string = catalogEnabled ? postgres.outputs.name : ''
+output catalogHost string = catalogEnabled ? postgres.outputs.fqdn : ''
+output catalogDatabase string = catalogEnabled ? catalogDatabaseName : ''
+output catalogIngestRole string = catalogEnabled ? dataIdentity.name : ''
+output catalogReadRole string = catalogEnabled ? stacApi.outputs.identityName : ''
+output stacApiUrl string = catalogEnabled ? stacApi.outputs.url : ''
 
 // The outputs azd's Functions quickstarts declare, for azd and for whoever reads `azd env get-values`.
 output AZURE_LOCATION string = location

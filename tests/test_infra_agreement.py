@@ -229,6 +229,8 @@ def test_deploy_script_reads_only_outputs_the_template_has() -> None:
         "deployerPrincipalType",
         "grantDeployerDataAccess",
         "deployEventSubscription",
+        "catalogEnabled",
+        "catalogAdministratorName",
     }
     assert passed - set(MAIN.params) == set()
     assert "main.parameters.json" in script and (INFRA / "main.parameters.json").is_file()

@@ -51,8 +51,10 @@ def test_the_network_exists_only_with_vnet_enabled_on_flex(params: dict[str, Any
 def test_the_app_subnet_is_delegated_to_flex_consumption_and_the_endpoints_have_their_own() -> None:
     (network,) = VNET.resources_of_type("Microsoft.Network/virtualNetworks")
     subnets = {s["name"]: s["properties"] for s in VNET.evaluate(network.value)["properties"]["subnets"]}
-    assert set(subnets) == {"app", "private-endpoints"}
-    assert [d["properties"]["serviceName"] for d in subnets["app"]["delegations"]] == ["Microsoft.App/environments"]
+    assert set(subnets) == {"app", "private-endpoints", "stac-api"}
+    # The app's and the STAC API's environments each have a delegated subnet of their own.
+    for name in ("app", "stac-api"):
+        assert [d["properties"]["serviceName"] for d in subnets[name]["delegations"]] == ["Microsoft.App/environments"]
     assert "delegations" not in subnets["private-endpoints"]
     assert VNET.evaluate(VNET.outputs["appSubnetId"].value) == "{virtualNetwork.id}/subnets/app"
     assert (

@@ -34,6 +34,7 @@ from .app_jobs import download as download_blob
 from .app_jobs import local_host
 from .made_rasters import MAKERS, made
 from .raster_jobs import assemble, assert_complete_pyramid, blob_names, download, manifest_rows, render_all
+from .rio_stac_check import check_item_statistics
 
 REAL = Path(__file__).resolve().parent / "fixtures" / "real"
 
@@ -281,7 +282,9 @@ def test_real_raster_becomes_an_exact_cog_mosaic(name, stores, storage, tmp_path
         assert same_crs(scene.crs, src.crs)
     mosaic_path = download(stores["output"], result.mosaic, tmp_path / "mosaic.tif")
     check_mosaic(source, mosaic_path, result.overview_levels)
-    check_stac(json.loads(stores["output"].download_blob(result.stac).readall()), source)
+    item = json.loads(stores["output"].download_blob(result.stac).readall())
+    check_stac(item, source)
+    check_item_statistics(item, mosaic_path)
 
 
 @pytest.mark.parametrize("name", sorted(REFUSED))

@@ -67,6 +67,17 @@ SETTING_PROFILE_RULES = "TILECOMMIT_PROFILE_RULES"
 SETTING_COLLECTION = "TILECOMMIT_COLLECTION"
 #: Collections by upload path: ``prefix=collection;...``, the longest prefix first.
 SETTING_COLLECTION_RULES = "TILECOMMIT_COLLECTION_RULES"
+#: The pgstac database each finished job's STAC item is published to (docs/catalog.md). Its host
+#: empty or unset: no publication (the embedded default needs no database).
+SETTING_PGSTAC_HOST = "TILECOMMIT_PGSTAC_HOST"
+SETTING_PGSTAC_PORT = "TILECOMMIT_PGSTAC_PORT"
+SETTING_PGSTAC_DATABASE = "TILECOMMIT_PGSTAC_DATABASE"
+SETTING_PGSTAC_USER = "TILECOMMIT_PGSTAC_USER"
+#: How the app signs in to it: ``entra`` (a Microsoft Entra token of the app's data identity as
+#: the password, TLS required) or ``trust`` (a local cluster that trusts 127.0.0.1). Never a password.
+SETTING_PGSTAC_AUTH = "TILECOMMIT_PGSTAC_AUTH"
+#: The STAC API's base URL, for each item's catalog link; empty: the link is the item's blob URL.
+SETTING_STAC_API_URL = "TILECOMMIT_STAC_API_URL"
 
 APP_SETTINGS = (
     SETTING_INPUT_CONTAINER,
@@ -86,6 +97,24 @@ APP_SETTINGS = (
     SETTING_COLLECTION,
     SETTING_COLLECTION_RULES,
 )
+
+#: The catalog's settings (the publication to pgstac and the STAC API's URL): deployed only where a
+#: catalog is deployed; unset, the app publishes nowhere.
+CATALOG_SETTINGS = (
+    SETTING_PGSTAC_HOST,
+    SETTING_PGSTAC_PORT,
+    SETTING_PGSTAC_DATABASE,
+    SETTING_PGSTAC_USER,
+    SETTING_PGSTAC_AUTH,
+    SETTING_STAC_API_URL,
+)
+PGSTAC_AUTH_ENTRA = "entra"
+PGSTAC_AUTH_TRUST = "trust"
+DEFAULT_PGSTAC_PORT = 5432
+#: pgstac's own name for its database (pypgstac's and stac-fastapi-pgstac's examples use it).
+DEFAULT_PGSTAC_DATABASE = "pgstac"
+#: The token scope of Azure Database for PostgreSQL's Microsoft Entra authentication.
+PGSTAC_ENTRA_SCOPE = "https://ossrdbms-aad.database.windows.net/.default"
 
 #: 1024 px windows: 0.17-0.21 s and ~115 MB a worker for 3-band uint16 (docs/design.md, 'GDAL settings and raster figures').
 DEFAULT_WINDOW_SIZE = 1024

@@ -19,8 +19,12 @@ param privateEndpointSubnetPrefix string = '10.0.1.0/24'
 @description('Subnet the function app integrates with. Flex Consumption wants it delegated to Microsoft.App/environments and used by no other app.')
 param appSubnetPrefix string = '10.0.2.0/24'
 
+@description('Subnet of the STAC API\'s Container Apps environment (main.bicep catalogEnabled), which reaches the database\'s private endpoint from it; a workload-profiles environment takes a /27 or larger, delegated to it alone.')
+param stacApiSubnetPrefix string = '10.0.3.0/27'
+
 var privateEndpointSubnetName = 'private-endpoints'
 var appSubnetName = 'app'
+var stacApiSubnetName = 'stac-api'
 
 resource virtualNetwork 'Microsoft.Network/virtualNetworks@2024-05-01' = {
   name: name
@@ -59,6 +63,23 @@ resource virtualNetwork 'Microsoft.Network/virtualNetworks@2024-05-01' = {
           ]
         }
       }
+      {
+        // Used only when the catalog is deployed; an empty delegated subnet costs nothing.
+        name: stacApiSubnetName
+        properties: {
+          addressPrefix: stacApiSubnetPrefix
+          privateEndpointNetworkPolicies: 'Disabled'
+          privateLinkServiceNetworkPolicies: 'Enabled'
+          delegations: [
+            {
+              name: 'container-apps'
+              properties: {
+                serviceName: 'Microsoft.App/environments'
+              }
+            }
+          ]
+        }
+      }
     ]
   }
 }
@@ -67,3 +88,4 @@ output id string = virtualNetwork.id
 output name string = virtualNetwork.name
 output appSubnetId string = '${virtualNetwork.id}/subnets/${appSubnetName}'
 output privateEndpointSubnetId string = '${virtualNetwork.id}/subnets/${privateEndpointSubnetName}'
+output stacApiSubnetId string = '${virtualNetwork.id}/subnets/${stacApiSubnetName}'

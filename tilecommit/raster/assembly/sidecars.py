@@ -17,7 +17,8 @@ from ..gdal_errors import gdal_step
 from ..reading.source import PinnedBlob, reading
 from ..reading.upload import upload_gdal_options
 from .checks import blob_properties, committed_properties, repair_instruction
-from .stac import CommittedMosaic, mosaic_footprint, quicklook_png, stac_item_bytes, without_run_facts
+from .stac import CommittedMosaic, comparable_items, mosaic_footprint, quicklook_png, stac_item_bytes
+from .statistics import MosaicStatistics, mosaic_statistics
 from .strategy import MosaicJob
 
 
@@ -26,8 +27,9 @@ def write_sidecars(job: MosaicJob, *, replace: dict[str, str | None] | None = No
 
     The assembly's ``cost``: what the job has cost until the item is made, recorded in it as
     ``tilecommit:cost``. That is the one part of the item that is not a function of the mosaic:
-    an item already there is checked with it left out (:func:`.stac.without_run_facts`), and
-    keeps the cost of the run that wrote it.
+    an item already there is checked with it left out (:func:`.stac.comparable_items`), and
+    keeps the cost of the run that wrote it; one a build before the bands' statistics wrote is
+    checked without them.
 
     ``verify_only`` (a scrub): nothing is written; a companion that is absent is known bad too.
 
@@ -72,7 +74,7 @@ def write_sidecars(job: MosaicJob, *, replace: dict[str, str | None] | None = No
             replace=replace,
             key="stac",
             verify_only=verify_only,
-            comparable=without_run_facts,
+            comparable=comparable_items,
         )
         timings["stac"] = time.perf_counter() - started
     return int(props.size)
@@ -80,7 +82,8 @@ def write_sidecars(job: MosaicJob, *, replace: dict[str, str | None] | None = No
 
 def _stac_item(job: MosaicJob, mosaic: PinnedBlob, props) -> bytes:
     """The STAC item of the committed mosaic ``mosaic`` (whose properties are ``props``), naming its
-    quicklook beside it; the cost in it is the job's until now."""
+    quicklook beside it; the cost in it is the job's until now, its statistics from one overview
+    level (:func:`.statistics.mosaic_statistics`)."""
     mosaic_name, scene = job.mosaic_name, job.scene
     with (
         gdal_step(f"reading the overview levels of {mosaic_name} for its STAC item"),
@@ -94,8 +97,14 @@ def _stac_item(job: MosaicJob, mosaic: PinnedBlob, props) -> bytes:
         overview_levels=levels,
         created=props.creation_time or props.last_modified,
         footprint=mosaic_footprint(mosaic, scene.crs),
+        statistics=_statistics(mosaic_name, mosaic),
     )
     return stac_item_bytes(job, committed)
+
+
+def _statistics(mosaic_name: str, mosaic: PinnedBlob) -> MosaicStatistics:
+    with gdal_step(f"reading the bands' statistics of {mosaic_name} for its STAC item", window="one overview"):
+        return mosaic_statistics(mosaic)
 
 
 def _commit_or_verify(
@@ -108,10 +117,10 @@ def _commit_or_verify(
     replace: dict[str, str | None] | None = None,
     key: str = "",
     verify_only: bool = False,
-    comparable: Callable[[bytes], bytes] | None = None,
+    comparable: Callable[[bytes, bytes], tuple[bytes, bytes]] | None = None,
 ) -> None:
-    """Create ``name`` with ``body``, or check that what holds the key is ``body`` (both seen
-    through ``comparable`` when given); in a rebuild (``replace``), write it with ``If-Match`` on
+    """Create ``name`` with ``body``, or check that what holds the key is ``body`` (the stored
+    bytes and ``body`` as ``comparable(stored, body)`` gives them, when given); in a rebuild (``replace``), write it with ``If-Match`` on
     the version ``replace[key]`` inspected before it.
 
     A companion is a pure function of the committed mosaic, so one with other bytes describes
@@ -134,11 +143,14 @@ def _commit_or_verify(
         return
     if replace is not None:
         return  # created by a concurrent rebuild since it was inspected: already-present
-    comparable = comparable or bytes
-    found = gates.sha256_hex(comparable(gates.content_bytes(output.get_blob_client(name))))
-    ours = gates.sha256_hex(comparable(body))
+    stored = gates.content_bytes(output.get_blob_client(name))
+    found, ours = (gates.sha256_hex(b) for b in (comparable or _as_they_are)(stored, body))
     if found != ours:
         raise MosaicCheckError(
             f"{name} is not what the committed mosaic gives (stored sha256 {found}, from the mosaic {ours}); "
             + repair_instruction(job_id)
         )
+
+
+def _as_they_are(stored: bytes, body: bytes) -> tuple[bytes, bytes]:
+    return stored, body

@@ -5,7 +5,9 @@ the item also of the scene the job inspected (its bands, CRS and acquisition tim
 activity of the job is given as it was inspected), so a retry that regenerates them produces the
 same bytes and its create-only commit agrees; the one exception is the item's
 ``tilecommit:cost`` (what the run that wrote it cost), which a check leaves out
-(:func:`without_run_facts`).
+(:func:`without_run_facts`). Its bands' statistics and histograms are read from one overview
+level of the mosaic (:mod:`.statistics`) and so approximate, which ``tilecommit:statistics`` says;
+an item stored by a build that made none is checked without them (:func:`comparable_items`).
 
 The item's geometry is the footprint of the mosaic's valid pixels (:mod:`.footprint`); its
 projection fields follow the projection extension: ``proj:code`` when an EPSG code is
@@ -27,7 +29,7 @@ from pystac.extensions.eo import Band as EOBand
 from pystac.extensions.eo import EOExtension
 from pystac.extensions.file import FileExtension
 from pystac.extensions.projection import ProjectionExtension
-from pystac.extensions.raster import DataType, RasterBand, RasterExtension
+from pystac.extensions.raster import DataType, Histogram, RasterBand, RasterExtension, Statistics
 from rasterio.crs import CRS
 from rasterio.errors import NotGeoreferencedWarning
 from rasterio.io import MemoryFile
@@ -37,6 +39,7 @@ from ..gdal_errors import gdal_step
 from ..reading.scene import SceneInfo, as_crs, same_crs
 from ..reading.source import Source, reading
 from .footprint import Footprint, footprint
+from .statistics import BandStatistics, MosaicStatistics
 from .strategy import MosaicJob
 
 COG_MEDIA_TYPE = "image/tiff; application=geotiff; profile=cloud-optimized"
@@ -45,6 +48,8 @@ COST_PROPERTY = "tilecommit:cost"
 DATETIME_PROPERTY = "tilecommit:datetime"
 #: Why the source's acquisition tag was not the ``datetime``, when it has one that is not a time.
 DATETIME_NOTE_PROPERTY = "tilecommit:datetime_note"
+#: How the bands' statistics were made: approximate, from which overview level (:mod:`.statistics`).
+STATISTICS_PROPERTY = "tilecommit:statistics"
 logger = logging.getLogger(__name__)
 
 
@@ -113,7 +118,8 @@ def datetime_fields(scene: SceneInfo, created: datetime) -> tuple[datetime, dict
 class CommittedMosaic:
     """The committed mosaic as its STAC item describes it: its blob name (the item names it and
     its quicklook by relative hrefs), size, sha256 (empty: the storage service assembled it and
-    no one hashed its bytes), overview levels, creation time and valid-pixel footprint."""
+    no one hashed its bytes), overview levels, creation time, valid-pixel footprint and its
+    bands' statistics (None: an item without them, as builds before them made)."""
 
     name: str
     nbytes: int
@@ -121,6 +127,7 @@ class CommittedMosaic:
     overview_levels: int
     created: datetime
     footprint: Footprint
+    statistics: MosaicStatistics | None = None
 
 
 def stac_item_bytes(job: MosaicJob, mosaic: CommittedMosaic) -> bytes:
@@ -185,6 +192,8 @@ def item_properties(job: MosaicJob, mosaic: CommittedMosaic, said: dict) -> dict
         properties["tilecommit:source"] = job.job.blob
     if job.cost is not None:
         properties[COST_PROPERTY] = job.cost()
+    if mosaic.statistics is not None:
+        properties[STATISTICS_PROPERTY] = mosaic.statistics.note
     return properties
 
 
@@ -200,6 +209,7 @@ def add_mosaic_asset(item: pystac.Item, scene: SceneInfo, mosaic: CommittedMosai
     if scene.nodata is not None and not math.isfinite(scene.nodata):
         nodata = "nan" if math.isnan(scene.nodata) else ("inf" if scene.nodata > 0 else "-inf")
     resolution = abs(scene.transform[0])
+    measured = mosaic.statistics.bands if mosaic.statistics is not None else (None,) * scene.count
     RasterExtension.ext(asset, add_if_missing=True).apply(
         bands=[
             RasterBand.create(
@@ -207,8 +217,9 @@ def add_mosaic_asset(item: pystac.Item, scene: SceneInfo, mosaic: CommittedMosai
                 data_type=DataType(scene.dtype),
                 spatial_resolution=resolution,
                 **meaning,
+                **band_statistics_fields(stats),
             )
-            for meaning in band_meanings(scene)
+            for meaning, stats in zip(band_meanings(scene), measured, strict=True)
         ]
     )
     names = eo_bands(scene)
@@ -218,6 +229,16 @@ def add_mosaic_asset(item: pystac.Item, scene: SceneInfo, mosaic: CommittedMosai
     FileExtension.ext(asset, add_if_missing=True).apply(
         size=mosaic.nbytes, checksum="1220" + mosaic.sha256 if mosaic.sha256 else None
     )
+
+
+def band_statistics_fields(stats: BandStatistics | None) -> dict:
+    """A band's ``statistics`` and ``histogram`` (rio-stac's fields), where it has them."""
+    if stats is None:
+        return {}
+    fields: dict = {"statistics": Statistics.create(**stats.statistics)}
+    if stats.histogram is not None:
+        fields["histogram"] = Histogram.create(**stats.histogram)
+    return fields
 
 
 def band_meanings(scene: SceneInfo) -> list[dict]:
@@ -275,6 +296,36 @@ def without_run_facts(body: bytes) -> bytes:
     except (ValueError, TypeError, KeyError, AttributeError):
         return body
     return _canonical(item)
+
+
+def without_statistics(body: bytes) -> bytes:
+    """The item without its bands' statistics and histograms and the note on them, canonical."""
+    item = json.loads(body)
+    item["properties"].pop(STATISTICS_PROPERTY, None)
+    for asset in item.get("assets", {}).values():
+        for band in asset.get("raster:bands", []):
+            band.pop("statistics", None)
+            band.pop("histogram", None)
+    return _canonical(item)
+
+
+def comparable_items(stored: bytes, made: bytes) -> tuple[bytes, bytes]:
+    """What a check of the stored item compares: both without their run facts
+    (:func:`without_run_facts`); and when the stored item has no ``tilecommit:statistics``, the
+    one made now without its statistics too.
+
+    Builds before the statistics made items without them, and a job they completed may be
+    delivered, retried or verified again under this one: its item is still what its mosaic gives,
+    and its statistics are absent, not wrong. Everything else in it is still compared. (A job
+    id covers the output spec, not the build: putting the statistics in the spec would have
+    given every job started after the change a new id, and its upload a second job.)
+    """
+    found, ours = without_run_facts(stored), without_run_facts(made)
+    try:
+        before_statistics = STATISTICS_PROPERTY not in json.loads(found)["properties"]
+    except (ValueError, TypeError, KeyError):
+        return found, ours
+    return found, (without_statistics(ours) if before_statistics else ours)
 
 
 def _stretch(band: np.ma.MaskedArray) -> np.ndarray:
