@@ -246,3 +246,22 @@ def test_a_running_job_is_cancelled_and_retried_from_its_page(site: Site):
     assert site.job(job_id)["progress"]["windows_done"] == 64
     site.screenshot(page, "job-retried")
     page.close()
+
+
+COLLECTION_TILE_URL = re.compile(r"/api/tiles/collections/(?P<collection>[a-z0-9_-]+)/(\d+)/(\d+)/(\d+)\.png")
+
+
+def test_the_collection_page_shows_its_document_and_its_mosaic(site: Site, completed: Watched):
+    collection = site.job(completed.job_id)["summary"]["collection"]["collection"]
+    page = site.context.new_page()
+    tiles: list = []
+    page.on("response", lambda r: tiles.append(r) if COLLECTION_TILE_URL.search(r.url) else None)
+    page.goto(site.page_url(f"/collections/{collection}"))
+    page.wait_for_selector("#map canvas")
+    page.wait_for_function("() => !window.tilecommitMap.getLoadingOrNotReady()")
+    heads, values = page.locator("table.facts th").all_inner_texts(), page.locator("table.facts td").all_inner_texts()
+    facts = dict(zip(heads, values, strict=True))
+    assert int(facts["items"]) >= 1, facts
+    assert tiles and all(r.status == 200 for r in tiles), [(r.url, r.status) for r in tiles]
+    site.screenshot(page, "collection")
+    page.close()
