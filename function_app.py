@@ -212,7 +212,8 @@ def web_page_file(req: func.HttpRequest) -> func.HttpResponse:
         # The page names its files relative to itself: it must be loaded from the folder's URL.
         return func.HttpResponse(status_code=308, headers={"Location": f"{urlsplit(req.url).path}/"})
     found = web_page.serve(path, req.headers.get("if-none-match"))
-    return func.HttpResponse(found.body, status_code=found.status, headers=found.headers)
+    mimetype = found.headers.get("Content-Type", "text/plain").split(";")[0]  # the same type, for any worker
+    return func.HttpResponse(found.body, status_code=found.status, headers=found.headers, mimetype=mimetype)
 
 
 @app.function_name(names.RETENTION_SWEEP)

@@ -219,7 +219,38 @@ def test_the_job_page_shows_the_map_whose_tiles_equal_rio_tilers_rendering(site:
         z, x, y = (int(where[k]) for k in ("z", "x", "y"))
         expected = rio_tiler_tile(completed.scene, z, x, y, parse_qs(urlsplit(response.url).query))
         np.testing.assert_array_equal(tile_pixels(response.body()), expected, err_msg=response.url)
+        if response is fetched[0]:
+            drawn = canvas_at_tile(page, z, x, y)
+            shown = expected[:, : drawn.shape[1], : drawn.shape[2]]
+            opaque = shown[3] == 255  # the canvas keeps no colour under a transparent pixel
+            np.testing.assert_array_equal(drawn[:, opaque], shown[:, opaque], err_msg=f"canvas at {response.url}")
     page.close()
+
+
+def canvas_at_tile(page, z: int, x: int, y: int) -> np.ndarray:
+    """The map's canvas pixels (RGBA, bands first) from tile z/x/y's top-left corner, once the map
+    is centred on that corner at zoom z (each tile pixel one canvas pixel) with the footprint hidden."""
+    half = 20037508.342789244
+    corner = [-half + x * 2 * half / 2**z, half - y * 2 * half / 2**z]
+    pixels = page.evaluate(
+        """async ([corner, z]) => {
+            const map = window.tilecommitMap;
+            map.getLayers().item(1).setVisible(false);
+            map.getView().setCenter(corner);
+            map.getView().setZoom(z);
+            map.render();
+            await new Promise((done) => map.once("rendercomplete", done));
+            const canvas = map.getViewport().querySelector("canvas");
+            const [cx, cy] = map.getPixelFromCoordinate(corner).map(Math.round);
+            const ratio = canvas.width / map.getSize()[0];
+            const w = Math.min(256, canvas.width - cx * ratio), h = Math.min(256, canvas.height - cy * ratio);
+            const data = canvas.getContext("2d").getImageData(cx * ratio, cy * ratio, w, h).data;
+            return {w, h, ratio, data: Array.from(data)};
+        }""",
+        [corner, z],
+    )
+    assert pixels["ratio"] == 1, pixels["ratio"]
+    return np.array(pixels["data"], dtype=np.uint8).reshape(pixels["h"], pixels["w"], 4).transpose(2, 0, 1)
 
 
 def test_a_running_job_is_cancelled_and_retried_from_its_page(site: Site):
