@@ -42,6 +42,8 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
+#: The band combination and stretch the job page is opened with, which its map's tiles ask for.
+SHOWN = "bands=3,2,1&rescale=2000,60000"
 TILE_URL = re.compile(r"/api/tiles/jobs/(?P<job>[0-9a-f]+)/(?P<z>\d+)/(?P<x>\d+)/(?P<y>\d+)\.png")
 
 
@@ -166,11 +168,11 @@ def rio_tiler_tile(scene: Path, z: int, x: int, y: int, query: dict[str, list[st
     tile URL asked for."""
     from rio_tiler.io import Reader
 
-    bands = tuple(int(b) for b in query["bands"][0].split(",")) if "bands" in query else None
+    bands = tuple(int(b) for b in query["bands"][0].split(","))
+    low, high = (float(v) for v in query["rescale"][0].split(","))
     with Reader(str(scene)) as src:
         image = src.tile(x, y, z, indexes=bands)
-    if "rescale" in query:
-        image.rescale(in_range=[tuple(float(v) for v in r.split(",")) for r in query["rescale"]])
+    image.rescale(in_range=[(low, high)] * len(bands))
     return tile_pixels(image.render(img_format="PNG"))
 
 
@@ -185,7 +187,7 @@ def test_the_job_page_shows_the_map_whose_tiles_equal_rio_tilers_rendering(site:
     tiles: list = []
     page.on("response", lambda r: tiles.append(r) if TILE_URL.search(r.url) else None)
     with page.expect_response(lambda r: "/tilejson.json" in r.url) as answered:
-        page.goto(site.page_url(f"/jobs/{completed.job_id}"))
+        page.goto(site.page_url(f"/jobs/{completed.job_id}?{SHOWN}"))
     tilejson = answered.value.json()
     page.wait_for_selector("#map canvas")
     page.wait_for_selector("#quicklook")
@@ -214,6 +216,7 @@ def test_the_job_page_shows_the_map_whose_tiles_equal_rio_tilers_rendering(site:
     fetched = [r for r in tiles if int(TILE_URL.search(r.url)["z"]) == zoom]
     assert fetched and all(r.status == 200 for r in fetched), [(r.url, r.status) for r in fetched]
     assert len(fetched) >= 3, [r.url for r in fetched]
+    assert all(parse_qs(urlsplit(r.url).query) == parse_qs(SHOWN) for r in fetched), fetched[0].url
     for response in fetched[:3]:
         where = TILE_URL.search(response.url)
         z, x, y = (int(where[k]) for k in ("z", "x", "y"))
@@ -279,7 +282,9 @@ def test_a_running_job_is_cancelled_and_retried_from_its_page(site: Site):
     page.close()
 
 
-COLLECTION_TILE_URL = re.compile(r"/api/tiles/collections/(?P<collection>[a-z0-9_-]+)/(\d+)/(\d+)/(\d+)\.png")
+COLLECTION_#: The band combination and stretch the job page is opened with, which its map's tiles ask for.
+SHOWN = "bands=3,2,1&rescale=2000,60000"
+TILE_URL = re.compile(r"/api/tiles/collections/(?P<collection>[a-z0-9_-]+)/(\d+)/(\d+)/(\d+)\.png")
 
 
 def test_the_collection_page_shows_its_document_and_its_mosaic(site: Site, completed: Watched):

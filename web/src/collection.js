@@ -9,13 +9,13 @@ function bboxPolygon(bbox) {
   return { type: "Polygon", coordinates: [[[w, s], [e, s], [e, n], [w, n], [w, s]]] };
 }
 
-export function showCollection(main, collectionId) {
+export function showCollection(main, collectionId, tiles = "") {
   main.replaceChildren(el("h1", {}, `Collection ${collectionId}`), el("p", { class: "status" }, "loading…"));
   (async () => {
     try {
       const [doc, tilejson] = await Promise.all([
         getJson(`collections/${collectionId}`),
-        getJson(`tiles/collections/${collectionId}/tilejson.json`),
+        getJson(`tiles/collections/${collectionId}/tilejson.json${tiles}`),
       ]);
       const map = mapBox();
       const facts = [

@@ -49,7 +49,7 @@ function actionButtons(job, say) {
   );
 }
 
-async function showOutputs(job, box) {
+async function showOutputs(job, box, tiles) {
   const itemPath = `jobs/${job.job_id}/outputs/item.json`;
   const map = mapBox();
   const item = await getJson(itemPath).catch((error) => ({ error: error.message }));
@@ -61,7 +61,7 @@ async function showOutputs(job, box) {
       el("pre", { class: "stac", id: "stac-item" }, JSON.stringify(item, null, 2))),
   );
   try {
-    mosaicMap(map, await getJson(`tiles/jobs/${job.job_id}/tilejson.json`), item.geometry);
+    mosaicMap(map, await getJson(`tiles/jobs/${job.job_id}/tilejson.json${tiles}`), item.geometry);
   } catch (error) {
     map.replaceChildren(el("p", { class: "status" }, `no map: ${error.message}`));
   }
@@ -73,7 +73,7 @@ async function quicklookImage(job) {
   return el("img", { class: "quicklook", id: "quicklook", alt: "quicklook", src: URL.createObjectURL(await response.blob()) });
 }
 
-export function showJob(main, jobId) {
+export function showJob(main, jobId, tiles = "") {
   const head = el("div");
   const note = el("p", { class: "status", id: "action-note" });
   const outputs = el("section", { class: "outputs" });
@@ -92,7 +92,7 @@ export function showJob(main, jobId) {
       windows.lastChild.replaceChildren(timeline(rows.windows));
       if (job.state === "completed" && !shownOutputs) {
         shownOutputs = true;
-        await showOutputs(job, outputs);
+        await showOutputs(job, outputs, tiles);
       }
     } catch (error) {
       say(`could not read the job: ${error.message}`);

@@ -47,6 +47,7 @@ export function mosaicMap(target, tilejson, geometry) {
       url: tilejson.tiles[0],
       minZoom: tilejson.minzoom ?? 0,
       maxZoom: tilejson.maxzoom ?? 22,
+      tileSize: tilejson.tileSize ?? 256,
       tileLoadFunction: loadTile,
       crossOrigin: "anonymous",
       transition: 0,
