@@ -44,6 +44,8 @@ CHROMIUM_ARGS = [
 ]
 #: The band combination and stretch the job page is opened with, which its map's tiles ask for.
 SHOWN = "bands=3,2,1&rescale=2000,60000"
+#: The band combination and stretch the job page is opened with, which its map's tiles ask for.
+SHOWN = "bands=3,2,1&rescale=2000,60000"
 TILE_URL = re.compile(r"/api/tiles/jobs/(?P<job>[0-9a-f]+)/(?P<z>\d+)/(?P<x>\d+)/(?P<y>\d+)\.png")
 
 
@@ -282,9 +284,7 @@ def test_a_running_job_is_cancelled_and_retried_from_its_page(site: Site):
     page.close()
 
 
-COLLECTION_#: The band combination and stretch the job page is opened with, which its map's tiles ask for.
-SHOWN = "bands=3,2,1&rescale=2000,60000"
-TILE_URL = re.compile(r"/api/tiles/collections/(?P<collection>[a-z0-9_-]+)/(\d+)/(\d+)/(\d+)\.png")
+COLLECTION_TILE_URL = re.compile(r"/api/tiles/collections/(?P<collection>[a-z0-9_-]+)/(\d+)/(\d+)/(\d+)\.png")
 
 
 def test_the_collection_page_shows_its_document_and_its_mosaic(site: Site, completed: Watched):
