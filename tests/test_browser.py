@@ -44,8 +44,6 @@ CHROMIUM_ARGS = [
 ]
 #: The band combination and stretch the job page is opened with, which its map's tiles ask for.
 SHOWN = "bands=3,2,1&rescale=2000,60000"
-#: The band combination and stretch the job page is opened with, which its map's tiles ask for.
-SHOWN = "bands=3,2,1&rescale=2000,60000"
 TILE_URL = re.compile(r"/api/tiles/jobs/(?P<job>[0-9a-f]+)/(?P<z>\d+)/(?P<x>\d+)/(?P<y>\d+)\.png")
 
 
