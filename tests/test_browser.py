@@ -13,6 +13,7 @@ import re
 import shutil
 import signal
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,7 +44,7 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 #: The band combination and stretch the job page is opened with, which its map's tiles ask for.
-SHOWN = "bands=3,2,1&rescale=2000,60000"
+SHOWN = "bands=3,2,1&rescale=1500,9500"
 TILE_URL = re.compile(r"/api/tiles/jobs/(?P<job>[0-9a-f]+)/(?P<z>\d+)/(?P<x>\d+)/(?P<y>\d+)\.png")
 
 
@@ -158,6 +159,23 @@ def test_an_upload_appears_in_the_list_its_progress_moves_and_it_completes(compl
     assert seen[-1]["cost"].startswith("$") and seen[-1]["elapsed"], seen
 
 
+@dataclass(frozen=True)
+class Answered:
+    """A tile request the browser made and the app's answer to it, which the browser was given."""
+
+    url: str
+    status: int
+    body: bytes
+
+
+def pass_on(route) -> Answered:
+    """The request sent on to the app as it is, and the app's answer handed to the browser as it is."""
+    response = route.fetch()
+    body = response.body()
+    route.fulfill(response=response, body=body)
+    return Answered(route.request.url, response.status, body)
+
+
 def tile_pixels(png: bytes) -> np.ndarray:
     with MemoryFile(png) as memory, memory.open() as src:
         return src.read()
@@ -166,12 +184,15 @@ def tile_pixels(png: bytes) -> np.ndarray:
 def rio_tiler_tile(scene: Path, z: int, x: int, y: int, query: dict[str, list[str]]) -> np.ndarray:
     """rio-tiler's own rendering of the source at the tile, with the band and stretch the app's
     tile URL asked for."""
+    from rio_tiler.errors import NoOverviewWarning
     from rio_tiler.io import Reader
 
     bands = tuple(int(b) for b in query["bands"][0].split(","))
     low, high = (float(v) for v in query["rescale"][0].split(","))
-    with Reader(str(scene)) as src:
-        image = src.tile(x, y, z, indexes=bands)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NoOverviewWarning)  # the source is made without overviews
+        with Reader(str(scene)) as src:
+            image = src.tile(x, y, z, indexes=bands)
     image.rescale(in_range=[(low, high)] * len(bands))
     return tile_pixels(image.render(img_format="PNG"))
 
@@ -184,8 +205,8 @@ def mercator(lon: float, lat: float) -> tuple[float, float]:
 def test_the_job_page_shows_the_map_whose_tiles_equal_rio_tilers_rendering(site: Site, completed: Watched):
     assert completed.seen[-1]["state"] == "completed"
     page = site.context.new_page()
-    tiles: list = []
-    page.on("response", lambda r: tiles.append(r) if TILE_URL.search(r.url) else None)
+    tiles: list[Answered] = []
+    page.route(lambda url: TILE_URL.search(url) is not None, lambda route: tiles.append(pass_on(route)))
     with page.expect_response(lambda r: "/tilejson.json" in r.url) as answered:
         page.goto(site.page_url(f"/jobs/{completed.job_id}?{SHOWN}"))
     tilejson = answered.value.json()
@@ -205,13 +226,7 @@ def test_the_job_page_shows_the_map_whose_tiles_equal_rio_tilers_rendering(site:
     west, south, east, north = tilejson["bounds"]
     centre = mercator((west + east) / 2, (south + north) / 2)
     zoom = tilejson["maxzoom"]
-    page.evaluate(
-        "([c, z]) => { const v = window.tilecommitMap.getView(); v.setCenter(c); v.setZoom(z); }", [centre, zoom]
-    )
-    page.wait_for_function(
-        "(z) => window.tilecommitMap.getView().getZoom() === z && !window.tilecommitMap.getLoadingOrNotReady()",
-        arg=zoom,
-    )
+    show_at(page, centre, zoom)
     site.screenshot(page, "job-full-resolution")
     fetched = [r for r in tiles if int(TILE_URL.search(r.url)["z"]) == zoom]
     assert fetched and all(r.status == 200 for r in fetched), [(r.url, r.status) for r in fetched]
@@ -221,13 +236,29 @@ def test_the_job_page_shows_the_map_whose_tiles_equal_rio_tilers_rendering(site:
         where = TILE_URL.search(response.url)
         z, x, y = (int(where[k]) for k in ("z", "x", "y"))
         expected = rio_tiler_tile(completed.scene, z, x, y, parse_qs(urlsplit(response.url).query))
-        np.testing.assert_array_equal(tile_pixels(response.body()), expected, err_msg=response.url)
+        np.testing.assert_array_equal(tile_pixels(response.body), expected, err_msg=response.url)
         if response is fetched[0]:
             drawn = canvas_at_tile(page, z, x, y)
             shown = expected[:, : drawn.shape[1], : drawn.shape[2]]
             opaque = shown[3] == 255  # the canvas keeps no colour under a transparent pixel
+            assert opaque.sum() > 10_000 and (drawn[3][~opaque] == 0).all(), response.url
             np.testing.assert_array_equal(drawn[:, opaque], shown[:, opaque], err_msg=f"canvas at {response.url}")
     page.close()
+
+
+#: Centre the map on a point at a zoom and wait until every tile in view is drawn.
+SHOW_AT = """async ([centre, zoom]) => {
+    const map = window.tilecommitMap;
+    const drawn = new Promise((done) => map.once("rendercomplete", done));
+    map.getView().setCenter(centre);
+    map.getView().setZoom(zoom);
+    map.render();
+    await drawn;
+}"""
+
+
+def show_at(page, centre: list[float] | tuple[float, float], zoom: int) -> None:
+    page.evaluate(SHOW_AT, [list(centre), zoom])
 
 
 def canvas_at_tile(page, z: int, x: int, y: int) -> np.ndarray:
@@ -235,14 +266,11 @@ def canvas_at_tile(page, z: int, x: int, y: int) -> np.ndarray:
     is centred on that corner at zoom z (each tile pixel one canvas pixel) with the footprint hidden."""
     half = 20037508.342789244
     corner = [-half + x * 2 * half / 2**z, half - y * 2 * half / 2**z]
+    page.evaluate("() => window.tilecommitMap.getLayers().item(1).setVisible(false)")
+    show_at(page, corner, z)
     pixels = page.evaluate(
-        """async ([corner, z]) => {
+        """([corner, z]) => {
             const map = window.tilecommitMap;
-            map.getLayers().item(1).setVisible(false);
-            map.getView().setCenter(corner);
-            map.getView().setZoom(z);
-            map.render();
-            await new Promise((done) => map.once("rendercomplete", done));
             const canvas = map.getViewport().querySelector("canvas");
             const [cx, cy] = map.getPixelFromCoordinate(corner).map(Math.round);
             const ratio = canvas.width / map.getSize()[0];
@@ -288,8 +316,8 @@ COLLECTION_TILE_URL = re.compile(r"/api/tiles/collections/(?P<collection>[a-z0-9
 def test_the_collection_page_shows_its_document_and_its_mosaic(site: Site, completed: Watched):
     collection = site.job(completed.job_id)["summary"]["collection"]["collection"]
     page = site.context.new_page()
-    tiles: list = []
-    page.on("response", lambda r: tiles.append(r) if COLLECTION_TILE_URL.search(r.url) else None)
+    tiles: list[Answered] = []
+    page.route(lambda url: COLLECTION_TILE_URL.search(url) is not None, lambda route: tiles.append(pass_on(route)))
     page.goto(site.page_url(f"/collections/{collection}"))
     page.wait_for_selector("#map canvas")
     page.wait_for_function("() => !window.tilecommitMap.getLoadingOrNotReady()")

@@ -42,7 +42,10 @@ function footprintLayer(geometry) {
 // The map in `target`, from `tilejson` (the tile route's TileJSON) and an optional GeoJSON
 // `geometry` (WGS84) as the footprint. Exposed as window.tilecommitMap for the browser tests.
 export function mosaicMap(target, tilejson, geometry) {
+  // Only tiles over the mosaic's bounds are asked for: the route refuses the others (404).
+  const extent = Array.isArray(tilejson.bounds) ? transformExtent(tilejson.bounds, "EPSG:4326", "EPSG:3857") : undefined;
   const tiles = new TileLayer({
+    extent,
     source: new XYZ({
       url: tilejson.tiles[0],
       minZoom: tilejson.minzoom ?? 0,
@@ -58,10 +61,9 @@ export function mosaicMap(target, tilejson, geometry) {
     layers: [tiles, footprintLayer(geometry)],
     view: new View({ center: [0, 0], zoom: 2, maxZoom: (tilejson.maxzoom ?? 22) + 2 }),
   });
-  if (Array.isArray(tilejson.bounds)) {
-    const extent = transformExtent(tilejson.bounds, "EPSG:4326", "EPSG:3857");
-    map.getView().fit(extent, { padding: [20, 20, 20, 20] });
-  }
+  // The map measures its box asynchronously (a ResizeObserver); fitting needs its size now.
+  map.updateSize();
+  if (extent) map.getView().fit(extent, { padding: [20, 20, 20, 20] });
   window.tilecommitMap = map;
   return map;
 }
