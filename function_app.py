@@ -20,8 +20,8 @@ import azurefunctions.extensions.bindings.blob as blob
 from activities import catalog as catalog_activities
 from activities import tiling as activities
 from activities import verify as verify_activities
-from client_functions import job_api, job_views, retention, starter, verify_start, web_page
-from client_functions.context import client_context
+from client_functions import job_api, job_views, retention, starter, tiles, verify_start, web_page
+from client_functions.context import client_context, tile_maker
 from orchestrators import names
 from orchestrators import tiling as orchestrators
 from orchestrators import verify as verify_orchestrators
@@ -191,14 +191,14 @@ async def job_windows(req: func.HttpRequest, client: df.DurableOrchestrationClie
 async def job_output(req: func.HttpRequest, client: df.DurableOrchestrationClient) -> func.HttpResponse:
     """GET /api/jobs/{job_id}/outputs/{item.json|quicklook.png}: a completed job's item or quicklook."""
     job_id, name = req.route_params["job_id"], req.route_params["name"]
-    return await blob_answer(job_views.job_output(client, client_context().outputs, job_id, name))
+    return await blob_answer(job_views.job_output(client, client_context().output, job_id, name))
 
 
 @app.function_name(names.COLLECTION_ROUTE)
 @app.route(route="collections/{collection_id}", methods=["GET"], auth_level=func.AuthLevel.FUNCTION)
 async def get_collection(req: func.HttpRequest) -> func.HttpResponse:
     """GET /api/collections/{collection_id}: the collection's STAC Collection document."""
-    return await blob_answer(job_views.collection_document(client_context().outputs, req.route_params["collection_id"]))
+    return await blob_answer(job_views.collection_document(client_context().output, req.route_params["collection_id"]))
 
 
 @app.function_name(names.WEB_PAGE_ROUTE)
@@ -214,6 +214,56 @@ def web_page_file(req: func.HttpRequest) -> func.HttpResponse:
     found = web_page.serve(path, req.headers.get("if-none-match"))
     mimetype = found.headers.get("Content-Type", "text/plain").split(";")[0]  # the same type, for any worker
     return func.HttpResponse(found.body, status_code=found.status, headers=found.headers, mimetype=mimetype)
+
+
+def tile_response(answer: tiles.Answer) -> func.HttpResponse:
+    return func.HttpResponse(answer.body, status_code=answer.status, mimetype=answer.mimetype, headers=answer.headers)
+
+
+def _zxy(req: func.HttpRequest) -> tuple[str, str, str]:
+    return req.route_params["z"], req.route_params["x"], req.route_params["y"]
+
+
+@app.function_name(names.JOB_TILEJSON_ROUTE)
+@app.route(route="tiles/jobs/{job_id}/tilejson.json", methods=["GET"], auth_level=func.AuthLevel.FUNCTION)
+@app.durable_client_input(client_name="client")
+async def job_tilejson(req: func.HttpRequest, client: df.DurableOrchestrationClient) -> func.HttpResponse:
+    """GET /api/tiles/jobs/{job_id}/tilejson.json[?bands=..][&rescale=..]: the TileJSON of the job's mosaic."""
+    return tile_response(
+        await tiles.job_tilejson(client, tile_maker(), req.route_params["job_id"], req.url, req.params)
+    )
+
+
+@app.function_name(names.JOB_TILE_ROUTE)
+@app.route(route="tiles/jobs/{job_id}/{z}/{x}/{y}.png", methods=["GET"], auth_level=func.AuthLevel.FUNCTION)
+@app.durable_client_input(client_name="client")
+async def job_tile(req: func.HttpRequest, client: df.DurableOrchestrationClient) -> func.HttpResponse:
+    """GET /api/tiles/jobs/{job_id}/{z}/{x}/{y}.png[?bands=1,2,3][&rescale=min,max]: a PNG tile of the job's mosaic."""
+    answer = await tiles.job_tile(
+        client, tile_maker(), req.route_params["job_id"], _zxy(req), req.params, req.headers.get("If-None-Match")
+    )
+    return tile_response(answer)
+
+
+@app.function_name(names.COLLECTION_TILEJSON_ROUTE)
+@app.route(route="tiles/collections/{collection_id}/tilejson.json", methods=["GET"], auth_level=func.AuthLevel.FUNCTION)
+async def collection_tilejson(req: func.HttpRequest) -> func.HttpResponse:
+    """GET /api/tiles/collections/{collection_id}/tilejson.json: the TileJSON of the collection's mosaics."""
+    return tile_response(
+        await tiles.collection_tilejson(tile_maker(), req.route_params["collection_id"], req.url, req.params)
+    )
+
+
+@app.function_name(names.COLLECTION_TILE_ROUTE)
+@app.route(
+    route="tiles/collections/{collection_id}/{z}/{x}/{y}.png", methods=["GET"], auth_level=func.AuthLevel.FUNCTION
+)
+async def collection_tile(req: func.HttpRequest) -> func.HttpResponse:
+    """GET /api/tiles/collections/{collection_id}/{z}/{x}/{y}.png: a PNG tile of the collection's mosaics."""
+    answer = await tiles.collection_tile(
+        tile_maker(), req.route_params["collection_id"], _zxy(req), req.params, req.headers.get("If-None-Match")
+    )
+    return tile_response(answer)
 
 
 @app.function_name(names.RETENTION_SWEEP)

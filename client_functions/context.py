@@ -1,8 +1,9 @@
 """Clients and settings for the client functions (the starter, the job API, the retention sweep),
 built once per process from the app settings, as the activities' are (activities/context.py).
 
-They need only the manifest table (the cancellation rows, the starter's and the retry's reads)
-and the tiles container (the sweep's deletes), from the code's data connection.
+They need the manifest table (the cancellation rows, the starter's and the retry's reads), the
+tiles container (the sweep's deletes) and the output container (the tile routes' mosaics), from
+the code's data connection.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from azure.storage.blob import ContainerClient
 
 from tilecommit.settings import Settings, connection_fingerprint
 from tilecommit.storage import StorageConnection
+from tilecommit.tiles.render import TileMaker
 
 
 @dataclass(frozen=True)
@@ -22,8 +24,8 @@ class ClientContext:
     settings: Settings
     manifest: TableClient
     tiles: ContainerClient
-    #: The output container: the web page reads a job's item and quicklook, a collection's document.
-    outputs: ContainerClient
+    #: The mosaics, items and collections (the tile routes and the web page read them).
+    output: ContainerClient
 
 
 @lru_cache(maxsize=4)
@@ -35,8 +37,18 @@ def _context_for(connection_key: str, settings: Settings) -> ClientContext:
         settings=settings,
         manifest=connection.table_service().get_table_client(settings.manifest_table),
         tiles=connection.blob_service().get_container_client(settings.tiles_container),
-        outputs=connection.blob_service().get_container_client(settings.output_container),
+        output=connection.blob_service().get_container_client(settings.output_container),
     )
+
+
+@lru_cache(maxsize=4)
+def _tile_maker(context: ClientContext) -> TileMaker:
+    return TileMaker(context.output, context.settings)
+
+
+def tile_maker() -> TileMaker:
+    """The process's tile maker (its mosaics kept open between requests), one per context."""
+    return _tile_maker(client_context())
 
 
 def client_context() -> ClientContext:

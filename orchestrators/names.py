@@ -46,5 +46,11 @@ OUTPUT_ROUTE = "job_output"
 COLLECTION_ROUTE = "get_collection"
 #: The web page's files: GET /api/ui/{*path}.
 WEB_PAGE_ROUTE = "web_page"
+#: Map tiles (docs/tiles.md): GET /api/tiles/jobs/{job_id}/tilejson.json and .../{z}/{x}/{y}.png,
+#: GET /api/tiles/collections/{collection_id}/tilejson.json and .../{z}/{x}/{y}.png.
+JOB_TILEJSON_ROUTE = "job_tilejson"
+JOB_TILE_ROUTE = "job_tile"
+COLLECTION_TILEJSON_ROUTE = "collection_tilejson"
+COLLECTION_TILE_ROUTE = "collection_tile"
 #: The daily timer that purges what finished jobs no longer need (tiles, rows, history).
 RETENTION_SWEEP = "retention_sweep"

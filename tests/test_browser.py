@@ -243,9 +243,17 @@ def test_the_job_page_shows_the_map_whose_tiles_equal_rio_tilers_rendering(site:
             opaque = shown[3] == 255  # the canvas keeps no colour under a transparent pixel
             assert opaque.sum() > 10_000 and (drawn[3][~opaque] == 0).all(), response.url
             np.testing.assert_array_equal(drawn[:, opaque], shown[:, opaque], err_msg=f"canvas at {response.url}")
+    page.unroute_all(behavior="wait")
     page.close()
 
 
+#: Draw the map again and wait until every tile in view is drawn.
+DRAWN = """async () => {
+    const map = window.tilecommitMap;
+    const drawn = new Promise((done) => map.once("rendercomplete", done));
+    map.render();
+    await drawn;
+}"""
 #: Centre the map on a point at a zoom and wait until every tile in view is drawn.
 SHOW_AT = """async ([centre, zoom]) => {
     const map = window.tilecommitMap;
@@ -320,10 +328,11 @@ def test_the_collection_page_shows_its_document_and_its_mosaic(site: Site, compl
     page.route(lambda url: COLLECTION_TILE_URL.search(url) is not None, lambda route: tiles.append(pass_on(route)))
     page.goto(site.page_url(f"/collections/{collection}"))
     page.wait_for_selector("#map canvas")
-    page.wait_for_function("() => !window.tilecommitMap.getLoadingOrNotReady()")
+    page.evaluate(DRAWN)
     heads, values = page.locator("table.facts th").all_inner_texts(), page.locator("table.facts td").all_inner_texts()
     facts = dict(zip(heads, values, strict=True))
     assert int(facts["items"]) >= 1, facts
     assert tiles and all(r.status == 200 for r in tiles), [(r.url, r.status) for r in tiles]
     site.screenshot(page, "collection")
+    page.unroute_all(behavior="wait")
     page.close()

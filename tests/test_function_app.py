@@ -62,19 +62,24 @@ def test_functions_and_raw_bindings_as_the_worker_sends_them():
         names.VERIFY_STATUS_ROUTE: ("GET", "jobs/{job_id}/verify/{verify_id}"),
         names.WINDOWS_ROUTE: ("GET", "jobs/{job_id}/windows"),
         names.OUTPUT_ROUTE: ("GET", "jobs/{job_id}/outputs/{name}"),
+        names.JOB_TILEJSON_ROUTE: ("GET", "tiles/jobs/{job_id}/tilejson.json"),
+        names.JOB_TILE_ROUTE: ("GET", "tiles/jobs/{job_id}/{z}/{x}/{y}.png"),
     }
-    # What the web page reads without the Durable client, and its own files, which need no key.
-    storage_routes = {names.COLLECTION_ROUTE: ("GET", "collections/{collection_id}", "FUNCTION")}
-    page_routes = {names.WEB_PAGE_ROUTE: ("GET", "ui/{*path}", "ANONYMOUS")}
+    # What reads storage alone (no Durable client): the collections' tiles and document.
+    storage_routes = {
+        names.COLLECTION_TILEJSON_ROUTE: ("GET", "tiles/collections/{collection_id}/tilejson.json"),
+        names.COLLECTION_TILE_ROUTE: ("GET", "tiles/collections/{collection_id}/{z}/{x}/{y}.png"),
+        names.COLLECTION_ROUTE: ("GET", "collections/{collection_id}"),
+    }
+    # The web page's own files, which need no key.
+    page_routes = {names.WEB_PAGE_ROUTE: ("GET", "ui/{*path}")}
     assert set(index.http_functions) == set(routes) | set(storage_routes) | set(page_routes)
-    for name, (method, path) in routes.items():
+    for name, (method, path) in (routes | storage_routes | page_routes).items():
         trigger = next(b for b in index.raw_bindings[name] if b["type"] == "httpTrigger")
-        assert (trigger["methods"], trigger["authLevel"], trigger["route"]) == ([method], "FUNCTION", path)
-        assert {"direction": "IN", "type": "durableClient", "name": "client"} in index.raw_bindings[name]
-    for name, (method, path, level) in {**storage_routes, **page_routes}.items():
-        trigger = next(b for b in index.raw_bindings[name] if b["type"] == "httpTrigger")
+        level = "ANONYMOUS" if name in page_routes else "FUNCTION"
         assert (trigger["methods"], trigger["authLevel"], trigger["route"]) == ([method], level, path)
-        assert not any(b["type"] == "durableClient" for b in index.raw_bindings[name])
+        client = {"direction": "IN", "type": "durableClient", "name": "client"}
+        assert (client in index.raw_bindings[name]) == (name in routes)
 
     starter = sorted(index.raw_bindings[names.STARTER], key=lambda b: b["type"])
     assert starter == [

@@ -1,0 +1,158 @@
+"""Committed mosaics opened for tiles: each at its version, through the app's pinned reader, kept
+open for the next tile.
+
+A mosaic is read as the assembly reads it (:class:`~tilecommit.raster.reading.source.PinnedBlob`,
+``upload=False``): every range a GET with ``If-Match`` on the ETag it was opened at, with the
+clients of the app's data connection (its managed identity in Azure; no key, no SAS). So the
+pixels of a tile are of the version its ETag names, or the read fails: a mosaic replaced since
+(a scrub's repair, ``If-Match`` on the version it inspected) answers 412, the open mosaic is
+dropped and opened again at the new version once (:meth:`OpenMosaics.use`).
+
+Opening costs a GET of the STAC item, a HEAD of the mosaic and the first 64 KiB of it (the
+header and directories); a mosaic kept open serves a tile with the GETs of its blocks only, and
+blocks already fetched (the reader keeps up to 64 MiB per mosaic) with none. Every
+:data:`RECHECK_S` the mosaic's ETag is read again (one HEAD), so a repaired mosaic is shown
+within that time even where no read of the old version reaches storage.
+
+rasterio keeps an opener's open files in context variables (rasterio 1.4's ``_vsiopener.pyx``:
+the registry and the exit stacks that hold the file objects GDAL's handles point to), so a dataset
+opened through an opener must be read in the context it was opened in: read from a copy of it
+(each ``asyncio.to_thread`` call makes one), GDAL's handle points to a file object already freed.
+Each open mosaic has a context of its own, entered for its open, every read and its close, by one
+thread at a time (its lock).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import rasterio
+from azure.storage.blob import ContainerClient
+
+from ..errors import StorageFaultError
+from ..raster.env import gdal_env
+from ..raster.reading.source import PinnedBlob, open_upload
+from ..raster.reading.upload import upload_gdal_options
+from ..settings import Settings
+from ..storage_answers import unless_missing
+
+T = TypeVar("T")
+
+#: Mosaics kept open per process (each holds its reader's fetched blocks, up to 64 MiB).
+MAX_OPEN = 8
+#: What storage answers to a pinned read of a version that is no longer stored.
+VERSION_GONE = (404, 412)
+#: Seconds a kept mosaic's ETag is trusted before it is read again (one HEAD).
+RECHECK_S = 60.0
+
+
+@dataclass
+class OpenMosaic:
+    """One committed mosaic, open at ``etag``, with its STAC item; one tile at a time reads it
+    (a rasterio dataset is not to be shared by threads at once)."""
+
+    name: str
+    etag: str
+    item: dict
+    source: PinnedBlob
+    dataset: rasterio.DatasetReader
+    checked: float
+    #: The context it was opened in, where every read of it runs.
+    context: contextvars.Context
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    #: What a reader of the mosaic keeps beside it (rio-tiler's reader, :mod:`.render`).
+    extra: dict = field(default_factory=dict)
+
+    def close(self) -> None:
+        with self.lock:
+            self.context.run(self.dataset.close)
+
+
+class OpenMosaics:
+    """The mosaics of one output container kept open, the least recently used closed first."""
+
+    def __init__(self, output: ContainerClient, settings: Settings, *, max_open: int = MAX_OPEN):
+        self.output, self.settings, self.max_open = output, settings, max_open
+        self._open: OrderedDict[str, OpenMosaic] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def gdal_env(self, mosaic: OpenMosaic) -> rasterio.Env:
+        """GDAL's settings while ``mosaic`` is read: the app's, its network file systems closed."""
+        return gdal_env(self.settings, upload_gdal_options(mosaic.source.path))
+
+    def read_item(self, item_name: str) -> dict | None:
+        """The STAC item ``item_name`` (None: none is stored)."""
+        body = unless_missing("reading", item_name, lambda: self.output.download_blob(item_name).readall())
+        return json.loads(body) if body is not None else None
+
+    def _etag(self, name: str) -> str | None:
+        props = unless_missing("reading the properties of", name, self.output.get_blob_client(name).get_blob_properties)
+        return props.etag.strip('"') if props is not None else None
+
+    def _opened(self, name: str, item_name: str) -> OpenMosaic | None:
+        item = self.read_item(item_name)
+        etag = self._etag(name) if item is not None else None
+        if item is None or etag is None:
+            return None
+        source = PinnedBlob(self.output.get_blob_client(name), etag, upload=False)
+        context = contextvars.Context()
+        dataset = context.run(self._open_dataset, source)
+        return OpenMosaic(name, etag, item, source, dataset, time.monotonic(), context)
+
+    def _open_dataset(self, source: PinnedBlob) -> rasterio.DatasetReader:
+        with gdal_env(self.settings, upload_gdal_options(source.path)):
+            return open_upload(source)
+
+    def get(self, name: str, item_name: str, *, fresh: bool = False) -> OpenMosaic | None:
+        """The mosaic ``name`` open at its current version, with the item ``item_name``; None when
+        either is not stored (the job has not committed them)."""
+        with self._lock:
+            kept = self._open.get(name)
+            if kept is not None:
+                self._open.move_to_end(name)
+        if kept is not None and not fresh and time.monotonic() - kept.checked < RECHECK_S:
+            return kept
+        if kept is not None and not fresh and self._etag(name) == kept.etag:
+            kept.checked = time.monotonic()
+            return kept
+        opened = self._opened(name, item_name)
+        with self._lock:
+            replaced = self._open.pop(name, None)
+            if opened is not None:
+                self._open[name] = opened
+            closed = [self._open.popitem(last=False)[1] for _ in range(max(0, len(self._open) - self.max_open))]
+        for old in ([replaced] if replaced is not None else []) + closed:
+            old.close()
+        return opened
+
+    def use(self, name: str, item_name: str, work: Callable[[OpenMosaic], T]) -> T | None:
+        """``work(mosaic)`` on the mosaic ``name`` (None: it is not stored), holding its lock, in
+        GDAL's settings; once more on a fresh open when the version read was replaced meanwhile."""
+        for attempt in range(2):
+            mosaic = self.get(name, item_name, fresh=attempt > 0)
+            if mosaic is None:
+                return None
+            try:
+                with mosaic.lock:
+                    return mosaic.context.run(self._read, mosaic, work)
+            except StorageFaultError as exc:
+                if attempt or exc.status not in VERSION_GONE:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _read(self, mosaic: OpenMosaic, work: Callable[[OpenMosaic], T]) -> T:
+        with self.gdal_env(mosaic), mosaic.source.checked():
+            return work(mosaic)
+
+    def close(self) -> None:
+        with self._lock:
+            kept, self._open = list(self._open.values()), OrderedDict()
+        for mosaic in kept:
+            mosaic.close()
