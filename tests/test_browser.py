@@ -220,6 +220,7 @@ def test_the_job_page_shows_the_map_whose_tiles_equal_rio_tilers_rendering(site:
     assert len(windows) == 24 and all(w["batch"].startswith(f"{completed.job_id}-batch-") for w in windows)
     assert all(w["run_s"] > 0 and w["queue_s"] is not None and w["queue_s"] >= 0 for w in windows), windows
     assert page.locator(".timeline .lane .wait").count() == 24
+    page.evaluate(DRAWN)
     site.screenshot(page, "job")
 
     # Full resolution, where the mosaic's pixels are the source's own.
