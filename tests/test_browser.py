@@ -337,3 +337,30 @@ def test_the_collection_page_shows_its_document_and_its_mosaic(site: Site, compl
     site.screenshot(page, "collection")
     page.unroute_all(behavior="wait")
     page.close()
+
+
+def test_with_a_function_key_the_page_asks_for_it_and_sends_it_in_a_header_never_a_url(site: Site, azurite):
+    key = "browser-test-key"
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        app_env = app_env_for(azurite, monkeypatch, "tests/test_browser.py::keyed")
+        log = site.folder / "serve-keyed.log"
+        host = serve(app_env, log, "--function-key", key)
+    try:
+        base = re.search(r"the web page on (http://127\.0\.0\.1:\d+)/api/ui/", log.read_text()).group(1)
+        page = site.context.new_page()
+        sent: list = []
+        page.on("request", lambda request: sent.append(request))
+        page.goto(f"{base}/api/ui/#/")
+        page.wait_for_selector("#key-form:not([hidden])")
+        assert "could not list the jobs" in page.inner_text("main")
+        page.fill("#key-input", key)
+        page.click("#key-form button")
+        page.wait_for_selector("p.status:text('0 jobs')")
+        site.screenshot(page, "jobs-keyed")
+        assert all(key not in request.url for request in sent), [r.url for r in sent]
+        api = [r for r in sent if "/api/jobs" in r.url]
+        assert api[0].headers.get("x-functions-key") is None and api[-1].headers["x-functions-key"] == key
+        page.close()
+    finally:
+        host.send_signal(signal.SIGINT)
+        host.wait(timeout=60)
