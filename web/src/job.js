@@ -6,6 +6,7 @@ import { mapBox, mosaicMap } from "./map.js";
 import { timeline } from "./timeline.js";
 
 const POLL_MS = 1500;
+const TIMELINE_EVERY = 4;
 const ACTIONS = [
   { name: "cancel", when: ["pending", "running"], ask: "Cancel this job? Its finished tiles stay; a retry resumes it." },
   { name: "retry", when: ["failed", "terminated"], ask: "Run this job again? Only its missing windows are rendered." },
@@ -83,13 +84,19 @@ export function showJob(main, jobId, tiles = "") {
   let timer = null;
   let stopped = false;
   let shownOutputs = false;
+  let polls = 0;
+  let lastState = null;
   async function poll() {
     let job = null;
     try {
       job = await getJson(`jobs/${jobId}`);
       head.replaceChildren(summaryTable(job), el("div", { class: "actions" }, actionButtons(job, say)));
-      const rows = await getJson(`jobs/${jobId}/windows`);
-      windows.lastChild.replaceChildren(timeline(rows.windows));
+      // The timeline reads every batch's input and every manifest row: less often than the state.
+      if (polls++ % TIMELINE_EVERY === 0 || job.state !== lastState) {
+        const rows = await getJson(`jobs/${jobId}/windows`);
+        windows.lastChild.replaceChildren(timeline(rows.windows));
+      }
+      lastState = job.state;
       if (job.state === "completed" && !shownOutputs) {
         shownOutputs = true;
         await showOutputs(job, outputs, tiles);
