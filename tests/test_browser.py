@@ -364,3 +364,29 @@ def test_with_a_function_key_the_page_asks_for_it_and_sends_it_in_a_header_never
     finally:
         host.send_signal(signal.SIGINT)
         host.wait(timeout=60)
+
+
+def test_what_the_page_reads_beside_the_job_api_and_its_refusals(site: Site, completed: Watched):
+    api, job_id = f"{site.base}/api", completed.job_id
+    item = requests.get(f"{api}/jobs/{job_id}/outputs/item.json", timeout=10)
+    stored = site.storage.blob_service().get_blob_client(site.app_env.output, f"mosaics/{job_id}/item.json")
+    assert item.status_code == 200 and item.content == stored.download_blob().readall()
+    assert item.headers["ETag"] == stored.get_blob_properties().etag
+    assert item.headers["Cache-Control"] == "private, max-age=31536000, immutable"
+    quicklook = requests.get(f"{api}/jobs/{job_id}/outputs/quicklook.png", timeout=10)
+    assert quicklook.headers["Content-Type"] == "image/png" and quicklook.content.startswith(b"\x89PNG")
+    collection = site.job(job_id)["summary"]["collection"]["collection"]
+    document = requests.get(f"{api}/collections/{collection}", timeout=10)
+    assert document.json()["type"] == "Collection" and document.headers["Cache-Control"] == "no-cache"
+    refusals = {
+        f"jobs/{job_id}/outputs/mosaic.tif": (404, "unknown-output"),
+        f"jobs/{job_id}/outputs/..%2F..%2Fcollections%2F{collection}%2Fcollection.json": (404, "unknown-output"),
+        "jobs/0123456789abcdef/outputs/item.json": (404, "job-not-found"),
+        "jobs/0123456789abcdef/windows": (404, "job-not-found"),
+        "jobs/not-a-job/windows": (400, "invalid-job-id"),
+        "collections/Not_An_Id": (400, "invalid-collection-id"),
+        "collections/no-such-collection": (404, "not-found"),
+    }
+    for path, (status, code) in refusals.items():
+        answer = requests.get(f"{api}/{path}", timeout=10)
+        assert (answer.status_code, answer.json()["error"]["code"]) == (status, code), path
