@@ -244,6 +244,12 @@ def test_the_job_page_shows_the_map_whose_tiles_equal_rio_tilers_rendering(site:
             opaque = shown[3] == 255  # the canvas keeps no colour under a transparent pixel
             assert opaque.sum() > 10_000 and (drawn[3][~opaque] == 0).all(), response.url
             np.testing.assert_array_equal(drawn[:, opaque], shown[:, opaque], err_msg=f"canvas at {response.url}")
+
+    # Verify, from the page: confirmed, started, and its report shown once the scrub ends.
+    page.on("dialog", lambda dialog: dialog.accept())
+    page.locator('button[data-action="verify"]').click()
+    page.wait_for_selector('#action-note:text("24 windows checked, 0 differing")', timeout=60_000)
+    site.screenshot(page, "job-verified")
     page.unroute_all(behavior="wait")
     page.close()
 

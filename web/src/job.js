@@ -43,11 +43,29 @@ function actionButtons(job, say) {
           const response = await request(`jobs/${job.job_id}/${action.name}`, { method: "POST" });
           const body = await response.json().catch(() => null);
           say(response.ok ? `${action.name}: accepted (${response.status})` : `${action.name}: ${body?.error?.message || response.status}`);
+          if (response.ok && action.name === "verify") followScrub(job.job_id, body.id, say);
         },
       },
       action.name,
     ),
   );
+}
+
+// A scrub started from the page: its state until it ends, then what it found.
+async function followScrub(jobId, scrubId, say) {
+  try {
+    const scrub = await getJson(`jobs/${jobId}/verify/${scrubId}`);
+    if (scrub.state === "completed") {
+      const r = scrub.report;
+      say(`verify: ${r.windows} windows checked, ${r.windows_differing} differing, outputs differing: ${JSON.stringify(r.outputs_differing)}`);
+    } else if (scrub.error) say(`verify: ${scrub.state}: ${JSON.stringify(scrub.error)}`);
+    else {
+      say(`verify: ${scrub.state}…`);
+      setTimeout(() => followScrub(jobId, scrubId, say), POLL_MS);
+    }
+  } catch (error) {
+    say(`verify: ${error.message}`);
+  }
 }
 
 async function showOutputs(job, box, tiles) {
