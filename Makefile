@@ -16,7 +16,7 @@ PYTEST_ARGS ?=
 # shared machine; 0 runs it in one process.
 PYTEST_WORKERS ?= 3
 
-.PHONY: setup gdalwarp chromium demo test bench bench-quick lint clean
+.PHONY: setup gdalwarp chromium titiler-venv demo test bench bench-quick lint clean
 
 setup: $(VENV)/.installed $(CHECKOV_VENV)/.installed node_modules/.installed web/dist/index.html
 
@@ -31,6 +31,16 @@ $(CHECKOV_VENV)/.installed: requirements-checkov.txt
 	$(PYTHON) -m venv $(CHECKOV_VENV)
 	$(CHECKOV_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip
 	$(CHECKOV_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-checkov.txt
+	touch $@
+
+# titiler, the tile bench's reference (python -m bench.tiles), in a venv of its own: the app never
+# imports it, and `make setup` does not install it.
+TITILER_VENV := .venv-titiler
+titiler-venv: $(TITILER_VENV)/.installed
+
+$(TITILER_VENV)/.installed: requirements-titiler.txt
+	$(PYTHON) -m venv $(TITILER_VENV)
+	$(TITILER_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-titiler.txt
 	touch $@
 
 node_modules/.installed: package.json package-lock.json

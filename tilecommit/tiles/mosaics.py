@@ -34,10 +34,11 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 import rasterio
+import rasterio.env
 from azure.storage.blob import ContainerClient
 
 from ..errors import StorageFaultError
-from ..raster.env import gdal_env
+from ..raster.env import gdal_config
 from ..raster.reading.source import PinnedBlob, open_upload
 from ..raster.reading.upload import upload_gdal_options
 from ..settings import Settings
@@ -51,6 +52,24 @@ MAX_OPEN = 8
 VERSION_GONE = (404, 412)
 #: Seconds a kept mosaic's ETag is trusted before it is read again (one HEAD).
 RECHECK_S = 60.0
+
+
+def keep_block_cache(size: int) -> None:
+    """Give GDAL's process-wide block cache ``size`` bytes, left set after the tile.
+
+    A tile server lives on that cache: a tile read again, or its neighbour, finds its blocks
+    decoded in memory. rasterio's ``Env`` does not keep it: an integer ``GDAL_CACHEMAX`` goes to
+    GDALSetCacheMax64, which takes bytes, so the app's setting of 64 (MB) is a cache of 64 bytes
+    while such an environment is entered (measured with GDALGetCacheMax64, rasterio 1.4.4), and on
+    leaving, each ``Env`` puts back the size it found on entering, which flushes the cache when
+    that is smaller; two activities whose environments overlap leave the 64 bytes behind them. So
+    a tile's environment names no cache size, and the size is set here, outside any ``Env``,
+    before each tile (no flush: the cache only grows to it). Measured in bench/tiles.py: under the
+    app's environment every band of a pixel-interleaved block fetched the block again (three
+    GETs of each block per tile), and a tile read again fetched all its blocks again.
+    """
+    if rasterio.env.get_gdal_config("GDAL_CACHEMAX") != size:
+        rasterio.env.set_gdal_config("GDAL_CACHEMAX", size)
 
 
 @dataclass
@@ -83,9 +102,13 @@ class OpenMosaics:
         self._open: OrderedDict[str, OpenMosaic] = OrderedDict()
         self._lock = threading.Lock()
 
-    def gdal_env(self, mosaic: OpenMosaic) -> rasterio.Env:
-        """GDAL's settings while ``mosaic`` is read: the app's, its network file systems closed."""
-        return gdal_env(self.settings, upload_gdal_options(mosaic.source.path))
+    def gdal_env(self, source: PinnedBlob) -> rasterio.Env:
+        """GDAL's settings while a mosaic is opened and read: the app's, its network file systems
+        closed, but for ``GDAL_CACHEMAX`` (:func:`keep_block_cache`)."""
+        config = gdal_config(self.settings, upload_gdal_options(source.path))
+        config.pop("GDAL_CACHEMAX", None)
+        keep_block_cache(self.settings.gdal_cachemax_mb * 1024 * 1024)
+        return rasterio.Env(**config)
 
     def read_item(self, item_name: str) -> dict | None:
         """The STAC item ``item_name`` (None: none is stored)."""
@@ -107,7 +130,7 @@ class OpenMosaics:
         return OpenMosaic(name, etag, item, source, dataset, time.monotonic(), context)
 
     def _open_dataset(self, source: PinnedBlob) -> rasterio.DatasetReader:
-        with gdal_env(self.settings, upload_gdal_options(source.path)):
+        with self.gdal_env(source):
             return open_upload(source)
 
     def get(self, name: str, item_name: str, *, fresh: bool = False) -> OpenMosaic | None:
@@ -148,7 +171,7 @@ class OpenMosaics:
         raise AssertionError("unreachable")
 
     def _read(self, mosaic: OpenMosaic, work: Callable[[OpenMosaic], T]) -> T:
-        with self.gdal_env(mosaic), mosaic.source.checked():
+        with self.gdal_env(mosaic.source), mosaic.source.checked():
             return work(mosaic)
 
     def close(self) -> None:
