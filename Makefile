@@ -6,6 +6,7 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 CHECKOV_VENV := .venv-checkov
+STAC_VENV := .venv-stac
 PYTEST_ARGS ?=
 # The main suite runs in this many pytest-xdist workers, whole files per worker (--dist loadfile:
 # a module's fixtures, its Azurite included, stay in one process). Each worker starts its own
@@ -16,9 +17,9 @@ PYTEST_ARGS ?=
 # shared machine; 0 runs it in one process.
 PYTEST_WORKERS ?= 3
 
-.PHONY: setup gdalwarp chromium titiler-venv demo test bench bench-quick lint clean
+.PHONY: setup gdalwarp chromium postgres titiler-venv demo test bench bench-quick lint clean
 
-setup: $(VENV)/.installed $(CHECKOV_VENV)/.installed node_modules/.installed web/dist/index.html
+setup: $(VENV)/.installed $(CHECKOV_VENV)/.installed $(STAC_VENV)/.installed node_modules/.installed postgres web/dist/index.html
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +42,13 @@ titiler-venv: $(TITILER_VENV)/.installed
 $(TITILER_VENV)/.installed: requirements-titiler.txt
 	$(PYTHON) -m venv $(TITILER_VENV)
 	$(TITILER_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-titiler.txt
+	touch $@
+
+# stac-fastapi-pgstac pins its own web stack, so the STAC API runs from a venv of its own too.
+$(STAC_VENV)/.installed: requirements-stac.txt
+	$(PYTHON) -m venv $(STAC_VENV)
+	$(STAC_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip
+	$(STAC_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-stac.txt
 	touch $@
 
 node_modules/.installed: package.json package-lock.json
@@ -87,7 +95,24 @@ chromium:
 	  rm -f "$$log"; \
 	}
 
-demo: setup
+# PostgreSQL and PostGIS (Debian's postgresql and postgresql-15-postgis-3, bookworm's) for the
+# catalog: the tests and the demo start a cluster of their own on 127.0.0.1 (testkit/postgres.py)
+# and install pgstac in it with pypgstac's migration. Installed only when missing, as gdalwarp is.
+POSTGRES_PACKAGES := postgresql postgresql-15-postgis-3
+postgres:
+	@{ ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 && ls /usr/share/postgresql/*/extension/postgis.control >/dev/null 2>&1; } || { \
+	  if ! command -v apt-get >/dev/null; then \
+	    echo "warning: PostgreSQL with PostGIS is missing and there is no apt-get: install them for the catalog's tests" >&2; exit 0; \
+	  fi; \
+	  sudo=$$( [ "$$(id -u)" -eq 0 ] || echo sudo ); \
+	  install="$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(POSTGRES_PACKAGES)"; \
+	  echo "PostgreSQL or PostGIS is missing: installing $(POSTGRES_PACKAGES)"; log=$$(mktemp); \
+	  $$install >"$$log" 2>&1 || { $$sudo apt-get update -qq && $$install; } >"$$log" 2>&1; \
+	  ls /usr/share/postgresql/*/extension/postgis.control >/dev/null 2>&1 || { cat "$$log" >&2; rm -f "$$log"; echo "$(POSTGRES_PACKAGES) did not install PostGIS" >&2; exit 1; }; \
+	  rm -f "$$log"; \
+	}
+
+demo: setup postgres
 	$(PY) -m devhost demo
 
 # Lint first, so CI (.ci/run calls `make test`) fails on a finding before the slow tests start.
@@ -105,7 +130,7 @@ lint: setup
 FAULT_TESTS := tests/test_storage_faults.py
 
 # --durations: the slowest tests, in every run's log, so the suite's time is watched where it is spent.
-test: lint gdalwarp chromium
+test: lint gdalwarp postgres chromium
 	@faults_log=$$(mktemp); \
 	$(PY) -m pytest $(PYTEST_ARGS) $(FAULT_TESTS) >"$$faults_log" 2>&1 & faults=$$!; \
 	trap 'kill $$faults 2>/dev/null; rm -f "$$faults_log"' EXIT; \
@@ -122,4 +147,4 @@ bench-quick: setup
 	$(PY) -m bench --quick
 
 clean:
-	rm -rf $(VENV) $(CHECKOV_VENV) node_modules .pytest_cache .hypothesis
+	rm -rf $(VENV) $(CHECKOV_VENV) $(STAC_VENV) node_modules .pytest_cache .hypothesis

@@ -20,8 +20,19 @@ import azurefunctions.extensions.bindings.blob as blob
 from activities import catalog as catalog_activities
 from activities import tiling as activities
 from activities import verify as verify_activities
-from client_functions import job_api, job_views, retention, starter, tiles, verify_start, web_page
+from client_functions import (
+    backfill,
+    backfill_pages,
+    job_api,
+    job_views,
+    retention,
+    starter,
+    tiles,
+    verify_start,
+    web_page,
+)
 from client_functions.context import client_context, tile_maker
+from orchestrators import backfill as backfill_orchestrator
 from orchestrators import names
 from orchestrators import tiling as orchestrators
 from orchestrators import verify as verify_orchestrators
@@ -40,7 +51,7 @@ def tiling_functions(activity_functions=activities, catalog_functions=catalog_ac
 
     ``activity_functions`` supplies ``validate_source``, ``render_tile``, ``assemble_mosaic``,
     ``plan_mosaic_shares``, ``stage_mosaic_share`` and ``publish_job_event``, ``catalog_functions``
-    ``add_to_collection``: the real ones for this app; bench/null_app.py passes stand-ins that do no raster work, so
+    ``add_to_collection`` and ``publish_item``: the real ones for this app; bench/null_app.py passes stand-ins that do no raster work, so
     the benchmark runs the same orchestrators with the same bindings. A fresh blueprint on each
     call: the SDK wraps each function as it registers it, and an app indexes its functions once.
     Each activity execution and each job's end is recorded (:mod:`tilecommit.observability.observed`).
@@ -55,6 +66,7 @@ def tiling_functions(activity_functions=activities, catalog_functions=catalog_ac
     _activity(bp, names.PLAN_MOSAIC_SHARES, activity_functions.plan_mosaic_shares)
     _activity(bp, names.STAGE_MOSAIC_SHARE, activity_functions.stage_mosaic_share)
     _activity(bp, names.ADD_TO_COLLECTION, catalog_functions.add_to_collection)
+    _activity(bp, names.PUBLISH_ITEM, catalog_functions.publish_item)
     _activity(bp, names.PUBLISH_JOB_EVENT, activity_functions.publish_job_event)
     return bp
 
@@ -71,6 +83,25 @@ def verify_functions() -> df.Blueprint:
     return bp
 
 
+def backfill_functions() -> df.Blueprint:
+    """The backfill: its orchestration and its activities, three of which take a Durable client
+    (client_functions/backfill_pages.py says why an activity, and why it may)."""
+    bp = df.Blueprint()
+    _orchestrator(bp, names.BACKFILL, backfill_orchestrator.backfill)
+    # An activity is called by its function's name (the extension's), so each is named for it.
+    bp.function_name(names.LIST_BACKFILL_PAGE)(
+        bp.activity_trigger(input_name="payload", activity=names.LIST_BACKFILL_PAGE)(backfill_pages.list_page)
+    )
+    for name, function in (
+        (names.SURVEY_BACKFILL_BLOBS, backfill_pages.survey_blobs),
+        (names.START_BACKFILL_JOBS, backfill_pages.start_blobs),
+        (names.COUNT_RUNNING_JOBS, backfill_pages.count_running),
+    ):
+        with_client = bp.durable_client_input(client_name="client")(function)
+        bp.function_name(name)(bp.activity_trigger(input_name="payload", activity=name)(with_client))
+    return bp
+
+
 def _orchestrator(bp: df.Blueprint, name: str, function) -> None:
     bp.orchestration_trigger(context_name="context", orchestration=name)(function)
 
@@ -83,6 +114,7 @@ def _activity(bp: df.Blueprint, name: str, function, *, input_name: str = "paylo
 app = df.DFApp(http_auth_level=func.AuthLevel.FUNCTION)
 app.register_functions(tiling_functions())
 app.register_functions(verify_functions())
+app.register_functions(backfill_functions())
 
 
 def json_response(body: object, status_code: int = 200) -> func.HttpResponse:
@@ -266,6 +298,48 @@ async def collection_tile(req: func.HttpRequest) -> func.HttpResponse:
     return tile_response(answer)
 
 
+@app.function_name(names.BACKFILL_ROUTE)
+@app.route(route="backfill", methods=["POST"], auth_level=func.AuthLevel.FUNCTION)
+@app.durable_client_input(client_name="client")
+async def start_backfill(req: func.HttpRequest, client: df.DurableOrchestrationClient) -> func.HttpResponse:
+    """POST /api/backfill {"container", "prefix", "dry_run", "max_running"}: start the backfill of
+    those arguments (202), or report it (running, completed: 200), or resume it (failed,
+    cancelled: 202)."""
+    try:
+        values = req.get_json() if req.get_body() else {}
+    except ValueError:
+        return json_response(JobApiError(400, "invalid-backfill", "the body is not JSON").body(), 400)
+    if not isinstance(values, dict):
+        return json_response(JobApiError(400, "invalid-backfill", "the body is not a JSON object").body(), 400)
+    ctx = client_context()
+    try:
+        request = backfill.request_from(values, ctx.settings.input_container)
+    except JobApiError as exc:
+        return json_response(exc.body(), exc.status)
+    try:
+        view = await backfill.start_backfill(client, request, ctx.uploads)
+    except JobApiError as exc:
+        return json_response(exc.body(), exc.status)
+    return json_response(view, 202 if view["action"] in ("started", "resumed") else 200)
+
+
+@app.function_name(names.BACKFILL_STATUS_ROUTE)
+@app.route(route="backfill/{backfill_id}", methods=["GET"], auth_level=func.AuthLevel.FUNCTION)
+@app.durable_client_input(client_name="client")
+async def get_backfill(req: func.HttpRequest, client: df.DurableOrchestrationClient) -> func.HttpResponse:
+    """GET /api/backfill/{backfill_id}: a backfill's state, stage, counts and running jobs."""
+    return await answer(backfill.get_backfill(client, req.route_params["backfill_id"]))
+
+
+@app.function_name(names.BACKFILL_CANCEL_ROUTE)
+@app.route(route="backfill/{backfill_id}/cancel", methods=["POST"], auth_level=func.AuthLevel.FUNCTION)
+@app.durable_client_input(client_name="client")
+async def cancel_backfill(req: func.HttpRequest, client: df.DurableOrchestrationClient) -> func.HttpResponse:
+    """POST /api/backfill/{backfill_id}/cancel: stop a backfill; 202. The jobs it started run on."""
+    reason = req.params.get("reason") or "cancelled through the backfill API"
+    return await answer(backfill.cancel_backfill(client, req.route_params["backfill_id"], reason), 202)
+
+
 @app.function_name(names.RETENTION_SWEEP)
 # Daily at 03:30 UTC (NCRONTAB: second minute hour day month weekday). The platform wakes a
 # scaled-to-zero app for its timers; a run missed anyway runs late, as past due (the schedule
@@ -294,4 +368,4 @@ async def raster_uploaded(upload: blob.BlobClient, client: df.DurableOrchestrati
     # The SDK-type binding hands over a client, not the blob's bytes: a raster can be GBs. What
     # raising here does (the event is delivered again): client_functions/starter.py, _restart_failed.
     ctx = client_context()
-    await starter.start_job(upload, client, ctx.settings, ctx.manifest)
+    await starter.start_job(upload, client, ctx.settings, ctx.manifest, ctx.uploads)

@@ -32,9 +32,13 @@ def pinned_upload(ctx: ActivityContext, job: Job) -> raster.PinnedBlob:
 
     The job id names one version (URL + ETag) of the upload; the service refuses to serve any
     other (:class:`~tilecommit.errors.SourceChangedError`, naming both ETags). An overwritten
-    upload has a job of its own.
+    upload has a job of its own. A scene document's members are pinned likewise, each to its own
+    ETag in the job (:func:`tilecommit.raster.reading.scene_document.pin_members`).
     """
-    return raster.PinnedBlob(ctx.input.get_blob_client(readable_blob_name(job.blob)), job.etag)
+    upload = raster.PinnedBlob(ctx.input.get_blob_client(readable_blob_name(job.blob)), job.etag)
+    if job.members is not None:  # a scene document: each member at the version the job was started with
+        raster.pin_members(upload, job.members, lambda name: ctx.input.get_blob_client(readable_blob_name(name)))
+    return upload
 
 
 @contextmanager

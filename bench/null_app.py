@@ -44,6 +44,11 @@ class NullActivities:
         return {"collection": "null", "outcome": "written", "revision": 1, "conflicts": 0, "attempts": 1}
 
     @staticmethod
+    def publish_item(payload: dict) -> dict:
+        job_id = payload["job"]["job_id"]
+        return {"state": "not-configured", "collection": "", "item_id": job_id, "url": "", "outcome": None}
+
+    @staticmethod
     def publish_job_event(payload: dict) -> dict:
         return {"outcome": "not-configured", "event_id": "", "type": ""}
 

@@ -2,8 +2,11 @@
 built once per process from the app settings, as the activities' are (activities/context.py).
 
 They need the manifest table (the cancellation rows, the starter's and the retry's reads), the
-tiles container (the sweep's deletes) and the output container (the tile routes' mosaics), from
-the code's data connection.
+tiles container (the sweep's deletes), the input container (a backfill's listing) and the output
+container (the tile routes' mosaics, the web page's items and collections), from the code's data
+connection, which names the same blob endpoint as the blob trigger's
+(:meth:`tilecommit.storage.StorageConnection.for_data`): a blob's URL, and so its job id, is
+the same whichever of the two hands it over.
 """
 
 from __future__ import annotations
@@ -24,6 +27,9 @@ class ClientContext:
     settings: Settings
     manifest: TableClient
     tiles: ContainerClient
+    #: The uploads' container: a backfill lists it (client_functions/backfill_pages.py), and a
+    #: scene document's members are looked up there (client_functions/scene_members.py).
+    uploads: ContainerClient
     #: The mosaics, items and collections (the tile routes and the web page read them).
     output: ContainerClient
 
@@ -33,11 +39,13 @@ def _context_for(connection_key: str, settings: Settings) -> ClientContext:
     """Clients for one connection (``connection_key`` only keys the cache) and one set of settings:
     the code's data connection (``TilecommitData``, else the host's)."""
     connection = StorageConnection.for_data()
+    blobs = connection.blob_service()
     return ClientContext(
         settings=settings,
         manifest=connection.table_service().get_table_client(settings.manifest_table),
-        tiles=connection.blob_service().get_container_client(settings.tiles_container),
-        output=connection.blob_service().get_container_client(settings.output_container),
+        tiles=blobs.get_container_client(settings.tiles_container),
+        uploads=blobs.get_container_client(settings.input_container),
+        output=blobs.get_container_client(settings.output_container),
     )
 
 

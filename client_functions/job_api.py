@@ -21,6 +21,7 @@ from azure.durable_functions.models.DurableOrchestrationStatus import DurableOrc
 
 from orchestrators import names
 from tilecommit import cancellation, retention
+from tilecommit.catalog.published import publication_of
 from tilecommit.errors import InvalidNameError, JobApiError
 from tilecommit.jobs import check_job_id
 
@@ -51,7 +52,8 @@ def _job_input(status: DurableOrchestrationStatus) -> dict:
 
 
 def job_view(status: DurableOrchestrationStatus) -> dict:
-    """What the API says about one job: its state, progress, upload, profile, outputs, cost, error."""
+    """What the API says about one job: its state, progress, upload, profile, outputs, cost, its
+    publication to the catalog, error."""
     job = _job_input(status)
     runtime = status.runtime_status
     view = {
@@ -66,6 +68,8 @@ def job_view(status: DurableOrchestrationStatus) -> dict:
         "outputs": None,
         "summary": None,
         "cost": None,
+        # Where the job's item is found, once it completed (tilecommit/catalog/published.py).
+        "published": None,
         "error": None,
     }
     if runtime == Status.Completed and isinstance(status.output, dict):
@@ -73,6 +77,7 @@ def job_view(status: DurableOrchestrationStatus) -> dict:
         view["summary"] = summary
         view["outputs"] = {key: summary.get(f"{key}_url") for key in ("mosaic", "stac", "quicklook")}
         view["cost"] = summary.get("cost")
+        view["published"] = publication_of(summary)
     elif runtime in (Status.Failed, Status.Terminated):
         view["error"] = {"type": "cancelled" if runtime == Status.Terminated else "failed", "message": status.output}
     return view

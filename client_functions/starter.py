@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import azure.durable_functions as df
 from azure.data.tables import TableClient
 from azure.durable_functions.models.DurableOrchestrationStatus import DurableOrchestrationStatus
-from azure.storage.blob import BlobClient, BlobProperties
+from azure.storage.blob import BlobClient, ContainerClient
 
 from orchestrators import names
 from tilecommit.errors import InvalidNameError, JobApiError
@@ -23,6 +23,7 @@ from tilecommit.records import Record
 from tilecommit.settings import SIDECAR_SUFFIXES, Settings
 
 from .job_api import restart_job
+from .scene_members import scene_members
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +47,10 @@ _LIVE_OR_DONE = {
 #: its user cancelled it as it failed, or another delivery started it first. Any other refusal
 #: (its batches still stopping, its sweep) is raised, so that the event comes again.
 _NOT_AGAIN = {"job-cancelled": "cancelled", "started-concurrently": "started concurrently"}
+
+
+#: The reason of a "started" decision that resumed a failed job (:func:`_restart_failed`).
+RESUMED = "failed job resumed"
 
 
 @dataclass(frozen=True)
@@ -74,44 +79,58 @@ def _decided(decision: StartDecision, level: int, message: str, *args) -> StartD
     return decision
 
 
-async def start_job(
-    source: BlobClient, client: df.DurableOrchestrationClient, settings: Settings, manifest: TableClient
-) -> StartDecision:
-    """Start the job for this upload unless it already exists; never fails on a duplicate.
-
-    Raises :class:`JobApiError` (409 ``job-stopping`` or ``job-being-swept``) when a failed job
-    cannot be started again yet, so the event is delivered again (see :func:`_restart_failed`)."""
+async def upload_job(
+    source: BlobClient, settings: Settings, uploads: ContainerClient | None = None
+) -> Job | StartDecision:
+    """The job a delivery of ``source`` would start, or the decision to ignore it (a name Azure
+    could not have stored, a sidecar, zero bytes); reads the blob's properties (and, for a scene
+    document, its members' in ``uploads``, :mod:`.scene_members`), starts nothing, logs nothing.
+    The backfill's survey asks it too (client_functions/backfill_pages.py)."""
     name = source.blob_name
-    try:
-        check_upload_name(name)
-    except InvalidNameError as exc:
-        return _decided(
-            StartDecision("ignored", name, reason=str(exc)), logging.WARNING, "ignoring upload %r: %s", name, exc
-        )
+    refused = refused_name(name)
+    if refused is not None:
+        return StartDecision("ignored", name, reason=refused)
     if name.lower().endswith(SIDECAR_SUFFIXES):
         # What the upload is, is decided by its content when the job validates it; a sidecar is
         # never read, with its raster or on its own, so it starts nothing.
-        return _decided(
-            StartDecision("ignored", name, reason="sidecar file, never read"),
-            logging.INFO,
-            "ignoring upload %r: a sidecar file (%s), never read",
-            name,
-            ", ".join(SIDECAR_SUFFIXES),
-        )
-
+        return StartDecision("ignored", name, reason="sidecar file, never read")
     props = await asyncio.to_thread(source.get_blob_properties)
     if props.size == 0:
         # Event Grid can announce a zero-byte create before the real commit; that commit has its
         # own ETag and its own event.
-        return _decided(
-            StartDecision("ignored", name, reason="zero-byte blob"),
-            logging.INFO,
-            "ignoring upload %r: zero bytes (etag %s)",
-            name,
-            props.etag,
-        )
+        return StartDecision("ignored", name, reason="zero-byte blob")
+    members = await asyncio.to_thread(scene_members, source, props, uploads) if uploads is not None else None
+    return Job.for_upload(name, source.url, props.etag, props.size, settings, props.metadata, members)
 
-    job = Job.for_upload(name, source.url, props.etag, props.size, settings, props.metadata)
+
+def refused_name(name: str) -> str | None:
+    """Why ``name`` is refused as an upload's (:func:`tilecommit.jobs.check_upload_name`), or None."""
+    try:
+        check_upload_name(name)
+    except InvalidNameError as exc:
+        return str(exc)
+    return None
+
+
+async def start_job(
+    source: BlobClient,
+    client: df.DurableOrchestrationClient,
+    settings: Settings,
+    manifest: TableClient,
+    uploads: ContainerClient | None = None,
+) -> StartDecision:
+    """Start the job for this upload unless it already exists; never fails on a duplicate.
+
+    ``uploads``: the upload's container, where a scene document's members are looked up
+    (:mod:`.scene_members`); without it no upload is read as one.
+
+    Raises :class:`JobApiError` (409 ``job-stopping`` or ``job-being-swept``) when a failed job
+    cannot be started again yet, so the event is delivered again (see :func:`_restart_failed`)."""
+    name = source.blob_name
+    job = await upload_job(source, settings, uploads)
+    if isinstance(job, StartDecision):
+        refused = refused_name(name) is not None
+        return _decided(job, logging.WARNING if refused else logging.INFO, "ignoring upload %r: %s", name, job.reason)
     job_id = job.job_id
     status = await client.get_status(job_id, show_input=True)
     if status.runtime_status in _LIVE_OR_DONE:
@@ -124,7 +143,7 @@ async def start_job(
             status.runtime_status.value,
         )
     if status.runtime_status == df.OrchestrationRuntimeStatus.Failed:
-        return await _restart_failed(status, client, manifest, name, props)
+        return await _restart_failed(status, client, manifest, name, job)
 
     try:
         await client.start_new(names.TILE_SCENE, job_id, job.to_dict())
@@ -145,8 +164,8 @@ async def start_job(
         "started job %s for %r (etag %s, %d bytes)",
         job_id,
         name,
-        props.etag,
-        props.size,
+        job.etag,
+        job.size,
     )
 
 
@@ -155,7 +174,7 @@ async def _restart_failed(
     client: df.DurableOrchestrationClient,
     manifest: TableClient,
     name: str,
-    props: BlobProperties,
+    job: Job,
 ) -> StartDecision:
     """A delivery of a failed job's upload: resume it with the job API's own restart, which first
     stops the batches of its last run that still run.
@@ -197,11 +216,11 @@ async def _restart_failed(
         )
         raise
     return _decided(
-        StartDecision("started", name, job_id, reason="failed job resumed"),
+        StartDecision("started", name, job_id, reason=RESUMED),
         logging.INFO,
         "started failed job %s again for %r (etag %s, %d bytes)",
         job_id,
         name,
-        props.etag,
-        props.size,
+        job.etag,
+        job.size,
     )

@@ -1,6 +1,7 @@
 """``python -m devhost``: run the Functions app locally, without the Functions host.
 
-    python -m devhost serve                       watch the input container and process uploads
+    python -m devhost serve [--catalog]           watch the input container and process uploads;
+                                                  --catalog: publish to a local pgstac, serve a STAC API
     python -m devhost process PATH... [--output DIR] [--deliveries N] [--duplicate-activities]
                                                   upload each PATH, process them at once, print
                                                   one JSON summary line per job
@@ -11,6 +12,9 @@
                                                   --repair rewrites what differs, then the mosaic
     python -m devhost replay-dead-letters         deliver the events Event Grid dead-lettered
                                                   again; each becomes a job or a duplicate
+    python -m devhost backfill [--prefix P] [--dry-run] [--max-running N]
+                                                  start a job for each blob already stored
+                                                  under P, as its upload would; print the counts
     python -m devhost demo                        Azurite + a sample scene + process, end to end
 
 Storage is the ``AzureWebJobsStorage`` setting from the environment, else from
@@ -50,7 +54,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m devhost", description=__doc__.split("\n\n")[0])
     parser.add_argument("-v", "--verbose", action="count", default=0, help="log at INFO (DEBUG with -vv)")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    for add_command in (add_serve, add_process, add_status, add_purge, add_verify, add_replay_dead_letters, add_demo):
+    for add_command in (
+        add_serve,
+        add_process,
+        add_status,
+        add_purge,
+        add_verify,
+        add_replay_dead_letters,
+        add_backfill,
+        add_demo,
+    ):
         add_command(sub)
     return parser
 
@@ -125,6 +138,13 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
         metavar="KEY",
         help=f"the key routes of auth level function require (x-functions-key header or ?code=); default "
         f"${FUNCTION_KEY_ENV}; none: keys are not enforced, as in func start",
+    )
+    serve.add_argument(
+        "--catalog",
+        action="store_true",
+        help="start a local PostgreSQL with pgstac, publish every finished job's STAC item to it and serve "
+        "the STAC API over it on 127.0.0.1 (its URL is printed); without it, a pgstac the settings name "
+        "(TILECOMMIT_PGSTAC_HOST, trust) gets the STAC API alone",
     )
     serve.add_argument(
         "--hosts",
@@ -224,6 +244,28 @@ def add_replay_dead_letters(sub: argparse._SubParsersAction) -> None:
     host_options(replay)
 
 
+def add_backfill(sub: argparse._SubParsersAction) -> None:
+    """``backfill``: the blobs already stored, each started as its upload would be."""
+    backfill = sub.add_parser(
+        "backfill",
+        help="start a job for every blob already stored under a prefix of the input container, as its upload "
+        "event would (each a new job or a duplicate); print progress, then the counts as JSON. Run again with "
+        "the same arguments: a running backfill is reported, a stopped one resumed",
+    )
+    backfill.add_argument("--container", help="the input container (the default; no other is backfilled)")
+    backfill.add_argument("--prefix", default="", help="only blobs whose names start with this (default: all)")
+    backfill.add_argument("--dry-run", action="store_true", help="count what would start, start nothing")
+    backfill.add_argument(
+        "--max-running", type=int, metavar="N", help="at most N of its jobs running at once (default 8)"
+    )
+    backfill.add_argument("--page-size", type=int, metavar="N", help="blobs listed per page (default 100)")
+    backfill.add_argument(
+        "--wait-seconds", type=float, metavar="S", help="between two counts of its running jobs (default 5)"
+    )
+    backfill.add_argument("--timeout", type=float, default=3600, help="seconds to wait for it (default 3600)")
+    host_options(backfill)
+
+
 def add_demo(sub: argparse._SubParsersAction) -> None:
     """``demo``: Azurite, a sample scene, process, end to end."""
     demo = sub.add_parser("demo", help="start Azurite, make a sample scene, process it, stop Azurite")
@@ -308,6 +350,8 @@ def check_usage(args: argparse.Namespace) -> None:
         raise UsageError(f"--older-than {args.older_than}: expected days >= 0 (0: every finished job)")
     if args.command == "status" and args.limit < 1:
         raise UsageError("--limit must be at least 1")
+    if args.command == "backfill":
+        check_backfill_usage(args)
     if args.command != "process":
         return
     for path in args.paths:
@@ -325,6 +369,32 @@ def check_usage(args: argparse.Namespace) -> None:
     stems = [path.stem for path in args.paths]
     if args.output is not None and len(set(stems)) < len(stems):
         raise UsageError("--output saves by file stem: two files share one")
+
+
+def backfill_values(args: argparse.Namespace) -> dict:
+    """The backfill's request as ``POST /api/backfill`` takes it; None: the default."""
+    return {
+        "container": args.container,
+        "prefix": args.prefix,
+        "dry_run": args.dry_run,
+        "max_running": args.max_running,
+        "page_size": args.page_size,
+        "wait_s": args.wait_seconds,
+    }
+
+
+def check_backfill_usage(args: argparse.Namespace) -> None:
+    """The backfill's values, checked as the API checks them (the container, once the settings
+    are read, against the input container)."""
+    from tilecommit.backfill import BackfillRequest
+    from tilecommit.errors import InvalidNameError
+    from tilecommit.settings import INPUT_CONTAINER
+
+    values = {k: v for k, v in backfill_values(args).items() if v is not None}
+    try:
+        BackfillRequest(**{"container": INPUT_CONTAINER, **values})
+    except InvalidNameError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _host(args: argparse.Namespace):
@@ -362,6 +432,15 @@ def _local_host(args: argparse.Namespace):
 
 
 def serve(args: argparse.Namespace, storage) -> int:
+    from .catalog import local_catalog
+
+    with local_catalog(args.catalog) as stac_api:
+        if stac_api is not None:
+            print(f"devhost: the STAC API on {stac_api.url} (search: {stac_api.url}/search)", file=sys.stderr)
+        return _serve(args, storage)
+
+
+def _serve(args: argparse.Namespace, storage) -> int:
     if args.hosts > 1:
         from .hosts import serve_hosts
 
@@ -590,6 +669,28 @@ def verify(args: argparse.Namespace, storage) -> int:
     return EXIT_COMPLETED if args.repair or clean else EXIT_FAILED
 
 
+def backfill(args: argparse.Namespace, storage) -> int:
+    """Exit 0: the backfill completed with no failed start; 1: it did not finish, failed, was
+    cancelled or a start failed; 2: arguments refused."""
+    from tilecommit.errors import JobApiError
+
+    from .backfill import print_result, run_backfill
+
+    values = backfill_values(args)
+    host = _host(args)
+    host.start(watch=False)  # only the backfill starts jobs here: no upload event is delivered
+    try:
+        view = run_backfill(host, values, timeout=args.timeout)
+    except JobApiError as exc:
+        if exc.status == 400:
+            raise UsageError(exc.message) from None
+        print(json.dumps(exc.body()))
+        return EXIT_FAILED
+    finally:
+        host.stop()
+    return EXIT_COMPLETED if print_result(view) else EXIT_FAILED
+
+
 COMMANDS = {
     "serve": serve,
     "process": process,
@@ -597,4 +698,5 @@ COMMANDS = {
     "purge": purge,
     "verify": verify,
     "replay-dead-letters": replay_dead_letters,
+    "backfill": backfill,
 }

@@ -16,6 +16,8 @@ from typing import Any
 
 import azure.durable_functions as df
 
+from tilecommit.catalog.published import publication_of
+
 
 class UsageError(Exception):
     pass
@@ -182,6 +184,8 @@ def job_summary(state: dict, *, elapsed: float | None = None) -> dict:
         "stac_url": (output or {}).get("stac_url"),
         "quicklook_url": (output or {}).get("quicklook_url"),
         "collection": (output or {}).get("collection"),
+        # Where the item is found: in pgstac, or not configured (tilecommit/catalog/published.py).
+        "published": publication_of(output),
     }
     if elapsed is not None:
         summary["elapsed_s"] = round(elapsed, 3)

@@ -20,6 +20,8 @@ PLAN_MOSAIC_SHARES = "plan_mosaic_shares"
 STAGE_MOSAIC_SHARE = "stage_mosaic_share"
 #: The job's item joins its collection (tilecommit/catalog/collections.py), after the assembly.
 ADD_TO_COLLECTION = "add_to_collection"
+#: The job's STAC item into the catalog (pgstac), once its mosaic is assembled; before its event.
+PUBLISH_ITEM = "publish_item"
 #: The job's completion event (completed or failed), once it ended.
 PUBLISH_JOB_EVENT = "publish_job_event"
 
@@ -54,3 +56,14 @@ COLLECTION_TILEJSON_ROUTE = "collection_tilejson"
 COLLECTION_TILE_ROUTE = "collection_tile"
 #: The daily timer that purges what finished jobs no longer need (tiles, rows, history).
 RETENTION_SWEEP = "retention_sweep"
+
+#: A backfill: the blobs already stored under a prefix, each started as its upload would be.
+BACKFILL = "backfill"
+LIST_BACKFILL_PAGE = "list_backfill_page"
+SURVEY_BACKFILL_BLOBS = "survey_backfill_blobs"
+START_BACKFILL_JOBS = "start_backfill_jobs"
+COUNT_RUNNING_JOBS = "count_running_jobs"
+#: POST /api/backfill, GET /api/backfill/{backfill_id}, POST /api/backfill/{backfill_id}/cancel.
+BACKFILL_ROUTE = "start_backfill"
+BACKFILL_STATUS_ROUTE = "get_backfill"
+BACKFILL_CANCEL_ROUTE = "cancel_backfill"

@@ -23,6 +23,8 @@ from .failures import JobFailure, checked
 
 #: The stage named when the mosaic's staging or assembly runs out of retries.
 ASSEMBLING = "assembling the mosaic"
+#: The stage named when the item's publication to the catalog runs out of retries.
+PUBLISHING = "publishing the STAC item to the catalog"
 
 
 def empty_summary() -> dict:
@@ -187,7 +189,8 @@ def announce(
 
 
 def run_job(context: df.DurableOrchestrationContext, job: dict, used: dict) -> Generator[Any, Any, dict]:
-    """Validate, render in batches, assemble, add the item to its collection; the job's summary."""
+    """Validate, render in batches, assemble, add the item to its collection, publish it to the
+    catalog (a job started with a catalog configured, ``Job.publish``); the job's summary."""
     context.set_custom_status({"stage": "validating", "windows_done": 0, "windows_total": None})
     validated = yield from call_activity(
         context, job, names.VALIDATE_SOURCE, job, stage="validating the upload", used=used
@@ -218,15 +221,7 @@ def run_job(context: df.DurableOrchestrationContext, job: dict, used: dict) -> G
     status["stage"] = "assembling"
     context.set_custom_status(status)
     mosaic = yield from assemble(context, job, scene, totals["bytes"], status, used)
-    # A payload from before collections (none named) was started by a release whose job announced
-    # itself right after the assembly; its history replays only if it still does.
-    listed = {}
-    if job.get("collection") is not None:
-        status["stage"] = "cataloguing"
-        context.set_custom_status(status)
-        listed["collection"] = yield from call_activity(
-            context, job, names.ADD_TO_COLLECTION, {"job": job}, stage="adding the item to its collection", used=used
-        )
+    catalogued = yield from catalogue(context, job, status, used)
     context.set_custom_status({**status, "stage": "done"})
     totals.pop("errors")
     totals["usage"] = used  # the whole job's, not only its tiles'
@@ -239,8 +234,34 @@ def run_job(context: df.DurableOrchestrationContext, job: dict, used: dict) -> G
         "mosaic_url": mosaic["mosaic_url"],
         "stac_url": mosaic["stac_url"],
         "quicklook_url": mosaic["quicklook_url"],
-        **listed,
+        **catalogued,
     }
+
+
+def catalogue(
+    context: df.DurableOrchestrationContext, job: dict, status: dict, used: dict
+) -> Generator[Any, Any, dict]:
+    """The job's item into its collection, then into the catalog (pgstac), before the completion
+    event (announce), so the event carries the item's link; what each did, for the job's summary
+    (``collection``, ``published``).
+
+    Each step runs only for a payload that asks for it: a payload from before collections names
+    none, and one from before publication (or started with no catalog configured) has no
+    ``publish``. Such a job was started by a release whose orchestration announced it right after
+    its assembly, and its Durable history replays only if it still does."""
+    done: dict = {}
+    if job.get("collection") is not None:
+        status["stage"] = "cataloguing"
+        context.set_custom_status(status)
+        done["collection"] = yield from call_activity(
+            context, job, names.ADD_TO_COLLECTION, {"job": job}, stage="adding the item to its collection", used=used
+        )
+    if Job.from_dict(job).publish:
+        status["stage"] = "publishing"
+        context.set_custom_status(status)
+        called = yield from call_activity(context, job, names.PUBLISH_ITEM, {"job": job}, stage=PUBLISHING, used=used)
+        done["published"] = {k: v for k, v in called.items() if k != "usage"}  # counted in the job's usage
+    return done
 
 
 def render_group(context: df.DurableOrchestrationContext) -> Generator[Any, Any, dict]:

@@ -15,6 +15,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from devhost.azurite import Azurite
+from testkit.postgres import LocalPostgres
 from testkit.scenes import SceneSpec, write_scene
 from testkit.strict_storage import StrictStorage
 from tilecommit import settings as names
@@ -60,6 +61,14 @@ def azurite():
     every test meets the refusals Azure answers where Azurite alone would accept."""
     with Azurite() as emulator, StrictStorage(emulator) as strict:
         yield strict
+
+
+@pytest.fixture(scope="session")
+def pgstac():
+    """The session's catalog database: a real PostgreSQL with PostGIS and pgstac on 127.0.0.1
+    (testkit/postgres.py), one per pytest worker, started when a test first asks for it."""
+    with LocalPostgres() as cluster:
+        yield cluster
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,11 @@ killed just before it:
 - ``block:N``: the N-th Put Block (N-1 were sent or are in flight on other threads)
 - ``commit``: the Put Block List (every block staged, nothing committed)
 
+or, for a backfill:
+
+- ``start:N``: just after the starter started its N-th job (the job exists; the activity that
+  started it has not reported)
+
 or, for the local host itself:
 
 - ``child-report``: a sub-orchestration's report to a parent in another host's partition (the
@@ -60,10 +65,32 @@ def install_child_report() -> None:
     Messaging.send_all = sending
 
 
+def install_job_start(n: int) -> None:
+    """Wrap the starter so that its N-th job started kills the process once the start is made."""
+    from client_functions import starter
+
+    start_job = starter.start_job
+    started = 0
+
+    async def starting(*args, **kwargs):
+        nonlocal started
+        decision = await start_job(*args, **kwargs)
+        if decision.action == "started":
+            started += 1  # one event loop runs every start: no lock needed
+            if started >= n:
+                _kill()
+        return decision
+
+    starter.start_job = starting
+
+
 def install(point: str) -> None:
     """Wrap the SDK so that the request named by ``point`` kills this process instead of leaving."""
     if point == "child-report":
         install_child_report()
+        return
+    if point.startswith("start:"):
+        install_job_start(int(point.split(":", 1)[1]))
         return
     if point == "first-block":
         kind, n = "block", 1

@@ -5,6 +5,7 @@ Each test names the behaviour; docs/local-host.md cites the real host's source f
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -12,7 +13,7 @@ import time
 import pytest
 
 from devhost.durable import watchdog
-from devhost.durable.history import EXECUTION_STARTED, TIMER_CREATED, InstanceAlreadyExists, parse_iso
+from devhost.durable.history import EXECUTION_STARTED, TASK_SCHEDULED, TIMER_CREATED, InstanceAlreadyExists, parse_iso
 from devhost.durable.work import worker_thread_count
 from testkit.metrics import max_overlap, slot_use
 from tests.apps import toy_app
@@ -290,3 +291,19 @@ def test_task_hub_names_are_the_local_hosts_own(store):
     real_provider = {f"{store.hub}History", f"{store.hub}Instances"}
     assert store.table.table_name not in real_provider and store.table.table_name.startswith("DevHost")
     assert store.large.container_name != f"{store.hub.lower()}-largemessages"
+
+
+def test_continue_as_new_goes_on_as_a_new_execution_with_its_input_and_its_own_history(storage, request):
+    """Row 48: each execution of ``countdown`` ends ContinuedAsNew and the next starts with its input."""
+    store = hub_store(storage, request)
+    with make_engine(store) as engine:
+        engine.start_new("countdown", "cd-1", {"left": 4, "done": []})
+        first = engine.status("cd-1")["execution_id"]
+        state = engine.wait_for("cd-1", timeout=60)
+    assert state["status"] == "Completed" and state["output"] == {"done": [16, 9, 4, 1]}
+    assert json.loads(state["input"]) == {"left": 0, "done": [16, 9, 4, 1]}
+    assert state["execution_id"] != first
+    # Only the last execution's history is kept: it scheduled nothing.
+    events = [e for episode in store.episodes("cd-1") for e in episode.events]
+    assert [e["EventType"] for e in events if e["EventType"] == EXECUTION_STARTED] == [EXECUTION_STARTED]
+    assert not [e for e in events if e["EventType"] == TASK_SCHEDULED]

@@ -27,6 +27,7 @@ def test_functions_and_raw_bindings_as_the_worker_sends_them():
         names.VERIFY_SCENE,
         names.VERIFY_GROUP,
         names.VERIFY_BATCH,
+        names.BACKFILL,
     }
     assert set(index.activities) == {
         names.VALIDATE_SOURCE,
@@ -35,11 +36,27 @@ def test_functions_and_raw_bindings_as_the_worker_sends_them():
         names.PLAN_MOSAIC_SHARES,
         names.STAGE_MOSAIC_SHARE,
         names.ADD_TO_COLLECTION,
+        names.PUBLISH_ITEM,
         names.PUBLISH_JOB_EVENT,
         names.VERIFY_WINDOW,
         names.VERIFY_OUTPUTS,
         names.REBUILD_MOSAIC,
+        names.LIST_BACKFILL_PAGE,
+        names.SURVEY_BACKFILL_BLOBS,
+        names.START_BACKFILL_JOBS,
+        names.COUNT_RUNNING_JOBS,
     }
+    # The backfill's activities that start or read jobs take a Durable client, as the starter does.
+    assert set(index.activity_clients) == {
+        names.SURVEY_BACKFILL_BLOBS,
+        names.START_BACKFILL_JOBS,
+        names.COUNT_RUNNING_JOBS,
+    }
+    for name in index.activity_clients:
+        assert sorted(index.raw_bindings[name], key=lambda b: b["type"]) == [
+            {"direction": "IN", "type": "activityTrigger", "name": "payload", "activity": name},
+            {"direction": "IN", "type": "durableClient", "name": "client"},
+        ]
     assert set(index.blob_triggers) == {names.STARTER} == {settings.TRIGGER_FUNCTION}
     # The scrub's route: function-key auth, POST only.
     route = next(b for b in index.raw_bindings[names.VERIFY_ROUTE] if b["type"] == "httpTrigger")
@@ -64,6 +81,9 @@ def test_functions_and_raw_bindings_as_the_worker_sends_them():
         names.OUTPUT_ROUTE: ("GET", "jobs/{job_id}/outputs/{name}"),
         names.JOB_TILEJSON_ROUTE: ("GET", "tiles/jobs/{job_id}/tilejson.json"),
         names.JOB_TILE_ROUTE: ("GET", "tiles/jobs/{job_id}/{z}/{x}/{y}.png"),
+        names.BACKFILL_ROUTE: ("POST", "backfill"),
+        names.BACKFILL_STATUS_ROUTE: ("GET", "backfill/{backfill_id}"),
+        names.BACKFILL_CANCEL_ROUTE: ("POST", "backfill/{backfill_id}/cancel"),
     }
     # What reads storage alone (no Durable client): the collections' tiles and document.
     storage_routes = {

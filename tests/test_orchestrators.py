@@ -13,6 +13,7 @@ from orchestrators.batches import GROUP_BATCHES, batch_instance_id
 from tests.durable_history import History, leaf_actions
 from tilecommit.errors import (
     BodyTooLargeError,
+    CatalogCheckError,
     ConfigurationError,
     IncompleteManifestError,
     InvalidRasterError,
@@ -375,6 +376,47 @@ def test_a_failed_jobs_failure_stands_when_its_event_cannot_be_published():
 def test_replaying_the_same_history_gives_the_same_actions():
     history = validated_history({**JOB, "batch_size": 2})
     assert run(tiling.tile_scene, history) == run(tiling.tile_scene, history)
+
+
+PUBLISHING_JOB = {**JOB, "publish": True}
+
+
+def assembled_history(job: dict) -> History:
+    history = validated_history(job)
+    history.sub_created(1, names.RENDER_BATCH, "a").sub_created(2, names.RENDER_BATCH, "b").episode()
+    history.sub_completed(1, batch_summary(4, 4, 0, 400)).sub_completed(2, batch_summary(2, 2, 0, 200))
+    history.scheduled(3, names.ASSEMBLE_MOSAIC).episode()
+    return history.completed(3, {"outcome": "written", "mosaic_url": "m", "stac_url": "s", "quicklook_url": "q"})
+
+
+def test_a_job_started_with_a_catalog_publishes_its_item_before_its_event_which_carries_the_link():
+    history = assembled_history(PUBLISHING_JOB)
+    state = run(tiling.tile_scene, history)
+    item = leaf_actions(state)[-1]
+    assert item["functionName"] == names.PUBLISH_ITEM and item["actionType"] == 1  # with the retry policy
+    assert json.loads(item["input"]) == {"job": PUBLISHING_JOB} and state["customStatus"]["stage"] == "publishing"
+    published = {"state": "published", "collection": "c", "item_id": JOB["job_id"], "url": "u", "outcome": "written"}
+    history.scheduled(4, names.PUBLISH_ITEM).episode().completed(4, published)
+    event = leaf_actions(run(tiling.tile_scene, history))[-1]
+    assert event["functionName"] == names.PUBLISH_JOB_EVENT
+    assert json.loads(event["input"])["result"]["published"] == published
+    state = run(tiling.tile_scene, announced(history, "completed"))
+    assert state["isDone"] is True and state["output"]["published"] == published
+
+
+def test_a_job_started_without_a_catalog_goes_from_its_mosaic_to_its_event():
+    state = run(tiling.tile_scene, assembled_history(JOB))
+    assert leaf_actions(state)[-1]["functionName"] == names.PUBLISH_JOB_EVENT
+
+
+def test_an_item_the_catalog_holds_otherwise_fails_the_job_after_its_mosaic():
+    history = assembled_history(PUBLISHING_JOB)
+    history.scheduled(4, names.PUBLISH_ITEM).episode()
+    history.completed(4, {"error": error(CatalogCheckError("pgstac holds another item"))})
+    # The job fails for what the catalog holds, and its failed event still goes out.
+    publish = leaf_actions(run(tiling.tile_scene, history))[-1]
+    assert publish["functionName"] == names.PUBLISH_JOB_EVENT
+    assert "pgstac holds another item" in json.loads(publish["input"])["error"]["message"]
 
 
 def test_a_mosaic_that_fails_its_checks_fails_the_job():

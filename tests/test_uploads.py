@@ -111,11 +111,12 @@ def test_uploads_that_name_a_local_file_are_refused_and_nothing_of_it_is_read(tm
 
 
 def test_other_formats_are_refused_by_content_with_what_is_accepted(tmp_path):
+    """(A JSON object is read as a scene document and refused as one when it is not:
+    tests/test_scene_documents.py.)"""
     cases = {
         "imagine.img": (hfa(tmp_path), "ERDAS Imagine"),
         "zip": (str(tmp_path / "a.zip"), "a ZIP archive"),
         "png": (str(tmp_path / "a.png"), "a PNG image"),
-        "json": (write(tmp_path, "item.json", '  {"type": "Feature", "assets": {}}'), "a JSON document"),
         "xml-declared-vrt": (write(tmp_path, "decl.tif", '<?xml version="1.0"?>\n' + vrt("/tmp/x.tif")), "a GDAL VRT"),
     }
     (tmp_path / "a.zip").write_bytes(b"PK\x03\x04" + b"\x00" * 60)

@@ -96,6 +96,13 @@ class MosaicCheckError(TileCommitError):
     kind = CHECK
 
 
+class CatalogCheckError(TileCommitError):
+    """The catalog holds, under the job's item id, an item that is not the job's committed item
+    (or the job has no item to publish): known bad, repaired by an operator, never by a retry."""
+
+    kind = CHECK
+
+
 class GdalStepError(TileCommitError):
     """GDAL failed in a step of the pipeline; the message names the step, the window and GDAL's own words."""
 

@@ -23,6 +23,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from .catalog.published import publication_of
 from .jobs import Job
 from .records import Record
 from .settings import SETTING_EVENTS_KEY
@@ -71,6 +72,9 @@ def job_event(
         "written": result.get("written"),
         "already_present": result.get("already_present"),
         "outputs": outputs or {},
+        # Where the item is found: the catalog link (the STAC API's item URL, or its blob's) and
+        # whether it is published in pgstac; the event is sent after the publication.
+        "catalog": publication_of(result) if outcome == "completed" else None,
         "started": started_at,
         "ended": ended_at,
         "duration_s": round(duration_s, 3),

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import re
 import unicodedata
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Self
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
@@ -82,18 +82,37 @@ def normalise_etag(etag: str) -> str:
     return value
 
 
-def job_id_for(blob_url: str, etag: str, spec: OutputSpec) -> str:
+def job_id_for(blob_url: str, etag: str, spec: OutputSpec, members: Sequence[tuple[str, str | None]] = ()) -> str:
     """Deterministic job id: 16 lowercase hex characters from the normalised URL, the ETag and
-    the output spec.
+    the output spec, and, for a scene document, every member's URL and ETag (None: missing).
 
-    Same inputs, same id; a new ETag (the blob was overwritten) or another spec (another window
-    size: another grid of tiles) gives a new job, whose tiles and manifest rows are its own. The
-    id is a valid Durable instance id, table key and blob-name segment whatever the upload was called.
+    Same inputs, same id; a new ETag (the blob, or a member, was overwritten) or another spec
+    (another window size: another grid of tiles) gives a new job, whose tiles and manifest rows are
+    its own. A single file's material is what it was before documents existed (no member lines), so
+    its id is unchanged. The id is a valid Durable instance id, table key and blob-name segment
+    whatever the upload was called.
     """
     if not isinstance(spec, OutputSpec):
         raise TypeError(f"spec must be an OutputSpec, got {type(spec).__name__}")
-    material = f"{normalise_blob_url(blob_url)}\n{normalise_etag(etag)}\n{spec.canonical()}".encode()
-    return hashlib.sha256(material).hexdigest()[:16]
+    material = f"{normalise_blob_url(blob_url)}\n{normalise_etag(etag)}\n{spec.canonical()}"
+    for url, member_etag in members:
+        # "-" for a member missing when the job started: no ETag is empty or "-" (normalise_etag).
+        material += f"\nmember {normalise_blob_url(url)}\n{normalise_etag(member_etag) if member_etag else '-'}"
+    return hashlib.sha256(material.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class SceneMember(Record):
+    """A band file a scene document names: its blob name, URL and the version every read of it is
+    pinned to (None: it did not exist when the job started, which then fails naming it)."""
+
+    blob: str
+    url: str
+    etag: str | None
+
+
+def _members_in(values: Sequence[Mapping[str, Any]] | None) -> tuple[SceneMember, ...] | None:
+    return None if values is None else tuple(SceneMember.from_dict(v) for v in values)
 
 
 @dataclass(frozen=True)
@@ -133,8 +152,15 @@ class Job(Record):
     collection: str | None = None
     #: Why the upload's metadata names no valid collection; the job then fails at once saying so.
     collection_error: str | None = None
+    #: A scene document's members, in its order (:mod:`tilecommit.scene_documents`); None for a single file.
+    members: tuple[SceneMember, ...] | None = None
+    #: True when the instance that started the job had a pgstac catalog configured: the job then
+    #: publishes its item (tilecommit/catalog/pgstac.py) before its completion event. None (left
+    #: out of the payload) otherwise, and in payloads made before publication existed, whose
+    #: orchestrations so replay as they ran.
+    publish: bool | None = None
 
-    JSON_IN = {"spec": OutputSpec.from_dict}
+    JSON_IN = {"spec": OutputSpec.from_dict, "members": _members_in}
 
     @property
     def share_bytes(self) -> int:
@@ -158,7 +184,14 @@ class Job(Record):
 
     @classmethod
     def for_upload(
-        cls, name: str, url: str, etag: str, size: int, settings: Settings, metadata: dict[str, str] | None = None
+        cls,
+        name: str,
+        url: str,
+        etag: str,
+        size: int,
+        settings: Settings,
+        metadata: dict[str, str] | None = None,
+        members: Sequence[SceneMember] | None = None,
     ) -> Job:
         """The job started now for one upload version: its id, its source and its output spec.
 
@@ -168,14 +201,16 @@ class Job(Record):
         naming a profile this build cannot make still gives a job, with the settings' spec and the
         reason in ``profile_error``: the user finds it where they find every job's, not in the
         host's log alone. The collection is chosen alike (``collection``, ``collection_error``).
+        ``members``: a scene document's, as the starter found them (their ETags).
         """
         spec, profile_error = OutputSpec.started_for(settings, name, metadata)
         try:
             collection, collection_error = settings.collection_for(name, metadata), None
         except BadInputError as exc:
             collection, collection_error = settings.collection, str(exc)
+        listed = [(m.url, m.etag) for m in members or ()]
         return cls(
-            job_id=job_id_for(url, etag, spec),
+            job_id=job_id_for(url, etag, spec, listed),
             blob=name,
             url=url,
             etag=etag.strip('"'),
@@ -186,11 +221,17 @@ class Job(Record):
             profile_error=profile_error or None,
             collection=collection,
             collection_error=collection_error,
+            members=None if members is None else tuple(_unquoted(m) for m in members),
+            publish=True if settings.publishes else None,
         )
 
 
+def _unquoted(member: SceneMember) -> SceneMember:
+    return SceneMember(member.blob, member.url, member.etag.strip('"') if member.etag else None)
+
+
 #: The fields a payload carries only when they are set.
-_OPTIONAL = ("assembly_share_bytes", "profile_error", "collection", "collection_error")
+_OPTIONAL = ("assembly_share_bytes", "profile_error", "collection", "collection_error", "members", "publish")
 #: The share size of a job whose payload names none.
 DEFAULT_SHARE_BYTES = DEFAULT_ASSEMBLY_SHARE_MB * 2**20
 

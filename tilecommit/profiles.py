@@ -7,13 +7,15 @@ them, plus the options a user may set on top (``level``, ``predictor``, ``qualit
 ``add_mask``, which makes the nodata (or an alpha band) an internal mask as ``--add-mask`` does, and the options
 that warp the outputs onto another grid, :mod:`tilecommit.warping`: ``web_optimized``, as
 ``--web-optimized`` does, ``target_srs`` and ``resolution``, and ``warp_resampling``, that
-warp's kernel, as ``--resampling``). The choice, in order:
+warp's kernel, as ``--resampling``; and ``variable``, the NetCDF or HDF5 variable the outputs are
+made of, as GDAL's ``NETCDF:"file":variable`` names it: one more part of what the outputs are,
+carried the same way rather than by a setting of its own). The choice, in order:
 
 1. the upload's blob metadata: ``tilecommit_profile`` and the option keys ``tilecommit_level``,
    ``tilecommit_predictor``, ``tilecommit_quality``, ``tilecommit_max_z_error``,
    ``tilecommit_blocksize``, ``tilecommit_resampling``, ``tilecommit_nodata``,
    ``tilecommit_add_mask``, ``tilecommit_web_optimized``, ``tilecommit_target_srs``,
-   ``tilecommit_resolution``, ``tilecommit_warp_resampling`` (any of them present: the metadata decides, from the default profile
+   ``tilecommit_resolution``, ``tilecommit_warp_resampling``, ``tilecommit_variable`` (any of them present: the metadata decides, from the default profile
    when it names none; ``tilecommit_collection`` is none of them: it chooses the upload's
    collection, tilecommit/catalog/naming.py);
 2. the first path rule of ``TILECOMMIT_PROFILE_RULES`` whose prefix the upload's name starts with
@@ -43,6 +45,7 @@ profile; its coarse levels are computed and encoded to the same profile.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -120,9 +123,14 @@ OPTION_KEYS = (
     "nodata",
     "add_mask",
     *warping.OPTIONS,
+    "variable",
 )
 #: Options whose value the spec keeps as text.
-TEXT_OPTIONS = ("resampling", "nodata", "add_mask", "web_optimized", "warp_resampling", "target_srs")
+TEXT_OPTIONS = ("resampling", "nodata", "add_mask", "web_optimized", "warp_resampling", "target_srs", "variable")
+#: What a ``variable`` may be called: a netCDF name (letters, digits, ``_``, ``.``, ``@``, ``+``,
+#: ``-``, starting with a letter or ``_``), perhaps in groups (``/group/name``); nothing that could
+#: end the quoted file name of GDAL's ``NETCDF:"file":variable`` it is put into.
+VARIABLE_NAME = re.compile(r"(/?[A-Za-z_][A-Za-z0-9_.@+-]{0,255})+")
 #: How ``add_mask`` may be spelled, and what each spelling means.
 BOOLEANS = warping.BOOLEANS
 METADATA_PREFIX = "tilecommit_"
@@ -205,6 +213,13 @@ class Choice:
         return str(self.option("warp_resampling") or warping.DEFAULT_WARP_RESAMPLING)
 
     @property
+    def variable(self) -> str | None:
+        """The NetCDF or HDF5 variable the outputs are made of (the ``variable`` option), or None:
+        the file's one data variable (tilecommit/raster/reading/netcdf.py)."""
+        value = self.option("variable")
+        return None if value is None else str(value)
+
+    @property
     def lossy(self) -> bool:
         """Whether a tile's pixels may differ from the source's (then a scrub compares a tile
         with the window encoded again, not with the source)."""
@@ -237,6 +252,14 @@ def _checked_option(
         return "true" if BOOLEANS[value] else "false"
     if option in warping.OPTIONS:
         return warping.checked_option(option, raw, where=where, error=error)
+    if option == "variable":
+        name = str(raw).strip()
+        if not VARIABLE_NAME.fullmatch(name):
+            raise error(
+                f"{where}: variable={raw!r}: accepted a NetCDF variable name (letters, digits, _ . @ + -, not "
+                "starting with a digit), in groups as /group/name"
+            )
+        return name
     if option == "nodata":
         try:
             nodata = float(str(raw).strip())

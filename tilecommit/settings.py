@@ -151,6 +151,8 @@ SIDECAR_SUFFIXES = (
     ".tfw",
     ".tifw",
     ".tiffw",
+    ".j2w",
+    ".jp2w",
     ".wld",
     ".prj",
     ".tab",
@@ -181,6 +183,12 @@ class Settings:
     profile_rules: str = ""
     collection: str = collections.DEFAULT_COLLECTION
     collection_rules: str = ""
+    pgstac_host: str = ""
+    pgstac_port: int = DEFAULT_PGSTAC_PORT
+    pgstac_database: str = DEFAULT_PGSTAC_DATABASE
+    pgstac_user: str = ""
+    pgstac_auth: str = PGSTAC_AUTH_ENTRA
+    stac_api_url: str = ""
 
     def __post_init__(self) -> None:
         # Refused here, at start, when malformed.
@@ -222,6 +230,19 @@ class Settings:
                 f"{SETTING_ASSEMBLY_SHARE}={self.assembly_share_mb}: expected 1..{DEFAULT_ASSEMBLY_SHARE_MB} "
                 "(more would not fit one function's time at the slowest copy rate planned for)"
             )
+        if self.pgstac_auth not in (PGSTAC_AUTH_ENTRA, PGSTAC_AUTH_TRUST):
+            raise ConfigurationError(
+                f"{SETTING_PGSTAC_AUTH}={self.pgstac_auth!r}: expected {PGSTAC_AUTH_ENTRA} or {PGSTAC_AUTH_TRUST}"
+            )
+        if self.pgstac_host and not self.pgstac_user:
+            raise ConfigurationError(f"{SETTING_PGSTAC_HOST} is set: {SETTING_PGSTAC_USER} must name the role")
+        if self.stac_api_url and not self.stac_api_url.startswith(("https://", "http://127.0.0.1:")):
+            raise ConfigurationError(f"{SETTING_STAC_API_URL}={self.stac_api_url!r}: expected an https:// URL")
+
+    @property
+    def publishes(self) -> bool:
+        """Whether finished jobs are published to pgstac."""
+        return bool(self.pgstac_host)
 
     def default_profile(self) -> profiles.Choice:
         return profiles.parse(self.profile, where=SETTING_PROFILE, error=ConfigurationError)
@@ -267,6 +288,12 @@ class Settings:
             profile_rules=env.get(SETTING_PROFILE_RULES, "").strip(),
             collection=env.get(SETTING_COLLECTION, "").strip() or collections.DEFAULT_COLLECTION,
             collection_rules=env.get(SETTING_COLLECTION_RULES, "").strip(),
+            pgstac_host=env.get(SETTING_PGSTAC_HOST, "").strip(),
+            pgstac_port=integer(SETTING_PGSTAC_PORT, DEFAULT_PGSTAC_PORT),
+            pgstac_database=env.get(SETTING_PGSTAC_DATABASE, "").strip() or DEFAULT_PGSTAC_DATABASE,
+            pgstac_user=env.get(SETTING_PGSTAC_USER, "").strip(),
+            pgstac_auth=env.get(SETTING_PGSTAC_AUTH, "").strip() or PGSTAC_AUTH_ENTRA,
+            stac_api_url=env.get(SETTING_STAC_API_URL, "").strip().rstrip("/"),
         )
 
 

@@ -137,6 +137,9 @@ class Engine:
         on_stuck_function: Callable[[], None] | None = None,
     ):
         self.index, self.store, self.queues = index, store, store.queues
+        #: The ``durableClient`` binding's JSON for activities that take one; the host that serves
+        #: the Durable HTTP API sets it (:class:`devhost.durable.host.LocalHost`).
+        self.client_binding: Callable[[], str] | None = None
         self.max_activities = max_activities
         self.worker_id = worker_id or new_worker_id()
         self.stats = EngineStats()
@@ -148,7 +151,7 @@ class Engine:
         self.activities = ActivityRunner(
             max_activities,
             function_timeout,
-            invoke=lambda name, data: self.index.invoke_activity(name, data),
+            invoke=lambda name, data: self.index.invoke_activity(name, data, self.client_binding),
             deliver=lambda *outcome: self.messaging.activity_outcome(*outcome),
             freed=lambda: self.work_items.wake(),
             later=self.timers.later,

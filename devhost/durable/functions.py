@@ -64,6 +64,8 @@ class FunctionIndex:
 
     orchestrators: dict[str, Callable] = field(default_factory=dict)
     activities: dict[str, tuple[Callable, str]] = field(default_factory=dict)
+    #: The activities that also take a ``durableClient`` binding: the parameter's name.
+    activity_clients: dict[str, str] = field(default_factory=dict)
     blob_triggers: dict[str, BlobTriggerFunction] = field(default_factory=dict)
     #: HTTP-triggered functions, indexed as the worker reports them; the local host serves no
     #: HTTP routes, so only a caller (a test) invokes them, with a request it builds.
@@ -103,6 +105,9 @@ class FunctionIndex:
                 index.orchestrators[name] = func
             elif trigger["type"] == "activityTrigger":
                 index.activities[name] = (func, trigger["name"])
+                client = next((b for b in bindings if b["type"] == "durableClient"), None)
+                if client is not None:
+                    index.activity_clients[name] = client["name"]
             elif trigger["type"] == "httpTrigger":
                 index.http_functions[name] = func
             elif trigger["type"] == "timerTrigger":
@@ -131,14 +136,24 @@ class FunctionIndex:
         except KeyError:
             raise FunctionNotFound(f"no orchestrator function named {name!r}") from None
 
-    def invoke_activity(self, name: str, input_json: str | None) -> str:
-        """Run an activity as the worker does: JSON in, the user function, JSON out."""
+    def invoke_activity(
+        self, name: str, input_json: str | None, client_binding: Callable[[], str] | None = None
+    ) -> str:
+        """Run an activity as the worker does: JSON in, the user function, JSON out. An activity
+        with a ``durableClient`` binding gets the client's JSON from ``client_binding``, as an
+        HTTP function or the blob trigger does: the host resolves a function's input bindings
+        whatever its trigger."""
         try:
             func, param = self.activities[name]
         except KeyError:
             raise FunctionNotFound(f"no activity function named {name!r}") from None
         value = json.loads(input_json) if input_json else None
-        result = func(**{param: value})
+        kwargs = {param: value}
+        if name in self.activity_clients:
+            if client_binding is None:
+                raise FunctionNotFound(f"activity {name!r} takes a durable client and this host offers none")
+            kwargs[self.activity_clients[name]] = client_binding()
+        result = func(**kwargs)
         if inspect.iscoroutine(result):
             result = EventLoopThread.shared().run(result)
         return json.dumps(result)

@@ -28,6 +28,7 @@ CALL_ACTIVITY = 0
 CALL_ACTIVITY_WITH_RETRY = 1
 CALL_SUB_ORCHESTRATOR = 2
 CALL_SUB_ORCHESTRATOR_WITH_RETRY = 3
+CONTINUE_AS_NEW = 4
 CREATE_TIMER = 5
 WHEN_ANY = 11
 WHEN_ALL = 12
@@ -35,8 +36,11 @@ COMPOUND = (WHEN_ANY, WHEN_ALL)
 
 PENDING, RUNNING, COMPLETED, FAILED, TERMINATED = "Pending", "Running", "Completed", "Failed", "Terminated"
 TERMINAL = (COMPLETED, FAILED, TERMINATED)
+#: An execution that ended by ``continue_as_new``: its instance goes on as a new execution
+#: (DurableTask.Core OrchestrationStatus.ContinuedAsNew), which its start message begins.
+CONTINUED_AS_NEW = "ContinuedAsNew"
 #: DurableTask.Core OrchestrationStatus numbers, as ExecutionCompleted carries them.
-ORCHESTRATION_STATUS_CODE = {COMPLETED: 1, FAILED: 3, TERMINATED: 5}
+ORCHESTRATION_STATUS_CODE = {COMPLETED: 1, FAILED: 3, CONTINUED_AS_NEW: 4, TERMINATED: 5}
 
 MAX_INSTANCE_ID_CHARS = 256
 OUT_OF_PROC_MARKER = "\n\n$OutOfProcData$:"
@@ -105,6 +109,14 @@ def top_level_actions(state: dict) -> list[dict]:
             raise ValueError(f"expected one list of actions (schema V2/V3), got {len(actions)}")
         return actions[0]
     return actions
+
+
+def continue_as_new_action(state: dict) -> dict | None:
+    """The ``continue_as_new`` action of a finished episode's state, if the orchestrator called it
+    (the SDK records it as a fire-and-forget action and reports the execution done)."""
+    if not state.get("isDone"):
+        return None
+    return next((a for a in top_level_actions(state) if a.get("actionType") == CONTINUE_AS_NEW), None)
 
 
 def completion_task_id(event: dict) -> int | None:

@@ -163,6 +163,7 @@ class LocalHost:
         )
         self.blobs, self.tables = blobs, tables
         self.api = DurableHttpApi(self.engine, self.hub)
+        self.engine.client_binding = self.api.client_binding
         self.http: HttpRoutes | None = None
         if self.options.http_port is not None:
             self.http = HttpRoutes(

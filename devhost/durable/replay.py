@@ -15,6 +15,8 @@ from . import shim
 from .episode import EpisodePlan, order_new_events, plan_episode
 from .history import (
     COMPLETED,
+    CONTINUE_AS_NEW,
+    CONTINUED_AS_NEW,
     EXECUTION_COMPLETED,
     EXECUTION_STARTED,
     EXECUTION_TERMINATED,
@@ -29,14 +31,16 @@ from .history import (
     TERMINAL,
     TERMINATED,
     completion_task_id,
+    continue_as_new_action,
     event,
     iso,
     now,
     top_level_actions,
 )
-from .instance import EngineStats, HeldInstances, Instance
-from .messaging import Outbound, event_body
+from .instance import EngineStats, HeldInstances, Instance, new_execution_id
+from .messaging import Outbound, event_body, start_body
 from .store import Episode, EpisodeAlreadyCommitted, HistoryStore
+from .work import StartMessage
 
 if TYPE_CHECKING:
     from .dispatch import EpisodeQueue
@@ -70,6 +74,18 @@ def report_to_parent(inst: Instance) -> Outbound:
         )
     parent = inst.parent["id"]
     return ("control", parent, event_body(parent, inst.parent["execution_id"], item), 0.0)
+
+
+def continue_as_new(inst: Instance) -> Outbound:
+    """The start of the execution that goes on from one ended by ``continue_as_new``: the same
+    instance, name and parent, a new execution id, the new input (``inst.output`` until then).
+
+    DTFx starts it in the same work item as the episode that asked for it, so no client ever
+    sees the gap; here it is a start message to the instance's own partition, applied by
+    :class:`devhost.durable.starts.Starts` like any start (the ended execution's history goes).
+    Until it lands the instance reads ContinuedAsNew, which every caller treats as live."""
+    message = StartMessage(inst.name, inst.id, inst.output, inst.parent, new_execution_id())
+    return ("control", inst.id, start_body(message), 0.0)
 
 
 class EpisodeRunner:
@@ -186,11 +202,14 @@ class EpisodeRunner:
                 shim.orchestrator_failure(inst.name, too_big),
                 inst.custom_status,
             )
+        # continue_as_new is no task: it ends the execution (:meth:`_ending`), and the new one's
+        # start is sent once the episode is committed (:meth:`_apply`).
+        tasks = [a for a in top_level_actions(state) if a.get("actionType") != CONTINUE_AS_NEW]
         plan = plan_episode(
             inst,
             moment,
             ordered,
-            top_level_actions(state),
+            tasks,
             timer_scale=self.timer_scale,
             strict=self.strict_determinism,
         )
@@ -204,11 +223,19 @@ class EpisodeRunner:
     ) -> tuple[str, Any]:
         """The instance's status and output after the episode; the events that end it are appended."""
         status, output = RUNNING, None
+        continued = continue_as_new_action(state)
         if error is not None:
             status = FAILED
+        elif continued is not None and terminated is None:
+            # DTFx TaskOrchestrationDispatcher: the execution completes as ContinuedAsNew with the
+            # new input as its result, and a new execution of the same instance starts with it.
+            status, output = CONTINUED_AS_NEW, continued.get("input")
         elif state.get("isDone"):
             status, output = TERMINATED if terminated is not None else COMPLETED, state.get("output")
-        if status in TERMINAL:
+        if status == CONTINUED_AS_NEW:
+            code = ORCHESTRATION_STATUS_CODE[status]
+            plan.appended.append(event(EXECUTION_COMPLETED, moment, OrchestrationStatus=code, Result=output))
+        elif status in TERMINAL:
             result = json.dumps(error if status == FAILED else output)
             code = ORCHESTRATION_STATUS_CODE[status]
             plan.appended.append(event(EXECUTION_COMPLETED, moment, OrchestrationStatus=code, Result=result))
@@ -246,6 +273,8 @@ class EpisodeRunner:
                 inst.dispatched[task_id] = time.monotonic()
             if inst.status in TERMINAL:
                 outbound.append(report_to_parent(inst))
+            elif inst.status == CONTINUED_AS_NEW:
+                outbound.append(continue_as_new(inst))
             elif inst.pending:
                 self.queue.mark_ready(inst.id)
             self.instances.changed.notify_all()

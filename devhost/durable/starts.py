@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 
 from .dispatch import EpisodeQueue
-from .history import TERMINAL
+from .history import CONTINUED_AS_NEW, TERMINAL
 from .instance import EngineStats, HeldInstances, Instance
 from .messaging import Outbound
 from .replay import report_to_parent
@@ -25,6 +25,11 @@ logger = logging.getLogger(__name__)
 
 #: A refused sub-orchestration start: (child id, parent id, parent execution id, parent's task id).
 RefusedStart = tuple[str, str, str, int]
+
+
+def _continues(current: Instance, message: StartMessage) -> bool:
+    """The start of the execution that goes on from ``current``, ended by ``continue_as_new``."""
+    return current.status == CONTINUED_AS_NEW and current.execution_id != message.execution_id
 
 
 class Starts:
@@ -39,7 +44,7 @@ class Starts:
         """Apply one ExecutionStarted message; the messages it leads to, and the new instance if
         it made one (ready for its first episode)."""
         current = self.instances.get(message.instance_id)
-        if current is not None and current.status not in TERMINAL:
+        if current is not None and current.status not in TERMINAL and not _continues(current, message):
             self._drop_duplicate(message, current)
             return [], None
         previous = current.state() if current is not None else self.store.read_state(message.instance_id)
@@ -65,6 +70,11 @@ class Starts:
             parent=message.parent,
             execution_id=message.execution_id,
         )
+        if current is not None and _continues(current, message):
+            # DTFx carries the custom status over to the execution continue_as_new begins
+            # (TaskOrchestrationDispatcher: ``runtimeState.Status = ... carryOverStatus``), until
+            # that execution's first episode sets its own.
+            inst.custom_status = current.custom_status
         with self.instances.lock:
             self.instances.put(inst)
             self.queue.mark_ready(inst.id)

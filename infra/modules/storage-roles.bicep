@@ -157,7 +157,7 @@ resource appTableContributor 'Microsoft.Authorization/roleAssignments@2022-04-01
 // ---- The data identity: the code (container and table scope) ----
 
 // Storage Blob Data Reader on the uploads: validate_source and render_tile read the upload, pinned
-// to its ETag; nothing of the code writes there.
+// to its ETag, and a backfill lists them (List Blobs is this role's read); nothing of the code writes there.
 resource dataUploadReader 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
   name: guid(inputContainer.id, dataPrincipalId, storageBlobDataReaderRoleId)
   scope: inputContainer

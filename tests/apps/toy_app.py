@@ -255,3 +255,14 @@ def parent_of_busy_child(context: df.DurableOrchestrationContext):
     job = context.get_input()
     done = yield context.call_sub_orchestrator("all_at_once", job, f"{context.instance_id}-busy")
     return done
+
+
+@app.orchestration_trigger(context_name="context")
+def countdown(context: df.DurableOrchestrationContext):
+    """One square per execution, then ``continue_as_new`` with one less to go."""
+    state = context.get_input()
+    if state["left"] == 0:
+        return {"done": state["done"]}
+    context.set_custom_status({"left": state["left"]})
+    result = yield context.call_activity("square", {"n": state["left"]})
+    context.continue_as_new({"left": state["left"] - 1, "done": state["done"] + [result["square"]]})

@@ -29,6 +29,7 @@ from .assembly.mosaic import assemble_mosaic
 from .assembly.pyramid import check_temporary_disk, mosaic_overview_levels
 from .env import BLOCK_SIZE, gdal_config, gdal_env
 from .reading.scene import SUPPORTED_DTYPES, SceneInfo, inspect_source
+from .reading.scene_document import pin_members
 from .reading.source import LocalFile, PinnedBlob, Source
 from .tiling.encode import encode_tile, tile_overview_count
 from .tiling.render import TileResult, render_tile
@@ -51,6 +52,7 @@ __all__ = [
     "gdal_env",
     "inspect_source",
     "mosaic_overview_levels",
+    "pin_members",
     "plan_windows",
     "render_tile",
     "tile_overview_count",

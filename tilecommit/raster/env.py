@@ -35,8 +35,10 @@ def gdal_config(
 ) -> dict[str, Any]:
     """The configuration options for :func:`rasterio.Env` (``gdal_options`` add storage access)."""
     config: dict[str, Any] = {
-        # rasterio.Env applies GDAL_CACHEMAX with GDALSetCacheMax and restores it on exit.
-        "GDAL_CACHEMAX": int(settings.gdal_cachemax_mb),
+        # rasterio.Env applies GDAL_CACHEMAX with GDALSetCacheMax and restores it on exit; that
+        # call takes bytes (an integer given to rasterio.Env is not read as megabytes, as GDAL's
+        # configuration option is: 64 gave a 64-byte cache, and every read decoded its blocks anew).
+        "GDAL_CACHEMAX": int(settings.gdal_cachemax_mb) * 2**20,
         "GDAL_MAX_DATASET_POOL_SIZE": MAX_DATASET_POOL_SIZE,
         "GDAL_SWATH_SIZE": SWATH_SIZE,
         "GDAL_OVR_CHUNK_MAX_SIZE": OVR_CHUNK_MAX_SIZE,

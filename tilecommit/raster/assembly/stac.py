@@ -278,7 +278,9 @@ def eo_bands(scene: SceneInfo) -> list[EOBand] | None:
         return None
     bands = []
     for index, (description, common_name) in enumerate(zip(descriptions, common, strict=True), start=1):
-        bands.append(EOBand.create(name=description or common_name or f"b{index}", common_name=common_name))
+        note = scene.band_notes[index - 1] if index <= len(scene.band_notes) else ""
+        name = description or common_name or f"b{index}"
+        bands.append(EOBand.create(name=name, common_name=common_name, description=note or None))
     return bands
 
 

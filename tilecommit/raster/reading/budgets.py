@@ -16,8 +16,11 @@ what an assembly beside the last tiles takes, each activity has :data:`ACTIVITY_
 - reading a window holds the window and one whole block of the upload decoded, with its stored
   bytes (:attr:`Blocks.read_bytes`, :func:`check_window_reads`);
 - a warped window also holds the source area one block of its grid maps to (:func:`warp_source_area`);
+- a JPEG 2000's tile, decoded whole by OpenJPEG, from its header before GDAL opens it
+  (:func:`check_jpeg2000_tile`);
 - the tags the upload's tiles and mosaic carry are bounded apart (:func:`check_carried_metadata`);
-- an assembly's temporary disk: :data:`TEMPORARY_DISK_BYTES`.
+- an assembly's temporary disk: :data:`TEMPORARY_DISK_BYTES` (a NetCDF upload's local copy:
+  :data:`.netcdf.MAX_LOCAL_COPY_BYTES`).
 
 Flex Consumption's 2048 and 4096 MB instances hold what fits this one.
 """
@@ -31,10 +34,10 @@ import numpy as np
 from rasterio.errors import CRSError
 from rasterio.warp import transform
 
-from ...errors import UnsupportedRasterError
+from ...errors import InvalidRasterError, UnsupportedRasterError
 from ...settings import CONSUMPTION_INSTANCE_MB
 from ...spec import OutputSpec
-from . import metadata
+from . import jpeg2000, metadata
 from .source import READ_AHEAD
 from .warp import EDGE_SAMPLES, PREFETCH_MARGIN, WARP_BLOCK, TargetGrid, srs_grid
 
@@ -359,10 +362,46 @@ def _refuse_warp(
     )
 
 
+def check_jpeg2000_tile(path: str, stream: jpeg2000.Codestream, window_size: int) -> None:
+    """What OpenJPEG holds to read one window, from the header before GDAL opens the file, must
+    fit an activity (289 MiB): its structures for every tile (:attr:`~.jpeg2000.Codestream.header_bytes`),
+    held from the header's reading on, a tile decoded whole in 32-bit samples of every component,
+    and the window. A file of one tile is decoded by areas (:func:`~.jpeg2000.decode_unit`): what
+    that holds is checked once GDAL has opened it and chosen them."""
+    window = window_bytes(stream.components, stream.itemsize, stream.width, stream.height, window_size)
+    tile = 0 if stream.single_tiled else stream.decoded_tile_bytes
+    needed = stream.header_bytes + tile + window
+    if needed <= ACTIVITY_MEMORY_BYTES:
+        return
+    per_sample = stream.components * jpeg2000.DECODED_SAMPLE_BYTES
+    side = int(max(0, ACTIVITY_MEMORY_BYTES - window - stream.header_bytes) // per_sample) ** 0.5
+    accepted = (
+        f"tiles of at most {int(side) // 256 * 256} x {int(side) // 256 * 256} pixels at this band count"
+        if stream.decoded_tile_bytes >= stream.header_bytes
+        else "fewer, larger tiles (1024 x 1024 is what Sentinel-2 uses)"
+    )
+    raise UnsupportedRasterError(
+        f"{path} is stored in {stream.tiles} JPEG 2000 tiles of {stream.tile_width} x {stream.tile_height} "
+        f"pixels x {stream.components} components; reading a window holds OpenJPEG's structures for every "
+        f"tile ({stream.header_bytes} bytes), a tile decoded whole in 32-bit samples ({tile} bytes) and the "
+        f"window ({window} bytes): {needed} bytes ({mib(needed)}), more than the {ACTIVITY_MEMORY_BYTES} bytes "
+        f"({mib(ACTIVITY_MEMORY_BYTES)}) one activity may hold ({ACTIVITY_SLOTS} run at once on an instance of "
+        f"{INSTANCE_MEMORY_BYTES // MiB} MiB); accepted: {accepted} (`{jpeg2000.RETILE}`)"
+    )
+
+
 def check_carried_metadata(path: str, src) -> None:
     """Refuse an upload whose tags, as its tiles and mosaic would carry them (:func:`~.metadata.carried_sizes`),
-    add up to more than :data:`MAX_CARRIED_METADATA_BYTES`, naming the largest. Header only."""
-    sizes = metadata.carried_sizes(src)
+    add up to more than :data:`MAX_CARRIED_METADATA_BYTES`, naming the largest. Header only.
+    Metadata that is not UTF-8 text (a damaged label or tag: rasterio cannot decode its name) is
+    refused as damaged: nothing could carry it."""
+    try:
+        sizes = metadata.carried_sizes(src)
+    except UnicodeDecodeError as exc:
+        raise InvalidRasterError(
+            f"{path} has metadata whose names or values are not UTF-8 text ({exc}): the file is damaged; "
+            "upload an intact file"
+        ) from exc
     total = sum(sizes.values())
     if total <= MAX_CARRIED_METADATA_BYTES:
         return

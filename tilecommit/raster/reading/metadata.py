@@ -13,7 +13,8 @@ metadata is all it takes for every path. What is carried is what ``rio cogeo cre
   written by rio-cogeo either (``update_tags`` takes key=value pairs only). GDAL's COG driver,
   which encodes the tile from the dataset they are set on, then keeps only the domains it copies
   by default: ``IMAGERY`` (the acquisition time, kept in the STAC item instead) is left behind;
-- per band: description, tags (the source's statistics among them: the mosaic's pixels are the
+- per band: description (for a NetCDF variable's time or level step, its coordinate value:
+  :func:`descriptions_of`), tags (the source's statistics among them: the mosaic's pixels are the
   source's), scale and offset, unit, colour interpretation; and the colormap of band 1 (the only
   one a GeoTIFF keeps).
 
@@ -36,6 +37,29 @@ def carried_domains(src) -> list[str]:
     return [ns for ns in src.tag_namespaces() if ns not in SKIPPED_DOMAINS and not ns.startswith("xml:")]
 
 
+def descriptions_of(src) -> list[str | None]:
+    """Each band's description: its own; for a band GDAL's netCDF driver made of a step of a
+    variable's extra dimension (time, level), none of its own, so the coordinate value and its
+    unit: ``time=31 days since 2000-01-01`` (``, `` between several dimensions). The driver keeps
+    them as ``NETCDF_DIM_EXTRA={time}``, ``time#units`` and the band's ``NETCDF_DIM_time``;
+    ``gdal_translate -of COG`` and ``rio cogeo create`` keep those tags and leave the
+    description empty, so the bands would be nameless in a STAC item. A variable with no extra
+    dimension (one band) is named by its name (the band's ``NETCDF_VARNAME``)."""
+    tags = src.tags()
+    extra = [dim for dim in tags.get("NETCDF_DIM_EXTRA", "").strip("{}").split(",") if dim]
+    described = []
+    for band in src.indexes:
+        own = src.descriptions[band - 1]
+        band_tags = {} if own or src.driver != "netCDF" else src.tags(band)
+        steps = [
+            " ".join(filter(None, (f"{dim}={band_tags[f'NETCDF_DIM_{dim}']}", tags.get(f"{dim}#units"))))
+            for dim in extra
+            if f"NETCDF_DIM_{dim}" in band_tags
+        ]
+        described.append(own or ", ".join(steps) or (None if extra else band_tags.get("NETCDF_VARNAME")))
+    return described
+
+
 def has_colormap(src) -> bool:
     try:
         src.colormap(1)
@@ -47,10 +71,14 @@ def has_colormap(src) -> bool:
 def colour_interpretations(src, bands: list[int]) -> list[ColorInterp]:
     """The colour interpretations of ``src``'s ``bands`` where they are the outputs' bands: their
     own; one band left of several (an alpha band dropped into the mask) is grey unless it is
-    paletted, as rio-cogeo sets a single output band."""
+    paletted, as rio-cogeo sets a single output band. A format that says nothing of colour (the
+    netCDF driver's bands are all undefined) gets what a GeoTIFF of it holds, and what
+    ``gdal_translate -of COG`` makes: its first band grey (TIFF's PHOTOMETRIC=MINISBLACK)."""
     own = [src.colorinterp[band - 1] for band in bands]
     if len(bands) == 1 < src.count and own[0] != ColorInterp.palette:
         return [ColorInterp.gray]
+    if src.driver == "netCDF" and own and own[0] == ColorInterp.undefined:
+        return [ColorInterp.gray, *own[1:]]
     return own
 
 
@@ -66,9 +94,10 @@ def carry(src, dst, bands: list[int] | None = None) -> None:
         if domain:
             dst.update_tags(ns=ns, **domain)
     dst.colorinterp = colour_interpretations(src, bands)
+    descriptions = descriptions_of(src)
     for written, band in enumerate(bands, start=1):
-        if src.descriptions[band - 1]:
-            dst.set_band_description(written, src.descriptions[band - 1])
+        if descriptions[band - 1]:
+            dst.set_band_description(written, descriptions[band - 1])
         band_tags = src.tags(band)
         if band_tags:
             dst.update_tags(written, **band_tags)
@@ -96,9 +125,10 @@ def carried_sizes(src) -> dict[str, int]:
     count("", src.tags())
     for ns in carried_domains(src):
         count(f"domain {ns}: ", src.tags(ns=ns))
+    descriptions = descriptions_of(src)
     for band in src.indexes:
         count(f"band {band} tag ", src.tags(band))
-        for what, value in (("description", src.descriptions[band - 1]), ("unit", src.units[band - 1])):
+        for what, value in (("description", descriptions[band - 1]), ("unit", src.units[band - 1])):
             if value:
                 sizes[f"band {band} {what}"] = len(value.encode())
     return sizes
@@ -110,7 +140,7 @@ def said(src) -> dict:
         "tags": src.tags(),
         "domains": {ns: src.tags(ns=ns) for ns in carried_domains(src)},
         "band_tags": [src.tags(band) for band in src.indexes],
-        "descriptions": list(src.descriptions),
+        "descriptions": descriptions_of(src),
         "scales": list(src.scales),
         "offsets": list(src.offsets),
         "units": list(src.units),

@@ -28,13 +28,22 @@ from ...records import Record
 from ...settings import Settings
 from ...spec import OutputSpec
 from ..env import gdal_env
-from . import budgets
+from . import budgets, jpeg2000
 from .acquisition import acquisition_of
 from .alpha import WARP, alpha_band, check_alpha_options
 from .budgets import MAX_BLOCK_BYTES, MAX_WINDOW_BYTES, Blocks, check_carried_metadata, check_window_reads
-from .metadata import colour_interpretations, has_colormap
-from .source import Source, as_source, open_upload, prefetch_window, source_of
-from .upload import ACCEPTED_FORMATS, HEADER_BYTES, check_upload_content, upload_gdal_options
+from .metadata import colour_interpretations, descriptions_of, has_colormap
+from .scene_document import member_format, member_sources, member_spec, open_any_upload, read_document
+from .source import Source, as_source, prefetch_window, source_of
+from .upload import (
+    ACCEPTED_FORMATS,
+    HEADER_BYTES,
+    JPEG2000,
+    SCENE_DOCUMENT,
+    TIFF,
+    check_upload_content,
+    upload_gdal_options,
+)
 from .warp import TargetGrid, target_grid
 
 #: Sample types a tile COG, the mosaic and the quicklook handle (PREDICTOR 2 or 3 applies to all).
@@ -55,6 +64,9 @@ FULL_DECODE_MAX_FILE_BYTES = 64 * 1024 * 1024
 FULL_DECODE_MAX_DECODED_BYTES = 512 * 1024 * 1024
 
 T = TypeVar("T")
+
+#: What a file whose open failed started like, in a refusal's words, by the format's name.
+_LOOKS_LIKE = {"GeoTIFF": "a TIFF", "JPEG 2000": "a JPEG 2000 (JP2) file", "NetCDF": "a NetCDF file"}
 
 
 def _nodata_to_json(value: float | None) -> float | str | None:
@@ -109,6 +121,9 @@ class SceneInfo(Record):
     acquired: str | None = None
     #: Why the source's ACQUISITIONDATETIME was not taken, when it has one that is not a time ("" otherwise).
     acquired_note: str = ""
+    #: Per band, what a scene document says of it beside its name (the STAC item's eo:bands
+    #: ``description``); empty for a single file (and payloads from before).
+    band_notes: list[str] = field(default_factory=list)
 
     @property
     def pixels(self) -> int:
@@ -121,6 +136,14 @@ class SceneInfo(Record):
         return Affine(*self.transform[:6])
 
     JSON_OUT = {"nodata": _nodata_to_json}
+
+    def to_dict(self) -> dict:
+        """The record; ``band_notes`` only when set, so a single file's scene is written as before."""
+        data = super().to_dict()
+        if not data["band_notes"]:
+            del data["band_notes"]
+        return data
+
     JSON_IN = {
         "nodata": _nodata_from_json,
         "transform": lambda values: [float(v) for v in values],
@@ -241,7 +264,8 @@ def _check_window_budget(path: str, src, spec: OutputSpec) -> None:
     )
 
 
-def _check_georeferencing(path: str, src) -> None:
+def _check_georeferencing(path: str, src, stream: jpeg2000.Codestream | None = None) -> None:
+    """``stream``: a JPEG 2000's header, whose GMLJP2 box's CRS names a refusal then quotes."""
     transform = src.transform
     if src.crs is None or transform.is_identity:
         if src.gcps[0]:
@@ -250,9 +274,17 @@ def _check_georeferencing(path: str, src) -> None:
                 "warp it to a regular grid first (gdalwarp); accepted: a CRS and an affine geotransform"
             )
         missing = "CRS" if src.crs is None else "geotransform"
+        names = jpeg2000.unfollowed_crs_names(src) if stream is not None and src.crs is None else []
+        named = (
+            f" (its GMLJP2 box names its CRS {', '.join(map(repr, names))}: a name that is no EPSG code, URN or "
+            "OGC CRS URL is looked up among the file's own boxes only, never fetched or opened)"
+            if names
+            else ""
+        )
         raise UnsupportedRasterError(
-            f"{path} has no georeferencing (it lacks a {missing}): tiles and mosaic must be placed on the Earth; "
-            "accepted: a raster with a CRS and an affine geotransform (e.g. a GeoTIFF with GeoKeys)"
+            f"{path} has no georeferencing (it lacks a {missing}){named}: tiles and mosaic must be placed on the "
+            "Earth; accepted: a raster with a CRS and an affine geotransform (e.g. a GeoTIFF with GeoKeys, a JP2 "
+            "with a GeoJP2 or GMLJP2 box)"
         )
     if transform.b != 0 or transform.d != 0:
         raise UnsupportedRasterError(
@@ -404,6 +436,7 @@ def scene_from_dataset(
     bands = [band for band in src.indexes if band != dropped]
     scales, offsets = [float(src.scales[b - 1]) for b in bands], [float(src.offsets[b - 1]) for b in bands]
     units = [src.units[b - 1] or None for b in bands]
+    descriptions = descriptions_of(src)
     return SceneInfo(
         width=src.width,
         height=src.height,
@@ -414,7 +447,7 @@ def scene_from_dataset(
         nodata=choice.output_nodata(src.nodata),
         block_shapes=[[int(h), int(w)] for h, w in src.block_shapes],
         driver=src.driver,
-        descriptions=[src.descriptions[b - 1] for b in bands],
+        descriptions=[descriptions[b - 1] for b in bands],
         colorinterp=[ci.name for ci in colour_interpretations(src, bands)],
         mask=mask,
         overview_resampling=overview_resampling_for(src),
@@ -434,8 +467,9 @@ def inspect_source(
     """Check that ``upload`` (a local path, or a :class:`~.source.PinnedBlob`: one version of a
     blob) is an upload this pipeline accepts, and describe it.
 
-    The first bytes decide, before any GDAL driver parses the file, that it is a TIFF (see
-    :mod:`.upload`); it is then opened by the GTiff driver alone, every byte read through the
+    The first bytes decide, before any GDAL driver parses the file, that it is in an accepted
+    format (see :mod:`.upload`; a JPEG 2000's header is then checked by the app itself,
+    :func:`_jpeg2000_header`); it is then opened by that format's driver alone, every byte read through the
     upload's counted reader (:mod:`.source`). Raises :class:`InvalidRasterError` (not a TIFF;
     empty, truncated or corrupt) or :class:`UnsupportedRasterError` (another format; no or
     rotated georeferencing, too many pixels, absurd blocks, a sample type or band layout this
@@ -446,15 +480,31 @@ def inspect_source(
     """
     source = as_source(upload)
     path = source.name
-    with gdal_env(settings, {**(gdal_options or {}), **upload_gdal_options(source.path)}):
-        head, size = _read_header(source)
-        upload_format = check_upload_content(path, head, size)
+    head, size = _read_header(source)
+    upload_format = check_upload_content(path, head, size)
+    stacked = upload_format is SCENE_DOCUMENT
+    if stacked and (spec.choice.warped or spec.choice.add_mask):
+        raise UnsupportedRasterError(
+            f"{path} is a scene document and its profile {spec.profile!r} warps or adds a mask; accepted: a scene "
+            "stacked on its members' grid (a profile without web_optimized, target_srs, resolution or add_mask)"
+        )
+    notes: list[str] = []
+    if stacked:  # every member checked as an upload, before the stack is opened
+        document = read_document(source)
+        notes = [band.description for band in document.bands] if any(b.description for b in document.bands) else []
+        members = member_sources(source, document)
+        for member in members:
+            member_format(member)
+            inspect_source(member, settings=settings, spec=member_spec(spec), gdal_options=gdal_options)
+        size = sum(member.file_size for member in members)
+    with gdal_env(settings, {**(gdal_options or {}), **upload_gdal_options(source.path, upload_format)}):
+        stream = _jpeg2000_header(path, source, size, settings, spec) if upload_format is JPEG2000 else None
         try:
-            src = open_upload(source, upload_format=upload_format)
+            src = open_any_upload(source, upload_format=upload_format, variable=spec.choice.variable)
         except RasterioIOError as exc:
             raise InvalidRasterError(
-                f"{path} starts like a TIFF but its header or directories cannot be read ({size} bytes): "
-                f"the file is truncated or corrupt ({exc}); upload the complete file"
+                f"{path} starts like {_LOOKS_LIKE.get(upload_format.name, upload_format.name)} but its header or directories cannot be read "
+                f"({size} bytes): the file is truncated or corrupt ({exc}); upload the complete file"
             ) from exc
         with src, source.checked():
             if src.count == 0:
@@ -474,22 +524,60 @@ def inspect_source(
             nodata = spec.choice.nodata_for(src.nodata)
             profiles.check_for(spec.choice, src.dtypes[0], count=src.count, nodata=nodata, alpha=alpha)
             _check_window_budget(path, src, spec)
-            _check_georeferencing(path, src)
+            _check_georeferencing(path, src, stream)
             grid = _target_grid(path, src, settings, spec.choice) if spec.choice.warped else None
-            _check_block_layout(path, src)
-            listed = _list_blocks(path, src, size)
-            # The budgets of a window's read, from the header (and the target grid): before any block is decoded.
-            blocks = Blocks.of(src, stored=listed.largest_stored)
-            check_window_reads(path, src, spec, blocks, grid, resolution=spec.choice.resolution)
-            _check_blocks_decode(path, src, size, spec.window_size, listed)
+            if not stacked:  # a stack's blocks are its members', each checked above
+                if stream is not None:
+                    listed, blocks = _jpeg2000_blocks(src, stream)
+                else:
+                    _check_block_layout(path, src)
+                    # A TIFF's block arrays, read from its tags; a NetCDF chunk is counted at its decoded size.
+                    listed = _list_blocks(path, src, size) if upload_format is TIFF else BlockList(None, 0)
+                    blocks = Blocks.of(src, stored=listed.largest_stored or Blocks.of(src, stored=0).decoded)
+                # The budgets of a window's read, from the header (and the target grid): before any block is decoded.
+                check_window_reads(path, src, spec, blocks, grid, resolution=spec.choice.resolution)
+                _check_blocks_decode(path, src, size, spec.window_size, listed)
             # After the decode check, as the mask flags: listing the metadata domains before it let
             # directory-field-025-striped-raw-rgb.tif of the fuzz corpus pass it (and fail its first window).
             check_carried_metadata(path, src)
             check_alpha_options(path, src, spec.choice, _mask_kind(src))
-            scene = scene_from_dataset(src, nbytes=size, choice=spec.choice, path=path)
+            scene = dataclasses.replace(
+                scene_from_dataset(src, nbytes=size, choice=spec.choice, path=path), band_notes=notes
+            )
             if grid is not None:
                 return on_target_grid(path, src, scene, grid, spec.choice)
             return scene
+
+
+def _jpeg2000_header(path: str, source: Source, size: int, settings: Settings, spec: OutputSpec) -> jpeg2000.Codestream:
+    """A JPEG 2000 upload's codestream header, checked before GDAL (and OpenJPEG) parse it: what
+    it declares must fit the pixel limit, the standard, a window's memory and what OpenJPEG holds
+    (:func:`~.jpeg2000.check_codestream`, :func:`_check_window_budget`,
+    :func:`~.budgets.check_jpeg2000_tile`), and every tile's bytes
+    must be in the file (:func:`~.jpeg2000.index_tiles`). A read that failed is a storage fault."""
+    with source.checked():
+        stream = jpeg2000.read_codestream(source.read_at, size, path)
+        jpeg2000.check_codestream(path, stream, settings.max_pixels)
+        _check_window_budget(path, jpeg2000.HeaderView.of(stream), spec)
+        budgets.check_jpeg2000_tile(path, stream, spec.window_size)
+        return jpeg2000.index_tiles(stream, source.read_at, path)
+
+
+def _jpeg2000_blocks(src, stream: jpeg2000.Codestream) -> tuple[BlockList, Blocks]:
+    """What reading a JPEG 2000 upload's window holds (:func:`~.jpeg2000.decode_unit`, in
+    OpenJPEG's 32-bit samples), and its last tile as GDAL's block to decode for the damage check."""
+    width, height, stored = jpeg2000.decode_unit(stream, src.block_shapes[0])
+    blocks = Blocks(
+        width=width,
+        height=height,
+        samples=stream.components,
+        itemsize=jpeg2000.DECODED_SAMPLE_BYTES,
+        dtype="int32 (OpenJPEG's decoded samples)",
+        stored=stored,
+    )
+    block_h, block_w = src.block_shapes[0]
+    col, row, _, _ = stream.tile_area(stream.tiles - 1)
+    return BlockList((col // block_w, row // block_h), stored), blocks
 
 
 def _target_grid(path: str, src, settings: Settings, choice: profiles.Choice) -> TargetGrid:

@@ -32,17 +32,20 @@ import io
 import os
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import rasterio
 from azure.core import MatchConditions
 from rasterio.abc import FileContainer
 
-from ...errors import GdalStepError, InvalidRasterError, SourceChangedError
+from ...errors import GdalStepError, InvalidRasterError, SourceChangedError, UnsupportedRasterError
 from ...storage_answers import STORAGE_ERRORS, Answer, Meaning, classify, status_of, storage_fault
-from .upload import HEADER_BYTES, TIFF, UploadFormat, check_upload_content
+from . import jpeg2000
+from .netcdf import open_copy
+from .upload import HEADER_BYTES, SCENE_DOCUMENT, TIFF, UploadFormat, check_upload_content
 
 #: Small reads (GDAL walking the header and directories) are served from chunks of this size,
 #: so a TIFF's header costs a request or two instead of one per field.
@@ -133,6 +136,9 @@ class Source(FileContainer):
         #: Fetched byte spans ``(start, bytes)``, oldest first, at most MAX_CACHED_BYTES in all.
         self._spans: list[tuple[int, bytes]] = []
         self._known_size: int | None = None
+        #: Other sources the same GDAL calls read (a scene document's members): a read of theirs
+        #: that failed fails those calls as one of this source's does (:meth:`checked`).
+        self.members: tuple[Source, ...] = ()
 
     # -- where the bytes come from ----------------------------------------------------------
     def _size(self) -> int:
@@ -284,14 +290,18 @@ class Source(FileContainer):
 
     @contextmanager
     def checked(self) -> Iterator[None]:
-        """Run GDAL calls on this source; a read that failed during them fails them, whatever GDAL returned."""
-        mark = len(self.faults)
+        """Run GDAL calls on this source (and its :attr:`members`); a read that failed during them
+        fails them, whatever GDAL returned."""
+        sources = (self, *self.members)
+        marks = [len(source.faults) for source in sources]
         try:
             yield
         except Exception as exc:
-            self.raise_faults(mark, cause=exc)
+            for source, mark in zip(sources, marks, strict=True):
+                source.raise_faults(mark, cause=exc)
             raise
-        self.raise_faults(mark)
+        for source, mark in zip(sources, marks, strict=True):
+            source.raise_faults(mark)
 
     # -- rasterio's plugin interface -------------------------------------------------------------
     def _is_mine(self, path: str) -> bool:
@@ -476,7 +486,11 @@ def upload_format_of(source: Source) -> UploadFormat:
 
 
 def open_upload(
-    path_or_source: str | os.PathLike | Source, *, upload_format: UploadFormat | None = None, **open_options
+    path_or_source: str | os.PathLike | Source,
+    *,
+    upload_format: UploadFormat | None = None,
+    variable: str | None = None,
+    **open_options,
 ) -> rasterio.DatasetReader:
     """Open an upload (or a blob of the app's own, read the same way) with its format's driver
     alone, every byte read through its :class:`Source`.
@@ -487,18 +501,31 @@ def open_upload(
     itself runs under :meth:`Source.checked`: a directory read that failed is a fault, not a
     corrupt file. ``open_options`` go to the driver (``overview_level``, say), besides the
     format's own (:attr:`~.upload.UploadFormat.open_options`: GDAL decodes it on the calling thread only).
+    A format its driver cannot read through the reader is opened from a pinned local copy
+    (:attr:`~.upload.UploadFormat.local_copy`, :mod:`.netcdf`), its ``variable`` (the job's
+    option; None: its only one).
     """
     source = as_source(path_or_source)
     source.file_size  # noqa: B018 - the version check and size, raised as ours before GDAL stats the file
     fmt = upload_format if upload_format is not None else upload_format_of(source)
-    with source.checked():
-        dataset = rasterio.open(
-            source.path,
-            driver=fmt.driver,
-            opener=source,
-            **fmt.open_options,
-            **open_options,
+    if variable is not None and not fmt.local_copy:
+        raise UnsupportedRasterError(
+            f"{source.name} is {fmt.described}, which has no variables: the job names variable={variable!r}, "
+            "which only a NetCDF or HDF5 upload has; accepted: no variable option for it"
         )
+    if fmt is SCENE_DOCUMENT:  # never given to GDAL: .scene_document.open_any_upload stacks its members
+        raise UnsupportedRasterError(f"{source.name} is a scene document, not a band file GDAL may open")
+    if fmt.local_copy:
+        dataset = open_copy(source, variable, **open_options)
+    else:
+        with source.checked():
+            dataset = rasterio.open(
+                source.path,
+                driver=fmt.driver,
+                opener=source,
+                **fmt.open_options,
+                **open_options,
+            )
     _SOURCES[dataset] = source
     return dataset
 
@@ -542,9 +569,28 @@ def window_ranges(src, col_off: int, row_off: int, width: int, height: int) -> l
     return ranges
 
 
+#: How a window of a dataset that is no file of its own (a scene document's stack) is fetched ahead.
+_PREFETCHERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def prefetches_by(dataset, prefetcher: Callable[[Any], None]) -> None:
+    """Say that :func:`prefetch_window` of ``dataset`` is ``prefetcher(window)``."""
+    _PREFETCHERS[dataset] = prefetcher
+
+
 def prefetch_window(src, window) -> None:
-    """Fetch the blocks a window read of an upload opened with :func:`open_upload` will ask for."""
+    """Fetch the blocks a window read of an upload opened with :func:`open_upload` will ask for:
+    a TIFF's from its block tags, a JPEG 2000's tiles from its TLM markers, a stack's by its own
+    prefetcher (:func:`prefetches_by`)."""
+    prefetcher = _PREFETCHERS.get(src)
+    if prefetcher is not None:
+        prefetcher(window)
+        return
     source = source_of(src)
     if source is not None:
-        col, row = int(window.col_off), int(window.row_off)
-        source.prefetch(window_ranges(src, col, row, int(window.width), int(window.height)))
+        col, row, width, height = int(window.col_off), int(window.row_off), int(window.width), int(window.height)
+        if src.driver == "JP2OpenJPEG":
+            stream = jpeg2000.indexed(source)
+            source.prefetch(jpeg2000.window_ranges(stream, col, row, width, height) if stream else [])
+            return
+        source.prefetch(window_ranges(src, col, row, width, height))

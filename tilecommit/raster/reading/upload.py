@@ -1,4 +1,5 @@
-"""What an upload may be: a self-contained TIFF, recognised by its first bytes, opened by GTiff alone.
+"""What an upload may be (a self-contained TIFF, a JPEG 2000 in a JP2 file, a NetCDF/HDF5 file, a
+scene document), recognised by its first bytes, opened by its format's driver alone.
 
 An upload is data from outside the app. Several formats GDAL reads name other files or URLs
 inside them, and GDAL follows those names when it opens the file: a VRT's sources (any path,
@@ -7,11 +8,18 @@ or STAC description's URLs, a PDS or ISIS label's data file. Opened as they come
 make the app send requests to any address its instance reaches (internal ones included) or copy
 a file of the instance's disk, or another container's blob, into a tile anyone with access to the
 outputs can read. A TIFF names nothing outside itself, so the TIFF family (GeoTIFF, COG, BigTIFF)
-is the one accepted, decided from the content, never from the name, and opened by the GTiff driver
-alone. What GDAL could still reach beside the file (sidecars, the network, PROJ grids) is closed
+is accepted, decided from the content, never from the name, and opened by the GTiff driver alone;
+a JP2's boxes can name a CRS, a feature collection or a schema by URL, which GDAL, reading it as a
+raster with its own boxes as the only georeferencing, never follows (:data:`JPEG2000`). A NetCDF
+file can name nothing either; a netCDF-4 (HDF5) file can, and is accepted only once its structure
+shows it does not (:mod:`.netcdf`). What GDAL could still reach beside the file (sidecars, the network, PROJ grids) is closed
 by :func:`upload_gdal_options`, by the reader that serves GDAL the upload's bytes
 (:mod:`.source`) and by :func:`tilecommit.raster.env.gdal_config`. See
 docs/uploads.md for the whole list and the tests that show each.
+
+A scene document (:data:`SCENE_DOCUMENT`, a JSON object) is accepted too: it is never given to
+GDAL; the band files it names beside it, each a TIFF checked as an upload is, are stacked by a VRT
+the app writes itself (:mod:`.scene_document`).
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ...errors import InvalidRasterError, UnsupportedRasterError
+from ...scene_documents import looks_like_document
 
 #: How many leading bytes decide what a file is (enough for every signature below).
 HEADER_BYTES = 64
@@ -41,6 +50,11 @@ class UploadFormat:
     open_options: Mapping[str, str | int] = field(default_factory=dict)
     #: What the format is, in the words of a refusal's "accepted:" list.
     described: str = ""
+    #: GDAL configuration while an upload of this format is open (:func:`upload_gdal_options`).
+    gdal_config: Mapping[str, str | int] = field(default_factory=dict)
+    #: Whether its driver reads a pinned, length-checked local copy (:mod:`.netcdf`) instead of
+    #: the upload's reader (:mod:`.source`), which it cannot read through.
+    local_copy: bool = False
 
     def recognises(self, head: bytes) -> bool:
         return any(head.startswith(signature) for signature in self.signatures)
@@ -61,8 +75,75 @@ TIFF = UploadFormat(
     described="a self-contained GeoTIFF or Cloud-Optimized GeoTIFF (classic TIFF or BigTIFF)",
 )
 
+#: The JP2 signature box (ISO/IEC 15444-1, I.5.1): what recognises a JP2 file.
+JP2_SIGNATURE = b"\x00\x00\x00\x0cjP  \r\n\x87\n"
+#: SOC then SIZ: a raw codestream (.j2k, .j2c), which has no box to hold georeferencing.
+J2K_SIGNATURE = b"\xff\x4f\xff\x51"
+
+#: JPEG 2000 in its JP2 file format, opened by JP2OpenJPEG alone (GDAL's OpenJPEG-based driver,
+#: which decodes on the calling thread: see docs/uploads.md, "JPEG 2000"). GEOREF_SOURCES=INTERNAL
+#: stands for the file's own GeoJP2, GMLJP2 and MSIG boxes (GDAL's gcore/gdaljp2abstractdataset.cpp,
+#: LoadJP2Metadata), never a .aux.xml (PAM) or a world file (.j2w, .wld): GDAL's default
+#: "PAM,INTERNAL,WORLDFILE" would take both. The header is checked before the driver parses it
+#: (:mod:`.jpeg2000`).
+JPEG2000 = UploadFormat(
+    name="JPEG 2000",
+    signatures=(JP2_SIGNATURE,),
+    driver="JP2OpenJPEG",
+    open_options={"GEOREF_SOURCES": "INTERNAL"},
+    described="a JPEG 2000 (JP2) file georeferenced by its own GeoJP2 or GMLJP2 box",
+    # JP2OpenJPEG has no NUM_THREADS open option (GDAL warns "does not support open option"): it
+    # takes GDAL_NUM_THREADS, and when a read spans several JPEG 2000 tiles that the block cache can
+    # hold, decodes them at once on GDAL's pool, each thread opening the file by its name. Those
+    # opens fail through rasterio's opener (GDAL logs "OPENJPEG: Cannot open /vsiriopener_..."; the
+    # read then fails as if the file were corrupt; seen in a web-optimized JP2 job once the block
+    # cache was its configured size), and reads on GDAL's threads must not reach the plugin anyway
+    # (reading/source.py, UPLOAD_READ_THREADS). So the pool has one thread while a JP2 is open: the
+    # warper and the tile's encoder then run on one thread too, for JP2 uploads only.
+    gdal_config={"GDAL_NUM_THREADS": 1},
+)
+
+
+@dataclass(frozen=True)
+class DocumentFormat(UploadFormat):
+    """A format recognised as a JSON object (blank lines or a byte-order mark may come first)."""
+
+    def recognises(self, head: bytes) -> bool:
+        return looks_like_document(head)
+
+
+#: A scene document (tilecommit/scene_documents.py): JSON naming band files beside it, stacked by
+#: a VRT the app writes itself (reading/scene_document.py); the document is never given to GDAL.
+SCENE_DOCUMENT = DocumentFormat(
+    name="scene document",
+    signatures=(b"{",),
+    driver="VRT",
+    described="a scene document naming band files in the same container (a STAC item or a tilecommit:scene list)",
+    # Its members may be JPEG 2000 files, read while the stack is open: as a JP2 upload's.
+    gdal_config=JPEG2000.gdal_config,
+)
+
+#: The NetCDF family: classic (``CDF\x01``), 64-bit offset (``CDF\x02``) and netCDF-4, which is
+#: HDF5 (its signature at byte 0; HDF5 also allows it at 512, 1024... after a user block, which is
+#: not accepted), all opened by GDAL's netCDF driver, which reads the CF conventions (the
+#: ``grid_mapping`` variable, the coordinate variables). An HDF5 file that is no netCDF-4 file is
+#: read by the same driver through the netCDF library (CF attributes, dimension scales).
+#: Everything that makes it safe, from the structure checks before GDAL opens it to the copy it
+#: reads, is in :mod:`.netcdf`.
+NETCDF_SIGNATURES = (b"CDF\x01", b"CDF\x02", b"\x89HDF\r\n\x1a\n")
+NETCDF = UploadFormat(
+    name="NetCDF",
+    signatures=NETCDF_SIGNATURES,
+    driver="netCDF",
+    described=(
+        "a NetCDF file following the CF conventions (classic, 64-bit offset, or netCDF-4/HDF5 with no "
+        "external link, external storage or virtual dataset)"
+    ),
+    local_copy=True,
+)
+
 #: The formats an upload may be in, recognised in this order from its first bytes.
-UPLOAD_FORMATS: tuple[UploadFormat, ...] = (TIFF,)
+UPLOAD_FORMATS: tuple[UploadFormat, ...] = (TIFF, JPEG2000, NETCDF, SCENE_DOCUMENT)
 
 ACCEPTED_FORMATS = "; ".join(fmt.described for fmt in UPLOAD_FORMATS)
 
@@ -78,18 +159,18 @@ _KNOWN_FORMATS: tuple[tuple[bytes, str], ...] = (
     (b"EHFA_HEADER_TAG", "an ERDAS Imagine (HFA) file, which can keep its pixels in a separate .ige file"),
     (b"PDS_VERSION_ID", "a PDS label, which names the file that holds the pixels"),
     (b"ENVI", "an ENVI header, which describes a separate raw data file"),
-    (b"\x00\x00\x00\x0cjP  \r\n\x87\n", "a JPEG 2000 (JP2) file, whose GML boxes can reference other files"),
-    (b"\xffO\xffQ", "a raw JPEG 2000 codestream"),
+    (
+        J2K_SIGNATURE,
+        "a raw JPEG 2000 codestream (.j2k, .j2c), which has no box to hold georeferencing (only a world file or "
+        ".aux.xml beside it could place it, and those are never read); wrap it in a JP2 file with its GeoJP2 box "
+        "(`gdal_translate -of JP2OpenJPEG in.j2k out.jp2` where the sidecar is)",
+    ),
     (b"\x89PNG\r\n\x1a\n", "a PNG image (georeferenced only through sidecar files)"),
     (b"\xff\xd8\xff", "a JPEG image (georeferenced only through sidecar files)"),
     (b"GIF8", "a GIF image"),
     (b"PK\x03\x04", "a ZIP archive"),
     (b"\x1f\x8b", "a gzip stream"),
-    (b"\x89HDF\r\n\x1a\n", "an HDF5 / netCDF-4 container, which can link to other files"),
-    (b"CDF\x01", "a netCDF classic file"),
-    (b"CDF\x02", "a netCDF classic file"),
     (b"GRIB", "a GRIB message"),
-    (b"{", "a JSON document (a STAC or tile-matrix description names URLs to fetch)"),
     (b"<", "an XML or HTML document"),
 )
 
@@ -146,13 +227,15 @@ def check_upload_content(path: str, head: bytes, size: int | None) -> UploadForm
     raise InvalidRasterError(f"{path} is not a TIFF (it starts with {head[:8]!r}): accepted: {ACCEPTED_FORMATS}")
 
 
-def upload_gdal_options(path: str) -> dict[str, str]:
+def upload_gdal_options(path: str, upload_format: UploadFormat | None = None) -> dict[str, str | int]:
     """GDAL configuration while an upload is open: GDAL's network file systems closed.
 
     The upload itself is read through the app's reader (:mod:`.source`), never through GDAL's
     network layer. GDAL's curl-based file systems (``/vsiaz/``, ``/vsicurl/``, ``/vsis3/``, ...)
     refuse every name but ``CPL_VSIL_CURL_ALLOWED_FILENAME`` when it is set (``IsAllowedFilename``
     in GDAL's ``port/cpl_vsil_curl.cpp``); set to the upload's plugin path, which is no URL, any
-    URL or blob a file could name fails without a request.
+    URL or blob a file could name fails without a request. ``upload_format``'s own configuration
+    (:attr:`UploadFormat.gdal_config`) is added.
     """
-    return {"CPL_VSIL_CURL_ALLOWED_FILENAME": path}
+    own = dict(upload_format.gdal_config) if upload_format is not None else {}
+    return {**own, "CPL_VSIL_CURL_ALLOWED_FILENAME": path}

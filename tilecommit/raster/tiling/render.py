@@ -27,7 +27,8 @@ from ...spec import OutputSpec
 from ...stores import JobStores
 from ..env import NUM_THREADS, gdal_env
 from ..gdal_errors import gdal_step
-from ..reading.source import Source, as_source, open_upload
+from ..reading.scene_document import open_any_upload
+from ..reading.source import Source, as_source, upload_format_of
 from ..reading.upload import upload_gdal_options
 from ..reading.warp import view_grid, warped
 from .encode import encode_tile
@@ -58,9 +59,13 @@ def window_of_upload(
     alpha band, the upload seen through the warper on its own grid
     (:func:`~tilecommit.raster.reading.warp.view_grid`)."""
     source = as_source(upload)
-    with gdal_env(settings, {**(gdal_options or {}), **upload_gdal_options(source.path)}, num_threads=num_threads):
+    upload_format = upload_format_of(source)
+    config = {**(gdal_options or {}), **upload_gdal_options(source.path, upload_format)}
+    with gdal_env(settings, config, num_threads=num_threads):
         try:
-            src = open_upload(source)
+            src = open_any_upload(
+                source, upload_format=upload_format, variable=spec.choice.variable if spec is not None else None
+            )
         except RasterioIOError as exc:
             raise InvalidRasterError(f"{source.name} cannot be opened to {purpose} window {window.id}: {exc}") from exc
         with src, source.checked():
