@@ -17,9 +17,9 @@ PYTEST_ARGS ?=
 # shared machine; 0 runs it in one process.
 PYTEST_WORKERS ?= 3
 
-.PHONY: setup gdalwarp postgres titiler-venv demo test bench bench-quick lint clean
+.PHONY: setup gdalwarp chromium postgres titiler-venv demo test bench bench-quick lint clean
 
-setup: $(VENV)/.installed $(CHECKOV_VENV)/.installed $(STAC_VENV)/.installed node_modules/.installed postgres
+setup: $(VENV)/.installed $(CHECKOV_VENV)/.installed $(STAC_VENV)/.installed node_modules/.installed postgres web/dist/index.html
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -34,13 +34,6 @@ $(CHECKOV_VENV)/.installed: requirements-checkov.txt
 	$(CHECKOV_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-checkov.txt
 	touch $@
 
-# stac-fastapi-pgstac pins its own web stack, so the STAC API runs from a venv of its own too.
-$(STAC_VENV)/.installed: requirements-stac.txt
-	$(PYTHON) -m venv $(STAC_VENV)
-	$(STAC_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip
-	$(STAC_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-stac.txt
-	touch $@
-
 # titiler, the tile bench's reference (python -m bench.tiles), in a venv of its own: the app never
 # imports it, and `make setup` does not install it.
 TITILER_VENV := .venv-titiler
@@ -51,9 +44,21 @@ $(TITILER_VENV)/.installed: requirements-titiler.txt
 	$(TITILER_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-titiler.txt
 	touch $@
 
+# stac-fastapi-pgstac pins its own web stack, so the STAC API runs from a venv of its own too.
+$(STAC_VENV)/.installed: requirements-stac.txt
+	$(PYTHON) -m venv $(STAC_VENV)
+	$(STAC_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip
+	$(STAC_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-stac.txt
+	touch $@
+
 node_modules/.installed: package.json package-lock.json
 	npm ci --no-audit --no-fund --loglevel=error
 	touch $@
+
+# The web page (docs/dashboard.md): web/src bundled with OpenLayers by esbuild, both pinned in
+# package.json, into web/dist, which the app serves and deploys; never committed.
+web/dist/index.html: node_modules/.installed web/build.mjs $(wildcard web/src/*)
+	node_modules/.bin/node web/build.mjs
 
 # The gdalwarp program (Debian's gdal-bin) is the reference the web-optimized tests compare the
 # mosaics with: a warp of the whole source by GDAL's own tool in one process, not by this
@@ -72,6 +77,21 @@ gdalwarp:
 	  echo "gdalwarp is missing: installing gdal-bin"; log=$$(mktemp); \
 	  $$install >"$$log" 2>&1 || { $$sudo apt-get update -qq && $$install; } >"$$log" 2>&1; \
 	  command -v gdalwarp >/dev/null || { cat "$$log" >&2; rm -f "$$log"; echo "gdal-bin did not install gdalwarp" >&2; exit 1; }; \
+	  rm -f "$$log"; \
+	}
+
+# Debian's Chromium, which the browser tests (tests/test_browser.py) drive through Playwright's
+# Python package; Playwright's own browser download is never used. Installed as gdalwarp is.
+chromium:
+	@command -v chromium >/dev/null || { \
+	  if ! command -v apt-get >/dev/null; then \
+	    echo "warning: chromium is missing and there is no apt-get: install Chromium for the browser tests" >&2; exit 0; \
+	  fi; \
+	  sudo=$$( [ "$$(id -u)" -eq 0 ] || echo sudo ); \
+	  install="$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium"; \
+	  echo "chromium is missing: installing it"; log=$$(mktemp); \
+	  $$install >"$$log" 2>&1 || { $$sudo apt-get update -qq && $$install; } >"$$log" 2>&1; \
+	  command -v chromium >/dev/null || { cat "$$log" >&2; rm -f "$$log"; echo "the chromium package did not install chromium" >&2; exit 1; }; \
 	  rm -f "$$log"; \
 	}
 
@@ -110,7 +130,7 @@ lint: setup
 FAULT_TESTS := tests/test_storage_faults.py
 
 # --durations: the slowest tests, in every run's log, so the suite's time is watched where it is spent.
-test: lint gdalwarp postgres
+test: lint gdalwarp postgres chromium
 	@faults_log=$$(mktemp); \
 	$(PY) -m pytest $(PYTEST_ARGS) $(FAULT_TESTS) >"$$faults_log" 2>&1 & faults=$$!; \
 	trap 'kill $$faults 2>/dev/null; rm -f "$$faults_log"' EXIT; \

@@ -20,7 +20,17 @@ import azurefunctions.extensions.bindings.blob as blob
 from activities import catalog as catalog_activities
 from activities import tiling as activities
 from activities import verify as verify_activities
-from client_functions import backfill, backfill_pages, job_api, retention, starter, tiles, verify_start
+from client_functions import (
+    backfill,
+    backfill_pages,
+    job_api,
+    job_views,
+    retention,
+    starter,
+    tiles,
+    verify_start,
+    web_page,
+)
 from client_functions.context import client_context, tile_maker
 from orchestrators import backfill as backfill_orchestrator
 from orchestrators import names
@@ -189,46 +199,53 @@ async def get_verify(req: func.HttpRequest, client: df.DurableOrchestrationClien
     return await answer(verify_start.verify_view(client, req.route_params["job_id"], req.route_params["verify_id"]))
 
 
-@app.function_name(names.BACKFILL_ROUTE)
-@app.route(route="backfill", methods=["POST"], auth_level=func.AuthLevel.FUNCTION)
-@app.durable_client_input(client_name="client")
-async def start_backfill(req: func.HttpRequest, client: df.DurableOrchestrationClient) -> func.HttpResponse:
-    """POST /api/backfill {"container", "prefix", "dry_run", "max_running"}: start the backfill of
-    those arguments (202), or report it (running, completed: 200), or resume it (failed,
-    cancelled: 202)."""
+async def blob_answer(call) -> func.HttpResponse:
+    """A stored output as it is, with its strong ETag and caching, or the job API's refusal."""
     try:
-        values = req.get_json() if req.get_body() else {}
-    except ValueError:
-        return json_response(JobApiError(400, "invalid-backfill", "the body is not JSON").body(), 400)
-    if not isinstance(values, dict):
-        return json_response(JobApiError(400, "invalid-backfill", "the body is not a JSON object").body(), 400)
-    ctx = client_context()
-    try:
-        request = backfill.request_from(values, ctx.settings.input_container)
+        found = await call
     except JobApiError as exc:
         return json_response(exc.body(), exc.status)
-    try:
-        view = await backfill.start_backfill(client, request, ctx.uploads)
-    except JobApiError as exc:
-        return json_response(exc.body(), exc.status)
-    return json_response(view, 202 if view["action"] in ("started", "resumed") else 200)
+    headers = {"ETag": found.etag, "Cache-Control": found.cache_control, "X-Content-Type-Options": "nosniff"}
+    return func.HttpResponse(found.body, status_code=200, mimetype=found.content_type, headers=headers)
 
 
-@app.function_name(names.BACKFILL_STATUS_ROUTE)
-@app.route(route="backfill/{backfill_id}", methods=["GET"], auth_level=func.AuthLevel.FUNCTION)
+@app.function_name(names.WINDOWS_ROUTE)
+@app.route(route="jobs/{job_id}/windows", methods=["GET"], auth_level=func.AuthLevel.FUNCTION)
 @app.durable_client_input(client_name="client")
-async def get_backfill(req: func.HttpRequest, client: df.DurableOrchestrationClient) -> func.HttpResponse:
-    """GET /api/backfill/{backfill_id}: a backfill's state, stage, counts and running jobs."""
-    return await answer(backfill.get_backfill(client, req.route_params["backfill_id"]))
+async def job_windows(req: func.HttpRequest, client: df.DurableOrchestrationClient) -> func.HttpResponse:
+    """GET /api/jobs/{job_id}/windows: per window, when it was scheduled, started and finished."""
+    return await answer(job_views.window_timeline(client, client_context().manifest, req.route_params["job_id"]))
 
 
-@app.function_name(names.BACKFILL_CANCEL_ROUTE)
-@app.route(route="backfill/{backfill_id}/cancel", methods=["POST"], auth_level=func.AuthLevel.FUNCTION)
+@app.function_name(names.OUTPUT_ROUTE)
+@app.route(route="jobs/{job_id}/outputs/{name}", methods=["GET"], auth_level=func.AuthLevel.FUNCTION)
 @app.durable_client_input(client_name="client")
-async def cancel_backfill(req: func.HttpRequest, client: df.DurableOrchestrationClient) -> func.HttpResponse:
-    """POST /api/backfill/{backfill_id}/cancel: stop a backfill; 202. The jobs it started run on."""
-    reason = req.params.get("reason") or "cancelled through the backfill API"
-    return await answer(backfill.cancel_backfill(client, req.route_params["backfill_id"], reason), 202)
+async def job_output(req: func.HttpRequest, client: df.DurableOrchestrationClient) -> func.HttpResponse:
+    """GET /api/jobs/{job_id}/outputs/{item.json|quicklook.png}: a completed job's item or quicklook."""
+    job_id, name = req.route_params["job_id"], req.route_params["name"]
+    return await blob_answer(job_views.job_output(client, client_context().output, job_id, name))
+
+
+@app.function_name(names.COLLECTION_ROUTE)
+@app.route(route="collections/{collection_id}", methods=["GET"], auth_level=func.AuthLevel.FUNCTION)
+async def get_collection(req: func.HttpRequest) -> func.HttpResponse:
+    """GET /api/collections/{collection_id}: the collection's STAC Collection document."""
+    return await blob_answer(job_views.collection_document(client_context().output, req.route_params["collection_id"]))
+
+
+@app.function_name(names.WEB_PAGE_ROUTE)
+# Anonymous: the page's files are the same for everyone and hold no data; every request the page
+# then makes for data goes to a route that needs the function key (docs/dashboard.md).
+@app.route(route="ui/{*path}", methods=["GET"], auth_level=func.AuthLevel.ANONYMOUS)
+def web_page_file(req: func.HttpRequest) -> func.HttpResponse:
+    """GET /api/ui/{path}: the web page (index.html at /api/ui/), its script and style."""
+    path = req.route_params.get("path") or ""
+    if not path and not urlsplit(req.url).path.endswith("/"):
+        # The page names its files relative to itself: it must be loaded from the folder's URL.
+        return func.HttpResponse(status_code=308, headers={"Location": f"{urlsplit(req.url).path}/"})
+    found = web_page.serve(path, req.headers.get("if-none-match"))
+    mimetype = found.headers.get("Content-Type", "text/plain").split(";")[0]  # the same type, for any worker
+    return func.HttpResponse(found.body, status_code=found.status, headers=found.headers, mimetype=mimetype)
 
 
 def tile_response(answer: tiles.Answer) -> func.HttpResponse:
@@ -279,6 +296,48 @@ async def collection_tile(req: func.HttpRequest) -> func.HttpResponse:
         tile_maker(), req.route_params["collection_id"], _zxy(req), req.params, req.headers.get("If-None-Match")
     )
     return tile_response(answer)
+
+
+@app.function_name(names.BACKFILL_ROUTE)
+@app.route(route="backfill", methods=["POST"], auth_level=func.AuthLevel.FUNCTION)
+@app.durable_client_input(client_name="client")
+async def start_backfill(req: func.HttpRequest, client: df.DurableOrchestrationClient) -> func.HttpResponse:
+    """POST /api/backfill {"container", "prefix", "dry_run", "max_running"}: start the backfill of
+    those arguments (202), or report it (running, completed: 200), or resume it (failed,
+    cancelled: 202)."""
+    try:
+        values = req.get_json() if req.get_body() else {}
+    except ValueError:
+        return json_response(JobApiError(400, "invalid-backfill", "the body is not JSON").body(), 400)
+    if not isinstance(values, dict):
+        return json_response(JobApiError(400, "invalid-backfill", "the body is not a JSON object").body(), 400)
+    ctx = client_context()
+    try:
+        request = backfill.request_from(values, ctx.settings.input_container)
+    except JobApiError as exc:
+        return json_response(exc.body(), exc.status)
+    try:
+        view = await backfill.start_backfill(client, request, ctx.uploads)
+    except JobApiError as exc:
+        return json_response(exc.body(), exc.status)
+    return json_response(view, 202 if view["action"] in ("started", "resumed") else 200)
+
+
+@app.function_name(names.BACKFILL_STATUS_ROUTE)
+@app.route(route="backfill/{backfill_id}", methods=["GET"], auth_level=func.AuthLevel.FUNCTION)
+@app.durable_client_input(client_name="client")
+async def get_backfill(req: func.HttpRequest, client: df.DurableOrchestrationClient) -> func.HttpResponse:
+    """GET /api/backfill/{backfill_id}: a backfill's state, stage, counts and running jobs."""
+    return await answer(backfill.get_backfill(client, req.route_params["backfill_id"]))
+
+
+@app.function_name(names.BACKFILL_CANCEL_ROUTE)
+@app.route(route="backfill/{backfill_id}/cancel", methods=["POST"], auth_level=func.AuthLevel.FUNCTION)
+@app.durable_client_input(client_name="client")
+async def cancel_backfill(req: func.HttpRequest, client: df.DurableOrchestrationClient) -> func.HttpResponse:
+    """POST /api/backfill/{backfill_id}/cancel: stop a backfill; 202. The jobs it started run on."""
+    reason = req.params.get("reason") or "cancelled through the backfill API"
+    return await answer(backfill.cancel_backfill(client, req.route_params["backfill_id"], reason), 202)
 
 
 @app.function_name(names.RETENTION_SWEEP)

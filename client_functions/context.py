@@ -2,8 +2,8 @@
 built once per process from the app settings, as the activities' are (activities/context.py).
 
 They need the manifest table (the cancellation rows, the starter's and the retry's reads), the
-tiles container (the sweep's deletes), the input container (a backfill's listing, a scene
-document's members) and the output container (the tile routes' mosaics), from the code's data
+tiles container (the sweep's deletes), the input container (a backfill's listing) and the output
+container (the tile routes' mosaics, the web page's items and collections), from the code's data
 connection, which names the same blob endpoint as the blob trigger's
 (:meth:`tilecommit.storage.StorageConnection.for_data`): a blob's URL, and so its job id, is
 the same whichever of the two hands it over.
@@ -30,7 +30,7 @@ class ClientContext:
     #: The uploads' container: a backfill lists it (client_functions/backfill_pages.py), and a
     #: scene document's members are looked up there (client_functions/scene_members.py).
     uploads: ContainerClient
-    #: The mosaics, items and collections (the tile routes read them).
+    #: The mosaics, items and collections (the tile routes and the web page read them).
     output: ContainerClient
 
 

@@ -450,7 +450,10 @@ def _serve(args: argparse.Namespace, storage) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     with host:
-        api = f"; the job API on {host.http.base_url}/api/jobs" if host.http is not None else ""
+        api = ""
+        if host.http is not None:
+            base = host.http.base_url
+            api = f"; the job API on {base}/api/jobs; the web page on {base}/api/ui/"
         print(
             f"devhost: watching container {host.settings.input_container!r} (task hub {host.hub}) "
             f"on {storage.source}, blob endpoint {storage.blob_endpoint}{api}; Ctrl-C stops",

@@ -41,6 +41,13 @@ JOB_ROUTE = "get_job"
 JOBS_ROUTE = "list_jobs"
 CANCEL_ROUTE = "cancel_job"
 RETRY_ROUTE = "retry_job"
+#: What the web page reads: GET /api/jobs/{job_id}/windows (the timeline),
+#: /api/jobs/{job_id}/outputs/{name} (item.json, quicklook.png), /api/collections/{collection_id}.
+WINDOWS_ROUTE = "job_windows"
+OUTPUT_ROUTE = "job_output"
+COLLECTION_ROUTE = "get_collection"
+#: The web page's files: GET /api/ui/{*path}.
+WEB_PAGE_ROUTE = "web_page"
 #: Map tiles (docs/tiles.md): GET /api/tiles/jobs/{job_id}/tilejson.json and .../{z}/{x}/{y}.png,
 #: GET /api/tiles/collections/{collection_id}/tilejson.json and .../{z}/{x}/{y}.png.
 JOB_TILEJSON_ROUTE = "job_tilejson"

@@ -77,21 +77,27 @@ def test_functions_and_raw_bindings_as_the_worker_sends_them():
         names.RETRY_ROUTE: ("POST", "jobs/{job_id}/retry"),
         names.VERIFY_ROUTE: ("POST", "jobs/{job_id}/verify"),
         names.VERIFY_STATUS_ROUTE: ("GET", "jobs/{job_id}/verify/{verify_id}"),
+        names.WINDOWS_ROUTE: ("GET", "jobs/{job_id}/windows"),
+        names.OUTPUT_ROUTE: ("GET", "jobs/{job_id}/outputs/{name}"),
+        names.JOB_TILEJSON_ROUTE: ("GET", "tiles/jobs/{job_id}/tilejson.json"),
+        names.JOB_TILE_ROUTE: ("GET", "tiles/jobs/{job_id}/{z}/{x}/{y}.png"),
         names.BACKFILL_ROUTE: ("POST", "backfill"),
         names.BACKFILL_STATUS_ROUTE: ("GET", "backfill/{backfill_id}"),
         names.BACKFILL_CANCEL_ROUTE: ("POST", "backfill/{backfill_id}/cancel"),
-        names.JOB_TILEJSON_ROUTE: ("GET", "tiles/jobs/{job_id}/tilejson.json"),
-        names.JOB_TILE_ROUTE: ("GET", "tiles/jobs/{job_id}/{z}/{x}/{y}.png"),
     }
-    # The collections' tiles read storage alone: no Durable client.
+    # What reads storage alone (no Durable client): the collections' tiles and document.
     storage_routes = {
         names.COLLECTION_TILEJSON_ROUTE: ("GET", "tiles/collections/{collection_id}/tilejson.json"),
         names.COLLECTION_TILE_ROUTE: ("GET", "tiles/collections/{collection_id}/{z}/{x}/{y}.png"),
+        names.COLLECTION_ROUTE: ("GET", "collections/{collection_id}"),
     }
-    assert set(index.http_functions) == set(routes) | set(storage_routes)
-    for name, (method, path) in (routes | storage_routes).items():
+    # The web page's own files, which need no key.
+    page_routes = {names.WEB_PAGE_ROUTE: ("GET", "ui/{*path}")}
+    assert set(index.http_functions) == set(routes) | set(storage_routes) | set(page_routes)
+    for name, (method, path) in (routes | storage_routes | page_routes).items():
         trigger = next(b for b in index.raw_bindings[name] if b["type"] == "httpTrigger")
-        assert (trigger["methods"], trigger["authLevel"], trigger["route"]) == ([method], "FUNCTION", path)
+        level = "ANONYMOUS" if name in page_routes else "FUNCTION"
+        assert (trigger["methods"], trigger["authLevel"], trigger["route"]) == ([method], level, path)
         client = {"direction": "IN", "type": "durableClient", "name": "client"}
         assert (client in index.raw_bindings[name]) == (name in routes)
 

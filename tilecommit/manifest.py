@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from azure.core import MatchConditions
@@ -68,6 +69,16 @@ def manifest_entry(entity: dict) -> ManifestEntry:
     )
 
 
+@dataclass(frozen=True)
+class RenderTimes:
+    """When the activity that wrote a window's tile began (before its manifest point read) and
+    ended (its tile committed), by the worker's clock, in UTC. Recorded in the row, never part of
+    its evidence: a repeat that finds the row already present keeps the first attempt's times."""
+
+    started: datetime
+    finished: datetime
+
+
 def _window_id(window: Window | str) -> str:
     return window.id if isinstance(window, Window) else str(window)
 
@@ -81,10 +92,14 @@ def record_manifest_entry(
     nbytes: int,
     sha256: str,
     etag: str | None = None,
+    times: RenderTimes | None = None,
 ) -> Outcome:
     """Create-only manifest row: PartitionKey job id, RowKey window id; ``etag`` is the tile
-    version its commit produced, which assembly pins when the service copies from the tile."""
+    version its commit produced, which assembly pins when the service copies from the tile;
+    ``times`` when its activity began and ended rendering (the job's timeline shows them)."""
     entity = _manifest_entity(job_id, window, uri, nbytes, sha256, etag)
+    if times is not None:
+        entity.update(started=times.started.isoformat(), finished=times.finished.isoformat())
     return create_entity_once(table, entity, gate="manifest", job_id=job_id, evidence_field="sha256")
 
 
@@ -185,3 +200,24 @@ def count_manifest(table: TableClient, job_id: str) -> ManifestSummary:
     except STORAGE_ERRORS as exc:
         raise call_failed("counting the manifest of", job_id, exc) from exc
     return ManifestSummary(job_id=job_id, entries=entries)
+
+
+def _parsed_time(value: Any) -> datetime | None:
+    try:
+        return datetime.fromisoformat(value) if isinstance(value, str) else None
+    except ValueError:
+        return None
+
+
+def window_timings(table: TableClient, job_id: str) -> dict[str, tuple[datetime | None, datetime | None]]:
+    """Window id -> when its tile's activity started and finished rendering (:class:`RenderTimes`),
+    for every window row of ``job_id``; (None, None) for a row written without them."""
+    try:
+        pages: Iterable[dict] = table.query_entities(
+            f"PartitionKey eq @job and {jobs.WINDOW_ROWS_FILTER}",
+            parameters={"job": job_id},
+            select=["RowKey", "started", "finished"],
+        )
+        return {e["RowKey"]: (_parsed_time(e.get("started")), _parsed_time(e.get("finished"))) for e in pages}
+    except STORAGE_ERRORS as exc:
+        raise call_failed("reading the window times of", job_id, exc) from exc

@@ -2,7 +2,9 @@
 
 What is modelled, each as the host does it:
 - the URL is ``/{routePrefix}/{route}`` (host.json ``extensions.http.routePrefix``, ``api`` by
-  default), a ``{name}`` segment of the route template is a route parameter;
+  default), a ``{name}`` segment of the route template is a route parameter, and a last
+  ``{*name}`` one a catch-all (ASP.NET's routing): the rest of the path, slashes included, and
+  optional, so ``ui/{*path}`` matches ``/api/ui`` with an empty ``path``;
 - only the methods a function lists reach it; a request no function's route and method match
   is answered 404;
 - a function of auth level ``function`` or ``admin`` needs a key, in the ``x-functions-key``
@@ -41,7 +43,7 @@ DEFAULT_HTTP_PORT = 7071
 #: Where ``serve`` takes its function key from when ``--function-key`` is not given.
 FUNCTION_KEY_ENV = "DEVHOST_FUNCTION_KEY"
 KEY_HEADER = "x-functions-key"
-_PARAMETER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)(?::[^}]*)?\??\}")
+_PARAMETER = re.compile(r"\{(\*?)([A-Za-z_][A-Za-z0-9_]*)(?::[^}]*)?\??\}")
 
 
 class PortTaken(OSError):
@@ -65,7 +67,11 @@ class HttpRoute:
         template = "/".join(p for p in (prefix, trigger.get("route") or name) if p)
         regex, last = "", 0
         for match in _PARAMETER.finditer(template):
-            regex += re.escape(template[last : match.start()]) + f"(?P<{match.group(1)}>[^/]+)"
+            before = template[last : match.start()]
+            if match.group(1) and match.end() == len(template) and before.endswith("/"):
+                regex += re.escape(before[:-1]) + f"(?:/(?P<{match.group(2)}>.*))?"
+            else:
+                regex += re.escape(before) + f"(?P<{match.group(2)}>[^/]+)"
             last = match.end()
         regex += re.escape(template[last:])
         return cls(
@@ -144,7 +150,7 @@ class HttpRoutes:
                 url=f"{self.base_url}{path}",
                 headers=headers,
                 params=query,
-                route_params=match.groupdict(),
+                route_params={k: v or "" for k, v in match.groupdict().items()},
                 body=body,
             )
             return self._invoke(route, request)

@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 from rasterio.errors import RasterioIOError
 
@@ -124,6 +125,7 @@ def render_tile(
     """
     job_id, spec = job.job_id, job.spec
     timings: dict[str, float] = {}
+    began = datetime.now(UTC)
     started = time.perf_counter()
     entry, cancelled = cancellation.lookup_window(stores.manifest, job_id, window)
     timings["manifest_check"] = time.perf_counter() - started
@@ -155,10 +157,12 @@ def render_tile(
     # Every read of this window was answered in full at the job's version (checked() above
     # raised otherwise): only now may its tile be committed, once and for good.
     timings.update(encode_timings)
-    return _commit_tile(job, stores, window, body, timings)
+    return _commit_tile(job, stores, window, body, timings, began)
 
 
-def _commit_tile(job: Job, stores: JobStores, window: Window, body: bytes, timings: dict[str, float]) -> TileResult:
+def _commit_tile(
+    job: Job, stores: JobStores, window: Window, body: bytes, timings: dict[str, float], began: datetime
+) -> TileResult:
     """Step 3 of :func:`render_tile`: the tile committed create-only, then its manifest row."""
     job_id, name = job.job_id, jobs.tile_blob_name(job.job_id, window)
     started = time.perf_counter()
@@ -176,6 +180,7 @@ def _commit_tile(job: Job, stores: JobStores, window: Window, body: bytes, timin
         nbytes=stored.nbytes,
         sha256=stored.sha256,
         etag=stored.etag,
+        times=manifest_rows.RenderTimes(began, datetime.now(UTC)),
     )
     timings["manifest"] = time.perf_counter() - started
     logger.info("tile %s of job %s: %s, %d bytes", window.id, job_id, outcome, stored.nbytes)
