@@ -16,7 +16,7 @@ import azure.durable_functions as df
 from tilecommit import usage
 from tilecommit.jobs import Job
 
-from . import names
+from . import names, versions
 from .batches import WindowWork, over_windows, plan_batches, run_batch, run_group
 from .calls import activity_task, call_activity, fan_in, in_stage
 from .failures import JobFailure, checked
@@ -187,8 +187,10 @@ def announce(
 
 
 def run_job(context: df.DurableOrchestrationContext, job: dict, used: dict) -> Generator[Any, Any, dict]:
-    """Validate, render in batches, assemble, add the item to its collection; the job's summary."""
-    context.set_custom_status({"stage": "validating", "windows_done": 0, "windows_total": None})
+    """Validate, render in batches, assemble, add the item to its collection (as the instance's
+    orchestration version says: :mod:`orchestrators.versions`); the job's summary."""
+    version = versions.status_fields(context.version)
+    context.set_custom_status({"stage": "validating", "windows_done": 0, "windows_total": None, **version})
     validated = yield from call_activity(
         context, job, names.VALIDATE_SOURCE, job, stage="validating the upload", used=used
     )
@@ -202,6 +204,7 @@ def run_job(context: df.DurableOrchestrationContext, job: dict, used: dict) -> G
         "windows_total": sum(len(b) for b in batches),
         "batches_done": 0,
         "batches_total": len(batches),
+        **version,
     }
     context.set_custom_status(status)
 
@@ -218,10 +221,8 @@ def run_job(context: df.DurableOrchestrationContext, job: dict, used: dict) -> G
     status["stage"] = "assembling"
     context.set_custom_status(status)
     mosaic = yield from assemble(context, job, scene, totals["bytes"], status, used)
-    # A payload from before collections (none named) was started by a release whose job announced
-    # itself right after the assembly; its history replays only if it still does.
     listed = {}
-    if job.get("collection") is not None:
+    if versions.runs_collection_step(context.version, job):
         status["stage"] = "cataloguing"
         context.set_custom_status(status)
         listed["collection"] = yield from call_activity(

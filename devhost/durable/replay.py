@@ -37,6 +37,7 @@ from .history import (
 from .instance import EngineStats, HeldInstances, Instance
 from .messaging import Outbound, event_body
 from .store import Episode, EpisodeAlreadyCommitted, HistoryStore
+from .versioning import VERSION_MISMATCH, Versioning
 
 if TYPE_CHECKING:
     from .dispatch import EpisodeQueue
@@ -88,12 +89,14 @@ class EpisodeRunner:
         stats: EngineStats,
         timer_scale: float = 1.0,
         strict_determinism: bool = False,
+        versioning: Versioning | None = None,
     ):
         self.instances, self.queue, self.store, self.index = instances, queue, store, index
         self.work_for, self.stats = work_for, stats
         self.timer_scale = timer_scale
         #: Stricter than the real host (which compares only kind and name): also inputs and ids.
         self.strict_determinism = strict_determinism
+        self.versioning = versioning or Versioning()
 
     def run(self, inst: Instance, events: list[dict]) -> list[Outbound]:
         """Replay, plan and commit one episode; what it sends (``Messaging.send_all``) once committed."""
@@ -104,7 +107,12 @@ class EpisodeRunner:
         if not inst.history:
             new_events.append(
                 event(
-                    EXECUTION_STARTED, moment, Name=inst.name, Input=inst.input, Version="", ParentInstance=inst.parent
+                    EXECUTION_STARTED,
+                    moment,
+                    Name=inst.name,
+                    Input=inst.input,
+                    Version=inst.version,
+                    ParentInstance=inst.parent,
                 )
             )
         new_events += retry_failures + retry_timers + rest
@@ -139,6 +147,10 @@ class EpisodeRunner:
 
     def _replay(self, inst: Instance, new_events: list[dict], terminated: dict | None) -> tuple[dict, str | None]:
         """The orchestrator's answer to its history (the SDK's state JSON), and its failure if it failed."""
+        if self.versioning.fails(inst.version):
+            # TaskOrchestrationDispatcher (versionFailureStrategy Fail): the orchestrator is not
+            # run; the episode completes the instance Failed with a VersionMismatch.
+            return {"actions": [], "isDone": False}, VERSION_MISMATCH
         if terminated is not None:
             # TaskOrchestrationContext.HandleExecutionTerminatedEvent: the execution ends Terminated
             # with the reason as its output, and nothing the orchestrator would do is scheduled.
@@ -177,7 +189,7 @@ class EpisodeRunner:
         """What the episode appends and schedules; the failure, and the custom status it keeps."""
         custom_status = state.get("customStatus")
         too_big = shim.custom_status_error(custom_status)
-        if terminated is not None:
+        if terminated is not None or error == VERSION_MISMATCH:
             return EpisodePlan([], {}, [], [], inst.next_id), error, custom_status
         if too_big:
             # The extension rejects it in SetCustomStatus, before it replays any action.
@@ -193,6 +205,7 @@ class EpisodeRunner:
             top_level_actions(state),
             timer_scale=self.timer_scale,
             strict=self.strict_determinism,
+            default_version=self.versioning.default_version,
         )
         if plan.nondeterminism:  # DTFx fails the instance during replay: nothing new is scheduled
             error = shim.orchestrator_failure(inst.name, plan.nondeterminism)

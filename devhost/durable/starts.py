@@ -64,6 +64,7 @@ class Starts:
             message.input_json,
             parent=message.parent,
             execution_id=message.execution_id,
+            version=message.version,
         )
         with self.instances.lock:
             self.instances.put(inst)
