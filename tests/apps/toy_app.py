@@ -255,3 +255,23 @@ def parent_of_busy_child(context: df.DurableOrchestrationContext):
     job = context.get_input()
     done = yield context.call_sub_orchestrator("all_at_once", job, f"{context.instance_id}-busy")
     return done
+
+
+# ---------------------------------------------------------------------- orchestration versions
+
+
+@app.orchestration_trigger(context_name="context")
+def own_version(context: df.DurableOrchestrationContext):
+    return context.version
+
+
+@app.orchestration_trigger(context_name="context")
+def versions_seen(context: df.DurableOrchestrationContext):
+    """Its own version, a child's started with ``{"child_version": ...}`` and a child's started
+    with none."""
+    job = context.get_input() or {}
+    asked = yield context.call_sub_orchestrator(
+        "own_version", None, f"{context.instance_id}-asked", version=job.get("child_version")
+    )
+    default = yield context.call_sub_orchestrator("own_version", None, f"{context.instance_id}-default")
+    return {"own": context.version, "asked": asked, "default": default}
