@@ -9,6 +9,8 @@ The local host's part is traced to the Durable Task Framework's source in docs/l
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -18,6 +20,16 @@ from devhost.durable.history import EXECUTION_STARTED
 from devhost.durable.host import read_host_json
 from devhost.durable.versioning import VERSION_MISMATCH, Versioning, compare_versions
 from orchestrators import versions
+from tests.app_jobs import (
+    AppEnv,
+    check_outputs,
+    make_scene,
+    serve,
+    upload,
+    upload_until_killed,
+    wait_for_state,
+    wait_until,
+)
 from tests.test_devhost_engine import hub_store, make_engine
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -119,3 +131,79 @@ def test_with_the_fail_strategy_an_older_host_fails_a_newer_instance_without_run
     assert state["status"] == "Failed" and state["error"] == VERSION_MISMATCH
     assert old.stats.version_rejections == 0
     assert not [s for s in store.instances() if s["id"].startswith("failed-")]  # no child was started
+
+
+# ---------------------------------------------------------------------- a deploy while jobs run
+
+
+def release(*options: str) -> tuple[str, ...]:
+    """``serve``'s ``module`` for :mod:`tests.release_host` with these options."""
+    return ("tests.release_host", *options, "--")
+
+
+NEXT_RELEASE = ("--release", "tests.apps.next_release")
+
+
+def finished(storage, app_env: AppEnv, job_id: str) -> dict:
+    return wait_for_state(storage, app_env, job_id, lambda s: s["status"] in ("Completed", "Failed"), timeout=120)
+
+
+def stop(host) -> None:
+    os.killpg(host.pid, signal.SIGTERM)
+    host.wait(timeout=60)
+
+
+def test_a_job_keeps_its_version_across_a_deploy_and_a_new_upload_runs_the_new_one(storage, app_env, tmp_path):
+    """Started on this release (version 2.0), its host killed mid-tiling; the next release
+    (version 3.0: no collection step) finishes it with version 2.0's steps, pixel-exact, and
+    runs a new upload with version 3.0's."""
+    log = tmp_path / "host.log"
+    first, second = make_scene(tmp_path / "first.tif", 1024, 512), make_scene(tmp_path / "second.tif", 768, 512)
+    started = upload_until_killed(storage, app_env, first, log, module=release("--crash-at-row", "3"))
+    mid_way = wait_for_state(storage, app_env, started, lambda s: s["status"] == "Running")
+    assert mid_way["version"] == versions.CURRENT
+    host = serve(app_env, log, module=release(*NEXT_RELEASE))
+    try:
+        resumed = finished(storage, app_env, started)
+        fresh_id = upload(storage, app_env, second)
+        fresh = finished(storage, app_env, fresh_id)
+    finally:
+        stop(host)
+    assert resumed["version"] == "2.0" and resumed["custom_status"]["version"] == "2.0"
+    assert "collection" in resumed["output"]  # version 2.0's step, run by the next release
+    check_outputs(storage, app_env, {"status": "completed", **resumed["output"]}, first)
+    assert fresh["version"] == "3.0" and fresh["custom_status"]["version"] == "3.0"
+    assert "collection" not in fresh["output"]  # version 3.0 has no collection step
+    check_outputs(storage, app_env, {"status": "completed", **fresh["output"]}, second)
+
+
+def test_a_host_of_an_older_version_never_runs_a_newer_job_and_one_of_its_version_finishes_it(
+    storage, app_env, tmp_path
+):
+    """A job of the next release (3.0), its host killed mid-tiling, meets a host of this release
+    (2.0), which leaves it as it is; a host of the next release finishes it."""
+    log, old_log = tmp_path / "host.log", tmp_path / "old-host.log"
+    scene = make_scene(tmp_path / "scene.tif", 1024, 512)
+    job_id = upload_until_killed(storage, app_env, scene, log, module=release(*NEXT_RELEASE, "--crash-at-row", "3"))
+    old = serve(app_env, old_log)
+    try:
+        # The job waits for its batches, which its host had started: their episodes are refused.
+        wait_until(lambda: "is orchestration version '3.0'" in old_log.read_text(), timeout=60)
+        before = wait_for_state(storage, app_env, job_id, lambda s: True)
+        time.sleep(2)
+        after = wait_for_state(storage, app_env, job_id, lambda s: True)
+    finally:
+        stop(old)
+    assert before["status"] == after["status"] == "Running" and before["version"] == "3.0"
+    assert after["episodes"] == before["episodes"] and after["updated"] == before["updated"]
+    # The host's counters as it stopped: it ran activities (DTFx checks versions only before an
+    # orchestration's episode), but not one episode of any instance.
+    stats = json.loads(old_log.read_text().split(" stopped: ", 1)[1].splitlines()[0])
+    assert stats["episodes"] == 0 and stats["version_rejections"] > 0, stats
+    host = serve(app_env, log, module=release(*NEXT_RELEASE))
+    try:
+        done = finished(storage, app_env, job_id)
+    finally:
+        stop(host)
+    assert done["status"] == "Completed" and "collection" not in done["output"]
+    check_outputs(storage, app_env, {"status": "completed", **done["output"]}, scene)
