@@ -107,6 +107,26 @@ def test_a_new_instance_is_stamped_with_the_given_version_else_the_hosts_and_kee
     assert started["Version"] == "1.0" and asked["version"] == "1.0"
 
 
+def test_the_real_client_s_start_new_version_reaches_the_instance(store):
+    """azure-functions-durable's ``start_new(..., version=)`` asks for it in the start URL's query."""
+    import azure.durable_functions as df
+
+    from devhost.durable.functions import EventLoopThread
+    from devhost.durable.rpc import DurableHttpApi
+
+    with make_engine(store, versioning=Versioning("2.0")) as engine:
+        api = DurableHttpApi(engine, store.hub).start()
+        try:
+            client = df.DurableOrchestrationClient(api.client_binding())
+            loop = EventLoopThread.shared()
+            loop.run(client.start_new("own_version", "given", None, version="1.5"))
+            loop.run(client.start_new("own_version", "default", None))
+            given, default = engine.wait_for("given", timeout=30), engine.wait_for("default", timeout=30)
+        finally:
+            api.stop()
+    assert (given["output"], default["output"]) == ("1.5", "2.0")
+
+
 def test_an_older_host_never_runs_a_newer_instance_and_a_host_of_its_version_does(store):
     """CurrentOrOlder + Reject: the work item is abandoned, not failed; the instance stays as it
     is until a host whose defaultVersion is the same or newer owns its partition."""
