@@ -9,11 +9,16 @@ with (docs/deployment.md, "Changing the orchestrations").
 Versions:
 
 - **1**: every instance started before versions (``context.version`` "" or None; "1" and "1.0"
-  mean the same). It runs the collection step only when its payload names a collection: the
-  releases before versions started jobs both with and without one, and each replays only with
-  the steps it took then.
-- **2.0** (this release): the collection step always runs; the starter always names the job's
-  collection, or why the upload names none (then the first step fails the job saying so).
+  mean the same).
+- **2.0** (this release): the same steps. It is stamped so that the next release that changes
+  the steps can tell the jobs this code started from its own, and so that the job API shows
+  which version each job runs (its progress's ``version``).
+
+Both add the job's item to its collection only when the payload names a collection. That rule
+stays with the payload, not the version: the releases before versions started jobs with and
+without one, and a failed job started again (the job API's retry, the starter's restart of a
+failed job) is a new instance stamped with the current version but carrying its old payload, so
+a payload made before collections must still mean no collection step, whatever the version.
 
 Versions are written "major.minor": the Durable Task Framework compares two versions by their
 numbers only when both parse as .NET's ``System.Version`` (two to four numbers), otherwise as
@@ -36,8 +41,8 @@ UNVERSIONED = ("", "1", "1.0")
 class JobSteps:
     """The steps of one version that differ between versions."""
 
-    #: True: add the job's item to its collection after the assembly; None: only when the
-    #: job's payload names a collection (how the releases before versions decided).
+    #: Add the job's item to its collection after the assembly: True always, False never, None
+    #: when the job's payload names a collection (how the releases before versions decided).
     collection: bool | None
 
 
@@ -45,7 +50,7 @@ class JobSteps:
 #: it is left (docs/deployment.md, "Retiring a version").
 VERSIONS: dict[str, JobSteps] = {
     "1": JobSteps(collection=None),
-    CURRENT: JobSteps(collection=True),
+    CURRENT: JobSteps(collection=None),
 }
 
 

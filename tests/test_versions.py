@@ -93,6 +93,18 @@ def test_the_app_s_host_json_stamps_this_release_s_version_and_refuses_newer_one
     assert list(versions.VERSIONS)[-1] == versions.CURRENT
 
 
+def test_which_steps_a_version_runs_is_said_in_one_place():
+    """Versions 1 (unversioned) and 2.0 list a job in its collection when its payload names one: a
+    payload made before collections, started again as a new 2.0 instance, still has no such step."""
+    named, before_collections = {"collection": "scenes"}, {"job_id": "x"}
+    assert [versions.runs_collection_step(v, named) for v in ("", None, "1", "1.0", "2.0")] == [True] * 5
+    assert not any(versions.runs_collection_step(v, before_collections) for v in ("", "2.0"))
+    assert versions.status_fields("") == {} and versions.status_fields("2.0") == {"version": "2.0"}
+    assert versions.child_version(None) is None and versions.child_version("2.0") == "2.0"
+    with pytest.raises(LookupError, match="CurrentOrOlder"):
+        versions.steps_for("9.0")  # a newer release's: this code never meets one unless misconfigured
+
+
 def test_a_new_instance_is_stamped_with_the_given_version_else_the_hosts_and_keeps_it(store):
     """start_new's version, else host.json's defaultVersion; a child given no version gets the
     default of the host that starts it, not its parent's (ExecutionStarted's Version, which the
