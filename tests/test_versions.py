@@ -156,6 +156,19 @@ def test_an_older_host_never_runs_a_newer_instance_and_a_host_of_its_version_doe
     assert state["output"] == {"own": "2.0", "asked": "2.0", "default": "2.0"}
 
 
+def test_a_terminate_of_a_newer_instance_waits_with_it_for_a_host_of_its_version(store):
+    """The version is checked before any of the instance's messages is processed, ExecutionTerminated
+    included: an older host leaves the terminate with the instance; the newer host carries it out."""
+    with make_engine(store, versioning=Versioning("1.0")) as old:
+        old.start_new("versions_seen", "cancelled", {"child_version": None}, version="2.0")
+        old.terminate("cancelled", "rolled back")
+        time.sleep(1.5)
+        assert old.status("cancelled")["status"] == "Pending" and old.stats.episodes == 0
+    with make_engine(store, versioning=Versioning("2.0")) as new:
+        state = new.wait_for("cancelled", timeout=30)
+    assert state["status"] == "Terminated" and state["output"] == "rolled back"
+
+
 def test_with_the_fail_strategy_an_older_host_fails_a_newer_instance_without_running_it(store):
     with make_engine(store, versioning=Versioning("1.0", failure_strategy="Fail")) as old:
         old.start_new("versions_seen", "failed", {"child_version": None}, version="2.0")
