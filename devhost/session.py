@@ -257,12 +257,16 @@ def job_client(hub: str | None) -> Iterator[df.DurableOrchestrationClient]:
     from .durable.queues import queue_service
     from .durable.rpc import DurableHttpApi
     from .durable.store import HistoryStore
+    from .durable.versioning import Versioning
 
     apply_settings(load_local_settings())
-    hub = hub or read_host_json().get("extensions", {}).get("durableTask", {}).get("hubName", TASK_HUB)
+    durable = read_host_json().get("extensions", {}).get("durableTask", {})
+    hub = hub or durable.get("hubName", TASK_HUB)
     connection = StorageConnection.from_env()
     store = HistoryStore(connection.blob_service(), connection.table_service(), hub, queue_service(connection))
-    api = DurableHttpApi(Engine(FunctionIndex.load(), store), hub).start()
+    # What it starts (a scrub, an event delivered again) is stamped as the host would stamp it.
+    engine = Engine(FunctionIndex.load(), store, versioning=Versioning.from_durable_task(durable))
+    api = DurableHttpApi(engine, hub).start()
     try:
         yield df.DurableOrchestrationClient(api.client_binding())
     finally:

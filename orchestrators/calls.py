@@ -13,6 +13,7 @@ import azure.durable_functions as df
 
 from .failures import JobFailure, checked, exhausted
 from .retries import ACTIVITY_RETRY_OPTIONS
+from .versions import child_version
 
 
 def activity_task(context: df.DurableOrchestrationContext, name: str, payload: Any) -> Any:
@@ -80,9 +81,14 @@ def fan_out(
     context: df.DurableOrchestrationContext, name: str, children: list[tuple[str, Any]], on_done: Callable[[dict], None]
 ) -> Generator[Any, Any, None]:
     """Run sub-orchestrations ``(instance id, input)`` through :func:`fan_in`, so progress moves
-    after each one."""
+    after each one; each is started with the parent's orchestration version
+    (:func:`orchestrators.versions.child_version`)."""
+    version = child_version(context.version)
     yield from fan_in(
         context,
-        [context.call_sub_orchestrator(name, child_input, instance_id) for instance_id, child_input in children],
+        [
+            context.call_sub_orchestrator(name, child_input, instance_id, version=version)
+            for instance_id, child_input in children
+        ],
         on_done,
     )

@@ -16,7 +16,7 @@ import azure.durable_functions as df
 from tilecommit import usage
 from tilecommit.jobs import Job
 
-from . import names
+from . import names, versions
 from .batches import WindowWork, over_windows, plan_batches, run_batch, run_group
 from .calls import activity_task, call_activity, fan_in, in_stage
 from .failures import JobFailure, checked
@@ -189,9 +189,11 @@ def announce(
 
 
 def run_job(context: df.DurableOrchestrationContext, job: dict, used: dict) -> Generator[Any, Any, dict]:
-    """Validate, render in batches, assemble, add the item to its collection, publish it to the
-    catalog (a job started with a catalog configured, ``Job.publish``); the job's summary."""
-    context.set_custom_status({"stage": "validating", "windows_done": 0, "windows_total": None})
+    """Validate, render in batches, assemble, add the item to its collection (as the instance's
+    orchestration version says: :mod:`orchestrators.versions`), publish it to the catalog (a job
+    started with a catalog configured, ``Job.publish``); the job's summary."""
+    version = versions.status_fields(context.version)
+    context.set_custom_status({"stage": "validating", "windows_done": 0, "windows_total": None, **version})
     validated = yield from call_activity(
         context, job, names.VALIDATE_SOURCE, job, stage="validating the upload", used=used
     )
@@ -205,6 +207,7 @@ def run_job(context: df.DurableOrchestrationContext, job: dict, used: dict) -> G
         "windows_total": sum(len(b) for b in batches),
         "batches_done": 0,
         "batches_total": len(batches),
+        **version,
     }
     context.set_custom_status(status)
 
@@ -245,12 +248,13 @@ def catalogue(
     event (announce), so the event carries the item's link; what each did, for the job's summary
     (``collection``, ``published``).
 
-    Each step runs only for a payload that asks for it: a payload from before collections names
-    none, and one from before publication (or started with no catalog configured) has no
-    ``publish``. Such a job was started by a release whose orchestration announced it right after
-    its assembly, and its Durable history replays only if it still does."""
+    The collection step runs as the instance's version says (:mod:`orchestrators.versions`: for the
+    versions so far, when the payload names a collection); publication only for a payload that
+    asks for it (one from before publication, or started with no catalog configured, has no
+    ``publish``). A job started by a release whose orchestration announced it right after its
+    assembly replays only if it still does."""
     done: dict = {}
-    if job.get("collection") is not None:
+    if versions.runs_collection_step(context.version, job):
         status["stage"] = "cataloguing"
         context.set_custom_status(status)
         done["collection"] = yield from call_activity(

@@ -1,8 +1,10 @@
 """Orchestrations started by an earlier release replay and complete under today's code.
 
-``tests/fixtures/replay/jobs.json`` holds the Durable history of real runs on the local host
+Each file of ``tests/fixtures/replay/`` holds the Durable history of real runs on the local host
 (``tests/record_replay_history.py`` wrote it; the code that recorded it is named in the file):
-a job of two batches, a job whose batches are grouped, and a scrub. Each episode is replayed here
+a job of two batches, a job whose batches are grouped, and a scrub; ``jobs.json`` from before
+orchestration versions (version 1), ``jobs-2.0.json`` of version 2.0, whose job asks for its
+batches with its version (:mod:`orchestrators.versions`). Each episode is replayed here
 through the real SDK, as the host would after an upgrade with the instance stopped at that point:
 the orchestrator registered in ``function_app`` under the recorded name must ask for the very
 actions history holds (kind, name, instance id, retry options, input), set the same custom
@@ -29,9 +31,9 @@ from devhost.durable.history import (
     TIMER_FIRED,
     flatten_actions,
 )
-from orchestrators import names
+from orchestrators import names, versions
 
-FIXTURE = Path(__file__).parent / "fixtures" / "replay" / "jobs.json"
+FIXTURES = sorted((Path(__file__).parent / "fixtures" / "replay").glob("*.json"))
 #: Events the host hands the orchestrator at the start of an episode; the rest of an episode's
 #: events are what it appended after (scheduled tasks, the end of the execution).
 INCOMING = {
@@ -45,10 +47,11 @@ INCOMING = {
     TIMER_FIRED,
 }
 
-RECORDED = json.loads(FIXTURE.read_text())
+RECORDED = {fixture.stem: json.loads(fixture.read_text()) for fixture in FIXTURES}
 INSTANCES = [
-    pytest.param(instance, id=f"{orchestration['label']}:{instance['name']}:{instance['id'][-10:]}")
-    for orchestration in RECORDED["orchestrations"]
+    pytest.param(instance, id=f"{stem}:{orchestration['label']}:{instance['name']}:{instance['id'][-10:]}")
+    for stem, recorded in RECORDED.items()
+    for orchestration in recorded["orchestrations"]
     for instance in orchestration["instances"]
 ]
 
@@ -88,12 +91,28 @@ def job_of(payload: dict) -> dict:
     return payload.get("job", payload)
 
 
-def test_the_fixture_holds_flat_grouped_and_verify_orchestrations_of_every_kind():
+@pytest.mark.parametrize("fixture", FIXTURES, ids=lambda path: path.stem)
+def test_each_fixture_holds_flat_grouped_and_verify_orchestrations_of_every_kind(fixture):
+    recorded = RECORDED[fixture.stem]
     kinds = {
-        instance["name"] for orchestration in RECORDED["orchestrations"] for instance in orchestration["instances"]
+        instance["name"] for orchestration in recorded["orchestrations"] for instance in orchestration["instances"]
     }
     assert kinds == {names.TILE_SCENE, names.RENDER_GROUP, names.RENDER_BATCH, names.VERIFY_SCENE, names.VERIFY_BATCH}
-    assert FIXTURE.stat().st_size < 300_000
+    assert fixture.stat().st_size < 300_000
+
+
+def test_the_fixtures_are_of_version_1_and_of_this_release_s_version():
+    def started_versions(recorded: dict) -> set:
+        return {
+            event.get("Version")
+            for orchestration in recorded["orchestrations"]
+            for instance in orchestration["instances"]
+            for event in instance["episodes"][0]["events"]
+            if event["EventType"] == EXECUTION_STARTED
+        }
+
+    assert started_versions(RECORDED["jobs"]) == {""}
+    assert started_versions(RECORDED[f"jobs-{versions.CURRENT}"]) == {versions.CURRENT}
 
 
 @pytest.mark.parametrize("instance", INSTANCES)

@@ -28,6 +28,7 @@ from .history import (
 from .instance import HeldInstances, Instance, new_execution_id
 from .messaging import event_body, start_body
 from .store import HistoryStore
+from .versioning import Versioning
 from .work import StartMessage
 
 #: How long a terminate waits for the execution that ``continue_as_new`` begins to have started.
@@ -44,15 +45,27 @@ class TaskHubClient:
         store: HistoryStore,
         index: FunctionIndex,
         send: Callable[[str, dict], None],
+        *,
+        versioning: Versioning | None = None,
     ):
         self.instances, self.store, self.index, self.send = instances, store, index, send
+        self.versioning = versioning or Versioning()
 
-    def start_new(self, name: str, instance_id: str, input_value: Any = None, *, input_json: str | None = None) -> str:
+    def start_new(
+        self,
+        name: str,
+        instance_id: str,
+        input_value: Any = None,
+        *,
+        input_json: str | None = None,
+        version: str | None = None,
+    ) -> str:
         """The client's ``start_new``, in the Azure Storage provider's steps
         (AzureStorageOrchestrationService.CreateTaskOrchestrationAsync): read the instance row;
         refuse if it is Pending/Running; queue the ExecutionStarted message; then write the row,
         create-only for a new id (a conflict from a concurrent starter is ignored). So starters
-        that race on a new id all succeed; the host drops the later ExecutionStarted."""
+        that race on a new id all succeed; the host drops the later ExecutionStarted. The instance
+        is stamped with ``version``, else the host's default version."""
         check_instance_id(instance_id)
         self.index.orchestrator(name)
         if input_json is None and input_value is not None:
@@ -62,9 +75,10 @@ class TaskHubClient:
             raise InstanceAlreadyExists(
                 f"An Orchestration instance with the status {existing['status']} already exists."
             )
-        message = StartMessage(name, instance_id, input_json, None, new_execution_id())
+        stamped = self.versioning.stamp(version)
+        message = StartMessage(name, instance_id, input_json, None, new_execution_id(), stamped)
         self.send(instance_id, start_body(message))
-        row = Instance(instance_id, name, input_json, execution_id=message.execution_id).state()
+        row = Instance(instance_id, name, input_json, execution_id=message.execution_id, version=stamped).state()
         self.store.write_new_state(instance_id, row, etag)
         with self.instances.lock:
             finished = self.instances.get(instance_id)

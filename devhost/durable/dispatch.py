@@ -23,6 +23,7 @@ from .history import TERMINAL
 from .instance import EngineStats, HeldInstances, Instance
 from .messaging import start_body
 from .queues import Received
+from .versioning import Versioning
 from .work import HostBackoff, StartMessage
 
 if TYPE_CHECKING:
@@ -197,12 +198,16 @@ class Dispatcher:
         messaging: Messaging,
         backoff: HostBackoff,
         stats: EngineStats,
+        versioning: Versioning | None = None,
     ):
         self.queue, self.instances, self.count = queue, queue.instances, count
+        self.versioning = versioning or Versioning()
         self.starts, self.episodes, self.messaging = starts, episodes, messaging
         self.backoff, self.stats = backoff, stats
         self._stopping = False
         self._threads: list[threading.Thread] = []
+        #: Instances this host has refused to run for their version (logged once each).
+        self._rejected: set[str] = set()
 
     def start(self) -> None:
         for n in range(self.count):
@@ -258,6 +263,9 @@ class Dispatcher:
             self.messaging.delete(receipt)
 
     def _run_episode(self, inst: Instance, events: list[dict], receipts: list[Received]) -> None:
+        if self.versioning.rejects(inst.version):
+            self._reject(inst, events, receipts)
+            return
         try:
             outbound = self.episodes.run(inst, events)
             self.backoff.succeeded(inst.id)
@@ -266,12 +274,39 @@ class Dispatcher:
             logger.warning("episode of %s failed in the host; trying again in %.1f s", inst.id, delay, exc_info=True)
             with self.instances.lock:
                 self.stats.episode_retries += 1
-                inst.pending = events + inst.pending
-                inst.receipts = receipts + inst.receipts
-                self.queue.rest(inst.id, delay)
+                self._put_back(inst, events, receipts, delay)
             return
         # As the provider: the episode is committed, then what it scheduled is sent, then the
         # messages it consumed are deleted (a crash in between sends or delivers them again).
         self.messaging.send_all(outbound)
         for receipt in receipts:
             self.messaging.delete(receipt)
+
+    def _reject(self, inst: Instance, events: list[dict], receipts: list[Received]) -> None:
+        """An instance of a version this host may not run (versionFailureStrategy Reject): DTFx
+        abandons the work item, and its messages come back later; nothing of the instance
+        changes. Here its results go back to it, unconsumed, and it is tried again after a
+        growing delay (up to 5 s), so a host with the same partition never runs it; a host that
+        may run it does once it owns the partition (docs/local-host.md, row 50)."""
+        delay = self.backoff.failed(f"version:{inst.id}")
+        with self.instances.lock:
+            first = inst.id not in self._rejected
+            self._rejected.add(inst.id)
+            self.stats.version_rejections += 1
+            self._put_back(inst, events, receipts, delay)
+        if first:
+            logger.warning(
+                "instance %s is orchestration version %r, which this host (defaultVersion %r, %s) may not run: "
+                "left for a host that may",
+                inst.id,
+                inst.version,
+                self.versioning.default_version,
+                self.versioning.match_strategy,
+            )
+
+    def _put_back(self, inst: Instance, events: list[dict], receipts: list[Received], delay: float) -> None:
+        """The episode's results and messages back to the instance, which rests ``delay`` seconds
+        (under the host's lock)."""
+        inst.pending = events + inst.pending
+        inst.receipts = receipts + inst.receipts
+        self.queue.rest(inst.id, delay)

@@ -80,6 +80,7 @@ from .replay import EpisodeRunner
 from .starts import Starts
 from .store import HistoryStore
 from .timers import Timers
+from .versioning import Versioning
 from .watchdog import STALLED_START_S, WATCHDOG_INTERVAL_S, Watchdog
 from .work import ActivityRunner, HostBackoff
 
@@ -135,6 +136,7 @@ class Engine:
         stalled_start_s: float = STALLED_START_S,
         stall_report_s: float | None = None,
         on_stuck_function: Callable[[], None] | None = None,
+        versioning: Versioning | None = None,
     ):
         self.index, self.store, self.queues = index, store, store.queues
         #: The ``durableClient`` binding's JSON for activities that take one; the host that serves
@@ -143,6 +145,8 @@ class Engine:
         self.max_activities = max_activities
         self.worker_id = worker_id or new_worker_id()
         self.stats = EngineStats()
+        #: host.json's defaultVersion and version strategies (:mod:`devhost.durable.versioning`).
+        self.versioning = versioning or Versioning()
         self.executions: deque[ActivityExecution] = deque(maxlen=MAX_EXECUTION_RECORDS)
         self.backoff = HostBackoff()
         self.instances = HeldInstances()
@@ -205,6 +209,7 @@ class Engine:
             stats=self.stats,
             timer_scale=timer_scale,
             strict_determinism=strict,
+            versioning=self.versioning,
         )
         self.dispatcher = Dispatcher(
             self.queue,
@@ -214,6 +219,7 @@ class Engine:
             messaging=self.messaging,
             backoff=self.backoff,
             stats=self.stats,
+            versioning=self.versioning,
         )
         self.handover = Handover(
             self.instances,
@@ -227,7 +233,9 @@ class Engine:
 
     def _offer_client(self) -> None:
         """The client's operations on the task hub, which the engine answers as its own."""
-        self.client = TaskHubClient(self.instances, self.store, self.index, self.messaging.send)
+        self.client = TaskHubClient(
+            self.instances, self.store, self.index, self.messaging.send, versioning=self.versioning
+        )
         self.start_new = self.client.start_new
         self.terminate = self.client.terminate
         self.list_instances = self.client.list_instances

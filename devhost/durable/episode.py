@@ -81,6 +81,7 @@ def plan_episode(
     *,
     timer_scale: float = 1.0,
     strict: bool = False,
+    default_version: str = "",
 ) -> EpisodePlan:
     retry_failures, retry_timers, rest = ordered
     scheduled: dict[int, dict] = {}
@@ -113,14 +114,18 @@ def plan_episode(
         return EpisodePlan([], {}, [], [], inst.next_id, walk.nondeterminism)
     for offset, action in enumerate(walk.new_leaves):
         task_id = next(ids)
-        meta = meta_for_action(inst, action, task_id, len(inst.leaves) + offset, moment)
+        meta = meta_for_action(inst, action, task_id, len(inst.leaves) + offset, moment, default_version)
         appended.append(scheduled_event(task_id, meta, moment))
         scheduled[task_id] = meta
     return EpisodePlan(appended, scheduled, walk.new_leaves, finished, next(ids))
 
 
-def meta_for_action(inst: Instance, action: dict, task_id: int, leaf: int, moment: datetime) -> dict:
-    """What the host keeps about a scheduled task (to run it, retry it and see it finish)."""
+def meta_for_action(
+    inst: Instance, action: dict, task_id: int, leaf: int, moment: datetime, default_version: str = ""
+) -> dict:
+    """What the host keeps about a scheduled task (to run it, retry it and see it finish). A
+    sub-orchestration's version is its action's, else the default version of the host planning
+    the episode (:mod:`devhost.durable.versioning`)."""
     kind = action["actionType"]
     common = {"leaf": leaf, "retry": action.get("retryOptions"), "attempt": 1, "first_attempt_at": iso(moment)}
     if kind in (CALL_ACTIVITY, CALL_ACTIVITY_WITH_RETRY):
@@ -133,6 +138,7 @@ def meta_for_action(inst: Instance, action: dict, task_id: int, leaf: int, momen
             "name": action["functionName"],
             "input": action.get("input"),
             "instance_id": child,
+            "version": default_version if action.get("version") is None else action["version"],
             **common,
         }
     if kind == CREATE_TIMER:
@@ -151,5 +157,6 @@ def scheduled_event(task_id: int, meta: dict, moment: datetime) -> dict:
             Name=meta["name"],
             InstanceId=meta["instance_id"],
             Input=meta["input"],
+            Version=meta.get("version", ""),
         )
     return event(TIMER_CREATED, moment, EventId=task_id, FireAt=meta["fire_at"])

@@ -147,7 +147,7 @@ class Handover:
         for inst in instances:
             if not inst.history and inst.status not in TERMINAL:
                 # Started here but not run yet: its start message is consumed, so it goes again.
-                start = StartMessage(inst.name, inst.id, inst.input, inst.parent, inst.execution_id)
+                start = StartMessage(inst.name, inst.id, inst.input, inst.parent, inst.execution_id, inst.version)
                 self.messaging.send(inst.id, start_body(start))
             for item in inst.pending:
                 self.messaging.send(inst.id, event_body(inst.id, inst.execution_id, item))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from .partitions import PROVIDER_LEASE, LeaseTimings
 from .queues import queue_service
 from .rpc import DurableHttpApi
 from .store import DEFAULT_PARTITION_COUNT, HistoryStore, events_table_name
+from .versioning import Versioning
 from .watcher import BlobEventWatcher
 
 logger = logging.getLogger(__name__)
@@ -45,8 +47,39 @@ def apply_settings(values: dict[str, str]) -> None:
         os.environ.setdefault(key, value)
 
 
-def read_host_json(root: Path = PROJECT_ROOT) -> dict:
-    return json.loads((root / "host.json").read_text())
+#: App settings named ``AzureFunctionsJobHost__<path>`` override host.json's value at that path
+#: (``__`` between keys, any case): the Functions host reads host.json into its configuration
+#: under the ``AzureFunctionsJobHost`` section (fhost ``HostJsonFileConfigurationSource``), and
+#: environment variables come later in that configuration, ``__`` standing for its ``:``.
+JOB_HOST_OVERRIDE = "AzureFunctionsJobHost__"
+
+
+def read_host_json(root: Path = PROJECT_ROOT, environ: Mapping[str, str] | None = None) -> dict:
+    """host.json with the overrides of the environment (:data:`JOB_HOST_OVERRIDE`)."""
+    host_json = json.loads((root / "host.json").read_text())
+    environ = os.environ if environ is None else environ
+    for name, value in sorted(environ.items()):
+        if name.lower().startswith(JOB_HOST_OVERRIDE.lower()):
+            _override(host_json, name[len(JOB_HOST_OVERRIDE) :].split("__"), value)
+    return host_json
+
+
+def _override(node: dict, path: list[str], value: str) -> None:
+    """Set ``value`` at ``path`` (keys matched ignoring case), as a number or a boolean where
+    host.json holds one there (configuration values are text)."""
+    for key in path[:-1]:
+        found = next((k for k in node if k.lower() == key.lower()), key)
+        if not isinstance(node.get(found), dict):
+            node[found] = {}
+        node = node[found]
+    leaf = next((k for k in node if k.lower() == path[-1].lower()), path[-1])
+    current = node.get(leaf)
+    if isinstance(current, bool):
+        node[leaf] = value.lower() == "true"
+    elif isinstance(current, int):
+        node[leaf] = int(value)
+    else:
+        node[leaf] = value
 
 
 def parse_timespan(value: str) -> float:
@@ -160,6 +193,7 @@ class LocalHost:
             lease=self.options.lease,
             stall_report_s=self.options.stall_report_s,
             on_stuck_function=recycle if self.options.recycle_stuck_worker else None,
+            versioning=Versioning.from_durable_task(durable),
         )
         self.blobs, self.tables = blobs, tables
         self.api = DurableHttpApi(self.engine, self.hub)

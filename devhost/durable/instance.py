@@ -25,6 +25,8 @@ class Instance:
     #: ``{"id": parent id, "task_id": event id in the parent, "execution_id": the parent's execution}``
     parent: dict | None = None
     execution_id: str = field(default_factory=new_execution_id)
+    #: The orchestration version stamped at creation (ExecutionStarted's ``Version``); "" unversioned.
+    version: str = ""
     status: str = PENDING
     created: str = field(default_factory=lambda: iso(now()))
     updated: str = field(default_factory=lambda: iso(now()))
@@ -56,6 +58,7 @@ class Instance:
             "input": self.input,
             "parent": self.parent,
             "execution_id": self.execution_id,
+            "version": self.version,
             "status": self.status,
             "created": self.created,
             "updated": self.updated,
@@ -74,6 +77,7 @@ class Instance:
             input=state["input"],
             parent=state.get("parent"),
             execution_id=state.get("execution_id") or new_execution_id(),
+            version=state.get("version") or "",
             status=state["status"],
             created=state["created"],
             updated=state["updated"],
@@ -189,6 +193,9 @@ class EngineStats:
     foreign_child_starts_dropped: int = 0
     #: DurableTask.Core's "ExecutionId of event does not match current executionId".
     execution_id_mismatches_dropped: int = 0
+    #: Episodes not run because the instance's orchestration version is one this host may not
+    #: run (versionFailureStrategy Reject): left for a host that may.
+    version_rejections: int = 0
     #: Episodes the host could not commit (its own storage failed) and tried again later.
     episode_retries: int = 0
     #: Episodes whose commit had landed although its answer was lost: carried on from storage.

@@ -234,7 +234,9 @@ class Messaging:
             return [("control", inst.id, event_body(inst.id, inst.execution_id, item), delay)]
         if meta["kind"] == "suborchestration":
             link = {"id": inst.id, "task_id": task_id, "execution_id": inst.execution_id}
-            start = StartMessage(meta["name"], meta["instance_id"], meta["input"], link, new_execution_id())
+            start = StartMessage(
+                meta["name"], meta["instance_id"], meta["input"], link, new_execution_id(), meta.get("version", "")
+            )
             return [("control", meta["instance_id"], start_body(start), 0.0)]
         return []
 

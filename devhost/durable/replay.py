@@ -40,6 +40,7 @@ from .history import (
 from .instance import EngineStats, HeldInstances, Instance, new_execution_id
 from .messaging import Outbound, event_body, start_body
 from .store import Episode, EpisodeAlreadyCommitted, HistoryStore
+from .versioning import VERSION_MISMATCH, Versioning
 from .work import StartMessage
 
 if TYPE_CHECKING:
@@ -78,13 +79,15 @@ def report_to_parent(inst: Instance) -> Outbound:
 
 def continue_as_new(inst: Instance) -> Outbound:
     """The start of the execution that goes on from one ended by ``continue_as_new``: the same
-    instance, name and parent, a new execution id, the new input (``inst.output`` until then).
+    instance, name, parent and version (DTFx's ContinueAsNewOrchestratorAction keeps the version
+    unless it names a new one, which the Python SDK's ``continue_as_new`` never does), a new
+    execution id, the new input (``inst.output`` until then).
 
     DTFx starts it in the same work item as the episode that asked for it, so no client ever
     sees the gap; here it is a start message to the instance's own partition, applied by
     :class:`devhost.durable.starts.Starts` like any start (the ended execution's history goes).
     Until it lands the instance reads ContinuedAsNew, which every caller treats as live."""
-    message = StartMessage(inst.name, inst.id, inst.output, inst.parent, new_execution_id())
+    message = StartMessage(inst.name, inst.id, inst.output, inst.parent, new_execution_id(), version=inst.version)
     return ("control", inst.id, start_body(message), 0.0)
 
 
@@ -104,12 +107,14 @@ class EpisodeRunner:
         stats: EngineStats,
         timer_scale: float = 1.0,
         strict_determinism: bool = False,
+        versioning: Versioning | None = None,
     ):
         self.instances, self.queue, self.store, self.index = instances, queue, store, index
         self.work_for, self.stats = work_for, stats
         self.timer_scale = timer_scale
         #: Stricter than the real host (which compares only kind and name): also inputs and ids.
         self.strict_determinism = strict_determinism
+        self.versioning = versioning or Versioning()
 
     def run(self, inst: Instance, events: list[dict]) -> list[Outbound]:
         """Replay, plan and commit one episode; what it sends (``Messaging.send_all``) once committed."""
@@ -120,7 +125,12 @@ class EpisodeRunner:
         if not inst.history:
             new_events.append(
                 event(
-                    EXECUTION_STARTED, moment, Name=inst.name, Input=inst.input, Version="", ParentInstance=inst.parent
+                    EXECUTION_STARTED,
+                    moment,
+                    Name=inst.name,
+                    Input=inst.input,
+                    Version=inst.version,
+                    ParentInstance=inst.parent,
                 )
             )
         new_events += retry_failures + retry_timers + rest
@@ -155,6 +165,10 @@ class EpisodeRunner:
 
     def _replay(self, inst: Instance, new_events: list[dict], terminated: dict | None) -> tuple[dict, str | None]:
         """The orchestrator's answer to its history (the SDK's state JSON), and its failure if it failed."""
+        if self.versioning.fails(inst.version):
+            # TaskOrchestrationDispatcher (versionFailureStrategy Fail): the orchestrator is not
+            # run; the episode completes the instance Failed with a VersionMismatch.
+            return {"actions": [], "isDone": False}, VERSION_MISMATCH
         if terminated is not None:
             # TaskOrchestrationContext.HandleExecutionTerminatedEvent: the execution ends Terminated
             # with the reason as its output, and nothing the orchestrator would do is scheduled.
@@ -193,7 +207,7 @@ class EpisodeRunner:
         """What the episode appends and schedules; the failure, and the custom status it keeps."""
         custom_status = state.get("customStatus")
         too_big = shim.custom_status_error(custom_status)
-        if terminated is not None:
+        if terminated is not None or error == VERSION_MISMATCH:
             return EpisodePlan([], {}, [], [], inst.next_id), error, custom_status
         if too_big:
             # The extension rejects it in SetCustomStatus, before it replays any action.
@@ -212,6 +226,7 @@ class EpisodeRunner:
             tasks,
             timer_scale=self.timer_scale,
             strict=self.strict_determinism,
+            default_version=self.versioning.default_version,
         )
         if plan.nondeterminism:  # DTFx fails the instance during replay: nothing new is scheduled
             error = shim.orchestrator_failure(inst.name, plan.nondeterminism)

@@ -144,8 +144,11 @@ class _ApiHandler(QuietHandler):
         body = json.loads(raw) if raw else None
         # The client posts the input already serialised (df_dumps), as a JSON string.
         input_json = body if isinstance(body, str) or body is None else json.dumps(body)
+        # The SDK's start_new(version=...) asks for a version in the query; without one the
+        # instance gets the host's default version.
+        version = parse_qs(url.query).get("version", [None])[0]
         try:
-            self.server.api.engine.start_new(name, instance_id, input_json=input_json)
+            self.server.api.engine.start_new(name, instance_id, input_json=input_json, version=version)
         except (FunctionNotFound, InvalidInstanceId) as exc:
             return self._reply(400, {"Message": "Bad request", "ExceptionMessage": str(exc)})
         except InstanceAlreadyExists as exc:

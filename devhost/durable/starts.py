@@ -69,6 +69,7 @@ class Starts:
             message.input_json,
             parent=message.parent,
             execution_id=message.execution_id,
+            version=message.version,
         )
         if current is not None and _continues(current, message):
             # DTFx carries the custom status over to the execution continue_as_new begins

@@ -33,6 +33,8 @@ class StartMessage:
     input_json: str | None
     parent: dict | None
     execution_id: str
+    #: The version stamped on the instance (:mod:`devhost.durable.versioning`); "" unversioned.
+    version: str = ""
 
 
 class HostBackoff:

@@ -266,3 +266,23 @@ def countdown(context: df.DurableOrchestrationContext):
     context.set_custom_status({"left": state["left"]})
     result = yield context.call_activity("square", {"n": state["left"]})
     context.continue_as_new({"left": state["left"] - 1, "done": state["done"] + [result["square"]]})
+
+
+# ---------------------------------------------------------------------- orchestration versions
+
+
+@app.orchestration_trigger(context_name="context")
+def own_version(context: df.DurableOrchestrationContext):
+    return context.version
+
+
+@app.orchestration_trigger(context_name="context")
+def versions_seen(context: df.DurableOrchestrationContext):
+    """Its own version, a child's started with ``{"child_version": ...}`` and a child's started
+    with none."""
+    job = context.get_input() or {}
+    asked = yield context.call_sub_orchestrator(
+        "own_version", None, f"{context.instance_id}-asked", version=job.get("child_version")
+    )
+    default = yield context.call_sub_orchestrator("own_version", None, f"{context.instance_id}-default")
+    return {"own": context.version, "asked": asked, "default": default}
