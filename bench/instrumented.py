@@ -48,10 +48,12 @@ class TimedIndex:
 
         return timed
 
-    def invoke_activity(self, name: str, input_json: str | None) -> str:
+    def invoke_activity(
+        self, name: str, input_json: str | None, client_binding: Callable[[], str] | None = None
+    ) -> str:
         started = time.perf_counter()
         try:
-            return self._index.invoke_activity(name, input_json)
+            return self._index.invoke_activity(name, input_json, client_binding)
         finally:
             ended = time.perf_counter()
             with self._lock:

@@ -54,7 +54,7 @@ def test_the_kinds_are_who_is_to_blame():
     assert {c.__name__ for c in FAMILY if c.kind == errors.BAD_INPUT} == {
         c.__name__ for c in FAMILY if issubclass(c, errors.BadInputError)
     }
-    assert [c.__name__ for c in FAMILY if c.kind == errors.CHECK] == ["MosaicCheckError"]
+    assert [c.__name__ for c in FAMILY if c.kind == errors.CHECK] == ["CatalogCheckError", "MosaicCheckError"]
     assert kind_of(HttpResponseError("(Unauthorized) no role")) == errors.FAULT
     assert kind_of(RuntimeError("a bug nobody foresaw")) == errors.FAULT
 

@@ -163,7 +163,8 @@ def test_the_counters_equal_what_the_job_did_and_storage_answered(local_run, sto
         if name == "ConditionalWritePreconditionFailed".lower() and v
     }
     assert counted.get("manifest", 0) == manifest_refused_by_storage(local_run)
-    assert set(counted) <= {"tile", "manifest", "mosaic", "stac", "quicklook"}
+    # (the collection's documents are read-modify-writes: a duplicate activity's write meets a 412)
+    assert set(counted) <= {"tile", "manifest", "mosaic", "stac", "quicklook", "collection", "collection-index"}
     # An already-present tile was either skipped (manifest row found) or refused at the tile gate.
     assert total(points, "TilesAlreadyPresent") - total(points, "TilesSkipped") == counted.get("tile", 0)
     assert total(points, "ConditionalWrites", gate="tile", outcome="written") == windows

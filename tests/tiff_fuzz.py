@@ -360,9 +360,8 @@ def check_file(path: str, settings) -> dict:
 
     from tilecommit.errors import BadInputError
     from tilecommit.grid import plan_windows
-    from tilecommit.raster import encode_tile, gdal_env, inspect_source
-    from tilecommit.raster.reading.source import open_upload
-    from tilecommit.raster.reading.upload import upload_gdal_options
+    from tilecommit.raster import encode_tile, inspect_source
+    from tilecommit.raster.tiling.render import window_of_upload
     from tilecommit.spec import OutputSpec
 
     try:
@@ -371,18 +370,20 @@ def check_file(path: str, settings) -> dict:
         return {"outcome": "refused", "error_type": type(exc).__name__, "message": str(exc)[:300]}
     windows = plan_windows(scene.width, scene.height, settings.window_size)
     checked = windows if len(windows) <= 16 else windows[:8] + windows[-8:]
-    with gdal_env(settings, upload_gdal_options(path)), open_upload(path) as src:
-        for window in checked:
+    spec = OutputSpec(window_size=settings.window_size)
+    for window in checked:
+        # Each window read as a job's render reads it (its format's GDAL configuration included).
+        with window_of_upload(path, window, settings=settings, purpose="check", spec=spec) as src:
             try:
-                body, _ = encode_tile(src, window, spec=OutputSpec(window_size=settings.window_size))
+                body, _ = encode_tile(src, window, spec=spec)
             except BadInputError as exc:
                 # Inspection accepted the file, then a window was refused: tiles of other
                 # windows could already have been written for an upload that is refused.
                 return {"outcome": "refused-after-tiling", "window": window.id, "message": str(exc)[:300]}
             expected = src.read(window=RioWindow(window.col_off, window.row_off, window.width, window.height))
-            with MemoryFile(body) as memory, memory.open() as tile:
-                if not np.array_equal(tile.read(), expected, equal_nan=expected.dtype.kind == "f"):
-                    return {"outcome": "wrong-pixels", "window": window.id}
+        with MemoryFile(body) as memory, memory.open() as tile:
+            if not np.array_equal(tile.read(), expected, equal_nan=expected.dtype.kind == "f"):
+                return {"outcome": "wrong-pixels", "window": window.id}
     return {"outcome": "processed", "windows": len(windows), "checked": len(checked)}
 
 

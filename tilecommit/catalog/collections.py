@@ -153,14 +153,15 @@ def add_item(output: ContainerClient, collection: str, entry: dict, *, job_id: s
     def list_in_page(page: dict | None) -> dict | None:
         try:
             return documents.page_with(page, collection, key, entry, mosaic_url)
-        except documents.EntryMismatch as exc:
+        except MosaicCheckError as exc:
             digest = gates.sha256_hex
+            held = documents.listed_entry(page, entry["id"])
             conditional.count_mismatch(
                 jobs.blob_gate(page_name),
                 job_id,
                 page_name,
-                digest(documents.canonical(exc.ours)),
-                digest(documents.canonical(exc.stored)),
+                digest(documents.canonical(entry)),
+                digest(documents.canonical(held or {})),
             )
             raise MosaicCheckError(
                 f"{page_name} lists item {entry['id']} otherwise than its stored item gives: {exc}. Another "

@@ -26,6 +26,8 @@ import math
 from datetime import datetime
 from typing import Any
 
+from ..errors import MosaicCheckError
+
 #: Pages of a collection's index: the first two hex digits of the sha256 of the item id.
 PAGES = 256
 PAGE_DIGITS = 2
@@ -46,12 +48,9 @@ BBOX = "tilecommit:bbox"
 SUMMARY_FIELDS = ("proj:code", "tilecommit:profile")
 
 
-class EntryMismatch(Exception):
-    """The page lists the item with another entry than the one its stored item gives: known bad."""
-
-    def __init__(self, stored: dict, ours: dict):
-        super().__init__(f"listed as {canonical(stored).decode()}, the stored item gives {canonical(ours).decode()}")
-        self.stored, self.ours = stored, ours
+def listed_entry(page: dict | None, item_id: str) -> dict | None:
+    """The entry ``page`` lists for ``item_id`` (None: it lists none)."""
+    return ((page or {}).get(ITEMS) or {}).get(item_id)
 
 
 def canonical(document: dict) -> bytes:
@@ -148,7 +147,8 @@ def union(a: list[float] | None, b: list[float] | None) -> list[float] | None:
 
 def page_with(page: dict | None, collection: str, key: str, item: dict, mosaic_url: str) -> dict | None:
     """``page`` with ``item`` (an :func:`entry`) listed, its revision one more; None when it lists
-    it already with this very entry. Raises :class:`EntryMismatch` when it lists it otherwise.
+    it already with this very entry. Raises :class:`~tilecommit.errors.MosaicCheckError` when it
+    lists it otherwise (known bad).
 
     The MosaicJSON fields are recomputed from the entries, the mosaics' URLs from the container
     URL of this write (``mosaic_url`` is the new item's): a page is one writer's view of its items.
@@ -157,7 +157,9 @@ def page_with(page: dict | None, collection: str, key: str, item: dict, mosaic_u
     held = items.get(item["id"])
     if held is not None:
         if held != item:
-            raise EntryMismatch(held, item)
+            raise MosaicCheckError(
+                f"listed as {canonical(held).decode()}, the stored item gives {canonical(item).decode()}"
+            )
         return None
     items[item["id"]] = item
     base = mosaic_url[: -len(item["mosaic"])] if mosaic_url.endswith(item["mosaic"]) else ""
