@@ -314,9 +314,6 @@ async def start_backfill(req: func.HttpRequest, client: df.DurableOrchestrationC
     ctx = client_context()
     try:
         request = backfill.request_from(values, ctx.settings.input_container)
-    except JobApiError as exc:
-        return json_response(exc.body(), exc.status)
-    try:
         view = await backfill.start_backfill(client, request, ctx.uploads)
     except JobApiError as exc:
         return json_response(exc.body(), exc.status)
