@@ -19,6 +19,7 @@ import logging
 import os
 import threading
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -82,6 +83,8 @@ class WorkerRuntime:
         self.app_directory = app_directory
         self.functions: dict[str, LoadedFunction] = {}
         self.capabilities: dict[str, str] = {}
+        #: InvocationRequests sent, by function name (what the tests read to see the worker used).
+        self.invocations: Counter[str] = Counter()
         self.loop = EventLoopThread.shared()
         if not logging.getLogger().isEnabledFor(logging.DEBUG):
             # One INFO line per invocation ("Function name: ..."), as the worker logs to the host.
@@ -150,6 +153,7 @@ class WorkerRuntime:
     async def invoke_async(self, name: str, input_data: list, trigger_metadata: dict | None = None) -> Any:
         """``invoke`` on the loop itself (an async caller, as the HTTP routes' are)."""
         function = self.functions[name]
+        self.invocations[name] += 1
         request = self.protos.InvocationRequest(
             invocation_id=str(uuid.uuid4()),
             function_id=function.function_id,
