@@ -60,7 +60,9 @@ def test_the_worker_indexes_every_function_of_the_app_without_a_validation_error
 
     uploaded = runtime.functions[setting_names.TRIGGER_FUNCTION]
     assert _functions.get_function(uploaded.function_id).deferred_bindings_enabled
-    deferred = [n for n, f in runtime.functions.items() if _functions.get_function(f.function_id).deferred_bindings_enabled]
+    deferred = [
+        n for n, f in runtime.functions.items() if _functions.get_function(f.function_id).deferred_bindings_enabled
+    ]
     assert deferred == [setting_names.TRIGGER_FUNCTION]
     # Every other function reports the bindings the SDK builds in process.
     for name, raw in runtime.functions.items():
@@ -95,7 +97,9 @@ def test_the_bindings_command_prints_what_the_host_expects_of_each_trigger():
         elif trigger["type"] == "httpTrigger":
             assert trigger["authLevel"] in ("ANONYMOUS", "FUNCTION", "ADMIN"), name
             assert trigger["methods"] and trigger["route"], name
-            assert [b for b in raw if b["direction"] == "OUT"] == [{"direction": "OUT", "type": "http", "name": "$return"}]
+            assert [b for b in raw if b["direction"] == "OUT"] == [
+                {"direction": "OUT", "type": "http", "name": "$return"}
+            ]
         elif trigger["type"] == "timerTrigger":
             assert len(trigger["schedule"].split()) == 6  # NCRONTAB with seconds
         elif trigger["type"] == "orchestrationTrigger":

@@ -7,6 +7,7 @@ function's raw binding JSON, exactly what the worker sends to the host at indexi
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib
 import inspect
 import json
@@ -101,7 +102,7 @@ class FunctionIndex:
         for function in app.get_functions():
             func = function.get_user_function()
             bindings = [json.loads(raw) for raw in function.get_raw_bindings()]
-            index.add(function.get_function_name(), bindings, func, lambda param, f=func: _annotation(f, param))
+            index.add(function.get_function_name(), bindings, func, functools.partial(_annotation, func))
         _INDEXED[id(app)] = (app, index)
         return index
 

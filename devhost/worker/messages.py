@@ -50,7 +50,7 @@ def compile_protos() -> Path:
     if stamp.exists() and stamp.read_text() == digest:
         return GENERATED
     try:
-        from grpc_tools import protoc  # type: ignore[import-untyped]
+        from grpc_tools import protoc
     except ImportError as exc:
         raise ProtoCompileError(
             "grpcio-tools is needed to compile the worker's protos (requirements-dev.txt, Python 3.13)"

@@ -131,9 +131,12 @@ class WorkerRuntime:
         )
         self._check("WorkerInitRequest (indexing)", init.result)
         self.capabilities = dict(init.capabilities)
-        metadata = self._send("functions_metadata_request", functions_metadata_request=self.protos.FunctionsMetadataRequest(
-            function_app_directory=str(self.app_directory)
-        ))
+        metadata = self._send(
+            "functions_metadata_request",
+            functions_metadata_request=self.protos.FunctionsMetadataRequest(
+                function_app_directory=str(self.app_directory)
+            ),
+        )
         self._check("FunctionsMetadataRequest", metadata.result)
         for entry in metadata.function_metadata_results:
             loaded = self._send(
