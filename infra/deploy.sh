@@ -187,7 +187,7 @@ from pathlib import Path
 
 root, staging = Path(sys.argv[1]), Path(sys.argv[2])
 patterns = [
-    ".git*", ".ci", ".venv", ".venv-checkov", ".pytest_cache", ".hypothesis", ".vscode", ".devhost",
+    ".git*", ".ci", ".venv*", ".pytest_cache", ".hypothesis", ".vscode", ".devhost",
     "node_modules", "tests", "bench", "devhost", "testkit", "docs", "infra", "demo-output", "local.settings*.json",
     "package.json", "package-lock.json", "Makefile", "pyproject.toml", "requirements-*.txt",
     "__pycache__", "*.pyc", "*.tif", "*.tiff", "__azurite*", "__*storage__", ".funcignore",

@@ -116,6 +116,8 @@ def test_package_holds_the_app_and_its_linux_dependencies(tmp_path: Path) -> Non
         "docs",
         ".venv",
         ".venv-checkov",
+        ".venv313",  # the Python 3.13 virtualenv (Makefile): a copy of it made the build crawl
+        ".venv-stac",
         "node_modules",
         "local.settings.example.json",
         "Makefile",
