@@ -216,6 +216,10 @@ PY
   if [[ "${with_dependencies}" == true ]]; then
     "${PYTHON}" -m pip --version >/dev/null 2>&1 || die "${PYTHON} has no pip: install pip (python3 -m ensurepip)"
     for p in "${PACKAGE_PLATFORMS[@]}"; do platform_args+=(--platform "${p}"); done
+    # pip reads requirements.txt's markers (python_version < / >= "3.13") for the Python that runs
+    # it, not for --python-version: that Python must be on the target's side of 3.13.
+    "${PYTHON}" -c 'import sys; sys.exit((sys.version_info >= (3, 13)) != (sys.argv[1] >= "3.13"))' "${python_version}" \
+      || die "${PYTHON} would read requirements.txt's markers for another Python than ${python_version}: set PYTHON to a Python ${python_version}"
     note "downloading Linux x86-64 wheels for Python ${python_version} (requirements.txt)"
     "${PYTHON}" -m pip install --quiet --disable-pip-version-check --no-compile \
       --target "${staging}/.python_packages/lib/site-packages" \

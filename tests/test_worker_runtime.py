@@ -140,3 +140,18 @@ def test_a_function_error_keeps_the_exceptions_type_name_and_message(monkeypatch
     assert isinstance(error, WorkerFunctionError)
     assert type(error).__name__ == "ValueError" and str(error) == "not a GeoTIFF: x.tif"
     assert error.stack_trace == "at x"
+
+
+def test_the_consumption_package_is_not_built_by_a_python_that_reads_the_markers_for_3_13(tmp_path):
+    """pip reads requirements.txt's markers for the Python running it: a 3.13 one would pick
+    azure-functions 2.x and azure-functions-runtime for Consumption's 3.11, so deploy.sh refuses."""
+    result = subprocess.run(
+        ["bash", os.path.join(ROOT, "infra", "deploy.sh"), "--package-only", str(tmp_path / "app.zip")],
+        env={**os.environ, "PYTHON": sys.executable},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1
+    assert "would read requirements.txt's markers for another Python than 3.11" in result.stderr
+    assert not (tmp_path / "app.zip").exists()
