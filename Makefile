@@ -16,15 +16,34 @@ PYTEST_ARGS ?=
 # three for 1,028 tests in a fresh-clone CI run at 31e6f46. Every test runs beside others, as on a
 # shared machine; 0 runs it in one process.
 PYTEST_WORKERS ?= 3
+# Python 3.13, for the second runtime (Flex Consumption): the local host then calls every function
+# through the language worker's own package, azure-functions-runtime (docs/local-host.md). The
+# interpreter is PYTHON313 when given, else the first of python3.13 on the PATH and pyenv's 3.13
+# builds that runs as 3.13 (pyenv's shim on the PATH does not unless 3.13 is selected); with none,
+# `make setup` (so `make demo` and `make test`) stops and says so.
+PYTHON313 ?= $(shell for p in "$$(command -v python3.13)" $(sort $(wildcard $(HOME)/.pyenv/versions/3.13*/bin/python3.13)); do \
+  [ -n "$$p" ] && "$$p" -c 'import sys; assert sys.version_info[:2] == (3, 13)' 2>/dev/null && { echo "$$p"; break; }; done)
+VENV313 := .venv313
+WORKER_TESTS := tests/test_end_to_end.py tests/test_worker_runtime.py
 
 .PHONY: setup gdalwarp chromium postgres titiler-venv demo test bench bench-quick lint clean
 
-setup: $(VENV)/.installed $(CHECKOV_VENV)/.installed $(STAC_VENV)/.installed node_modules/.installed postgres web/dist/index.html
+setup: $(VENV)/.installed $(VENV313)/.installed $(CHECKOV_VENV)/.installed $(STAC_VENV)/.installed node_modules/.installed postgres web/dist/index.html
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check --upgrade pip
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt -r requirements-dev.txt
+	touch $@
+
+# The app's requirements on Python 3.13 (their markers pick azure-functions 2.x and
+# azure-functions-runtime), the worker's protocol compiled, and what the worker tests need.
+$(VENV313)/.installed: requirements.txt requirements-worker.txt $(wildcard devhost/worker/protos/*.proto devhost/worker/protos/*/*.proto)
+	@[ -n "$(PYTHON313)" ] || { echo "Python 3.13 is missing: install it (python3.13 on the PATH, or pyenv), or give its path as PYTHON313=..." >&2; exit 1; }
+	$(PYTHON313) -m venv $(VENV313)
+	$(VENV313)/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip
+	$(VENV313)/bin/python -m pip install --quiet --disable-pip-version-check -r requirements.txt -r requirements-worker.txt
+	$(VENV313)/bin/python -m devhost.worker.messages
 	touch $@
 
 # checkov pins versions that clash with the test tools, so it lives in a venv of its own.
@@ -138,7 +157,10 @@ test: lint gdalwarp postgres chromium
 	wait $$faults; fault_status=$$?; \
 	echo "== $(FAULT_TESTS), run beside the suite above =="; cat "$$faults_log"; \
 	[ $$main -eq 0 ] || exit $$main; \
-	[ $$fault_status -eq 0 ] || [ $$fault_status -eq 5 ]
+	[ $$fault_status -eq 0 ] || [ $$fault_status -eq 5 ] || exit $$fault_status; \
+	echo "== $(WORKER_TESTS) on Python 3.13, every function through azure-functions-runtime =="; \
+	TILECOMMIT_DEVHOST_WORKER=runtime $(VENV313)/bin/python -m pytest $(PYTEST_ARGS) $(WORKER_TESTS); worker=$$?; \
+	[ $$worker -eq 0 ] || [ $$worker -eq 5 ]
 
 bench: setup
 	$(PY) -m bench
@@ -147,4 +169,4 @@ bench-quick: setup
 	$(PY) -m bench --quick
 
 clean:
-	rm -rf $(VENV) $(CHECKOV_VENV) $(STAC_VENV) node_modules .pytest_cache .hypothesis
+	rm -rf $(VENV) $(VENV313) devhost/worker/_generated $(CHECKOV_VENV) $(STAC_VENV) node_modules .pytest_cache .hypothesis

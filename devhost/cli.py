@@ -63,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
         add_replay_dead_letters,
         add_backfill,
         add_demo,
+        add_bindings,
     ):
         add_command(sub)
     return parser
@@ -274,6 +275,15 @@ def add_demo(sub: argparse._SubParsersAction) -> None:
     demo.add_argument("--output", type=Path, default=Path("demo-output"), help="where to save the outputs")
 
 
+def add_bindings(sub: argparse._SubParsersAction) -> None:
+    """``bindings``: each function's raw bindings as the worker reports them to the host."""
+    sub.add_parser(
+        "bindings",
+        help="print each function's raw bindings as JSON, as indexing reports them to the host "
+        "(through azure-functions-runtime with TILECOMMIT_DEVHOST_WORKER=runtime)",
+    )
+
+
 class _NotAboutTheJob(logging.Filter):
     """Drops azure-functions' warning that a function app without HTTP functions has no auth level
     to apply: it is logged on the root logger each time the app's functions are read, and says
@@ -307,6 +317,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .demo import run_demo
 
             return run_demo(args)
+        if args.command == "bindings":  # no storage: indexing only
+            from .durable.functions import FunctionIndex
+
+            index = FunctionIndex.load()
+            mode = "azure-functions-runtime" if index.worker is not None else "in-process"
+            print(json.dumps({"indexed_by": mode, "functions": index.raw_bindings}, indent=2))
+            return 0
         check_usage(args)
         from azure.core.exceptions import AzureError
 

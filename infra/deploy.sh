@@ -20,7 +20,7 @@ readonly SUBSCRIBE_BACKOFF=(30 60 120 240)
 readonly PARAMETERS="${SCRIPT_DIR}/main.parameters.json"
 readonly DEPLOYMENT_NAME="tilecommit"
 readonly MIN_AZ_VERSION="2.60.0"
-# The Functions Python 3.11 workers run on x86-64 Linux (glibc >= 2.28).
+# The Functions Python workers (3.11 on Consumption) run on x86-64 Linux (glibc >= 2.28).
 readonly PACKAGE_PLATFORMS=(manylinux_2_28_x86_64 manylinux2014_x86_64)
 
 # The outputs step 3 reads. With --subscribe-only they come from environment variables of the
@@ -49,7 +49,7 @@ Deploys tilecommit in three steps, each safe to repeat:
      Flex Consumption: az functionapp deployment source config-zip (remote build of
                        requirements.txt on the platform);
      Consumption:      the package with its dependencies as Linux x86-64 wheels for
-                       Python 3.11, uploaded to the package container; restart;
+                       its Python (3.11), uploaded to the package container; restart;
   With --catalog, after step 1: pgstac's migration and the identities' database roles
      (infra/catalog-migrate.sh, as you: the server's Entra administrator);
   3. waits for the blob trigger's webhook key, then deploys the Event Grid subscription
@@ -60,6 +60,8 @@ Options:
   -g, --resource-group NAME  resource group (created if it does not exist)
   -l, --location REGION      region for a new resource group (default: the group's own)
   -p, --plan PLAN            flex (Flex Consumption, default) or consumption (Y1, legacy)
+      --python VERSION       the app's Python: 3.13 (Flex Consumption's default) or 3.11
+                             (Consumption's, and the only one it takes)
   -n, --base-name NAME       prefix of resource names (default: tilecommit)
       --vnet                 network isolation (Flex Consumption only): a virtual network for the
                              app's outbound traffic, private endpoints for the storage account's
@@ -97,6 +99,7 @@ usage_error() { printf 'error: %s\n\n' "$*" >&2; usage >&2; exit 2; }
 resource_group=""
 location=""
 plan="flex"
+python_version=""
 base_name="tilecommit"
 infra_only=false
 deployer_access=true
@@ -111,6 +114,7 @@ while (($# > 0)); do
     -g | --resource-group) [[ $# -ge 2 ]] || usage_error "$1 needs a value"; resource_group="$2"; shift 2 ;;
     -l | --location) [[ $# -ge 2 ]] || usage_error "$1 needs a value"; location="$2"; shift 2 ;;
     -p | --plan) [[ $# -ge 2 ]] || usage_error "$1 needs a value"; plan="$2"; shift 2 ;;
+    --python) [[ $# -ge 2 ]] || usage_error "$1 needs a value"; python_version="$2"; shift 2 ;;
     -n | --base-name) [[ $# -ge 2 ]] || usage_error "$1 needs a value"; base_name="$2"; shift 2 ;;
     --infra-only) infra_only=true; shift ;;
     --vnet) vnet_enabled=true; shift ;;
@@ -129,6 +133,16 @@ case "${plan}" in
   consumption) hosting_plan="Consumption" ;;
   *) usage_error "--plan must be flex or consumption, not '${plan}'" ;;
 esac
+case "${python_version}" in
+  # --package-only builds the Consumption plan's package: its Python is 3.11.
+  "") [[ "${hosting_plan}" == "FlexConsumption" && -z "${package_only}" ]] && python_version="3.13" || python_version="3.11" ;;
+  3.11 | 3.13) ;;
+  *) usage_error "--python must be 3.11 or 3.13, not '${python_version}'" ;;
+esac
+if [[ "${python_version}" == 3.13 && "${hosting_plan}" != "FlexConsumption" ]]; then
+  # The template would deploy it; refuse here, as with --vnet: Linux Consumption stays on 3.11.
+  usage_error "--python 3.13 needs --plan flex: the Consumption plan runs the app on Python 3.11"
+fi
 case "${durable}" in
   storage) durable_backend="AzureStorage" ;;
   scheduler) durable_backend="DurableTaskScheduler" ;;
@@ -173,7 +187,7 @@ from pathlib import Path
 
 root, staging = Path(sys.argv[1]), Path(sys.argv[2])
 patterns = [
-    ".git*", ".ci", ".venv", ".venv-checkov", ".pytest_cache", ".hypothesis", ".vscode", ".devhost",
+    ".git*", ".ci", ".venv*", ".pytest_cache", ".hypothesis", ".vscode", ".devhost",
     "node_modules", "tests", "bench", "devhost", "testkit", "docs", "infra", "demo-output", "local.settings*.json",
     "package.json", "package-lock.json", "Makefile", "pyproject.toml", "requirements-*.txt",
     "__pycache__", "*.pyc", "*.tif", "*.tiff", "__azurite*", "__*storage__", ".funcignore",
@@ -202,10 +216,14 @@ PY
   if [[ "${with_dependencies}" == true ]]; then
     "${PYTHON}" -m pip --version >/dev/null 2>&1 || die "${PYTHON} has no pip: install pip (python3 -m ensurepip)"
     for p in "${PACKAGE_PLATFORMS[@]}"; do platform_args+=(--platform "${p}"); done
-    note "downloading Linux x86-64 wheels for Python 3.11 (requirements.txt)"
+    # pip reads requirements.txt's markers (python_version < / >= "3.13") for the Python that runs
+    # it, not for --python-version: that Python must be on the target's side of 3.13.
+    "${PYTHON}" -c 'import sys; sys.exit((sys.version_info >= (3, 13)) != (sys.argv[1] >= "3.13"))' "${python_version}" \
+      || die "${PYTHON} would read requirements.txt's markers for another Python than ${python_version}: set PYTHON to a Python ${python_version}"
+    note "downloading Linux x86-64 wheels for Python ${python_version} (requirements.txt)"
     "${PYTHON}" -m pip install --quiet --disable-pip-version-check --no-compile \
       --target "${staging}/.python_packages/lib/site-packages" \
-      --implementation cp --python-version 3.11 "${platform_args[@]}" --only-binary=:all: \
+      --implementation cp --python-version "${python_version}" "${platform_args[@]}" --only-binary=:all: \
       -r "${REPO_ROOT}/requirements.txt" \
       || die "could not download the app's dependencies as Linux wheels (see pip's message above)"
   fi
@@ -259,7 +277,7 @@ deploy() {
     --name "${DEPLOYMENT_NAME}" \
     --template-file "${TEMPLATE}" \
     --parameters "@${PARAMETERS}" \
-    --parameters hostingPlan="${hosting_plan}" baseName="${base_name}" \
+    --parameters hostingPlan="${hosting_plan}" pythonVersion="${python_version}" baseName="${base_name}" \
     location="${deploy_location}" environmentName="" vnetEnabled="${vnet_enabled}" \
     durableBackend="${durable_backend}" \
     deployerPrincipalId="${deployer_id}" deployerPrincipalType="${deployer_type}" \

@@ -1,5 +1,5 @@
-// tilecommit: an Azure Functions app (Python 3.11, v2 model, Durable) that turns uploaded rasters
-// into COG tiles and a mosaic. Deployed two ways (docs/deployment.md), both over this one
+// tilecommit: an Azure Functions app (Python 3.13 on Flex Consumption, 3.11 on Consumption; v2
+// model, Durable) that turns uploaded rasters into COG tiles and a mosaic. Deployed two ways (docs/deployment.md), both over this one
 // template: `azd up` (azure.yaml; azd fills main.parameters.json's ${...} values and runs
 // infra/hooks/postdeploy.sh once the code is published), or infra/deploy.sh with the Azure CLI alone.
 // Either way the Event Grid subscription is deployed last, on its own
@@ -28,6 +28,18 @@ param baseName string = 'tilecommit'
   'Consumption'
 ])
 param hostingPlan string = 'FlexConsumption'
+
+// Python 3.13 runs the language worker of azure-functions-runtime, which the local host drives
+// (docs/local-host.md); requirements.txt's markers pick its packages. Linux Consumption stays on
+// 3.11. Empty: the plan's version. As with vnetEnabled, ARM cannot refuse 3.13 on Consumption;
+// infra/deploy.sh refuses --python 3.13 with --plan consumption.
+@description('The app\'s Python: 3.13 on Flex Consumption, 3.11 on Consumption (Y1). Empty: the plan\'s (3.13 on Flex Consumption, 3.11 on Consumption).')
+@allowed([
+  ''
+  '3.11'
+  '3.13'
+])
+param pythonVersion string = ''
 
 // ARM has no way to reject one parameter because of another (Bicep's fail() would, but checkov
 // cannot parse it), so with Consumption the option is ignored and the output networkIsolated says
@@ -176,6 +188,7 @@ var packageContainerName = 'app-package'
 var packageBlobName = 'tilecommit.zip'
 
 var isFlex = hostingPlan == 'FlexConsumption'
+var appPythonVersion = !empty(pythonVersion) ? pythonVersion : (isFlex ? '3.13' : '3.11')
 var useScheduler = durableBackend == 'DurableTaskScheduler'
 // host.json's extensions.durableTask.hubName: the scheduler's task hub has the same name.
 var taskHubName = 'TileCommitHub'
@@ -417,12 +430,12 @@ resource functionApp 'Microsoft.Web/sites@2024-04-01' = {
       }
       runtime: {
         name: 'python'
-        version: '3.11'
+        version: appPythonVersion
       }
     } : null
     siteConfig: {
       // Flex Consumption takes its runtime from functionAppConfig.runtime and rejects this one.
-      linuxFxVersion: isFlex ? null : 'Python|3.11'
+      linuxFxVersion: isFlex ? null : 'Python|${appPythonVersion}'
       minTlsVersion: '1.2'
       scmMinTlsVersion: '1.2'
       ftpsState: 'Disabled'
@@ -744,6 +757,7 @@ module alerts 'modules/alerts.bicep' = {
 output functionAppName string = functionApp.name
 output functionAppHostName string = functionApp.properties.defaultHostName
 output hostingPlan string = hostingPlan
+output pythonVersion string = appPythonVersion
 output storageAccountName string = storage.outputs.name
 output storageAccountId string = storage.outputs.id
 output inputContainer string = inputContainerName

@@ -171,20 +171,36 @@ def test_event_grid_subscription_targets_the_trigger_function() -> None:
     assert event_filter["subjectBeginsWith"] == f"/blobServices/default/containers/{settings.INPUT_CONTAINER}/"
 
 
-@pytest.mark.parametrize("plan", PLANS)
-def test_python_runtime_is_311_everywhere(plan: str) -> None:
-    body = MAIN.evaluate(MAIN.resources["functionApp"].value, {"hostingPlan": plan})
+@pytest.mark.parametrize(
+    ("plan", "given", "version"),
+    [
+        ("FlexConsumption", "", "3.13"),  # the plan's: the worker of azure-functions-runtime
+        ("FlexConsumption", "3.11", "3.11"),
+        ("Consumption", "", "3.11"),
+    ],
+)
+def test_python_runtime_follows_the_plan_or_the_parameter(plan: str, given: str, version: str) -> None:
+    body = MAIN.evaluate(MAIN.resources["functionApp"].value, {"hostingPlan": plan, "pythonVersion": given})
     properties = body["properties"]
     if plan == "FlexConsumption":
-        assert properties["functionAppConfig"]["runtime"] == {"name": "python", "version": "3.11"}
+        assert properties["functionAppConfig"]["runtime"] == {"name": "python", "version": version}
         assert properties["siteConfig"]["linuxFxVersion"] is None
         assert "FUNCTIONS_WORKER_RUNTIME" not in app_settings(plan)  # replaced by functionAppConfig
     else:
         assert properties["functionAppConfig"] is None
-        assert properties["siteConfig"]["linuxFxVersion"] == "Python|3.11"
+        assert properties["siteConfig"]["linuxFxVersion"] == f"Python|{version}"
         assert app_settings(plan)["FUNCTIONS_WORKER_RUNTIME"] == "python"
-    # The package is built for the same Python.
-    assert "--python-version 3.11" in (INFRA / "deploy.sh").read_text()
+    assert MAIN.evaluate(MAIN.outputs["pythonVersion"].value, {"hostingPlan": plan, "pythonVersion": given}) == version
+
+
+def test_deploy_script_passes_its_python_to_the_template_and_builds_the_package_for_it() -> None:
+    script = (INFRA / "deploy.sh").read_text()
+    assert 'pythonVersion="${python_version}"' in script
+    assert '--python-version "${python_version}"' in script
+    # requirements.txt installs on both: azure-functions 1.x declares Python < 3.13.
+    requirements = (REPO_ROOT / "requirements.txt").read_text()
+    assert 'azure-functions==1.26.0; python_version < "3.13"' in requirements
+    assert 'azure-functions-runtime==1.3.0; python_version >= "3.13"' in requirements
 
 
 # azd's placeholder: ${NAME} or ${NAME=default} (drone/envsubst, which azd uses).
@@ -220,6 +236,7 @@ def test_deploy_script_reads_only_outputs_the_template_has() -> None:
     passed = set(re.findall(r"(\w+)=\"", deploy_function)) - {"with_subscription"}  # its local variable
     assert passed == {
         "hostingPlan",
+        "pythonVersion",
         "baseName",
         "location",
         "environmentName",

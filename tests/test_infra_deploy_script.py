@@ -76,6 +76,8 @@ def test_help_explains_the_steps_and_options() -> None:
         (("-g",), "-g needs a value"),
         (("-g", "rg", "--base-name", "Bad_Name"), "--base-name must be"),
         (("-g", "rg", "--plan", "consumption", "--vnet"), "--vnet needs --plan flex"),
+        (("-g", "rg", "--plan", "consumption", "--python", "3.13"), "--python 3.13 needs --plan flex"),
+        (("-g", "rg", "--python", "3.12"), "--python must be 3.11 or 3.13"),
         (("-g", "rg", "--durable-backend", "netherite"), "--durable-backend must be storage or scheduler"),
     ],
 )
@@ -114,6 +116,8 @@ def test_package_holds_the_app_and_its_linux_dependencies(tmp_path: Path) -> Non
         "docs",
         ".venv",
         ".venv-checkov",
+        ".venv313",  # the Python 3.13 virtualenv (Makefile): a copy of it made the build crawl
+        ".venv-stac",
         "node_modules",
         "local.settings.example.json",
         "Makefile",

@@ -7,6 +7,7 @@ function's raw binding JSON, exactly what the worker sends to the host at indexi
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib
 import inspect
 import json
@@ -74,9 +75,20 @@ class FunctionIndex:
     #: CLI's ``purge`` runs the retention sweep's function body; tests invoke them).
     timer_functions: dict[str, Callable] = field(default_factory=dict)
     raw_bindings: dict[str, list[dict]] = field(default_factory=dict)
+    #: With ``TILECOMMIT_DEVHOST_WORKER=runtime``: the worker's invoker (devhost/worker/invoker.py),
+    #: through which every invocation goes.
+    worker: Any = None
 
     @classmethod
     def load(cls, module_name: str = "function_app", app_attr: str = "app") -> FunctionIndex:
+        """The app's index; with ``TILECOMMIT_DEVHOST_WORKER=runtime``, as the Python 3.13 worker
+        (azure-functions-runtime) indexes it, every function then called through that worker."""
+        from ..worker.runtime import worker_mode
+
+        if worker_mode() == "runtime":
+            from ..worker.invoker import index_through_worker
+
+            return index_through_worker(cls, module_name)
         module = importlib.import_module(module_name)
         return cls.from_app(getattr(module, app_attr))
 
@@ -86,47 +98,42 @@ class FunctionIndex:
         cached = _INDEXED.get(id(app))
         if cached is not None and cached[0] is app:
             return cached[1]
-        index = cls._index(app)
+        index = cls()
+        for function in app.get_functions():
+            func = function.get_user_function()
+            bindings = [json.loads(raw) for raw in function.get_raw_bindings()]
+            index.add(function.get_function_name(), bindings, func, functools.partial(_annotation, func))
         _INDEXED[id(app)] = (app, index)
         return index
 
-    @classmethod
-    def _index(cls, app: Any) -> FunctionIndex:
-        index = cls()
-        for function in app.get_functions():
-            name = function.get_function_name()
-            bindings = [json.loads(raw) for raw in function.get_raw_bindings()]
-            index.raw_bindings[name] = bindings
-            func = function.get_user_function()
-            trigger = next((b for b in bindings if b["type"].endswith("Trigger")), None)
-            if trigger is None:
-                continue
-            if trigger["type"] == "orchestrationTrigger":
-                index.orchestrators[name] = func
-            elif trigger["type"] == "activityTrigger":
-                index.activities[name] = (func, trigger["name"])
-                client = next((b for b in bindings if b["type"] == "durableClient"), None)
-                if client is not None:
-                    index.activity_clients[name] = client["name"]
-            elif trigger["type"] == "httpTrigger":
-                index.http_functions[name] = func
-            elif trigger["type"] == "timerTrigger":
-                index.timer_functions[name] = func
-            elif trigger["type"] == "blobTrigger":
-                client = next((b for b in bindings if b["type"] == "durableClient"), None)
-                original = getattr(func, "client_function", func)
-                annotation = inspect.signature(original).parameters[trigger["name"]].annotation
-                index.blob_triggers[name] = BlobTriggerFunction(
-                    name=name,
-                    func=func,
-                    blob_param=trigger["name"],
-                    blob_type=annotation,
-                    client_param=client["name"] if client else None,
-                    path=trigger["path"],
-                    connection=trigger["connection"],
-                    source=trigger.get("source", "LogsAndContainerScan"),
-                )
-        return index
+    def add(self, name: str, bindings: list[dict], func: Callable, blob_type: Callable[[str], Any]) -> None:
+        """One function by its trigger; ``blob_type(param)`` gives a blob trigger parameter's type."""
+        self.raw_bindings[name] = bindings
+        trigger = next((b for b in bindings if b["type"].endswith("Trigger")), None)
+        if trigger is None:
+            return
+        client = next((b for b in bindings if b["type"] == "durableClient"), None)
+        if trigger["type"] == "orchestrationTrigger":
+            self.orchestrators[name] = func
+        elif trigger["type"] == "activityTrigger":
+            self.activities[name] = (func, trigger["name"])
+            if client is not None:
+                self.activity_clients[name] = client["name"]
+        elif trigger["type"] == "httpTrigger":
+            self.http_functions[name] = func
+        elif trigger["type"] == "timerTrigger":
+            self.timer_functions[name] = func
+        elif trigger["type"] == "blobTrigger":
+            self.blob_triggers[name] = BlobTriggerFunction(
+                name=name,
+                func=func,
+                blob_param=trigger["name"],
+                blob_type=blob_type(trigger["name"]),
+                client_param=client["name"] if client else None,
+                path=trigger["path"],
+                connection=trigger["connection"],
+                source=trigger.get("source", "LogsAndContainerScan"),
+            )
 
     # ------------------------------------------------------------------ invocation
 
@@ -147,12 +154,16 @@ class FunctionIndex:
             func, param = self.activities[name]
         except KeyError:
             raise FunctionNotFound(f"no activity function named {name!r}") from None
-        value = json.loads(input_json) if input_json else None
-        kwargs = {param: value}
+        client_json = None
         if name in self.activity_clients:
             if client_binding is None:
                 raise FunctionNotFound(f"activity {name!r} takes a durable client and this host offers none")
-            kwargs[self.activity_clients[name]] = client_binding()
+            client_json = client_binding()
+        if self.worker is not None:
+            return self.worker.activity(name, input_json, client_json)
+        kwargs = {param: json.loads(input_json) if input_json else None}
+        if client_json is not None:
+            kwargs[self.activity_clients[name]] = client_json
         result = func(**kwargs)
         if inspect.iscoroutine(result):
             result = EventLoopThread.shared().run(result)
@@ -161,9 +172,10 @@ class FunctionIndex:
     def invoke_blob_trigger(self, name: str, blob_name: str, client_json: str | None) -> Any:
         """Deliver one blob event: the SDK-type binding data, converted by the extension."""
         trigger = self.blob_triggers[name]
-        content = json.dumps(
-            {"Connection": trigger.connection, "ContainerName": trigger.container, "BlobName": blob_name}
-        )
+        reference = {"Connection": trigger.connection, "ContainerName": trigger.container, "BlobName": blob_name}
+        if self.worker is not None:
+            return self.worker.blob_trigger(name, reference, client_json)
+        content = json.dumps(reference)
         datum = Datum(
             value=ModelBindingData(
                 version="1.0", source="AzureStorageBlobs", content_type="application/json", content=content
@@ -178,6 +190,11 @@ class FunctionIndex:
         if inspect.iscoroutine(result):
             result = EventLoopThread.shared().run(result)
         return result
+
+
+def _annotation(func: Callable, param: str) -> Any:
+    original = getattr(func, "client_function", func)
+    return inspect.signature(original).parameters[param].annotation
 
 
 @dataclass
