@@ -41,6 +41,7 @@ from .block_sources import FETCH_THREADS, TILE_HEAD_BYTES, BlockFetcher, FileRan
 from .checks import check_planned_mosaic
 from .copy_plan import CopyPlan, plan_copy
 from .pyramid import halve_ceil, levels_of, levels_to_fit, plan_tile_levels
+from .reduction import plan_level_tree
 from .strategy import PLAN_SHA256_METADATA_KEY, MosaicJob, PlannedMosaic
 
 
@@ -54,8 +55,10 @@ def build_coarse_levels(
     workdir: str,
     settings: Settings,
     spec: OutputSpec,
+    count: int | None = None,
 ) -> tuple[list[tiff.OutputDirectory], FileRangeSource]:
-    """The levels below ``first_level``, computed by GDAL from a copy of level ``first_level``.
+    """The levels below ``first_level``, computed by GDAL from a copy of level ``first_level``
+    (``count`` of them: by default until one fits a block, or the web-optimized job's count).
 
     The copy is written block for block like the mosaic; GDAL then builds its internal overviews
     (bounded by GDAL_CACHEMAX and GDAL_OVR_CHUNK_MAX_SIZE) and their directories become the
@@ -80,9 +83,10 @@ def build_coarse_levels(
         base.mask = tiff.OutputDirectory(tags=mask_tags, blocks=mask.blocks, width=mask.width, height=mask.height)
     with open(base_path, "wb") as out:
         tiff.TiffWriter(byte_order).write(out, [base], fetch)
-    count = levels_to_fit(base.width, base.height, halve_ceil, spec.block_size)
-    if spec.choice.web_optimized:  # rio-cogeo's pyramid: as many as the job's level count leaves
-        count = levels_of(scene, spec) - first_level
+    if count is None:
+        count = levels_to_fit(base.width, base.height, halve_ceil, spec.block_size)
+        if spec.choice.web_optimized:  # rio-cogeo's pyramid: as many as the job's level count leaves
+            count = levels_of(scene, spec) - first_level
     factors = [2**j for j in range(1, count + 1)]
     # GDAL builds them in blocks of GDAL_TIFF_OVR_BLOCKSIZE: the spec's.
     encoding = {
@@ -140,6 +144,9 @@ class BlockCopyLayout:
     sources: dict
     fetch: BlockFetcher
     coarse_source: FileRangeSource | None
+    #: The sources whose blocks this process stages itself: the coarse levels' (computed here, or
+    #: the reduction tree's intermediates, :mod:`.coarse_levels`).
+    local_sources: frozenset = frozenset({"coarse"})
 
     @property
     def levels(self) -> int:
@@ -209,7 +216,19 @@ def prepare_block_copy(job: MosaicJob, executor: ThreadPoolExecutor) -> BlockCop
     coarse_needed = directories[-1].width > spec.block_size or directories[-1].height > spec.block_size
     if spec.choice.web_optimized:
         coarse_needed = levels_of(scene, spec) > len(directories) - 1
-    if coarse_needed:
+    tree = plan_level_tree(scene.width, scene.height, spec, job.job.coarse_levels_per_node)
+    local_sources = frozenset({"coarse"})
+    if coarse_needed and tree is not None:
+        # Computed by the reduction tree's activities before this commit: only stitched here.
+        from .coarse_levels import stitched_levels  # it builds on this module's build_coarse_levels
+
+        if tree.first != len(directories) - 1:
+            raise MosaicCheckError(f"the level tree starts at level {tree.first}, the tiles' levels end at {len(directories) - 1}")
+        coarse, stitched = stitched_levels(job.job, job.stores, tree, executor)
+        sources.update(stitched)
+        local_sources = frozenset(stitched)
+        directories.extend(coarse)
+    elif coarse_needed:
         nodata = reference.directories[0].tags.get(tiff.GDAL_NODATA)
         coarse, coarse_source = build_coarse_levels(
             scene,
@@ -225,7 +244,7 @@ def prepare_block_copy(job: MosaicJob, executor: ThreadPoolExecutor) -> BlockCop
         sources["coarse"] = coarse_source
         directories.extend(coarse)
     timings["coarse_levels"] = time.perf_counter() - started
-    return BlockCopyLayout(directories, levels.writer, sources, fetch, coarse_source)
+    return BlockCopyLayout(directories, levels.writer, sources, fetch, coarse_source, local_sources)
 
 
 @dataclass(frozen=True)
@@ -259,7 +278,14 @@ def planned_block_copy(job: MosaicJob) -> Iterator[BlockCopy]:
                 block_size=job.spec.block_size,
                 shorter_side=job.spec.choice.web_optimized,
             )
-            plan = plan_copy(head, order, total, leaders=layout.writer.leaders, trailers=layout.writer.trailers)
+            plan = plan_copy(
+                head,
+                order,
+                total,
+                leaders=layout.writer.leaders,
+                trailers=layout.writer.trailers,
+                local_sources=layout.local_sources,
+            )
             versions = {w.id: job.summary.entries[w.id].etag for w in job.windows}
             job.timings["check"] = time.perf_counter() - started
             # Named by the tiles' contents, not their versions: a run that renders purged tiles

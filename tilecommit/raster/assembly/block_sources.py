@@ -191,20 +191,23 @@ class BlockFetcher:
             yield from out
 
 
-def read_tile_heads(windows: list[Window], summary, tiles: ContainerClient, executor) -> tuple[dict, list[TileHead]]:
-    sources = {}
-    for window in windows:
-        entry = summary.entries[window.id]
-        sources[window.id] = BlobRangeSource(tiles, entry.uri, entry.nbytes, entry.etag or "", window.id)
+def read_heads(entries: dict, tiles: ContainerClient, executor) -> tuple[dict, dict]:
+    """The head of each blob a manifest row names (``entries``: key -> :class:`~tilecommit.manifest.ManifestEntry`),
+    pinned to the row's ETag and of the row's size: (key -> its :class:`BlobRangeSource`, key -> its layout)."""
+    sources = {key: BlobRangeSource(tiles, e.uri, e.nbytes, e.etag or "", key) for key, e in entries.items()}
 
-    def one(window: Window) -> TileHead:
-        source = sources[window.id]
+    def one(key: str) -> tiff.TiffLayout:
+        source = sources[key]
         head, size = source.head(TILE_HEAD_BYTES)
         if size != source.expected_size:
             raise IncompleteManifestError(
-                f"tile {source.name} has {size} bytes, its manifest row says {source.expected_size}",
-                mismatched=[window.id],
+                f"{source.name} has {size} bytes, its manifest row says {source.expected_size}", mismatched=[key]
             )
-        return TileHead(window, window.id, tiff.read_layout(head, source.read))
+        return tiff.read_layout(head, source.read)
 
-    return sources, list(executor.map(one, windows))
+    return sources, dict(zip(sources, executor.map(one, list(sources)), strict=True))
+
+
+def read_tile_heads(windows: list[Window], summary, tiles: ContainerClient, executor) -> tuple[dict, list[TileHead]]:
+    sources, layouts = read_heads({w.id: summary.entries[w.id] for w in windows}, tiles, executor)
+    return sources, [TileHead(w, w.id, layouts[w.id]) for w in windows]

@@ -1,0 +1,123 @@
+"""The mosaic's coarse levels by a reduction tree (tilecommit/raster/assembly/reduction.py,
+coarse_levels.py), against Azurite: the plan, each node run as its activity runs it, and the
+commit that only stitches; the mosaic byte for byte the one the single-instance commit makes."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from testkit.scenes import SceneSpec, write_scene
+from tilecommit import gates, jobs
+from tilecommit.manifest import get_manifest_entry
+from tilecommit.raster import inspect_source
+from tilecommit.raster.assembly import block_copy, coarse_levels
+from tilecommit.raster.assembly.pyramid import mosaic_overview_levels
+from tilecommit.raster.assembly.reduction import plan_level_tree, tile_level_plan
+from tilecommit.settings import Settings
+from tilecommit.spec import OutputSpec
+
+from .raster_jobs import assemble_mosaic, job_of, job_stores, render_all
+
+SETTINGS = Settings(window_size=256)
+
+
+@pytest.mark.parametrize(
+    ("width", "height", "window", "per_node"),
+    [(40960, 40960, 1024, 2), (10000, 7000, 1024, 2), (1100, 800, 256, 1), (2048, 1024, 256, 2), (5000, 333, 512, 1)],
+)
+def test_a_tree_computes_exactly_the_levels_the_commit_would_in_even_halvings(width, height, window, per_node):
+    spec = OutputSpec(window_size=window)
+    first, w, h, remaining = tile_level_plan(width, height, spec)
+    tree = plan_level_tree(width, height, spec, per_node)
+    if tree is None:
+        return
+    assert tree.first == first and tree.levels == remaining
+    assert first + remaining == mosaic_overview_levels(width, height)
+    for stage in tree.stages[:-1]:  # every non-final stage halves even sizes only
+        assert stage.width % 2**stage.levels == 0 and stage.height % 2**stage.levels == 0
+        assert stage.rows * stage.cols > 1 and stage.span == 2**stage.levels
+    assert tree.stages[-1].rows == tree.stages[-1].cols == 1
+
+
+def test_no_tree_where_nothing_runs_in_parallel():
+    spec = OutputSpec(window_size=1024)
+    assert plan_level_tree(4096, 4096, spec, None) is None  # a payload from before the tree
+    assert plan_level_tree(4096, 4096, spec, 2) is None  # one node would take it all
+    assert plan_level_tree(1024 * 7 + 2, 4096, spec, 2) is None  # an odd first coarse level
+
+
+@pytest.fixture
+def rendered(tmp_path, stores):
+    """A 1100 x 800 x 3 uint16 scene with nodata in 20 windows of 256, rendered: three stages of
+    nodes of one level (2 x 3, 1 x 2, then the last, odd, level whole)."""
+    path = write_scene(str(tmp_path / "scene.tif"), SceneSpec(1100, 800, 3, "uint16", nodata=0))
+    scene = inspect_source(path, settings=SETTINGS, spec=OutputSpec.from_settings(SETTINGS))
+    render_all(path, scene, SETTINGS, stores)
+    return scene
+
+
+def tree_job(per_node: int = 1):
+    return dataclasses.replace(job_of(SETTINGS), coarse_levels_per_node=per_node)
+
+
+def run_tree(job, stores, scene) -> list[dict]:
+    tree = plan_level_tree(scene.width, scene.height, job.spec, job.coarse_levels_per_node)
+    assert tree is not None and len(tree.stages) == 3
+    return [
+        coarse_levels.reduce_node(job, job_stores(stores, SETTINGS), scene, tree, s, r, c)
+        for s, stage in enumerate(tree.stages)
+        for r, c in stage.nodes
+    ]
+
+
+def test_the_tree_mosaic_is_the_single_instance_mosaic_byte_for_byte(rendered, stores, monkeypatch):
+    scene = rendered
+    single = assemble_mosaic(job_of(SETTINGS), job_stores(stores, SETTINGS), scene)
+    single_bytes = stores["output"].download_blob(single.mosaic).readall()
+    for name in (single.mosaic, single.stac, single.quicklook):
+        stores["output"].delete_blob(name)
+
+    job = tree_job()
+    results = run_tree(job, stores, scene)
+    assert [r["outcome"] for r in results] == ["written"] * 9
+
+    def computed_here(*args, **kwargs):
+        raise AssertionError("the commit computed coarse levels: it should only stitch the tree's")
+
+    monkeypatch.setattr(block_copy, "build_coarse_levels", computed_here)
+    tree = assemble_mosaic(job, job_stores(stores, SETTINGS), scene)
+    assert tree.outcome == "written" and tree.overview_levels == single.overview_levels == 3
+    assert stores["output"].download_blob(tree.mosaic).readall() == single_bytes
+    # Only the tree's blocks passed through the commit: no more than the coarse levels' bytes.
+    assert tree.transfer["copied_by_service"] == single.transfer["copied_by_service"]
+
+
+def test_a_node_run_again_verifies_its_intermediate_and_repairs_one_that_differs(rendered, stores):
+    scene, job = rendered, tree_job()
+    tree = plan_level_tree(scene.width, scene.height, job.spec, 1)
+    job_stores_ = job_stores(stores, SETTINGS)
+    first = coarse_levels.reduce_node(job, job_stores_, scene, tree, 0, 0, 1)
+    again = coarse_levels.reduce_node(job, job_stores_, scene, tree, 0, 0, 1)
+    assert (first["outcome"], again["outcome"]) == ("written", "already-present")
+
+    name = jobs.level_blob_name(job.job_id, 0, 0, 1)
+    good = stores["tiles"].download_blob(name).readall()
+    stores["tiles"].upload_blob(name, good[:-1] + bytes([good[-1] ^ 0xFF]), overwrite=True)
+    repaired = coarse_levels.reduce_node(job, job_stores_, scene, tree, 0, 0, 1)
+    assert repaired["outcome"] == "written"
+    blob = stores["tiles"].get_blob_client(name)
+    assert blob.download_blob().readall() == good
+    row = get_manifest_entry(stores["manifest"], job.job_id, jobs.level_row_key(0, 0, 1))
+    assert row is not None and row.etag == blob.get_blob_properties().etag and row.sha256 == gates.sha256_hex(good)
+
+
+def test_the_commit_refuses_without_every_intermediate(rendered, stores):
+    from tilecommit.errors import IncompleteManifestError
+
+    scene, job = rendered, tree_job()
+    tree = plan_level_tree(scene.width, scene.height, job.spec, 1)
+    coarse_levels.reduce_node(job, job_stores(stores, SETTINGS), scene, tree, 0, 0, 0)
+    with pytest.raises(IncompleteManifestError, match="coarse-level intermediates have no manifest row"):
+        assemble_mosaic(job, job_stores(stores, SETTINGS), scene)
