@@ -223,7 +223,9 @@ def prepare_block_copy(job: MosaicJob, executor: ThreadPoolExecutor) -> BlockCop
         from .coarse_levels import stitched_levels  # it builds on this module's build_coarse_levels
 
         if tree.first != len(directories) - 1:
-            raise MosaicCheckError(f"the level tree starts at level {tree.first}, the tiles' levels end at {len(directories) - 1}")
+            raise MosaicCheckError(
+                f"the level tree starts at level {tree.first}, the tiles' levels end at {len(directories) - 1}"
+            )
         coarse, stitched = stitched_levels(job.job, job.stores, tree, executor)
         sources.update(stitched)
         local_sources = frozenset(stitched)

@@ -96,7 +96,7 @@ def _children(job: Job, stores: JobStores, tree: LevelTree, s: int, row: int, co
 
 
 def _region(
-    places: list[tuple[str, int, int]], levels: dict[str, list], width: int, height: int
+    places: list[tuple[str, int, int]], levels: dict[str, tuple], width: int, height: int
 ) -> tuple[tiff.OutputDirectory, tiff.Directory]:
     """The region's directory (with its mask) from each block's child level."""
     ref_image, ref_mask = levels[places[0][0]]
@@ -130,7 +130,9 @@ def compute_node(
     (_, _, width, height), places, entries = _children(job, stores, tree, s, row, col)
     with ContextExecutor(max_workers=FETCH_THREADS, thread_name_prefix="levelfetch") as executor:
         sources, layouts = read_heads(entries, stores.tiles, executor)
-        levels = {k: (tile_levels(layout)[tree.first] if s == 0 else tile_levels(layout)[-1]) for k, layout in layouts.items()}
+        levels = {
+            k: (tile_levels(layout)[tree.first] if s == 0 else tile_levels(layout)[-1]) for k, layout in layouts.items()
+        }
         base, reference = _region(places, levels, width, height)
         first_layout = layouts[places[0][0]]
         # A tile's first directory carries the job's nodata; so does an intermediate's (GDAL
@@ -182,7 +184,9 @@ def reduce_node(job: Job, stores: JobStores, scene: SceneInfo, tree: LevelTree, 
     blob = stores.tiles.get_blob_client(name)
     if outcome is not gates.Outcome.WRITTEN and gates.content_sha256(blob, stored.etag) != ours:
         # Verified before it counts as present: one that holds other bytes is replaced, that version only.
-        logger.warning("job %s: intermediate %s holds other bytes than its children make: replacing it", job.job_id, name)
+        logger.warning(
+            "job %s: intermediate %s holds other bytes than its children make: replacing it", job.job_id, name
+        )
         repaired, etag = gates.repair_blob_versioned(
             stores.tiles, name, body, expect_etag=stored.etag, content_type=LEVEL_CONTENT_TYPE, job_id=job.job_id
         )
@@ -256,9 +260,7 @@ def stitched_levels(
     local = {k: BytesSource(data[k], entries[k].uri) for k in entries}
     out: list[tiff.OutputDirectory] = []
     for stage in tree.stages:
-        node_levels = {
-            (r, c): tile_levels(layouts[jobs.level_row_key(stage.level, r, c)]) for r, c in stage.nodes
-        }
+        node_levels = {(r, c): tile_levels(layouts[jobs.level_row_key(stage.level, r, c)]) for r, c in stage.nodes}
         for j in range(1, stage.levels + 1):
             out.append(_stitched(stage, j, node_levels, tree.block_size))
     return out, local

@@ -29,6 +29,7 @@ from ...spec import OutputSpec
 from ..tiling.encode import tile_overview_count
 from .pyramid import _tile_level_size, halve_ceil, levels_to_fit, mosaic_overview_levels
 
+
 @dataclass(frozen=True)
 class Stage(Record):
     """One stage: it reads level ``level`` (``width`` x ``height``) in regions of ``span`` blocks
