@@ -121,3 +121,16 @@ def test_the_commit_refuses_without_every_intermediate(rendered, stores):
     coarse_levels.reduce_node(job, job_stores(stores, SETTINGS), scene, tree, 0, 0, 0)
     with pytest.raises(IncompleteManifestError, match="coarse-level intermediates have no manifest row"):
         assemble_mosaic(job, job_stores(stores, SETTINGS), scene)
+
+
+def test_retention_purges_the_intermediates_and_their_rows_with_the_tiles(rendered, stores):
+    from tilecommit import retention
+    from tilecommit.raster.assembly.coarse_levels import level_rows
+
+    scene, job = rendered, tree_job()
+    run_tree(job, stores, scene)
+    assert len(level_rows(stores["manifest"], job.job_id)) == 9
+    purged = retention.purge_job_storage(stores["manifest"], stores["tiles"], job.job_id)
+    assert (purged.tiles, purged.levels, purged.rows) == (20, 9, 20 + 9)
+    assert level_rows(stores["manifest"], job.job_id) == {}
+    assert list(stores["tiles"].list_blobs(name_starts_with=f"levels/{job.job_id}/")) == []

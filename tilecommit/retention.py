@@ -4,8 +4,7 @@ staging plans, under its cancellation row.
 The mosaic, its STAC item and its quicklook are the job's product and are never deleted here;
 the tiles are intermediate (the mosaic holds their pixels), and so are the rows that name them
 and the plans of the mosaic's staged attempts (``plans/{job}/``, in the tiles container), and
-the intermediates of its coarse levels (``levels/{job}/``, there too, with their rows; counted
-with the tiles).
+the intermediates of its coarse levels (``levels/{job}/``, there too, with their rows).
 
 The sweep first writes the job's cancellation row (:mod:`tilecommit.cancellation`, reason
 :data:`SWEEP_REASON`, over a user's cancel if there is one): while it is there, a run of the job
@@ -46,6 +45,8 @@ class PurgedStorage(Record):
     rows: int
     tiles: int
     plans: int
+    #: The intermediates of the mosaic's coarse levels (``levels/{job}/``).
+    levels: int = 0
 
 
 def mark_sweeping(manifest: TableClient, job_id: str) -> None:
@@ -137,8 +138,12 @@ def purge_job_storage(manifest: TableClient, tiles: ContainerClient, job_id: str
     """The job's rows, then its tiles and plans (the order is what makes a stopped sweep harmless).
     The caller holds the job's cancellation row (:func:`mark_sweeping`) meanwhile."""
     rows = delete_manifest_rows(manifest, job_id)
-    intermediates = delete_tiles(tiles, job_id) + delete_levels(tiles, job_id)
-    return PurgedStorage(rows=rows, tiles=intermediates, plans=delete_plans(tiles, job_id))
+    return PurgedStorage(
+        rows=rows,
+        tiles=delete_tiles(tiles, job_id),
+        plans=delete_plans(tiles, job_id),
+        levels=delete_levels(tiles, job_id),
+    )
 
 
 def clear_marker(manifest: TableClient, job_id: str) -> bool:
