@@ -70,7 +70,13 @@ def _store_tiles(job, stores, body: bytes, size: int) -> None:
         name = jobs.tile_blob_name(job.job_id, window)
         answer = stores.tiles.get_blob_client(name).upload_blob(body, overwrite=True)
         record_manifest_entry(
-            stores.manifest, job_id=job.job_id, window=window, uri=name, nbytes=len(body), sha256=digest, etag=answer["etag"]
+            stores.manifest,
+            job_id=job.job_id,
+            window=window,
+            uri=name,
+            nbytes=len(body),
+            sha256=digest,
+            etag=answer["etag"],
         )
 
     with ThreadPoolExecutor(8) as pool:

@@ -413,9 +413,9 @@ def test_a_job_is_made_and_written_as_the_payload_the_starter_made_before(case):
     assert list(since)[len(case["payload"]) :] == ["collection", "coarse_levels_per_node"]
     assert json.dumps({k: since[k] for k in case["payload"]}) == json.dumps(case["payload"])
     read = Job.from_dict(case["payload"])
-    assert read == dataclasses.replace(made, collection=None, coarse_levels_per_node=None) and json.dumps(read.to_dict()) == json.dumps(
-        case["payload"]
-    )
+    assert read == dataclasses.replace(made, collection=None, coarse_levels_per_node=None) and json.dumps(
+        read.to_dict()
+    ) == json.dumps(case["payload"])
     assert read.spec == OutputSpec.from_dict(case["payload"]["spec"])
 
 
