@@ -15,7 +15,8 @@ Then, side by side on the same tiles, in this process:
   Put Blocks) twice: computing the coarse levels itself (a payload without a tree, as before),
   and stitching the tree's intermediates.
 
-Printed: the seconds of each part and the ratio of the largest size to the smallest. Nothing is
+Printed (and written to bench/results/commit_step.json): the seconds of each part and the ratio
+of the largest size to the smallest. Nothing is
 asserted. Pixels do not matter here (tests/test_level_tree.py shows the two mosaics are the same
 bytes); the tile is smooth so the bench's storage stays small, which makes the coarse levels'
 encoding cheaper than on real data.
@@ -24,14 +25,16 @@ encoding cheaper than on real data.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import json
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from .common import BenchStorage, say, table
+from .common import RESULTS, BenchStorage, load1, say, table
 
 WINDOW = 1024
 
@@ -110,14 +113,21 @@ def _commit_part(job, stores, scene) -> dict[str, float]:
     return timings
 
 
-def run(sizes: list[int], threads: int) -> list[dict]:
+def run(sizes: list[int], threads: int, storage: BenchStorage | None = None) -> list[dict]:
+    """The rows of :func:`main`'s table, on ``storage`` (default: a private Azurite of its own)."""
+    with contextlib.ExitStack() as stack:
+        own = storage if storage is not None else stack.enter_context(BenchStorage())
+        return _run(own, sizes, threads)
+
+
+def _run(storage: BenchStorage, sizes: list[int], threads: int) -> list[dict]:
     from tilecommit.jobs import Job
     from tilecommit.raster.assembly.reduction import plan_level_tree
     from tilecommit.settings import Settings
     from tilecommit.stores import JobStores
 
     rows = []
-    with BenchStorage() as storage, tempfile.TemporaryDirectory(prefix="commit-step-") as workdir:
+    with tempfile.TemporaryDirectory(prefix="commit-step-") as workdir:
         body, tile_scene = _tile_body(workdir)
         say(f"one tile: {len(body)} bytes")
         for size in sizes:
@@ -170,7 +180,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sizes", default="10240,20480,40960")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
+    load_before = load1()
     rows = run([int(s) for s in args.sizes.split(",")], args.threads)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "commit_step.json").write_text(
+        json.dumps(
+            {"threads": args.threads, "load1_before": load_before, "load1_after": load1(), "rows": rows}, indent=2
+        )
+    )
     parts = ("manifest", "tile_heads", "coarse_levels", "check", "total")
     print(
         table(

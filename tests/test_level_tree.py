@@ -9,16 +9,18 @@ import dataclasses
 import pytest
 
 from testkit.scenes import SceneSpec, write_scene
-from tilecommit import gates, jobs
+from tilecommit import gates, jobs, profiles
+from tilecommit.grid import plan_windows
 from tilecommit.manifest import get_manifest_entry
-from tilecommit.raster import inspect_source
+from tilecommit.raster import inspect_source, render_tile
 from tilecommit.raster.assembly import block_copy, coarse_levels
+from tilecommit.raster.assembly.committed import verify_outputs
 from tilecommit.raster.assembly.pyramid import mosaic_overview_levels
 from tilecommit.raster.assembly.reduction import plan_level_tree, tile_level_plan
 from tilecommit.settings import Settings
 from tilecommit.spec import OutputSpec
 
-from .raster_jobs import assemble_mosaic, job_of, job_stores, render_all
+from .raster_jobs import assemble_mosaic, job_of, job_stores
 
 SETTINGS = Settings(window_size=256)
 
@@ -48,18 +50,39 @@ def test_no_tree_where_nothing_runs_in_parallel():
     assert plan_level_tree(1024 * 7 + 2, 4096, spec, 2) is None  # an odd first coarse level
 
 
-@pytest.fixture
-def rendered(tmp_path, stores):
-    """A 1100 x 800 x 3 uint16 scene with nodata in 20 windows of 256, rendered: three stages of
-    nodes of one level (2 x 3, 1 x 2, then the last, odd, level whole)."""
+#: The profiles the byte-for-byte comparison runs with: the default (nodata, average), the mask
+#: made of the nodata (an internal mask's levels, built with the image's) and nearest resampling.
+PROFILES = {"default": {}, "add-mask": {"add_mask": "true"}, "nearest": {"resampling": "nearest"}}
+
+
+def spec_of(options: dict) -> OutputSpec:
+    return OutputSpec.with_choice(256, profiles.choose("default", options, where="tests/test_level_tree.py"))
+
+
+def render(tmp_path, stores, options: dict):
+    """A 1100 x 800 x 3 uint16 scene with nodata in 20 windows of 256, rendered to the profile:
+    three stages of nodes of one level (2 x 3, 1 x 2, then the last, odd, level whole)."""
     path = write_scene(str(tmp_path / "scene.tif"), SceneSpec(1100, 800, 3, "uint16", nodata=0))
-    scene = inspect_source(path, settings=SETTINGS, spec=OutputSpec.from_settings(SETTINGS))
-    render_all(path, scene, SETTINGS, stores)
-    return scene
+    spec = spec_of(options)
+    scene = inspect_source(path, settings=SETTINGS, spec=spec)
+    job = job_of(SETTINGS, spec=spec)
+    for window in plan_windows(scene.width, scene.height, spec.window_size):
+        render_tile(job, job_stores(stores, SETTINGS), path, window)
+    return scene, job
 
 
-def tree_job(per_node: int = 1):
-    return dataclasses.replace(job_of(SETTINGS), coarse_levels_per_node=per_node)
+@pytest.fixture(params=list(PROFILES))
+def rendered(request, tmp_path, stores):
+    return render(tmp_path, stores, PROFILES[request.param])
+
+
+@pytest.fixture
+def rendered_default(tmp_path, stores):
+    return render(tmp_path, stores, {})
+
+
+def tree_job(job, per_node: int = 1):
+    return dataclasses.replace(job, coarse_levels_per_node=per_node)
 
 
 def run_tree(job, stores, scene) -> list[dict]:
@@ -73,13 +96,13 @@ def run_tree(job, stores, scene) -> list[dict]:
 
 
 def test_the_tree_mosaic_is_the_single_instance_mosaic_byte_for_byte(rendered, stores, monkeypatch):
-    scene = rendered
-    single = assemble_mosaic(job_of(SETTINGS), job_stores(stores, SETTINGS), scene)
+    scene, plain = rendered
+    single = assemble_mosaic(plain, job_stores(stores, SETTINGS), scene)
     single_bytes = stores["output"].download_blob(single.mosaic).readall()
     for name in (single.mosaic, single.stac, single.quicklook):
         stores["output"].delete_blob(name)
 
-    job = tree_job()
+    job = tree_job(plain)
     results = run_tree(job, stores, scene)
     assert [r["outcome"] for r in results] == ["written"] * 9
 
@@ -92,10 +115,13 @@ def test_the_tree_mosaic_is_the_single_instance_mosaic_byte_for_byte(rendered, s
     assert stores["output"].download_blob(tree.mosaic).readall() == single_bytes
     # Only the tree's blocks passed through the commit: no more than the coarse levels' bytes.
     assert tree.transfer["copied_by_service"] == single.transfer["copied_by_service"]
+    # Verified as any mosaic is, from the tree again: by a scrub, and by an assembly that finds it.
+    verify_outputs(job, job_stores(stores, SETTINGS), scene)
+    assert assemble_mosaic(job, job_stores(stores, SETTINGS), scene).outcome == "already-present"
 
 
-def test_a_node_run_again_verifies_its_intermediate_and_repairs_one_that_differs(rendered, stores):
-    scene, job = rendered, tree_job()
+def test_a_node_run_again_verifies_its_intermediate_and_repairs_one_that_differs(rendered_default, stores):
+    scene, job = rendered_default[0], tree_job(rendered_default[1])
     tree = plan_level_tree(scene.width, scene.height, job.spec, 1)
     job_stores_ = job_stores(stores, SETTINGS)
     first = coarse_levels.reduce_node(job, job_stores_, scene, tree, 0, 0, 1)
@@ -113,21 +139,21 @@ def test_a_node_run_again_verifies_its_intermediate_and_repairs_one_that_differs
     assert row is not None and row.etag == blob.get_blob_properties().etag and row.sha256 == gates.sha256_hex(good)
 
 
-def test_the_commit_refuses_without_every_intermediate(rendered, stores):
+def test_the_commit_refuses_without_every_intermediate(rendered_default, stores):
     from tilecommit.errors import IncompleteManifestError
 
-    scene, job = rendered, tree_job()
+    scene, job = rendered_default[0], tree_job(rendered_default[1])
     tree = plan_level_tree(scene.width, scene.height, job.spec, 1)
     coarse_levels.reduce_node(job, job_stores(stores, SETTINGS), scene, tree, 0, 0, 0)
     with pytest.raises(IncompleteManifestError, match="coarse-level intermediates have no manifest row"):
         assemble_mosaic(job, job_stores(stores, SETTINGS), scene)
 
 
-def test_retention_purges_the_intermediates_and_their_rows_with_the_tiles(rendered, stores):
+def test_retention_purges_the_intermediates_and_their_rows_with_the_tiles(rendered_default, stores):
     from tilecommit import retention
     from tilecommit.raster.assembly.coarse_levels import level_rows
 
-    scene, job = rendered, tree_job()
+    scene, job = rendered_default[0], tree_job(rendered_default[1])
     run_tree(job, stores, scene)
     assert len(level_rows(stores["manifest"], job.job_id)) == 9
     purged = retention.purge_job_storage(stores["manifest"], stores["tiles"], job.job_id)
