@@ -11,7 +11,7 @@ import pytest
 from testkit.scenes import SceneSpec, write_scene
 from tilecommit import gates, jobs, profiles
 from tilecommit.grid import plan_windows
-from tilecommit.manifest import get_manifest_entry
+from tilecommit.manifest import get_manifest_entry, get_manifest_row, repair_manifest_entry
 from tilecommit.raster import inspect_source, render_tile
 from tilecommit.raster.assembly import block_copy, coarse_levels
 from tilecommit.raster.assembly.committed import verify_outputs
@@ -20,7 +20,7 @@ from tilecommit.raster.assembly.reduction import plan_level_tree, tile_level_pla
 from tilecommit.settings import Settings
 from tilecommit.spec import OutputSpec
 
-from .raster_jobs import assemble_mosaic, job_of, job_stores
+from .raster_jobs import RequestLog, assemble_mosaic, hooked_stores, job_of, job_stores
 
 SETTINGS = Settings(window_size=256)
 
@@ -160,3 +160,40 @@ def test_retention_purges_the_intermediates_and_their_rows_with_the_tiles(render
     assert (purged.tiles, purged.levels, purged.rows) == (20, 9, 20 + 9)
     assert level_rows(stores["manifest"], job.job_id) == {}
     assert list(stores["tiles"].list_blobs(name_starts_with=f"levels/{job.job_id}/")) == []
+
+
+def head_reads(log) -> list[str]:
+    """The tiles whose head was read: ranged GETs from byte 0 of a tile blob."""
+    return [
+        path.rsplit("/", 1)[1]
+        for method, path, _, headers in log.requests
+        if method == "GET"
+        and "/tiles/" in path
+        and (headers.get("x-ms-range") or headers.get("Range") or "").startswith("bytes=0-")
+    ]
+
+
+def test_the_commit_takes_the_tiles_heads_the_first_stage_read_unless_a_tile_changed(rendered_default, stores, storage):
+    scene, job = rendered_default[0], tree_job(rendered_default[1])
+    run_tree(job, stores, scene)
+    # A repaired tile: the same bytes stored again (a new ETag), its row re-recorded to name it.
+    name = jobs.tile_blob_name(job.job_id, plan_windows(scene.width, scene.height, 256)[7])
+    blob = stores["tiles"].get_blob_client(name)
+    answer = blob.upload_blob(blob.download_blob().readall(), overwrite=True)
+    entry, row_etag = get_manifest_row(stores["manifest"], job.job_id, "0001_0002")
+    repair_manifest_entry(
+        stores["manifest"],
+        job_id=job.job_id,
+        window="0001_0002",
+        uri=entry.uri,
+        nbytes=entry.nbytes,
+        sha256=entry.sha256,
+        etag=answer["etag"],
+        expect_row_etag=row_etag,
+    )
+    log = RequestLog()
+    result = assemble_mosaic(job, job_stores(hooked_stores(storage, stores, log), SETTINGS), scene)
+    assert result.outcome == "written"
+    # The 20 heads came with the first stage's intermediates, but the changed tile's, read anew.
+    assert head_reads(log) == ["0001_0002.tif"]
+    assert coarse_levels.unpack_heads(coarse_levels.pack_heads({"a": ("e", 3, b"xyz")})) == {"a": ("e", 3, b"xyz")}

@@ -37,7 +37,7 @@ from .. import tiff
 from ..env import gdal_env
 from ..gdal_errors import gdal_step
 from ..reading.scene import SceneInfo
-from .block_sources import FETCH_THREADS, TILE_HEAD_BYTES, BlockFetcher, FileRangeSource, read_tile_heads
+from .block_sources import FETCH_THREADS, TILE_HEAD_BYTES, BlockFetcher, FileRangeSource, Head, read_tile_heads
 from .checks import check_planned_mosaic
 from .copy_plan import CopyPlan, plan_copy
 from .pyramid import halve_ceil, levels_of, levels_to_fit, plan_tile_levels
@@ -178,11 +178,13 @@ def read_tile_levels(
     spec: OutputSpec,
     timings: dict[str, float],
     executor: ThreadPoolExecutor,
+    known: dict[str, Head] | None = None,
 ) -> TileLevels:
-    """Read the tiles' heads (16 KB each) and plan the levels they make. Raises
+    """Read the tiles' heads (16 KB each; ``known``: heads a reduction node read, pinned, used
+    where they are of the row's version) and plan the levels they make. Raises
     :class:`IncompatibleTilesError` when the tiles cannot be block-copied."""
     started = time.perf_counter()
-    sources, heads = read_tile_heads(windows, summary, tiles, executor)
+    sources, heads = read_tile_heads(windows, summary, tiles, executor, known)
     timings["tile_heads"] = time.perf_counter() - started
     reference = heads[0].layout
     for head in heads:
@@ -206,8 +208,25 @@ def prepare_block_copy(job: MosaicJob, executor: ThreadPoolExecutor) -> BlockCop
     1024-pixel windows), from which GDAL computes the coarse levels into the job's ``workdir``.
     """
     scene, spec, timings = job.scene, job.spec, job.timings
+    tree = plan_level_tree(scene.width, scene.height, spec, job.job.coarse_levels_per_node)
+    intermediates = None
+    if tree is not None:
+        # Computed by the reduction tree's activities before this commit: only stitched here. Its
+        # first stage's intermediates carry the heads of their tiles, read pinned by the nodes.
+        from .coarse_levels import read_intermediates  # it builds on this module's build_coarse_levels
+
+        started = time.perf_counter()
+        intermediates = read_intermediates(job.job, job.stores, tree, executor)
+        timings["intermediates"] = time.perf_counter() - started
     levels = read_tile_levels(
-        scene, job.windows, job.summary, tiles=job.stores.tiles, spec=spec, timings=timings, executor=executor
+        scene,
+        job.windows,
+        job.summary,
+        tiles=job.stores.tiles,
+        spec=spec,
+        timings=timings,
+        executor=executor,
+        known=intermediates.heads if intermediates is not None else None,
     )
     started = time.perf_counter()
     directories, sources, reference = list(levels.directories), levels.sources, levels.reference
@@ -216,20 +235,18 @@ def prepare_block_copy(job: MosaicJob, executor: ThreadPoolExecutor) -> BlockCop
     coarse_needed = directories[-1].width > spec.block_size or directories[-1].height > spec.block_size
     if spec.choice.web_optimized:
         coarse_needed = levels_of(scene, spec) > len(directories) - 1
-    tree = plan_level_tree(scene.width, scene.height, spec, job.job.coarse_levels_per_node)
     local_sources = frozenset({"coarse"})
-    if coarse_needed and tree is not None:
-        # Computed by the reduction tree's activities before this commit: only stitched here.
-        from .coarse_levels import stitched_levels  # it builds on this module's build_coarse_levels
+    if intermediates is not None:
+        from .coarse_levels import stitched_levels
 
-        if tree.first != len(directories) - 1:
+        if not coarse_needed or intermediates.tree.first != len(directories) - 1:
             raise MosaicCheckError(
-                f"the level tree starts at level {tree.first}, the tiles' levels end at {len(directories) - 1}"
+                f"the level tree starts at level {intermediates.tree.first}, the tiles' levels end at "
+                f"{len(directories) - 1} (coarse levels needed: {coarse_needed})"
             )
-        coarse, stitched = stitched_levels(job.job, job.stores, tree, executor)
-        sources.update(stitched)
-        local_sources = frozenset(stitched)
-        directories.extend(coarse)
+        directories.extend(stitched_levels(intermediates))
+        sources.update(intermediates.sources)
+        local_sources = frozenset(intermediates.sources)
     elif coarse_needed:
         nodata = reference.directories[0].tags.get(tiff.GDAL_NODATA)
         coarse, coarse_source = build_coarse_levels(

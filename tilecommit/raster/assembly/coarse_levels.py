@@ -18,11 +18,13 @@ blocks read (pinned) from the intermediates, as the tiles' levels are the tiles'
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 from azure.data.tables import TableClient
 
@@ -44,7 +46,7 @@ from .. import tiff
 from ..reading.scene import SceneInfo
 from . import attempt
 from .block_copy import build_coarse_levels
-from .block_sources import FETCH_THREADS, BlockFetcher, read_heads
+from .block_sources import FETCH_THREADS, TILE_HEAD_BYTES, BlobRangeSource, BlockFetcher, Head, read_heads
 from .pyramid import tile_levels
 from .reduction import LevelTree, Stage, node_blocks, node_region
 
@@ -129,7 +131,7 @@ def compute_node(
     stage = tree.stages[s]
     (_, _, width, height), places, entries = _children(job, stores, tree, s, row, col)
     with ContextExecutor(max_workers=FETCH_THREADS, thread_name_prefix="levelfetch") as executor:
-        sources, layouts = read_heads(entries, stores.tiles, executor)
+        sources, layouts, heads = read_heads(entries, stores.tiles, executor)
         levels = {
             k: (tile_levels(layout)[tree.first] if s == 0 else tile_levels(layout)[-1]) for k, layout in layouts.items()
         }
@@ -160,6 +162,8 @@ def compute_node(
                 body = f.read()
         finally:
             local.close()
+    if s == 0:  # the tiles' heads, for the commit (read_intermediates): after the TIFF, which ignores them
+        body += pack_heads(heads)
     return body, {k: e.etag for k, e in entries.items()}
 
 
@@ -240,11 +244,20 @@ def level_rows(table: TableClient, job_id: str) -> dict[str, ManifestEntry]:
         raise call_failed("reading the level rows of", job_id, exc) from exc
 
 
-def stitched_levels(
-    job: Job, stores: JobStores, tree: LevelTree, executor: ThreadPoolExecutor
-) -> tuple[list[tiff.OutputDirectory], dict[str, BytesSource]]:
-    """The mosaic's coarse levels from the intermediates, each read whole, pinned to its row's
-    ETag: (the directories, smallest last; the sources their blocks are read from)."""
+@dataclass
+class Intermediates:
+    """Every intermediate of a tree, read whole and pinned: its bytes as a source, its layout,
+    and the heads of the tiles its first stage carries."""
+
+    tree: LevelTree
+    sources: dict[str, BytesSource]
+    layouts: dict[str, tiff.TiffLayout]
+    heads: dict[str, Head]
+
+
+def read_intermediates(job: Job, stores: JobStores, tree: LevelTree, executor: ThreadPoolExecutor) -> Intermediates:
+    """Every intermediate of ``tree``, each read whole, pinned to its row's ETag (one query for
+    the rows). A missing row is :class:`IncompleteManifestError`: the job runs the tree again."""
     rows = level_rows(stores.manifest, job.job_id)
     wanted = [jobs.level_row_key(st.level, r, c) for st in tree.stages for r, c in st.nodes]
     missing = [k for k in wanted if k not in rows]
@@ -255,15 +268,54 @@ def stitched_levels(
             missing=missing,
         )
     entries = {k: rows[k] for k in wanted}
-    sources, layouts = read_heads(entries, stores.tiles, executor)
-    data = dict(zip(entries, executor.map(lambda k: sources[k].read(0, entries[k].nbytes), list(entries)), strict=True))
-    local = {k: BytesSource(data[k], entries[k].uri) for k in entries}
-    out: list[tiff.OutputDirectory] = []
+    readers = {k: BlobRangeSource(stores.tiles, e.uri, e.nbytes, e.etag or "", k) for k, e in entries.items()}
+    data = dict(zip(entries, executor.map(lambda k: readers[k].read(0, entries[k].nbytes), list(entries)), strict=True))
+    sources = {k: BytesSource(data[k], entries[k].uri) for k in entries}
+    layouts = {k: tiff.read_layout(data[k][:TILE_HEAD_BYTES], sources[k].read) for k in entries}
+    heads: dict[str, Head] = {}
+    for r, c in tree.stages[0].nodes:
+        heads.update(unpack_heads(data[jobs.level_row_key(tree.stages[0].level, r, c)]))
+    return Intermediates(tree, sources, layouts, heads)
+
+
+def stitched_levels(intermediates: Intermediates) -> list[tiff.OutputDirectory]:
+    """The mosaic's coarse levels, smallest last: the intermediates' levels side by side, their
+    blocks read from the intermediates (``intermediates.sources``, keyed by their rows)."""
+    tree, out = intermediates.tree, []
     for stage in tree.stages:
-        node_levels = {(r, c): tile_levels(layouts[jobs.level_row_key(stage.level, r, c)]) for r, c in stage.nodes}
+        node_levels = {
+            (r, c): tile_levels(intermediates.layouts[jobs.level_row_key(stage.level, r, c)]) for r, c in stage.nodes
+        }
         for j in range(1, stage.levels + 1):
             out.append(_stitched(stage, j, node_levels, tree.block_size))
-    return out, local
+    return out
+
+
+#: The end of a first-stage intermediate: its tiles' heads, a JSON index, their lengths, this.
+HEADS_MAGIC = b"TCHEADS1"
+
+
+def pack_heads(heads: dict[str, Head]) -> bytes:
+    """The heads as bytes to append to a TIFF: each head, a JSON index (window -> ETag, size,
+    offset among the heads, length), the heads' and the index's lengths (8 bytes each, little
+    endian), :data:`HEADS_MAGIC`."""
+    blob, index = b"", {}
+    for key in sorted(heads):
+        etag, size, head = heads[key]
+        index[key] = [etag, size, len(blob), len(head)]
+        blob += head
+    text = json.dumps(index, sort_keys=True, separators=(",", ":")).encode()
+    return blob + text + len(blob).to_bytes(8, "little") + len(text).to_bytes(8, "little") + HEADS_MAGIC
+
+
+def unpack_heads(data: bytes) -> dict[str, Head]:
+    """The heads :func:`pack_heads` appended to ``data``; none when it carries none."""
+    if not data.endswith(HEADS_MAGIC):
+        return {}
+    blob_length, text_length = int.from_bytes(data[-24:-16], "little"), int.from_bytes(data[-16:-8], "little")
+    index = json.loads(data[-24 - text_length : -24])
+    start = len(data) - 24 - text_length - blob_length
+    return {k: (etag, size, data[start + o : start + o + n]) for k, (etag, size, o, n) in index.items()}
 
 
 def _stitched(stage: Stage, j: int, node_levels: dict, block: int) -> tiff.OutputDirectory:
@@ -292,4 +344,4 @@ def _stitched(stage: Stage, j: int, node_levels: dict, block: int) -> tiff.Outpu
     return image
 
 
-__all__ = ["BytesSource", "level_rows", "reduce_node", "stitched_levels"]
+__all__ = ["BytesSource", "Intermediates", "level_rows", "read_intermediates", "reduce_node", "stitched_levels"]
