@@ -1,5 +1,5 @@
 """The job's activities: validate the source, render one window, compute a node of the mosaic's
-coarse levels (:mod:`tilecommit.raster.assembly.coarse_levels`), assemble the mosaic (in one
+coarse levels (:mod:`tilecommit.raster.assembly.level_nodes`), assemble the mosaic (in one
 activity, or planned, staged in shares and committed: :mod:`tilecommit.raster.assembly.shares`), and
 publish the job's completion event (:mod:`tilecommit.events`) once it ended.
 
@@ -26,7 +26,7 @@ from tilecommit.errors import (
 )
 from tilecommit.grid import Window
 from tilecommit.jobs import Job
-from tilecommit.raster.assembly import coarse_levels, reduction
+from tilecommit.raster.assembly import level_nodes, reduction
 from tilecommit.raster.assembly import shares as split
 from tilecommit.raster.gdal_errors import job_messages
 from tilecommit.storage import readable_blob_name
@@ -187,7 +187,7 @@ def stage_mosaic_share(payload: dict) -> dict:
 
 def reduce_level_node(payload: dict) -> dict:
     """Node (``row``, ``col``) of stage ``stage`` of the job's coarse-level reduction tree
-    (:mod:`tilecommit.raster.assembly.coarse_levels`): its intermediate written once, or found
+    (:mod:`tilecommit.raster.assembly.level_nodes`): its intermediate written once, or found
     and verified; ``{"incompatible": why}`` when the tiles cannot be block-copied (the commit
     then falls back as it does for such tiles). Safe to run any number of times, at once too."""
     job, scene = Job.from_dict(payload["job"]), raster.SceneInfo.from_dict(payload["scene"])
@@ -200,7 +200,7 @@ def reduce_level_node(payload: dict) -> dict:
             raise BadInputError(f"job {job.job_id} has no level node {stage} ({row}, {col})")
         try:
             with reading_own_tiles(job.job_id):
-                return coarse_levels.reduce_node(job, ctx.stores, scene, tree, stage, row, col)
+                return level_nodes.reduce_node(job, ctx.stores, scene, tree, stage, row, col)
         except IncompatibleTilesError as exc:
             return {"stage": stage, "row": row, "col": col, "incompatible": str(exc)}
 

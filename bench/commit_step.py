@@ -88,7 +88,7 @@ def _store_tiles(job, stores, body: bytes, size: int) -> None:
 
 def _run_tree(job, stores, scene, tree, threads: int) -> tuple[float, float, int]:
     """(seconds of all nodes here, the model's wall: the sum over stages of the slowest node, nodes)."""
-    from tilecommit.raster.assembly.coarse_levels import reduce_node
+    from tilecommit.raster.assembly.level_nodes import reduce_node
 
     total, model, nodes = 0.0, 0.0, 0
     started = time.perf_counter()

@@ -1,5 +1,5 @@
 """The mosaic's coarse levels by a reduction tree (tilecommit/raster/assembly/reduction.py,
-coarse_levels.py), against Azurite: the plan, each node run as its activity runs it, and the
+level_nodes.py, coarse_levels.py), against Azurite: the plan, each node run as its activity runs it, and the
 commit that only stitches; the mosaic byte for byte the one the single-instance commit makes."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from tilecommit import gates, jobs, profiles
 from tilecommit.grid import plan_windows
 from tilecommit.manifest import get_manifest_entry, get_manifest_row, repair_manifest_entry
 from tilecommit.raster import inspect_source, render_tile
-from tilecommit.raster.assembly import block_copy, coarse_levels
+from tilecommit.raster.assembly import block_copy, coarse_levels, level_nodes
 from tilecommit.raster.assembly.committed import verify_outputs
 from tilecommit.raster.assembly.pyramid import mosaic_overview_levels
 from tilecommit.raster.assembly.reduction import plan_level_tree, tile_level_plan
@@ -89,7 +89,7 @@ def run_tree(job, stores, scene) -> list[dict]:
     tree = plan_level_tree(scene.width, scene.height, job.spec, job.coarse_levels_per_node)
     assert tree is not None and len(tree.stages) == 3
     return [
-        coarse_levels.reduce_node(job, job_stores(stores, SETTINGS), scene, tree, s, r, c)
+        level_nodes.reduce_node(job, job_stores(stores, SETTINGS), scene, tree, s, r, c)
         for s, stage in enumerate(tree.stages)
         for r, c in stage.nodes
     ]
@@ -124,14 +124,14 @@ def test_a_node_run_again_verifies_its_intermediate_and_repairs_one_that_differs
     scene, job = rendered_default[0], tree_job(rendered_default[1])
     tree = plan_level_tree(scene.width, scene.height, job.spec, 1)
     job_stores_ = job_stores(stores, SETTINGS)
-    first = coarse_levels.reduce_node(job, job_stores_, scene, tree, 0, 0, 1)
-    again = coarse_levels.reduce_node(job, job_stores_, scene, tree, 0, 0, 1)
+    first = level_nodes.reduce_node(job, job_stores_, scene, tree, 0, 0, 1)
+    again = level_nodes.reduce_node(job, job_stores_, scene, tree, 0, 0, 1)
     assert (first["outcome"], again["outcome"]) == ("written", "already-present")
 
     name = jobs.level_blob_name(job.job_id, 0, 0, 1)
     good = stores["tiles"].download_blob(name).readall()
     stores["tiles"].upload_blob(name, good[:-1] + bytes([good[-1] ^ 0xFF]), overwrite=True)
-    repaired = coarse_levels.reduce_node(job, job_stores_, scene, tree, 0, 0, 1)
+    repaired = level_nodes.reduce_node(job, job_stores_, scene, tree, 0, 0, 1)
     assert repaired["outcome"] == "written"
     blob = stores["tiles"].get_blob_client(name)
     assert blob.download_blob().readall() == good
@@ -144,7 +144,7 @@ def test_the_commit_refuses_without_every_intermediate(rendered_default, stores)
 
     scene, job = rendered_default[0], tree_job(rendered_default[1])
     tree = plan_level_tree(scene.width, scene.height, job.spec, 1)
-    coarse_levels.reduce_node(job, job_stores(stores, SETTINGS), scene, tree, 0, 0, 0)
+    level_nodes.reduce_node(job, job_stores(stores, SETTINGS), scene, tree, 0, 0, 0)
     with pytest.raises(IncompleteManifestError, match="coarse-level intermediates have no manifest row"):
         assemble_mosaic(job, job_stores(stores, SETTINGS), scene)
 

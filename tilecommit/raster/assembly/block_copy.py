@@ -39,6 +39,7 @@ from ..gdal_errors import gdal_step
 from ..reading.scene import SceneInfo
 from .block_sources import FETCH_THREADS, TILE_HEAD_BYTES, BlockFetcher, FileRangeSource, Head, read_tile_heads
 from .checks import check_planned_mosaic
+from .coarse_levels import read_intermediates, stitched_levels
 from .copy_plan import CopyPlan, plan_copy
 from .pyramid import halve_ceil, levels_of, levels_to_fit, plan_tile_levels
 from .reduction import plan_level_tree
@@ -213,8 +214,6 @@ def prepare_block_copy(job: MosaicJob, executor: ThreadPoolExecutor) -> BlockCop
     if tree is not None:
         # Computed by the reduction tree's activities before this commit: only stitched here. Its
         # first stage's intermediates carry the heads of their tiles, read pinned by the nodes.
-        from .coarse_levels import read_intermediates  # it builds on this module's build_coarse_levels
-
         started = time.perf_counter()
         intermediates = read_intermediates(job.job, job.stores, tree, executor)
         timings["intermediates"] = time.perf_counter() - started
@@ -237,8 +236,6 @@ def prepare_block_copy(job: MosaicJob, executor: ThreadPoolExecutor) -> BlockCop
         coarse_needed = levels_of(scene, spec) > len(directories) - 1
     local_sources = frozenset({"coarse"})
     if intermediates is not None:
-        from .coarse_levels import stitched_levels
-
         if not coarse_needed or intermediates.tree.first != len(directories) - 1:
             raise MosaicCheckError(
                 f"the level tree starts at level {intermediates.tree.first}, the tiles' levels end at "
