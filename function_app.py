@@ -50,7 +50,7 @@ def tiling_functions(activity_functions=activities, catalog_functions=catalog_ac
     """The orchestrators and the activities they call, bound under the names the orchestrators use.
 
     ``activity_functions`` supplies ``validate_source``, ``render_tile``, ``assemble_mosaic``,
-    ``plan_mosaic_shares``, ``stage_mosaic_share`` and ``publish_job_event``, ``catalog_functions``
+    ``plan_mosaic_shares``, ``stage_mosaic_share``, ``reduce_level_node`` and ``publish_job_event``, ``catalog_functions``
     ``add_to_collection`` and ``publish_item``: the real ones for this app; bench/null_app.py passes stand-ins that do no raster work, so
     the benchmark runs the same orchestrators with the same bindings. A fresh blueprint on each
     call: the SDK wraps each function as it registers it, and an app indexes its functions once.
@@ -65,6 +65,7 @@ def tiling_functions(activity_functions=activities, catalog_functions=catalog_ac
     _activity(bp, names.ASSEMBLE_MOSAIC, activity_functions.assemble_mosaic)
     _activity(bp, names.PLAN_MOSAIC_SHARES, activity_functions.plan_mosaic_shares)
     _activity(bp, names.STAGE_MOSAIC_SHARE, activity_functions.stage_mosaic_share)
+    _activity(bp, names.REDUCE_LEVEL_NODE, activity_functions.reduce_level_node)
     _activity(bp, names.ADD_TO_COLLECTION, catalog_functions.add_to_collection)
     _activity(bp, names.PUBLISH_ITEM, catalog_functions.publish_item)
     _activity(bp, names.PUBLISH_JOB_EVENT, activity_functions.publish_job_event)

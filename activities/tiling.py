@@ -1,4 +1,5 @@
-"""The job's activities: validate the source, render one window, assemble the mosaic (in one
+"""The job's activities: validate the source, render one window, compute a node of the mosaic's
+coarse levels (:mod:`tilecommit.raster.assembly.level_nodes`), assemble the mosaic (in one
 activity, or planned, staged in shares and committed: :mod:`tilecommit.raster.assembly.shares`), and
 publish the job's completion event (:mod:`tilecommit.events`) once it ended.
 
@@ -15,9 +16,17 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from tilecommit import cost, events, jobs, raster
-from tilecommit.errors import BadInputError, CorruptTileError, InvalidRasterError, error_value, is_retryable
+from tilecommit.errors import (
+    BadInputError,
+    CorruptTileError,
+    IncompatibleTilesError,
+    InvalidRasterError,
+    error_value,
+    is_retryable,
+)
 from tilecommit.grid import Window
 from tilecommit.jobs import Job
+from tilecommit.raster.assembly import level_nodes, reduction
 from tilecommit.raster.assembly import shares as split
 from tilecommit.raster.gdal_errors import job_messages
 from tilecommit.storage import readable_blob_name
@@ -174,6 +183,28 @@ def stage_mosaic_share(payload: dict) -> dict:
         return split.stage_share(job, ctx.stores, staged, index)
 
     return run_activity("stage_mosaic_share", job.job_id, work)
+
+
+def reduce_level_node(payload: dict) -> dict:
+    """Node (``row``, ``col``) of stage ``stage`` of the job's coarse-level reduction tree
+    (:mod:`tilecommit.raster.assembly.level_nodes`): its intermediate written once, or found
+    and verified; ``{"incompatible": why}`` when the tiles cannot be block-copied (the commit
+    then falls back as it does for such tiles). Safe to run any number of times, at once too."""
+    job, scene = Job.from_dict(payload["job"]), raster.SceneInfo.from_dict(payload["scene"])
+    stage, row, col = payload["stage"], payload["row"], payload["col"]
+    ctx = activity_context()
+
+    def work() -> dict:
+        tree = reduction.plan_level_tree(scene.width, scene.height, job.spec, job.coarse_levels_per_node)
+        if tree is None or not 0 <= stage < len(tree.stages) or (row, col) not in tree.stages[stage].nodes:
+            raise BadInputError(f"job {job.job_id} has no level node {stage} ({row}, {col})")
+        try:
+            with reading_own_tiles(job.job_id):
+                return level_nodes.reduce_node(job, ctx.stores, scene, tree, stage, row, col)
+        except IncompatibleTilesError as exc:
+            return {"stage": stage, "row": row, "col": col, "incompatible": str(exc)}
+
+    return run_activity("reduce_level_node", job.job_id, work)
 
 
 OUTPUT_NAMES = {"mosaic": jobs.mosaic_blob_name, "stac": jobs.stac_blob_name, "quicklook": jobs.quicklook_blob_name}

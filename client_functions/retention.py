@@ -74,7 +74,16 @@ async def sweep(
     """Purge every job finished more than ``older_than`` ago; what was purged and what was kept."""
     cutoff = (now or datetime.now(UTC)) - older_than
     finished = ",".join(s.value for s in FINISHED)
-    report = {"jobs": [], "rows": 0, "tiles": 0, "plans": 0, "instances": 0, "kept_running": [], "kept_restarted": []}
+    report = {
+        "jobs": [],
+        "rows": 0,
+        "tiles": 0,
+        "plans": 0,
+        "levels": 0,
+        "instances": 0,
+        "kept_running": [],
+        "kept_restarted": [],
+    }
     for job in await instances(client, runtimeStatus=finished):
         if job.name != names.TILE_SCENE or job.last_updated_time is None or job.last_updated_time > cutoff:
             continue
@@ -112,6 +121,7 @@ async def sweep_job(
     report["rows"] += purged.rows
     report["tiles"] += purged.tiles
     report["plans"] += purged.plans
+    report["levels"] += purged.levels
     if not await _still_as_listed(client, job):
         # Started between its own look at the row and its start: it renders nothing while the
         # row is there, so nothing it wrote was deleted; once the row goes it renders anew.
@@ -125,12 +135,13 @@ async def sweep_job(
     await asyncio.to_thread(retention.clear_marker, manifest, job_id)
     report["jobs"].append(job_id)
     logger.info(
-        "retention: job %s (%s %s) purged: %d rows, %d tiles, %d plans, %d instances",
+        "retention: job %s (%s %s) purged: %d rows, %d tiles, %d plans, %d level intermediates, %d instances",
         job_id,
         job.runtime_status.value,
         job.last_updated_time.isoformat(),
         purged.rows,
         purged.tiles,
         purged.plans,
+        purged.levels,
         len(family) + 1,
     )

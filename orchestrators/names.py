@@ -18,6 +18,8 @@ ASSEMBLE_MOSAIC = "assemble_mosaic"
 #: by ASSEMBLE_MOSAIC.
 PLAN_MOSAIC_SHARES = "plan_mosaic_shares"
 STAGE_MOSAIC_SHARE = "stage_mosaic_share"
+#: One node of the mosaic's coarse-level reduction tree, before the commit (version 3.0 on).
+REDUCE_LEVEL_NODE = "reduce_level_node"
 #: The job's item joins its collection (tilecommit/catalog/collections.py), after the assembly.
 ADD_TO_COLLECTION = "add_to_collection"
 #: The job's STAC item into the catalog (pgstac), once its mosaic is assembled; before its event.

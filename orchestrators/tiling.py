@@ -1,5 +1,6 @@
-"""The job orchestration: validate -> plan windows -> render in batches -> assemble (a large
-mosaic: plan its staging -> stage the shares -> commit) -> add the item to its collection.
+"""The job orchestration: validate -> plan windows -> render in batches -> assemble (version
+3.0 on: the coarse levels' reduction tree, stage after stage; a large mosaic: plan its staging ->
+stage the shares -> commit) -> add the item to its collection.
 
 Orchestrator code is replayed from history many times, so everything here is deterministic:
 no clock, no random, no I/O. The window plan is a pure function of the validated scene size
@@ -15,6 +16,7 @@ import azure.durable_functions as df
 
 from tilecommit import usage
 from tilecommit.jobs import Job
+from tilecommit.raster.assembly.reduction import plan_level_tree
 
 from . import names, versions
 from .batches import WindowWork, over_windows, plan_batches, run_batch, run_group
@@ -115,13 +117,49 @@ def stage_in_shares(
     return None if unsupported else staged
 
 
+def reduce_levels(
+    context: df.DurableOrchestrationContext, job: dict, scene: dict, status: dict, used: dict
+) -> Generator[Any, Any, None]:
+    """The coarse levels' reduction tree the job's payload plans (a pure function of the scene's
+    size and the job: none for a payload from before the tree), stage after stage, each stage's
+    nodes all at once: the commit then only stitches their intermediates. Tiles that cannot be
+    block-copied stop it (the commit falls back as it does for them)."""
+    parsed = Job.from_dict(job)
+    tree = plan_level_tree(scene["width"], scene["height"], parsed.spec, parsed.coarse_levels_per_node)
+    if tree is None:
+        return
+    status.update(levels_done=0, levels_total=sum(len(stage.nodes) for stage in tree.stages))
+    context.set_custom_status(status)
+    incompatible: list[str] = []
+
+    def reduced(result: dict) -> None:
+        checked(job, result, used)
+        incompatible.extend([result["incompatible"]] if result.get("incompatible") else [])
+        status["levels_done"] += 1
+        context.set_custom_status(status)
+
+    for index, stage in enumerate(tree.stages):
+        tasks = [
+            activity_task(
+                context, names.REDUCE_LEVEL_NODE, {"job": job, "scene": scene, "stage": index, "row": r, "col": c}
+            )
+            for r, c in stage.nodes
+        ]
+        yield from in_stage(job, ASSEMBLING, fan_in(context, tasks, reduced))
+        if incompatible:
+            return
+
+
 def assemble(
     context: df.DurableOrchestrationContext, job: dict, scene: dict, tile_bytes: int, status: dict, used: dict
 ) -> Generator[Any, Any, dict]:
     """The mosaic, by one activity; when the tiles hold more than one activity may copy (the
     job's ``assembly_share_bytes``), its ranges are staged in shares first and that activity
     commits them. The activity is given what the job used until then, which its STAC item
-    records with what the activity itself used until it made the item."""
+    records with what the activity itself used until it made the item. Version 3.0 on, the
+    coarse levels' reduction tree runs first (:func:`reduce_levels`)."""
+    if versions.steps_for(context.version).level_tree:
+        yield from reduce_levels(context, job, scene, status, used)
     share_bytes = Job.from_dict(job).share_bytes
     payload = {"job": job, "scene": scene, "tile_bytes": tile_bytes}
     if tile_bytes > share_bytes:

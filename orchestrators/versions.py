@@ -10,9 +10,12 @@ Versions:
 
 - **1**: every instance started before versions (``context.version`` "" or None; "1" and "1.0"
   mean the same).
-- **2.0** (this release): the same steps. It is stamped so that the next release that changes
-  the steps can tell the jobs this code started from its own, and so that the job API shows
-  which version each job runs (its progress's ``version``).
+- **2.0**: the same steps. It is stamped so that the next release that changes the steps can
+  tell the jobs this code started from its own, and so that the job API shows which version
+  each job runs (its progress's ``version``).
+- **3.0** (this release): before the mosaic's staging and commit, the nodes of its coarse-level
+  reduction tree, stage after stage, each stage's nodes all at once (``reduce_level_node``;
+  tilecommit/raster/assembly/reduction.py), when the job's payload plans a tree.
 
 Both add the job's item to its collection only when the payload names a collection. That rule
 stays with the payload, not the version: the releases before versions started jobs with and
@@ -32,7 +35,7 @@ from typing import Any
 
 #: This release's version of the job orchestration: host.json's ``defaultVersion``
 #: (tests/test_versions.py checks that they agree).
-CURRENT = "2.0"
+CURRENT = "3.0"
 #: What an instance started before versions reads as ``context.version``, and its aliases.
 UNVERSIONED = ("", "1", "1.0")
 
@@ -44,13 +47,16 @@ class JobSteps:
     #: Add the job's item to its collection after the assembly: True always, False never, None
     #: when the job's payload names a collection (how the releases before versions decided).
     collection: bool | None
+    #: Run the coarse-level reduction tree before the commit (when the job's payload plans one).
+    level_tree: bool = False
 
 
 #: Every version this code still runs, oldest first. A version is removed only once no instance of
 #: it is left (docs/deployment.md, "Retiring a version").
 VERSIONS: dict[str, JobSteps] = {
     "1": JobSteps(collection=None),
-    CURRENT: JobSteps(collection=None),
+    "2.0": JobSteps(collection=None),
+    CURRENT: JobSteps(collection=None, level_tree=True),
 }
 
 

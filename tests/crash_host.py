@@ -9,6 +9,11 @@ killed just before it:
 - ``block:N``: the N-th Put Block (N-1 were sent or are in flight on other threads)
 - ``commit``: the Put Block List (every block staged, nothing committed)
 
+or, for the coarse levels' reduction tree:
+
+- ``level:N``: the N-th create-only Put Blob of a level intermediate (``levels/...``): its node
+  has computed it, nothing of it is stored
+
 or, for a backfill:
 
 - ``start:N``: just after the starter started its N-th job (the job exists; the activity that
@@ -84,6 +89,24 @@ def install_job_start(n: int) -> None:
     starter.start_job = starting
 
 
+def install_level_put(n: int) -> None:
+    """Wrap the blob SDK's Put Blob so that the N-th of a level intermediate kills the process."""
+    lock = threading.Lock()
+    puts = 0
+    upload_blob = BlobClient.upload_blob
+
+    def uploading(self, *args, **kwargs):
+        nonlocal puts
+        if self.blob_name.startswith("levels/"):
+            with lock:
+                puts += 1
+                if puts >= n:
+                    _kill()
+        return upload_blob(self, *args, **kwargs)
+
+    BlobClient.upload_blob = uploading
+
+
 def install(point: str) -> None:
     """Wrap the SDK so that the request named by ``point`` kills this process instead of leaving."""
     if point == "child-report":
@@ -91,6 +114,9 @@ def install(point: str) -> None:
         return
     if point.startswith("start:"):
         install_job_start(int(point.split(":", 1)[1]))
+        return
+    if point.startswith("level:"):
+        install_level_put(int(point.split(":", 1)[1]))
         return
     if point == "first-block":
         kind, n = "block", 1

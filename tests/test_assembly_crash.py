@@ -17,9 +17,18 @@ from pathlib import Path
 import pytest
 from azure.core.exceptions import ResourceNotFoundError
 
+from tilecommit import gates
 from tilecommit.raster.assembly import attempt
 
-from .app_jobs import AppEnv, check_outputs, make_scene, serve, upload_until_killed, wait_for_state
+from .app_jobs import (
+    AppEnv,
+    check_outputs,
+    make_scene,
+    serve,
+    serve_until_finished,
+    upload_until_killed,
+    wait_for_state,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -131,3 +140,36 @@ def test_host_killed_while_assembling_resumes_to_an_exact_mosaic_in_seconds(stor
     # The dead host's temporary directory was removed by the next attempt.
     assert len(run["workdirs_at_crash"]) == 1 and run["workdirs_after"] == []
     assert run["restart_to_mosaic_s"] < RESTART_TO_MOSAIC_BOUND_S
+
+
+@pytest.mark.parametrize("point", ["level:1", "level:3"])
+def test_host_killed_while_reducing_a_level_resumes_and_writes_each_intermediate_once(
+    storage, app_env, tmp_path, point
+):
+    """A 2048 x 512 scene (16 windows of 256) has a reduction tree of two stages: two nodes of
+    two levels, then one of the last level. The host is killed just before the Put Blob of the
+    first node's intermediate (``level:1``), or of the last stage's (``level:3``); a restarted
+    host completes the job pixel-exact, and every intermediate was written once: created by
+    one request, never replaced."""
+    scene = make_scene(tmp_path / "scene.tif", 2048, 512)
+    log = tmp_path / "serve.log"
+    job_id = upload_until_killed(storage, app_env, scene, log, module=("tests.crash_host", point, "--"))
+    tiles = storage.blob_service().get_container_client(app_env.tiles)
+    at_crash = sorted(b.name for b in tiles.list_blobs(name_starts_with=f"levels/{job_id}/"))
+    state = serve_until_finished(storage, app_env, log, job_id)
+    assert "crash_host: SIGKILL" in log.read_text()
+    assert state["status"] == "Completed", state
+    check_outputs(storage, app_env, {"status": "completed", "job_id": job_id, "windows": 16}, scene)
+    expected = [
+        f"levels/{job_id}/L00_0000_0000.tif",
+        f"levels/{job_id}/L00_0000_0001.tif",
+        f"levels/{job_id}/L02_0000_0000.tif",
+    ]
+    stored = sorted(b.name for b in tiles.list_blobs(name_starts_with=f"levels/{job_id}/"))
+    assert stored == expected
+    assert len(at_crash) == int(point.split(":")[1]) - 1  # the intermediates before the kill point
+    for name in stored:
+        blob = tiles.get_blob_client(name)
+        props = blob.get_blob_properties()
+        assert props.creation_time == props.last_modified, name  # one write: never replaced
+        assert props.metadata[gates.SHA256_METADATA_KEY] == gates.sha256_hex(blob.download_blob().readall())

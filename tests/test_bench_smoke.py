@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench import breakdown, contention, duplicates, e2e, levels, memory, orchestration, raster, s2s, split
+from bench import breakdown, commit_step, contention, duplicates, e2e, levels, memory, orchestration, raster, s2s, split
 from bench import collections as collection_bench
 from bench.__main__ import targets
 from bench.common import BenchStorage, Context, tiny_scene
@@ -180,3 +180,11 @@ def test_split_staging_against_one_activity_on_the_same_tiles(ctx, capsys):
     assert single["same_bytes_as_other_path"] and shares["same_bytes_as_other_path"]
     split.print_report(report)
     assert "shares" in capsys.readouterr().out
+
+
+def test_commit_step_computing_and_stitching_the_coarse_levels_on_the_same_tiles(ctx):
+    (row,) = commit_step.run([8192], 2, ctx.storage)
+    assert (row["windows"], row["stages"], row["nodes"]) == (64, 2, 5)  # 2 x 2 nodes, then the last
+    for part in ("commit_computing", "commit_stitching"):
+        assert {"manifest", "tile_heads", "coarse_levels", "check", "total"} <= set(row[part])
+    assert 0 < row["tree_wall_model_s"] <= row["tree_here_s"]

@@ -35,6 +35,7 @@ def test_functions_and_raw_bindings_as_the_worker_sends_them():
         names.ASSEMBLE_MOSAIC,
         names.PLAN_MOSAIC_SHARES,
         names.STAGE_MOSAIC_SHARE,
+        names.REDUCE_LEVEL_NODE,
         names.ADD_TO_COLLECTION,
         names.PUBLISH_ITEM,
         names.PUBLISH_JOB_EVENT,

@@ -32,11 +32,16 @@ def test_the_lifecycle_rule_deletes_tiles_only_a_week_after_the_sweeps_retention
     condition, rule = lifecycle_rule(params)
     assert condition is True
     prefixes = rule["definition"]["filters"]["prefixMatch"]
-    # Exactly the tiles and the mosaics' staging plans: the container the app writes both to, and
-    # the prefix of every tile's and every plan's name.
-    assert prefixes == [f"{settings.TILES_CONTAINER}/tiles/", f"{settings.TILES_CONTAINER}/plans/"]
+    # Exactly the tiles, the mosaics' staging plans and their coarse levels' intermediates: the
+    # container the app writes them to, and the prefix of every tile's, plan's and intermediate's name.
+    assert prefixes == [
+        f"{settings.TILES_CONTAINER}/tiles/",
+        f"{settings.TILES_CONTAINER}/plans/",
+        f"{settings.TILES_CONTAINER}/levels/",
+    ]
     assert jobs.tile_blob_name("0123456789abcdef", Window(0, 0, 0, 0, 256, 256)).startswith("tiles/")
     assert jobs.share_plan_blob_name("0123456789abcdef", "AAAAA").startswith("plans/")
+    assert jobs.level_blob_name("0123456789abcdef", 2, 0, 1).startswith("levels/")
     assert settings.TILES_CONTAINER != settings.OUTPUT_CONTAINER  # mosaics are never under it
     delete = rule["definition"]["actions"]["baseBlob"]["delete"]
     assert delete == {"daysAfterModificationGreaterThan": settings.DEFAULT_TILE_RETENTION_DAYS + 7}

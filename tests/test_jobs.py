@@ -407,14 +407,15 @@ def test_a_job_is_made_and_written_as_the_payload_the_starter_made_before(case):
         case["blob"], case["url"], case["etag"], case["size"], Settings(**case["settings"]), case["metadata"]
     )
     # The same keys in the same order with the same values: the same JSON in the history, and
-    # after them the fields added since (the collection, tilecommit/catalog/naming.py).
+    # after them the fields added since (the collection, tilecommit/catalog/naming.py; the levels
+    # per node of the coarse levels' reduction tree, tilecommit/raster/assembly/reduction.py).
     since = made.to_dict()
-    assert list(since)[len(case["payload"]) :] == ["collection"]
+    assert list(since)[len(case["payload"]) :] == ["collection", "coarse_levels_per_node"]
     assert json.dumps({k: since[k] for k in case["payload"]}) == json.dumps(case["payload"])
     read = Job.from_dict(case["payload"])
-    assert read == dataclasses.replace(made, collection=None) and json.dumps(read.to_dict()) == json.dumps(
-        case["payload"]
-    )
+    assert read == dataclasses.replace(made, collection=None, coarse_levels_per_node=None) and json.dumps(
+        read.to_dict()
+    ) == json.dumps(case["payload"])
     assert read.spec == OutputSpec.from_dict(case["payload"]["spec"])
 
 

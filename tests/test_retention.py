@@ -134,7 +134,10 @@ def test_a_sweep_deletes_the_staging_plans_of_a_mosaic_made_in_shares(storage, a
         report = EventLoopThread.shared().run(retention.sweep(client, manifest, tiles, older_than=timedelta(0)))
     assert plans, "the mosaic was not staged in shares: nothing is shown"
     assert report["jobs"] == [job] and report["plans"] == len(plans) and report["tiles"] == 20
+    # Its coarse levels' reduction tree: two nodes of two levels, then one (1100 x 800 in 256).
+    assert report["levels"] == 3 and report["rows"] == 20 + 3
     assert list(tiles.list_blobs(name_starts_with=f"plans/{job}/")) == []
+    assert list(tiles.list_blobs(name_starts_with=f"levels/{job}/")) == []
     assert tile_names(storage, app_env, job) == [] and count_manifest(manifest, job).rows == 0
 
 

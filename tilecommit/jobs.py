@@ -159,6 +159,10 @@ class Job(Record):
     #: out of the payload) otherwise, and in payloads made before publication existed, whose
     #: orchestrations so replay as they ran.
     publish: bool | None = None
+    #: Levels each node of the mosaic's coarse-level reduction tree computes
+    #: (tilecommit/raster/assembly/reduction.py); None (left out of the payload, as in payloads
+    #: made before the tree existed): the commit computes the coarse levels itself, as it did.
+    coarse_levels_per_node: int | None = None
 
     JSON_IN = {"spec": OutputSpec.from_dict, "members": _members_in}
 
@@ -223,6 +227,7 @@ class Job(Record):
             collection_error=collection_error,
             members=None if members is None else tuple(_unquoted(m) for m in members),
             publish=True if settings.publishes else None,
+            coarse_levels_per_node=COARSE_LEVELS_PER_NODE,
         )
 
 
@@ -231,7 +236,18 @@ def _unquoted(member: SceneMember) -> SceneMember:
 
 
 #: The fields a payload carries only when they are set.
-_OPTIONAL = ("assembly_share_bytes", "profile_error", "collection", "collection_error", "members", "publish")
+_OPTIONAL = (
+    "assembly_share_bytes",
+    "profile_error",
+    "collection",
+    "collection_error",
+    "members",
+    "publish",
+    "coarse_levels_per_node",
+)
+#: Levels a node of the coarse-level reduction tree computes in the jobs started now: its region
+#: is 4 x 4 blocks of the level it reads, one block of each of its 16 children.
+COARSE_LEVELS_PER_NODE = 2
 #: The share size of a job whose payload names none.
 DEFAULT_SHARE_BYTES = DEFAULT_ASSEMBLY_SHARE_MB * 2**20
 
@@ -280,6 +296,25 @@ def share_plan_blob_name(job_id: str, tag: str) -> str:
     return f"plans/{check_job_id(job_id)}/{tag}.json"
 
 
+#: Manifest rows of the mosaic's coarse-level intermediates sort between the window rows and the
+#: cancellation row: ``~L`` is after every window id and before ``~c``.
+LEVEL_ROWS_FILTER = "RowKey ge '~L' and RowKey lt '~M'"
+
+
+def level_row_key(level: int, row: int, col: int) -> str:
+    """``~L{level:02d}_{row:04d}_{col:04d}``: the manifest row of the intermediate of the node
+    (``row``, ``col``) of the reduction stage that reads level ``level`` (never a window id)."""
+    if min(level, row, col) < 0:
+        raise InvalidNameError(f"a level node's position must be non-negative, got {level},{row},{col}")
+    return f"~L{level:02d}_{row:04d}_{col:04d}"
+
+
+def level_blob_name(job_id: str, level: int, row: int, col: int) -> str:
+    """``levels/{job_id}/L{level:02d}_{row:04d}_{col:04d}.tif`` (tiles container): that node's
+    intermediate, a pure function of the job id, the level its stage reads and the node."""
+    return f"levels/{check_job_id(job_id)}/{level_row_key(level, row, col)[1:]}.tif"
+
+
 #: The gate a job's blob is written through, by the name the functions above give it.
 _GATES = (
     (re.compile(r"^tiles/[0-9a-f]{16}/[^/]+\.tif$"), "tile"),
@@ -287,6 +322,7 @@ _GATES = (
     (re.compile(r"^mosaics/[0-9a-f]{16}/item\.json$"), "stac"),
     (re.compile(r"^mosaics/[0-9a-f]{16}/quicklook\.png$"), "quicklook"),
     (re.compile(rf"^plans/[0-9a-f]{{16}}/{BLOCK_TAG}\.json$"), "plan"),
+    (re.compile(r"^levels/[0-9a-f]{16}/L[0-9]{2}_[0-9]{4}_[0-9]{4}\.tif$"), "level"),
     (re.compile(r"^collections/[^/]+/collection\.json$"), "collection"),
     (re.compile(r"^collections/[^/]+/index/[0-9a-f]+\.json$"), "collection-index"),
 )

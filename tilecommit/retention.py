@@ -3,7 +3,8 @@ staging plans, under its cancellation row.
 
 The mosaic, its STAC item and its quicklook are the job's product and are never deleted here;
 the tiles are intermediate (the mosaic holds their pixels), and so are the rows that name them
-and the plans of the mosaic's staged attempts (``plans/{job}/``, in the tiles container).
+and the plans of the mosaic's staged attempts (``plans/{job}/``, in the tiles container), and
+the intermediates of its coarse levels (``levels/{job}/``, there too, with their rows).
 
 The sweep first writes the job's cancellation row (:mod:`tilecommit.cancellation`, reason
 :data:`SWEEP_REASON`, over a user's cancel if there is one): while it is there, a run of the job
@@ -29,7 +30,7 @@ from azure.storage.blob import ContainerClient
 
 from . import cancellation, gates
 from .gates import Outcome
-from .jobs import CANCELLED_ROW_KEY, WINDOW_ROWS_FILTER, check_job_id
+from .jobs import CANCELLED_ROW_KEY, LEVEL_ROWS_FILTER, WINDOW_ROWS_FILTER, check_job_id
 from .records import Record
 from .storage_answers import STORAGE_ERRORS, Meaning, call_failed, classify
 
@@ -44,6 +45,8 @@ class PurgedStorage(Record):
     rows: int
     tiles: int
     plans: int
+    #: The intermediates of the mosaic's coarse levels (``levels/{job}/``).
+    levels: int = 0
 
 
 def mark_sweeping(manifest: TableClient, job_id: str) -> None:
@@ -77,12 +80,14 @@ def unmark_sweeping(manifest: TableClient, job_id: str) -> bool:
 
 
 def delete_manifest_rows(manifest: TableClient, job_id: str) -> int:
-    """Every window row of the job's manifest partition (not its cancellation row)."""
+    """Every window row and coarse-level row of the job's manifest partition (not its cancellation row)."""
     try:
         keys = [
             r["RowKey"]
             for r in manifest.query_entities(
-                f"PartitionKey eq @job and {WINDOW_ROWS_FILTER}", parameters={"job": job_id}, select=["RowKey"]
+                f"PartitionKey eq @job and (({WINDOW_ROWS_FILTER}) or ({LEVEL_ROWS_FILTER}))",
+                parameters={"job": job_id},
+                select=["RowKey"],
             )
         ]
         for start in range(0, len(keys), TRANSACTION_ROWS):
@@ -119,6 +124,11 @@ def delete_tiles(tiles: ContainerClient, job_id: str) -> int:
     return _delete_prefix(tiles, f"tiles/{check_job_id(job_id)}/")
 
 
+def delete_levels(tiles: ContainerClient, job_id: str) -> int:
+    """Every intermediate of the job's coarse levels (``levels/{job_id}/``, tilecommit.jobs.level_blob_name)."""
+    return _delete_prefix(tiles, f"levels/{check_job_id(job_id)}/")
+
+
 def delete_plans(tiles: ContainerClient, job_id: str) -> int:
     """Every staging plan of the job's mosaic attempts (``plans/{job_id}/``, tilecommit.jobs.share_plan_blob_name)."""
     return _delete_prefix(tiles, f"plans/{check_job_id(job_id)}/")
@@ -128,7 +138,12 @@ def purge_job_storage(manifest: TableClient, tiles: ContainerClient, job_id: str
     """The job's rows, then its tiles and plans (the order is what makes a stopped sweep harmless).
     The caller holds the job's cancellation row (:func:`mark_sweeping`) meanwhile."""
     rows = delete_manifest_rows(manifest, job_id)
-    return PurgedStorage(rows=rows, tiles=delete_tiles(tiles, job_id), plans=delete_plans(tiles, job_id))
+    return PurgedStorage(
+        rows=rows,
+        tiles=delete_tiles(tiles, job_id),
+        plans=delete_plans(tiles, job_id),
+        levels=delete_levels(tiles, job_id),
+    )
 
 
 def clear_marker(manifest: TableClient, job_id: str) -> bool:

@@ -145,6 +145,7 @@ resource tileLifecycle 'Microsoft.Storage/storageAccounts/managementPolicies@202
               prefixMatch: [
                 '${tilesContainerName}/tiles/'
                 '${tilesContainerName}/plans/'
+                '${tilesContainerName}/levels/'
               ]
             }
             actions: {

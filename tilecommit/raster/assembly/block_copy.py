@@ -37,10 +37,12 @@ from .. import tiff
 from ..env import gdal_env
 from ..gdal_errors import gdal_step
 from ..reading.scene import SceneInfo
-from .block_sources import FETCH_THREADS, TILE_HEAD_BYTES, BlockFetcher, FileRangeSource, read_tile_heads
+from .block_sources import FETCH_THREADS, TILE_HEAD_BYTES, BlockFetcher, FileRangeSource, Head, read_tile_heads
 from .checks import check_planned_mosaic
+from .coarse_levels import read_intermediates, stitched_levels
 from .copy_plan import CopyPlan, plan_copy
 from .pyramid import halve_ceil, levels_of, levels_to_fit, plan_tile_levels
+from .reduction import plan_level_tree
 from .strategy import PLAN_SHA256_METADATA_KEY, MosaicJob, PlannedMosaic
 
 
@@ -54,8 +56,10 @@ def build_coarse_levels(
     workdir: str,
     settings: Settings,
     spec: OutputSpec,
+    count: int | None = None,
 ) -> tuple[list[tiff.OutputDirectory], FileRangeSource]:
-    """The levels below ``first_level``, computed by GDAL from a copy of level ``first_level``.
+    """The levels below ``first_level``, computed by GDAL from a copy of level ``first_level``
+    (``count`` of them: by default until one fits a block, or the web-optimized job's count).
 
     The copy is written block for block like the mosaic; GDAL then builds its internal overviews
     (bounded by GDAL_CACHEMAX and GDAL_OVR_CHUNK_MAX_SIZE) and their directories become the
@@ -80,9 +84,10 @@ def build_coarse_levels(
         base.mask = tiff.OutputDirectory(tags=mask_tags, blocks=mask.blocks, width=mask.width, height=mask.height)
     with open(base_path, "wb") as out:
         tiff.TiffWriter(byte_order).write(out, [base], fetch)
-    count = levels_to_fit(base.width, base.height, halve_ceil, spec.block_size)
-    if spec.choice.web_optimized:  # rio-cogeo's pyramid: as many as the job's level count leaves
-        count = levels_of(scene, spec) - first_level
+    if count is None:
+        count = levels_to_fit(base.width, base.height, halve_ceil, spec.block_size)
+        if spec.choice.web_optimized:  # rio-cogeo's pyramid: as many as the job's level count leaves
+            count = levels_of(scene, spec) - first_level
     factors = [2**j for j in range(1, count + 1)]
     # GDAL builds them in blocks of GDAL_TIFF_OVR_BLOCKSIZE: the spec's.
     encoding = {
@@ -140,6 +145,9 @@ class BlockCopyLayout:
     sources: dict
     fetch: BlockFetcher
     coarse_source: FileRangeSource | None
+    #: The sources whose blocks this process stages itself: the coarse levels' (computed here, or
+    #: the reduction tree's intermediates, :mod:`.coarse_levels`).
+    local_sources: frozenset = frozenset({"coarse"})
 
     @property
     def levels(self) -> int:
@@ -171,11 +179,13 @@ def read_tile_levels(
     spec: OutputSpec,
     timings: dict[str, float],
     executor: ThreadPoolExecutor,
+    known: dict[str, Head] | None = None,
 ) -> TileLevels:
-    """Read the tiles' heads (16 KB each) and plan the levels they make. Raises
+    """Read the tiles' heads (16 KB each; ``known``: heads a reduction node read, pinned, used
+    where they are of the row's version) and plan the levels they make. Raises
     :class:`IncompatibleTilesError` when the tiles cannot be block-copied."""
     started = time.perf_counter()
-    sources, heads = read_tile_heads(windows, summary, tiles, executor)
+    sources, heads = read_tile_heads(windows, summary, tiles, executor, known)
     timings["tile_heads"] = time.perf_counter() - started
     reference = heads[0].layout
     for head in heads:
@@ -199,8 +209,23 @@ def prepare_block_copy(job: MosaicJob, executor: ThreadPoolExecutor) -> BlockCop
     1024-pixel windows), from which GDAL computes the coarse levels into the job's ``workdir``.
     """
     scene, spec, timings = job.scene, job.spec, job.timings
+    tree = plan_level_tree(scene.width, scene.height, spec, job.job.coarse_levels_per_node)
+    intermediates = None
+    if tree is not None:
+        # Computed by the reduction tree's activities before this commit: only stitched here. Its
+        # first stage's intermediates carry the heads of their tiles, read pinned by the nodes.
+        started = time.perf_counter()
+        intermediates = read_intermediates(job.job, job.stores, tree, executor)
+        timings["intermediates"] = time.perf_counter() - started
     levels = read_tile_levels(
-        scene, job.windows, job.summary, tiles=job.stores.tiles, spec=spec, timings=timings, executor=executor
+        scene,
+        job.windows,
+        job.summary,
+        tiles=job.stores.tiles,
+        spec=spec,
+        timings=timings,
+        executor=executor,
+        known=intermediates.heads if intermediates is not None else None,
     )
     started = time.perf_counter()
     directories, sources, reference = list(levels.directories), levels.sources, levels.reference
@@ -209,7 +234,17 @@ def prepare_block_copy(job: MosaicJob, executor: ThreadPoolExecutor) -> BlockCop
     coarse_needed = directories[-1].width > spec.block_size or directories[-1].height > spec.block_size
     if spec.choice.web_optimized:
         coarse_needed = levels_of(scene, spec) > len(directories) - 1
-    if coarse_needed:
+    local_sources = frozenset({"coarse"})
+    if intermediates is not None:
+        if not coarse_needed or intermediates.tree.first != len(directories) - 1:
+            raise MosaicCheckError(
+                f"the level tree starts at level {intermediates.tree.first}, the tiles' levels end at "
+                f"{len(directories) - 1} (coarse levels needed: {coarse_needed})"
+            )
+        directories.extend(stitched_levels(intermediates))
+        sources.update(intermediates.sources)
+        local_sources = frozenset(intermediates.sources)
+    elif coarse_needed:
         nodata = reference.directories[0].tags.get(tiff.GDAL_NODATA)
         coarse, coarse_source = build_coarse_levels(
             scene,
@@ -225,7 +260,7 @@ def prepare_block_copy(job: MosaicJob, executor: ThreadPoolExecutor) -> BlockCop
         sources["coarse"] = coarse_source
         directories.extend(coarse)
     timings["coarse_levels"] = time.perf_counter() - started
-    return BlockCopyLayout(directories, levels.writer, sources, fetch, coarse_source)
+    return BlockCopyLayout(directories, levels.writer, sources, fetch, coarse_source, local_sources)
 
 
 @dataclass(frozen=True)
@@ -259,7 +294,14 @@ def planned_block_copy(job: MosaicJob) -> Iterator[BlockCopy]:
                 block_size=job.spec.block_size,
                 shorter_side=job.spec.choice.web_optimized,
             )
-            plan = plan_copy(head, order, total, leaders=layout.writer.leaders, trailers=layout.writer.trailers)
+            plan = plan_copy(
+                head,
+                order,
+                total,
+                leaders=layout.writer.leaders,
+                trailers=layout.writer.trailers,
+                local_sources=layout.local_sources,
+            )
             versions = {w.id: job.summary.entries[w.id].etag for w in job.windows}
             job.timings["check"] = time.perf_counter() - started
             # Named by the tiles' contents, not their versions: a run that renders purged tiles

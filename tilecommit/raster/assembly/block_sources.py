@@ -191,20 +191,39 @@ class BlockFetcher:
             yield from out
 
 
-def read_tile_heads(windows: list[Window], summary, tiles: ContainerClient, executor) -> tuple[dict, list[TileHead]]:
-    sources = {}
-    for window in windows:
-        entry = summary.entries[window.id]
-        sources[window.id] = BlobRangeSource(tiles, entry.uri, entry.nbytes, entry.etag or "", window.id)
+#: A tile's head as read, pinned: the ETag it was read at, the tile's size, its first bytes.
+Head = tuple[str, int, bytes]
 
-    def one(window: Window) -> TileHead:
-        source = sources[window.id]
-        head, size = source.head(TILE_HEAD_BYTES)
+
+def read_heads(
+    entries: dict, tiles: ContainerClient, executor, known: dict[str, Head] | None = None
+) -> tuple[dict, dict, dict[str, Head]]:
+    """The head of each blob a manifest row names (``entries``: key -> :class:`~tilecommit.manifest.ManifestEntry`),
+    pinned to the row's ETag and of the row's size: (key -> its :class:`BlobRangeSource`, key -> its
+    layout, key -> the head read). ``known``: heads read before (by a reduction node, pinned
+    too), used for a row whose ETag and size they were read at; any other head is read here."""
+    sources = {key: BlobRangeSource(tiles, e.uri, e.nbytes, e.etag or "", key) for key, e in entries.items()}
+    known = known or {}
+
+    def one(key: str) -> tuple[tiff.TiffLayout, Head]:
+        source = sources[key]
+        given = known.get(key)
+        if given is not None and source.etag and given[:2] == (source.etag, source.expected_size):
+            head, size = given[2], given[1]
+        else:
+            head, size = source.head(TILE_HEAD_BYTES)
         if size != source.expected_size:
             raise IncompleteManifestError(
-                f"tile {source.name} has {size} bytes, its manifest row says {source.expected_size}",
-                mismatched=[window.id],
+                f"{source.name} has {size} bytes, its manifest row says {source.expected_size}", mismatched=[key]
             )
-        return TileHead(window, window.id, tiff.read_layout(head, source.read))
+        return tiff.read_layout(head, source.read), (source.etag, size, head)
 
-    return sources, list(executor.map(one, windows))
+    read = dict(zip(sources, executor.map(one, list(sources)), strict=True))
+    return sources, {k: v[0] for k, v in read.items()}, {k: v[1] for k, v in read.items()}
+
+
+def read_tile_heads(
+    windows: list[Window], summary, tiles: ContainerClient, executor, known: dict[str, Head] | None = None
+) -> tuple[dict, list[TileHead]]:
+    sources, layouts, _ = read_heads({w.id: summary.entries[w.id] for w in windows}, tiles, executor, known)
+    return sources, [TileHead(w, w.id, layouts[w.id]) for w in windows]

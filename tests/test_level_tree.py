@@ -1,0 +1,199 @@
+"""The mosaic's coarse levels by a reduction tree (tilecommit/raster/assembly/reduction.py,
+level_nodes.py, coarse_levels.py), against Azurite: the plan, each node run as its activity runs it, and the
+commit that only stitches; the mosaic byte for byte the one the single-instance commit makes."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from testkit.scenes import SceneSpec, write_scene
+from tilecommit import gates, jobs, profiles
+from tilecommit.grid import plan_windows
+from tilecommit.manifest import get_manifest_entry, get_manifest_row, repair_manifest_entry
+from tilecommit.raster import inspect_source, render_tile
+from tilecommit.raster.assembly import block_copy, coarse_levels, level_nodes
+from tilecommit.raster.assembly.committed import verify_outputs
+from tilecommit.raster.assembly.pyramid import mosaic_overview_levels
+from tilecommit.raster.assembly.reduction import plan_level_tree, tile_level_plan
+from tilecommit.settings import Settings
+from tilecommit.spec import OutputSpec
+
+from .raster_jobs import RequestLog, assemble_mosaic, hooked_stores, job_of, job_stores
+
+SETTINGS = Settings(window_size=256)
+
+
+@pytest.mark.parametrize(
+    ("width", "height", "window", "per_node"),
+    [(40960, 40960, 1024, 2), (10000, 7000, 1024, 2), (1100, 800, 256, 1), (2048, 1024, 256, 2), (5000, 333, 512, 1)],
+)
+def test_a_tree_computes_exactly_the_levels_the_commit_would_in_even_halvings(width, height, window, per_node):
+    spec = OutputSpec(window_size=window)
+    first, w, h, remaining = tile_level_plan(width, height, spec)
+    tree = plan_level_tree(width, height, spec, per_node)
+    if tree is None:
+        return
+    assert tree.first == first and tree.levels == remaining
+    assert first + remaining == mosaic_overview_levels(width, height)
+    for stage in tree.stages[:-1]:  # every non-final stage halves even sizes only
+        assert stage.width % 2**stage.levels == 0 and stage.height % 2**stage.levels == 0
+        assert stage.rows * stage.cols > 1 and stage.span == 2**stage.levels
+    assert tree.stages[-1].rows == tree.stages[-1].cols == 1
+
+
+def test_no_tree_where_nothing_runs_in_parallel():
+    spec = OutputSpec(window_size=1024)
+    assert plan_level_tree(4096, 4096, spec, None) is None  # a payload from before the tree
+    assert plan_level_tree(4096, 4096, spec, 2) is None  # one node would take it all
+    assert plan_level_tree(1024 * 7 + 2, 4096, spec, 2) is None  # an odd first coarse level
+
+
+#: The profiles the byte-for-byte comparison runs with: the default (nodata, average), the mask
+#: made of the nodata (an internal mask's levels, built with the image's) and nearest resampling.
+PROFILES = {"default": {}, "add-mask": {"add_mask": "true"}, "nearest": {"resampling": "nearest"}}
+
+
+def spec_of(options: dict) -> OutputSpec:
+    return OutputSpec.with_choice(256, profiles.choose("default", options, where="tests/test_level_tree.py"))
+
+
+def render(tmp_path, stores, options: dict):
+    """A 1100 x 800 x 3 uint16 scene with nodata in 20 windows of 256, rendered to the profile:
+    three stages of nodes of one level (2 x 3, 1 x 2, then the last, odd, level whole)."""
+    path = write_scene(str(tmp_path / "scene.tif"), SceneSpec(1100, 800, 3, "uint16", nodata=0))
+    spec = spec_of(options)
+    scene = inspect_source(path, settings=SETTINGS, spec=spec)
+    job = job_of(SETTINGS, spec=spec)
+    for window in plan_windows(scene.width, scene.height, spec.window_size):
+        render_tile(job, job_stores(stores, SETTINGS), path, window)
+    return scene, job
+
+
+@pytest.fixture(params=list(PROFILES))
+def rendered(request, tmp_path, stores):
+    return render(tmp_path, stores, PROFILES[request.param])
+
+
+@pytest.fixture
+def rendered_default(tmp_path, stores):
+    return render(tmp_path, stores, {})
+
+
+def tree_job(job, per_node: int = 1):
+    return dataclasses.replace(job, coarse_levels_per_node=per_node)
+
+
+def run_tree(job, stores, scene) -> list[dict]:
+    tree = plan_level_tree(scene.width, scene.height, job.spec, job.coarse_levels_per_node)
+    assert tree is not None and len(tree.stages) == 3
+    return [
+        level_nodes.reduce_node(job, job_stores(stores, SETTINGS), scene, tree, s, r, c)
+        for s, stage in enumerate(tree.stages)
+        for r, c in stage.nodes
+    ]
+
+
+def test_the_tree_mosaic_is_the_single_instance_mosaic_byte_for_byte(rendered, stores, monkeypatch):
+    scene, plain = rendered
+    single = assemble_mosaic(plain, job_stores(stores, SETTINGS), scene)
+    single_bytes = stores["output"].download_blob(single.mosaic).readall()
+    for name in (single.mosaic, single.stac, single.quicklook):
+        stores["output"].delete_blob(name)
+
+    job = tree_job(plain)
+    results = run_tree(job, stores, scene)
+    assert [r["outcome"] for r in results] == ["written"] * 9
+
+    def computed_here(*args, **kwargs):
+        raise AssertionError("the commit computed coarse levels: it should only stitch the tree's")
+
+    monkeypatch.setattr(block_copy, "build_coarse_levels", computed_here)
+    tree = assemble_mosaic(job, job_stores(stores, SETTINGS), scene)
+    assert tree.outcome == "written" and tree.overview_levels == single.overview_levels == 3
+    assert stores["output"].download_blob(tree.mosaic).readall() == single_bytes
+    # Only the tree's blocks passed through the commit: no more than the coarse levels' bytes.
+    assert tree.transfer["copied_by_service"] == single.transfer["copied_by_service"]
+    # Verified as any mosaic is, from the tree again: by a scrub, and by an assembly that finds it.
+    verify_outputs(job, job_stores(stores, SETTINGS), scene)
+    assert assemble_mosaic(job, job_stores(stores, SETTINGS), scene).outcome == "already-present"
+
+
+def test_a_node_run_again_verifies_its_intermediate_and_repairs_one_that_differs(rendered_default, stores):
+    scene, job = rendered_default[0], tree_job(rendered_default[1])
+    tree = plan_level_tree(scene.width, scene.height, job.spec, 1)
+    job_stores_ = job_stores(stores, SETTINGS)
+    first = level_nodes.reduce_node(job, job_stores_, scene, tree, 0, 0, 1)
+    again = level_nodes.reduce_node(job, job_stores_, scene, tree, 0, 0, 1)
+    assert (first["outcome"], again["outcome"]) == ("written", "already-present")
+
+    name = jobs.level_blob_name(job.job_id, 0, 0, 1)
+    good = stores["tiles"].download_blob(name).readall()
+    stores["tiles"].upload_blob(name, good[:-1] + bytes([good[-1] ^ 0xFF]), overwrite=True)
+    repaired = level_nodes.reduce_node(job, job_stores_, scene, tree, 0, 0, 1)
+    assert repaired["outcome"] == "written"
+    blob = stores["tiles"].get_blob_client(name)
+    assert blob.download_blob().readall() == good
+    row = get_manifest_entry(stores["manifest"], job.job_id, jobs.level_row_key(0, 0, 1))
+    assert row is not None and row.etag == blob.get_blob_properties().etag and row.sha256 == gates.sha256_hex(good)
+
+
+def test_the_commit_refuses_without_every_intermediate(rendered_default, stores):
+    from tilecommit.errors import IncompleteManifestError
+
+    scene, job = rendered_default[0], tree_job(rendered_default[1])
+    tree = plan_level_tree(scene.width, scene.height, job.spec, 1)
+    level_nodes.reduce_node(job, job_stores(stores, SETTINGS), scene, tree, 0, 0, 0)
+    with pytest.raises(IncompleteManifestError, match="coarse-level intermediates have no manifest row"):
+        assemble_mosaic(job, job_stores(stores, SETTINGS), scene)
+
+
+def test_retention_purges_the_intermediates_and_their_rows_with_the_tiles(rendered_default, stores):
+    from tilecommit import retention
+    from tilecommit.raster.assembly.coarse_levels import level_rows
+
+    scene, job = rendered_default[0], tree_job(rendered_default[1])
+    run_tree(job, stores, scene)
+    assert len(level_rows(stores["manifest"], job.job_id)) == 9
+    purged = retention.purge_job_storage(stores["manifest"], stores["tiles"], job.job_id)
+    assert (purged.tiles, purged.levels, purged.rows) == (20, 9, 20 + 9)
+    assert level_rows(stores["manifest"], job.job_id) == {}
+    assert list(stores["tiles"].list_blobs(name_starts_with=f"levels/{job.job_id}/")) == []
+
+
+def head_reads(log) -> list[str]:
+    """The tiles whose head was read: ranged GETs from byte 0 of a tile blob."""
+    return [
+        path.rsplit("/", 1)[1]
+        for method, path, _, headers in log.requests
+        if method == "GET"
+        and "/tiles/" in path
+        and (headers.get("x-ms-range") or headers.get("Range") or "").startswith("bytes=0-")
+    ]
+
+
+def test_the_commit_takes_the_tiles_heads_the_first_stage_read_unless_a_tile_changed(rendered_default, stores, storage):
+    scene, job = rendered_default[0], tree_job(rendered_default[1])
+    run_tree(job, stores, scene)
+    # A repaired tile: the same bytes stored again (a new ETag), its row re-recorded to name it.
+    name = jobs.tile_blob_name(job.job_id, plan_windows(scene.width, scene.height, 256)[7])
+    blob = stores["tiles"].get_blob_client(name)
+    answer = blob.upload_blob(blob.download_blob().readall(), overwrite=True)
+    entry, row_etag = get_manifest_row(stores["manifest"], job.job_id, "0001_0002")
+    repair_manifest_entry(
+        stores["manifest"],
+        job_id=job.job_id,
+        window="0001_0002",
+        uri=entry.uri,
+        nbytes=entry.nbytes,
+        sha256=entry.sha256,
+        etag=answer["etag"],
+        expect_row_etag=row_etag,
+    )
+    log = RequestLog()
+    result = assemble_mosaic(job, job_stores(hooked_stores(storage, stores, log), SETTINGS), scene)
+    assert result.outcome == "written"
+    # The 20 heads came with the first stage's intermediates, but the changed tile's, read anew.
+    assert head_reads(log) == ["0001_0002.tif"]
+    assert coarse_levels.unpack_heads(coarse_levels.pack_heads({"a": ("e", 3, b"xyz")})) == {"a": ("e", 3, b"xyz")}

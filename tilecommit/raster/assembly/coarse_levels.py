@@ -1,0 +1,163 @@
+"""The mosaic's coarse levels from a reduction tree's intermediates (:mod:`.reduction`,
+:mod:`.level_nodes`): the commit's part.
+
+:func:`read_intermediates` reads every intermediate whole, pinned to the ETag its manifest row
+recorded, with the tiles' heads the first stage's carry (:func:`pack_heads`, after the TIFF);
+:func:`stitched_levels` lays their levels side by side, as the tiles' levels are the tiles' blocks.
+"""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from azure.data.tables import TableClient
+
+from ... import jobs
+from ...errors import IncompleteManifestError
+from ...jobs import Job
+from ...manifest import ManifestEntry, manifest_entry
+from ...storage_answers import STORAGE_ERRORS, call_failed
+from ...stores import JobStores
+from .. import tiff
+from .block_sources import TILE_HEAD_BYTES, BlobRangeSource, Head
+from .pyramid import tile_levels
+from .reduction import LevelTree, Stage, node_blocks
+
+
+class BytesSource:
+    """Ranged reads of bytes held in memory (an intermediate read whole, pinned)."""
+
+    def __init__(self, data: bytes, name: str):
+        self.data, self.name = data, name
+
+    def read(self, offset: int, length: int) -> bytes:
+        return self.data[offset : offset + length]
+
+    def __repr__(self) -> str:
+        return f"blob:{self.name}"
+
+
+def level_rows(table: TableClient, job_id: str) -> dict[str, ManifestEntry]:
+    """Every intermediate's manifest row of the job (one query, every page read)."""
+    try:
+        pages = table.query_entities(
+            f"PartitionKey eq @job and {jobs.LEVEL_ROWS_FILTER}",
+            parameters={"job": job_id},
+            select=["RowKey", "uri", "bytes", "sha256", "etag"],
+        )
+        return {e.window: e for e in (manifest_entry(p) for p in pages)}
+    except STORAGE_ERRORS as exc:
+        raise call_failed("reading the level rows of", job_id, exc) from exc
+
+
+@dataclass
+class Intermediates:
+    """Every intermediate of a tree, read whole and pinned: its bytes as a source, its layout,
+    and the heads of the tiles its first stage carries."""
+
+    tree: LevelTree
+    sources: dict[str, BytesSource]
+    layouts: dict[str, tiff.TiffLayout]
+    heads: dict[str, Head]
+
+
+def read_intermediates(job: Job, stores: JobStores, tree: LevelTree, executor: ThreadPoolExecutor) -> Intermediates:
+    """Every intermediate of ``tree``, each read whole, pinned to its row's ETag (one query for
+    the rows). A missing row is :class:`IncompleteManifestError`: the job runs the tree again."""
+    rows = level_rows(stores.manifest, job.job_id)
+    wanted = [jobs.level_row_key(st.level, r, c) for st in tree.stages for r, c in st.nodes]
+    missing = [k for k in wanted if k not in rows]
+    if missing:
+        raise IncompleteManifestError(
+            f"job {job.job_id}: {len(missing)} coarse-level intermediates have no manifest row ({', '.join(missing[:10])}): "
+            "run the job again to compute them",
+            missing=missing,
+        )
+    entries = {k: rows[k] for k in wanted}
+    readers = {k: BlobRangeSource(stores.tiles, e.uri, e.nbytes, e.etag or "", k) for k, e in entries.items()}
+    data = dict(zip(entries, executor.map(lambda k: readers[k].read(0, entries[k].nbytes), list(entries)), strict=True))
+    sources = {k: BytesSource(data[k], entries[k].uri) for k in entries}
+    layouts = {k: tiff.read_layout(data[k][:TILE_HEAD_BYTES], sources[k].read) for k in entries}
+    heads: dict[str, Head] = {}
+    for r, c in tree.stages[0].nodes:
+        heads.update(unpack_heads(data[jobs.level_row_key(tree.stages[0].level, r, c)]))
+    return Intermediates(tree, sources, layouts, heads)
+
+
+def stitched_levels(intermediates: Intermediates) -> list[tiff.OutputDirectory]:
+    """The mosaic's coarse levels, smallest last: the intermediates' levels side by side, their
+    blocks read from the intermediates (``intermediates.sources``, keyed by their rows)."""
+    tree, out = intermediates.tree, []
+    for stage in tree.stages:
+        node_levels = {
+            (r, c): tile_levels(intermediates.layouts[jobs.level_row_key(stage.level, r, c)]) for r, c in stage.nodes
+        }
+        for j in range(1, stage.levels + 1):
+            out.append(_stitched(stage, j, node_levels, tree.block_size))
+    return out
+
+
+#: The end of a first-stage intermediate: its tiles' heads, a JSON index, their lengths, this.
+HEADS_MAGIC = b"TCHEADS1"
+
+
+def pack_heads(heads: dict[str, Head]) -> bytes:
+    """The heads as bytes to append to a TIFF: each head, a JSON index (window -> ETag, size,
+    offset among the heads, length), the heads' and the index's lengths (8 bytes each, little
+    endian), :data:`HEADS_MAGIC`."""
+    blob, index = b"", {}
+    for key in sorted(heads):
+        etag, size, head = heads[key]
+        index[key] = [etag, size, len(blob), len(head)]
+        blob += head
+    text = json.dumps(index, sort_keys=True, separators=(",", ":")).encode()
+    return blob + text + len(blob).to_bytes(8, "little") + len(text).to_bytes(8, "little") + HEADS_MAGIC
+
+
+def unpack_heads(data: bytes) -> dict[str, Head]:
+    """The heads :func:`pack_heads` appended to ``data``; none when it carries none."""
+    if not data.endswith(HEADS_MAGIC):
+        return {}
+    blob_length, text_length = int.from_bytes(data[-24:-16], "little"), int.from_bytes(data[-16:-8], "little")
+    index = json.loads(data[-24 - text_length : -24])
+    start = len(data) - 24 - text_length - blob_length
+    return {k: (etag, size, data[start + o : start + o + n]) for k, (etag, size, o, n) in index.items()}
+
+
+def _stitched(stage: Stage, j: int, node_levels: dict, block: int) -> tiff.OutputDirectory:
+    """Level ``j`` of a stage: its nodes' level ``j`` side by side."""
+    if stage.rows == stage.cols == 1:
+        width, height = node_levels[(0, 0)][j - 1][0].width, node_levels[(0, 0)][j - 1][0].height
+    else:
+        width, height = stage.width >> j, stage.height >> j
+    reference_image, reference_mask = node_levels[(0, 0)][j - 1]
+
+    def directory(which: int, reference: tiff.Directory, subfile: int) -> tiff.OutputDirectory:
+        blocks = []
+        for by in range(-(-height // block)):
+            for bx in range(-(-width // block)):
+                r, c, ly, lx = node_blocks(stage, j, by, bx)
+                d = node_levels[(r, c)][j - 1][which]
+                index = ly * d.blocks_across + lx
+                key = jobs.level_row_key(stage.level, r, c)
+                blocks.append(tiff.BlockRef(key, d.block_offsets[index], d.block_byte_counts[index]))
+        tags = tiff.copyable_tags(reference, width=width, height=height, subfile_type=subfile)
+        return tiff.OutputDirectory(tags=tags, blocks=blocks, width=width, height=height)
+
+    image = directory(0, reference_image, tiff.SUBFILE_REDUCED)
+    if reference_mask is not None:
+        image.mask = directory(1, reference_mask, tiff.SUBFILE_REDUCED | tiff.SUBFILE_MASK)
+    return image
+
+
+__all__ = [
+    "BytesSource",
+    "Intermediates",
+    "level_rows",
+    "pack_heads",
+    "read_intermediates",
+    "stitched_levels",
+    "unpack_heads",
+]
