@@ -40,6 +40,10 @@ class NullActivities:
         return {"share": payload["share"], "ranges": 0, "bytes": 0, "stopped": False, "staged": 0}
 
     @staticmethod
+    def reduce_level_node(payload: dict) -> dict:
+        return {"stage": payload["stage"], "row": payload["row"], "col": payload["col"], "outcome": "written", "nbytes": 1}
+
+    @staticmethod
     def add_to_collection(payload: dict) -> dict:
         return {"collection": "null", "outcome": "written", "revision": 1, "conflicts": 0, "attempts": 1}
 
