@@ -78,7 +78,8 @@ def serve(app_env: AppEnv, log: Path, *extra: str, module: tuple[str, ...] = ("d
 
     ``module``: what runs instead of ``devhost`` and its arguments (a host that crashes on purpose).
     """
-    env = {**os.environ, **app_env.env}
+    # faulthandler on: a host that does not stop is sent SIGABRT and writes every thread's stack to the log.
+    env = {**os.environ, **app_env.env, "PYTHONFAULTHANDLER": "1"}
     if "--worker-id" not in extra:
         # One name for the test's host across restarts, as a restarted Azure instance keeps its
         # machine name: it takes its partitions back at once instead of waiting for their leases.
@@ -147,8 +148,21 @@ def serve_until_finished(storage, app_env: AppEnv, log: Path, job_id: str) -> di
     try:
         return wait_for_state(storage, app_env, job_id, lambda s: s["status"] in ("Completed", "Failed"))
     finally:
-        os.killpg(host.pid, signal.SIGTERM)
-        host.wait(timeout=60)
+        stop_host(host, log)
+
+
+def stop_host(host: subprocess.Popen, log: Path, timeout: float = 60) -> None:
+    """SIGTERM, as the platform stops an instance; a host still running after ``timeout`` seconds is
+    a bug: its stacks (faulthandler, on SIGABRT) and the log's tail are the failure's message."""
+    os.killpg(host.pid, signal.SIGTERM)
+    try:
+        host.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(host.pid, signal.SIGABRT)
+        host.wait(timeout=30)
+        raise AssertionError(
+            f"the host did not stop {timeout:.0f} s after SIGTERM:\n{log.read_text()[-12000:]}"
+        ) from None
 
 
 def wait_until(predicate, timeout: float = 120) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import signal
 import time
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from .app_jobs import (
     make_scene,
     serve,
     serve_until_finished,
+    stop_host,
     upload_until_killed,
     wait_for_state,
 )
@@ -85,8 +85,7 @@ def crash_then_restart(storage, app_env: AppEnv, tmp_path: Path, point: str, *, 
     try:
         state = wait_for_state(storage, app_env, job_id, finished, timeout=timeout)
     finally:
-        os.killpg(host.pid, signal.SIGTERM)
-        host.wait(timeout=60)
+        stop_host(host, log)
     completed = time.monotonic() - restarted
     assert state["status"] == "Completed", state
     check_outputs(storage, app_env, {"status": "completed", "job_id": job_id, "windows": 20}, scene)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import threading
@@ -28,7 +27,7 @@ import pytest
 from testkit.stac_api import StacApi
 from tilecommit import settings as names
 
-from .app_jobs import ROOT, download, local_host, make_scene, serve, upload, wait_for_state
+from .app_jobs import ROOT, download, local_host, make_scene, serve, stop_host, upload, wait_for_state
 
 JOBS = 32
 OUTAGE_S = 10.0
@@ -134,8 +133,7 @@ def test_devhost_serve_catalog_serves_a_stac_api_that_finds_the_job_by_place_and
         with urllib.request.urlopen(request, timeout=30) as answer:
             assert [f["id"] for f in json.loads(answer.read())["features"]] == [job_id]
     finally:
-        os.killpg(host.pid, signal.SIGTERM)
-        host.wait(timeout=60)
+        stop_host(host, log)
     # Stopped with the host: nothing answers on its port any more.
     with pytest.raises(urllib.error.URLError):
         urllib.request.urlopen(f"{url}/_mgmt/ping", timeout=5)

@@ -4,11 +4,13 @@ messaging, a partition's handover and the watchdog; the task hub in Azurite wher
 
 from __future__ import annotations
 
+import threading
 import time
 from datetime import timedelta
 
 import pytest
 
+from devhost.durable import messaging as messaging_module
 from devhost.durable.dispatch import EpisodeDue, EpisodeQueue, StartDue
 from devhost.durable.engine import wired_partitions
 from devhost.durable.handover import Handover
@@ -62,21 +64,31 @@ def control_bodies(store, partition: int) -> list[dict]:
 
 
 class HostParts:
-    """One host's parts on the test's task hub: its activity runner has no slot, so a work item
-    waits in memory while the host is alone and goes to the shared queue once it is not."""
+    """One host's parts on the test's task hub. By default its activity runner has no slot, so a
+    work item waits in memory while the host is alone and goes to the shared queue once it is
+    not; with ``slots``, activities run ``invoke`` and their outcomes land in ``outcomes`` (their
+    work items deleted, as the engine's delivery does)."""
 
-    def __init__(self, store, worker_id: str = "solo", lease: LeaseTimings = LONG_LEASE):
+    def __init__(
+        self, store, worker_id: str = "solo", lease: LeaseTimings = LONG_LEASE, *, slots: int = 0, invoke=None
+    ):
         self.store, self.instances, self.stats, self.timers = store, HeldInstances(), EngineStats(), Timers()
         self.partitions = wired_partitions(self, store, worker_id, lease)
         self.partitions.ensure()
         self.queue = EpisodeQueue(
             self.instances, owns=self.partitions.owns_instance, linger=0.0, later=self.timers.later
         )
+        self.outcomes: list[dict] = []
+
+        def deliver(instance_id, execution_id, item, token) -> None:
+            self.outcomes.append(item)
+            self.messaging.delete(token)
+
         no_slot = ActivityRunner(
-            0,
+            slots,
             None,
-            invoke=lambda name, data: "null",
-            deliver=lambda *outcome: None,
+            invoke=invoke or (lambda name, data: "null"),
+            deliver=deliver,
             freed=lambda: None,
             later=self.timers.later,
             record=lambda execution: None,
@@ -313,6 +325,47 @@ def test_a_drained_partition_waits_for_its_episode_in_hand_then_sends_what_it_he
         ],
         key=str,
     )
+
+
+def test_an_activity_running_without_a_work_item_gets_one_when_its_partition_is_handed_on(store, monkeypatch):
+    """An activity started here without the queue (a slot was free) whose partition is handed on
+    while it runs: the new owner took the partition by a handover, not after a crash, so it sends
+    nothing again. The activity is given a work item taken by this host. If the host dies (nobody
+    renews it), another host receives it once its visibility runs out; if the activity ends, its
+    result deletes it."""
+    monkeypatch.setattr(messaging_module, "WORK_ITEM_VISIBILITY_S", 1.0)  # 30 s in a host
+    go = threading.Event()
+    parts = HostParts(store, slots=1, invoke=lambda name, data: str(go.wait(30)).lower())
+    parts.partitions.loop_once()
+    partition = 0
+    [first_id, second_id] = ids_in(partition, 2, parts.count)
+
+    def run_here_then_hand_on(instance_id: str, task_id: int) -> dict:
+        inst = parts.hold(running(instance_id, open={task_id}))
+        work = parts.messaging.work_for(inst, task_id, {"kind": "activity", "name": "nap", "input": "1"})
+        parts.messaging.send_all(work)
+        assert parts.stats.work_items_sent == 0 and store.queues.receive_work_items(32, 30) == []  # no message
+        assert parts.handover.drain(partition)
+        assert store.queues.receive_work_items(32, 30) == []  # invisible: this host holds it
+        return work[0][1]
+
+    body = run_here_then_hand_on(first_id, 4)
+    assert parts.stats.work_items_attached == 1
+    time.sleep(1.5)  # the host "died": nobody renewed it
+    [item] = store.queues.receive_work_items(32, 30)
+    assert item.body == body and item.dequeue_count == 1
+    store.queues.delete(item)
+
+    go.set()  # the first ends (its late delete is refused: another host took its work item)
+    wait_until(lambda: len(parts.outcomes) == 1, timeout=10)
+    go.clear()
+    run_here_then_hand_on(second_id, 5)
+    assert parts.stats.work_items_attached == 2
+    go.set()  # this one ends within its visibility: its result deletes its work item
+    wait_until(lambda: len(parts.outcomes) == 2, timeout=10)
+    time.sleep(1.5)
+    assert store.queues.receive_work_items(32, 30) == []
+    assert [o["Result"] for o in parts.outcomes] == ["true", "true"]
 
 
 def test_a_lost_partition_is_dropped_from_memory_and_nothing_is_sent(store):

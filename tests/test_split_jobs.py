@@ -6,8 +6,6 @@ SDK, Azurite 3.37 and real GeoTIFFs. The app's blob traffic goes through a recor
 from __future__ import annotations
 
 import base64
-import os
-import signal
 import time
 from collections import Counter
 from pathlib import Path
@@ -26,7 +24,7 @@ from tilecommit.raster.assembly import attempt
 from tilecommit.settings import Settings
 from tilecommit.stores import JobStores
 
-from .app_jobs import check_outputs, local_host, make_scene, serve, upload_until_killed, wait_for_state
+from .app_jobs import check_outputs, local_host, make_scene, serve, stop_host, upload_until_killed, wait_for_state
 
 pytestmark = pytest.mark.slow
 
@@ -190,8 +188,7 @@ def test_a_host_killed_while_staging_shares_completes_the_job_on_a_restarted_hos
     try:
         state = wait_for_state(storage, app_env, job_id, lambda s: s["status"] in ("Completed", "Failed"), timeout=240)
     finally:
-        os.killpg(host.pid, signal.SIGTERM)
-        host.wait(timeout=60)
+        stop_host(host, log)
     print(
         f"\nkilled with {len(staged_at_crash)} ranges staged; restart -> completed {time.monotonic() - restarted:.1f} s"
     )

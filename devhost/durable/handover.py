@@ -8,7 +8,9 @@
 - **Taken up**: the partition counts as owned from now on; its instances that have not run a
   first episode run now.
 - **Drained** (another host takes it, or this one stops): once no episode of it is in hand,
-  every start, result and timer held in memory for it goes back to its queue.
+  every start, result and timer held in memory for it goes back to its queue, and each of its
+  activities running here without a work item is given one (the next owner takes the partition
+  by a handover, so it would send nothing again if this host died before they end).
 - **Lost** (another host holds it after this one's lease lapsed): what is held of it is dropped;
   the new owner claimed an expired row, so it sends the open work again.
 """
@@ -141,6 +143,7 @@ class Handover:
         in hand, every start, result and timer held in memory for it goes back to its queue."""
         if self.queue.holds_any(self._in(partition)):
             return False
+        self.messaging.attach_work_items(self._in(partition))
         instances, starts, held = self._take_partition(partition)
         for message, receipt in starts:
             self.messaging.forward(start_body(message), receipt)

@@ -206,5 +206,7 @@ class EngineStats:
     work_items_sent: int = 0
     #: Activities kept in memory for a slot because this host was alone on the task hub.
     work_items_kept: int = 0
+    #: Activities running here without a work item given one as their partition went to another host.
+    work_items_attached: int = 0
     #: Stalled starts and unanswered tasks the watchdog sent again.
     watchdog_redispatches: int = 0

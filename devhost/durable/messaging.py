@@ -5,7 +5,9 @@ host's memory when the host owns the instance's partition, else into the partiti
 queue. An activity starts at once on the host that scheduled it when one of its slots is free
 (what a host with a free slot would do with the work item anyway, without the queue's round
 trips), else it goes to the shared work-item queue, which any host with a free slot reads. What
-runs or waits only in a host's memory is sent again by the next owner if that host dies. What a
+runs or waits only in a host's memory is sent again by the next owner if that host dies (one that
+still runs when its partition is handed over is given a work item then: the next owner did not
+take it after a crash, so it would not send it again). What a
 message carries is kept until what it led to is committed; then it is deleted, and one that
 shows up again is dropped as a duplicate. Sends that meet a storage fault are tried again until
 they land (:class:`devhost.durable.work.HostBackoff`): nothing is dropped.
@@ -32,6 +34,7 @@ from .history import (
 from .instance import EngineStats, HeldInstances, Instance, new_execution_id
 from .partitions import PartitionManager
 from .queues import Received
+from .receivers import WORK_ITEM_VISIBILITY_S
 from .store import HistoryStore
 from .work import ActivityRunner, HostBackoff, StartMessage
 
@@ -214,6 +217,22 @@ class Messaging:
         self.backoff.call("send a work item", lambda: self.queues.send_work_item(body), lambda: False)
         self._count("work_items_sent")
         self.wake_work_items()  # this host's free slots need not wait for the next poll
+
+    def attach_work_items(self, chosen: Callable[[str], bool]) -> None:
+        """The activities of the ``chosen`` instances (a partition going to another host) that run
+        here without a work item are given one, taken by this host: the partition's next owner
+        got it by a handover, not after a crash, so it sends nothing again if this host dies
+        before they end; the queue then brings them back once their visibility runs out."""
+
+        def send_held(task: tuple) -> Received:
+            body = {"type": "activity", **dict(zip(WORK_ITEM_FIELDS, task, strict=True))}
+            return self.backoff.call(
+                "send a work item", lambda: self.queues.send_work_item_held(body, WORK_ITEM_VISIBILITY_S), lambda: False
+            )
+
+        attached = self.activities.attach_work_items(chosen, send_held, self.delete)
+        with self.instances.lock:
+            self.stats.work_items_attached += attached
 
     def crowded(self) -> None:
         """Another host is on the task hub (or this one stops): the activities kept here for a

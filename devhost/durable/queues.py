@@ -90,13 +90,17 @@ class TaskHubQueues:
     # ------------------------------------------------------------------ sending
 
     def _encode(self, body: dict) -> str:
+        return self._encode_with_blob(body)[0]
+
+    def _encode_with_blob(self, body: dict) -> tuple[str, str | None]:
+        """The message's text, and the blob holding the body when it was too large for one."""
         text = json.dumps(body)
         if len(text) <= MAX_MESSAGE_CHARS:
-            return text
+            return text, None
         name = f"messages/{uuid.uuid4().hex}.json"
         self.payloads.upload_blob(name, text.encode("utf-8"), overwrite=True)
         self.large_messages += 1
-        return json.dumps({"payload_blob": name})
+        return json.dumps({"payload_blob": name}), name
 
     def send_control(self, partition: int, body: dict, *, delay: float = 0.0) -> None:
         visibility = int(min(MAX_DELAY_S, max(0.0, delay)) + 0.999) if delay > 0 else None
@@ -104,6 +108,14 @@ class TaskHubQueues:
 
     def send_work_item(self, body: dict) -> None:
         self._work.send_message(self._encode(body), time_to_live=-1)
+
+    def send_work_item_held(self, body: dict, visible_for: float) -> Received:
+        """A work item sent invisible for ``visible_for`` seconds and returned as if this host had
+        received it at once (its activity already runs here): renewed and deleted as any taken one,
+        and visible to every host again if this one dies holding it."""
+        text, blob = self._encode_with_blob(body)
+        sent = self._work.send_message(text, visibility_timeout=int(visible_for), time_to_live=-1)
+        return Received(self._work.queue_name, sent.id, sent.pop_receipt, body, 0, blob)
 
     # ------------------------------------------------------------------ receiving
 

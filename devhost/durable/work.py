@@ -279,6 +279,24 @@ class ActivityRunner:
                 self._queue.remove(task)
         return [task[:-1] for task in kept]
 
+    def attach_work_items(
+        self, chosen: Callable[[str], bool], send_held: Callable[[tuple], object], delete: Callable[[object], None]
+    ) -> int:
+        """Give each execution of the ``chosen`` instances that runs here without a work item one
+        now (``send_held(task)`` sends it, taken by this host): its outcome is then awaited through
+        the queue, which brings it back to any host if this one dies first. One that settled while
+        its work item was sent has it deleted (``delete``). How many were given one."""
+        with self._lock:
+            bare = [r for r in self._running if r.token is None and not r.settled and chosen(r.instance_id)]
+        for run in bare:
+            token = send_held((run.instance_id, run.execution_id, run.task_id, run.name, run.input_json))
+            with self._lock:
+                if not run.settled:
+                    run.token = token  # _settle marks a run settled under this lock before it reads the token
+                    continue
+            delete(token)
+        return len(bare)
+
     def free(self) -> int:
         """Slots no execution holds or waits for (negative: more are waiting than slots are free)."""
         with self._lock:
