@@ -41,7 +41,13 @@ class NullActivities:
 
     @staticmethod
     def reduce_level_node(payload: dict) -> dict:
-        return {"stage": payload["stage"], "row": payload["row"], "col": payload["col"], "outcome": "written", "nbytes": 1}
+        return {
+            "stage": payload["stage"],
+            "row": payload["row"],
+            "col": payload["col"],
+            "outcome": "written",
+            "nbytes": 1,
+        }
 
     @staticmethod
     def add_to_collection(payload: dict) -> dict:

@@ -14,7 +14,7 @@ import traceback
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from . import shim
 from .history import TASK_COMPLETED, TASK_FAILED, event, now
@@ -280,7 +280,7 @@ class ActivityRunner:
         return [task[:-1] for task in kept]
 
     def attach_work_items(
-        self, chosen: Callable[[str], bool], send_held: Callable[[tuple], object], delete: Callable[[object], None]
+        self, chosen: Callable[[str], bool], send_held: Callable[[tuple], Any], delete: Callable[[Any], None]
     ) -> int:
         """Give each execution of the ``chosen`` instances that runs here without a work item one
         now (``send_held(task)`` sends it, taken by this host): its outcome is then awaited through
