@@ -5,6 +5,7 @@ tiles, strong ETags with 304, and every bad input a 4xx with a JSON error body."
 from __future__ import annotations
 
 import json
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -24,6 +25,7 @@ from tilecommit.errors import JobApiError
 from tilecommit.jobs import job_id_for
 from tilecommit.settings import Settings
 from tilecommit.spec import OutputSpec
+from tilecommit.tiles.mosaics import KeptMosaicBlob
 from tilecommit.tiles.query import MAX_OVERZOOM, TileQuery, etag_matches, parse_query, tile_etag
 from tilecommit.tiles.render import TileMaker
 from tilecommit.tiles.stretch import band_ranges, histogram_percentiles
@@ -254,6 +256,47 @@ def test_a_mosaic_replaced_while_open_is_read_again_at_its_new_version(output, t
         assert not np.array_equal(pixels(again.png), pixels(before.png))
     finally:
         maker.close()
+
+
+def test_a_tiles_blocks_are_fetched_ahead_once_its_zoom_showed_which_level_gdal_reads(output, tmp_path, monkeypatch):
+    """The first tile of a zoom is read as GDAL asks, a block a GET; later tiles of that zoom find
+    their blocks fetched ahead (merged, at once, on the prefetch's threads), so GDAL's own reads
+    fetch nothing. Every tile's pixels are rio-tiler's rendering of the file."""
+    source = write_scene(str(tmp_path / "src.tif"), SceneSpec(2048, 2048, seed=3, blocksize=256))
+    cog = tmp_path / "cog.tif"
+    cog_translate(source, str(cog), {**cog_profiles.get("deflate"), "blockxsize": 256, "blockysize": 256}, quiet=True)
+    job_id = "fedcba9876543210"
+    output.upload_blob(f"mosaics/{job_id}/mosaic.tif", cog.read_bytes())
+    output.upload_blob(f"mosaics/{job_id}/item.json", b"{}")
+    fetches: list[str] = []
+    plain_fetch = KeptMosaicBlob.fetch
+
+    def counted(self, offset, length):
+        fetches.append("ahead" if threading.current_thread().name.startswith("tileprefetch") else "asked")
+        return plain_fetch(self, offset, length)
+
+    monkeypatch.setattr(KeptMosaicBlob, "fetch", counted)
+    maker = TileMaker(output, Settings())
+    query = TileQuery(rescale=(0, 65535))
+    with Reader(str(cog)) as src:
+        zoom = src.maxzoom
+        tiles = list(src.tms.tiles(*src.get_geographic_bounds(src.tms.rasterio_geographic_crs), zooms=[zoom]))
+    assert len(tiles) >= 4
+    try:
+        maker.job_tile(job_id, tiles[0].z, tiles[0].x, tiles[0].y, query, None)  # opens the mosaic
+        per_tile = []
+        for tile in tiles[1:5]:
+            fetches.clear()
+            made = maker.job_tile(job_id, tile.z, tile.x, tile.y, query, None)
+            expected = rio_tiler_png(cog, tile.z, tile.x, tile.y, rescale=(0, 65535))
+            assert made is not None and np.array_equal(pixels(made.png), pixels(expected))
+            per_tile.append((fetches.count("asked"), fetches.count("ahead")))
+    finally:
+        maker.close()
+    # Tiles 2 to 5 of the zoom: nothing asked by GDAL reaches storage; what they need came ahead
+    # (a block already kept by a neighbour is not fetched again).
+    assert all(asked == 0 for asked, _ in per_tile), per_tile
+    assert sum(ahead for _, ahead in per_tile) > 0, per_tile
 
 
 def test_a_collections_tile_is_its_mosaics_oldest_first(output, tmp_path):

@@ -10,7 +10,8 @@ dropped and opened again at the new version once (:meth:`OpenMosaics.use`).
 
 Opening costs a GET of the STAC item, a HEAD of the mosaic and the first 64 KiB of it (the
 header and directories); a mosaic kept open serves a tile with the GETs of its blocks only, and
-blocks already fetched (:class:`KeptMosaicBlob`, GDAL's block cache: :func:`keep_block_cache`) with none. Every
+blocks already fetched (:class:`KeptMosaicBlob`, GDAL's block cache: :func:`keep_block_cache`) with none;
+a tile's blocks are fetched ahead, merged and at once (:mod:`.prefetch`). Every
 :data:`RECHECK_S` the mosaic's ETag is read again (one HEAD), so a repaired mosaic is shown
 within that time even where no read of the old version reaches storage.
 
@@ -85,6 +86,10 @@ class KeptMosaicBlob(PinnedBlob):
     block again, titiler (GDAL's ``VSI_CACHE`` of stored bytes) a quarter of them.
     """
 
+    #: While not None, the ``(offset, size)`` of every block GDAL's reads fetched (not found kept):
+    #: what a tile read, for :class:`~tilecommit.tiles.prefetch.TilePrefetcher` to learn from.
+    fetched: list[tuple[int, int]] | None = None
+
     def read_at(self, offset: int, length: int) -> bytes:
         length = max(0, min(length, self.file_size - offset))
         if length <= READ_AHEAD:
@@ -93,8 +98,27 @@ class KeptMosaicBlob(PinnedBlob):
         if hit is not None:
             return hit
         data = self.fetch(offset, length)
+        if self.fetched is not None:
+            self.fetched.append((offset, length))
         self._keep(offset, data)
         return data
+
+    def covered(self, offset: int, length: int) -> bool:
+        """Whether kept spans hold every byte of ``offset .. offset + length`` (GDAL reads a large
+        block in pieces, each kept as a span of its own)."""
+        end, reached = offset + length, offset
+        with self._lock:
+            spans = sorted((start, start + len(data)) for start, data in self._spans)
+        for start, stop in spans:
+            if start <= reached < stop:
+                reached = stop
+            if reached >= end:
+                return True
+        return reached >= end
+
+    def keep(self, start: int, data: bytes) -> None:
+        """Keep bytes fetched ahead (``start``: their offset) for GDAL's reads."""
+        self._keep(start, data)
 
     def _keep(self, start: int, data: bytes) -> None:
         with self._lock:
@@ -111,7 +135,7 @@ class OpenMosaic:
     name: str
     etag: str
     item: dict
-    source: PinnedBlob
+    source: KeptMosaicBlob
     dataset: rasterio.DatasetReader
     checked: float
     #: The context it was opened in, where every read of it runs.

@@ -32,6 +32,7 @@ from ..errors import JobApiError
 from ..settings import Settings
 from ..storage_answers import unless_missing
 from .mosaics import RECHECK_S, OpenMosaic, OpenMosaics
+from .prefetch import TilePrefetcher
 from .query import MAX_OVERZOOM, TILE_SIZE, TileQuery, checked_bands, etag_matches, outside_bounds, tile_etag
 from .stretch import band_ranges
 
@@ -65,11 +66,20 @@ def check_zoom(z: int, maxzoom: int) -> None:
         )
 
 
+def _prefetcher(mosaic: OpenMosaic) -> TilePrefetcher:
+    """What fetches a tile's blocks ahead (kept with the mosaic: it learns the level of each zoom)."""
+    if "prefetcher" not in mosaic.extra:
+        mosaic.extra["prefetcher"] = TilePrefetcher(mosaic.source, mosaic.dataset.crs, mosaic.dataset.transform)
+    return mosaic.extra["prefetcher"]
+
+
 def image_of(mosaic: OpenMosaic, z: int, x: int, y: int, query: TileQuery) -> ImageData:
     """The tile of ``mosaic`` as 8-bit bands and a mask; raises rio-tiler's ``TileOutsideBounds``."""
     reader = _reader(mosaic)
     bands = checked_bands(query, mosaic.dataset.count)
-    image = reader.tile(x, y, z, indexes=bands, tilesize=TILE_SIZE)
+    left, bottom, right, top = WEB_MERCATOR_TMS.xy_bounds(GridTile(x, y, z))
+    with _prefetcher(mosaic).tile(z, (left, bottom, right, top), WEB_MERCATOR_TMS.rasterio_crs):
+        image = reader.tile(x, y, z, indexes=bands, tilesize=TILE_SIZE)
     ranges = band_ranges(mosaic.item, bands, mosaic.dataset.dtypes[0], query.rescale)
     if ranges is not None:
         image.rescale(in_range=ranges)
