@@ -73,8 +73,8 @@ class Level:
 
     def ranges(self, col_off: float, row_off: float, col_end: float, row_end: float) -> list[tuple[int, int]]:
         """The stored ranges of the blocks under a pixel window of this level."""
-        if col_end < 0 or row_end < 0 or col_off >= self.width or row_off >= self.height:
-            return []
+        if not self.blocks or col_end < 0 or row_end < 0 or col_off >= self.width or row_off >= self.height:
+            return []  # no tiles (a stripped TIFF, never a COG) or a window off the level
         across = -(-self.width // self.block_width)
         first_col, first_row = max(0, int(col_off) // self.block_width), max(0, int(row_off) // self.block_height)
         last_col = min(across - 1, int(col_end) // self.block_width)
@@ -108,9 +108,9 @@ class TilePrefetcher:
     def tile(self, z: int, bounds: tuple[float, float, float, float], bounds_crs: CRS) -> Iterator[None]:
         """Around a tile's render: its blocks fetched ahead when its zoom's level is known; the
         level learned from what the render fetched when it is not."""
-        level = self.learned.get(z)
+        level, seen = self.learned.get(z), self._seen_before((z, *bounds))
         if level is not None:
-            if not self._seen_before((z, *bounds)):
+            if not seen:
                 self._fetch_ahead(self.levels[level], bounds, bounds_crs)
             yield
             return
