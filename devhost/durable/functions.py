@@ -112,7 +112,7 @@ class FunctionIndex:
         trigger = next((b for b in bindings if b["type"].endswith("Trigger")), None)
         if trigger is None:
             return
-        client = next((b for b in bindings if b["type"] == "durableClient"), None)
+        client = durable_client_binding(bindings)
         if trigger["type"] == "orchestrationTrigger":
             self.orchestrators[name] = func
         elif trigger["type"] == "activityTrigger":
@@ -190,6 +190,11 @@ class FunctionIndex:
         if inspect.iscoroutine(result):
             result = EventLoopThread.shared().run(result)
         return result
+
+
+def durable_client_binding(bindings: list[dict]) -> dict | None:
+    """A function's ``durableClient`` input binding, if it has one."""
+    return next((b for b in bindings if b["type"] == "durableClient"), None)
 
 
 def _annotation(func: Callable, param: str) -> Any:

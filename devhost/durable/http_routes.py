@@ -32,7 +32,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 import azure.functions as func
 
-from .functions import EventLoopThread, FunctionIndex
+from .functions import EventLoopThread, FunctionIndex, durable_client_binding
 from .rpc import QuietHandler
 
 logger = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ class HttpRoute:
     @classmethod
     def of(cls, name: str, func: Callable, bindings: list[dict], prefix: str) -> HttpRoute:
         trigger = next(b for b in bindings if b["type"] == "httpTrigger")
-        client = next((b for b in bindings if b["type"] == "durableClient"), None)
+        client = durable_client_binding(bindings)
         template = "/".join(p for p in (prefix, trigger.get("route") or name) if p)
         regex, last = "", 0
         for match in _PARAMETER.finditer(template):

@@ -33,6 +33,7 @@ from typing import Any
 
 import azure.functions as func
 
+from ..durable.functions import durable_client_binding
 from .runtime import WorkerRuntime
 
 
@@ -89,7 +90,7 @@ class Invoker:
         return return_text(self.runtime.invoke(name, inputs).return_value)
 
     def _client(self, name: str, client_json: str | None) -> list:
-        client = next((b for b in self._bindings(name) if b["type"] == "durableClient"), None)
+        client = durable_client_binding(self._bindings(name))
         if client is None:
             return []
         if client_json is None:

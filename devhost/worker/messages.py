@@ -53,7 +53,7 @@ def compile_protos() -> Path:
         from grpc_tools import protoc
     except ImportError as exc:
         raise ProtoCompileError(
-            "grpcio-tools is needed to compile the worker's protos (requirements-dev.txt, Python 3.13)"
+            "grpcio-tools is needed to compile the worker's protos (requirements-worker.txt, Python 3.13)"
         ) from exc
     import grpc_tools
 

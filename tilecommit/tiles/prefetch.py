@@ -27,7 +27,7 @@ from affine import Affine
 from rasterio.crs import CRS
 from rasterio.warp import transform_bounds
 
-from ..raster.reading.source import MERGE_GAP
+from ..raster.reading.source import merged_ranges
 from ..raster.tiff import SUBFILE_MASK, Directory, TiffLayout, read_layout
 from .mosaics import KeptMosaicBlob
 
@@ -152,16 +152,10 @@ class TilePrefetcher:
             *(to_level * corner for corner in ((left, top), (right, top), (left, bottom), (right, bottom))), strict=True
         )
         ranges = level.ranges(min(xs) - MARGIN_PX, min(ys) - MARGIN_PX, max(xs) + MARGIN_PX, max(ys) + MARGIN_PX)
-        missing = sorted(r for r in ranges if not self.source.covered(*r))  # kept from a neighbour: not again
+        missing = [r for r in ranges if not self.source.covered(*r)]  # kept from a neighbour: not again
         if not missing or sum(size for _, size in missing) > MAX_PREFETCH_BYTES:
             return
-        spans: list[list[int]] = []
-        for offset, size in missing:
-            if spans and offset <= spans[-1][1] + MERGE_GAP:
-                spans[-1][1] = max(spans[-1][1], offset + size)
-            else:
-                spans.append([offset, offset + size])
-        wanted = [(start, end - start) for start, end in spans]
+        wanted = merged_ranges(missing)
         # The fetches record their faults on the source, where the render's check finds them.
         for start, data in zip(
             (start for start, _ in wanted), _POOL.map(lambda span: self.source.fetch(*span), wanted), strict=True

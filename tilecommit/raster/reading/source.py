@@ -90,6 +90,18 @@ MAX_GET = 32 * 1024 * 1024
 GDAL_THREAD = "gdal-thread"
 
 
+def merged_ranges(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``(offset, size)`` ranges as the GETs that fetch them: sorted, empty ones left out, and
+    neighbours less than :data:`MERGE_GAP` apart merged into one of at most :data:`MAX_GET` bytes."""
+    spans: list[list[int]] = []
+    for offset, size in sorted(r for r in ranges if r[1] > 0):
+        if spans and offset <= spans[-1][1] + MERGE_GAP and offset + size - spans[-1][0] <= MAX_GET:
+            spans[-1][1] = max(spans[-1][1], offset + size)
+        else:
+            spans.append([offset, offset + size])
+    return [(start, end - start) for start, end in spans]
+
+
 @dataclass(frozen=True)
 class ReadFault:
     """A read storage did not answer in full: which bytes, and what storage answered."""
@@ -262,15 +274,9 @@ class Source(FileContainer):
         """
         if sum(size for _, size in ranges if size > 0) > MAX_CACHED_BYTES:
             return
-        spans: list[list[int]] = []
-        for offset, size in sorted(r for r in ranges if r[1] > 0):
-            if spans and offset <= spans[-1][1] + MERGE_GAP and offset + size - spans[-1][0] <= MAX_GET:
-                spans[-1][1] = max(spans[-1][1], offset + size)
-            else:
-                spans.append([offset, offset + size])
-        for start, end in spans:
-            if self._cached(start, min(end, self.file_size) - start) is None:
-                self._keep(start, self.fetch(start, end - start))
+        for start, length in merged_ranges(ranges):
+            if self._cached(start, min(start + length, self.file_size) - start) is None:
+                self._keep(start, self.fetch(start, length))
 
     # -- what a GDAL call may trust ----------------------------------------------------------
     def raise_faults(self, since: int = 0, cause: BaseException | None = None) -> None:
