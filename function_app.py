@@ -108,8 +108,10 @@ def _orchestrator(bp: df.Blueprint, name: str, function) -> None:
 
 
 def _activity(bp: df.Blueprint, name: str, function, *, input_name: str = "payload", on_result=None) -> None:
-    """Bind ``function`` as the activity ``name``, each execution recorded (:func:`observed_activity`)."""
-    bp.activity_trigger(input_name=input_name, activity=name)(observed_activity(name, function, on_result))
+    """Bind ``function`` as the activity ``name``, held to the activities' contract as a whole
+    (:func:`activities.tiling.held_to_contract`), each execution recorded (:func:`observed_activity`)."""
+    held = activities.held_to_contract(name, function)
+    bp.activity_trigger(input_name=input_name, activity=name)(observed_activity(name, held, on_result))
 
 
 app = df.DFApp(http_auth_level=func.AuthLevel.FUNCTION)

@@ -11,9 +11,11 @@ containers, the table and GDAL's limits (:class:`tilecommit.stores.JobStores`).
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from tilecommit import cost, events, jobs, raster
 from tilecommit.errors import (
@@ -26,6 +28,7 @@ from tilecommit.errors import (
 )
 from tilecommit.grid import Window
 from tilecommit.jobs import Job
+from tilecommit.observability.observed import job_id_of
 from tilecommit.raster.assembly import level_nodes, reduction
 from tilecommit.raster.assembly import shares as split
 from tilecommit.raster.gdal_errors import job_messages
@@ -71,11 +74,37 @@ def run_activity(name: str, job_id: str, work: Callable[[], dict], *, window: st
         with job_messages(job_id):
             return work()
     except Exception as exc:
-        if is_retryable(exc):
-            logger.warning("job %s: %s%s: retryable fault: %s", job_id, name, f" {window}" if window else "", exc)
-            raise
-        logger.warning("job %s: %s%s failed for good: %s", job_id, name, f" {window}" if window else "", exc)
-        return {"error": error_value(exc, window=window)}
+        return _classified(exc, name, job_id, window)
+
+
+def _classified(exc: Exception, name: str, job_id: str, window: str | None) -> dict:
+    """Raise ``exc`` again if it is retryable, else its error value (see :func:`run_activity`)."""
+    where = f" {window}" if window else ""
+    if is_retryable(exc):
+        logger.warning("job %s: %s%s: retryable fault: %s", job_id, name, where, exc)
+        raise exc
+    logger.warning("job %s: %s%s failed for good: %s", job_id, name, where, exc)
+    return {"error": error_value(exc, window=window)}
+
+
+def held_to_contract(name: str, function: Callable[[Any], dict]) -> Callable[[Any], dict]:
+    """The activity ``function`` held to :func:`run_activity`'s contract as a whole, the decoding
+    of its input included: an input it cannot read (a bug, or the payload of a release that named
+    its fields otherwise, still in a running job's history) fails the job once with what was
+    wrong, instead of being retried as a storage fault and reported as one.
+
+    The registration in function_app.py applies it to every activity; what ``function`` already
+    turned into an error value passes through unchanged."""
+
+    @functools.wraps(function)
+    def run(*args: Any, **kwargs: Any) -> dict:
+        try:
+            return function(*args, **kwargs)
+        except Exception as exc:
+            payload = args[0] if args else next(iter(kwargs.values()), None)
+            return _classified(exc, name, job_id_of(payload) or "(unknown)", None)
+
+    return run
 
 
 def validate_source(job: dict) -> dict:

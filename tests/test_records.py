@@ -8,6 +8,7 @@ import math
 
 import pytest
 
+from tilecommit.errors import FAULT, UnreadableRecordError, is_retryable, kind_of
 from tilecommit.grid import Window
 from tilecommit.raster import SceneInfo
 from tilecommit.raster.assembly.commit import MosaicResult
@@ -81,8 +82,11 @@ def test_a_scene_stored_before_the_acquisition_time_was_kept_reads_as_giving_non
 
 
 def test_a_missing_required_field_is_refused():
-    with pytest.raises(TypeError):
+    with pytest.raises(
+        UnreadableRecordError, match=r"TileResult cannot be built from \[.*'window'.*\]: .*'uri'"
+    ) as refused:
         TileResult.from_dict({k: v for k, v in TILE.items() if k != "uri"})
+    assert not is_retryable(refused.value) and kind_of(refused.value) == FAULT
 
 
 def test_converters_normalise_what_json_carries():

@@ -119,6 +119,11 @@ class IncompatibleTilesError(TileCommitError):
     """The tiles cannot be block-copied (layout differs); the VRT path can still assemble them."""
 
 
+class UnreadableRecordError(TileCommitError):
+    """A record (a payload, a result) that travelled as JSON cannot be built back: a field it
+    needs is missing or of the wrong type. Reading it again reads the same: never retried."""
+
+
 class JobCancelledError(TileCommitError):
     """The job was cancelled: its work still queued stops before it reads or writes anything."""
 

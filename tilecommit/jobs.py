@@ -18,7 +18,7 @@ from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 from .errors import BadInputError, InvalidNameError
 from .grid import Window
-from .records import Record
+from .records import Record, unreadable
 from .settings import DEFAULT_ASSEMBLY_SHARE_MB, Settings
 from .spec import OutputSpec
 
@@ -182,7 +182,9 @@ class Job(Record):
         made with the default block size and profile, which is the spec it gets (and the form it
         is written in from then on).
         """
-        if "spec" not in data:
+        if isinstance(data, Mapping) and "spec" not in data:
+            if "window_size" not in data:
+                raise unreadable(cls, data, KeyError("spec"))
             data = {**data, "spec": {"window_size": data["window_size"]}}
         return super().from_dict(data)
 

@@ -17,6 +17,8 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Self, TypeVar
 
+from .errors import UnreadableRecordError
+
 Converter = Callable[[Any], Any]
 T = TypeVar("T")
 
@@ -43,8 +45,19 @@ class Record:
 def from_dict(cls: type[T], data: Mapping[str, Any], converters: Mapping[str, Converter] | None = None) -> T:
     """An instance of the dataclass ``cls`` from ``data``: unknown keys ignored, ``converters`` applied.
 
-    A required field missing from ``data`` raises ``TypeError`` (from the dataclass itself).
+    What cannot be built (a required field missing, a converter refusing a value, ``data`` not a
+    mapping) raises :class:`~tilecommit.errors.UnreadableRecordError`, naming the record and the
+    keys it was given: the same JSON fails the same way, so no retry is spent on it.
     """
     converters = converters or {}
     names = {f.name for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]  # ``cls`` is a dataclass
-    return cls(**{k: converters[k](v) if k in converters else v for k, v in data.items() if k in names})
+    try:
+        return cls(**{k: converters[k](v) if k in converters else v for k, v in data.items() if k in names})
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:
+        raise unreadable(cls, data, exc) from exc
+
+
+def unreadable(cls: type, data: Any, exc: Exception) -> UnreadableRecordError:
+    """The error of a ``cls`` that ``data`` cannot make (see :func:`from_dict`)."""
+    given = sorted(data) if isinstance(data, Mapping) else type(data).__name__
+    return UnreadableRecordError(f"{cls.__name__} cannot be built from {given}: {exc}")
