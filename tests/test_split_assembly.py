@@ -12,7 +12,7 @@ from rasterio.io import MemoryFile
 
 from testkit.scenes import SceneSpec, read_scene, write_scene
 from tilecommit import conditional, jobs
-from tilecommit.errors import IncompleteManifestError
+from tilecommit.errors import FAULT, IncompleteManifestError, StagingPlanChangedError, is_retryable, kind_of
 from tilecommit.manifest import count_manifest, get_manifest_row, repair_manifest_entry
 from tilecommit.raster import inspect_source
 from tilecommit.raster.assembly import attempt, shares
@@ -231,3 +231,22 @@ def test_the_range_tag_is_a_pure_function_of_the_ranges_and_their_versions():
     assert tag != ranges_tag(JOB, ranges[:1], versions)
     assert tag != ranges_tag("fedcba9876543210", ranges, versions)
     assert jobs.share_plan_blob_name(JOB, tag) == f"plans/{JOB}/{tag}.json"
+
+
+@pytest.mark.parametrize("change", ["replaced", "deleted"])
+def test_a_staging_plan_changed_after_planning_fails_the_share_for_good_saying_deliver_again(
+    split_scene, stores, storage, change
+):
+    """The orchestration carries the plan's version: a plan replaced or deleted since (by hand,
+    or a sweep) refuses every repeat of the step alike, so no retry is spent on it."""
+    _, scene, settings = split_scene
+    staged = plan(scene, settings, stores)
+    blob = stores["tiles"].get_blob_client(staged.name)
+    if change == "replaced":
+        blob.upload_blob(blob.download_blob().readall(), overwrite=True)  # same bytes, new ETag
+    else:
+        blob.delete_blob()
+    with pytest.raises(StagingPlanChangedError, match="deliver the upload again") as failure:
+        stage(staged, 0, stores)
+    assert not is_retryable(failure.value) and kind_of(failure.value) == FAULT
+    assert not stores["output"].get_blob_client(jobs.mosaic_blob_name(JOB)).exists()

@@ -119,6 +119,12 @@ class IncompatibleTilesError(TileCommitError):
     """The tiles cannot be block-copied (layout differs); the VRT path can still assemble them."""
 
 
+class StagingPlanChangedError(TileCommitError):
+    """The mosaic's staging plan is no longer the version its planning step recorded (replaced
+    or deleted): repeating the step reads the same refusal, since the orchestration carries that
+    version; delivering the upload again plans anew (the same plan, by its tag)."""
+
+
 class UnreadableRecordError(TileCommitError):
     """A record (a payload, a result) that travelled as JSON cannot be built back: a field it
     needs is missing or of the wrong type. Reading it again reads the same: never retried."""

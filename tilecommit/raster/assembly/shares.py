@@ -43,6 +43,7 @@ from ...errors import (
     IncompatibleTilesError,
     IncompleteManifestError,
     MosaicCheckError,
+    StagingPlanChangedError,
 )
 from ...jobs import Job
 from ...records import Record
@@ -183,7 +184,7 @@ def read_share_plan(tiles: ContainerClient, staged: StagedShares) -> SharePlan:
     except STORAGE_ERRORS as exc:
         answer = classify(exc)
         if answer.version_gone:
-            raise IncompleteManifestError(
+            raise StagingPlanChangedError(
                 f"the mosaic's staging plan {staged.name} is not the version its attempt recorded "
                 f"({staged.etag}): {answer.status}; nothing was committed, deliver the upload again"
             ) from exc
