@@ -104,7 +104,7 @@ def test_the_readme_layout_names_the_top_level_folders_and_nothing_deeper():
 def devhost_help(*command: str) -> str:
     """What ``python -m devhost [COMMAND] --help`` prints, from the CLI's own parser in this process
     (a process per command cost a second of imports each)."""
-    from devhost.cli import build_parser
+    from devhost.cli_args import build_parser
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as exited:

@@ -357,7 +357,7 @@ def test_one_upload_under_two_profiles_is_two_jobs_and_each_delivered_again_a_du
 
 
 def test_the_clis_profile_option_is_the_uploads_metadata() -> None:
-    from devhost.cli import profile_metadata
+    from devhost.cli_args import profile_metadata
     from devhost.session import UsageError
 
     assert profile_metadata(None) is None
