@@ -8,7 +8,8 @@ import math
 
 import pytest
 
-from tilecommit.errors import FAULT, UnreadableRecordError, is_retryable, kind_of
+from tilecommit.backfill import BackfillRequest
+from tilecommit.errors import FAULT, InvalidNameError, UnreadableRecordError, is_retryable, kind_of
 from tilecommit.grid import Window
 from tilecommit.raster import SceneInfo
 from tilecommit.raster.assembly.commit import MosaicResult
@@ -97,3 +98,10 @@ def test_converters_normalise_what_json_carries():
     assert all(isinstance(v, float) for v in scene.transform)
     assert scene.block_shapes == [[256, 256]] and isinstance(scene.block_shapes[0][0], int)
     assert Window.from_dict({k: str(v) for k, v in WINDOW.items()}) == Window(**WINDOW)
+
+
+def test_a_records_own_check_keeps_its_error():
+    """A field refused by the record's own check is that check's error (bad input here), not an
+    unreadable record."""
+    with pytest.raises(InvalidNameError):
+        BackfillRequest.from_dict({"container": "Not A Container!"})

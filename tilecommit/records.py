@@ -17,7 +17,7 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Self, TypeVar
 
-from .errors import UnreadableRecordError
+from .errors import TileCommitError, UnreadableRecordError
 
 Converter = Callable[[Any], Any]
 T = TypeVar("T")
@@ -53,6 +53,8 @@ def from_dict(cls: type[T], data: Mapping[str, Any], converters: Mapping[str, Co
     names = {f.name for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]  # ``cls`` is a dataclass
     try:
         return cls(**{k: converters[k](v) if k in converters else v for k, v in data.items() if k in names})
+    except TileCommitError:
+        raise  # a record's own check (a name refused, say) says what is wrong itself
     except (TypeError, ValueError, KeyError, AttributeError) as exc:
         raise unreadable(cls, data, exc) from exc
 
