@@ -9,7 +9,9 @@ storage to Azure's rules, and make it answer the way a real account does under l
   was carried out, 500 ``CannotVerifyCopySource`` to a Put Block From URL), a reset connection
   (before the request reaches storage, or after storage carried it out, so the answer is lost),
   an answer cut half-way through its body, or a delay; for a fraction of requests, exactly 1 in K
-  (seeded), every request inside a window of time, or in episodes per operation.
+  (seeded), every request inside a window of time, or in episodes per operation. Its
+  :class:`Gate` holds requests until the test lets them on: a job stopped part-way for as long
+  as a test needs to look at it, however fast the machine.
 
 Requests are told apart by the REST operation they are (:mod:`testkit.storage_ops`), so a plan
 can break "every Insert Entity" whatever sent it. This is the one test double of storage here:
@@ -82,6 +84,50 @@ class Episode:
         return self.start <= now < self.start + self.seconds
 
 
+class Gate:
+    """Holds the requests ``selects(method, path)`` picks once closed, until it is opened again.
+    Open when made; :meth:`close` lets ``after`` more selected requests through first."""
+
+    def __init__(self, selects: Callable[[str, str], bool]):
+        self.selects = selects
+        self._changed = threading.Condition()
+        self._passes: int | None = None  # None: open; otherwise how many more may pass
+        self._openings = 0  # a held request goes on at the next opening, even if closed again since
+        self.held = 0
+
+    def close(self, after: int = 0) -> None:
+        with self._changed:
+            self._passes = after
+
+    def open(self) -> None:
+        with self._changed:
+            self._passes = None
+            self._openings += 1
+            self._changed.notify_all()
+
+    def wait_for_held(self, count: int = 1, timeout: float = 60) -> None:
+        """Return once ``count`` requests are held; TimeoutError after ``timeout`` seconds."""
+        with self._changed:
+            if not self._changed.wait_for(lambda: self.held >= count, timeout):
+                raise TimeoutError(f"{self.held} request(s) held after {timeout} s, not {count}")
+
+    def pass_through(self, method: str, path: str) -> None:
+        """Return when a request may go on: at once unless selected while closed."""
+        if not self.selects(method, path):
+            return
+        with self._changed:
+            if self._passes is None:
+                return
+            if self._passes > 0:
+                self._passes -= 1
+                return
+            self.held += 1
+            self._changed.notify_all()
+            opening = self._openings
+            self._changed.wait_for(lambda: self._openings != opening)
+            self.held -= 1
+
+
 @dataclass
 class FaultPlan:
     """What a :class:`FaultProxy` does to the requests ``applies(method, path)`` selects (and, when
@@ -103,6 +149,7 @@ class FaultPlan:
     ``limit``: at most this many faults in all (``every=1, limit=1``: only the first selected request).
     ``reset_uploads``: the first PUT of each path is reset half-way through its body.
     ``delay``: seconds added before forwarding each selected request.
+    ``gate``: a :class:`Gate` every request passes before it is forwarded or answered.
     ``outage``: (start, end) in ``time.monotonic()`` seconds: every selected request inside it
     is answered 503 ServerBusy.
     """
@@ -122,6 +169,7 @@ class FaultPlan:
     status: int = 503
     code: str = "ServerBusy"
     outage: tuple[float, float] | None = None
+    gate: Gate | None = None
     applies: Callable[[str, str], bool] = lambda method, path: True
     seed: int = 13
 
@@ -430,6 +478,8 @@ class FaultProxy(RecordingProxy):
         body = self.read_body(request)
         if self.plan.delay and self.plan.applies(request.command, request.path):
             time.sleep(self.plan.delay)
+        if self.plan.gate is not None:
+            self.plan.gate.pass_through(request.command, request.path)
         if fault is None:
             if not self.refuse_by_rule(request, body):
                 self.forward(request, body)

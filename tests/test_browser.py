@@ -25,6 +25,9 @@ import requests
 from rasterio.io import MemoryFile
 
 from testkit.scenes import SceneSpec, write_scene
+from testkit.storage_proxy import FaultPlan, FaultProxy, Gate
+from tilecommit import settings as setting_names
+from tilecommit.storage import StorageConnection
 
 from .app_jobs import AppEnv, serve, upload
 from .conftest import app_env_for
@@ -56,6 +59,9 @@ class Site:
     folder: Path
     context: object
     log: Path
+    #: Holds the host's tile commits (Put Blob of ``tiles/...``) while closed: a job stopped
+    #: part-way for as long as a test looks at it, however fast the machine runs it.
+    gate: Gate
     shots: list[Path] = field(default_factory=list)
 
     def page_url(self, fragment: str = "/") -> str:
@@ -73,7 +79,7 @@ class Site:
 
 
 @pytest.fixture(scope="module")
-def site(azurite, storage, tmp_path_factory) -> Iterator[Site]:
+def site(azurite, tmp_path_factory) -> Iterator[Site]:
     if shutil.which("chromium") is None:
         pytest.fail("Debian's chromium is not installed: `make chromium` installs it")
     from playwright.sync_api import sync_playwright
@@ -81,6 +87,13 @@ def site(azurite, storage, tmp_path_factory) -> Iterator[Site]:
     folder = tmp_path_factory.mktemp("browser")
     with pytest.MonkeyPatch.context() as monkeypatch:
         app_env = app_env_for(azurite, monkeypatch, "tests/test_browser.py")
+        tiles = f"/{app_env.tiles}/tiles/"
+        gate = Gate(lambda method, path: method == "PUT" and tiles in path and "comp=" not in path)
+        blobs = FaultProxy(f"http://127.0.0.1:{azurite.blob_port}", FaultPlan(gate=gate)).start()
+        proxied = azurite.connection_string.replace(f":{azurite.blob_port}/", f":{blobs.port}/")
+        app_env.env[setting_names.STORAGE_CONNECTION] = proxied
+        # The test's uploads go through the proxy too: a job's id covers the upload's URL.
+        storage = StorageConnection.from_connection_string(proxied)
         log = folder / "serve.log"
         host = serve(app_env, log)
         try:
@@ -94,12 +107,14 @@ def site(azurite, storage, tmp_path_factory) -> Iterator[Site]:
                     viewport={"width": 1280, "height": 900},
                 )
                 try:
-                    yield Site(app_env, base, storage, folder, context, log)
+                    yield Site(app_env, base, storage, folder, context, log, gate)
                 finally:
                     context.close()
         finally:
+            gate.open()
             host.send_signal(signal.SIGINT)
             host.wait(timeout=60)
+            blobs.stop()
 
 
 def row_of(page, job_id: str) -> dict | None:
@@ -115,6 +130,11 @@ def row_of(page, job_id: str) -> dict | None:
     )
 
 
+def windows_done(row: dict) -> int:
+    """The windows done a row of the job list shows (``8 / 24``), 0 before it shows a count."""
+    return int(row["count"].split(" / ")[0]) if " / " in row["count"] else 0
+
+
 @dataclass
 class Watched:
     job_id: str
@@ -124,23 +144,31 @@ class Watched:
 
 @pytest.fixture(scope="module")
 def completed(site: Site) -> Watched:
-    """A scene uploaded while the job list is open, the list read every 100 ms until it completes."""
+    """A scene uploaded while the job list is open, the list read every 100 ms until it completes.
+
+    24 windows in 6 batches of 4: the gate lets 20 tiles' commits through and holds the last 4,
+    so at least 2 batches finish while the job cannot; it opens once the list has shown them."""
     scene = Path(write_scene(str(site.folder / "watched.tif"), SceneSpec(1536, 1024, 3, "uint16", nodata=0)))
     page = site.context.new_page()
     page.goto(site.page_url("/"))
     page.wait_for_selector("table.jobs")
-    job_id = upload(site.storage, site.app_env, scene)
-    seen: list[dict] = []
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        row = row_of(page, job_id)
-        if row and (not seen or row != seen[-1]):
-            seen.append(row)
-            if len(seen) == 2:
-                site.screenshot(page, "jobs-running")
-        if row and row["state"] in ("completed", "failed", "terminated"):
-            break
-        time.sleep(0.1)
+    site.gate.close(after=20)
+    try:
+        job_id = upload(site.storage, site.app_env, scene)
+        seen: list[dict] = []
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            row = row_of(page, job_id)
+            if row and (not seen or row != seen[-1]):
+                seen.append(row)
+                if windows_done(row) >= 8 and row["state"] == "running":
+                    site.screenshot(page, "jobs-running")
+                    site.gate.open()
+            if row and row["state"] in ("completed", "failed", "terminated"):
+                break
+            time.sleep(0.1)
+    finally:
+        site.gate.open()
     site.screenshot(page, "jobs")
     page.close()
     return Watched(job_id, scene, seen)
@@ -154,6 +182,7 @@ def test_an_upload_appears_in_the_list_its_progress_moves_and_it_completes(compl
     assert done[-1] == (24, 24), seen  # 1536 x 1024 in 256 px windows
     # The list was not reloaded: the same page showed the job while it ran, then its end.
     assert any(row["state"] in ("pending", "running") for row in seen), seen
+    assert any(row["state"] == "running" and 8 <= windows_done(row) < 24 for row in seen), seen
     assert len({d for d, _ in done}) >= 2, f"the windows done never moved: {seen}"
     assert [d for d, _ in done] == sorted(d for d, _ in done), seen
     assert seen[-1]["cost"].startswith("$") and seen[-1]["elapsed"], seen
@@ -301,18 +330,23 @@ def canvas_at_tile(page, z: int, x: int, y: int) -> np.ndarray:
 
 def test_a_running_job_is_cancelled_and_retried_from_its_page(site: Site):
     scene = Path(write_scene(str(site.folder / "cancelled.tif"), SceneSpec(2048, 2048, 3, "uint16")))
-    job_id = upload(site.storage, site.app_env, scene)
-    page = site.context.new_page()
-    asked: list[str] = []
+    site.gate.close()  # no tile is committed until the job is cancelled: it cannot end first
+    try:
+        job_id = upload(site.storage, site.app_env, scene)
+        page = site.context.new_page()
+        asked: list[str] = []
 
-    def accept(dialog) -> None:
-        asked.append(dialog.message)
-        dialog.accept()
+        def accept(dialog) -> None:
+            asked.append(dialog.message)
+            dialog.accept()
 
-    page.on("dialog", accept)
-    page.goto(site.page_url(f"/jobs/{job_id}"))
-    page.locator('button[data-action="cancel"]').click(timeout=30_000)
-    page.wait_for_selector('#job-state:text("terminated")', timeout=30_000)
+        page.on("dialog", accept)
+        page.goto(site.page_url(f"/jobs/{job_id}"))
+        site.gate.wait_for_held()
+        page.locator('button[data-action="cancel"]').click(timeout=30_000)
+        page.wait_for_selector('#job-state:text("terminated")', timeout=30_000)
+    finally:
+        site.gate.open()
     assert asked and asked[0].startswith("Cancel this job?")
     assert site.job(job_id)["state"] == "terminated"
     site.screenshot(page, "job-cancelled")

@@ -16,8 +16,10 @@ from devhost.durable import watchdog
 from devhost.durable.history import EXECUTION_STARTED, TASK_SCHEDULED, TIMER_CREATED, InstanceAlreadyExists, parse_iso
 from devhost.durable.work import worker_thread_count
 from testkit.metrics import max_overlap, slot_use
+from testkit.storage_proxy import FaultPlan, FaultProxy
 from tests.apps import toy_app
 from tests.test_devhost_engine import hub_store, make_engine
+from tilecommit.storage import StorageConnection
 
 NAP = 0.4
 
@@ -307,3 +309,48 @@ def test_continue_as_new_goes_on_as_a_new_execution_with_its_input_and_its_own_h
     events = [e for episode in store.episodes("cd-1") for e in episode.events]
     assert [e["EventType"] for e in events if e["EventType"] == EXECUTION_STARTED] == [EXECUTION_STARTED]
     assert not [e for e in events if e["EventType"] == TASK_SCHEDULED]
+
+
+def test_a_finished_instance_started_again_never_goes_missing_from_its_status(azurite, request):
+    """DTFx overwrites a finished instance's Instances row (InsertOrMerge) and its old history
+    gradually; it never deletes the row, so a status read while the instance is started again
+    finds the old execution or the new one, never nothing. The client's write of the new row is
+    held 1 s and the host's listing of the old execution's large messages 2 s, so the host takes
+    the start up between the client's message and its write, the moment a status read fell into
+    a gap (a 404 from the backfill API)."""
+    held_write = FaultPlan(delay=1.0, applies=lambda method, path: method == "PUT" and "state" in path)
+    held_listing = FaultPlan(delay=2.0, applies=lambda method, path: method == "GET" and "comp=list" in path)
+    with (
+        FaultProxy(f"http://127.0.0.1:{azurite.blob_port}", held_listing) as blobs,
+        FaultProxy(f"http://127.0.0.1:{azurite.table_port}", held_write) as tables,
+    ):
+        proxied = StorageConnection.from_connection_string(
+            azurite.connection_string.replace(f":{azurite.blob_port}/", f":{blobs.port}/").replace(
+                f":{azurite.table_port}/", f":{tables.port}/"
+            )
+        )
+        store = hub_store(proxied, request)
+        seen: list[str | None] = []
+        with make_engine(store) as engine:
+            engine.start_new("batch", "again", {"numbers": [2]})
+            first = engine.wait_for("again", timeout=60)
+            stop = threading.Event()
+
+            def watch() -> None:
+                while not stop.is_set():
+                    state = engine.status("again")
+                    seen.append(state["status"] if state else None)
+                    time.sleep(0.002)
+
+            watcher = threading.Thread(target=watch)
+            watcher.start()
+            try:
+                engine.start_new("batch", "again", {"numbers": [3]})
+                second = engine.wait_for("again", timeout=60)
+            finally:
+                stop.set()
+                watcher.join()
+    assert first["output"] == 4 and second["output"] == 9 and second["execution_id"] != first["execution_id"]
+    assert seen and None not in seen, f"{seen.count(None)} of {len(seen)} status reads found no instance"
+    # The first execution's end, then the second's start: the reads saw both, and nothing else.
+    assert set(seen) <= {"Completed", "Pending", "Running"} and {"Pending", "Running"} & set(seen), set(seen)

@@ -60,9 +60,6 @@ class Starts:
             finished = current or Instance.from_state(previous)
             self.instances.put(finished)
             return [report_to_parent(finished)], None
-        if previous is not None:
-            # An earlier execution of this id: its history goes; the new one starts from scratch.
-            self.store.purge_history(message.instance_id, keep_execution=message.execution_id)
         inst = Instance(
             message.instance_id,
             message.name,
@@ -76,6 +73,9 @@ class Starts:
             # (TaskOrchestrationDispatcher: ``runtimeState.Status = ... carryOverStatus``), until
             # that execution's first episode sets its own.
             inst.custom_status = current.custom_status
+        if previous is not None:
+            # An earlier execution of this id: the new one's row replaces it, then its history goes.
+            self.store.begin_execution(inst.id, inst.state())
         with self.instances.lock:
             self.instances.put(inst)
             self.queue.mark_ready(inst.id)

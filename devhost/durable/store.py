@@ -206,22 +206,37 @@ class HistoryStore:
         for row in sorted(rows, key=lambda r: r["RowKey"]):
             yield self._episode(row)
 
-    def purge_history(self, instance_id: str, keep_execution: str | None = None) -> None:
-        """Delete an earlier execution's history (a finished instance started again is overwritten);
-        the instance row stays, unless it belongs to an execution other than ``keep_execution``."""
-        rows = list(self.table.query_entities("PartitionKey eq @id", parameters={"id": instance_id}, select=["RowKey"]))
-        if keep_execution is not None:
-            state = self.read_state(instance_id)
-            if state is not None and state.get("execution_id") == keep_execution:
-                rows = [r for r in rows if r["RowKey"] != "state"]
-        for start in range(0, len(rows), 100):
-            batch = [
-                ("delete", {"PartitionKey": instance_id, "RowKey": r["RowKey"]}) for r in rows[start : start + 100]
-            ]
-            self.table.submit_transaction(batch)
+    def purge_history(self, instance_id: str) -> None:
+        """Delete an instance: its rows and its large messages."""
+        self._delete_rows(instance_id, self._row_keys(instance_id))
         for blob in self.large.list_blobs(name_starts_with=f"{instance_id}/"):
-            if keep_execution is None or keep_execution not in blob.name:
+            self.large.delete_blob(blob.name)
+
+    def begin_execution(self, instance_id: str, state: dict) -> None:
+        """A finished instance started again: the new execution's row replaces the earlier one's,
+        then the earlier execution's episodes and large messages go. The row is never absent, as
+        DTFx never deletes an Instances row: it merges the new execution over it
+        (AzureTableTrackingStore.UpdateStateAsync, InsertOrMergeEntityAsync) and overwrites the
+        old history as the new one grows (AzureStorageOrchestrationService.IsExecutableInstanceAsync
+        says so), so a status read meanwhile finds one execution or the other."""
+        execution = state["execution_id"]
+        row = {"PartitionKey": instance_id, "RowKey": "state", "status": state["status"]}
+        row.update(self._pack(instance_id, "state", state, f"state-{execution}"))
+        self.table.upsert_entity(row, mode=UpdateMode.REPLACE)
+        self._delete_rows(instance_id, [key for key in self._row_keys(instance_id) if key != "state"])
+        for blob in self.large.list_blobs(name_starts_with=f"{instance_id}/"):
+            if execution not in blob.name:
                 self.large.delete_blob(blob.name)
+
+    def _row_keys(self, instance_id: str) -> list[str]:
+        rows = self.table.query_entities("PartitionKey eq @id", parameters={"id": instance_id}, select=["RowKey"])
+        return [row["RowKey"] for row in rows]
+
+    def _delete_rows(self, instance_id: str, keys: list[str]) -> None:
+        for start in range(0, len(keys), 100):  # a transaction holds at most 100 operations
+            self.table.submit_transaction(
+                [("delete", {"PartitionKey": instance_id, "RowKey": key}) for key in keys[start : start + 100]]
+            )
 
     def instances(self, status: str | None = None) -> list[dict]:
         query = "RowKey eq 'state'" + (" and status eq @status" if status else "")
