@@ -1,5 +1,5 @@
-"""A TCP proxy on 127.0.0.1 in front of PostgreSQL that cuts a connection at its ``COMMIT``: the
-one fault of the catalog's database that cannot be caused with the server alone.
+"""A TCP proxy on 127.0.0.1 in front of PostgreSQL that cuts a connection at its ``COMMIT``, or
+holds the ``COMMIT`` back: what the server alone cannot be made to do at a chosen moment.
 
 It forwards bytes both ways untouched until it is armed (:meth:`CommitCutProxy.cut_next_commit`).
 Then the next ``COMMIT`` a client sends (psycopg sends it as a simple Query message, ``Q``, length
@@ -10,6 +10,8 @@ connection, both sides closed and the server's answer never delivered:
   the client cannot know that its transaction committed.
 - ``before``: the ``COMMIT`` is dropped and the connection cut: the server, finding its client
   gone inside a transaction, rolls it back; the client cannot know that either.
+- ``hold``: the ``COMMIT`` waits in the proxy until :meth:`CommitCutProxy.release`, then goes on:
+  the transaction stays open, with every lock it took, while the test starts others.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import threading
 import time
 
 COMMIT_MESSAGE = b"Q\x00\x00\x00\x0bCOMMIT\x00"
-AFTER, BEFORE = "after", "before"
+AFTER, BEFORE, HOLD = "after", "before", "hold"
 #: How long the cut waits after forwarding a ``COMMIT`` (``after``), so the server has read it.
 SETTLE_S = 0.3
 
@@ -34,14 +36,20 @@ class CommitCutProxy:
         self._armed: str | None = None
         self._lock = threading.Lock()
         self.cuts: list[str] = []
+        self.held = threading.Event()  # set once a held COMMIT has arrived
+        self._released = threading.Event()
         self._stopped = threading.Event()
         threading.Thread(target=self._accept, daemon=True).start()
 
     def cut_next_commit(self, mode: str) -> None:
-        if mode not in (AFTER, BEFORE):
-            raise ValueError(f"mode {mode!r}: expected {AFTER!r} or {BEFORE!r}")
+        if mode not in (AFTER, BEFORE, HOLD):
+            raise ValueError(f"mode {mode!r}: expected {AFTER!r}, {BEFORE!r} or {HOLD!r}")
         with self._lock:
             self._armed = mode
+
+    def release(self) -> None:
+        """Let a held ``COMMIT`` (``hold``) go on to the server."""
+        self._released.set()
 
     def _take(self) -> str | None:
         with self._lock:
@@ -66,6 +74,11 @@ class CommitCutProxy:
                     sink.sendall(chunk)
                     continue
                 self.cuts.append(mode)
+                if mode == HOLD:
+                    self.held.set()
+                    self._released.wait()
+                    sink.sendall(chunk)
+                    continue
                 # The client's side goes first, so no answer the server sends from now reaches it.
                 _close(source)
                 if mode == AFTER:
@@ -79,6 +92,7 @@ class CommitCutProxy:
 
     def close(self) -> None:
         self._stopped.set()
+        self._released.set()
         self._listener.close()
 
     def __enter__(self) -> CommitCutProxy:

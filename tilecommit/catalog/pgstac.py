@@ -59,6 +59,13 @@ GATE_ITEM, GATE_COLLECTION = "pgstac-item", "pgstac-collection"
 #: Where the write id of the request that created an item is kept: a key of its row's ``private``.
 WRITE_ID_KEY = "tilecommit:write_id"
 
+#: Taken first in each item insert's transaction and held to its end: our inserts into one
+#: collection go one at a time. pgstac's trigger widens the partition's constraints under locks
+#: it takes in an order of its own, so two inserts at once deadlock or one violates the range the
+#: other just set (pgstac's issue 222); serialised, each sees the other's change. Held by the
+#: transaction, it is released by the COMMIT, the ROLLBACK, or the connection's end, whichever
+#: comes first. It needs no grant: EXECUTE on it is PUBLIC's, as on most built-in functions.
+ITEM_LOCK_SQL = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
 ITEM_SQL = "SELECT content_hydrate(i), i.private ->> %s FROM items i WHERE i.id = %s AND i.collection = %s"
 #: The collection's extent made the union of what it was and one item's: its bbox corner by corner
 #: and its interval end by end (``least``/``greatest`` skip a null: an open end takes the item's).
@@ -239,6 +246,7 @@ class ItemGate(_Gate):
         identity = (self.item["id"], self.item["collection"])
         self.session.transaction(
             [
+                (ITEM_LOCK_SQL, (f"tilecommit:pgstac-item:{self.item['collection']}",)),
                 ("SELECT create_item(%s)", (json.dumps(self.item),)),
                 ("UPDATE items SET private = %s WHERE id = %s AND collection = %s", (mark, *identity)),
             ],
