@@ -13,7 +13,9 @@ Then, side by side on the same tiles, in this process:
 - the commit step's own part (``planned_block_copy``: manifest rows, tile heads, the coarse
   levels, the head's check and the copy plan; not the copies, which the service makes, nor the
   Put Blocks) twice: computing the coarse levels itself (a payload without a tree, as before),
-  and stitching the tree's intermediates.
+  and stitching the tree's intermediates;
+- planning the mosaic's shares (``plan_shares``, four shares) twice: reading every tile's head,
+  and taking the heads the tree's first stage carries.
 
 Printed (and written to bench/results/commit_step.json): the seconds of each part and the ratio
 of the largest size to the smallest. Nothing is
@@ -113,6 +115,17 @@ def _commit_part(job, stores, scene) -> dict[str, float]:
     return timings
 
 
+def _planning(job, stores, scene, share_bytes: int) -> float:
+    """Seconds of planning the mosaic's shares (``plan_shares``: manifest, tile heads, layout, the
+    plan blob's create-only write); with a tree the heads come with its first stage."""
+    from tilecommit.raster.assembly.shares import StagedShares, plan_shares
+
+    started = time.perf_counter()
+    staged = plan_shares(job, stores, scene, share_bytes=share_bytes)
+    assert isinstance(staged, StagedShares), staged
+    return time.perf_counter() - started
+
+
 def run(sizes: list[int], threads: int, storage: BenchStorage | None = None) -> list[dict]:
     """The rows of :func:`main`'s table, on ``storage`` (default: a private Azurite of its own)."""
     with contextlib.ExitStack() as stack:
@@ -151,6 +164,9 @@ def _run(storage: BenchStorage, sizes: list[int], threads: int) -> list[dict]:
             here, model, nodes = _run_tree(tree_job, stores, scene, tree, threads)
             computed = _commit_part(single, stores, scene)
             stitched = _commit_part(tree_job, stores, scene)
+            share_bytes = len(body) * (size // WINDOW) ** 2 // 4  # four shares
+            planning_read = _planning(single, stores, scene, share_bytes)
+            planning_carried = _planning(tree_job, stores, scene, share_bytes)
             rows.append(
                 {
                     "size": size,
@@ -161,6 +177,8 @@ def _run(storage: BenchStorage, sizes: list[int], threads: int) -> list[dict]:
                     "tree_wall_model_s": model,
                     "commit_computing": computed,
                     "commit_stitching": stitched,
+                    "planning_heads_read_s": planning_read,
+                    "planning_heads_carried_s": planning_carried,
                 }
             )
             say(f"{size}²: {rows[-1]}")
@@ -199,6 +217,15 @@ def main(argv: list[str] | None = None) -> None:
                 for how, key in (("computing", "commit_computing"), ("stitching", "commit_stitching"))
             ],
             ["scene", "windows", "stages/nodes", "coarse levels", *(f"{p} s" for p in parts), "tree wall (model) s"],
+        )
+    )
+    print(
+        table(
+            [
+                [f"{r['size']}²", f"{r['planning_heads_read_s']:.2f}", f"{r['planning_heads_carried_s']:.2f}"]
+                for r in rows
+            ],
+            ["scene", "planning the shares, heads read one by one s", "heads carried by the tree s"],
         )
     )
     if len(rows) > 1:

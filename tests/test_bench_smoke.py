@@ -188,3 +188,4 @@ def test_commit_step_computing_and_stitching_the_coarse_levels_on_the_same_tiles
     for part in ("commit_computing", "commit_stitching"):
         assert {"manifest", "tile_heads", "coarse_levels", "check", "total"} <= set(row[part])
     assert 0 < row["tree_wall_model_s"] <= row["tree_here_s"]
+    assert row["planning_heads_read_s"] > 0 and row["planning_heads_carried_s"] > 0

@@ -197,3 +197,21 @@ def test_the_commit_takes_the_tiles_heads_the_first_stage_read_unless_a_tile_cha
     # The 20 heads came with the first stage's intermediates, but the changed tile's, read anew.
     assert head_reads(log) == ["0001_0002.tif"]
     assert coarse_levels.unpack_heads(coarse_levels.pack_heads({"a": ("e", 3, b"xyz")})) == {"a": ("e", 3, b"xyz")}
+
+
+def test_the_shares_are_planned_from_the_heads_the_first_stage_carries_and_are_the_same_shares(
+    rendered_default, stores, storage
+):
+    from tilecommit.raster.assembly.shares import StagedShares, plan_shares
+
+    scene, plain = rendered_default
+    job = tree_job(plain)
+    run_tree(job, stores, scene)
+    read_one_by_one = plan_shares(plain, job_stores(stores, SETTINGS), scene, share_bytes=64 * 1024)
+    log = RequestLog()
+    carried = plan_shares(job, job_stores(hooked_stores(storage, stores, log), SETTINGS), scene, share_bytes=64 * 1024)
+    assert isinstance(read_one_by_one, StagedShares) and read_one_by_one.shares >= 2
+    assert carried == read_one_by_one  # the same ranges of the same tile versions: the same plan
+    assert head_reads(log) == []  # the 20 heads came with the first stage's 6 intermediates
+    tails = [r for r in log.requests if r[0] == "GET" and "/levels/" in r[1]]
+    assert len(tails) == 6, [r[1] for r in tails]

@@ -126,6 +126,34 @@ def unpack_heads(data: bytes) -> dict[str, Head]:
     return {k: (etag, size, data[start + o : start + o + n]) for k, (etag, size, o, n) in index.items()}
 
 
+#: Bytes read first from the end of a first-stage intermediate for its heads: a node of 4 x 4
+#: tiles carries at most 16 heads of :data:`TILE_HEAD_BYTES` and their index.
+HEADS_TAIL_BYTES = 16 * TILE_HEAD_BYTES + 16 * 1024
+
+
+def carried_heads(job: Job, stores: JobStores, tree: LevelTree, executor: ThreadPoolExecutor) -> dict[str, Head]:
+    """The tiles' heads the tree's first stage carries, read from the end of each of its
+    intermediates (pinned to the ETag of its row), without their levels' blocks. A node whose row
+    is missing gives none: its tiles' heads are then read one by one, as without a tree."""
+    rows = level_rows(stores.manifest, job.job_id)
+    first = tree.stages[0]
+    entries = [rows[k] for k in (jobs.level_row_key(first.level, r, c) for r, c in first.nodes) if k in rows]
+
+    def heads_of(entry: ManifestEntry) -> dict[str, Head]:
+        source = BlobRangeSource(stores.tiles, entry.uri, entry.nbytes, entry.etag or "", entry.window)
+        tail = source.read(max(0, entry.nbytes - HEADS_TAIL_BYTES), min(entry.nbytes, HEADS_TAIL_BYTES))
+        if tail.endswith(HEADS_MAGIC):
+            needed = 24 + sum(int.from_bytes(tail[at : at + 8], "little") for at in (-24, -16))
+            if needed > len(tail):  # heads longer than a node of 16 tiles carries: read them all
+                tail = source.read(entry.nbytes - needed, needed)
+        return unpack_heads(tail)
+
+    heads: dict[str, Head] = {}
+    for part in executor.map(heads_of, entries):
+        heads.update(part)
+    return heads
+
+
 def _stitched(stage: Stage, j: int, node_levels: dict, block: int) -> tiff.OutputDirectory:
     """Level ``j`` of a stage: its nodes' level ``j`` side by side."""
     if stage.rows == stage.cols == 1:
@@ -155,6 +183,7 @@ def _stitched(stage: Stage, j: int, node_levels: dict, block: int) -> tiff.Outpu
 __all__ = [
     "BytesSource",
     "Intermediates",
+    "carried_heads",
     "level_rows",
     "pack_heads",
     "read_intermediates",

@@ -6,7 +6,8 @@ activity's copy has to fit the function's time limit, and the shares can run on 
 instances at once:
 
 1. :func:`plan_shares` reads the tiles' heads (pinned to the ETags their manifest rows
-   recorded), plans the ranges the service copies (:class:`.copy_plan.CopyRange`, the same
+   recorded; those the reduction tree's first stage carries come with its intermediates, 16 a
+   read), plans the ranges the service copies (:class:`.copy_plan.CopyRange`, the same
    ranges in the same order as the one-activity plan: they depend on the tiles' own levels only,
    not on the coarse levels computed later), cuts them into contiguous shares and records it all
    as one create-only blob, the :class:`SharePlan` named by its ``tag``;
@@ -54,8 +55,10 @@ from ..reading.scene import SceneInfo
 from .block_copy import read_tile_levels
 from .block_sources import FETCH_THREADS
 from .checks import blob_properties
+from .coarse_levels import carried_heads
 from .copy_plan import CopyPlan, CopyRange, cut_shares, plan_copy
 from .manifest_check import check_manifest
+from .reduction import plan_level_tree
 from .server_copy import ServerSideStager, copy_source_for, ranges_tag
 
 logger = logging.getLogger(__name__)
@@ -138,10 +141,14 @@ def plan_shares(job: Job, stores: JobStores, scene: SceneInfo, *, share_bytes: i
         return "the mosaic exists already"
     windows, summary = check_manifest(job, stores, scene)
     timings: dict[str, float] = {}
+    tree = plan_level_tree(scene.width, scene.height, job.spec, job.coarse_levels_per_node)
     try:
         with ContextExecutor(max_workers=FETCH_THREADS, thread_name_prefix="tilefetch") as executor:
+            # The orchestration runs the tree first: its first stage's intermediates carry the
+            # tiles' heads, 16 a read instead of one request a tile.
+            known = carried_heads(job, stores, tree, executor) if tree is not None else None
             levels = read_tile_levels(
-                scene, windows, summary, tiles=tiles, spec=job.spec, timings=timings, executor=executor
+                scene, windows, summary, tiles=tiles, spec=job.spec, timings=timings, executor=executor, known=known
             )
     except IncompatibleTilesError as exc:
         return f"the tiles cannot be block-copied ({exc})"
