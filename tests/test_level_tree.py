@@ -197,6 +197,10 @@ def test_the_commit_takes_the_tiles_heads_the_first_stage_read_unless_a_tile_cha
     # The 20 heads came with the first stage's intermediates, but the changed tile's, read anew.
     assert head_reads(log) == ["0001_0002.tif"]
     assert coarse_levels.unpack_heads(coarse_levels.pack_heads({"a": ("e", 3, b"xyz")})) == {"a": ("e", 3, b"xyz")}
+    packed = coarse_levels.pack_heads({"a": ("e", 3, b"xyz"), "b": ("f", 4, b"uvw")})
+    assert coarse_levels.heads_length(b"II*\0tiff" + packed) == len(packed)
+    assert coarse_levels.heads_length(packed[-24:]) == len(packed)  # its last 24 bytes tell
+    assert coarse_levels.heads_length(b"II*\0tiff") == 0
 
 
 def test_the_shares_are_planned_from_the_heads_the_first_stage_carries_and_are_the_same_shares(

@@ -116,13 +116,21 @@ def pack_heads(heads: dict[str, Head]) -> bytes:
     return blob + text + len(blob).to_bytes(8, "little") + len(text).to_bytes(8, "little") + HEADS_MAGIC
 
 
+def heads_length(data: bytes) -> int:
+    """How many bytes at the end of ``data`` the heads :func:`pack_heads` appended take, their
+    lengths and :data:`HEADS_MAGIC` included (read from its last 24 bytes); 0 when it carries none."""
+    if not data.endswith(HEADS_MAGIC):
+        return 0
+    return 24 + int.from_bytes(data[-24:-16], "little") + int.from_bytes(data[-16:-8], "little")
+
+
 def unpack_heads(data: bytes) -> dict[str, Head]:
     """The heads :func:`pack_heads` appended to ``data``; none when it carries none."""
     if not data.endswith(HEADS_MAGIC):
         return {}
-    blob_length, text_length = int.from_bytes(data[-24:-16], "little"), int.from_bytes(data[-16:-8], "little")
+    text_length = int.from_bytes(data[-16:-8], "little")
     index = json.loads(data[-24 - text_length : -24])
-    start = len(data) - 24 - text_length - blob_length
+    start = len(data) - heads_length(data)
     return {k: (etag, size, data[start + o : start + o + n]) for k, (etag, size, o, n) in index.items()}
 
 
@@ -142,10 +150,9 @@ def carried_heads(job: Job, stores: JobStores, tree: LevelTree, executor: Thread
     def heads_of(entry: ManifestEntry) -> dict[str, Head]:
         source = BlobRangeSource(stores.tiles, entry.uri, entry.nbytes, entry.etag or "", entry.window)
         tail = source.read(max(0, entry.nbytes - HEADS_TAIL_BYTES), min(entry.nbytes, HEADS_TAIL_BYTES))
-        if tail.endswith(HEADS_MAGIC):
-            needed = 24 + sum(int.from_bytes(tail[at : at + 8], "little") for at in (-24, -16))
-            if needed > len(tail):  # heads longer than a node of 16 tiles carries: read them all
-                tail = source.read(entry.nbytes - needed, needed)
+        needed = heads_length(tail)
+        if needed > len(tail):  # heads longer than a node of 16 tiles carries: read them all
+            tail = source.read(entry.nbytes - needed, needed)
         return unpack_heads(tail)
 
     heads: dict[str, Head] = {}
@@ -184,6 +191,7 @@ __all__ = [
     "BytesSource",
     "Intermediates",
     "carried_heads",
+    "heads_length",
     "level_rows",
     "pack_heads",
     "read_intermediates",
