@@ -1,7 +1,7 @@
 """Watching which threads GDAL reads an upload on, and running GDAL work at once with a bounded wait.
 
-GDAL reads an upload through rasterio's opener: a plugin whose every call (rasterio 1.4's
-``_vsiopener.pyx``: ``pyopener_stat``, ``pyopener_seek``, ``pyopener_read``) takes the GIL and
+GDAL reads an upload through the app's file system: a plugin whose every call
+(tilecommit/raster/reading/gdal_files.py: its stat, seek and read) takes the GIL and
 calls the app's reader (tilecommit/raster/reading/source.py). A call made on one of GDAL's own
 threads is how the process deadlocks (``source.UPLOAD_READ_THREADS`` says why), so the tests
 watch for them here, apart from the reader's own refusal of them:

@@ -29,6 +29,7 @@ from testkit.scenes import SceneSpec, write_scene
 from tilecommit.errors import GdalStepError, is_retryable, kind_of
 from tilecommit.grid import plan_windows
 from tilecommit.raster.env import gdal_env
+from tilecommit.raster.reading.gdal_files import gdal_path
 from tilecommit.raster.reading.source import UPLOAD_DATASET_OPTIONS, LocalFile
 from tilecommit.raster.reading.upload import TIFF, upload_gdal_options
 from tilecommit.raster.scrub import check_window
@@ -116,7 +117,7 @@ def test_an_upload_gdal_reads_with_its_own_threads_is_refused_with_a_fault_that_
         gdal_env(SETTINGS, upload_gdal_options(upload.path)),
         pytest.raises(GdalStepError) as caught,
         upload.checked(),
-        rasterio.open(upload.path, driver=TIFF.driver, opener=upload, **threads) as src,
+        rasterio.open(gdal_path(upload), driver=TIFF.driver, **threads) as src,
     ):
         src.read(window=RioWindow(0, 0, 768, 640))
     assert not is_retryable(caught.value) and kind_of(caught.value) == "fault"
@@ -129,7 +130,7 @@ def test_an_upload_gdal_reads_with_its_own_threads_is_refused_with_a_fault_that_
     with (
         gdal_env(SETTINGS, upload_gdal_options(again.path)),
         again.checked(),
-        rasterio.open(again.path, driver=TIFF.driver, opener=again, **UPLOAD_DATASET_OPTIONS) as src,
+        rasterio.open(gdal_path(again), driver=TIFF.driver, **UPLOAD_DATASET_OPTIONS) as src,
     ):
         assert np.array_equal(src.read(), expected)
     assert again.faults == []

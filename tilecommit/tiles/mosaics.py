@@ -15,17 +15,13 @@ a tile's blocks are fetched ahead, merged and at once (:mod:`.prefetch`). Every
 :data:`RECHECK_S` the mosaic's ETag is read again (one HEAD), so a repaired mosaic is shown
 within that time even where no read of the old version reaches storage.
 
-rasterio keeps an opener's open files in context variables (rasterio 1.4's ``_vsiopener.pyx``:
-the registry and the exit stacks that hold the file objects GDAL's handles point to), so a dataset
-opened through an opener must be read in the context it was opened in: read from a copy of it
-(each ``asyncio.to_thread`` call makes one), GDAL's handle points to a file object already freed.
-Each open mosaic has a context of its own, entered for its open, every read and its close, by one
-thread at a time (its lock).
+A mosaic's dataset is read by one thread at a time (its lock: a GDAL dataset is not to be used
+by two threads at once), from whichever thread serves the tile: the app's GDAL file system
+(:mod:`~tilecommit.raster.reading.gdal_files`) is one per process.
 """
 
 from __future__ import annotations
 
-import contextvars
 import json
 import threading
 import time
@@ -138,15 +134,13 @@ class OpenMosaic:
     source: KeptMosaicBlob
     dataset: rasterio.DatasetReader
     checked: float
-    #: The context it was opened in, where every read of it runs.
-    context: contextvars.Context
     lock: threading.Lock = field(default_factory=threading.Lock)
     #: What a reader of the mosaic keeps beside it (rio-tiler's reader, :mod:`.render`).
     extra: dict = field(default_factory=dict)
 
     def close(self) -> None:
         with self.lock:
-            self.context.run(self.dataset.close)
+            self.dataset.close()
 
 
 class OpenMosaics:
@@ -180,9 +174,7 @@ class OpenMosaics:
         if item is None or etag is None:
             return None
         source = KeptMosaicBlob(self.output.get_blob_client(name), etag, upload=False)
-        context = contextvars.Context()
-        dataset = context.run(self._open_dataset, source)
-        return OpenMosaic(name, etag, item, source, dataset, time.monotonic(), context)
+        return OpenMosaic(name, etag, item, source, self._open_dataset(source), time.monotonic())
 
     def _open_dataset(self, source: PinnedBlob) -> rasterio.DatasetReader:
         with self.gdal_env(source):
@@ -219,7 +211,7 @@ class OpenMosaics:
                 return None
             try:
                 with mosaic.lock:
-                    return mosaic.context.run(self._read, mosaic, work)
+                    return self._read(mosaic, work)
             except StorageFaultError as exc:
                 if attempt or exc.status not in VERSION_GONE:
                     raise

@@ -4,10 +4,11 @@ checked before GDAL opens them, one variable of them opened.
 **Why a copy.** GDAL's netCDF driver reads through the netCDF library, which opens a path on
 disk, not GDAL's virtual files. For a ``/vsi`` path GDAL 3.10 maps the file into memory and
 serves its page faults on a thread of its own through userfaultfd (``netCDFDataset::Open`` in
-frmts/netcdf/netcdfdataset.cpp, port/cpl_userfaultfd.cpp). Through the upload's reader (rasterio's
-opener, which calls Python) that thread waits for the GIL the faulting thread holds: measured
-here, an open of a 300 x 200 netCDF-4 file through it hung for good (the main thread in the
-kernel's ``handle_userfault``, the other in a futex wait); where userfaultfd is not allowed
+frmts/netcdf/netcdfdataset.cpp, port/cpl_userfaultfd.cpp). Through the upload's reader (a file
+system whose calls come to Python, :mod:`.gdal_files`) that thread waits for the GIL the faulting
+thread holds: measured here (through rasterio's opener then, which calls Python the same way), an
+open of a 300 x 200 netCDF-4 file through it hung for good (the main thread in the kernel's
+``handle_userfault``, the other in a futex wait); where userfaultfd is not allowed
 (``vm.unprivileged_userfaultfd=0`` without ``CAP_SYS_PTRACE``, as on most hosts) the open fails.
 So the upload is copied to the instance's temporary disk, every byte through the same pinned
 reader a TIFF is read with (``If-Match`` on the job's ETag on every GET, every short or failed

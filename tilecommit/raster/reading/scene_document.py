@@ -11,8 +11,8 @@ GDAL calls (:meth:`~.source.Source.checked`) is a check of every member's reads.
 The stack is what ``gdalbuildvrt -separate -resolution highest -r <kernel>`` makes of the same
 files: one band per member in the document's order, on the union of their extents at the finest
 member resolution, each coarser member resampled by the document's kernel (GDAL's VRT source
-``resampling``), written here as XML naming each member by the path GDAL reads it through (the
-opener's), with the member's format's open options; the document's XML, if it were any, is never
+``resampling``), written here as XML naming each member by the path GDAL reads it through (its
+path in the app's file system, :func:`~.gdal_files.gdal_path`), with the member's format's open options; the document's XML, if it were any, is never
 opened. Members must share one CRS and nest in the finest grid (every resolution an integer
 multiple of the finest, every origin on the finest grid), have one band each, one sample type and
 one nodata value (or none) between them; refused with the reason otherwise.
@@ -214,7 +214,7 @@ def check_stack(path: str, document: SceneDocument, datasets: Sequence) -> None:
 
 def stack_xml(document: SceneDocument, opened: Sequence[tuple[Any, UploadFormat]]) -> str:
     """The VRT ``gdalbuildvrt -separate -resolution highest -r <kernel>`` writes for the members
-    (each by its opener path), with the document's band names as the bands' descriptions."""
+    (each by the path GDAL reads it through), with the document's band names as the bands' descriptions."""
     datasets = [dataset for dataset, _ in opened]
     xres = min(abs(d.transform.a) for d in datasets)
     yres = min(abs(d.transform.e) for d in datasets)

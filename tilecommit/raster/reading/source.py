@@ -3,8 +3,8 @@
 GDAL's own ``/vsiaz/`` reader cannot pin a version, and when storage fails part-way through a
 read it does not always say so: during an outage a window read could come back all zeros with
 no error reaching rasterio, and that tile was then committed create-only, for good. So GDAL
-never talks to storage for an upload. It reads through rasterio's ``opener`` (a GDAL virtual
-file system plugin whose reads call Python), and every read it makes lands here:
+never talks to storage for an upload. It reads through the app's own GDAL file system
+(:mod:`.gdal_files`: a plugin whose calls come to Python), and every read it makes lands here:
 
 - each ranged GET carries ``If-Match`` with the job's ETag, so the service itself refuses bytes
   of any other version (412: "the upload changed", never mixed into a tile of the old one);
@@ -18,12 +18,12 @@ No log is parsed to tell a storage fault from a corrupt file, so one job's messa
 decide another job's fate. A local file (tests, benchmarks, the CLI) goes through the same
 plugin with the same counting (:class:`LocalFile`), so there is one read path.
 
-The plugin interface is rasterio's (``rasterio.abc.FileContainer``, rasterio 1.4's
-``_vsiopener.pyx``): GDAL stats and opens the path, makes small sequential reads for the
-header and directories, then reads block by block. Two facts of that bridge shape the code: an exception raised from
-``read`` is printed and becomes a 0-byte read, so ``read`` records and returns short, never
-raises; and nothing in it tells GDAL's caller that a read came back short, so the check after
-the call (:meth:`Source.checked`) is what makes a failed read fail.
+The plugin interface is rasterio's (``rasterio.abc.FileContainer``), served by
+:mod:`.gdal_files`: GDAL stats and opens the path, makes small sequential reads for the header
+and directories, then reads block by block. Two facts of that bridge shape the code: a read that
+fails reaches GDAL as a short read, so ``read`` records the fault and returns short, never raises;
+and nothing tells GDAL's caller that a read came back short, so the check after the call
+(:meth:`Source.checked`) is what makes a failed read fail.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from rasterio.abc import FileContainer
 from ...errors import GdalStepError, InvalidRasterError, SourceChangedError, UnsupportedRasterError
 from ...storage_answers import STORAGE_ERRORS, Answer, Meaning, classify, status_of, storage_fault
 from . import jpeg2000
+from .gdal_files import gdal_path
 from .netcdf import open_copy
 from .upload import HEADER_BYTES, SCENE_DOCUMENT, TIFF, UploadFormat, check_upload_content
 
@@ -60,8 +61,9 @@ MERGE_GAP = 64 * 1024
 #: worker reading the upload calls back into Python and waits for the GIL, while another Python
 #: thread can hold the GIL inside GDAL waiting for that pool (rasterio 1.4's ``build_overviews``
 #: holds it around GDALBuildOverviews, whose multi-threaded computation waits for the pool): the
-#: process deadlocks. Seen in gdb with four web-optimized jobs: a pool worker in pyopener_seek
-#: waiting for the GIL, a warped read and the assembly's coarse levels waiting for the pool.
+#: process deadlocks. Seen in gdb with four web-optimized jobs: a pool worker in the plugin's seek
+#: (rasterio's ``pyopener_seek`` then) waiting for the GIL, a warped read and the assembly's coarse
+#: levels waiting for the pool.
 #:
 #: In GDAL 3.10 the one reader of the upload that uses the pool is GTiff's multi-threaded decoding
 #: (frmts/gtiff/gtiffdataset_read.cpp, MultiThreadedRead: each job seeks and reads its block
@@ -140,7 +142,8 @@ class Source(FileContainer):
     def __init__(self, name: str):
         #: What messages call the file (the blob's container/name, or the local path).
         self.name = name
-        #: The path rasterio registers the plugin for; GDAL sees it under a /vsiriopener_*/ prefix.
+        #: The file's path within the plugin; GDAL opens it as /vsitilecommit/<token>/<path>
+        #: (:func:`~.gdal_files.gdal_path`).
         self.path = name.lstrip("/") or "source"
         self.faults: list[ReadFault] = []
         self.requests = 0
@@ -525,13 +528,7 @@ def open_upload(
         dataset = open_copy(source, variable, **open_options)
     else:
         with source.checked():
-            dataset = rasterio.open(
-                source.path,
-                driver=fmt.driver,
-                opener=source,
-                **fmt.open_options,
-                **open_options,
-            )
+            dataset = rasterio.open(gdal_path(source), driver=fmt.driver, **fmt.open_options, **open_options)
     _SOURCES[dataset] = source
     return dataset
 

@@ -94,11 +94,11 @@ JPEG2000 = UploadFormat(
     described="a JPEG 2000 (JP2) file georeferenced by its own GeoJP2 or GMLJP2 box",
     # JP2OpenJPEG has no NUM_THREADS open option (GDAL warns "does not support open option"): it
     # takes GDAL_NUM_THREADS, and when a read spans several JPEG 2000 tiles that the block cache can
-    # hold, decodes them at once on GDAL's pool, each thread opening the file by its name. Those
-    # opens fail through rasterio's opener (GDAL logs "OPENJPEG: Cannot open /vsiriopener_..."; the
-    # read then fails as if the file were corrupt; seen in a web-optimized JP2 job once the block
-    # cache was its configured size), and reads on GDAL's threads must not reach the plugin anyway
-    # (reading/source.py, UPLOAD_READ_THREADS). So the pool has one thread while a JP2 is open: the
+    # hold, decodes them at once on GDAL's pool, each thread opening the file by its name (seen in a
+    # web-optimized JP2 job once the block cache was its configured size: through rasterio's opener
+    # then, whose files were known to one thread only, those opens failed and the read failed as if
+    # the file were corrupt), and reads on GDAL's threads must not reach the plugin
+    # (reading/source.py, UPLOAD_READ_THREADS: they are refused). So the pool has one thread while a JP2 is open: the
     # warper and the tile's encoder then run on one thread too, for JP2 uploads only.
     gdal_config={"GDAL_NUM_THREADS": 1},
 )
