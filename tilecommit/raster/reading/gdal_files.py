@@ -136,6 +136,7 @@ class _Handle:
 
 _lock = threading.Lock()
 _sources: weakref.WeakValueDictionary[str, Source] = weakref.WeakValueDictionary()
+_paths: weakref.WeakKeyDictionary[Source, str] = weakref.WeakKeyDictionary()
 _tokens = itertools.count(1)
 _handles: dict[int, _Handle] = {}
 _handle_ids = itertools.count(1)
@@ -144,11 +145,11 @@ _handle_ids = itertools.count(1)
 def gdal_path(source: Source) -> str:
     """The path GDAL opens ``source`` by (the same one each call for the same source)."""
     with _lock:
-        path = source.__dict__.get("_gdal_path")
+        path = _paths.get(source)
         if path is None:
             token = str(next(_tokens))
             _sources[token] = source
-            path = source.__dict__["_gdal_path"] = f"{PREFIX}{token}/{source.path}"
+            path = _paths[source] = f"{PREFIX}{token}/{source.path}"
     return path
 
 
