@@ -27,10 +27,13 @@ class ProgressBoard:
     """Progress on stderr, one line per job: redrawn in place on a terminal, elsewhere a line per
     tenth of a job. Jobs running at once update it from their own threads."""
 
-    def __init__(self, enabled: bool, jobs: int = 1, stream=sys.stderr):
+    def __init__(self, enabled: bool, jobs: int = 1, stream=None):
         self.enabled = enabled
-        self.stream = stream
-        self.tty = stream.isatty()
+        # The stderr of the call, not of the import: a stream bound as a default is the one
+        # sys.stderr was when the module was first imported (in the tests, another test's
+        # captured stream, closed since).
+        self.stream = stream if stream is not None else sys.stderr
+        self.tty = self.stream.isatty()
         self.lines = [""] * jobs
         self.drawn = 0
         self.last_step: dict[int, tuple] = {}

@@ -7,6 +7,7 @@ address where storage is down.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -290,3 +291,15 @@ def test_process_commands_started_at_once_on_the_embedded_storage_all_complete(
     job_ids = {json.loads(out)["job_id"] for out, _ in finished}
     assert len(job_ids) == commands
     assert azurites_using(state) == []  # stopped by its last user, not before
+
+
+def test_the_progress_board_writes_to_the_stderr_of_its_call_not_of_the_modules_import(monkeypatch):
+    """A default stream bound when devhost.session was first imported was, in the suite, another
+    test's captured stream, closed since: the board then failed every job it was given."""
+    from devhost.session import ProgressBoard
+
+    now = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", now)
+    board = ProgressBoard(True)
+    board.update(0, {"id": "job", "status": "Running", "custom_status": {"windows_done": 3, "windows_total": 10}})
+    assert now.getvalue() == "job: [#########.....................] 3/10 windows, running\n"
