@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -53,6 +54,15 @@ def gdal_translate_cog(source: str, out: Path) -> Path:
     done = subprocess.run([program, "-q", "-of", "COG", source, str(out)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     return out
+
+
+@pytest.fixture(autouse=True)
+def own_temporary_directory(tmp_path, monkeypatch):
+    """Each test's copies in a temporary directory of its own, so "no copy is left" counts this
+    test's copies, not those of a job another worker (or process) runs meanwhile in the machine's /tmp."""
+    own = tmp_path / "tmp"
+    own.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(own))
 
 
 def run_library_job(source, spec: OutputSpec, stores, tmp_path: Path) -> tuple[str, dict]:
