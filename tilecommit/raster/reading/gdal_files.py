@@ -7,8 +7,8 @@ there). In GDAL 3.10 the prefixes live in one ``std::map`` that ``VSIFileManager
 walks while ``InstallHandler`` and ``RemoveHandler`` may insert and erase its nodes, no lock held
 across either (``port/cpl_vsil.cpp``; read in the disassembly of the libgdal 3.10.3 that rasterio
 1.4.4's wheel ships: each takes the manager's mutex only inside ``VSIFileManager::Get``, and
-GetHandler then walks the map with ``_Rb_tree_increment``). rasterio
-releases the GIL around ``GDALOpenEx``, so the GIL does not order a walk against a change.
+GetHandler then walks the map with ``_Rb_tree_increment``). rasterio releases the GIL around
+``GDALOpenEx``, so the GIL does not order a walk against a change.
 
 rasterio's ``opener`` (``_vsiopener.pyx``, ``_opener_registration``) installs a new prefix for
 every dataset it opens and removes it when that dataset closes. With two activities in one
@@ -17,8 +17,8 @@ worker died with SIGSEGV in ``rasterio.open`` of a tile's MEM dataset. The fault
 sharing, not in either call, so it is fixed by sharing nothing that changes: this module installs
 one prefix, :data:`PREFIX`, when it is first imported (the app imports it while indexing its
 functions, before the host runs any), and never removes it. After that no read of the app
-changes GDAL's map (``tests/test_gdal_files.py`` counts its prefixes around reads from several
-threads).
+changes GDAL's map (``tests/test_gdal_files.py`` samples its prefixes while several threads
+read).
 
 A source is found under ``/vsitilecommit/<token>/<its path>`` (:func:`gdal_path`) while anything
 holds it (a weak registry: an open dataset holds its source, :func:`~.source.open_upload`). The
@@ -178,10 +178,9 @@ def _stat(_user_data, name, buffer, _flags) -> int:
             ctypes.set_errno(errno.ENOENT)
             return -1
         size = source.size(path)
-        layout = _stat_layout()
-        ctypes.memset(buffer, 0, layout["size"])
+        ctypes.memset(buffer, 0, _STAT_LAYOUT["size"])
         for field, value in (("st_mode", stat.S_IFREG | 0o444), ("st_size", size), ("st_mtime", source.mtime(path))):
-            offset, ctype = layout[field]
+            offset, ctype = _STAT_LAYOUT[field]
             ctype.from_address(buffer + offset).value = value
         return 0
     except Exception:
@@ -281,6 +280,10 @@ def _stat_layout() -> dict:
     return STAT_LAYOUTS[machine]
 
 
+#: This machine's layout, known at import (a machine whose struct stat is not known is refused there).
+_STAT_LAYOUT = _stat_layout()
+
+
 def loaded_libgdal() -> ctypes.CDLL:
     """The libgdal rasterio loaded (the one whose file systems GDAL's calls consult), by its path
     in this process's memory map; a second copy of GDAL would have a file manager of its own."""
@@ -307,7 +310,6 @@ def file_system_prefixes(gdal: ctypes.CDLL) -> list[str]:
 
 
 def _install() -> None:
-    _stat_layout()  # refused here, at import, on a machine whose struct stat is not known
     # rasterio's first environment registers GDAL's drivers and installs rasterio's own file
     # system for Python file objects (/vsipythonfilelike/, once per process, _env.pyx): done here
     # too, so that change of GDAL's map happens at import as well, not beside a running job.

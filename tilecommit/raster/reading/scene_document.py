@@ -12,8 +12,8 @@ The stack is what ``gdalbuildvrt -separate -resolution highest -r <kernel>`` mak
 files: one band per member in the document's order, on the union of their extents at the finest
 member resolution, each coarser member resampled by the document's kernel (GDAL's VRT source
 ``resampling``), written here as XML naming each member by the path GDAL reads it through (its
-path in the app's file system, :func:`~.gdal_files.gdal_path`), with the member's format's open options; the document's XML, if it were any, is never
-opened. Members must share one CRS and nest in the finest grid (every resolution an integer
+path in the app's file system, :func:`~.gdal_files.gdal_path`), with the member's format's open
+options; the document's XML, if it were any, is never opened. Members must share one CRS and nest in the finest grid (every resolution an integer
 multiple of the finest, every origin on the finest grid), have one band each, one sample type and
 one nodata value (or none) between them; refused with the reason otherwise.
 """
