@@ -5,6 +5,7 @@ docstring lists them).
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import logging
 import signal
@@ -17,6 +18,8 @@ from .cli_args import backfill_values, build_parser, check_usage, profile_metada
 from .session import UsageError, process_file
 
 EXIT_COMPLETED, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+#: Seconds after which a serve command still stopping writes every thread's stack to stderr.
+SLOW_STOP_S = 60
 
 
 class _NotAboutTheJob(logging.Filter):
@@ -147,6 +150,11 @@ def _serve(args: argparse.Namespace, storage) -> int:
             file=sys.stderr,
         )
         stop.wait()
+        # A stop drains what runs and hands the partitions on, which takes seconds; one still
+        # going after SLOW_STOP_S writes where every thread waits (from a thread of faulthandler's
+        # own, so even a process whose Python threads are all stuck says where).
+        faulthandler.dump_traceback_later(SLOW_STOP_S, file=sys.stderr)
+    faulthandler.cancel_dump_traceback_later()
     print(f"devhost: host {host.engine.worker_id} stopped: {json.dumps(host.engine.stats.__dict__)}", file=sys.stderr)
     return EXIT_COMPLETED
 

@@ -155,13 +155,19 @@ def stop_host(host: subprocess.Popen, log: Path, timeout: float = 60) -> None:
     """SIGTERM, as the platform stops an instance; a host still running after ``timeout`` seconds is
     a bug: its stacks (faulthandler, on SIGABRT) and the log's tail are the failure's message."""
     os.killpg(host.pid, signal.SIGTERM)
+    wait_stopped(host, log, timeout)
+
+
+def wait_stopped(host: subprocess.Popen, log: Path, timeout: float) -> None:
+    """Wait for a host sent SIGTERM to end; still running after ``timeout`` seconds, it is sent
+    SIGABRT (its stacks go to its log) and the log's tail is the failure's message."""
     try:
         host.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(host.pid, signal.SIGABRT)
         host.wait(timeout=30)
         raise AssertionError(
-            f"the host did not stop {timeout:.0f} s after SIGTERM:\n{log.read_text()[-12000:]}"
+            f"the host did not stop {timeout:.0f} s after SIGTERM:\n{log.read_text()[-40000:]}"
         ) from None
 
 

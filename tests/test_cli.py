@@ -303,3 +303,38 @@ def test_the_progress_board_writes_to_the_stderr_of_its_call_not_of_the_modules_
     board = ProgressBoard(True)
     board.update(0, {"id": "job", "status": "Running", "custom_status": {"windows_done": 3, "windows_total": 10}})
     assert now.getvalue() == "job: [#########.....................] 3/10 windows, running\n"
+
+
+def test_a_serve_command_still_stopping_after_a_while_writes_every_threads_stack(storage, app_env: AppEnv):
+    """A stop that does not end (a drain waiting on something that never comes) says where each
+    thread waits, in the log, without anyone asking: a slow stop is a double here (the host's own
+    stop sleeps), the serve command, its signal handling and faulthandler are the real ones."""
+    script = (
+        "import sys, time\n"
+        "import devhost.cli as cli\n"
+        "from devhost.durable.host import LocalHost\n"
+        "cli.SLOW_STOP_S = 1\n"
+        "stop = LocalHost.stop\n"
+        "def slow_stop(self):\n"
+        "    time.sleep(4)\n"
+        "    stop(self)\n"
+        "LocalHost.stop = slow_stop\n"
+        "sys.exit(cli.main(sys.argv[1:]))\n"
+    )
+    host = subprocess.Popen(
+        [sys.executable, "-c", script, "serve", "--hub", app_env.hub, "--http-port", "0"],
+        cwd=ROOT,
+        env={**os.environ, **app_env.env},
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert "devhost: watching" in host.stderr.readline()
+        host.send_signal(signal.SIGTERM)
+        assert host.wait(timeout=60) == 0
+        log = host.stderr.read()
+    finally:
+        if host.poll() is None:
+            host.kill()
+    assert "Thread 0x" in log and "in slow_stop" in log, log
+    assert log.rstrip().splitlines()[-1].startswith("devhost: host ")

@@ -30,7 +30,7 @@ from devhost.durable.store import HistoryStore
 from orchestrators.batches import batch_instance_id
 from tilecommit.manifest import count_manifest
 
-from .app_jobs import AppEnv, check_outputs, make_scene, serve, upload
+from .app_jobs import AppEnv, check_outputs, make_scene, serve, upload, wait_stopped
 
 JOBS = 20
 #: A short lease, so the test of a killed host is short; the rules are the provider's at any length.
@@ -78,7 +78,7 @@ def stop_hosts(hosts: list[tuple[subprocess.Popen, Path]]) -> list[dict]:
             os.killpg(process.pid, signal.SIGTERM)
     stats = []
     for process, log in hosts:
-        process.wait(timeout=120)
+        wait_stopped(process, log, timeout=120)
         for line in log.read_text().splitlines():
             if (
                 line.split("] ", 1)[-1].startswith("devhost: host ") and " stopped: " in line
