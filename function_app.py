@@ -4,6 +4,7 @@ A blob upload (Event Grid source) starts one Durable job per upload version; the
 one activity per window through batch sub-orchestrations and fans in to the mosaic assembly.
 """
 
+import gc
 import json
 import os
 from urllib.parse import urlsplit
@@ -369,3 +370,13 @@ async def raster_uploaded(upload: blob.BlobClient, client: df.DurableOrchestrati
     # raising here does (the event is delivered again): client_functions/starter.py, _restart_failed.
     ctx = client_context()
     await starter.start_job(upload, client, ctx.settings, ctx.manifest, ctx.uploads)
+
+
+# Everything made so far lives as long as this worker process: the imported modules (the Azure
+# SDKs, rasterio, the Durable SDK) and the functions just registered, about 130,000 objects the
+# cyclic garbage collector tracks. Each of its full collections would walk them all again (about
+# 80 ms a walk here; 3 or 4 in a 10240² job, more the longer a worker lives). gc.freeze() moves
+# them to a generation no collection looks at (Python's gc module docs); objects made later are
+# collected as before. A 10240² job through the local host: full collections 0.07-0.09 CPU-s
+# instead of 0.13-0.25, the process about 0.2 of 20 CPU-s less (docs/benchmarks.md).
+gc.freeze()

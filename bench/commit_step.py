@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> None:
             {"threads": args.threads, "load1_before": load_before, "load1_after": load1(), "rows": rows}, indent=2
         )
     )
-    parts = ("manifest", "intermediates", "tile_heads", "coarse_levels", "check", "total")
+    parts = ("manifest", "intermediates", "tile_heads", "tile_levels", "coarse_levels", "check", "total")
     print(
         table(
             [

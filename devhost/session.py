@@ -104,13 +104,16 @@ def process_file(
     """Upload ``path``, let the watcher deliver its event, wait for the job; the summary as a dict.
     ``progress``: a progress bar on stderr, or a callable that gets the job's state as it changes.
     ``metadata``: the blob's metadata (``tilecommit_profile`` and its options choose the job's
-    output profile, tilecommit/profiles.py)."""
+    output profile, tilecommit/profiles.py). The summary's ``upload_cpu_s`` is the process's CPU
+    while the file was uploading: with one file, the upload's own (the user's part, on the
+    user's machine in Azure; the host has no job yet); with several, the other jobs' work too."""
     from tilecommit.jobs import job_id_for
     from tilecommit.spec import OutputSpec
 
     if not path.is_file():
         raise UsageError(f"{path}: no such file")
     started = time.perf_counter()
+    upload_cpu = time.process_time()
     blob = host.blobs.get_blob_client(host.settings.input_container, name or path.name)
     with path.open("rb") as data:
         # Content-MD5 on every block: the service checks each block against it, and Azurite,
@@ -119,6 +122,7 @@ def process_file(
         uploaded = blob.upload_blob(
             data, overwrite=True, max_concurrency=4, validate_content=True, metadata=metadata or None
         )
+    upload_cpu = time.process_time() - upload_cpu
     # The starter gives the job the spec of this host's settings and the upload's metadata, and
     # hashes it into the id.
     spec, _ = OutputSpec.started_for(host.settings, blob.blob_name, metadata)
@@ -155,7 +159,7 @@ def process_file(
     finally:
         if board is not None:
             board.close()
-    return job_summary(state, elapsed=time.perf_counter() - started)
+    return {**job_summary(state, elapsed=time.perf_counter() - started), "upload_cpu_s": round(upload_cpu, 3)}
 
 
 def _ignored_because(host, blob_name: str, etag: str, acknowledged: bool) -> str | None:

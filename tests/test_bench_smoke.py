@@ -125,6 +125,9 @@ def test_e2e_and_memory_on_a_tiny_scene(ctx, tmp_path):
     assert set(run) >= {"rio_default", "rio_no_in_memory", "ours", "ratio_wall_vs_rio_default"}
     assert run["ours"]["windows"] == run["ours"]["written"] == 4
     assert all(run[m]["peak_rss_mb"] > 0 and run[m]["wall_s"] > 0 for m in ("rio_default", "rio_no_in_memory", "ours"))
+    # The upload's CPU is part of the process's, and the ratio without it is below the whole one.
+    assert 0 < run["ours"]["upload_cpu_s"] < run["ours"]["cpu_s"]
+    assert run["ratio_cpu_without_upload_vs_rio_default"] < run["ratio_cpu_vs_rio_default"]
     mem = memory.run(ctx, [512], keep, report, tile_windows=2)
     entry = mem["sizes"]["512"]
     assert entry["windows"] == 4 and entry["tile_worker"]["windows_rendered"] == 2
@@ -186,6 +189,6 @@ def test_commit_step_computing_and_stitching_the_coarse_levels_on_the_same_tiles
     (row,) = commit_step.run([8192], 2, ctx.storage)
     assert (row["windows"], row["stages"], row["nodes"]) == (64, 2, 5)  # 2 x 2 nodes, then the last
     for part in ("commit_computing", "commit_stitching"):
-        assert {"manifest", "tile_heads", "coarse_levels", "check", "total"} <= set(row[part])
+        assert {"manifest", "tile_heads", "tile_levels", "coarse_levels", "check", "total"} <= set(row[part])
     assert 0 < row["tree_wall_model_s"] <= row["tree_here_s"]
     assert row["planning_heads_read_s"] > 0 and row["planning_heads_carried_s"] > 0

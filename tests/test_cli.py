@@ -230,7 +230,9 @@ def test_process_status_and_exit_codes_on_configured_storage(storage, app_env, t
         "mosaic_url",
         "stac_url",
         "elapsed_s",
+        "upload_cpu_s",
     }
+    assert 0 < summary["upload_cpu_s"] < 60
     starts = summary["host"]["starts"]  # racing starters: both may succeed, as on Azure Storage
     assert len(starts) == 2 and "started" in starts and set(starts) <= {"started", "duplicate"}
 

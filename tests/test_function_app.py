@@ -128,6 +128,24 @@ def test_functions_and_raw_bindings_as_the_worker_sends_them():
         assert binding["type"] == "activityTrigger" and binding["activity"] == name
 
 
+def test_what_importing_the_app_made_is_left_out_of_every_later_collection():
+    """The worker's process, fresh: after the app's import, its modules and functions are frozen
+    (gc.freeze), so no full collection while jobs run walks them; later objects are collected."""
+    probe = (
+        "import gc, function_app\n"
+        "frozen = gc.get_freeze_count()\n"
+        "cycle = []; cycle.append(cycle)\n"
+        "import weakref\n"
+        "class Node: pass\n"
+        "node = Node(); node.self = node; alive = weakref.ref(node); del node, cycle\n"
+        "gc.collect()\n"
+        "print(frozen, gc.get_freeze_count(), alive() is None)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
+    frozen, frozen_after, collected = done.stdout.split()
+    assert int(frozen) > 50_000 and int(frozen_after) == int(frozen) and collected == "True"
+
+
 def test_host_json_fits_the_consumption_plan():
     host = json.loads((ROOT / "host.json").read_text())
     assert host["version"] == "2.0"

@@ -198,7 +198,10 @@ def read_tile_levels(
         leaders=reference.block_leaders,
         trailers=reference.block_trailers,
     )
-    return TileLevels(plan_tile_levels(scene, heads, spec), writer, sources, reference)
+    started = time.perf_counter()
+    directories = plan_tile_levels(scene, heads, spec)
+    timings["tile_levels"] = time.perf_counter() - started
+    return TileLevels(directories, writer, sources, reference)
 
 
 def prepare_block_copy(job: MosaicJob, executor: ThreadPoolExecutor) -> BlockCopyLayout:
