@@ -5,7 +5,7 @@ when a pgstac database is configured, the item is published to it once
 
 from __future__ import annotations
 
-from tilecommit.catalog import collections, pgstac
+from tilecommit.catalog import collections
 from tilecommit.errors import BadInputError
 from tilecommit.jobs import Job
 from tilecommit.settings import PGSTAC_AUTH_ENTRA
@@ -41,6 +41,10 @@ def publish_item(payload: dict) -> dict:
     started), else :data:`tilecommit.catalog.pgstac.DEFAULT_COLLECTION`. Returns
     :class:`tilecommit.catalog.pgstac.Publication` as a dict, or the error that fails the job
     (a different item stored under its id); a database down is a retryable fault, raised."""
+    # Imported here: psycopg costs every worker about 0.08 CPU-s at start, and only an app with
+    # a pgstac database configured calls this activity.
+    from tilecommit.catalog import pgstac
+
     job = Job.from_dict(payload["job"])
     collection = payload["job"].get("collection") or pgstac.DEFAULT_COLLECTION
     ctx = activity_context()

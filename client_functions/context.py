@@ -13,13 +13,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 from azure.data.tables import TableClient
 from azure.storage.blob import ContainerClient
 
 from tilecommit.settings import Settings, connection_fingerprint
 from tilecommit.storage import StorageConnection
-from tilecommit.tiles.render import TileMaker
+
+if TYPE_CHECKING:
+    from tilecommit.tiles.render import TileMaker
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,10 @@ def _context_for(connection_key: str, settings: Settings) -> ClientContext:
 
 @lru_cache(maxsize=4)
 def _tile_maker(context: ClientContext) -> TileMaker:
+    # Imported here, with the first tile request: rio-tiler and what it imports (morecantile,
+    # pydantic) cost every worker about 0.1 CPU-s at start, and most workers never make a tile.
+    from tilecommit.tiles.render import TileMaker
+
     return TileMaker(context.output, context.settings)
 
 

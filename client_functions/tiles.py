@@ -12,6 +12,7 @@ import asyncio
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 from urllib.parse import urlencode, urlsplit
 
 import azure.durable_functions as df
@@ -20,9 +21,11 @@ from tilecommit.catalog.naming import check_collection_id
 from tilecommit.errors import BadInputError, InvalidNameError, JobApiError, StorageFaultError, TileCommitError
 from tilecommit.jobs import check_job_id
 from tilecommit.tiles.query import TileQuery, parse_query, parse_tile
-from tilecommit.tiles.render import Tile, TileMaker
 
 from . import job_api
+
+if TYPE_CHECKING:  # rio-tiler is imported with the first tile's maker (client_functions/context.py)
+    from tilecommit.tiles.render import Tile, TileMaker
 
 #: A tile is a function of the mosaic's version (in its ETag) and its URL's parameters, and a
 #: committed mosaic is never changed in place: caches may keep it a year without asking again.

@@ -146,6 +146,14 @@ def test_what_importing_the_app_made_is_left_out_of_every_later_collection():
     assert int(frozen) > 50_000 and int(frozen_after) == int(frozen) and collected == "True"
 
 
+def test_the_apps_import_leaves_the_tile_maker_and_the_database_driver_to_their_first_use():
+    """rio-tiler (the tile routes) and psycopg (publication to pgstac) are imported when first
+    used: a worker that never makes a tile nor publishes does not pay for them at start."""
+    probe = "import sys, function_app\nprint(sorted(m for m in ('psycopg', 'rio_tiler') if m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
+
+
 def test_host_json_fits_the_consumption_plan():
     host = json.loads((ROOT / "host.json").read_text())
     assert host["version"] == "2.0"
