@@ -112,7 +112,7 @@ def pipeline(ctx: Context, src: Path, env: dict) -> dict:
         "host": summary.get("host", {}),
         "blob": src.name,
         # The user's part (the upload, on the user's machine in Azure), in the process's CPU above.
-        "upload_cpu_s": summary.get("upload_cpu_s"),
+        "upload_cpu_s": summary["upload_cpu_s"],
         "azurite_cpu_s": None if azurite_before is None else round(azurite_after - azurite_before, 2),
     }
 
