@@ -198,12 +198,18 @@ def parsed(request: http.server.BaseHTTPRequestHandler) -> ops.Request:
 
 class RecordingProxy:
     """Forwards every request to ``target`` (``http://127.0.0.1:PORT``) and records it; with
-    ``rules``, refuses first what Azure would refuse (:class:`~testkit.azure_rules.AzureRules`)."""
+    ``rules``, refuses first what Azure would refuse (:class:`~testkit.azure_rules.AzureRules`);
+    with ``blob_exists``, answers a conditional read of a missing blob as Azure does."""
 
-    def __init__(self, target: str, rules: AzureRules | None = None):
+    def __init__(
+        self, target: str, rules: AzureRules | None = None, blob_exists: Callable[[str, str], bool] | None = None
+    ):
         parts = urlsplit(target)
         self.target_host, self.target_port = parts.hostname, parts.port
         self.rules = rules
+        #: (container, blob) -> whether the blob exists, asked of storage directly: given, a read
+        #: refused on ``If-Match`` for a blob that does not exist is answered as Azure answers it.
+        self.blob_exists = blob_exists
         self.requests: list[tuple[str, str]] = []
         #: (method, path, headers) of every request, for tests that check what a request carried.
         self.sent: list[tuple[str, str, dict[str, str]]] = []
@@ -302,6 +308,9 @@ class RecordingProxy:
             # the account's front end answers busy, as Azure's does while a partition is unavailable.
             answer_error(request, *_REFUSALS[OUTAGE], retry_after=1)
             return
+        if status == 412 and self._read_of_a_missing_blob(request):
+            answer_error(request, 404, "BlobNotFound", "The specified blob does not exist.")
+            return
         request.send_response(status, reason)
         length = None
         for key, value in headers:
@@ -314,6 +323,19 @@ class RecordingProxy:
         request.end_headers()
         if request.command != "HEAD":
             request.wfile.write(payload)
+
+    def _read_of_a_missing_blob(self, request: http.server.BaseHTTPRequestHandler) -> bool:
+        """Whether a read Azurite refused on its ``If-Match`` is of a blob that does not exist, which
+        Azure answers 404 ``BlobNotFound`` and Azurite 3.37 412 ``ConditionNotMet``. Asked of
+        :attr:`blob_exists` (the proxy cannot sign a request of its own), when it is given."""
+        if self.blob_exists is None or request.command not in ("GET", "HEAD"):
+            return False
+        read = parsed(request)
+        if ops.operation(read) not in (ops.GET_BLOB, ops.GET_BLOB_PROPERTIES):
+            return False
+        if read.headers.get("if-match", "*").strip() == "*":
+            return False
+        return not self.blob_exists(read.container, read.blob.split("/", 1)[1])
 
     @property
     def port(self) -> int:

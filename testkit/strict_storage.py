@@ -30,12 +30,20 @@ class StrictStorage:
     def __init__(self, emulator):
         self.emulator = emulator
         self.rules = AzureRules()
-        self._blob = RecordingProxy(f"http://127.0.0.1:{emulator.blob_port}", self.rules)
+        self._blob = RecordingProxy(f"http://127.0.0.1:{emulator.blob_port}", self.rules, self._blob_exists)
         self._table = RecordingProxy(f"http://127.0.0.1:{emulator.table_port}", self.rules)
         # Nothing reads their request logs: recording every request of a session costs memory.
         self._blob.requests = self._table.requests = _Discard()
         self._blob.sent = self._table.sent = _Discard()
         self._blob.carried_out = self._table.carried_out = _Discard()
+
+    def _blob_exists(self, container: str, blob: str) -> bool:
+        """Whether ``container``/``blob`` exists, asked of the emulator itself (past the proxy)."""
+        from azure.storage.blob import BlobClient
+
+        direct = f"http://127.0.0.1:{self.emulator.blob_port}/{self.account}"
+        credential = {"account_name": self.account, "account_key": self.key}
+        return BlobClient(direct, container, blob, credential=credential).exists()
 
     # The attributes of an Azurite, through the proxies.
     @property

@@ -219,3 +219,29 @@ def test_the_shares_are_planned_from_the_heads_the_first_stage_carries_and_are_t
     assert head_reads(log) == []  # the 20 heads came with the first stage's 6 intermediates
     tails = [r for r in log.requests if r[0] == "GET" and "/levels/" in r[1]]
     assert len(tails) == 6, [r[1] for r in tails]
+
+
+def test_the_first_stage_carries_each_tiles_head_cut_to_its_directories(rendered_default, stores):
+    """A carried head is the bytes its directories take, no more: it parses alone, to the layout
+    the tile's own 16 KiB head gives."""
+    from tilecommit.raster import tiff
+    from tilecommit.raster.assembly.block_sources import TILE_HEAD_BYTES
+
+    scene, job = rendered_default[0], tree_job(rendered_default[1])
+    run_tree(job, stores, scene)
+    tree = plan_level_tree(scene.width, scene.height, job.spec, job.coarse_levels_per_node)
+    assert tree is not None
+    first = tree.stages[0]
+    carried: dict = {}
+    for r, c in first.nodes:
+        name = jobs.level_blob_name(job.job_id, first.level, r, c)
+        carried.update(coarse_levels.unpack_heads(stores["tiles"].download_blob(name).readall()))
+    assert len(carried) == len(plan_windows(scene.width, scene.height, 256))
+    for window, (etag, size, head) in carried.items():
+        blob = stores["tiles"].get_blob_client(get_manifest_entry(stores["manifest"], job.job_id, window).uri)
+        whole = tiff.read_layout(blob.download_blob(offset=0, length=TILE_HEAD_BYTES).readall())
+        alone = tiff.read_layout(head)  # no reader: a byte past the cut would raise
+        assert len(head) == alone.extent == whole.extent < TILE_HEAD_BYTES
+        assert [d.tags for d in alone.directories] == [d.tags for d in whole.directories]
+        props = blob.get_blob_properties()
+        assert (etag, size) == (props.etag, props.size)

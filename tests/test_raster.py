@@ -374,7 +374,7 @@ def test_assembly_refuses_while_a_manifest_row_is_missing(rendered, stores, stor
     assert blob_names(stores["output"]) == []
 
 
-def test_assembly_refuses_a_tile_whose_size_differs_from_its_row(rendered, stores, storage):
+def test_assembly_refuses_a_tile_rewritten_since_its_row(rendered, stores, storage):
     _, _, scene, settings, results = rendered
     victim = results[4]
     blob = stores["tiles"].get_blob_client(victim.uri)
@@ -385,6 +385,34 @@ def test_assembly_refuses_a_tile_whose_size_differs_from_its_row(rendered, store
     assert caught.value.mismatched == [victim.window]
     assert caught.value.missing == []
     assert not caught.value.retryable
+    assert f"tile {victim.uri} changed after its manifest row was written" in str(caught.value)
+    assert blob_names(stores["output"]) == []
+
+
+def test_assembly_refuses_a_tile_deleted_since_its_row(rendered, stores, storage):
+    _, _, scene, settings, results = rendered
+    victim = results[2]
+    stores["tiles"].get_blob_client(victim.uri).delete_blob()
+    with pytest.raises(IncompleteManifestError) as caught:
+        assemble(scene, settings, stores, storage)
+    assert caught.value.mismatched == [victim.window]
+    assert not caught.value.retryable
+    assert f"tile {victim.uri} is in the manifest but not in storage" in str(caught.value)
+    assert blob_names(stores["output"]) == []
+
+
+def test_a_row_without_an_etag_has_its_tile_size_checked_before_anything_is_read(rendered, stores, storage):
+    """A row that names no version pins no read: its tile's size is compared with the row's first."""
+    _, _, scene, settings, results = rendered
+    victim = results[4]
+    row = stores["manifest"].get_entity(JOB, victim.window)
+    del row["etag"]
+    stores["manifest"].update_entity(row, mode="replace")
+    blob = stores["tiles"].get_blob_client(victim.uri)
+    blob.upload_blob(blob.download_blob().readall() + b"tampered", overwrite=True)
+    with pytest.raises(IncompleteManifestError) as caught:
+        assemble(scene, settings, stores, storage)
+    assert caught.value.mismatched == [victim.window]
     assert f"manifest {victim.nbytes} bytes, stored {victim.nbytes + 8}" in str(caught.value)
     assert blob_names(stores["output"]) == []
 

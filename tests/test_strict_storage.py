@@ -98,6 +98,29 @@ def test_a_block_list_longer_than_50000_blocks_is_refused(azurite, container):
     assert plain is None  # Azurite commits it
 
 
+def test_a_read_pinned_to_an_etag_of_a_missing_blob_is_not_found_as_on_azure(azurite, container):
+    """Azure answers a GET or HEAD with ``If-Match`` of a blob that does not exist 404
+    ``BlobNotFound``; Azurite 3.37 412 ``ConditionNotMet``, which reads as "another version"."""
+    from azure.core import MatchConditions
+
+    etag = container.upload_blob("present", b"x").get_blob_properties().etag
+    pinned = {"etag": etag, "match_condition": MatchConditions.IfNotModified}
+
+    def read(client):
+        client.download_blob("missing", **pinned).readall()
+
+    def head(client):
+        client.get_blob_client("missing").get_blob_properties(**pinned)
+
+    assert both(azurite, container.container_name, read) == ((404, "BlobNotFound"), (412, "ConditionNotMet"))
+    strict, plain = both(azurite, container.container_name, head)
+    assert strict[0] == 404 and plain[0] == 412  # a HEAD's answer has no body: the status says it
+    # A blob that exists at another version is still refused 412 through the proxy.
+    container.upload_blob("present", b"y", overwrite=True)
+    strict, plain = both(azurite, container.container_name, lambda c: c.download_blob("present", **pinned).readall())
+    assert strict == plain == (412, "ConditionNotMet")
+
+
 def test_a_blob_name_over_1024_characters_is_refused(azurite, container):
     strict, plain = both(azurite, container.container_name, lambda c: c.upload_blob("n" * 1025, b"x"))
     assert strict[0] == 400

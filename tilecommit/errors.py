@@ -77,10 +77,11 @@ class CorruptTileError(StorageFaultError):
 
 
 class IncompleteManifestError(TileCommitError):
-    """Assembly refused: planned windows are missing from the manifest, or a tile's size is wrong.
+    """Assembly refused: planned windows are missing from the manifest, or a tile is not what its
+    row says (another version, another size, or gone).
 
-    Missing windows are retryable (a window still being written may land later); a tile whose
-    stored size differs from its manifest row is not (something rewrote it: repair, not retry).
+    Missing windows are retryable (a window still being written may land later); a mismatched
+    tile is not (something rewrote or deleted it: repair, not retry).
     """
 
     def __init__(self, message: str, *, missing: list[str] | None = None, mismatched: list[str] | None = None):

@@ -205,21 +205,28 @@ def read_heads(
     sources = {key: BlobRangeSource(tiles, e.uri, e.nbytes, e.etag or "", key) for key, e in entries.items()}
     known = known or {}
 
+    def carried(key: str) -> Head | None:
+        source, given = sources[key], known.get(key)
+        if given is not None and source.etag and given[:2] == (source.etag, source.expected_size):
+            return given
+        return None
+
     def one(key: str) -> tuple[tiff.TiffLayout, Head]:
         source = sources[key]
-        given = known.get(key)
-        if given is not None and source.etag and given[:2] == (source.etag, source.expected_size):
-            head, size = given[2], given[1]
-        else:
-            head, size = source.head(TILE_HEAD_BYTES)
+        given = carried(key)
+        head, size = (given[2], given[1]) if given is not None else source.head(TILE_HEAD_BYTES)
         if size != source.expected_size:
             raise IncompleteManifestError(
                 f"{source.name} has {size} bytes, its manifest row says {source.expected_size}", mismatched=[key]
             )
         return tiff.read_layout(head, source.read), (source.etag, size, head)
 
-    read = dict(zip(sources, executor.map(one, list(sources)), strict=True))
-    return sources, {k: v[0] for k, v in read.items()}, {k: v[1] for k, v in read.items()}
+    # Carried heads are parsed here (CPU only: a thread each would add its hand-offs and nothing
+    # else); the others are read by the executor's threads.
+    to_read = [key for key in sources if carried(key) is None]
+    read = dict(zip(to_read, executor.map(one, to_read), strict=True))
+    read.update((key, one(key)) for key in sources if key not in read)
+    return sources, {k: read[k][0] for k in sources}, {k: read[k][1] for k in sources}
 
 
 def read_tile_heads(

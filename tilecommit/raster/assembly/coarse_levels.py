@@ -135,8 +135,10 @@ def unpack_heads(data: bytes) -> dict[str, Head]:
 
 
 #: Bytes read first from the end of a first-stage intermediate for its heads: a node of 4 x 4
-#: tiles carries at most 16 heads of :data:`TILE_HEAD_BYTES` and their index.
-HEADS_TAIL_BYTES = 16 * TILE_HEAD_BYTES + 16 * 1024
+#: tiles carries 16 heads cut to their directories (1,152 bytes for a 1024² tile of 3 bands; 4
+#: KiB leaves room for masks and more levels) and their index. Heads that take more are read in
+#: a second request, exactly.
+HEADS_TAIL_BYTES = 16 * 4 * 1024 + 16 * 1024
 
 
 def carried_heads(job: Job, stores: JobStores, tree: LevelTree, executor: ThreadPoolExecutor) -> dict[str, Head]:

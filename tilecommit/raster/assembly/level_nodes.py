@@ -144,7 +144,9 @@ def compute_node(
         finally:
             local.close()
     if s == 0:  # the tiles' heads, for the commit (read_intermediates): after the TIFF, which ignores them
-        body += pack_heads(heads)
+        # Each cut to the bytes its directories take (1,152 of the 16,384 read, for a 1024² tile
+        # of 3 bands): all the commit parses, so all it needs to read.
+        body += pack_heads({k: (etag, size, head[: layouts[k].extent]) for k, (etag, size, head) in heads.items()})
     return body, {k: e.etag for k, e in entries.items()}
 
 

@@ -4,6 +4,7 @@ which of the tiles' own levels become the mosaic's (all pure: directories in, di
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -122,15 +123,29 @@ def tile_levels(layout: tiff.TiffLayout) -> list[tuple[tiff.Directory, tiff.Dire
     return levels
 
 
-def _check_tile_directory(
+@dataclass(frozen=True)
+class _LevelBlocks:
+    """One tile directory's block arrays, unpacked once (its tags are raw bytes)."""
+
+    offsets: tuple[int, ...]
+    byte_counts: tuple[int, ...]
+    across: int
+
+
+def _checked_blocks(
     head: TileHead, d: tiff.Directory, key: tuple, expected: tuple[int, int], what: str, block_size: int
-) -> None:
+) -> _LevelBlocks:
+    """``d``'s block arrays once it is checked to be ``expected`` in size, encoded as ``key`` in
+    ``block_size`` blocks, with one block per place; or :class:`IncompatibleTilesError`."""
     if (d.width, d.height) != expected:
         raise IncompatibleTilesError(f"tile {head.window.id} {what} is {d.width}x{d.height}, expected {expected}")
     if d.encoding_key() != key or d.tile_width != block_size or d.tile_height != block_size or d.planar_config != 1:
         raise IncompatibleTilesError(f"tile {head.window.id} {what} is encoded differently from tile 0000_0000")
-    if len(d.block_offsets) != d.blocks_across * d.blocks_down or len(d.block_byte_counts) != len(d.block_offsets):
+    offsets, byte_counts = d.block_offsets, d.block_byte_counts
+    across, down = -(-expected[0] // block_size), -(-expected[1] // block_size)
+    if len(offsets) != across * down or len(byte_counts) != len(offsets):
         raise IncompatibleTilesError(f"tile {head.window.id} {what} has an unexpected number of blocks")
+    return _LevelBlocks(offsets, byte_counts, across)
 
 
 def plan_tile_levels(scene: SceneInfo, heads: list[TileHead], spec: OutputSpec) -> list[tiff.OutputDirectory]:
@@ -155,59 +170,83 @@ def plan_tile_levels(scene: SceneInfo, heads: list[TileHead], spec: OutputSpec) 
     grid = {(h.window.row, h.window.col): h for h in heads}
     rows = 1 + max(h.window.row for h in heads)
     cols = 1 + max(h.window.col for h in heads)
+    for head in heads:
+        if head.layout.byte_order != reference.byte_order:
+            raise IncompatibleTilesError(f"tile {head.window.id} has another byte order")
     out: list[tiff.OutputDirectory] = []
     for k in range(available + 1):
         if k >= len(reference_levels):
             raise IncompatibleTilesError(f"tile 0000_0000 has no overview level {k}")
         ref_dir, ref_mask = reference_levels[k]
-        per_tile = window_size // 2**k // block_size
         width = sum(_tile_level_size(grid[(0, c)].window.width, k) for c in range(cols))
         height = sum(_tile_level_size(grid[(r, 0)].window.height, k) for r in range(rows))
-        for head in heads:
-            tile = levels[head.window.id]
-            if head.layout.byte_order != reference.byte_order:
-                raise IncompatibleTilesError(f"tile {head.window.id} has another byte order")
-            if len(tile) <= k:
-                raise IncompatibleTilesError(f"tile {head.window.id} has no overview level {k}")
-            if (tile[k][1] is not None) != masked:
-                raise IncompatibleTilesError(
-                    f"tile {head.window.id} level {k} {'lacks' if masked else 'has'} an internal mask"
-                )
-            expected = (_tile_level_size(head.window.width, k), _tile_level_size(head.window.height, k))
-            _check_tile_directory(head, tile[k][0], ref_dir.encoding_key(), expected, f"level {k}", block_size)
-            tile_mask = tile[k][1]
-            if tile_mask is not None and ref_mask is not None:  # both or neither: checked just above
-                _check_tile_directory(head, tile_mask, ref_mask.encoding_key(), expected, f"level {k} mask", block_size)
-
-        def copied(
-            which: int,
-            reference_dir: tiff.Directory,
-            subfile_type: int,
-            *,
-            k: int = k,
-            width: int = width,
-            height: int = height,
-            per_tile: int = per_tile,
-        ) -> tiff.OutputDirectory:
-            blocks = []
-            for by in range(-(-height // block_size)):
-                for bx in range(-(-width // block_size)):
-                    head = grid[(by // per_tile, bx // per_tile)]
-                    d = levels[head.window.id][k][which]
-                    assert d is not None  # a mask is copied only when every tile has one (checked above)
-                    index = (by % per_tile) * d.blocks_across + (bx % per_tile)
-                    blocks.append(tiff.BlockRef(head.key, d.block_offsets[index], d.block_byte_counts[index]))
-            tags = tiff.copyable_tags(reference_dir, width=width, height=height, subfile_type=subfile_type)
-            return tiff.OutputDirectory(tags=tags, blocks=blocks, width=width, height=height)
-
+        images, masks = _level_blocks(heads, levels, k, ref_dir, ref_mask, masked, block_size)
+        per_tile = window_size // 2**k // block_size
+        placed = functools.partial(_copied, grid=grid, width=width, height=height, per_tile=per_tile, block=block_size)
         reduced = tiff.SUBFILE_REDUCED if k else 0
-        image = copied(0, ref_dir, reduced)
-        if ref_mask is not None:  # ``masked``: every tile's level has its mask (checked above)
-            image.mask = copied(1, ref_mask, reduced | tiff.SUBFILE_MASK)
+        image = placed(images, ref_dir, reduced)
+        if ref_mask is not None:  # ``masked``: every tile's level has its mask (checked by _level_blocks)
+            image.mask = placed(masks, ref_mask, reduced | tiff.SUBFILE_MASK)
         out.append(image)
         if width <= block_size and height <= block_size:
             break
     return out
+
+
+def _level_blocks(
+    heads: list[TileHead],
+    levels: dict[str, list],
+    k: int,
+    ref_dir: tiff.Directory,
+    ref_mask: tiff.Directory | None,
+    masked: bool,
+    block_size: int,
+) -> tuple[dict[tuple[int, int], _LevelBlocks], dict[tuple[int, int], _LevelBlocks]]:
+    """Every tile's level ``k`` checked against tile 0000_0000's (``ref_dir``, ``ref_mask``),
+    with a mask if and only if ``masked`` (tile 0000_0000's full resolution has one): the block
+    arrays of its image and of its mask, by the tile's (row, col)."""
+    image_key = ref_dir.encoding_key()
+    mask_key = ref_mask.encoding_key() if ref_mask is not None else None
+    images: dict[tuple[int, int], _LevelBlocks] = {}
+    masks: dict[tuple[int, int], _LevelBlocks] = {}
+    for head in heads:
+        tile = levels[head.window.id]
+        if len(tile) <= k:
+            raise IncompatibleTilesError(f"tile {head.window.id} has no overview level {k}")
+        tile_dir, tile_mask = tile[k]
+        if (tile_mask is not None) != masked:
+            lacks = "lacks" if masked else "has"
+            raise IncompatibleTilesError(f"tile {head.window.id} level {k} {lacks} an internal mask")
+        place = (head.window.row, head.window.col)
+        expected = (_tile_level_size(head.window.width, k), _tile_level_size(head.window.height, k))
+        images[place] = _checked_blocks(head, tile_dir, image_key, expected, f"level {k}", block_size)
+        if tile_mask is not None and mask_key is not None:  # both or neither: tile 0000_0000 is checked too
+            masks[place] = _checked_blocks(head, tile_mask, mask_key, expected, f"level {k} mask", block_size)
+    return images, masks
+
+
+def _copied(
+    tiles: dict[tuple[int, int], _LevelBlocks],
+    reference: tiff.Directory,
+    subfile_type: int,
+    *,
+    grid: dict[tuple[int, int], TileHead],
+    width: int,
+    height: int,
+    per_tile: int,
+    block: int,
+) -> tiff.OutputDirectory:
+    """A level of the mosaic: each block the block of the tile that covers it, in block-index order."""
+    blocks = []
+    for by in range(-(-height // block)):
+        row, ly = divmod(by, per_tile)
+        for bx in range(-(-width // block)):
+            col, lx = divmod(bx, per_tile)
+            tile = tiles[(row, col)]
+            index = ly * tile.across + lx
+            blocks.append(tiff.BlockRef(grid[(row, col)].key, tile.offsets[index], tile.byte_counts[index]))
+    tags = tiff.copyable_tags(reference, width=width, height=height, subfile_type=subfile_type)
+    return tiff.OutputDirectory(tags=tags, blocks=blocks, width=width, height=height)
 
 
 def coarse_copy_bytes(scene: SceneInfo, spec: OutputSpec) -> tuple[int, tuple[int, int]]:
