@@ -203,11 +203,14 @@ def test_the_commit_takes_the_tiles_heads_the_first_stage_read_unless_a_tile_cha
     assert coarse_levels.heads_length(b"II*\0tiff") == 0
 
 
+@pytest.mark.parametrize("tail_bytes", [None, 512], ids=["one read a node", "heads longer than the first read"])
 def test_the_shares_are_planned_from_the_heads_the_first_stage_carries_and_are_the_same_shares(
-    rendered_default, stores, storage
+    rendered_default, stores, storage, monkeypatch, tail_bytes
 ):
     from tilecommit.raster.assembly.shares import StagedShares, plan_shares
 
+    if tail_bytes is not None:  # as the 16 KiB heads intermediates written before they were cut carry
+        monkeypatch.setattr(coarse_levels, "HEADS_TAIL_BYTES", tail_bytes)
     scene, plain = rendered_default
     job = tree_job(plain)
     run_tree(job, stores, scene)
@@ -218,7 +221,8 @@ def test_the_shares_are_planned_from_the_heads_the_first_stage_carries_and_are_t
     assert carried == read_one_by_one  # the same ranges of the same tile versions: the same plan
     assert head_reads(log) == []  # the 20 heads came with the first stage's 6 intermediates
     tails = [r for r in log.requests if r[0] == "GET" and "/levels/" in r[1]]
-    assert len(tails) == 6, [r[1] for r in tails]
+    # One read of each intermediate's end, and a second, exact one where its heads are longer.
+    assert len(tails) == (6 if tail_bytes is None else 12), [r[1] for r in tails]
 
 
 def test_the_first_stage_carries_each_tiles_head_cut_to_its_directories(rendered_default, stores):
