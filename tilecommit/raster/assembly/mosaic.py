@@ -4,8 +4,9 @@ A job walks through assembly in a straight line:
 
 1. what is there: a mosaic already committed is not built again but verified
    (:func:`.commit.already_present`); a rebuild whose inspected version changed is ``superseded``;
-2. the plan: the manifest holds every planned window, each tile the size its row says
-   (:func:`.manifest_check.check_manifest`); the attempt gets a temporary directory of its own
+2. the plan: the manifest holds every planned window (:func:`.manifest_check.check_manifest`;
+   each tile is then read and copied at its row's ETag, so one rewritten or deleted since is
+   refused where it is read); the attempt gets a temporary directory of its own
    (:mod:`.attempt`: no claim, each attempt stages under block ids of its own);
 3. a strategy builds the mosaic and commits nothing (:mod:`.strategy`): ``server`` by default,
    ``auto`` falling back to ``blocks`` or ``vrt`` when the service or the tiles cannot
