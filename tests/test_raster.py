@@ -374,30 +374,28 @@ def test_assembly_refuses_while_a_manifest_row_is_missing(rendered, stores, stor
     assert blob_names(stores["output"]) == []
 
 
-def test_assembly_refuses_a_tile_rewritten_since_its_row(rendered, stores, storage):
+def _rewritten(blob) -> None:
+    blob.upload_blob(blob.download_blob().readall() + b"tampered", overwrite=True)
+
+
+@pytest.mark.parametrize(
+    "change, said",
+    [
+        (_rewritten, "changed after its manifest row was written"),
+        (lambda blob: blob.delete_blob(), "is in the manifest but not in storage"),
+    ],
+    ids=["rewritten", "deleted"],
+)
+def test_assembly_refuses_a_tile_changed_since_its_row(rendered, stores, storage, change, said):
     _, _, scene, settings, results = rendered
     victim = results[4]
-    blob = stores["tiles"].get_blob_client(victim.uri)
-    body = blob.download_blob().readall()
-    blob.upload_blob(body + b"tampered", overwrite=True)
+    change(stores["tiles"].get_blob_client(victim.uri))
     with pytest.raises(IncompleteManifestError) as caught:
         assemble(scene, settings, stores, storage)
     assert caught.value.mismatched == [victim.window]
     assert caught.value.missing == []
     assert not caught.value.retryable
-    assert f"tile {victim.uri} changed after its manifest row was written" in str(caught.value)
-    assert blob_names(stores["output"]) == []
-
-
-def test_assembly_refuses_a_tile_deleted_since_its_row(rendered, stores, storage):
-    _, _, scene, settings, results = rendered
-    victim = results[2]
-    stores["tiles"].get_blob_client(victim.uri).delete_blob()
-    with pytest.raises(IncompleteManifestError) as caught:
-        assemble(scene, settings, stores, storage)
-    assert caught.value.mismatched == [victim.window]
-    assert not caught.value.retryable
-    assert f"tile {victim.uri} is in the manifest but not in storage" in str(caught.value)
+    assert f"tile {victim.uri} {said}" in str(caught.value)
     assert blob_names(stores["output"]) == []
 
 
@@ -408,8 +406,7 @@ def test_a_row_without_an_etag_has_its_tile_size_checked_before_anything_is_read
     row = stores["manifest"].get_entity(JOB, victim.window)
     del row["etag"]
     stores["manifest"].update_entity(row, mode="replace")
-    blob = stores["tiles"].get_blob_client(victim.uri)
-    blob.upload_blob(blob.download_blob().readall() + b"tampered", overwrite=True)
+    _rewritten(stores["tiles"].get_blob_client(victim.uri))
     with pytest.raises(IncompleteManifestError) as caught:
         assemble(scene, settings, stores, storage)
     assert caught.value.mismatched == [victim.window]

@@ -205,15 +205,15 @@ def read_heads(
     sources = {key: BlobRangeSource(tiles, e.uri, e.nbytes, e.etag or "", key) for key, e in entries.items()}
     known = known or {}
 
-    def carried(key: str) -> Head | None:
-        source, given = sources[key], known.get(key)
-        if given is not None and source.etag and given[:2] == (source.etag, source.expected_size):
-            return given
-        return None
+    def of_its_version(key: str) -> bool:
+        given, source = known.get(key), sources[key]
+        return given is not None and bool(source.etag) and given[:2] == (source.etag, source.expected_size)
+
+    carried = {key: known[key] for key in sources if of_its_version(key)}
 
     def one(key: str) -> tuple[tiff.TiffLayout, Head]:
         source = sources[key]
-        given = carried(key)
+        given = carried.get(key)
         head, size = (given[2], given[1]) if given is not None else source.head(TILE_HEAD_BYTES)
         if size != source.expected_size:
             raise IncompleteManifestError(
@@ -223,9 +223,9 @@ def read_heads(
 
     # Carried heads are parsed here (CPU only: a thread each would add its hand-offs and nothing
     # else); the others are read by the executor's threads.
-    to_read = [key for key in sources if carried(key) is None]
+    to_read = [key for key in sources if key not in carried]
     read = dict(zip(to_read, executor.map(one, to_read), strict=True))
-    read.update((key, one(key)) for key in sources if key not in read)
+    read.update((key, one(key)) for key in carried)
     return sources, {k: read[k][0] for k in sources}, {k: read[k][1] for k in sources}
 
 
