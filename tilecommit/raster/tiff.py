@@ -21,11 +21,14 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple, Protocol
+from typing import Protocol
+
+import numpy as np
 
 from ..errors import InvalidRasterError
+from .tiff_blocks import BlockArray, BlockOrder, BlockRef, block_lengths, concatenated
 
 
 class Writable(Protocol):
@@ -105,6 +108,8 @@ class Tag:
     type: int
     count: int
     data: bytes
+    #: Where the value's bytes are in the file it was read from (-1: a tag made here).
+    position: int = field(default=-1, compare=False)
 
 
 @dataclass
@@ -216,9 +221,13 @@ def unpack_values(tag: Tag, byte_order: str) -> tuple:
 
 
 def pack_tag(code: int, type_: int, values: Iterable, byte_order: str) -> Tag:
-    """A tag of numeric ``values``, flat as :func:`unpack_values` returns them (a RATIONAL is two)."""
-    values = list(values)
+    """A tag of numeric ``values``, flat as :func:`unpack_values` returns them (a RATIONAL is two);
+    a numpy array of them is packed by numpy (a block array of a mosaic's level is one)."""
     fmt, _ = _TYPES[type_]
+    if isinstance(values, np.ndarray):
+        data = values.astype(np.dtype(byte_order + fmt[0]), copy=False).tobytes()
+        return Tag(code, type_, len(values) // len(fmt), data)
+    values = list(values)
     return Tag(code, type_, len(values) // len(fmt), struct.pack(f"{byte_order}{len(values)}{fmt[0]}", *values))
 
 
@@ -302,26 +311,17 @@ def read_layout(
             value_field = entry[(12 if bigtiff else 8) :]
             if size <= inline:
                 data = value_field[:size]
+                position = offset + count_len + i * entry_len + (12 if bigtiff else 8)
             else:
-                (value_offset,) = struct.unpack(f"{bo}{value_fmt}", value_field)
-                data = buf.read(value_offset, size)
-            tags[code] = Tag(code, type_, count, data)
+                (position,) = struct.unpack(f"{bo}{value_fmt}", value_field)
+                data = buf.read(position, size)
+            tags[code] = Tag(code, type_, count, data, position)
         directories.append(Directory(tags=tags, byte_order=bo, offset=offset))
         (offset,) = struct.unpack(f"{bo}{value_fmt}", raw[n * entry_len :])
     return TiffLayout(byte_order=bo, bigtiff=bigtiff, ghost=ghost, directories=directories, extent=buf.end)
 
 
 # --------------------------------------------------------------------------- writing
-
-
-class BlockRef(NamedTuple):
-    """Where one compressed block's bytes come from: a source (by key), an offset and a length.
-    (A named tuple: a mosaic's layout makes one per block, 25,600 at 40960², and a frozen
-    dataclass's construction costs twice a named tuple's.)"""
-
-    source: object
-    offset: int
-    length: int
 
 
 @dataclass
@@ -335,7 +335,7 @@ class OutputDirectory:
     """
 
     tags: dict[int, Tag]
-    blocks: list[BlockRef]
+    blocks: Sequence[BlockRef]
     width: int
     height: int
     mask: OutputDirectory | None = None
@@ -353,7 +353,7 @@ class _Placed:
     directory: OutputDirectory
     ifd_offset: int = 0
     ifd_size: int = 0
-    data_offsets: list[int] = field(default_factory=list)
+    data_offsets: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
 
 def _value_size(tag: Tag) -> int:
@@ -412,21 +412,18 @@ class TiffWriter:
             item.ifd_size = self._ifd_size(item.directory, bigtiff)
             position += item.ifd_size
         # Data: smallest overview first, full resolution last (COG order); a mask block right
-        # after the image block it masks.
+        # after the image block it masks. A sparse block (length 0, offset 0) takes no bytes:
+        # GDAL reads it as nodata (or zero).
+        lead, trail = (4 if self.leaders else 0), (4 if self.trailers else 0)
         for image, mask in reversed(pairs):
-            for part in (image, mask):
-                if part is not None:
-                    part.data_offsets = [0] * len(part.directory.blocks)
-            for i in range(len(image.directory.blocks)):
-                for part in (image, mask):
-                    if part is None:
-                        continue
-                    block = part.directory.blocks[i]
-                    if block.length == 0:
-                        continue  # sparse block (offset 0): GDAL reads it as nodata (or zero)
-                    position += 4 if self.leaders else 0
-                    part.data_offsets[i] = position
-                    position += block.length + (4 if self.trailers else 0)
+            parts = [part for part in (image, mask) if part is not None]
+            lengths = np.stack([block_lengths(part.directory.blocks) for part in parts], axis=1)
+            framed = np.where(lengths > 0, lead + lengths + trail, 0)  # block-major: image, mask, image, ...
+            ends = position + np.cumsum(framed.ravel()).reshape(framed.shape)
+            offsets = np.where(lengths > 0, ends - framed + lead, 0)
+            for j, part in enumerate(parts):
+                part.data_offsets = offsets[:, j]
+            position = int(ends[-1, -1]) if framed.size else position
         return placed, position
 
     def plan(
@@ -449,7 +446,7 @@ class TiffWriter:
             if not bigtiff and tag.type in _BIGTIFF_ONLY_TYPES:
                 raise InvalidRasterError(f"tag {tag.code} has a BigTIFF-only type and cannot go into a classic TIFF")
         tags[TILE_OFFSETS] = pack_tag(TILE_OFFSETS, array_type, item.data_offsets, bo)
-        tags[TILE_BYTE_COUNTS] = pack_tag(TILE_BYTE_COUNTS, array_type, [b.length for b in d.blocks], bo)
+        tags[TILE_BYTE_COUNTS] = pack_tag(TILE_BYTE_COUNTS, array_type, block_lengths(d.blocks), bo)
         inline = 8 if bigtiff else 4
         entries = sorted(tags.values(), key=lambda t: t.code)
         head_len = (8 + len(entries) * 20 + 8) if bigtiff else (2 + len(entries) * 12 + 4)
@@ -500,26 +497,29 @@ class TiffWriter:
 
     def block_order(
         self, directories: list[OutputDirectory], *, force_bigtiff: bool = False
-    ) -> tuple[bytes, list[tuple[BlockRef, int]], int]:
+    ) -> tuple[bytes, BlockOrder, int]:
         """What :meth:`write` writes, as references: (the head, every non-empty block in file order
         with its planned data offset, the file's size).
 
         A block's bytes in the file are its leader (4 bytes, when ``leaders``), its data at the
         planned offset, and its trailer (4 bytes, when ``trailers``), with nothing between one
         block's trailer and the next block's leader. The server-side copy stages the file from
-        this list without holding a block.
+        this order without holding a block.
         """
         placed, total, bigtiff = self.plan(directories, force_bigtiff=force_bigtiff)
         by_directory = {id(item.directory): item for item in placed}
-        order: list[tuple[BlockRef, int]] = []
+        blocks, offsets = [], []
         for index in range(len(directories) - 1, -1, -1):
-            image = by_directory[id(directories[index])]
-            mask = by_directory[id(directories[index].mask)] if directories[index].mask is not None else None
-            for i in range(len(image.directory.blocks)):
-                for item in (image, mask):
-                    if item is not None and item.directory.blocks[i].length:
-                        order.append((item.directory.blocks[i], item.data_offsets[i]))
-        return self._head_bytes(placed, bigtiff), order, total
+            parts = [by_directory[id(d)] for d in (directories[index], directories[index].mask) if d is not None]
+            arrays = [BlockArray.of(part.directory.blocks) for part in parts]
+            # Block-major, as laid out: block i of the image, then block i of its mask.
+            interleaved = concatenated(arrays)
+            order = np.arange(len(interleaved)).reshape(len(parts), -1).T.ravel()
+            placed_at = np.concatenate([part.data_offsets for part in parts])[order]
+            present = interleaved.length[order] > 0
+            blocks.append(interleaved[order[present]])
+            offsets.append(placed_at[present])
+        return self._head_bytes(placed, bigtiff), BlockOrder(concatenated(blocks), np.concatenate(offsets)), total
 
     def write(
         self,
@@ -598,6 +598,8 @@ def copyable_tags(directory: Directory, *, width: int, height: int, subfile_type
 
 
 __all__ = [
+    "BlockArray",
+    "BlockOrder",
     "BlockRef",
     "Directory",
     "OutputDirectory",

@@ -187,11 +187,12 @@ def read_tile_levels(
     started = time.perf_counter()
     sources, heads = read_tile_heads(windows, summary, tiles, executor, known)
     timings["tile_heads"] = time.perf_counter() - started
-    reference = heads[0].layout
-    for head in heads:
-        framing = (head.layout.block_leaders, head.layout.block_trailers)
+    reference = heads.groups[0].layout
+    for group in heads.groups:  # a group's members share their ghost area, where the framing is said
+        framing = (group.layout.block_leaders, group.layout.block_trailers)
         if framing != (reference.block_leaders, reference.block_trailers):
-            raise IncompatibleTilesError(f"tile {head.window.id} frames its blocks differently from tile 0000_0000")
+            first = heads.windows[group.members[0]].id
+            raise IncompatibleTilesError(f"tile {first} frames its blocks differently from tile 0000_0000")
     writer = tiff.TiffWriter(
         reference.byte_order,
         ghost=reference.ghost,

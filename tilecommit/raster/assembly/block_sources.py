@@ -6,7 +6,7 @@ in order. (The server-side path reads only the tiles' heads through here.)
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -18,7 +18,8 @@ from ...grid import Window
 from ...storage_answers import STORAGE_ERRORS, Answer, Meaning, classify, storage_fault
 from .. import tiff
 from ..env import BLOCK_SIZE
-from .pyramid import TileHead
+from ..tiff_alike import read_alike
+from .pyramid import TileHeads
 
 #: Bytes read from the start of each tile: a tile COG's directories and block arrays fit.
 TILE_HEAD_BYTES = 16 * 1024
@@ -149,7 +150,7 @@ class BlockFetcher:
         self.executor = executor
         self.block_size = block_size
 
-    def _row_futures(self, refs: list[tiff.BlockRef]) -> list[tuple[Future, int, list[tuple[int, tiff.BlockRef]]]]:
+    def _row_futures(self, refs: Sequence[tiff.BlockRef]) -> list[tuple[Future, int, list[tuple[int, tiff.BlockRef]]]]:
         by_source: dict = {}
         for position, ref in enumerate(refs):
             if ref.length:
@@ -197,11 +198,12 @@ Head = tuple[str, int, bytes]
 
 def read_heads(
     entries: dict, tiles: ContainerClient, executor, known: dict[str, Head] | None = None
-) -> tuple[dict, dict, dict[str, Head]]:
+) -> tuple[dict[str, BlobRangeSource], dict[str, Head]]:
     """The head of each blob a manifest row names (``entries``: key -> :class:`~tilecommit.manifest.ManifestEntry`),
-    pinned to the row's ETag and of the row's size: (key -> its :class:`BlobRangeSource`, key -> its
-    layout, key -> the head read). ``known``: heads read before (by a reduction node, pinned
-    too), used for a row whose ETag and size they were read at; any other head is read here."""
+    pinned to the row's ETag and of the row's size: (key -> its :class:`BlobRangeSource`, key ->
+    the head read). ``known``: heads read before (by a reduction node, pinned too), used for a row
+    whose ETag and size they were read at; any other head is read here, by the executor's threads.
+    Nothing is parsed: the source reads whatever a head's directories need beyond it."""
     sources = {key: BlobRangeSource(tiles, e.uri, e.nbytes, e.etag or "", key) for key, e in entries.items()}
     known = known or {}
 
@@ -209,28 +211,26 @@ def read_heads(
         given, source = known.get(key), sources[key]
         return given is not None and bool(source.etag) and given[:2] == (source.etag, source.expected_size)
 
-    carried = {key: known[key] for key in sources if of_its_version(key)}
-
-    def one(key: str) -> tuple[tiff.TiffLayout, Head]:
+    def read(key: str) -> Head:
         source = sources[key]
-        given = carried.get(key)
-        head, size = (given[2], given[1]) if given is not None else source.head(TILE_HEAD_BYTES)
+        head, size = source.head(TILE_HEAD_BYTES)
         if size != source.expected_size:
             raise IncompleteManifestError(
                 f"{source.name} has {size} bytes, its manifest row says {source.expected_size}", mismatched=[key]
             )
-        return tiff.read_layout(head, source.read), (source.etag, size, head)
+        return source.etag, size, head
 
-    # Carried heads are parsed here (CPU only: a thread each would add its hand-offs and nothing
-    # else); the others are read by the executor's threads.
-    to_read = [key for key in sources if key not in carried]
-    read = dict(zip(to_read, executor.map(one, to_read), strict=True))
-    read.update((key, one(key)) for key in carried)
-    return sources, {k: read[k][0] for k in sources}, {k: read[k][1] for k in sources}
+    heads = {key: known[key] for key in sources if of_its_version(key)}
+    to_read = [key for key in sources if key not in heads]
+    heads.update(zip(to_read, executor.map(read, to_read), strict=True))
+    return sources, {key: heads[key] for key in sources}
 
 
 def read_tile_heads(
     windows: list[Window], summary, tiles: ContainerClient, executor, known: dict[str, Head] | None = None
-) -> tuple[dict, list[TileHead]]:
-    sources, layouts, _ = read_heads({w.id: summary.entries[w.id] for w in windows}, tiles, executor, known)
-    return sources, [TileHead(w, w.id, layouts[w.id]) for w in windows]
+) -> tuple[dict, TileHeads]:
+    """The tiles' heads (:func:`read_heads`), parsed in groups alike (:func:`..tiff_alike.read_alike`)."""
+    keys = [w.id for w in windows]
+    sources, heads = read_heads({key: summary.entries[key] for key in keys}, tiles, executor, known)
+    groups = read_alike([heads[key][2] for key in keys], lambda i: sources[keys[i]].read)
+    return sources, TileHeads(windows, keys, groups)

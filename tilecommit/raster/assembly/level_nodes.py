@@ -112,7 +112,8 @@ def compute_node(
     stage = tree.stages[s]
     (_, _, width, height), places, entries = _children(job, stores, tree, s, row, col)
     with ContextExecutor(max_workers=FETCH_THREADS, thread_name_prefix="levelfetch") as executor:
-        sources, layouts, heads = read_heads(entries, stores.tiles, executor)
+        sources, heads = read_heads(entries, stores.tiles, executor)
+        layouts = {k: tiff.read_layout(head, sources[k].read) for k, (_, _, head) in heads.items()}
         levels = {
             k: (tile_levels(layout)[tree.first] if s == 0 else tile_levels(layout)[-1]) for k, layout in layouts.items()
         }

@@ -4,7 +4,7 @@ which of the tiles' own levels become the mosaic's (all pure: directories in, di
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,6 +16,8 @@ from .. import tiff
 from ..env import BLOCK_SIZE
 from ..reading.budgets import MAX_WINDOW_BYTES, TEMPORARY_DISK_BYTES, mib, window_bytes
 from ..reading.scene import SceneInfo
+from ..tiff_alike import AlikeHeads
+from ..tiff_blocks import BlockArray
 from ..tiling.encode import tile_overview_count
 
 
@@ -99,6 +101,25 @@ class TileHead:
     layout: tiff.TiffLayout
 
 
+@dataclass
+class TileHeads:
+    """Every tile's head, parsed in groups alike (:func:`..tiff_alike.read_alike`): window
+    ``windows[i]``'s tile is the source ``keys[i]``, and member ``i`` of one group."""
+
+    windows: list[Window]
+    keys: list[str]
+    groups: list[AlikeHeads]
+
+    @classmethod
+    def of(cls, heads: list[TileHead]) -> TileHeads:
+        """Heads parsed one by one, each a group of its own."""
+        return cls(
+            [h.window for h in heads],
+            [h.key for h in heads],
+            [AlikeHeads.single(h.layout, i) for i, h in enumerate(heads)],
+        )
+
+
 def _tile_level_size(n: int, level: int) -> int:
     for _ in range(level):
         n = halve_floor(n)
@@ -111,142 +132,151 @@ def tile_levels(layout: tiff.TiffLayout) -> list[tuple[tiff.Directory, tiff.Dire
     The COG driver writes the full resolution's mask (subfile type 4) after its image, and the
     overviews' masks (type 5) after all the overviews; a mask belongs to the image of its size.
     """
-    images = [d for d in layout.directories if not d.subfile_type & tiff.SUBFILE_MASK]
+    directories = layout.directories
+    return [(directories[i], directories[m] if m is not None else None) for i, m in _level_indices(layout)]
+
+
+def _level_indices(layout: tiff.TiffLayout) -> list[tuple[int, int | None]]:
+    """:func:`tile_levels` as indices into ``layout.directories``."""
+    directories = layout.directories
+    images = [i for i, d in enumerate(directories) if not d.subfile_type & tiff.SUBFILE_MASK]
     masks = {
-        (d.width, d.height, d.subfile_type & tiff.SUBFILE_REDUCED): d
-        for d in layout.directories
+        (d.width, d.height, d.subfile_type & tiff.SUBFILE_REDUCED): i
+        for i, d in enumerate(directories)
         if d.subfile_type & tiff.SUBFILE_MASK
     }
-    levels = [(d, masks.pop((d.width, d.height, d.subfile_type & tiff.SUBFILE_REDUCED), None)) for d in images]
+    levels = []
+    for i in images:
+        d = directories[i]
+        levels.append((i, masks.pop((d.width, d.height, d.subfile_type & tiff.SUBFILE_REDUCED), None)))
     if masks:
         raise IncompatibleTilesError(f"mask directories without an image of their size: {sorted(masks)}")
     return levels
 
 
-@dataclass(frozen=True)
-class _LevelBlocks:
-    """One tile directory's block arrays, unpacked once (its tags are raw bytes)."""
-
-    offsets: tuple[int, ...]
-    byte_counts: tuple[int, ...]
-    across: int
-
-
-def _checked_blocks(
-    head: TileHead, d: tiff.Directory, key: tuple, expected: tuple[int, int], what: str, block_size: int
-) -> _LevelBlocks:
-    """``d``'s block arrays once it is checked to be ``expected`` in size, encoded as ``key`` in
-    ``block_size`` blocks, with one block per place; or :class:`IncompatibleTilesError`."""
-    if (d.width, d.height) != expected:
-        raise IncompatibleTilesError(f"tile {head.window.id} {what} is {d.width}x{d.height}, expected {expected}")
-    if d.encoding_key() != key or d.tile_width != block_size or d.tile_height != block_size or d.planar_config != 1:
-        raise IncompatibleTilesError(f"tile {head.window.id} {what} is encoded differently from tile 0000_0000")
-    offsets, byte_counts = d.block_offsets, d.block_byte_counts
-    across, down = -(-expected[0] // block_size), -(-expected[1] // block_size)
-    if len(offsets) != across * down or len(byte_counts) != len(offsets):
-        raise IncompatibleTilesError(f"tile {head.window.id} {what} has an unexpected number of blocks")
-    return _LevelBlocks(offsets, byte_counts, across)
-
-
-def plan_tile_levels(scene: SceneInfo, heads: list[TileHead], spec: OutputSpec) -> list[tiff.OutputDirectory]:
+def plan_tile_levels(
+    scene: SceneInfo, heads: TileHeads | list[TileHead], spec: OutputSpec
+) -> list[tiff.OutputDirectory]:
     """The mosaic's directories 0..K taken from the tiles' directories 0..K, or IncompatibleTilesError.
 
     Level k of the mosaic is the tiles' level k side by side: interior tiles contribute exactly
     window/2^k pixels (a whole number of blocks), edge tiles what the COG driver made of them.
     Stops at the first level that fits in one block, or at the tiles' last block-aligned level.
     Tiles with an internal mask give every level its mask, copied the same way (a 1-bit mask
-    block covers the same 256 x 256 pixels as the image block beside it).
+    block covers the same 256 x 256 pixels as the image block beside it). Each group of tiles
+    alike is checked once and placed with numpy: its members share every directory but the
+    block arrays (:mod:`..tiff_alike`).
     """
+    tiles = heads if isinstance(heads, TileHeads) else TileHeads.of(heads)
     window_size, block_size = spec.window_size, spec.block_size
     available = tile_overview_count(window_size, block_size)
     if spec.choice.web_optimized:  # rio-cogeo's pyramid may stop before the tiles' levels do
         available = min(available, levels_of(scene, spec))
-    reference = heads[0].layout
-    if heads[0].window.id != "0000_0000":
+    if tiles.windows[0].id != "0000_0000":
         raise IncompatibleTilesError("the first planned window is not 0000_0000")
-    levels = {h.window.id: tile_levels(h.layout) for h in heads}
-    reference_levels = levels["0000_0000"]
-    masked = reference_levels[0][1] is not None
-    grid = {(h.window.row, h.window.col): h for h in heads}
-    rows = 1 + max(h.window.row for h in heads)
-    cols = 1 + max(h.window.col for h in heads)
-    for head in heads:
-        if head.layout.byte_order != reference.byte_order:
-            raise IncompatibleTilesError(f"tile {head.window.id} has another byte order")
+    reference = tiles.groups[0].layout
+    for group in tiles.groups:
+        if group.layout.byte_order != reference.byte_order:
+            raise IncompatibleTilesError(f"tile {tiles.windows[group.members[0]].id} has another byte order")
+    levels = [_level_indices(group.layout) for group in tiles.groups]
+    first_row = {w.col: w for w in tiles.windows if w.row == 0}
+    first_col = {w.row: w for w in tiles.windows if w.col == 0}
     out: list[tiff.OutputDirectory] = []
     for k in range(available + 1):
-        if k >= len(reference_levels):
+        if k >= len(levels[0]):
             raise IncompatibleTilesError(f"tile 0000_0000 has no overview level {k}")
-        ref_dir, ref_mask = reference_levels[k]
-        width = sum(_tile_level_size(grid[(0, c)].window.width, k) for c in range(cols))
-        height = sum(_tile_level_size(grid[(r, 0)].window.height, k) for r in range(rows))
-        images, masks = _level_blocks(heads, levels, k, ref_dir, ref_mask, masked, block_size)
-        per_tile = window_size // 2**k // block_size
-        placed = functools.partial(_copied, grid=grid, width=width, height=height, per_tile=per_tile, block=block_size)
-        reduced = tiff.SUBFILE_REDUCED if k else 0
-        image = placed(images, ref_dir, reduced)
-        if ref_mask is not None:  # ``masked``: every tile's level has its mask (checked by _level_blocks)
-            image.mask = placed(masks, ref_mask, reduced | tiff.SUBFILE_MASK)
-        out.append(image)
+        width = sum(_tile_level_size(first_row[c].width, k) for c in range(len(first_row)))
+        height = sum(_tile_level_size(first_col[r].height, k) for r in range(len(first_col)))
+        level = _Level(k, width, height, window_size // 2**k // block_size, block_size)
+        image, mask = level.placed(tiles, levels)
+        out.append(image if mask is None else dataclasses.replace(image, mask=mask))
         if width <= block_size and height <= block_size:
             break
     return out
 
 
-def _level_blocks(
-    heads: list[TileHead],
-    levels: dict[str, list],
-    k: int,
-    ref_dir: tiff.Directory,
-    ref_mask: tiff.Directory | None,
-    masked: bool,
-    block_size: int,
-) -> tuple[dict[tuple[int, int], _LevelBlocks], dict[tuple[int, int], _LevelBlocks]]:
-    """Every tile's level ``k`` checked against tile 0000_0000's (``ref_dir``, ``ref_mask``),
-    with a mask if and only if ``masked`` (tile 0000_0000's full resolution has one): the block
-    arrays of its image and of its mask, by the tile's (row, col)."""
-    image_key = ref_dir.encoding_key()
-    mask_key = ref_mask.encoding_key() if ref_mask is not None else None
-    images: dict[tuple[int, int], _LevelBlocks] = {}
-    masks: dict[tuple[int, int], _LevelBlocks] = {}
-    for head in heads:
-        tile = levels[head.window.id]
-        if len(tile) <= k:
-            raise IncompatibleTilesError(f"tile {head.window.id} has no overview level {k}")
-        tile_dir, tile_mask = tile[k]
-        if (tile_mask is not None) != masked:
+@dataclass
+class _Level:
+    """Level ``k`` of the mosaic, ``width`` x ``height``, each tile ``per_tile`` blocks across."""
+
+    k: int
+    width: int
+    height: int
+    per_tile: int
+    block: int
+
+    def placed(self, tiles: TileHeads, levels: list) -> tuple[tiff.OutputDirectory, tiff.OutputDirectory | None]:
+        """This level's directory and its mask's (None without): every group's level ``k``
+        checked against tile 0000_0000's, its blocks placed where they lie in the mosaic."""
+        reference = tiles.groups[0].layout.directories
+        ref_image, ref_mask = levels[0][self.k]
+        parts = [(reference[ref_image], "")] + ([(reference[ref_mask], " mask")] if ref_mask is not None else [])
+        across, down = -(-self.width // self.block), -(-self.height // self.block)
+        arrays = [np.full((3, across * down), -1, dtype=np.int64) for _ in parts]
+        grid = np.array([(w.row, w.col, w.width, w.height) for w in tiles.windows], dtype=np.int64).T
+        sizes = grid[2:]
+        for _ in range(self.k):
+            sizes = np.maximum(1, sizes // 2)  # halve_floor, each window's level k
+        for group, group_levels in zip(tiles.groups, levels, strict=True):
+            indices = self._of_group(tiles, group, group_levels, ref_mask is not None)
+            for (ref, what), index, into in zip(parts, indices, arrays, strict=False):
+                d = group.layout.directories[index]
+                self._check(tiles, group, d, index, ref, what, sizes)
+                indices_in_tile = np.arange(group.offsets[index].shape[1])
+                ly, lx = np.divmod(indices_in_tile, -(-d.width // self.block))
+                members = group.members[:, None]
+                place = (grid[0][members] * self.per_tile + ly) * across + grid[1][members] * self.per_tile + lx
+                into[0, place] = np.broadcast_to(members, place.shape)
+                into[1, place] = group.offsets[index]
+                into[2, place] = group.byte_counts[index]
+        directories = []
+        for (ref, what), (source, offset, length) in zip(parts, arrays, strict=True):
+            if (source < 0).any():
+                raise IncompatibleTilesError(f"the tiles' level {self.k}{what} leaves blocks of the mosaic uncovered")
+            subfile = (tiff.SUBFILE_REDUCED if self.k else 0) | (tiff.SUBFILE_MASK if what else 0)
+            tags = tiff.copyable_tags(ref, width=self.width, height=self.height, subfile_type=subfile)
+            blocks = BlockArray(tiles.keys, source, offset, length)
+            directories.append(tiff.OutputDirectory(tags=tags, blocks=blocks, width=self.width, height=self.height))
+        return directories[0], (directories[1] if len(directories) > 1 else None)
+
+    def _of_group(self, tiles: TileHeads, group: AlikeHeads, group_levels: list, masked: bool) -> tuple:
+        """The group's level ``k`` as directory indices (image, mask), once it has one, with a
+        mask if and only if ``masked`` (tile 0000_0000's level has one)."""
+        first = tiles.windows[group.members[0]].id
+        if len(group_levels) <= self.k:
+            raise IncompatibleTilesError(f"tile {first} has no overview level {self.k}")
+        image, mask = group_levels[self.k]
+        if (mask is not None) != masked:
             lacks = "lacks" if masked else "has"
-            raise IncompatibleTilesError(f"tile {head.window.id} level {k} {lacks} an internal mask")
-        place = (head.window.row, head.window.col)
-        expected = (_tile_level_size(head.window.width, k), _tile_level_size(head.window.height, k))
-        images[place] = _checked_blocks(head, tile_dir, image_key, expected, f"level {k}", block_size)
-        if tile_mask is not None and mask_key is not None:  # both or neither: tile 0000_0000 is checked too
-            masks[place] = _checked_blocks(head, tile_mask, mask_key, expected, f"level {k} mask", block_size)
-    return images, masks
+            raise IncompatibleTilesError(f"tile {first} level {self.k} {lacks} an internal mask")
+        return image, mask
 
-
-def _copied(
-    tiles: dict[tuple[int, int], _LevelBlocks],
-    reference: tiff.Directory,
-    subfile_type: int,
-    *,
-    grid: dict[tuple[int, int], TileHead],
-    width: int,
-    height: int,
-    per_tile: int,
-    block: int,
-) -> tiff.OutputDirectory:
-    """A level of the mosaic: each block the block of the tile that covers it, in block-index order."""
-    blocks = []
-    for by in range(-(-height // block)):
-        row, ly = divmod(by, per_tile)
-        for bx in range(-(-width // block)):
-            col, lx = divmod(bx, per_tile)
-            tile = tiles[(row, col)]
-            index = ly * tile.across + lx
-            blocks.append(tiff.BlockRef(grid[(row, col)].key, tile.offsets[index], tile.byte_counts[index]))
-    tags = tiff.copyable_tags(reference, width=width, height=height, subfile_type=subfile_type)
-    return tiff.OutputDirectory(tags=tags, blocks=blocks, width=width, height=height)
+    def _check(
+        self, tiles: TileHeads, group: AlikeHeads, d: tiff.Directory, index: int, ref: tiff.Directory, what: str, sizes
+    ) -> None:
+        """``d`` (directory ``index`` of the group) of each member's window's level size, encoded
+        as ``ref`` in the job's blocks, one block per place; or IncompatibleTilesError."""
+        members = group.members
+        wrong = np.flatnonzero((sizes[0][members] != d.width) | (sizes[1][members] != d.height))
+        if wrong.size:
+            m = int(members[wrong[0]])
+            expected = (int(sizes[0][m]), int(sizes[1][m]))
+            raise IncompatibleTilesError(
+                f"tile {tiles.windows[m].id} level {self.k}{what} is {d.width}x{d.height}, expected {expected}"
+            )
+        first = tiles.windows[members[0]].id
+        if (
+            d.encoding_key() != ref.encoding_key()
+            or d.tile_width != self.block
+            or d.tile_height != self.block
+            or d.planar_config != 1
+        ):
+            raise IncompatibleTilesError(
+                f"tile {first} level {self.k}{what} is encoded differently from tile 0000_0000"
+            )
+        across, down = -(-d.width // self.block), -(-d.height // self.block)
+        if not group.offsets[index].shape[1] == group.byte_counts[index].shape[1] == across * down:
+            raise IncompatibleTilesError(f"tile {first} level {self.k}{what} has an unexpected number of blocks")
 
 
 def coarse_copy_bytes(scene: SceneInfo, spec: OutputSpec) -> tuple[int, tuple[int, int]]:
