@@ -4,11 +4,12 @@ placing one block at a time makes (the oracle below is that per-block walk, writ
 from __future__ import annotations
 
 import random
+import struct
 
 import numpy as np
 import pytest
 
-from tilecommit.errors import MosaicCheckError
+from tilecommit.errors import InvalidRasterError, MosaicCheckError
 from tilecommit.raster import tiff
 from tilecommit.raster.assembly.copy_plan import CopyRange, LocalRun, plan_copy
 from tilecommit.raster.tiff_blocks import BlockArray, BlockOrder, BlockRef, concatenated
@@ -130,3 +131,13 @@ def test_a_copy_plan_refuses_blocks_that_do_not_follow_each_other():
         plan_copy(head, order, total + 1, leaders=True, trailers=True)
     plan = plan_copy(head, order, total, leaders=True, trailers=True)
     assert [(p.source, p.offset, p.length) for p in plan.ranges] == [("t", 0, 36)]
+
+
+def test_a_block_array_value_too_large_for_its_tag_type_is_refused_not_wrapped():
+    assert tiff.pack_tag(tiff.TILE_OFFSETS, tiff.TYPE_LONG, np.array([1, 2**32 - 1]), "<").data == struct.pack(
+        "<2I", 1, 2**32 - 1
+    )
+    with pytest.raises(InvalidRasterError, match="does not fit"):
+        tiff.pack_tag(tiff.TILE_OFFSETS, tiff.TYPE_LONG, np.array([2**32]), "<")
+    with pytest.raises(InvalidRasterError, match="does not fit"):
+        tiff.pack_tag(tiff.TILE_BYTE_COUNTS, tiff.TYPE_LONG, np.array([-1]), ">")

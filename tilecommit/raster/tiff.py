@@ -225,8 +225,14 @@ def pack_tag(code: int, type_: int, values: Iterable, byte_order: str) -> Tag:
     a numpy array of them is packed by numpy (a block array of a mosaic's level is one)."""
     fmt, _ = _TYPES[type_]
     if isinstance(values, np.ndarray):
-        data = values.astype(np.dtype(byte_order + fmt[0]), copy=False).tobytes()
-        return Tag(code, type_, len(values) // len(fmt), data)
+        dtype = np.dtype(byte_order + fmt[0])
+        if (
+            dtype.kind in "iu"
+            and values.size
+            and not (np.iinfo(dtype).min <= values.min() <= values.max() <= np.iinfo(dtype).max)
+        ):
+            raise InvalidRasterError(f"tag {code}: a value does not fit its type {type_}")  # as struct.pack refuses
+        return Tag(code, type_, len(values) // len(fmt), values.astype(dtype, copy=False).tobytes())
     values = list(values)
     return Tag(code, type_, len(values) // len(fmt), struct.pack(f"{byte_order}{len(values)}{fmt[0]}", *values))
 

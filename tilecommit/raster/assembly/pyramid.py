@@ -179,6 +179,9 @@ def plan_tile_levels(
         if group.layout.byte_order != reference.byte_order:
             raise IncompatibleTilesError(f"tile {tiles.windows[group.members[0]].id} has another byte order")
     levels = [_level_indices(group.layout) for group in tiles.groups]
+    masked = levels[0][0][1] is not None  # every level of every tile has a mask, or none has
+    # Each window's row, column, width and height, as arrays: where its blocks go, what size its levels are.
+    grid = np.array([(w.row, w.col, w.width, w.height) for w in tiles.windows], dtype=np.int64).T
     first_row = {w.col: w for w in tiles.windows if w.row == 0}
     first_col = {w.row: w for w in tiles.windows if w.col == 0}
     out: list[tiff.OutputDirectory] = []
@@ -188,7 +191,7 @@ def plan_tile_levels(
         width = sum(_tile_level_size(first_row[c].width, k) for c in range(len(first_row)))
         height = sum(_tile_level_size(first_col[r].height, k) for r in range(len(first_col)))
         level = _Level(k, width, height, window_size // 2**k // block_size, block_size)
-        image, mask = level.placed(tiles, levels)
+        image, mask = level.placed(tiles, levels, masked, grid)
         out.append(image if mask is None else dataclasses.replace(image, mask=mask))
         if width <= block_size and height <= block_size:
             break
@@ -205,20 +208,22 @@ class _Level:
     per_tile: int
     block: int
 
-    def placed(self, tiles: TileHeads, levels: list) -> tuple[tiff.OutputDirectory, tiff.OutputDirectory | None]:
-        """This level's directory and its mask's (None without): every group's level ``k``
-        checked against tile 0000_0000's, its blocks placed where they lie in the mosaic."""
+    def placed(
+        self, tiles: TileHeads, levels: list, masked: bool, grid: np.ndarray
+    ) -> tuple[tiff.OutputDirectory, tiff.OutputDirectory | None]:
+        """This level's directory and its mask's (None unless ``masked``): every group's level
+        ``k`` checked against tile 0000_0000's, its blocks placed where they lie in the mosaic."""
         reference = tiles.groups[0].layout.directories
-        ref_image, ref_mask = levels[0][self.k]
+        ref_image, ref_mask = self._of_group(tiles, tiles.groups[0], levels[0], masked)
         parts = [(reference[ref_image], "")] + ([(reference[ref_mask], " mask")] if ref_mask is not None else [])
         across, down = -(-self.width // self.block), -(-self.height // self.block)
         arrays = [np.full((3, across * down), -1, dtype=np.int64) for _ in parts]
-        grid = np.array([(w.row, w.col, w.width, w.height) for w in tiles.windows], dtype=np.int64).T
         sizes = grid[2:]
         for _ in range(self.k):
             sizes = np.maximum(1, sizes // 2)  # halve_floor, each window's level k
         for group, group_levels in zip(tiles.groups, levels, strict=True):
-            indices = self._of_group(tiles, group, group_levels, ref_mask is not None)
+            indices = self._of_group(tiles, group, group_levels, masked)
+            # The image, then its mask when the level has one (``indices``' second is None without).
             for (ref, what), index, into in zip(parts, indices, arrays, strict=False):
                 d = group.layout.directories[index]
                 self._check(tiles, group, d, index, ref, what, sizes)
@@ -241,7 +246,7 @@ class _Level:
 
     def _of_group(self, tiles: TileHeads, group: AlikeHeads, group_levels: list, masked: bool) -> tuple:
         """The group's level ``k`` as directory indices (image, mask), once it has one, with a
-        mask if and only if ``masked`` (tile 0000_0000's level has one)."""
+        mask if and only if ``masked`` (tile 0000_0000's full resolution has one)."""
         first = tiles.windows[group.members[0]].id
         if len(group_levels) <= self.k:
             raise IncompatibleTilesError(f"tile {first} has no overview level {self.k}")
