@@ -119,6 +119,17 @@ def test_a_variable_value_overlapping_a_directory_leads_no_group(tiles):
     assert _fixed_bytes(layout, head) is None
 
 
+def test_block_arrays_that_are_not_integers_lead_no_group(tiles):
+    _, bodies = tiles
+    head = bodies[0][:TILE_HEAD_BYTES]
+    layout = tiff.read_layout(head, None)
+    first = layout.directories[0]
+    counts = first.tags[tiff.TILE_BYTE_COUNTS]
+    rational = dataclasses.replace(counts, type=5, count=counts.count // 2)  # RATIONAL, same bytes: two LONGs a value
+    layout.directories[0] = dataclasses.replace(first, tags={**first.tags, tiff.TILE_BYTE_COUNTS: rational})
+    assert _fixed_bytes(layout, head) is None
+
+
 def test_the_levels_planned_from_groups_are_those_planned_from_each_head(tiles):
     windows, bodies = tiles
     heads = _heads(bodies)

@@ -46,6 +46,8 @@ VARIABLE = frozenset(
         306,  # DateTime
     }
 )
+#: The types a block array is cut out as (SHORT, LONG, LONG8): one integer a block.
+ARRAY_TYPES = frozenset({tiff.TYPE_SHORT, tiff.TYPE_LONG, tiff.TYPE_LONG8})
 #: Groups tried at most; the heads left after that are parsed one by one (each a group of one),
 #: so heads that are all different cost what parsing them costs, and not a comparison each.
 MAX_TEMPLATES = 16
@@ -116,9 +118,9 @@ def _group(layout: tiff.TiffLayout, members: np.ndarray, matrix: np.ndarray) -> 
 def _fixed_bytes(layout: tiff.TiffLayout, head: bytes) -> np.ndarray | None:
     """Which of the first ``layout.extent`` bytes of ``head`` must be equal for another head to
     parse as this one: all but the values of :data:`VARIABLE` tags. None when this layout cannot
-    lead a group: a directory without both block arrays, values overlapping one another, or a
-    variable value overlapping the header, the ghost area or a directory's entries (then a
-    difference there could change the parse)."""
+    lead a group: a directory without both block arrays as integers, values overlapping one
+    another, or a variable value overlapping the header, the ghost area or a directory's entries
+    (then a difference there could change the parse)."""
     if layout.extent > len(head):
         return None
     variable = np.zeros(layout.extent, dtype=bool)
@@ -129,7 +131,8 @@ def _fixed_bytes(layout: tiff.TiffLayout, head: bytes) -> np.ndarray | None:
     count_len, entry_len, inline = (8, 20, 8) if layout.bigtiff else (2, 12, 4)
     count_format = layout.byte_order + ("Q" if layout.bigtiff else "H")
     for d in layout.directories:
-        if any(code not in d.tags or d.tags[code].position < 0 for code in BLOCK_ARRAYS):
+        arrays = [d.tags.get(code) for code in BLOCK_ARRAYS]
+        if any(tag is None or tag.position < 0 or tag.type not in ARRAY_TYPES for tag in arrays):
             return None
         (entries,) = struct.unpack_from(count_format, head, d.offset)
         structure[d.offset : d.offset + count_len + entries * entry_len + inline] = True
