@@ -27,7 +27,13 @@ from tilecommit.manifest import count_manifest
 from tilecommit.raster import inspect_source, tiff
 from tilecommit.raster.assembly import block_copy, vrt_strategy
 from tilecommit.raster.assembly.block_sources import TILE_HEAD_BYTES, BlockFetcher, FileRangeSource
-from tilecommit.raster.assembly.pyramid import TileHead, check_temporary_disk, coarse_copy_bytes, plan_tile_levels
+from tilecommit.raster.assembly.pyramid import (
+    TileHead,
+    TileHeads,
+    check_temporary_disk,
+    coarse_copy_bytes,
+    plan_tile_levels,
+)
 from tilecommit.raster.reading import budgets
 from tilecommit.raster.reading.scene import SceneInfo
 from tilecommit.raster.tiling.encode import encode_tile
@@ -220,7 +226,7 @@ def test_the_coarse_copy_estimate_bounds_what_an_assembly_writes(tmp_path):
         (tmp_path / f"{window.id}.tif").write_bytes(body)
         sources[window.id] = FileRangeSource(str(tmp_path / f"{window.id}.tif"))
         heads.append(TileHead(window, window.id, tiff.read_layout(body[:TILE_HEAD_BYTES], sources[window.id].read)))
-    directories = plan_tile_levels(scene, heads, spec)
+    directories = plan_tile_levels(scene, TileHeads.of(heads), spec)
     workdir = tempfile.mkdtemp(dir=tmp_path)
     with ThreadPoolExecutor(4) as executor:
         nodata = heads[0].layout.directories[0].tags.get(tiff.GDAL_NODATA)

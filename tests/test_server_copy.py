@@ -23,7 +23,7 @@ from tilecommit.manifest import get_manifest_entry
 from tilecommit.raster import inspect_source, render_tile, tiff
 from tilecommit.raster.assembly import attempt
 from tilecommit.raster.assembly.copy_plan import MAX_COMMITTED_BLOCKS, CopyRange, LocalRun, plan_copy
-from tilecommit.raster.assembly.pyramid import TileHead, plan_tile_levels
+from tilecommit.raster.assembly.pyramid import TileHead, TileHeads, plan_tile_levels
 from tilecommit.raster.assembly.server_copy import (
     BearerCopySource,
     SasCopySource,
@@ -148,7 +148,7 @@ def _planned_40960(tmp_path, window_size: int) -> tuple[int, int]:
     layout = tiff.read_layout(body, None)
     windows = plan_windows(40960, 40960, window_size)
     heads = [TileHead(w, w.id, layout) for w in windows]
-    directories = plan_tile_levels(None, heads, output_spec)
+    directories = plan_tile_levels(None, TileHeads.of(heads), output_spec)
     # The coarse levels are computed locally; counted here at their uncompressed size (a bound).
     width, height, bytes_per_block = directories[-1].width, directories[-1].height, 256 * 256 * 3 * 2
     while width > 256 or height > 256:

@@ -135,9 +135,8 @@ def test_the_levels_planned_from_groups_are_those_planned_from_each_head(tiles):
     heads = _heads(bodies)
     keys = [w.id for w in windows]
     grouped = plan_tile_levels(None, TileHeads(windows, keys, read_alike(heads, lambda i: None)), SPEC)
-    alone = plan_tile_levels(
-        None, [TileHead(w, w.id, tiff.read_layout(h, None)) for w, h in zip(windows, heads, strict=True)], SPEC
-    )
+    each = [TileHead(w, w.id, tiff.read_layout(h, None)) for w, h in zip(windows, heads, strict=True)]
+    alone = plan_tile_levels(None, TileHeads.of(each), SPEC)
     assert len(grouped) == len(alone) == 3
     for g, a in zip(grouped, alone, strict=True):
         assert (g.width, g.height, g.tags) == (a.width, a.height, a.tags)

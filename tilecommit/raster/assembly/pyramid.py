@@ -154,9 +154,7 @@ def _level_indices(layout: tiff.TiffLayout) -> list[tuple[int, int | None]]:
     return levels
 
 
-def plan_tile_levels(
-    scene: SceneInfo, heads: TileHeads | list[TileHead], spec: OutputSpec
-) -> list[tiff.OutputDirectory]:
+def plan_tile_levels(scene: SceneInfo, tiles: TileHeads, spec: OutputSpec) -> list[tiff.OutputDirectory]:
     """The mosaic's directories 0..K taken from the tiles' directories 0..K, or IncompatibleTilesError.
 
     Level k of the mosaic is the tiles' level k side by side: interior tiles contribute exactly
@@ -167,7 +165,6 @@ def plan_tile_levels(
     alike is checked once and placed with numpy: its members share every directory but the
     block arrays (:mod:`..tiff_alike`).
     """
-    tiles = heads if isinstance(heads, TileHeads) else TileHeads.of(heads)
     window_size, block_size = spec.window_size, spec.block_size
     available = tile_overview_count(window_size, block_size)
     if spec.choice.web_optimized:  # rio-cogeo's pyramid may stop before the tiles' levels do
