@@ -12,10 +12,12 @@ Then, side by side on the same tiles, in this process:
   of its slowest node (printed as ``tree wall (model)``);
 - the commit step's own part (``planned_block_copy``: manifest rows, tile heads, the coarse
   levels, the head's check and the copy plan; not the copies, which the service makes, nor the
-  Put Blocks) twice: computing the coarse levels itself (a payload without a tree, as before),
-  and stitching the tree's intermediates;
-- planning the mosaic's shares (``plan_shares``, four shares) twice: reading every tile's head,
-  and taking the heads the tree's first stage carries.
+  Put Blocks) three times: computing the coarse levels itself (a payload without a tree),
+  stitching the tree's intermediates read whole (``staged``: a job from before the service
+  copied them), and stitching them from the heads the tree's last node carries (``copied``);
+- planning the mosaic's shares (``plan_shares``, four shares) three times: reading every tile's
+  head, taking the heads the tree's first stage carries (a job from before), and taking those
+  the last node carries.
 
 Printed (and written to bench/results/commit_step.json): the seconds of each part and the ratio
 of the largest size to the smallest. Nothing is
@@ -156,16 +158,19 @@ def _run(storage: BenchStorage, sizes: list[int], threads: int) -> list[dict]:
             )
             scene = dataclasses.replace(tile_scene, width=size, height=size)
             single = Job(f"{size:08x}c0ffee00"[:16], "bench", url="", etag="", size=0, spec=_spec(), batch_size=64)
-            tree_job = dataclasses.replace(single, coarse_levels_per_node=2)
+            staged_job = dataclasses.replace(single, coarse_levels_per_node=2)
+            tree_job = dataclasses.replace(staged_job, coarse_levels_copied=True)
             say(f"{size}²: storing {(size // WINDOW) ** 2} tiles")
             _store_tiles(single, stores, body, size)
             tree = plan_level_tree(size, size, tree_job.spec, 2)
             assert tree is not None, size
             here, model, nodes = _run_tree(tree_job, stores, scene, tree, threads)
             computed = _commit_part(single, stores, scene)
+            staged = _commit_part(staged_job, stores, scene)
             stitched = _commit_part(tree_job, stores, scene)
             share_bytes = len(body) * (size // WINDOW) ** 2 // 4  # four shares
             planning_read = _planning(single, stores, scene, share_bytes)
+            planning_first_stage = _planning(staged_job, stores, scene, share_bytes)
             planning_carried = _planning(tree_job, stores, scene, share_bytes)
             rows.append(
                 {
@@ -176,8 +181,10 @@ def _run(storage: BenchStorage, sizes: list[int], threads: int) -> list[dict]:
                     "tree_here_s": here,
                     "tree_wall_model_s": model,
                     "commit_computing": computed,
+                    "commit_staging_intermediates": staged,
                     "commit_stitching": stitched,
                     "planning_heads_read_s": planning_read,
+                    "planning_first_stage_heads_s": planning_first_stage,
                     "planning_heads_carried_s": planning_carried,
                 }
             )
@@ -191,6 +198,14 @@ def _spec():
     from tilecommit.spec import OutputSpec
 
     return OutputSpec.from_settings(Settings(window_size=WINDOW))
+
+
+#: The commit step's three forms: (as printed, its key in a row).
+HOWS = (
+    ("computing", "commit_computing"),
+    ("stitching, staged", "commit_staging_intermediates"),
+    ("stitching, copied", "commit_stitching"),
+)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -212,9 +227,9 @@ def main(argv: list[str] | None = None) -> None:
             [
                 [f"{r['size']}²", r["windows"], f"{r['stages']}/{r['nodes']}", how]
                 + [f"{r[key].get(p, 0.0):.2f}" for p in parts]
-                + [f"{r['tree_wall_model_s']:.2f}" if how == "stitching" else ""]
+                + [f"{r['tree_wall_model_s']:.2f}" if how != "computing" else ""]
                 for r in rows
-                for how, key in (("computing", "commit_computing"), ("stitching", "commit_stitching"))
+                for how, key in HOWS
             ],
             ["scene", "windows", "stages/nodes", "coarse levels", *(f"{p} s" for p in parts), "tree wall (model) s"],
         )
@@ -222,15 +237,24 @@ def main(argv: list[str] | None = None) -> None:
     print(
         table(
             [
-                [f"{r['size']}²", f"{r['planning_heads_read_s']:.2f}", f"{r['planning_heads_carried_s']:.2f}"]
+                [f"{r['size']}²"]
+                + [
+                    f"{r[k]:.2f}"
+                    for k in ("planning_heads_read_s", "planning_first_stage_heads_s", "planning_heads_carried_s")
+                ]
                 for r in rows
             ],
-            ["scene", "planning the shares, heads read one by one s", "heads carried by the tree s"],
+            [
+                "scene",
+                "planning the shares, heads read one by one s",
+                "carried by the first stage s",
+                "carried by the last node s",
+            ],
         )
     )
     if len(rows) > 1:
         first, last = rows[0], rows[-1]
-        for how, key in (("computing", "commit_computing"), ("stitching", "commit_stitching")):
+        for how, key in HOWS:
             ratio = last[key]["total"] / first[key]["total"]
             print(f"commit step {how}: {last['size']}² / {first['size']}² = {ratio:.2f}")
 

@@ -188,7 +188,9 @@ def test_split_staging_against_one_activity_on_the_same_tiles(ctx, capsys):
 def test_commit_step_computing_and_stitching_the_coarse_levels_on_the_same_tiles(ctx):
     (row,) = commit_step.run([8192], 2, ctx.storage)
     assert (row["windows"], row["stages"], row["nodes"]) == (64, 2, 5)  # 2 x 2 nodes, then the last
-    for part in ("commit_computing", "commit_stitching"):
+    for part in ("commit_computing", "commit_staging_intermediates", "commit_stitching"):
         assert {"manifest", "tile_heads", "tile_levels", "coarse_levels", "check", "total"} <= set(row[part])
+    assert "intermediates" in row["commit_stitching"] and "intermediates" not in row["commit_computing"]
     assert 0 < row["tree_wall_model_s"] <= row["tree_here_s"]
-    assert row["planning_heads_read_s"] > 0 and row["planning_heads_carried_s"] > 0
+    for part in ("planning_heads_read_s", "planning_first_stage_heads_s", "planning_heads_carried_s"):
+        assert row[part] > 0

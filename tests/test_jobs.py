@@ -408,14 +408,14 @@ def test_a_job_is_made_and_written_as_the_payload_the_starter_made_before(case):
     )
     # The same keys in the same order with the same values: the same JSON in the history, and
     # after them the fields added since (the collection, tilecommit/catalog/naming.py; the levels
-    # per node of the coarse levels' reduction tree, tilecommit/raster/assembly/reduction.py).
+    # per node of the coarse levels' reduction tree, tilecommit/raster/assembly/reduction.py, and
+    # whether the service copies its intermediates, coarse_levels.py).
     since = made.to_dict()
-    assert list(since)[len(case["payload"]) :] == ["collection", "coarse_levels_per_node"]
+    assert list(since)[len(case["payload"]) :] == ["collection", "coarse_levels_per_node", "coarse_levels_copied"]
     assert json.dumps({k: since[k] for k in case["payload"]}) == json.dumps(case["payload"])
     read = Job.from_dict(case["payload"])
-    assert read == dataclasses.replace(made, collection=None, coarse_levels_per_node=None) and json.dumps(
-        read.to_dict()
-    ) == json.dumps(case["payload"])
+    old = dataclasses.replace(made, collection=None, coarse_levels_per_node=None, coarse_levels_copied=None)
+    assert read == old and json.dumps(read.to_dict()) == json.dumps(case["payload"])
     assert read.spec == OutputSpec.from_dict(case["payload"]["spec"])
 
 

@@ -12,7 +12,7 @@ from testkit.scenes import SceneSpec, write_scene
 from tilecommit import gates, jobs, profiles
 from tilecommit.grid import plan_windows
 from tilecommit.manifest import get_manifest_entry, get_manifest_row, repair_manifest_entry
-from tilecommit.raster import inspect_source, render_tile
+from tilecommit.raster import inspect_source, render_tile, tiff
 from tilecommit.raster.assembly import block_copy, coarse_levels, level_nodes
 from tilecommit.raster.assembly.committed import verify_outputs
 from tilecommit.raster.assembly.pyramid import mosaic_overview_levels
@@ -81,8 +81,10 @@ def rendered_default(tmp_path, stores):
     return render(tmp_path, stores, {})
 
 
-def tree_job(job, per_node: int = 1):
-    return dataclasses.replace(job, coarse_levels_per_node=per_node)
+def tree_job(job, per_node: int = 1, copied: bool | None = True):
+    """The job with a tree of ``per_node`` levels a node; ``copied`` None: a job started before
+    the service copied the intermediates (the commit reads them whole and stages their blocks)."""
+    return dataclasses.replace(job, coarse_levels_per_node=per_node, coarse_levels_copied=copied)
 
 
 def run_tree(job, stores, scene) -> list[dict]:
@@ -95,14 +97,15 @@ def run_tree(job, stores, scene) -> list[dict]:
     ]
 
 
-def test_the_tree_mosaic_is_the_single_instance_mosaic_byte_for_byte(rendered, stores, monkeypatch):
+@pytest.mark.parametrize("copied", [True, None], ids=["copied by the service", "staged by the commit (before)"])
+def test_the_tree_mosaic_is_the_single_instance_mosaic_byte_for_byte(rendered, stores, monkeypatch, copied):
     scene, plain = rendered
     single = assemble_mosaic(plain, job_stores(stores, SETTINGS), scene)
     single_bytes = stores["output"].download_blob(single.mosaic).readall()
     for name in (single.mosaic, single.stac, single.quicklook):
         stores["output"].delete_blob(name)
 
-    job = tree_job(plain)
+    job = tree_job(plain, copied=copied)
     results = run_tree(job, stores, scene)
     assert [r["outcome"] for r in results] == ["written"] * 9
 
@@ -113,11 +116,19 @@ def test_the_tree_mosaic_is_the_single_instance_mosaic_byte_for_byte(rendered, s
     tree = assemble_mosaic(job, job_stores(stores, SETTINGS), scene)
     assert tree.outcome == "written" and tree.overview_levels == single.overview_levels == 3
     assert stores["output"].download_blob(tree.mosaic).readall() == single_bytes
-    # Only the tree's blocks passed through the commit: no more than the coarse levels' bytes.
-    assert tree.transfer["copied_by_service"] == single.transfer["copied_by_service"]
-    # Verified as any mosaic is, from the tree again: by a scrub, and by an assembly that finds it.
-    verify_outputs(job, job_stores(stores, SETTINGS), scene)
-    assert assemble_mosaic(job, job_stores(stores, SETTINGS), scene).outcome == "already-present"
+    if copied:  # the service copied the coarse levels too: only the head passed through the commit
+        layout = tiff.read_layout(single_bytes)
+        first_block = min(min(d.block_offsets) for d in layout.directories) - (4 if layout.block_leaders else 0)
+        assert tree.transfer["sent_from_instance"] == first_block
+        assert tree.transfer["copied_by_service"] == len(single_bytes) - tree.transfer["sent_from_instance"]
+    else:  # only the tree's blocks passed through the commit: no more than the coarse levels' bytes
+        assert tree.transfer["copied_by_service"] == single.transfer["copied_by_service"]
+    # The same evidence either way: verified as any mosaic is, from the tree again, by a scrub,
+    # by an assembly that finds it, and by the other form of the job.
+    other = tree_job(plain, copied=None if copied else True)
+    for each in (job, other):
+        verify_outputs(each, job_stores(stores, SETTINGS), scene)
+        assert assemble_mosaic(each, job_stores(stores, SETTINGS), scene).outcome == "already-present"
 
 
 def test_a_node_run_again_verifies_its_intermediate_and_repairs_one_that_differs(rendered_default, stores):
@@ -212,7 +223,7 @@ def test_the_shares_are_planned_from_the_heads_the_first_stage_carries_and_are_t
     if tail_bytes is not None:  # as the 16 KiB heads intermediates written before they were cut carry
         monkeypatch.setattr(coarse_levels, "HEADS_TAIL_BYTES", tail_bytes)
     scene, plain = rendered_default
-    job = tree_job(plain)
+    job = tree_job(plain, copied=None)  # a job from before the service copied the intermediates
     run_tree(job, stores, scene)
     read_one_by_one = plan_shares(plain, job_stores(stores, SETTINGS), scene, share_bytes=64 * 1024)
     log = RequestLog()
@@ -228,7 +239,6 @@ def test_the_shares_are_planned_from_the_heads_the_first_stage_carries_and_are_t
 def test_the_first_stage_carries_each_tiles_head_cut_to_its_directories(rendered_default, stores):
     """A carried head is the bytes its directories take, no more: it parses alone, to the layout
     the tile's own 16 KiB head gives."""
-    from tilecommit.raster import tiff
     from tilecommit.raster.assembly.block_sources import TILE_HEAD_BYTES
 
     scene, job = rendered_default[0], tree_job(rendered_default[1])
@@ -249,3 +259,101 @@ def test_the_first_stage_carries_each_tiles_head_cut_to_its_directories(rendered
         assert [d.tags for d in alone.directories] == [d.tags for d in whole.directories]
         props = blob.get_blob_properties()
         assert (etag, size) == (props.etag, props.size)
+
+
+def level_reads(log) -> list[str]:
+    """The intermediates read (GETs of blobs under levels/), by name."""
+    return [r[1].rsplit("/", 1)[1] for r in log.requests if r[0] == "GET" and "/levels/" in r[1]]
+
+
+def test_the_shares_copy_the_intermediates_and_the_commit_reads_only_the_last_node(rendered_default, stores, storage):
+    from tilecommit.raster.assembly.shares import StagedShares, plan_shares, read_share_plan, stage_share
+
+    scene, plain = rendered_default
+    single = assemble_mosaic(plain, job_stores(stores, SETTINGS), scene)
+    single_bytes = stores["output"].download_blob(single.mosaic).readall()
+    for name in (single.mosaic, single.stac, single.quicklook):
+        stores["output"].delete_blob(name)
+    job = tree_job(plain)
+    run_tree(job, stores, scene)
+    log = RequestLog()
+    hooked = job_stores(hooked_stores(storage, stores, log), SETTINGS)
+    staged = plan_shares(job, hooked, scene, share_bytes=64 * 1024)
+    assert isinstance(staged, StagedShares) and staged.shares >= 2
+    # The last node carries every head: of the 8 nodes below it and of the 20 tiles.
+    assert head_reads(log) == [] and level_reads(log) == ["L02_0000_0000.tif"]
+    plan = read_share_plan(stores["tiles"], staged)
+    rows = coarse_levels.level_rows(stores["manifest"], job.job_id)
+    copied = {r.source for r in plan.ranges if jobs.is_level_row_key(r.source)}
+    assert copied == set(rows)  # every intermediate's blocks are ranges, pinned to its row
+    assert all(plan.versions[k] == rows[k].etag and plan.uris[k] == rows[k].uri for k in copied)
+    for index in range(staged.shares):
+        stage_share(job, job_stores(stores, SETTINGS), staged, index)
+    log.requests.clear()
+    result = assemble_mosaic(job, hooked, scene, shares=staged)
+    assert result.outcome == "written" and result.transfer["shares"] == staged.shares
+    assert stores["output"].download_blob(result.mosaic).readall() == single_bytes
+    assert head_reads(log) == [] and level_reads(log) == ["L02_0000_0000.tif"]
+
+
+def test_a_node_repaired_after_the_node_above_read_it_is_read_at_its_new_version(rendered_default, stores, storage):
+    """The last node carries a head of the version it read; a node rewritten since (the same bytes
+    stored again: a new ETag, its row re-recorded) is read anew, pinned to its row, and the
+    service copies its blocks from that version."""
+    scene, job = rendered_default[0], tree_job(rendered_default[1])
+    run_tree(job, stores, scene)
+    key, name = jobs.level_row_key(0, 0, 1), jobs.level_blob_name(job.job_id, 0, 0, 1)
+    blob = stores["tiles"].get_blob_client(name)
+    answer = blob.upload_blob(blob.download_blob().readall(), overwrite=True)
+    entry, row_etag = get_manifest_row(stores["manifest"], job.job_id, key)
+    fields = dict(uri=entry.uri, nbytes=entry.nbytes, sha256=entry.sha256)
+    repair_manifest_entry(
+        stores["manifest"], job_id=job.job_id, window=key, **fields, etag=answer["etag"], expect_row_etag=row_etag
+    )
+    log = RequestLog()
+    result = assemble_mosaic(job, job_stores(hooked_stores(storage, stores, log), SETTINGS), scene)
+    assert result.outcome == "written"
+    assert sorted(level_reads(log)) == ["L00_0000_0001.tif", "L02_0000_0000.tif"]
+    verify_outputs(job, job_stores(stores, SETTINGS), scene)
+
+
+def test_an_intermediate_changed_after_its_row_is_refused_by_the_service_and_named(rendered_default, stores):
+    from tilecommit.errors import IncompleteManifestError
+
+    scene, job = rendered_default[0], tree_job(rendered_default[1])
+    run_tree(job, stores, scene)
+    name = jobs.level_blob_name(job.job_id, 1, 0, 1)
+    blob = stores["tiles"].get_blob_client(name)
+    blob.upload_blob(blob.download_blob().readall(), overwrite=True)  # the same bytes, another version
+    with pytest.raises(IncompleteManifestError, match="Run the job again") as raised:
+        assemble_mosaic(job, job_stores(stores, SETTINGS), scene)
+    assert raised.value.mismatched == [jobs.level_row_key(1, 0, 1)]
+    assert not list(stores["output"].list_blobs(name_starts_with=jobs.mosaic_blob_name(job.job_id)))
+    # The job run again: the node finds other bytes' version, repairs its row; the one above it
+    # carries the new version; the commit then succeeds.
+    results = run_tree(job, stores, scene)
+    assert sorted({r["outcome"] for r in results}) == ["already-present", "written"]
+    assert assemble_mosaic(job, job_stores(stores, SETTINGS), scene).outcome == "written"
+
+
+def test_the_commit_refuses_intermediates_framed_otherwise_than_the_tiles(rendered_default, stores):
+    from tilecommit.errors import MosaicCheckError
+
+    scene, job = rendered_default[0], tree_job(rendered_default[1])
+    run_tree(job, stores, scene)
+    tree = plan_level_tree(scene.width, scene.height, job.spec, 1)
+    assert tree is not None
+    intermediates = None
+
+    def unframed(*args):
+        nonlocal intermediates
+        intermediates = coarse_levels.read_carried_intermediates(*args)
+        key = jobs.level_row_key(0, 0, 0)
+        layout = intermediates.layouts[key]
+        intermediates.layouts[key] = dataclasses.replace(layout, ghost=b"")
+        return intermediates
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(block_copy, "read_carried_intermediates", unframed)
+        with pytest.raises(MosaicCheckError, match="frames its blocks otherwise than the tiles"):
+            assemble_mosaic(job, job_stores(stores, SETTINGS), scene)

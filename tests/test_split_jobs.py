@@ -21,6 +21,7 @@ from tilecommit import settings as setting_names
 from tilecommit.manifest import count_manifest
 from tilecommit.raster import SceneInfo, assemble_mosaic
 from tilecommit.raster.assembly import attempt
+from tilecommit.raster.assembly.coarse_levels import level_rows
 from tilecommit.settings import Settings
 from tilecommit.stores import JobStores
 
@@ -99,15 +100,22 @@ def test_a_large_mosaic_is_staged_in_shares_committed_once_and_equals_the_one_ac
     assert all(runs[name] >= tasks[name] * per_task for name in tasks)
     print(f"\n{planned['shares']} shares of {planned['ranges']} ranges, {planned['copied_bytes']} bytes; runs {runs}")
 
-    # Every range request on the wire carries the source If-Match of its tile's manifest row.
+    # Every range request on the wire carries the source If-Match of its tile's manifest row, or
+    # of its intermediate's: the service copies the reduction tree's blocks too.
     manifest = storage.table_service().get_table_client(app_env.manifest)
     rows = {r.uri: r.etag for r in count_manifest(manifest, job_id).entries.values()}
+    levels = {r.uri: r.etag for r in level_rows(manifest, job_id).values()}
+    assert len(levels) == tasks[names.REDUCE_LEVEL_NODE] and not rows.keys() & levels.keys()
+    rows.update(levels)
     copies = [r for r in mosaic_requests(proxy, job_id, "block") if "x-ms-copy-source" in r[2]]
     assert len(copies) >= planned["ranges"] * per_task
     assert {block_id(r[1]) for r in copies} == {attempt.block_id(planned["tag"], i) for i in range(planned["ranges"])}
+    sources = set()
     for _, _, headers in copies:
         tile = headers["x-ms-copy-source"].split("?", 1)[0].split(f"/{app_env.tiles}/", 1)[1]
         assert headers["x-ms-source-if-match"] == rows[tile], tile
+        sources.add(tile)
+    assert levels.keys() <= sources  # every intermediate was copied from
     # One commit created the mosaic; a duplicate's, if it got that far, was refused.
     statuses = commits_carried_out(proxy, job_id)
     assert statuses.count(201) == 1 and all(s == 409 for s in statuses if s != 201), statuses

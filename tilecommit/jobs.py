@@ -163,6 +163,12 @@ class Job(Record):
     #: (tilecommit/raster/assembly/reduction.py); None (left out of the payload, as in payloads
     #: made before the tree existed): the commit computes the coarse levels itself, as it did.
     coarse_levels_per_node: int | None = None
+    #: True: the tree's intermediates are copied into the mosaic by the storage service, pinned to
+    #: the ETags their rows recorded, and the commit reads only the heads the tree carries up
+    #: (tilecommit/raster/assembly/coarse_levels.py). None (left out of the payload, as in payloads
+    #: made before): the commit reads every intermediate whole and stages their blocks itself, so
+    #: a job planned in shares by an earlier release commits the ranges it planned.
+    coarse_levels_copied: bool | None = None
 
     JSON_IN = {"spec": OutputSpec.from_dict, "members": _members_in}
 
@@ -230,6 +236,7 @@ class Job(Record):
             members=None if members is None else tuple(_unquoted(m) for m in members),
             publish=True if settings.publishes else None,
             coarse_levels_per_node=COARSE_LEVELS_PER_NODE,
+            coarse_levels_copied=True,
         )
 
 
@@ -246,6 +253,7 @@ _OPTIONAL = (
     "members",
     "publish",
     "coarse_levels_per_node",
+    "coarse_levels_copied",
 )
 #: Levels a node of the coarse-level reduction tree computes in the jobs started now: its region
 #: is 4 x 4 blocks of the level it reads, one block of each of its 16 children.
@@ -309,6 +317,11 @@ def level_row_key(level: int, row: int, col: int) -> str:
     if min(level, row, col) < 0:
         raise InvalidNameError(f"a level node's position must be non-negative, got {level},{row},{col}")
     return f"~L{level:02d}_{row:04d}_{col:04d}"
+
+
+def is_level_row_key(key: str) -> bool:
+    """Whether ``key`` names an intermediate's row (:func:`level_row_key`), not a window's."""
+    return key.startswith("~L")
 
 
 def level_blob_name(job_id: str, level: int, row: int, col: int) -> str:

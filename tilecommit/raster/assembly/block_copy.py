@@ -20,7 +20,7 @@ import warnings
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import rasterio
 from azure.storage.blob import ContainerClient
@@ -39,7 +39,7 @@ from ..gdal_errors import gdal_step
 from ..reading.scene import SceneInfo
 from .block_sources import FETCH_THREADS, TILE_HEAD_BYTES, BlockFetcher, FileRangeSource, Head, read_tile_heads
 from .checks import check_planned_mosaic
-from .coarse_levels import read_intermediates, stitched_levels
+from .coarse_levels import Intermediates, read_carried_intermediates, read_intermediates, stitched_levels
 from .copy_plan import CopyPlan, plan_copy
 from .pyramid import halve_ceil, levels_of, levels_to_fit, plan_tile_levels
 from .reduction import plan_level_tree
@@ -146,8 +146,15 @@ class BlockCopyLayout:
     fetch: BlockFetcher
     coarse_source: FileRangeSource | None
     #: The sources whose blocks this process stages itself: the coarse levels' (computed here, or
-    #: the reduction tree's intermediates, :mod:`.coarse_levels`).
+    #: the reduction tree's intermediates of a job from before they were copied, :mod:`.coarse_levels`).
     local_sources: frozenset = frozenset({"coarse"})
+    #: The sources the mosaic's evidence names as local blocks: those and every intermediate, so
+    #: that a mosaic whose intermediates the service copied is named as one whose commit staged
+    #: them (the same bytes in the same places) and each verifies as the other.
+    evidence_sources: frozenset = frozenset({"coarse"})
+    #: The intermediates the service copies from: key -> the manifest row naming the blob and the
+    #: ETag each range is pinned to.
+    copied: dict = field(default_factory=dict)
 
     @property
     def levels(self) -> int:
@@ -217,9 +224,10 @@ def prepare_block_copy(job: MosaicJob, executor: ThreadPoolExecutor) -> BlockCop
     intermediates = None
     if tree is not None:
         # Computed by the reduction tree's activities before this commit: only stitched here. Its
-        # first stage's intermediates carry the heads of their tiles, read pinned by the nodes.
+        # intermediates carry the heads of their tiles (and of the nodes below), read pinned by the nodes.
         started = time.perf_counter()
-        intermediates = read_intermediates(job.job, job.stores, tree, executor)
+        read = read_carried_intermediates if job.job.coarse_levels_copied else read_intermediates
+        intermediates = read(job.job, job.stores, tree, executor)
         timings["intermediates"] = time.perf_counter() - started
     levels = read_tile_levels(
         scene,
@@ -235,20 +243,17 @@ def prepare_block_copy(job: MosaicJob, executor: ThreadPoolExecutor) -> BlockCop
     directories, sources, reference = list(levels.directories), levels.sources, levels.reference
     fetch = BlockFetcher(sources, executor, spec.block_size)
     coarse_source = None
-    coarse_needed = directories[-1].width > spec.block_size or directories[-1].height > spec.block_size
-    if spec.choice.web_optimized:
-        coarse_needed = levels_of(scene, spec) > len(directories) - 1
-    local_sources = frozenset({"coarse"})
+    local_sources = evidence_sources = frozenset({"coarse"})
+    copied: dict = {}
     if intermediates is not None:
-        if not coarse_needed or intermediates.tree.first != len(directories) - 1:
-            raise MosaicCheckError(
-                f"the level tree starts at level {intermediates.tree.first}, the tiles' levels end at "
-                f"{len(directories) - 1} (coarse levels needed: {coarse_needed})"
-            )
-        directories.extend(stitched_levels(intermediates))
+        directories.extend(tree_levels(scene, spec, levels, intermediates, copied=bool(job.job.coarse_levels_copied)))
         sources.update(intermediates.sources)
-        local_sources = frozenset(intermediates.sources)
-    elif coarse_needed:
+        evidence_sources = frozenset(intermediates.sources)
+        if job.job.coarse_levels_copied:
+            copied, local_sources = intermediates.rows, frozenset()
+        else:
+            local_sources = evidence_sources
+    elif coarse_levels_needed(scene, spec, directories):
         nodata = reference.directories[0].tags.get(tiff.GDAL_NODATA)
         coarse, coarse_source = build_coarse_levels(
             scene,
@@ -264,7 +269,49 @@ def prepare_block_copy(job: MosaicJob, executor: ThreadPoolExecutor) -> BlockCop
         sources["coarse"] = coarse_source
         directories.extend(coarse)
     timings["coarse_levels"] = time.perf_counter() - started
-    return BlockCopyLayout(directories, levels.writer, sources, fetch, coarse_source, local_sources)
+    return BlockCopyLayout(
+        directories, levels.writer, sources, fetch, coarse_source, local_sources, evidence_sources, copied
+    )
+
+
+def coarse_levels_needed(scene: SceneInfo, spec: OutputSpec, directories: list[tiff.OutputDirectory]) -> bool:
+    """Whether levels below the tiles' own ``directories`` are due: the last is larger than a
+    block, or a web-optimized job's level count asks for more."""
+    if spec.choice.web_optimized:
+        return levels_of(scene, spec) > len(directories) - 1
+    return directories[-1].width > spec.block_size or directories[-1].height > spec.block_size
+
+
+def tree_levels(
+    scene: SceneInfo, spec: OutputSpec, levels: TileLevels, intermediates: Intermediates, *, copied: bool
+) -> list[tiff.OutputDirectory]:
+    """The coarse levels the tree's ``intermediates`` make below the tiles' ``levels``, once
+    found to start where those end. ``copied``: the service copies their blocks with the leaders
+    and trailers they hold, so intermediates must frame their blocks as the tiles (and so the mosaic) do."""
+    directories = levels.directories
+    needed = coarse_levels_needed(scene, spec, directories)
+    if not needed or intermediates.tree.first != len(directories) - 1:
+        raise MosaicCheckError(
+            f"the level tree starts at level {intermediates.tree.first}, the tiles' levels end at "
+            f"{len(directories) - 1} (coarse levels needed: {needed})"
+        )
+    framing = (levels.reference.block_leaders, levels.reference.block_trailers)
+    for key, layout in intermediates.layouts.items() if copied else ():
+        if (layout.block_leaders, layout.block_trailers) != framing:
+            raise MosaicCheckError(
+                f"intermediate {key} frames its blocks otherwise than the tiles: run the job again to compute it anew"
+            )
+    return stitched_levels(intermediates)
+
+
+def copied_sources(windows: list[Window], summary, intermediates: dict) -> tuple[dict, dict[str, str]]:
+    """(versions, blob names) of everything the mosaic's ranges copy: each tile's, by window, from
+    its manifest row (``summary``), and each intermediate's the service copies, by its row's key."""
+    versions = {w.id: summary.entries[w.id].etag for w in windows}
+    uris = {w.id: summary.entries[w.id].uri for w in windows}
+    for key, row in intermediates.items():
+        versions[key], uris[key] = row.etag, row.uri
+    return versions, uris
 
 
 @dataclass(frozen=True)
@@ -274,7 +321,10 @@ class BlockCopy:
 
     layout: BlockCopyLayout
     plan: CopyPlan
+    #: The version each copied range is pinned to, and the blob it is copied from: every tile's
+    #: (by window) and every intermediate's the service copies (by its row's key).
     versions: dict[str, str | None]
+    uris: dict[str, str]
     planned: PlannedMosaic
 
 
@@ -298,22 +348,19 @@ def planned_block_copy(job: MosaicJob) -> Iterator[BlockCopy]:
                 block_size=job.spec.block_size,
                 shorter_side=job.spec.choice.web_optimized,
             )
-            plan = plan_copy(
-                head,
-                order,
-                total,
-                leaders=layout.writer.leaders,
-                trailers=layout.writer.trailers,
-                local_sources=layout.local_sources,
-            )
-            versions = {w.id: job.summary.entries[w.id].etag for w in job.windows}
-            job.timings["check"] = time.perf_counter() - started
+            framing = {"leaders": layout.writer.leaders, "trailers": layout.writer.trailers}
+            plan = plan_copy(head, order, total, **framing, local_sources=layout.local_sources)
+            versions, uris = copied_sources(job.windows, job.summary, layout.copied)
             # Named by the tiles' contents, not their versions: a run that renders purged tiles
             # again makes new versions of the same bytes, and must meet the same mosaic.
             contents = {w.id: job.summary.entries[w.id].sha256 for w in job.windows}
-            evidence = (PLAN_SHA256_METADATA_KEY, plan.digest(contents))
+            named = plan
+            if layout.evidence_sources != layout.local_sources:
+                named = plan_copy(head, order, total, **framing, local_sources=layout.evidence_sources)
+            evidence = (PLAN_SHA256_METADATA_KEY, named.digest(contents))
+            job.timings["check"] = time.perf_counter() - started
             yield BlockCopy(
-                layout, plan, versions, PlannedMosaic("server", layout.levels, evidence, nbytes=total, head=head)
+                layout, plan, versions, uris, PlannedMosaic("server", layout.levels, evidence, nbytes=total, head=head)
             )
         finally:
             layout.close()

@@ -1,14 +1,21 @@
 """The mosaic's coarse levels from a reduction tree's intermediates (:mod:`.reduction`,
 :mod:`.level_nodes`): the commit's part.
 
-:func:`read_intermediates` reads every intermediate whole, pinned to the ETag its manifest row
-recorded, with the tiles' heads the first stage's carry (:func:`pack_heads`, after the TIFF);
-:func:`stitched_levels` lays their levels side by side, as the tiles' levels are the tiles' blocks.
+:func:`read_carried_intermediates` reads the tree's last node whole, pinned to the ETag its
+manifest row recorded: after its TIFF (:func:`pack_heads`) it carries the heads of every node and
+tile below it, each node having carried up its children's (:mod:`.level_nodes`). The commit then
+parses the intermediates' directories without reading them, and the storage service copies their
+blocks into the mosaic as it copies the tiles', each range pinned to its row's ETag: no step of
+the commit reads or stages the coarse levels' bytes. :func:`read_intermediates` is the form of
+jobs started before (``Job.coarse_levels_copied`` unset): every intermediate read whole, its
+blocks staged by this process. :func:`stitched_levels` lays their levels side by side, as the
+tiles' levels are the tiles' blocks.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -21,7 +28,7 @@ from ...manifest import ManifestEntry, manifest_entry
 from ...storage_answers import STORAGE_ERRORS, call_failed
 from ...stores import JobStores
 from .. import tiff
-from .block_sources import TILE_HEAD_BYTES, BlobRangeSource, Head
+from .block_sources import TILE_HEAD_BYTES, BlobRangeSource, Head, read_heads
 from .pyramid import tile_levels
 from .reduction import LevelTree, Stage, node_blocks
 
@@ -54,18 +61,20 @@ def level_rows(table: TableClient, job_id: str) -> dict[str, ManifestEntry]:
 
 @dataclass
 class Intermediates:
-    """Every intermediate of a tree, read whole and pinned: its bytes as a source, its layout,
-    and the heads of the tiles its first stage carries."""
+    """Every intermediate of a tree as a source, pinned (its bytes read whole, or ranged reads of
+    its blob), its layout, and the heads of the tiles the tree carries."""
 
     tree: LevelTree
-    sources: dict[str, BytesSource]
+    sources: Mapping[str, BytesSource | BlobRangeSource]
     layouts: dict[str, tiff.TiffLayout]
     heads: dict[str, Head]
+    #: Each intermediate's manifest row: the blob and the ETag its source is pinned to.
+    rows: dict[str, ManifestEntry]
 
 
-def read_intermediates(job: Job, stores: JobStores, tree: LevelTree, executor: ThreadPoolExecutor) -> Intermediates:
-    """Every intermediate of ``tree``, each read whole, pinned to its row's ETag (one query for
-    the rows). A missing row is :class:`IncompleteManifestError`: the job runs the tree again."""
+def intermediate_rows(job: Job, stores: JobStores, tree: LevelTree) -> dict[str, ManifestEntry]:
+    """The row of every intermediate of ``tree``, in stage order (one query). A missing row is
+    :class:`IncompleteManifestError`: the job runs the tree again."""
     rows = level_rows(stores.manifest, job.job_id)
     wanted = [jobs.level_row_key(st.level, r, c) for st in tree.stages for r, c in st.nodes]
     missing = [k for k in wanted if k not in rows]
@@ -75,7 +84,34 @@ def read_intermediates(job: Job, stores: JobStores, tree: LevelTree, executor: T
             "run the job again to compute them",
             missing=missing,
         )
-    entries = {k: rows[k] for k in wanted}
+    return {k: rows[k] for k in wanted}
+
+
+def read_carried_intermediates(
+    job: Job, stores: JobStores, tree: LevelTree, executor: ThreadPoolExecutor
+) -> Intermediates:
+    """Every intermediate of ``tree`` as a pinned source the service copies from, with its
+    parsed directories, and the tiles' heads, from the tree's last node read whole (pinned) and
+    what it carries. A carried head is used only where it is of the version its row names now; any
+    other (a node repaired after the node above it read it) is read here, pinned to its row, and
+    a tile's head the last node does not carry, by :func:`.block_copy.read_tile_levels`."""
+    entries = intermediate_rows(job, stores, tree)
+    top = jobs.level_row_key(tree.stages[-1].level, 0, 0)
+    last = entries[top]
+    data = BlobRangeSource(stores.tiles, last.uri, last.nbytes, last.etag or "", top).read(0, last.nbytes)
+    carried = unpack_heads(data)
+    carried[top] = (last.etag or "", last.nbytes, data[:TILE_HEAD_BYTES])
+    sources, heads = read_heads(entries, stores.tiles, executor, known=carried)
+    layouts = {k: tiff.read_layout(heads[k][2], sources[k].read) for k in entries}
+    tile_heads = {k: head for k, head in carried.items() if not jobs.is_level_row_key(k)}
+    return Intermediates(tree, sources, layouts, tile_heads, entries)
+
+
+def read_intermediates(job: Job, stores: JobStores, tree: LevelTree, executor: ThreadPoolExecutor) -> Intermediates:
+    """Every intermediate of ``tree``, each read whole, pinned to its row's ETag (one query for
+    the rows), its blocks to be staged by this process. A missing row is
+    :class:`IncompleteManifestError`: the job runs the tree again."""
+    entries = intermediate_rows(job, stores, tree)
     readers = {k: BlobRangeSource(stores.tiles, e.uri, e.nbytes, e.etag or "", k) for k, e in entries.items()}
     data = dict(zip(entries, executor.map(lambda k: readers[k].read(0, entries[k].nbytes), list(entries)), strict=True))
     sources = {k: BytesSource(data[k], entries[k].uri) for k in entries}
@@ -83,7 +119,7 @@ def read_intermediates(job: Job, stores: JobStores, tree: LevelTree, executor: T
     heads: dict[str, Head] = {}
     for r, c in tree.stages[0].nodes:
         heads.update(unpack_heads(data[jobs.level_row_key(tree.stages[0].level, r, c)]))
-    return Intermediates(tree, sources, layouts, heads)
+    return Intermediates(tree, sources, layouts, heads, entries)
 
 
 def stitched_levels(intermediates: Intermediates) -> list[tiff.OutputDirectory]:
@@ -107,13 +143,13 @@ def pack_heads(heads: dict[str, Head]) -> bytes:
     """The heads as bytes to append to a TIFF: each head, a JSON index (window -> ETag, size,
     offset among the heads, length), the heads' and the index's lengths (8 bytes each, little
     endian), :data:`HEADS_MAGIC`."""
-    blob, index = b"", {}
+    blob, index = bytearray(), {}  # appended in place: the last node packs every head of the tree
     for key in sorted(heads):
         etag, size, head = heads[key]
         index[key] = [etag, size, len(blob), len(head)]
         blob += head
     text = json.dumps(index, sort_keys=True, separators=(",", ":")).encode()
-    return blob + text + len(blob).to_bytes(8, "little") + len(text).to_bytes(8, "little") + HEADS_MAGIC
+    return b"".join((blob, text, len(blob).to_bytes(8, "little"), len(text).to_bytes(8, "little"), HEADS_MAGIC))
 
 
 def heads_length(data: bytes) -> int:
@@ -134,10 +170,10 @@ def unpack_heads(data: bytes) -> dict[str, Head]:
     return {k: (etag, size, data[start + o : start + o + n]) for k, (etag, size, o, n) in index.items()}
 
 
-#: Bytes read first from the end of a first-stage intermediate for its heads: a node of 4 x 4
+#: Bytes read first from the end of an intermediate for its heads: a first-stage node of 4 x 4
 #: tiles carries 16 heads cut to their directories (1,152 bytes for a 1024² tile of 3 bands; 4
-#: KiB leaves room for masks and more levels) and their index. Heads that take more are read in
-#: a second request, exactly.
+#: KiB leaves room for masks and more levels) and their index. Heads that take more (a node above
+#: the first stage carries its whole region's) are read in a second request, exactly.
 HEADS_TAIL_BYTES = 16 * 4 * 1024 + 16 * 1024
 
 
@@ -148,19 +184,24 @@ def carried_heads(job: Job, stores: JobStores, tree: LevelTree, executor: Thread
     rows = level_rows(stores.manifest, job.job_id)
     first = tree.stages[0]
     entries = [rows[k] for k in (jobs.level_row_key(first.level, r, c) for r, c in first.nodes) if k in rows]
-
-    def heads_of(entry: ManifestEntry) -> dict[str, Head]:
-        source = BlobRangeSource(stores.tiles, entry.uri, entry.nbytes, entry.etag or "", entry.window)
-        tail = source.read(max(0, entry.nbytes - HEADS_TAIL_BYTES), min(entry.nbytes, HEADS_TAIL_BYTES))
-        needed = heads_length(tail)
-        if needed > len(tail):  # heads longer than a node of 16 tiles carries: read them all
-            tail = source.read(entry.nbytes - needed, needed)
-        return unpack_heads(tail)
-
     heads: dict[str, Head] = {}
-    for part in executor.map(heads_of, entries):
+    for part in executor.map(
+        lambda e: read_carried(BlobRangeSource(stores.tiles, e.uri, e.nbytes, e.etag or "", e.window)), entries
+    ):
         heads.update(part)
     return heads
+
+
+def read_carried(source: BlobRangeSource) -> dict[str, Head]:
+    """The heads an intermediate carries (:func:`pack_heads`), read from its end (``source``
+    pinned, of its row's size): :data:`HEADS_TAIL_BYTES` first, then exactly what they take when
+    that is more (a node above the first stage carries those of its whole region)."""
+    nbytes = source.expected_size or 0
+    tail = source.read(max(0, nbytes - HEADS_TAIL_BYTES), min(nbytes, HEADS_TAIL_BYTES))
+    needed = heads_length(tail)
+    if needed > len(tail):
+        tail = source.read(nbytes - needed, needed)
+    return unpack_heads(tail)
 
 
 def _stitched(stage: Stage, j: int, node_levels: dict, block: int) -> tiff.OutputDirectory:
@@ -194,6 +235,9 @@ __all__ = [
     "Intermediates",
     "carried_heads",
     "heads_length",
+    "intermediate_rows",
+    "read_carried",
+    "read_carried_intermediates",
     "level_rows",
     "pack_heads",
     "read_intermediates",

@@ -6,11 +6,14 @@ recorded (:class:`.block_sources.BlobRangeSource`), lays their blocks out as its
 level, has GDAL compute the node's levels of it as the single-instance commit computes a whole
 level (:func:`.block_copy.build_coarse_levels`), and writes them as one create-only intermediate
 blob, named by the job, the level and the node (:func:`tilecommit.jobs.level_blob_name`), with a
-manifest row of its own (:func:`tilecommit.jobs.level_row_key`: never a window row); a first-stage
-node appends its tiles' heads (:func:`.coarse_levels.pack_heads`). Its bytes are a pure function
-of its children's, so every execution makes the same ones: one that finds the blob there compares
-the stored bytes with its own before it calls them ``already-present``, and replaces, ``If-Match``,
-a blob that differs (a repair), as it repairs a row that names another version.
+manifest row of its own (:func:`tilecommit.jobs.level_row_key`: never a window row). After its
+TIFF it carries heads (:func:`.coarse_levels.pack_heads`): a first-stage node its tiles', a node
+above its children's and all they carry, so the last node carries every head the commit parses.
+Its bytes are a pure function of its children's versions (their bytes and the ETags it carries),
+so every execution over the same children makes the same ones: one that finds the blob there
+compares the stored bytes with its own before it calls them ``already-present``, and replaces,
+``If-Match``, a blob that differs (a repair: a child rewritten since changes its parent too, one
+stage at a time as the job runs the tree again), as it repairs a row that names another version.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from ..reading.scene import SceneInfo
 from . import attempt
 from .block_copy import build_coarse_levels
 from .block_sources import FETCH_THREADS, BlockFetcher, read_heads
-from .coarse_levels import pack_heads
+from .coarse_levels import pack_heads, read_carried
 from .pyramid import tile_levels
 from .reduction import LevelTree, node_region
 
@@ -136,7 +139,14 @@ def compute_node(
             count=stage.levels,
         )
         try:
-            writer = tiff.TiffWriter(first_layout.byte_order)
+            # Framed as the tiles frame their blocks (their ghost area, leaders and trailers),
+            # as the mosaic is: the service copies these blocks with their frames into it.
+            writer = tiff.TiffWriter(
+                first_layout.byte_order,
+                ghost=first_layout.ghost,
+                leaders=first_layout.block_leaders,
+                trailers=first_layout.block_trailers,
+            )
             path = os.path.join(workdir, "node.tif")
             with open(path, "wb") as out:
                 writer.write(out, computed, BlockFetcher({"coarse": local}, executor, tree.block_size))
@@ -144,10 +154,15 @@ def compute_node(
                 body = f.read()
         finally:
             local.close()
-    if s == 0:  # the tiles' heads, for the commit (read_intermediates): after the TIFF, which ignores them
-        # Each cut to the bytes its directories take (1,152 of the 16,384 read, for a 1024² tile
-        # of 3 bands): all the commit parses, so all it needs to read.
-        body += pack_heads({k: (etag, size, head[: layouts[k].extent]) for k, (etag, size, head) in heads.items()})
+        # After the TIFF, which ignores them, the heads the commit parses (coarse_levels.py): its
+        # children's, each cut to the bytes its directories take (1,152 of the 16,384 read, for a
+        # 1024² tile of 3 bands), and above the first stage those its children carry, so the last
+        # node carries every head of the tree and of its tiles.
+        carried = {k: (etag, size, head[: layouts[k].extent]) for k, (etag, size, head) in heads.items()}
+        if s > 0:
+            for below in executor.map(read_carried, [sources[k] for k in heads]):
+                carried.update(below)
+    body += pack_heads(carried)
     return body, {k: e.etag for k, e in entries.items()}
 
 

@@ -44,7 +44,7 @@ from azure.storage.blob import BlobClient, BlobSasPermissions, ContainerClient, 
 # lives only here (azure-storage-blob 12.x). It is the one way to send x-ms-source-if-match.
 from azure.storage.blob._generated.models import SourceModifiedAccessConditions
 
-from ... import conditional
+from ... import conditional, jobs
 from ...errors import ConfigurationError, CopyFromUrlUnsupported
 from ...storage_answers import TRANSPORT_FAULTS, Meaning, classify, storage_fault
 from ...usage import ContextExecutor
@@ -255,12 +255,17 @@ class ServerSideStager:
         uri = self.uris[piece.source]
         if answer.meaning is Meaning.UNSUPPORTED:
             return CopyFromUrlUnsupported(f"Put Block From URL: {exc.reason}")
+        remedy = (
+            "Run the job again: the reduction tree computes the intermediate again and repairs it"
+            if jobs.is_level_row_key(piece.source)
+            else "Render the window again (delete its tile and manifest row) and re-run"
+        )
         refused = tile_not_as_recorded(
             answer,
             piece.source,
             uri,
             replaced=f"(recorded ETag {etag}; the service refused to copy from it: {said}); nothing was committed. "
-            "Render the window again (delete its tile and manifest row) and re-run",
+            + remedy,
             missing=f"is gone ({said}); nothing was committed",
         )
         if refused is not None:

@@ -49,7 +49,7 @@ def build(job: MosaicJob, shares: StagedShares | None = None) -> BuiltMosaic:
         stager = ServerSideStager(
             job.stores.output.get_blob_client(job.mosaic_name),
             tiles,
-            uris={w.id: job.summary.entries[w.id].uri for w in job.windows},
+            uris=copy.uris,
             etags=copy.versions,
             copy_source=copy_source_for(tiles),
             read_local=lambda ref: layout.sources[ref.source].read(ref.offset, ref.length),

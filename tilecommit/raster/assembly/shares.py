@@ -6,18 +6,20 @@ activity's copy has to fit the function's time limit, and the shares can run on 
 instances at once:
 
 1. :func:`plan_shares` reads the tiles' heads (pinned to the ETags their manifest rows
-   recorded; those the reduction tree's first stage carries come with its intermediates, 16 a
-   read), plans the ranges the service copies (:class:`.copy_plan.CopyRange`, the same
-   ranges in the same order as the one-activity plan: they depend on the tiles' own levels only,
-   not on the coarse levels computed later), cuts them into contiguous shares and records it all
-   as one create-only blob, the :class:`SharePlan` named by its ``tag``;
+   recorded; those the reduction tree carries come with its intermediates: all of them with the
+   last node, or 16 a read from the first stage's for a job from before), plans the ranges the
+   service copies (:class:`.copy_plan.CopyRange`, the same ranges in the same order as the
+   one-activity plan: the tiles' own levels and the tree's intermediates, whose layout the tree
+   carries; coarse levels computed by the commit are local blocks, not ranges), cuts them into
+   contiguous shares and records it all as one create-only blob, the :class:`SharePlan` named by
+   its ``tag``;
 2. :func:`stage_share` stages one share's ranges, read from that plan blob at the version the
    planning step recorded, under the plan's block ids (:meth:`ServerSideStager.stage_ranges`:
-   range ``k`` is ``block_id(tag, k)``), each pinned to its tile's ETag;
+   range ``k`` is ``block_id(tag, k)``), each pinned to its tile's (or intermediate's) ETag;
 3. the commit is the one-activity assembly given the plan (``assemble_mosaic(shares=...)``): it
    plans the whole mosaic again (tile heads, coarse levels, head), refuses unless its ranges and
-   tile versions are exactly the plan's, stages only the head and coarse levels, and commits one
-   create-only Put Block List naming the plan's range ids and its own local ids.
+   versions are exactly the plan's, stages only the head and any local coarse levels, and commits
+   one create-only Put Block List naming the plan's range ids and its own local ids.
 
 Why this is safe to run at least once, concurrently, retried (docs/raster.md, "Staging in shares"):
 a range's id names one (tile version, offset, length) through the plan blob, which is written
@@ -52,10 +54,10 @@ from ...storage_answers import STORAGE_ERRORS, call_failed, classify
 from ...stores import JobStores
 from ...usage import ContextExecutor
 from ..reading.scene import SceneInfo
-from .block_copy import read_tile_levels
-from .block_sources import FETCH_THREADS
+from .block_copy import copied_sources, read_tile_levels, tree_levels
+from .block_sources import FETCH_THREADS, Head
 from .checks import blob_properties
-from .coarse_levels import carried_heads
+from .coarse_levels import carried_heads, read_carried_intermediates
 from .copy_plan import CopyPlan, CopyRange, cut_shares, plan_copy
 from .manifest_check import check_manifest
 from .reduction import plan_level_tree
@@ -121,10 +123,11 @@ class StagedShares(Record):
     copied_bytes: int
 
 
-def planned_ranges(levels) -> CopyPlan:
-    """The copy plan of the tiles' own levels alone (:class:`.block_copy.TileLevels`): its ranges
-    are the whole mosaic's, in the same order (the coarse levels are local blocks before them)."""
-    head, order, total = levels.writer.block_order(levels.directories)
+def planned_ranges(levels, coarse: list | None = None) -> CopyPlan:
+    """The copy plan of the tiles' own levels (:class:`.block_copy.TileLevels`) and, where the
+    service copies the tree's intermediates, their ``coarse`` levels: its ranges are the whole
+    mosaic's, in the same order (any other coarse levels are local blocks before them)."""
+    head, order, total = levels.writer.block_order([*levels.directories, *(coarse or [])])
     return plan_copy(head, order, total, leaders=levels.writer.leaders, trailers=levels.writer.trailers)
 
 
@@ -142,30 +145,31 @@ def plan_shares(job: Job, stores: JobStores, scene: SceneInfo, *, share_bytes: i
     windows, summary = check_manifest(job, stores, scene)
     timings: dict[str, float] = {}
     tree = plan_level_tree(scene.width, scene.height, job.spec, job.coarse_levels_per_node)
+    intermediates, coarse = None, None
+    known: dict[str, Head] | None
     try:
         with ContextExecutor(max_workers=FETCH_THREADS, thread_name_prefix="tilefetch") as executor:
-            # The orchestration runs the tree first: its first stage's intermediates carry the
-            # tiles' heads, 16 a read instead of one request a tile.
-            known = carried_heads(job, stores, tree, executor) if tree is not None else None
+            # The orchestration runs the tree first: its intermediates carry the tiles' heads (the
+            # last one all of them, or each of the first stage's 16), not one request a tile.
+            if tree is not None and job.coarse_levels_copied:
+                intermediates = read_carried_intermediates(job, stores, tree, executor)
+                known = intermediates.heads
+            else:
+                known = carried_heads(job, stores, tree, executor) if tree is not None else None
             levels = read_tile_levels(
                 scene, windows, summary, tiles=tiles, spec=job.spec, timings=timings, executor=executor, known=known
             )
     except IncompatibleTilesError as exc:
         return f"the tiles cannot be block-copied ({exc})"
-    ranges = planned_ranges(levels).ranges
+    if intermediates is not None:  # the service copies the intermediates' blocks too: they are ranges
+        coarse = tree_levels(scene, job.spec, levels, intermediates, copied=True)
+    ranges = planned_ranges(levels, coarse).ranges
     shares = cut_shares(ranges, share_bytes, MAX_SHARES)
     if len(shares) < 2:
         return f"its copy ({sum(r.length for r in ranges)} bytes) fits one share of {share_bytes}"
-    versions = {w.id: summary.entries[w.id].etag for w in windows}
+    versions, uris = copied_sources(windows, summary, intermediates.rows if intermediates is not None else {})
     tag = ranges_tag(job_id, ranges, versions)
-    plan = SharePlan(
-        job_id=job_id,
-        tag=tag,
-        ranges=ranges,
-        versions=versions,
-        uris={w.id: summary.entries[w.id].uri for w in windows},
-        shares=shares,
-    )
+    plan = SharePlan(job_id=job_id, tag=tag, ranges=ranges, versions=versions, uris=uris, shares=shares)
     name = jobs.share_plan_blob_name(job_id, tag)
     # Another execution of this step, of any attempt, with the same tiles finds the same plan
     # there (the tag names its ranges and versions): the stored one is used, whatever this
