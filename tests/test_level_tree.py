@@ -357,3 +357,53 @@ def test_the_commit_refuses_intermediates_framed_otherwise_than_the_tiles(render
         patch.setattr(block_copy, "read_carried_intermediates", unframed)
         with pytest.raises(MosaicCheckError, match="frames its blocks otherwise than the tiles"):
             assemble_mosaic(job, job_stores(stores, SETTINGS), scene)
+
+
+@pytest.mark.parametrize("copied", [True, None], ids=["copied by the service", "staged by the commit (before)"])
+def test_a_tile_repaired_with_other_contents_after_the_tree_ran_is_refused_until_the_tree_runs_again(
+    rendered_default, stores, copied
+):
+    """The intermediates carry the contents of the tiles they were computed from: a tile whose row
+    names other bytes since (a repair) would leave the old pixels in the coarse levels under a
+    mosaic named by the new ones, so the commit refuses, naming the window, until the job runs the
+    tree again, whose nodes then find other bytes to make and repair their intermediates."""
+    from tilecommit.errors import IncompleteManifestError
+
+    scene, job = rendered_default[0], tree_job(rendered_default[1], copied=copied)
+    run_tree(job, stores, scene)
+    windows = plan_windows(scene.width, scene.height, 256)
+    donor, repaired = windows[6], windows[7]  # two interior windows of 256 x 256: the same layout
+    body = stores["tiles"].download_blob(jobs.tile_blob_name(job.job_id, donor)).readall()
+    blob = stores["tiles"].get_blob_client(jobs.tile_blob_name(job.job_id, repaired))
+    answer = blob.upload_blob(body, overwrite=True)
+    entry, row_etag = get_manifest_row(stores["manifest"], job.job_id, repaired.id)
+    repair_manifest_entry(
+        stores["manifest"],
+        job_id=job.job_id,
+        window=repaired.id,
+        uri=entry.uri,
+        nbytes=len(body),
+        sha256=gates.sha256_hex(body),
+        etag=answer["etag"],
+        expect_row_etag=row_etag,
+    )
+    with pytest.raises(IncompleteManifestError, match="computed from other contents") as raised:
+        assemble_mosaic(job, job_stores(stores, SETTINGS), scene)
+    assert raised.value.mismatched == [repaired.id]
+    assert not list(stores["output"].list_blobs(name_starts_with=jobs.mosaic_blob_name(job.job_id)))
+
+    results = run_tree(job, stores, scene)
+    # The node over the repaired tile and every node above it make other bytes: repaired.
+    assert [(r["stage"], r["row"], r["col"]) for r in results if r["outcome"] == "written"] == [
+        (0, 0, 1),
+        (1, 0, 0),
+        (2, 0, 0),
+    ]
+    result = assemble_mosaic(job, job_stores(stores, SETTINGS), scene)
+    assert result.outcome == "written"
+    # The same mosaic as the single-instance commit over the same tiles now.
+    tree_bytes = stores["output"].download_blob(result.mosaic).readall()
+    for name in (result.mosaic, result.stac, result.quicklook):
+        stores["output"].delete_blob(name)
+    single = assemble_mosaic(tree_job(rendered_default[1], per_node=0), job_stores(stores, SETTINGS), scene)
+    assert stores["output"].download_blob(single.mosaic).readall() == tree_bytes

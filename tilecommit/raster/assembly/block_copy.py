@@ -39,7 +39,13 @@ from ..gdal_errors import gdal_step
 from ..reading.scene import SceneInfo
 from .block_sources import FETCH_THREADS, TILE_HEAD_BYTES, BlockFetcher, FileRangeSource, Head, read_tile_heads
 from .checks import check_planned_mosaic
-from .coarse_levels import Intermediates, read_carried_intermediates, read_intermediates, stitched_levels
+from .coarse_levels import (
+    Intermediates,
+    check_tree_contents,
+    read_carried_intermediates,
+    read_intermediates,
+    stitched_levels,
+)
 from .copy_plan import CopyPlan, plan_copy
 from .pyramid import halve_ceil, levels_of, levels_to_fit, plan_tile_levels
 from .reduction import plan_level_tree
@@ -228,6 +234,7 @@ def prepare_block_copy(job: MosaicJob, executor: ThreadPoolExecutor) -> BlockCop
         started = time.perf_counter()
         read = read_carried_intermediates if job.job.coarse_levels_copied else read_intermediates
         intermediates = read(job.job, job.stores, tree, executor)
+        check_tree_contents(intermediates, job.windows, job.summary, job.job_id)
         timings["intermediates"] = time.perf_counter() - started
     levels = read_tile_levels(
         scene,

@@ -70,6 +70,9 @@ class Intermediates:
     heads: dict[str, Head]
     #: Each intermediate's manifest row: the blob and the ETag its source is pinned to.
     rows: dict[str, ManifestEntry]
+    #: The contents (sha256 of the manifest rows) of the tiles the tree computed from, as its
+    #: first stage read them; none for intermediates written before they were recorded.
+    contents: dict[str, str]
 
 
 def intermediate_rows(job: Job, stores: JobStores, tree: LevelTree) -> dict[str, ManifestEntry]:
@@ -99,12 +102,12 @@ def read_carried_intermediates(
     top = jobs.level_row_key(tree.stages[-1].level, 0, 0)
     last = entries[top]
     data = BlobRangeSource(stores.tiles, last.uri, last.nbytes, last.etag or "", top).read(0, last.nbytes)
-    carried = unpack_heads(data)
+    carried, contents = unpack_carried(data)
     carried[top] = (last.etag or "", last.nbytes, data[:TILE_HEAD_BYTES])
     sources, heads = read_heads(entries, stores.tiles, executor, known=carried)
     layouts = {k: tiff.read_layout(heads[k][2], sources[k].read) for k in entries}
     tile_heads = {k: head for k, head in carried.items() if not jobs.is_level_row_key(k)}
-    return Intermediates(tree, sources, layouts, tile_heads, entries)
+    return Intermediates(tree, sources, layouts, tile_heads, entries, contents)
 
 
 def read_intermediates(job: Job, stores: JobStores, tree: LevelTree, executor: ThreadPoolExecutor) -> Intermediates:
@@ -117,9 +120,31 @@ def read_intermediates(job: Job, stores: JobStores, tree: LevelTree, executor: T
     sources = {k: BytesSource(data[k], entries[k].uri) for k in entries}
     layouts = {k: tiff.read_layout(data[k][:TILE_HEAD_BYTES], sources[k].read) for k in entries}
     heads: dict[str, Head] = {}
+    contents: dict[str, str] = {}
     for r, c in tree.stages[0].nodes:
-        heads.update(unpack_heads(data[jobs.level_row_key(tree.stages[0].level, r, c)]))
-    return Intermediates(tree, sources, layouts, heads, entries)
+        node_heads, node_contents = unpack_carried(data[jobs.level_row_key(tree.stages[0].level, r, c)])
+        heads.update(node_heads)
+        contents.update(node_contents)
+    return Intermediates(tree, sources, layouts, heads, entries, contents)
+
+
+def check_tree_contents(intermediates: Intermediates, windows: list, summary, job_id: str) -> None:
+    """Refuse intermediates computed from other contents of a tile than its manifest row names now
+    (a tile repaired with other bytes after the tree ran): their coarse levels would keep the old
+    pixels under a mosaic named by the new ones. A tile rewritten with the same bytes (another
+    ETag, the same sha256) changes nothing and passes."""
+    stale = [
+        w.id
+        for w in windows
+        if intermediates.contents.get(w.id, summary.entries[w.id].sha256) != summary.entries[w.id].sha256
+    ]
+    if stale:
+        raise IncompleteManifestError(
+            f"job {job_id}: the coarse levels' intermediates were computed from other contents of {len(stale)} "
+            f"tiles than their manifest rows name ({', '.join(stale[:10])}), repaired since: nothing was committed; "
+            "run the job again so that its reduction tree computes them anew",
+            mismatched=stale,
+        )
 
 
 def stitched_levels(intermediates: Intermediates) -> list[tiff.OutputDirectory]:
@@ -139,14 +164,15 @@ def stitched_levels(intermediates: Intermediates) -> list[tiff.OutputDirectory]:
 HEADS_MAGIC = b"TCHEADS1"
 
 
-def pack_heads(heads: dict[str, Head]) -> bytes:
+def pack_heads(heads: dict[str, Head], contents: Mapping[str, str] | None = None) -> bytes:
     """The heads as bytes to append to a TIFF: each head, a JSON index (window -> ETag, size,
-    offset among the heads, length), the heads' and the index's lengths (8 bytes each, little
-    endian), :data:`HEADS_MAGIC`."""
+    offset among the heads, length, and the sha256 its manifest row recorded where ``contents``
+    has it), the heads' and the index's lengths (8 bytes each, little endian), :data:`HEADS_MAGIC`."""
     blob, index = bytearray(), {}  # appended in place: the last node packs every head of the tree
+    contents = contents or {}
     for key in sorted(heads):
         etag, size, head = heads[key]
-        index[key] = [etag, size, len(blob), len(head)]
+        index[key] = [etag, size, len(blob), len(head), *([contents[key]] if key in contents else [])]
         blob += head
     text = json.dumps(index, sort_keys=True, separators=(",", ":")).encode()
     return b"".join((blob, text, len(blob).to_bytes(8, "little"), len(text).to_bytes(8, "little"), HEADS_MAGIC))
@@ -160,14 +186,21 @@ def heads_length(data: bytes) -> int:
     return 24 + int.from_bytes(data[-24:-16], "little") + int.from_bytes(data[-16:-8], "little")
 
 
-def unpack_heads(data: bytes) -> dict[str, Head]:
-    """The heads :func:`pack_heads` appended to ``data``; none when it carries none."""
+def unpack_carried(data: bytes) -> tuple[dict[str, Head], dict[str, str]]:
+    """The heads :func:`pack_heads` appended to ``data`` and the contents (sha256) recorded with
+    them; none when it carries none (an intermediate written before carries no contents)."""
     if not data.endswith(HEADS_MAGIC):
-        return {}
+        return {}, {}
     text_length = int.from_bytes(data[-16:-8], "little")
     index = json.loads(data[-24 - text_length : -24])
     start = len(data) - heads_length(data)
-    return {k: (etag, size, data[start + o : start + o + n]) for k, (etag, size, o, n) in index.items()}
+    heads = {k: (etag, size, data[start + o : start + o + n]) for k, (etag, size, o, n, *_) in index.items()}
+    return heads, {k: entry[4] for k, entry in index.items() if len(entry) > 4}
+
+
+def unpack_heads(data: bytes) -> dict[str, Head]:
+    """The heads :func:`pack_heads` appended to ``data``; none when it carries none."""
+    return unpack_carried(data)[0]
 
 
 #: Bytes read first from the end of an intermediate for its heads: a first-stage node of 4 x 4
@@ -186,22 +219,22 @@ def carried_heads(job: Job, stores: JobStores, tree: LevelTree, executor: Thread
     entries = [rows[k] for k in (jobs.level_row_key(first.level, r, c) for r, c in first.nodes) if k in rows]
     heads: dict[str, Head] = {}
     for part in executor.map(
-        lambda e: read_carried(BlobRangeSource(stores.tiles, e.uri, e.nbytes, e.etag or "", e.window)), entries
+        lambda e: read_carried(BlobRangeSource(stores.tiles, e.uri, e.nbytes, e.etag or "", e.window))[0], entries
     ):
         heads.update(part)
     return heads
 
 
-def read_carried(source: BlobRangeSource) -> dict[str, Head]:
-    """The heads an intermediate carries (:func:`pack_heads`), read from its end (``source``
-    pinned, of its row's size): :data:`HEADS_TAIL_BYTES` first, then exactly what they take when
-    that is more (a node above the first stage carries those of its whole region)."""
+def read_carried(source: BlobRangeSource) -> tuple[dict[str, Head], dict[str, str]]:
+    """The heads an intermediate carries and their contents (:func:`unpack_carried`), read from
+    its end (``source`` pinned, of its row's size): :data:`HEADS_TAIL_BYTES` first, then exactly
+    what they take when that is more (a node above the first stage carries its whole region's)."""
     nbytes = source.expected_size or 0
     tail = source.read(max(0, nbytes - HEADS_TAIL_BYTES), min(nbytes, HEADS_TAIL_BYTES))
     needed = heads_length(tail)
     if needed > len(tail):
         tail = source.read(nbytes - needed, needed)
-    return unpack_heads(tail)
+    return unpack_carried(tail)
 
 
 def _stitched(stage: Stage, j: int, node_levels: dict, block: int) -> tiff.OutputDirectory:
@@ -234,6 +267,7 @@ __all__ = [
     "BytesSource",
     "Intermediates",
     "carried_heads",
+    "check_tree_contents",
     "heads_length",
     "intermediate_rows",
     "read_carried",
@@ -242,5 +276,6 @@ __all__ = [
     "pack_heads",
     "read_intermediates",
     "stitched_levels",
+    "unpack_carried",
     "unpack_heads",
 ]

@@ -158,11 +158,15 @@ def compute_node(
         # children's, each cut to the bytes its directories take (1,152 of the 16,384 read, for a
         # 1024² tile of 3 bands), and above the first stage those its children carry, so the last
         # node carries every head of the tree and of its tiles.
+        # Each with the contents its row recorded: the commit refuses a tree computed from a
+        # tile's other contents (coarse_levels.check_tree_contents).
         carried = {k: (etag, size, head[: layouts[k].extent]) for k, (etag, size, head) in heads.items()}
+        contents = {k: e.sha256 for k, e in entries.items()}
         if s > 0:
-            for below in executor.map(read_carried, [sources[k] for k in heads]):
+            for below, below_contents in executor.map(read_carried, [sources[k] for k in heads]):
                 carried.update(below)
-    body += pack_heads(carried)
+                contents.update(below_contents)
+    body += pack_heads(carried, contents)
     return body, {k: e.etag for k, e in entries.items()}
 
 

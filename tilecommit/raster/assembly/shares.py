@@ -57,7 +57,7 @@ from ..reading.scene import SceneInfo
 from .block_copy import copied_sources, read_tile_levels, tree_levels
 from .block_sources import FETCH_THREADS, Head
 from .checks import blob_properties
-from .coarse_levels import carried_heads, read_carried_intermediates
+from .coarse_levels import carried_heads, check_tree_contents, read_carried_intermediates
 from .copy_plan import CopyPlan, CopyRange, cut_shares, plan_copy
 from .manifest_check import check_manifest
 from .reduction import plan_level_tree
@@ -153,6 +153,7 @@ def plan_shares(job: Job, stores: JobStores, scene: SceneInfo, *, share_bytes: i
             # last one all of them, or each of the first stage's 16), not one request a tile.
             if tree is not None and job.coarse_levels_copied:
                 intermediates = read_carried_intermediates(job, stores, tree, executor)
+                check_tree_contents(intermediates, windows, summary, job_id)
                 known = intermediates.heads
             else:
                 known = carried_heads(job, stores, tree, executor) if tree is not None else None
