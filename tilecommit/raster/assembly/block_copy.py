@@ -154,13 +154,17 @@ class BlockCopyLayout:
     #: The sources whose blocks this process stages itself: the coarse levels' (computed here, or
     #: the reduction tree's intermediates of a job from before they were copied, :mod:`.coarse_levels`).
     local_sources: frozenset = frozenset({"coarse"})
-    #: The sources the mosaic's evidence names as local blocks: those and every intermediate, so
-    #: that a mosaic whose intermediates the service copied is named as one whose commit staged
-    #: them (the same bytes in the same places) and each verifies as the other.
-    evidence_sources: frozenset = frozenset({"coarse"})
     #: The intermediates the service copies from: key -> the manifest row naming the blob and the
     #: ETag each range is pinned to.
     copied: dict = field(default_factory=dict)
+
+    @property
+    def evidence_sources(self) -> frozenset:
+        """The sources the mosaic's evidence names as local blocks: those staged here and every
+        intermediate the service copies, so that a mosaic whose intermediates the service copied
+        is named as one whose commit staged them (the same bytes in the same places) and each
+        verifies as the other."""
+        return self.local_sources | frozenset(self.copied)
 
     @property
     def levels(self) -> int:
@@ -250,16 +254,15 @@ def prepare_block_copy(job: MosaicJob, executor: ThreadPoolExecutor) -> BlockCop
     directories, sources, reference = list(levels.directories), levels.sources, levels.reference
     fetch = BlockFetcher(sources, executor, spec.block_size)
     coarse_source = None
-    local_sources = evidence_sources = frozenset({"coarse"})
+    local_sources = frozenset({"coarse"})
     copied: dict = {}
     if intermediates is not None:
         directories.extend(tree_levels(scene, spec, levels, intermediates, copied=bool(job.job.coarse_levels_copied)))
         sources.update(intermediates.sources)
-        evidence_sources = frozenset(intermediates.sources)
         if job.job.coarse_levels_copied:
             copied, local_sources = intermediates.rows, frozenset()
         else:
-            local_sources = evidence_sources
+            local_sources = frozenset(intermediates.sources)
     elif coarse_levels_needed(scene, spec, directories):
         nodata = reference.directories[0].tags.get(tiff.GDAL_NODATA)
         coarse, coarse_source = build_coarse_levels(
@@ -276,9 +279,7 @@ def prepare_block_copy(job: MosaicJob, executor: ThreadPoolExecutor) -> BlockCop
         sources["coarse"] = coarse_source
         directories.extend(coarse)
     timings["coarse_levels"] = time.perf_counter() - started
-    return BlockCopyLayout(
-        directories, levels.writer, sources, fetch, coarse_source, local_sources, evidence_sources, copied
-    )
+    return BlockCopyLayout(directories, levels.writer, sources, fetch, coarse_source, local_sources, copied)
 
 
 def coarse_levels_needed(scene: SceneInfo, spec: OutputSpec, directories: list[tiff.OutputDirectory]) -> bool:
