@@ -118,12 +118,19 @@ def stage_in_shares(
 
 
 def reduce_levels(
-    context: df.DurableOrchestrationContext, job: dict, scene: dict, status: dict, used: dict
+    context: df.DurableOrchestrationContext,
+    job: dict,
+    scene: dict,
+    status: dict,
+    used: dict,
+    stage_name: str = ASSEMBLING,
 ) -> Generator[Any, Any, None]:
     """The coarse levels' reduction tree the job's payload plans (a pure function of the scene's
     size and the job: none for a payload from before the tree), stage after stage, each stage's
     nodes all at once: the commit then only stitches their intermediates. Tiles that cannot be
-    block-copied stop it (the commit falls back as it does for them)."""
+    block-copied stop it (the commit falls back as it does for them). A node whose intermediate
+    exists verifies it and repairs one that differs, so the scrub's repair runs it too
+    (:mod:`orchestrators.verify`), its retries running out named as ``stage_name``."""
     parsed = Job.from_dict(job)
     tree = plan_level_tree(scene["width"], scene["height"], parsed.spec, parsed.coarse_levels_per_node)
     if tree is None:
@@ -145,7 +152,7 @@ def reduce_levels(
             )
             for r, c in stage.nodes
         ]
-        yield from in_stage(job, ASSEMBLING, fan_in(context, tasks, reduced))
+        yield from in_stage(job, stage_name, fan_in(context, tasks, reduced))
         if incompatible:
             return
 

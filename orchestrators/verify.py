@@ -1,4 +1,5 @@
-"""The scrub orchestration: validate -> plan windows -> verify in batches -> rebuild the mosaic.
+"""The scrub orchestration: validate -> plan windows -> verify in batches -> verify the outputs ->
+with a repair: (version 4.0 on) the coarse levels' reduction tree -> rebuild the mosaic.
 
 The same fan-out as the job's (:mod:`orchestrators.batches`): the same window plan, batches of
 windows as sub-orchestrations started at once (grouped above ``GROUP_BATCHES``), one activity
@@ -12,10 +13,14 @@ from typing import Any
 
 import azure.durable_functions as df
 
-from . import names
+from . import names, versions
 from .batches import WindowWork, over_windows, plan_batches, run_batch, run_group
 from .calls import call_activity, in_stage
 from .failures import checked
+from .tiling import reduce_levels
+
+#: The stage named when the repair's run of the reduction tree runs out of retries.
+REPAIRING_LEVELS = "repairing the coarse levels"
 
 
 def _empty() -> dict:
@@ -84,6 +89,13 @@ def verify_scene(context: df.DurableOrchestrationContext) -> Generator[Any, Any,
     )
     mosaic = None
     if request["repair"] and (reports or outputs["differences"]):
+        if versions.steps_for(context.version).repair_level_tree:
+            # Its nodes over a tile the repair gave other bytes (a release whose encoder makes
+            # other bytes of the same pixels), or whose intermediate was damaged, make and write
+            # theirs again; the others find theirs verified. Without this, the rebuild refuses a
+            # tree computed from other contents than the rows name.
+            levels = {**status, "stage": REPAIRING_LEVELS}
+            yield from reduce_levels(context, job, scene, levels, {}, REPAIRING_LEVELS)
         context.set_custom_status({**status, "stage": "rebuilding the mosaic"})
         mosaic = yield from call_activity(
             context, job, names.REBUILD_MOSAIC, {"job": job, "scene": scene}, stage="rebuilding the mosaic"

@@ -13,9 +13,13 @@ Versions:
 - **2.0**: the same steps. It is stamped so that the next release that changes the steps can
   tell the jobs this code started from its own, and so that the job API shows which version
   each job runs (its progress's ``version``).
-- **3.0** (this release): before the mosaic's staging and commit, the nodes of its coarse-level
-  reduction tree, stage after stage, each stage's nodes all at once (``reduce_level_node``;
+- **3.0**: before the mosaic's staging and commit, the nodes of its coarse-level reduction tree,
+  stage after stage, each stage's nodes all at once (``reduce_level_node``;
   tilecommit/raster/assembly/reduction.py), when the job's payload plans a tree.
+- **4.0** (this release): the scrub's repair runs the same tree before it rebuilds the mosaic, so
+  the nodes over a tile the repair gave other bytes, and any intermediate damaged since, are
+  repaired in the same scrub (before, the rebuild refused and the operator ran the job again,
+  then the repair again). The job's steps are 3.0's.
 
 Both add the job's item to its collection only when the payload names a collection. That rule
 stays with the payload, not the version: the releases before versions started jobs with and
@@ -35,7 +39,7 @@ from typing import Any
 
 #: This release's version of the job orchestration: host.json's ``defaultVersion``
 #: (tests/test_versions.py checks that they agree).
-CURRENT = "3.0"
+CURRENT = "4.0"
 #: What an instance started before versions reads as ``context.version``, and its aliases.
 UNVERSIONED = ("", "1", "1.0")
 
@@ -49,6 +53,8 @@ class JobSteps:
     collection: bool | None
     #: Run the coarse-level reduction tree before the commit (when the job's payload plans one).
     level_tree: bool = False
+    #: The scrub's repair runs the reduction tree before it rebuilds the mosaic (likewise).
+    repair_level_tree: bool = False
 
 
 #: Every version this code still runs, oldest first. A version is removed only once no instance of
@@ -56,7 +62,8 @@ class JobSteps:
 VERSIONS: dict[str, JobSteps] = {
     "1": JobSteps(collection=None),
     "2.0": JobSteps(collection=None),
-    CURRENT: JobSteps(collection=None, level_tree=True),
+    "3.0": JobSteps(collection=None, level_tree=True),
+    CURRENT: JobSteps(collection=None, level_tree=True, repair_level_tree=True),
 }
 
 

@@ -4,8 +4,10 @@ complete under the next, so the fixture is written once by the code of its day a
 
     .venv/bin/python -m tests.record_replay_history [tests/fixtures/replay/jobs.json]
 
-Three orchestrations, each with its sub-orchestrations: a job of two batches (flat), a job of
-more batches than one level holds (grouped), and a scrub of the first job. Each instance keeps
+The orchestrations, each with its sub-orchestrations: a job of two batches (flat), a job of
+more batches than one level holds (grouped), a scrub of the first job, and (from version 4.0's
+file on) a small job whose mosaic has a coarse-level reduction tree, one of its tiles deleted,
+and a scrub that repairs it (running the tree before it rebuilds the mosaic). Each instance keeps
 its input, its episodes as the host committed them (history events, the leaf actions the shim
 invoked) and the custom status the orchestrator set in each episode, read from the state the
 SDK returned to the host.
@@ -22,12 +24,16 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from azure.storage.blob import BlobServiceClient
+
 from devhost.azurite import Azurite
 from devhost.durable.host import HostOptions, LocalHost
 from devhost.session import process_file
 from devhost.verify import verify_job
 from testkit.scenes import SceneSpec, write_scene
+from tilecommit import jobs
 from tilecommit import settings as names
+from tilecommit.grid import plan_windows
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "fixtures" / "replay" / "jobs.json"
@@ -104,7 +110,15 @@ def family(host: LocalHost, root: str, seen: dict[str, list]) -> list[dict]:
     return [instance_record(host, i, seen[i]) for i in order]
 
 
-def run_job(azurite: Azurite, label: str, scene: SceneSpec, batch_size: int, folder: Path, *, verify: bool) -> list:
+def delete_first_tile(azurite: Azurite, settings: dict[str, str], job_id: str, scene: SceneSpec) -> None:
+    service = BlobServiceClient.from_connection_string(azurite.connection_string)
+    tiles = service.get_container_client(settings[names.SETTING_TILES_CONTAINER])
+    tiles.delete_blob(jobs.tile_blob_name(job_id, plan_windows(scene.width, scene.height, WINDOW)[0]))
+
+
+def run_job(
+    azurite: Azurite, label: str, scene: SceneSpec, batch_size: int, folder: Path, *, verify: bool, repair: bool = False
+) -> list:
     settings = app_settings(azurite.connection_string, label, batch_size)
     hub = "Replay" + hashlib.sha256(label.encode()).hexdigest()[:8]
     with local_host(settings, hub) as host:
@@ -115,7 +129,9 @@ def run_job(azurite: Azurite, label: str, scene: SceneSpec, batch_size: int, fol
             raise RuntimeError(f"{label}: {summary}")
         recorded = [{"label": label, "instances": family(host, summary["job_id"], seen)}]
         if verify:
-            scrub = verify_job(host, summary["job_id"], repair=False, timeout=300)
+            if repair:
+                delete_first_tile(azurite, settings, summary["job_id"], scene)
+            scrub = verify_job(host, summary["job_id"], repair=repair, timeout=300)
             if scrub["status"] != "completed":
                 raise RuntimeError(f"{label} verify: {scrub}")
             recorded.append({"label": f"{label}-verify", "instances": family(host, scrub["verify_id"], seen)})
@@ -133,6 +149,17 @@ def main(argv: list[str]) -> None:
         # More batches than one level holds (orchestrators' GROUP_BATCHES, 16): 17 of one window.
         orchestrations += run_job(
             azurite, "grouped", SceneSpec(17 * WINDOW, 200, blocksize=WINDOW), batch_size=1, folder=folder, verify=False
+        )
+        # The smallest scene whose mosaic has a reduction tree (two nodes, then one): its scrub's
+        # repair runs the tree before the rebuild.
+        orchestrations += run_job(
+            azurite,
+            "tree-repaired",
+            SceneSpec(5 * WINDOW, WINDOW, blocksize=WINDOW),
+            batch_size=4,
+            folder=folder,
+            verify=True,
+            repair=True,
         )
     target.parent.mkdir(parents=True, exist_ok=True)
     fixture = {"recorded_by": commit.stdout.strip(), "orchestrations": orchestrations}

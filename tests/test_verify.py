@@ -295,3 +295,66 @@ def test_a_job_failed_on_a_mosaic_known_bad_is_repaired_as_its_message_says_then
     assert repaired["reports"] == [] and repaired["outputs_differing"], repaired
     assert repaired["mosaic"]["outcome"] == "written", repaired
     check_outputs(storage, app_env, done, scene)
+
+
+def _level_rows(storage, app_env: AppEnv, job_id: str) -> dict[str, str]:
+    """The job's intermediates' manifest rows: their ETags by row key."""
+    table = storage.table_service().get_table_client(app_env.manifest)
+    rows = table.query_entities("PartitionKey eq @job", parameters={"job": job_id})
+    return {row["RowKey"]: row.metadata["etag"] for row in rows if jobs.is_level_row_key(row["RowKey"])}
+
+
+def test_a_tile_repaired_with_other_bytes_has_its_coarse_levels_repaired_by_the_same_scrub(
+    storage, app_env, monkeypatch, tmp_path
+):
+    """A job whose mosaic's coarse levels a reduction tree computed (5 windows: two nodes, then
+    one), its tiles encoded by a release whose encoder made other bytes of the same pixels
+    (DEFLATE level 1 here); then one tile is lost. Today's repair encodes it again: the same
+    pixels, other bytes, so the nodes over it were computed from other contents than its row now
+    names. A scrub of version 3.0 repairs the tile and then refuses to rebuild, naming the window;
+    one of version 4.0 runs the tree first, whose two nodes over that tile make theirs again (the
+    third finds its own verified), and rebuilds a mosaic pixel-exact against the source. A scrub
+    after it finds nothing."""
+    from devhost.durable.host import JOB_HOST_OVERRIDE
+    from orchestrators import versions
+    from tilecommit.raster.tiling import encode
+
+    scene = make_scene(tmp_path / "tree.tif", 5 * WINDOW, WINDOW)
+    windows = plan_windows(5 * WINDOW, WINDOW, WINDOW)
+    today = encode.cog_creation_options
+
+    def an_earlier_encoder(*args, **kwargs) -> dict:
+        return {**today(*args, **kwargs), "LEVEL": 1}
+
+    with local_host(app_env) as host:
+        monkeypatch.setattr(encode, "cog_creation_options", an_earlier_encoder)
+        summary = process_file(host, scene, timeout=120)
+        monkeypatch.setattr(encode, "cog_creation_options", today)
+    check_outputs(storage, app_env, summary, scene)
+    job_id, lost = summary["job_id"], windows[0]
+    before = _level_rows(storage, app_env, job_id)
+    assert len(before) == 3, before
+    tiles = storage.blob_service().get_container_client(app_env.tiles)
+    tiles.delete_blob(jobs.tile_blob_name(job_id, lost))
+
+    monkeypatch.setenv(f"{JOB_HOST_OVERRIDE}extensions__durableTask__defaultVersion", "3.0")
+    with local_host(app_env) as host:
+        old = verify_job(host, job_id, repair=True, timeout=180)
+    monkeypatch.delenv(f"{JOB_HOST_OVERRIDE}extensions__durableTask__defaultVersion")
+    assert old["status"] == "failed" and "computed from other contents" in old["error"], old
+    assert lost.id in old["error"], old
+    assert _level_rows(storage, app_env, job_id) == before
+
+    with local_host(app_env) as host:
+        repaired = verify_job(host, job_id, repair=True, timeout=180)
+        again = verify_job(host, job_id, repair=False, timeout=120)
+        state = host.store.read_state(repaired["verify_id"])
+    assert state["version"] == versions.CURRENT == "4.0", state
+    # The tile itself was repaired by the 3.0 scrub; the mosaic still named its old version.
+    assert repaired["status"] == "completed" and repaired["reports"] == [], repaired
+    assert repaired["outputs_differing"] and repaired["mosaic"]["outcome"] == "written", repaired
+    after = _level_rows(storage, app_env, job_id)
+    changed = sorted(key for key in before if after[key] != before[key])
+    assert changed == ["~L00_0000_0000", "~L02_0000_0000"], (before, after)
+    check_outputs(storage, app_env, {"status": "completed", "windows": 5, "job_id": job_id}, scene)
+    assert again["reports"] == [] and again["outputs_differing"] == [], again

@@ -213,9 +213,9 @@ def stop(host) -> None:
 
 
 def test_a_job_keeps_its_version_across_a_deploy_and_a_new_upload_runs_the_new_one(storage, app_env, tmp_path):
-    """Started on this release (version 3.0), its host killed mid-tiling; the next release
-    (version 4.0: no collection step) finishes it with version 3.0's steps, pixel-exact, and
-    runs a new upload with version 4.0's."""
+    """Started on this release (version 4.0), its host killed mid-tiling; the next release
+    (version 5.0: no collection step) finishes it with version 4.0's steps, pixel-exact, and
+    runs a new upload with version 5.0's."""
     log = tmp_path / "host.log"
     first, second = make_scene(tmp_path / "first.tif", 1024, 512), make_scene(tmp_path / "second.tif", 768, 512)
     started = upload_until_killed(storage, app_env, first, log, module=release("--crash-at-row", "3"))
@@ -228,32 +228,32 @@ def test_a_job_keeps_its_version_across_a_deploy_and_a_new_upload_runs_the_new_o
         fresh = finished(storage, app_env, fresh_id)
     finally:
         stop(host)
-    assert resumed["version"] == "3.0" and resumed["custom_status"]["version"] == "3.0"
-    assert "collection" in resumed["output"]  # version 3.0's step, run by the next release
+    assert resumed["version"] == "4.0" and resumed["custom_status"]["version"] == "4.0"
+    assert "collection" in resumed["output"]  # version 4.0's step, run by the next release
     check_outputs(storage, app_env, {"status": "completed", **resumed["output"]}, first)
-    assert fresh["version"] == "4.0" and fresh["custom_status"]["version"] == "4.0"
-    assert "collection" not in fresh["output"]  # version 4.0 has no collection step
+    assert fresh["version"] == "5.0" and fresh["custom_status"]["version"] == "5.0"
+    assert "collection" not in fresh["output"]  # version 5.0 has no collection step
     check_outputs(storage, app_env, {"status": "completed", **fresh["output"]}, second)
 
 
 def test_a_host_of_an_older_version_never_runs_a_newer_job_and_one_of_its_version_finishes_it(
     storage, app_env, tmp_path
 ):
-    """A job of the next release (4.0), its host killed mid-tiling, meets a host of this release
-    (3.0), which leaves it as it is; a host of the next release finishes it."""
+    """A job of the next release (5.0), its host killed mid-tiling, meets a host of this release
+    (4.0), which leaves it as it is; a host of the next release finishes it."""
     log, old_log = tmp_path / "host.log", tmp_path / "old-host.log"
     scene = make_scene(tmp_path / "scene.tif", 1024, 512)
     job_id = upload_until_killed(storage, app_env, scene, log, module=release(*NEXT_RELEASE, "--crash-at-row", "3"))
     old = serve(app_env, old_log)
     try:
         # The job waits for its batches, which its host had started: their episodes are refused.
-        wait_until(lambda: "is orchestration version '4.0'" in old_log.read_text(), timeout=60)
+        wait_until(lambda: "is orchestration version '5.0'" in old_log.read_text(), timeout=60)
         before = wait_for_state(storage, app_env, job_id, lambda s: True)
         time.sleep(2)
         after = wait_for_state(storage, app_env, job_id, lambda s: True)
     finally:
         stop(old)
-    assert before["status"] == after["status"] == "Running" and before["version"] == "4.0"
+    assert before["status"] == after["status"] == "Running" and before["version"] == "5.0"
     assert after["episodes"] == before["episodes"] and after["updated"] == before["updated"]
     # The host's counters as it stopped: it ran activities (DTFx checks versions only before an
     # orchestration's episode), but not one episode of any instance.

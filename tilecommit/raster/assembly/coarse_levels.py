@@ -142,7 +142,8 @@ def check_tree_contents(intermediates: Intermediates, windows: list, summary, jo
         raise IncompleteManifestError(
             f"job {job_id}: the coarse levels' intermediates were computed from other contents of {len(stale)} "
             f"tiles than their manifest rows name ({', '.join(stale[:10])}), repaired since: nothing was committed; "
-            "run the job again so that its reduction tree computes them anew",
+            "run the job again, or its repair again (a repair of orchestration version 4.0 on runs the tree "
+            "first), so that its reduction tree computes them anew",
             mismatched=stale,
         )
 
