@@ -5,7 +5,9 @@ Each file of ``tests/fixtures/replay/`` holds the Durable history of real runs o
 a job of two batches, a job whose batches are grouped, and a scrub; ``jobs.json`` from before
 orchestration versions (version 1), ``jobs-2.0.json`` of version 2.0, whose job asks for its
 batches with its version (:mod:`orchestrators.versions`), ``jobs-3.0.json`` of version 3.0, whose
-grouped job runs its coarse levels' reduction tree before the commit. Each episode is replayed here
+grouped job runs its coarse levels' reduction tree before the commit, ``jobs-4.0.json`` of version
+4.0, which adds a small job with a tree, one tile lost, and a scrub whose repair runs the tree
+before it rebuilds the mosaic. Each episode is replayed here
 through the real SDK, as the host would after an upgrade with the instance stopped at that point:
 the orchestrator registered in ``function_app`` under the recorded name must ask for the very
 actions history holds (kind, name, instance id, retry options, input), set the same custom
@@ -99,8 +101,9 @@ def test_each_fixture_holds_flat_grouped_and_verify_orchestrations_of_every_kind
         instance["name"] for orchestration in recorded["orchestrations"] for instance in orchestration["instances"]
     }
     assert kinds == {names.TILE_SCENE, names.RENDER_GROUP, names.RENDER_BATCH, names.VERIFY_SCENE, names.VERIFY_BATCH}
-    # Version 3.0's grouped job adds its coarse levels' nine reduction nodes (about 55 KB).
-    assert fixture.stat().st_size < 400_000
+    # Version 3.0's grouped job adds its coarse levels' nine reduction nodes (about 55 KB), 4.0's
+    # tree job and its repair about 120 KB.
+    assert fixture.stat().st_size < 500_000
 
 
 def test_the_fixtures_are_of_version_1_and_of_this_release_s_version():
