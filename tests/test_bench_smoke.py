@@ -8,7 +8,20 @@ from __future__ import annotations
 
 import pytest
 
-from bench import breakdown, commit_step, contention, duplicates, e2e, levels, memory, orchestration, raster, s2s, split
+from bench import (
+    breakdown,
+    commit_step,
+    contention,
+    cpu_floor,
+    duplicates,
+    e2e,
+    levels,
+    memory,
+    orchestration,
+    raster,
+    s2s,
+    split,
+)
 from bench import collections as collection_bench
 from bench.__main__ import targets
 from bench.common import BenchStorage, Context, tiny_scene
@@ -194,3 +207,13 @@ def test_commit_step_computing_and_stitching_the_coarse_levels_on_the_same_tiles
     assert 0 < row["tree_wall_model_s"] <= row["tree_here_s"]
     for part in ("planning_heads_read_s", "planning_first_stage_heads_s", "planning_heads_carried_s"):
         assert row[part] > 0
+
+
+def test_cpu_floor_encodes_every_window_and_runs_rio_both_ways_each_repeat():
+    report = cpu_floor.run(512, 2)
+    assert set(report["runs"]) == {"ours_encode_only", "rio", "rio_predictor"}
+    for runs in report["runs"].values():
+        assert len(runs) == 2 and all(r["cpu_s"] > 0 and r["bytes"] > 0 for r in runs)
+    # One 512² window encoded: a tile of the scene, its bytes the encoder's, the same each time.
+    assert len({r["bytes"] for r in report["runs"]["ours_encode_only"]}) == 1
+    assert report["ratio_cpu"]["n"] == report["ratio_cpu_predictor"]["n"] == 2
