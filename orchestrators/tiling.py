@@ -124,13 +124,15 @@ def reduce_levels(
     status: dict,
     used: dict,
     stage_name: str = ASSEMBLING,
+    written: list | None = None,
 ) -> Generator[Any, Any, None]:
     """The coarse levels' reduction tree the job's payload plans (a pure function of the scene's
     size and the job: none for a payload from before the tree), stage after stage, each stage's
     nodes all at once: the commit then only stitches their intermediates. Tiles that cannot be
     block-copied stop it (the commit falls back as it does for them). A node whose intermediate
     exists verifies it and repairs one that differs, so the scrub's repair runs it too
-    (:mod:`orchestrators.verify`), its retries running out named as ``stage_name``."""
+    (:mod:`orchestrators.verify`), its retries running out named as ``stage_name``; ``written``,
+    if given, receives the position of each node that wrote its intermediate (new or repaired)."""
     parsed = Job.from_dict(job)
     tree = plan_level_tree(scene["width"], scene["height"], parsed.spec, parsed.coarse_levels_per_node)
     if tree is None:
@@ -142,6 +144,8 @@ def reduce_levels(
     def reduced(result: dict) -> None:
         checked(job, result, used)
         incompatible.extend([result["incompatible"]] if result.get("incompatible") else [])
+        if written is not None and result.get("outcome") == "written":
+            written.append({key: result[key] for key in ("stage", "row", "col")})
         status["levels_done"] += 1
         context.set_custom_status(status)
 

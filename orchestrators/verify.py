@@ -87,20 +87,27 @@ def verify_scene(context: df.DurableOrchestrationContext) -> Generator[Any, Any,
     outputs = yield from call_activity(
         context, job, names.VERIFY_OUTPUTS, {"job": job, "scene": scene}, stage="verifying the mosaic"
     )
-    mosaic = None
+    mosaic, levels_written = None, None
     if request["repair"] and (reports or outputs["differences"]):
         if versions.steps_for(context.version).repair_level_tree:
             # Its nodes over a tile the repair gave other bytes (a release whose encoder makes
             # other bytes of the same pixels), or whose intermediate was damaged, make and write
             # theirs again; the others find theirs verified. Without this, the rebuild refuses a
             # tree computed from other contents than the rows name.
-            levels = {**status, "stage": REPAIRING_LEVELS}
-            yield from reduce_levels(context, job, scene, levels, {}, REPAIRING_LEVELS)
+            levels, levels_written = {**status, "stage": REPAIRING_LEVELS}, []
+            yield from reduce_levels(context, job, scene, levels, {}, REPAIRING_LEVELS, levels_written)
         context.set_custom_status({**status, "stage": "rebuilding the mosaic"})
         mosaic = yield from call_activity(
             context, job, names.REBUILD_MOSAIC, {"job": job, "scene": scene}, stage="rebuilding the mosaic"
         )
     context.set_custom_status({**status, "stage": "done"})
+    # The nodes the repair's tree wrote (version 4.0 on, when it ran): an output key of its own,
+    # so that the output of an older version's scrub stays what its history recorded.
+    tree = (
+        {}
+        if levels_written is None
+        else {"levels_written": sorted(levels_written, key=lambda n: (n["stage"], n["row"], n["col"]))}
+    )
     return {
         "job_id": job["job_id"],
         "verify_id": context.instance_id,
@@ -110,6 +117,7 @@ def verify_scene(context: df.DurableOrchestrationContext) -> Generator[Any, Any,
         "reports": reports,
         "outputs_differing": outputs["differences"],
         "mosaic": mosaic and {k: mosaic[k] for k in ("outcome", "mosaic", "stac", "quicklook", "nbytes", "mosaic_url")},
+        **tree,
     }
 
 

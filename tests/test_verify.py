@@ -356,5 +356,6 @@ def test_a_tile_repaired_with_other_bytes_has_its_coarse_levels_repaired_by_the_
     after = _level_rows(storage, app_env, job_id)
     changed = sorted(key for key in before if after[key] != before[key])
     assert changed == ["~L00_0000_0000", "~L02_0000_0000"], (before, after)
+    assert repaired["levels_written"] == [{"stage": 0, "row": 0, "col": 0}, {"stage": 1, "row": 0, "col": 0}]
     check_outputs(storage, app_env, {"status": "completed", "windows": 5, "job_id": job_id}, scene)
     assert again["reports"] == [] and again["outputs_differing"] == [], again
