@@ -87,27 +87,11 @@ def verify_scene(context: df.DurableOrchestrationContext) -> Generator[Any, Any,
     outputs = yield from call_activity(
         context, job, names.VERIFY_OUTPUTS, {"job": job, "scene": scene}, stage="verifying the mosaic"
     )
-    mosaic, levels_written = None, None
+    mosaic: dict | None = None
+    tree: dict = {}
     if request["repair"] and (reports or outputs["differences"]):
-        if versions.steps_for(context.version).repair_level_tree:
-            # Its nodes over a tile the repair gave other bytes (a release whose encoder makes
-            # other bytes of the same pixels), or whose intermediate was damaged, make and write
-            # theirs again; the others find theirs verified. Without this, the rebuild refuses a
-            # tree computed from other contents than the rows name.
-            levels, levels_written = {**status, "stage": REPAIRING_LEVELS}, []
-            yield from reduce_levels(context, job, scene, levels, {}, REPAIRING_LEVELS, levels_written)
-        context.set_custom_status({**status, "stage": "rebuilding the mosaic"})
-        mosaic = yield from call_activity(
-            context, job, names.REBUILD_MOSAIC, {"job": job, "scene": scene}, stage="rebuilding the mosaic"
-        )
+        mosaic, tree = yield from rebuild(context, job, scene, status)
     context.set_custom_status({**status, "stage": "done"})
-    # The nodes the repair's tree wrote (version 4.0 on, when it ran): an output key of its own,
-    # so that the output of an older version's scrub stays what its history recorded.
-    tree = (
-        {}
-        if levels_written is None
-        else {"levels_written": sorted(levels_written, key=lambda n: (n["stage"], n["row"], n["col"]))}
-    )
     return {
         "job_id": job["job_id"],
         "verify_id": context.instance_id,
@@ -119,6 +103,31 @@ def verify_scene(context: df.DurableOrchestrationContext) -> Generator[Any, Any,
         "mosaic": mosaic and {k: mosaic[k] for k in ("outcome", "mosaic", "stac", "quicklook", "nbytes", "mosaic_url")},
         **tree,
     }
+
+
+def rebuild(
+    context: df.DurableOrchestrationContext, job: dict, scene: dict, status: dict
+) -> Generator[Any, Any, tuple[dict, dict]]:
+    """After a repair: (version 4.0 on) the job's reduction tree, then the mosaic rebuilt; the
+    rebuild's result and, when the tree ran, ``{"levels_written": [...]}``: the nodes that wrote
+    their intermediate (an output key of its own, so that an older version's scrub keeps the
+    output its history recorded).
+
+    The nodes over a repaired tile write theirs again (they carry its row's new version, and
+    other pixels' levels where the repair gave it other bytes: an encoder changed since), as does
+    a node whose intermediate was damaged; the others find theirs verified. Without the tree, the
+    rebuild refuses one computed from other contents than the rows name."""
+    tree: dict = {}
+    if versions.steps_for(context.version).repair_level_tree:
+        written: list[dict] = []
+        levels = {**status, "stage": REPAIRING_LEVELS}
+        yield from reduce_levels(context, job, scene, levels, {}, REPAIRING_LEVELS, written)
+        tree = {"levels_written": sorted(written, key=lambda n: (n["stage"], n["row"], n["col"]))}
+    context.set_custom_status({**status, "stage": "rebuilding the mosaic"})
+    mosaic = yield from call_activity(
+        context, job, names.REBUILD_MOSAIC, {"job": job, "scene": scene}, stage="rebuilding the mosaic"
+    )
+    return mosaic, tree
 
 
 def verify_group(context: df.DurableOrchestrationContext) -> Generator[Any, Any, dict]:
