@@ -14,7 +14,7 @@ import pytest
 
 from devhost.durable import watchdog
 from devhost.durable.history import EXECUTION_STARTED, TASK_SCHEDULED, TIMER_CREATED, InstanceAlreadyExists, parse_iso
-from devhost.durable.work import worker_thread_count
+from devhost.durable.work import TIMEOUT_GRACE_S, worker_thread_count
 from testkit.metrics import max_overlap, slot_use
 from testkit.storage_proxy import FaultPlan, FaultProxy
 from tests.apps import toy_app
@@ -354,3 +354,26 @@ def test_a_finished_instance_started_again_never_goes_missing_from_its_status(az
     assert seen and None not in seen, f"{seen.count(None)} of {len(seen)} status reads found no instance"
     # The first execution's end, then the second's start: the reads saw both, and nothing else.
     assert set(seen) <= {"Completed", "Pending", "Running"} and {"Pending", "Running"} & set(seen), set(seen)
+
+
+def test_a_host_stopped_while_a_function_is_stuck_stops_once_its_worker_is_restarted(store):
+    """Stopping waits for the functions running in the current worker. One stuck in native code
+    never ends: the host restarts its worker 2 s after its timeout (row 25), and the stop goes on
+    then, instead of waiting for a thread that will not end."""
+    toy_app.set_failures("stuck-at-stop", 1)
+    job = {"key": "stuck-at-stop", "first_ms": 100, "attempts": 2}
+    try:
+        engine = make_engine(store, timer_scale=1.0, function_timeout=1.0).start()
+        engine.start_new("stuck_once", "stuck-at-stop", job)
+        assert toy_app.stuck_now("stuck-at-stop").wait(timeout=30), "the stuck function never started"
+        stopping = threading.Thread(target=engine.stop, daemon=True)
+        started = time.monotonic()
+        stopping.start()
+        stopping.join(timeout=30)
+        stopped_after = time.monotonic() - started
+        stats = engine.stats
+    finally:
+        toy_app.release("stuck-at-stop")
+    assert not stopping.is_alive(), "the host's stop waited for a function its restarted worker left running"
+    assert stats.worker_restarts == stats.stuck_functions == 1
+    assert stopped_after < 1.0 + TIMEOUT_GRACE_S + 10, stopped_after

@@ -389,6 +389,9 @@ class ActivityRunner:
             run.worker.restarted = True
             lost = sorted(f"{r.name} #{r.task_id}" for r in self._running if r.worker is run.worker and r is not run)
             self.worker = Worker(run.worker.number + 1)
+            # A stop waiting for the old worker's executions (shutdown) waits no more: the real
+            # host's worker process, and all it ran, is gone now.
+            self._ended.notify_all()
         run.worker.threads.close()
         logger.warning(
             "A function timeout has occurred. Restarting worker process executing %s (%s #%d); "
@@ -427,8 +430,9 @@ class ActivityRunner:
             return self._ended.wait_for(lambda: not self._running, timeout)
 
     def shutdown(self) -> list:
-        """Start nothing more; wait for the current worker's executions to end. Returns the tokens
-        of the executions that were waiting for a slot and will not run here."""
+        """Start nothing more; wait for the current worker's executions to end (or their worker to
+        be restarted: a function stuck past its timeout and grace does not hold the stop). Returns
+        the tokens of the executions that were waiting for a slot and will not run here."""
         with self._lock:
             dropped = [task[-1] for task in self._queue if task[-1] is not None]
             self._queue.clear()

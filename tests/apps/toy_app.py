@@ -220,6 +220,13 @@ def busy_worker_times_out(context: df.DurableOrchestrationContext):
 
 
 _released: dict[str, threading.Event] = {}
+_stuck: dict[str, threading.Event] = {}
+
+
+def stuck_now(key: str) -> threading.Event:
+    """Set once :func:`stuck_first_time` is stuck for ``key``."""
+    with _lock:
+        return _stuck.setdefault(key, threading.Event())
 
 
 def release(key: str) -> None:
@@ -239,6 +246,8 @@ def stuck_first_time(payload: dict) -> dict:
         first = _failures_left.get(payload["key"], 0) > 0
         _failures_left[payload["key"]] = 0
         released = _released.setdefault(payload["key"], threading.Event())
+    if first:
+        stuck_now(payload["key"]).set()
     while first and not released.is_set():
         time.sleep(0.05)
     return {"key": payload["key"], "stuck": first}
