@@ -2,7 +2,7 @@
 
     python -m bench.cpu_floor [--size 10240] [--repeats 2]
 
-Two child processes a repeat, each measured by ``wait4`` (``common.run_measured``; their order
+Three child processes a repeat, each measured by ``wait4`` (``common.run_measured``; their order
 alternates between repeats, so drift in the machine's load favours neither):
 
 - **ours, decode and encode only**: this module run with ``--encode-only``: every window of the
@@ -13,8 +13,8 @@ alternates between repeats, so drift in the machine's load favours neither):
   interpreter's start with the imports they take;
 - **rio**: ``rio cogeo create`` on the same file, as ``bench.e2e`` runs it (its default mode);
 - **rio, our encoding**: the same with ``--co PREDICTOR=2``, the horizontal predictor our
-  default profile encodes with (rio-cogeo's ``deflate`` profile has none): the file ours is,
-  block for block, up to the order of its levels.
+  default profile encodes with (rio-cogeo's ``deflate`` profile has none): the same codec,
+  level and predictor as ours (the bytes each made are printed beside its CPU).
 
 What the whole job costs our process (``bench.e2e``) minus the first is everything the pipeline
 does besides decoding and encoding: the reads over HTTP, the tiles' writes and rows, the
