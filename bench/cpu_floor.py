@@ -56,13 +56,11 @@ def run(size: int, repeats: int) -> dict:
     source = scene_path(size)
     runs: dict[str, list] = {"ours_encode_only": [], "rio": [], "rio_predictor": []}
     with tempfile.TemporaryDirectory(prefix="cpu-floor-") as workdir:
+        rio = [RIO, "cogeo", "create", str(source), f"{workdir}/rio.tif", *RIO_OPTIONS]
         commands = {
             "ours_encode_only": [PYTHON, "-m", "bench.cpu_floor", "--encode-only", "--size", str(size)],
-            "rio": [RIO, "cogeo", "create", str(source), f"{workdir}/rio.tif", *RIO_OPTIONS],
-            "rio_predictor": [
-                *[RIO, "cogeo", "create", str(source), f"{workdir}/rio.tif", *RIO_OPTIONS],
-                *["--co", "PREDICTOR=2"],
-            ],
+            "rio": rio,
+            "rio_predictor": [*rio, "--co", "PREDICTOR=2"],
         }
         for repeat in range(repeats):
             order = list(commands) if repeat % 2 == 0 else list(reversed(commands))
